@@ -1,0 +1,1 @@
+"""One module per ``nas`` subcommand; see :mod:`nas.cli` for the contract."""

@@ -1,0 +1,522 @@
+"""Search spaces and subnets.
+
+A :class:`Space` is loaded from YAML (see ``tiny.yaml`` for the annotated format)
+and validated as a whole: :func:`load_space` reports every problem at once, each
+naming the file, the field path, the value and what is allowed.
+
+A :class:`Subnet` is a small frozen value: embedding width, depth, and per-layer
+heads / FFN width / attention type (tuples of length ``depth``).  It knows nothing
+of the space it came from; ``space.check(subnet)`` says whether it belongs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import yaml
+
+from .attention import AttentionSpec, parse_attention
+from .errors import SpaceError, SubnetError, UserError
+
+SPACES_DIR = Path(__file__).resolve().parent
+TASKS = ("causal-lm",)
+POSITIONS = ("learned", "rope")
+
+
+# --------------------------------------------------------------------------- subnet
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """What one layer of a subnet runs: ``heads`` x head_dim attention width, FFN width, attention type."""
+
+    heads: int
+    ffn_dim: int
+    attention: str
+
+    @property
+    def attention_spec(self) -> AttentionSpec:
+        return parse_attention(self.attention)
+
+
+@dataclass(frozen=True)
+class Subnet:
+    """One architecture. Per-layer tuples have exactly ``depth`` entries."""
+
+    embed_dim: int
+    depth: int
+    heads: tuple[int, ...]
+    ffn_dim: tuple[int, ...]
+    attention: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        # Structural checks only (types and lengths); membership is Space.check's job.
+        for name in ("embed_dim", "depth"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise SubnetError(f"subnet.{name}: {value!r} is not a positive integer")
+        for name in ("heads", "ffn_dim", "attention"):
+            value = getattr(self, name)
+            if not isinstance(value, tuple):
+                raise SubnetError(f"subnet.{name}: expected a tuple, got {type(value).__name__}")
+            if len(value) != self.depth:
+                raise SubnetError(f"subnet.{name}: has {len(value)} entries but depth is {self.depth}")
+        for name in ("heads", "ffn_dim"):
+            for i, v in enumerate(getattr(self, name)):
+                if not _is_int(v) or v < 1:
+                    raise SubnetError(f"subnet.{name}[{i}]: {v!r} is not a positive integer")
+        for i, a in enumerate(self.attention):
+            try:
+                canonical = str(parse_attention(a))
+            except ValueError as e:
+                raise SubnetError(f"subnet.attention[{i}]: {e}") from None
+            if canonical != a:
+                raise SubnetError(f"subnet.attention[{i}]: write {canonical!r}, not {a!r}")
+
+    @property
+    def layers(self) -> tuple[LayerChoice, ...]:
+        return tuple(LayerChoice(h, f, a) for h, f, a in zip(self.heads, self.ffn_dim, self.attention))
+
+    # -- serialisation ------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "embed_dim": self.embed_dim,
+            "depth": self.depth,
+            "heads": list(self.heads),
+            "ffn_dim": list(self.ffn_dim),
+            "attention": list(self.attention),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "subnet") -> "Subnet":
+        if not isinstance(data, dict):
+            raise SubnetError(f"{where}: expected a mapping with keys embed_dim, depth, heads, ffn_dim, attention")
+        expected = {"embed_dim", "depth", "heads", "ffn_dim", "attention"}
+        unknown = sorted(set(map(str, data)) - expected)
+        missing = sorted(expected - set(data))
+        problems = [f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(expected))})" for k in unknown]
+        problems += [f"{where}: missing key {k!r}" for k in missing]
+        if problems:
+            raise SubnetError("\n".join(problems))
+        lists = {}
+        for k in ("heads", "ffn_dim", "attention"):
+            if not isinstance(data[k], (list, tuple)):
+                raise SubnetError(f"{where}.{k}: expected a list, got {data[k]!r}")
+            lists[k] = tuple(data[k])
+        try:
+            return cls(embed_dim=data["embed_dim"], depth=data["depth"], **lists)
+        except SubnetError as e:
+            raise SubnetError(str(e).replace("subnet", where, 1)) from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "Subnet":
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+    @classmethod
+    def from_yaml(cls, text: str, where: str = "subnet") -> "Subnet":
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise SubnetError(f"{where}: not valid YAML: {e}") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Subnet":
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise SubnetError(f"{path}: cannot read subnet file: {e.strerror}") from None
+        if path.suffix == ".json":
+            try:
+                return cls.from_dict(json.loads(text), path.name)
+            except json.JSONDecodeError as e:
+                raise SubnetError(f"{path.name}: not valid JSON: {e}") from None
+        return cls.from_yaml(text, path.name)
+
+    @property
+    def key(self) -> str:
+        """A stable 16-hex-digit identifier (same subnet, same key, in every process)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        """Compact form, runs of equal layers folded: ``d128 L4 [2x 4h/512/softmax, 1h/128/linear, ...]``."""
+        runs: list[list] = []
+        for layer in zip(self.heads, self.ffn_dim, self.attention):
+            if runs and runs[-1][1] == layer:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, layer])
+        text = ", ".join(f"{n}x " * (n > 1) + f"{h}h/{f}/{a}" for n, (h, f, a) in runs)
+        return f"d{self.embed_dim} L{self.depth} [{text}]"
+
+
+# --------------------------------------------------------------------------- space
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The input shape at which latency is measured."""
+
+    name: str
+    batch_size: int
+    seq_len: int
+
+
+@dataclass(frozen=True)
+class Space:
+    """A search space: the choices of every dimension plus the fixed model facts."""
+
+    name: str
+    task: str
+    vocab_size: int
+    max_seq_len: int
+    head_dim: int
+    positions: str
+    embed_dim: tuple[int, ...]
+    depth: tuple[int, ...]
+    heads: tuple[int, ...]
+    ffn_dim: tuple[int, ...]
+    attention: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    source: str = field(default="<memory>", compare=False)
+
+    # -- shape facts --------------------------------------------------------------
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    @property
+    def max_embed_dim(self) -> int:
+        return max(self.embed_dim)
+
+    @property
+    def max_heads(self) -> int:
+        return max(self.heads)
+
+    @property
+    def max_ffn_dim(self) -> int:
+        return max(self.ffn_dim)
+
+    def workload(self, name: str = "prefill") -> Workload:
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        raise UserError(f"space {self.name}: no latency workload {name!r} (has: {', '.join(w.name for w in self.workloads)})")
+
+    # -- members ------------------------------------------------------------------
+
+    def largest(self) -> Subnet:
+        """Widest and deepest subnet; every layer uses the first listed attention type."""
+        d = self.max_depth
+        return Subnet(self.max_embed_dim, d, (self.max_heads,) * d, (self.max_ffn_dim,) * d, (self.attention[0],) * d)
+
+    def smallest(self) -> Subnet:
+        """Narrowest and shallowest subnet; every layer uses the first listed attention type."""
+        d = min(self.depth)
+        return Subnet(min(self.embed_dim), d, (min(self.heads),) * d, (min(self.ffn_dim),) * d, (self.attention[0],) * d)
+
+    def sample(self, rng: np.random.Generator) -> Subnet:
+        """Draw each choice uniformly and independently (depth first, then every layer)."""
+        depth = int(rng.choice(self.depth))
+        return Subnet(
+            embed_dim=int(rng.choice(self.embed_dim)),
+            depth=depth,
+            heads=tuple(int(x) for x in rng.choice(self.heads, size=depth)),
+            ffn_dim=tuple(int(x) for x in rng.choice(self.ffn_dim, size=depth)),
+            attention=tuple(str(self.attention[i]) for i in rng.integers(len(self.attention), size=depth)),
+        )
+
+    def problems(self, subnet: Subnet) -> list[str]:
+        """Every reason ``subnet`` is not in this space (empty when it is)."""
+        out = []
+
+        def check(path: str, value: object, allowed: tuple) -> None:
+            if value not in allowed:
+                out.append(f"{path}: {value!r} is not one of {', '.join(map(str, allowed))}")
+
+        check("embed_dim", subnet.embed_dim, self.embed_dim)
+        check("depth", subnet.depth, self.depth)
+        for i, layer in enumerate(subnet.layers):
+            check(f"heads[{i}]", layer.heads, self.heads)
+            check(f"ffn_dim[{i}]", layer.ffn_dim, self.ffn_dim)
+            check(f"attention[{i}]", layer.attention, self.attention)
+        return out
+
+    def __contains__(self, subnet: Subnet) -> bool:
+        return not self.problems(subnet)
+
+    def check(self, subnet: Subnet) -> Subnet:
+        """Return ``subnet`` if it belongs to this space, else raise :class:`SubnetError` listing why."""
+        if not isinstance(subnet, Subnet):
+            raise SubnetError(f"expected a Subnet, got {type(subnet).__name__}")
+        problems = self.problems(subnet)
+        if problems:
+            raise SubnetError(f"subnet is not in space {self.name!r} ({self.source}):\n  " + "\n  ".join(problems))
+        return subnet
+
+    def size(self) -> int:
+        """Number of distinct subnets."""
+        per_layer = len(self.heads) * len(self.ffn_dim) * len(self.attention)
+        return len(self.embed_dim) * sum(per_layer**d for d in self.depth)
+
+    def enumerate_layers(self) -> Iterator[LayerChoice]:
+        for h in self.heads:
+            for f in self.ffn_dim:
+                for a in self.attention:
+                    yield LayerChoice(h, f, a)
+
+    # -- features -----------------------------------------------------------------
+
+    def feature_names(self) -> list[str]:
+        names = ["embed_dim", "depth"]
+        for i in range(self.max_depth):
+            names += [f"l{i}.active", f"l{i}.heads", f"l{i}.ffn_dim"]
+            names += [f"l{i}.attn={a}" for a in self.attention]
+        return names
+
+    def encode(self, subnet: Subnet) -> np.ndarray:
+        """Fixed-length float vector: embed_dim, depth, then per layer (active, heads, ffn_dim, one-hot type)."""
+        self.check(subnet)
+        n_att = len(self.attention)
+        vec = np.zeros(2 + self.max_depth * (3 + n_att), dtype=np.float64)
+        vec[0], vec[1] = subnet.embed_dim, subnet.depth
+        for i, layer in enumerate(subnet.layers):
+            base = 2 + i * (3 + n_att)
+            vec[base : base + 3] = (1.0, layer.heads, layer.ffn_dim)
+            vec[base + 3 + self.attention.index(layer.attention)] = 1.0
+        return vec
+
+    def decode(self, vec: np.ndarray) -> Subnet:
+        """Inverse of :meth:`encode`."""
+        vec = np.asarray(vec, dtype=np.float64)
+        n_att = len(self.attention)
+        if vec.shape != (2 + self.max_depth * (3 + n_att),):
+            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({2 + self.max_depth * (3 + n_att)},)")
+        depth = int(round(vec[1]))
+        heads, ffn, att = [], [], []
+        for i in range(depth):
+            base = 2 + i * (3 + n_att)
+            heads.append(int(round(vec[base + 1])))
+            ffn.append(int(round(vec[base + 2])))
+            att.append(self.attention[int(np.argmax(vec[base + 3 : base + 3 + n_att]))])
+        return self.check(Subnet(int(round(vec[0])), depth, tuple(heads), tuple(ffn), tuple(att)))
+
+    # -- identity -----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "task": self.task,
+            "vocab_size": self.vocab_size,
+            "max_seq_len": self.max_seq_len,
+            "head_dim": self.head_dim,
+            "positions": self.positions,
+            "embed_dim": list(self.embed_dim),
+            "depth": list(self.depth),
+            "layers": {"heads": list(self.heads), "ffn_dim": list(self.ffn_dim), "attention": list(self.attention)},
+            "latency": {w.name: {k: v for k, v in asdict(w).items() if k != "name"} for w in self.workloads},
+        }
+
+    @property
+    def hash(self) -> str:
+        """Stable 16-hex-digit hash of everything that defines the space (not its file name or comments)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+class _Checker:
+    """Collects every error of one file, each as ``file: path: value: what is allowed``."""
+
+    def __init__(self, where: str):
+        self.where = where
+        self.errors: list[str] = []
+
+    def error(self, path: str, message: str) -> None:
+        self.errors.append(f"{self.where}: {path}: {message}" if path else f"{self.where}: {message}")
+
+    def keys(self, path: str, data: Any, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+        if not isinstance(data, dict):
+            self.error(path, f"expected a mapping with keys {', '.join(required + optional)}, got {data!r}")
+            return {}
+        allowed = required + optional
+        for k in data:
+            if k not in allowed:
+                self.error(f"{path}.{k}" if path else str(k), f"unknown key (allowed: {', '.join(allowed)})")
+        for k in required:
+            if k not in data:
+                self.error(f"{path}.{k}" if path else k, "missing")
+        return data
+
+    def pos_int(self, path: str, value: Any) -> int | None:
+        if not _is_int(value) or value < 1:
+            self.error(path, f"{value!r} is not a positive integer")
+            return None
+        return int(value)
+
+    def choice(self, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+        if value not in allowed:
+            self.error(path, f"{value!r} is not one of {', '.join(allowed)}")
+            return None
+        return value
+
+    def int_list(self, path: str, value: Any) -> tuple[int, ...] | None:
+        if not isinstance(value, list) or not value:
+            self.error(path, f"expected a non-empty list of positive integers, got {value!r}")
+            return None
+        out = [self.pos_int(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        if any(v is None for v in out):
+            return None
+        return self.unique(path, tuple(out))
+
+    def unique(self, path: str, values: tuple) -> tuple | None:
+        dupes = sorted({str(v) for v in values if values.count(v) > 1})
+        if dupes:
+            self.error(path, f"repeated choice(s) {', '.join(dupes)}")
+            return None
+        return values
+
+
+def load_space(source: str | Path) -> Space:
+    """Load and validate a space from a YAML path, or by name (``tiny``, ``base``) from the shipped ones."""
+    path = resolve_space_path(source)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpaceError([f"{path}: cannot read search space: {e.strerror}"]) from None
+    return parse_space(text, where=path.name, source=str(path))
+
+
+def resolve_space_path(source: str | Path) -> Path:
+    path = Path(source)
+    if path.exists() or path.suffix in (".yaml", ".yml") or "/" in str(source):
+        return path
+    shipped = SPACES_DIR / f"{source}.yaml"
+    if shipped.exists():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    raise SpaceError([f"{source}: no such search-space file, and not a shipped space (shipped: {names})"])
+
+
+def parse_space(text: str, where: str = "<string>", source: str = "<string>") -> Space:
+    """Validate YAML text as a space; raise :class:`SpaceError` with every problem found."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpaceError([f"{where}: {at}not valid YAML ({getattr(e, 'problem', None) or e})"]) from None
+    c = _Checker(where)
+    top = c.keys(
+        "",
+        data,
+        required=("task", "vocab_size", "max_seq_len", "embed_dim", "depth", "layers", "latency"),
+        optional=("name", "head_dim", "positions"),
+    )
+    if not top:
+        raise SpaceError(c.errors)
+    name = top.get("name", Path(where).stem)
+    if not isinstance(name, str) or not name:
+        c.error("name", f"{name!r} is not a non-empty string")
+    task = c.choice("task", top.get("task"), TASKS) if "task" in top else None
+    vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
+    max_seq = c.pos_int("max_seq_len", top["max_seq_len"]) if "max_seq_len" in top else None
+    head_dim = c.pos_int("head_dim", top.get("head_dim", 64))
+    positions = c.choice("positions", top.get("positions", "rope"), POSITIONS)
+    if positions == "rope" and head_dim is not None and head_dim % 2:
+        c.error("head_dim", f"{head_dim} must be even for rotary positions")
+    embed = c.int_list("embed_dim", top["embed_dim"]) if "embed_dim" in top else None
+    depth = c.int_list("depth", top["depth"]) if "depth" in top else None
+
+    layers = c.keys("layers", top.get("layers", {}), required=("heads", "ffn_dim", "attention")) if "layers" in top else {}
+    heads = c.int_list("layers.heads", layers["heads"]) if "heads" in layers else None
+    ffn = c.int_list("layers.ffn_dim", layers["ffn_dim"]) if "ffn_dim" in layers else None
+    attention = None
+    if "attention" in layers:
+        raw = layers["attention"]
+        if not isinstance(raw, list) or not raw:
+            c.error("layers.attention", f"expected a non-empty list of attention types, got {raw!r}")
+        else:
+            specs = []
+            for i, a in enumerate(raw):
+                try:
+                    spec = parse_attention(a)
+                except ValueError as e:
+                    c.error(f"layers.attention[{i}]", str(e))
+                    continue
+                if spec.kind == "local" and max_seq is not None and spec.param("W") > max_seq:
+                    c.error(f"layers.attention[{i}]", f"window {spec.param('W')} exceeds max_seq_len {max_seq}")
+                specs.append(str(spec))
+            if len(specs) == len(raw):
+                attention = c.unique("layers.attention", tuple(specs))
+
+    workloads = []
+    if "latency" in top:
+        lat = c.keys("latency", top["latency"], required=("prefill",))
+        for wname, wdata in lat.items():
+            if wname != "prefill":
+                continue
+            w = c.keys(f"latency.{wname}", wdata, required=("batch_size", "seq_len"))
+            bs = c.pos_int(f"latency.{wname}.batch_size", w["batch_size"]) if "batch_size" in w else None
+            sl = c.pos_int(f"latency.{wname}.seq_len", w["seq_len"]) if "seq_len" in w else None
+            if sl is not None and max_seq is not None and sl > max_seq:
+                c.error(f"latency.{wname}.seq_len", f"{sl} exceeds max_seq_len {max_seq}")
+            if bs is not None and sl is not None:
+                workloads.append(Workload(wname, bs, sl))
+
+    if c.errors:
+        raise SpaceError(c.errors)
+    return Space(
+        name=name,
+        task=task,
+        vocab_size=vocab,
+        max_seq_len=max_seq,
+        head_dim=head_dim,
+        positions=positions,
+        embed_dim=embed,
+        depth=depth,
+        heads=heads,
+        ffn_dim=ffn,
+        attention=attention,
+        workloads=tuple(workloads),
+        source=source,
+    )
+
+
+def describe(space: Space) -> str:
+    """A few human lines about the choices (used by ``nas space``)."""
+    lines = [
+        f"space {space.name}  ({space.source}, hash {space.hash})",
+        f"  task          {space.task}, vocab {space.vocab_size}, max_seq_len {space.max_seq_len}, "
+        f"head_dim {space.head_dim}, positions {space.positions}",
+        f"  embed_dim     {', '.join(map(str, space.embed_dim))}",
+        f"  depth         {', '.join(map(str, space.depth))}",
+        f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",
+        f"  ffn_dim       {', '.join(map(str, space.ffn_dim))}   (per layer)",
+        f"  attention     {', '.join(space.attention)}   (per layer)",
+    ]
+    for w in space.workloads:
+        lines.append(f"  latency       {w.name}: batch {w.batch_size} x {w.seq_len} tokens")
+    n = space.size()
+    lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})")
+    return "\n".join(lines)

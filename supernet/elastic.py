@@ -1,0 +1,224 @@
+"""The weight-shared SuperTransformer and its elastic modules.
+
+Every elastic module holds its weights at the maximum size of the space and, for
+the active choice, uses the leading slice (the first ``out`` rows and ``in``
+columns).  The choice is always passed in: ``model(idx, subnet)``,
+``block(x, layer_choice)``; no module stores an "active" subnet.
+
+The slices are taken by small pure functions (:func:`linear_slice`, ...), used
+both by ``forward`` and by ``extract``, so the extracted static model computes
+exactly what the supernet computes under that subnet.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from search_spaces import LayerChoice, Space, Subnet
+
+from .model import (
+    MLP,
+    Attention,
+    Block,
+    Transformer,
+    TransformerConfig,
+    attention_forward,
+    check_tokens,
+    init_weights,
+    mlp_forward,
+    rope_tables,
+)
+
+# --------------------------------------------------------------------------- slicing (pure)
+
+
+def linear_slice(layer: nn.Linear, in_dim: int, out_dim: int) -> tuple[Tensor, Tensor | None]:
+    """Leading (out_dim, in_dim) block of a max-size linear layer, and its bias."""
+    assert in_dim <= layer.in_features and out_dim <= layer.out_features, (in_dim, out_dim, layer)
+    bias = layer.bias[:out_dim] if layer.bias is not None else None
+    return layer.weight[:out_dim, :in_dim], bias
+
+
+def norm_slice(norm: nn.LayerNorm, dim: int) -> tuple[Tensor, Tensor]:
+    assert dim <= norm.normalized_shape[0], (dim, norm)
+    return norm.weight[:dim], norm.bias[:dim]
+
+
+def embedding_slice(emb: nn.Embedding, dim: int) -> Tensor:
+    assert dim <= emb.embedding_dim, (dim, emb)
+    return emb.weight[:, :dim]
+
+
+def linear_params(in_dim: int, out_dim: int, bias: bool = True) -> int:
+    return in_dim * out_dim + (out_dim if bias else 0)
+
+
+@torch.no_grad()
+def copy_into(dst: Tensor, src: Tensor) -> None:
+    """Copy a slice into a static parameter, asserting the shapes agree (no shared storage)."""
+    assert dst.shape == src.shape, f"shape mismatch: {tuple(dst.shape)} vs {tuple(src.shape)}"
+    dst.copy_(src)
+
+
+def _copy_linear(dst: nn.Linear, src: nn.Linear) -> None:
+    w, b = linear_slice(src, dst.in_features, dst.out_features)
+    copy_into(dst.weight, w)
+    copy_into(dst.bias, b)
+
+
+def _copy_norm(dst: nn.LayerNorm, src: nn.LayerNorm) -> None:
+    w, b = norm_slice(src, dst.normalized_shape[0])
+    copy_into(dst.weight, w)
+    copy_into(dst.bias, b)
+
+
+# --------------------------------------------------------------------------- elastic modules
+
+
+class ElasticLayerNorm(nn.LayerNorm):
+    """LayerNorm over the leading ``x.shape[-1]`` features."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        e = x.shape[-1]
+        return F.layer_norm(x, (e,), *norm_slice(self, e), self.eps)
+
+    def num_params(self, embed_dim: int) -> int:
+        return 2 * embed_dim
+
+
+class ElasticAttention(nn.Module):
+    """Q/K/V/O projections at max size; ``heads`` x head_dim of them are active."""
+
+    def __init__(self, max_embed_dim: int, max_heads: int, head_dim: int):
+        super().__init__()
+        width = max_heads * head_dim
+        self.head_dim = head_dim
+        self.q = nn.Linear(max_embed_dim, width)
+        self.k = nn.Linear(max_embed_dim, width)
+        self.v = nn.Linear(max_embed_dim, width)
+        self.o = nn.Linear(width, max_embed_dim)
+
+    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        e, a = x.shape[-1], layer.heads * self.head_dim
+        q, k, v = (linear_slice(m, e, a) for m in (self.q, self.k, self.v))
+        return attention_forward(x, q, k, v, linear_slice(self.o, a, e), layer.heads, layer.attention_spec, rope)
+
+    def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
+        a = layer.heads * self.head_dim
+        return 3 * linear_params(embed_dim, a) + linear_params(a, embed_dim)
+
+    def extract_into(self, static: Attention) -> None:
+        for name in ("q", "k", "v", "o"):
+            _copy_linear(getattr(static, name), getattr(self, name))
+
+
+class ElasticMLP(nn.Module):
+    def __init__(self, max_embed_dim: int, max_ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(max_embed_dim, max_ffn_dim)
+        self.fc2 = nn.Linear(max_ffn_dim, max_embed_dim)
+
+    def forward(self, x: Tensor, ffn_dim: int) -> Tensor:
+        e = x.shape[-1]
+        return mlp_forward(x, linear_slice(self.fc1, e, ffn_dim), linear_slice(self.fc2, ffn_dim, e))
+
+    def num_params(self, embed_dim: int, ffn_dim: int) -> int:
+        return linear_params(embed_dim, ffn_dim) + linear_params(ffn_dim, embed_dim)
+
+    def extract_into(self, static: MLP) -> None:
+        _copy_linear(static.fc1, self.fc1)
+        _copy_linear(static.fc2, self.fc2)
+
+
+class ElasticBlock(nn.Module):
+    def __init__(self, space: Space):
+        super().__init__()
+        e = space.max_embed_dim
+        self.ln1 = ElasticLayerNorm(e)
+        self.attn = ElasticAttention(e, space.max_heads, space.head_dim)
+        self.ln2 = ElasticLayerNorm(e)
+        self.mlp = ElasticMLP(e, space.max_ffn_dim)
+
+    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None) -> Tensor:
+        x = x + self.attn(self.ln1(x), layer, rope)
+        return x + self.mlp(self.ln2(x), layer.ffn_dim)
+
+    def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
+        return (
+            self.ln1.num_params(embed_dim)
+            + self.attn.num_params(embed_dim, layer)
+            + self.ln2.num_params(embed_dim)
+            + self.mlp.num_params(embed_dim, layer.ffn_dim)
+        )
+
+    def extract_into(self, static: Block) -> None:
+        _copy_norm(static.ln1, self.ln1)
+        _copy_norm(static.ln2, self.ln2)
+        self.attn.extract_into(static.attn)
+        self.mlp.extract_into(static.mlp)
+
+
+class SuperTransformer(nn.Module):
+    """All subnets of ``space`` in one set of weights. ``forward(idx, subnet)`` runs one of them."""
+
+    def __init__(self, space: Space, generator: torch.Generator | None = None):
+        super().__init__()
+        self.space = space
+        e = space.max_embed_dim
+        self.tok_emb = nn.Embedding(space.vocab_size, e)
+        self.pos_emb = nn.Embedding(space.max_seq_len, e) if space.positions == "learned" else None
+        self.blocks = nn.ModuleList(ElasticBlock(space) for _ in range(space.max_depth))
+        self.ln_f = ElasticLayerNorm(e)
+        if space.positions == "rope":
+            cos, sin = rope_tables(space.max_seq_len, space.head_dim)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        init_weights(self, n_layers=space.max_depth, generator=generator)
+        self._check = lru_cache(maxsize=4096)(space.check)
+
+    def forward(self, idx: Tensor, subnet: Subnet) -> Tensor:
+        """idx (B, T) token ids -> logits (B, T, vocab) of ``subnet``."""
+        self._check(subnet)
+        check_tokens(idx, self.space.vocab_size, self.space.max_seq_len)
+        e = subnet.embed_dim
+        x = F.embedding(idx, embedding_slice(self.tok_emb, e))  # (B, T, E)
+        if self.pos_emb is not None:
+            x = x + embedding_slice(self.pos_emb, e)[: idx.shape[1]]
+        rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
+        for block, layer in zip(self.blocks, subnet.layers):
+            x = block(x, layer, rope)
+        x = self.ln_f(x)
+        return F.linear(x, embedding_slice(self.tok_emb, e))  # (B, T, vocab), tied head
+
+    def num_params(self, subnet: Subnet) -> int:
+        """Parameters of ``subnet`` (as a static model: what ``extract`` returns holds exactly this many)."""
+        self.space.check(subnet)
+        e = subnet.embed_dim
+        n = self.space.vocab_size * e + self.ln_f.num_params(e)
+        if self.pos_emb is not None:
+            n += self.space.max_seq_len * e
+        return n + sum(block.num_params(e, layer) for block, layer in zip(self.blocks, subnet.layers))
+
+    @torch.no_grad()
+    def extract(self, subnet: Subnet) -> Transformer:
+        """A static :class:`Transformer` of ``subnet`` with copied (not shared) weights."""
+        config = TransformerConfig.from_subnet(self.space, subnet)
+        static = Transformer(config).to(self.tok_emb.weight.device)
+        e = subnet.embed_dim
+        copy_into(static.tok_emb.weight, embedding_slice(self.tok_emb, e))
+        if self.pos_emb is not None:
+            copy_into(static.pos_emb.weight, embedding_slice(self.pos_emb, e))
+        _copy_norm(static.ln_f, self.ln_f)
+        for block, static_block in zip(self.blocks, static.blocks):
+            block.extract_into(static_block)
+        return static.train(self.training)
+
+
+def extract(supernet: SuperTransformer, subnet: Subnet) -> Transformer:
+    """The static model of ``subnet``; its outputs equal ``supernet(idx, subnet)``."""
+    return supernet.extract(subnet)

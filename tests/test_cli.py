@@ -1,0 +1,52 @@
+import subprocess
+import sys
+
+import torch
+
+from nas.cli import COMMANDS, main
+from search_spaces import load_space
+from supernet import SuperTransformer
+
+from .conftest import ROOT
+
+
+def nas(*args):
+    return subprocess.run([sys.executable, "-m", "nas", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_help_lists_exactly_the_built_subcommands():
+    out = nas("--help")
+    assert out.returncode == 0
+    for name in COMMANDS:
+        assert name in out.stdout
+        sub = nas(name, "--help")
+        assert sub.returncode == 0 and "example:" in sub.stdout and f"nas {name}" in sub.stdout
+
+
+def test_space_prints_choices_size_and_param_counts(capsys):
+    assert main(["space", "search_spaces/base.yaml"]) == 0
+    out = capsys.readouterr().out
+    base = load_space("base")
+    model = SuperTransformer(base, generator=torch.Generator().manual_seed(0))
+    assert f"{base.size():,}" in out
+    assert f"{model.num_params(base.largest()):,} parameters" in out
+    assert f"{model.num_params(base.smallest()):,} parameters" in out
+    for choice in base.attention:
+        assert choice in out
+
+
+def test_space_sample_prints_loadable_subnets(capsys):
+    from search_spaces import Subnet
+
+    assert main(["space", "tiny", "--sample", "2", "--seed", "4"]) == 0
+    out = capsys.readouterr().out
+    docs = out.split("# sample ")[1:]
+    assert len(docs) == 2
+    subnet = Subnet.from_yaml(docs[0].split("\n", 1)[1])
+    assert subnet in load_space("tiny")
+
+
+def test_user_errors_are_one_line_exit_2():
+    out = nas("space", "tiny", "--sample", "-1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == "nas space: error: --sample: -1 is negative; give a count >= 0"

@@ -1,0 +1,200 @@
+import numpy as np
+import pytest
+import torch
+
+from search_spaces import Subnet, SubnetError, UserError, parse_attention, parse_space
+from supernet import SuperTransformer, Transformer, TransformerConfig, extract
+from supernet.attention import REGISTRY, attend, attend_reference, check_registry
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def supernet(tiny):
+    return SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
+
+
+@pytest.fixture(scope="module")
+def learned_space(tiny):
+    text = (
+        "task: causal-lm\nvocab_size: 256\nmax_seq_len: 64\nhead_dim: 16\npositions: learned\n"
+        "embed_dim: [32, 48]\ndepth: [1, 2, 3]\n"
+        "layers: {heads: [1, 3], ffn_dim: [32, 96], attention: [softmax, 'local:8', linear]}\n"
+        "latency: {prefill: {batch_size: 1, seq_len: 64}}\n"
+    )
+    return parse_space(text, where="learned.yaml")
+
+
+def uniform(space, kind_spec, depth=None):
+    d = depth or space.max_depth
+    return Subnet(space.max_embed_dim, d, (space.max_heads,) * d, (space.max_ffn_dim,) * d, (kind_spec,) * d)
+
+
+def random_subnets(space, n, seed):
+    rng = np.random.default_rng(seed)
+    return [space.sample(rng) for _ in range(n)]
+
+
+def max_diff(model_a, model_b_fn, x):
+    with torch.no_grad():
+        return (model_a(x) - model_b_fn(x)).abs().max().item()
+
+
+def test_registry_matches_grammar():
+    check_registry()
+    assert set(REGISTRY) >= {"softmax", "local", "linear"}
+
+
+def test_extraction_parity(tiny, supernet):
+    x = torch.randint(0, tiny.vocab_size, (2, tiny.max_seq_len), generator=torch.Generator().manual_seed(1))
+    subnets = [tiny.largest(), tiny.smallest()] + random_subnets(tiny, 60, seed=0)
+    seen_types = set()
+    worst = 0.0
+    for subnet in subnets:
+        static = extract(supernet, subnet).eval()
+        worst = max(worst, max_diff(static, lambda t: supernet(t, subnet), x))
+        seen_types |= set(subnet.attention)
+    assert seen_types == set(tiny.attention)
+    assert worst <= TOL, worst
+
+
+def test_extraction_parity_learned_positions(learned_space):
+    model = SuperTransformer(learned_space, generator=torch.Generator().manual_seed(0)).eval()
+    x = torch.randint(0, 256, (3, 50))
+    for subnet in [learned_space.largest(), learned_space.smallest()] + random_subnets(learned_space, 20, seed=4):
+        assert max_diff(extract(model, subnet).eval(), lambda t: model(t, subnet), x) <= TOL
+
+
+def test_extracted_model_is_the_plain_static_class(tiny, supernet):
+    subnet = random_subnets(tiny, 1, seed=5)[0]
+    static = extract(supernet, subnet)
+    assert type(static) is Transformer
+    assert static.config == TransformerConfig.from_subnet(tiny, subnet)
+    assert static.subnet == subnet
+    fresh = Transformer(TransformerConfig.from_subnet(tiny, subnet))  # a from-scratch model of that shape
+    fresh.load_state_dict(static.state_dict())  # same keys and shapes, strict
+    assert not any("elastic" in type(m).__name__.lower() for m in static.modules())
+
+
+def test_extraction_shares_no_storage(tiny):
+    model = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0))
+    subnet = tiny.smallest()
+    static = extract(model, subnet)
+    super_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert not super_ptrs & {p.untyped_storage().data_ptr() for p in static.parameters()}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in static.parameters():
+            p.add_(1.0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_parameter_counts_are_exact(tiny, supernet, learned_space):
+    for subnet in [tiny.largest(), tiny.smallest()] + random_subnets(tiny, 30, seed=6):
+        static = extract(supernet, subnet)
+        assert supernet.num_params(subnet) == static.num_params() == sum(p.numel() for p in static.parameters())
+    model = SuperTransformer(learned_space)
+    for subnet in random_subnets(learned_space, 10, seed=7):
+        assert model.num_params(subnet) == extract(model, subnet).num_params()
+    # the largest subnet uses every parameter of the supernet
+    assert supernet.num_params(tiny.largest()) == sum(p.numel() for p in supernet.parameters())
+
+
+def test_no_state_leaks_between_calls(tiny, supernet):
+    a, b = random_subnets(tiny, 2, seed=8)
+    x = torch.randint(0, tiny.vocab_size, (1, 40))
+    with torch.no_grad():
+        first = supernet(x, a)
+        supernet(x, b)
+        supernet(x, tiny.largest())
+        again = supernet(x, a)
+    assert torch.equal(first, again)
+
+
+def test_small_subnet_trains_only_its_slice(tiny):
+    model = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0))
+    subnet = tiny.smallest()
+    x = torch.randint(0, tiny.vocab_size, (2, 16))
+    model(x, subnet).sum().backward()
+    q = model.blocks[0].attn.q.weight.grad  # (max_heads*hd, max_embed)
+    width = subnet.heads[0] * tiny.head_dim
+    assert q[:width, : subnet.embed_dim].abs().sum() > 0
+    assert q[width:].abs().sum() == 0 and q[:, subnet.embed_dim :].abs().sum() == 0
+    assert model.blocks[1].attn.q.weight.grad is None  # inactive layer untouched
+
+
+@pytest.mark.parametrize("kind", ["softmax", "local:32", "linear"])
+def test_model_is_causal_for_each_type(tiny, supernet, kind):
+    subnet = uniform(tiny, kind)
+    x = torch.randint(0, tiny.vocab_size, (1, 120), generator=torch.Generator().manual_seed(2))
+    t = 70
+    y = x.clone()
+    y[0, t:] = (y[0, t:] + 1) % tiny.vocab_size
+    with torch.no_grad():
+        out_x, out_y = supernet(x, subnet), supernet(y, subnet)
+    assert torch.equal(out_x[:, :t], out_y[:, :t])
+    assert not torch.allclose(out_x[:, t:], out_y[:, t:])
+
+
+SPECS = ["softmax", "local:1", "local:8", "local:200", "linear"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("t", [1, 17, 64, 150])
+def test_fast_path_equals_reference(spec, t):
+    g = torch.Generator().manual_seed(t)
+    q, k, v = torch.randn(3, 2, 3, t, 16, generator=g).unbind(0)
+    s = parse_attention(spec)
+    fast, ref = attend(q, k, v, s), attend_reference(q, k, v, s)
+    assert fast.shape == ref.shape == v.shape
+    assert (fast - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_attention_functions_are_causal(spec):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 90, 8, generator=g).unbind(0)
+    s = parse_attention(spec)
+    t = 40
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, t:] += 3.0
+    v2[:, :, t:] -= 2.0
+    for fn in (attend, attend_reference):
+        a, b = fn(q, k, v, s), fn(q, k2, v2, s)
+        assert torch.allclose(a[:, :, :t], b[:, :, :t], atol=1e-6, rtol=0)
+
+
+def test_local_window_ignores_far_tokens():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 1, 1, 50, 8, generator=g).unbind(0)
+    s = parse_attention("local:5")
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, :30] = 0  # tokens 0..29 are outside the window of queries >= 34
+    v2[:, :, :30] = 0
+    a, b = attend(q, k, v, s), attend(q, k2, v2, s)
+    assert torch.allclose(a[:, :, 34:], b[:, :, 34:], atol=1e-6)
+    assert not torch.allclose(a[:, :, 30:34], b[:, :, 30:34])
+
+
+def test_subnet_outside_space_is_refused(tiny, supernet):
+    x = torch.randint(0, tiny.vocab_size, (1, 8))
+    with pytest.raises(SubnetError, match=r"ffn_dim\[0\]: 100 is not one of 128, 256, 512"):
+        supernet(x, Subnet(64, 1, (1,), (100,), ("softmax",)))
+    with pytest.raises(UserError, match="sequence length 300 exceeds max_seq_len 256"):
+        supernet(torch.zeros(1, 300, dtype=torch.long), tiny.smallest())
+
+
+def test_same_seed_same_weights(tiny):
+    a = SuperTransformer(tiny, generator=torch.Generator().manual_seed(3))
+    b = SuperTransformer(tiny, generator=torch.Generator().manual_seed(3))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_supernet_on_meta_device_counts_without_memory():
+    from search_spaces import load_space
+
+    base = load_space("base")
+    with torch.device("meta"):
+        model = SuperTransformer(base)
+    assert model.num_params(base.largest()) == sum(p.numel() for p in model.parameters())
+    assert model.num_params(base.smallest()) < model.num_params(base.largest())
