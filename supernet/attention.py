@@ -109,10 +109,8 @@ def _local_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Te
 
 @register("local", reference=_local_reference)
 def local_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    t, w = q.shape[-2], spec.param("W")
-    if w >= t:  # the window covers the whole sequence: plain causal attention
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(t, w, q.device))
+    # No branch on the sequence length: one traced (ONNX) graph must serve every length.
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(q.shape[-2], spec.param("W"), q.device))
 
 
 # --------------------------------------------------------------------------- linear
@@ -146,10 +144,11 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = 64) -> T
     """
     b, h, t, d = q.shape
     dv = v.shape[-1]
-    c = min(chunk, t)
-    pad = (-t) % c
-    if pad:  # zero keys/values after the end are never seen by a real (earlier) query
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    c = chunk
+    # Always pad (by 0..C-1 tokens) so that one traced graph serves every length; zero keys and
+    # values after the end are never seen by a real (earlier) query.
+    pad = (c - t % c) % c
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     n = (t + pad) // c
     qc, kc, vc = q.view(b, h, n, c, d), k.view(b, h, n, c, d), v.view(b, h, n, c, dv)
     a = (qc @ kc.transpose(-2, -1)) * causal_mask(c, q.device)  # (B, H, N, C, C)

@@ -1,0 +1,94 @@
+"""ONNX export of a static :class:`~supernet.model.Transformer`.
+
+torch's dynamo exporter at opset 23 turns ``scaled_dot_product_attention`` into the
+standard ONNX ``Attention`` op (one fused node per softmax / masked layer) and layer
+norms into ``LayerNormalization``. The exported graph takes ``tokens`` (batch, seq) int64
+and returns ``logits`` (batch, seq, vocab), both axes dynamic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .model import Transformer
+
+DEFAULT_OPSET = 23
+
+
+def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
+    """Write ``model`` to ``path`` as ONNX with dynamic batch and sequence axes; return the path.
+
+    The example traced is (2, max_seq_len): no size of 0 or 1 appears anywhere (the exporter
+    would specialise on it), and the graph serves every batch and every length up to max_seq_len.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model = model.eval()
+    example = torch.zeros(2, model.config.max_seq_len, dtype=torch.long)
+    batch = torch.export.Dim("batch", max=4096)
+    seq = torch.export.Dim("seq", max=model.config.max_seq_len)
+    with _quiet():
+        program = torch.onnx.export(
+            model,
+            (example,),
+            dynamo=True,
+            opset_version=opset,
+            dynamic_shapes=({0: batch, 1: seq},),
+            input_names=["tokens"],
+            output_names=["logits"],
+            verbose=False,
+        )
+        program.save(str(path))
+    return path
+
+
+def op_counts(path: str | Path) -> Counter:
+    """How many nodes of each op type the top-level graph holds (e.g. ``counts['Attention']``)."""
+    import onnx
+
+    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
+def onnx_session(path: str | Path, threads: int | None = None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def onnx_parity(path: str | Path, model: Transformer, tokens: torch.Tensor) -> float:
+    """Max abs difference between ONNX Runtime and torch logits on ``tokens``."""
+    session = onnx_session(path)
+    out = session.run(None, {"tokens": tokens.numpy().astype(np.int64)})[0]
+    with torch.no_grad():
+        ref = model.eval()(tokens).numpy()
+    return float(np.abs(out - ref).max())
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporter prints progress and warnings meant for its developers; keep them off the user's screen."""
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
