@@ -1,0 +1,96 @@
+"""Supernet checkpoints: one ``torch.save`` dict, written atomically, loaded with ``weights_only=True``.
+
+A checkpoint carries its own space (so a supernet loads without the YAML file), the
+space hash, the model state and whatever the trainer needs to resume exactly
+(optimizer, scheduler, RNG states, data position, step) under ``state``.
+
+Loading checks, and names the file in every error: that it is a readable torch file,
+that it is one of ours (``format``), its version, and, when a space is given, that
+it was trained on that space.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from search_spaces import Space, UserError, parse_space
+
+from .elastic import SuperTransformer
+
+FORMAT = "nas-supernet-checkpoint"
+VERSION = 1
+
+
+def save_checkpoint(path: str | Path, model: SuperTransformer, state: dict[str, Any] | None = None, **meta: Any) -> Path:
+    """Write ``model`` (+ resumable ``state`` and small ``meta`` values) to ``path`` atomically.
+
+    The file is written beside the target and renamed over it, so a kill during the save
+    leaves the previous checkpoint intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    space = model.space
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "space": yaml.safe_dump(space.to_dict(), sort_keys=False),
+        "space_hash": space.hash,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "state": state or {},
+        "meta": meta,
+    }
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, Any]:
+    """Read and validate a checkpoint dict; with ``space``, refuse one trained on another space."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
+        raise UserError(f"{path}: not a readable supernet checkpoint (truncated or foreign file): {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise UserError(f"{path}: not a supernet checkpoint of this tool (no '{FORMAT}' format marker)")
+    if payload.get("version") != VERSION:
+        raise UserError(f"{path}: checkpoint version {payload.get('version')!r}, this tool reads version {VERSION}")
+    try:
+        payload["space"] = parse_space(payload["space"], where=f"{path.name}[space]", source=f"{path}")
+    except UserError as e:
+        raise UserError(f"{path}: the space stored in the checkpoint is invalid: {e}") from None
+    if payload["space"].hash != payload.get("space_hash"):
+        raise UserError(f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})")
+    if space is not None and space.hash != payload["space_hash"]:
+        raise UserError(
+            f"{path}: trained on space {payload['space'].name!r} (hash {payload['space_hash']}), "
+            f"not on {space.name!r} (hash {space.hash}) from {space.source}"
+        )
+    return payload
+
+
+def load_supernet(path: str | Path, space: Space | None = None, device: str | torch.device = "cpu") -> tuple[SuperTransformer, dict[str, Any]]:
+    """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
+    payload = load_checkpoint(path, space)
+    model = SuperTransformer(payload["space"])
+    try:
+        model.load_state_dict(payload["model"])
+    except RuntimeError as e:
+        raise UserError(f"{Path(path)}: weights do not fit the stored space: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval(), payload
