@@ -112,6 +112,13 @@ def _walk(directory: Path, exclude: Path | None) -> Iterator[Path]:
                 yield here / name
 
 
+def absolute_data(data: str | None) -> str | None:
+    """``--data`` as an absolute path or pattern, so a checkpoint's record works from any directory."""
+    if data is None:
+        return None
+    return data if os.path.isabs(data) else os.path.join(os.getcwd(), data)
+
+
 def find_documents(data: str | None, exclude: Path | None = None) -> tuple[list[Document], list[str]]:
     """The documents of ``--data`` and the names of skipped (binary or unreadable) files."""
     if data is None:
@@ -122,6 +129,8 @@ def find_documents(data: str | None, exclude: Path | None = None) -> tuple[list[
             raise UserError(f"--data {data!r}: the pattern matches no files")
         paths: list[Path] = []
         for m in map(Path, matches):
+            if exclude is not None and m.resolve().is_relative_to(exclude):
+                continue  # our own cache, when the pattern reaches into the run directory
             paths.extend(_walk(m, exclude) if m.is_dir() else [m])
         base = Path(os.path.commonpath([str(p.resolve()) for p in paths])) if paths else Path(".")
     else:
@@ -232,7 +241,7 @@ def prepare_corpus(
     cache_root = Path(cache_dir) / "corpus"
     docs, skipped = find_documents(data, exclude=cache_root.resolve())
     docs = [d for d in docs if d.size]
-    key = cache_key(docs, data, seed, val_fraction)
+    key = cache_key(docs, absolute_data(data), seed, val_fraction)
     target = cache_root / key
     cached = _load(target)
     if cached is not None:
@@ -264,7 +273,7 @@ def prepare_corpus(
         meta = {
             "format": CACHE_FORMAT,
             "corpus": DEFAULT_CORPUS if data is None else "user",
-            "data": data,
+            "data": absolute_data(data),
             "licence": DEFAULT_LICENCE if data is None else None,
             "python": sys.version.split()[0] if data is None else None,
             "hash": digest.hexdigest(),

@@ -333,7 +333,7 @@ class TrainResult:
 
 
 class _Interrupt:
-    """SIGINT sets a flag (the step finishes, a checkpoint is saved); a second SIGINT aborts at once."""
+    """SIGINT or SIGTERM sets a flag (the step finishes, a checkpoint is saved); a second one aborts at once."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -345,17 +345,19 @@ class _Interrupt:
 
 
 @contextmanager
-def _catch_sigint() -> Iterator[_Interrupt]:
+def _catch_interrupts() -> Iterator[_Interrupt]:
     flag = _Interrupt()
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGINT, flag)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, flag)
     except ValueError:  # not the main thread: leave signals alone
-        yield flag
-        return
+        pass
     try:
         yield flag
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class JsonlLog:
@@ -407,6 +409,126 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+class Trainer:
+    """One run: the optimizer, the schedule and the counters, and the pieces of a step.
+
+    :func:`train` drives it; the objective decides what a step computes.
+    """
+
+    def __init__(self, model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report):
+        self.model, self.objective, self.config, self.dist = model, objective, config, dist
+        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self.device = next(model.parameters()).device
+        check_length(train_tokens, config.seq_len, "training")
+        check_length(val_tokens, config.seq_len, "validation")
+        if config.batch_size % dist.world:
+            raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
+        self.local_batch = config.batch_size // dist.world
+        self.out, self.checkpointer = out, checkpointer
+        self.latest = out / "latest.pt" if out is not None else None
+        self.say = report if (report is not None and dist.is_main) else (lambda text: None)
+        self.meta = {**(meta or {}), "seed": config.seed, "train_config": config.to_dict(), "objective": objective.to_dict(),
+                     "world_size": dist.world, "torch": str(torch.__version__)}
+        self.optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2))
+        self.schedule = WarmupCosine.from_config(config)
+        self.step, self.elapsed, self.tokens = 0, 0.0, 0
+        self.evals: list[dict] = []
+        self.evaluated_at = -1
+        self.log = JsonlLog(None)
+        self.fwd = torch.compile(model) if config.compile else model
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # Passes of smaller subnets leave parameters unused (the same ones on every rank).
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.fwd = DDP(self.fwd, device_ids=device_ids, find_unused_parameters=True)
+
+    # -- state ------------------------------------------------------------------------
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        state = ckpt["state"]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"], self.device)
+            self.step, self.elapsed, self.tokens = state["step"], state["elapsed"], state["tokens"]
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise UserError(f"{self.latest}: checkpoint holds no resumable trainer state ({type(e).__name__}: {e})") from None
+
+    def save(self, path: Path, stopped: str | None) -> None:
+        if self.checkpointer is None or not self.dist.is_main:
+            return
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": rng_state(self.device),
+            "data": {"position": self.step, "sampler": "windows drawn by default_rng([seed, 0, step])"},
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "tokens": self.tokens,
+        }
+        self.checkpointer.save(path, self.model, state, {**self.meta, "step": self.step, "stopped": stopped})
+        self.log.write("checkpoint", step=self.step, path=str(path))
+
+    # -- the loop's pieces ------------------------------------------------------------
+
+    def stop_reason(self, interrupted: bool) -> str:
+        """Why to stop before the next step ("" to go on); every rank gets the same answer."""
+        c = self.config
+        reached_steps = c.max_steps is not None and self.step >= c.max_steps
+        reached_time = c.max_time is not None and self.elapsed >= c.max_time
+        stop, self.elapsed = self.dist.agree(interrupted or reached_steps or reached_time, self.elapsed, self.device)
+        if not stop:
+            return ""
+        return "interrupted" if interrupted or not (reached_steps or reached_time) else ("max_steps" if reached_steps else "max_time")
+
+    def batch(self) -> tuple[Tensor, Tensor]:
+        """This rank's share of step ``step``'s windows: x, y (b, T)."""
+        c, r, b = self.config, self.dist.rank, self.local_batch
+        rng = np.random.default_rng([c.seed, DATA_STREAM, self.step])
+        starts = rng.integers(0, len(self.train_tokens) - c.seq_len, size=c.batch_size)  # (B,) the global batch
+        x, y = windows(self.train_tokens, starts[r * b : (r + 1) * b], c.seq_len)
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def train_step(self) -> tuple[Plan, dict[str, float], float]:
+        """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last)."""
+        lr = self.schedule(self.step, self.elapsed)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.batch()
+        plan = self.objective.plan(self.step)
+        memo: dict = {}
+        ces = []
+        for i, (_, subnet) in enumerate(plan):
+            sync = not self.dist.enabled or i == len(plan) - 1
+            with (nullcontext() if sync else self.fwd.no_sync()), autocast(self.device):
+                logits = run_model(self.fwd, x, subnet)  # (b, T, V)
+                loss, ce = self.objective.loss(i, logits, y, memo)
+            (loss / len(plan)).backward()
+            ces.append(ce)
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.config.batch_size * self.config.seq_len
+        return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr
+
+    def evaluate(self) -> None:
+        """Validation bits per byte of the objective's evaluation subnets (rank 0; the others wait)."""
+        self.evaluated_at = self.step
+        if self.dist.is_main:
+            c, t0 = self.config, time.perf_counter()
+            bpb = {
+                name: evaluate_bpb(self.model, subnet, self.val_tokens, c.batch_size, c.seq_len, c.eval_batches, c.seed)
+                for name, subnet in self.objective.eval_subnets().items()
+            }
+            self.evals.append({"step": self.step, "bpb": bpb})
+            self.log.write("eval", step=self.step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
+            self.say(f"step {self.step}: validation bits/byte  " + "  ".join(f"{k} {v:.3f}" for k, v in bpb.items()))
+        self.dist.barrier()
+
+
 def train(
     model: nn.Module,
     objective: Objective,
@@ -422,153 +544,63 @@ def train(
     progress: Callable[[StepInfo], None] | None = None,
     report: Callable[[str], None] | None = None,
 ) -> TrainResult:
-    """Train ``model`` (already on its device) until ``max_steps`` or ``max_time``, or SIGINT.
+    """Train ``model`` (already on its device) until ``max_steps`` or ``max_time``, or SIGINT / SIGTERM.
 
     With ``out`` and ``checkpointer``: ``out/latest.pt`` every ``ckpt_interval`` steps, on SIGINT
-    and at the end, ``out/final.pt`` when the run reaches its bound, ``out/log.jsonl`` metrics.
+    or SIGTERM and at the end, ``out/final.pt`` when the run reaches its bound, ``out/log.jsonl`` metrics.
     ``resume`` continues from ``out/latest.pt`` exactly where it was written (pass the
     checkpoint dict instead of True if the caller has already loaded it).  ``meta`` is stored
-    in every checkpoint (with the step).  Only rank 0 writes files.
+    in every checkpoint (with the step).  Only rank 0 writes files; ``progress`` is called on
+    every rank it is given to, ``report`` (human-readable lines) on rank 0.
     """
-    device = next(model.parameters()).device
-    check_length(train_tokens, config.seq_len, "training")
-    check_length(val_tokens, config.seq_len, "validation")
-    if config.batch_size % dist.world:
-        raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
-    local = config.batch_size // dist.world
-    say = report if (report is not None and dist.is_main) else (lambda text: None)
-    meta = dict(meta or {})
-    meta.update(seed=config.seed, train_config=config.to_dict(), objective=objective.to_dict(), world_size=dist.world, torch=str(torch.__version__))
-
-    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2))
-    schedule = WarmupCosine.from_config(config)
-    step, elapsed, tokens = 0, 0.0, 0
-    latest = out / "latest.pt" if out is not None else None
-    if resume is not False:
-        if latest is None or checkpointer is None:
+    t = Trainer(model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report)
+    resuming = resume is not False
+    if resuming:
+        if t.latest is None or checkpointer is None:
             raise UserError("resume needs a run directory (--out) with checkpoints")
-        if not latest.exists():
+        if not t.latest.exists():
             raise UserError(f"--resume: {out} holds no checkpoint (latest.pt); start a new run without --resume")
-        ckpt = resume if isinstance(resume, dict) else checkpointer.load(latest)
-        model.load_state_dict(ckpt["model"])
-        state = ckpt["state"]
-        try:
-            optimizer.load_state_dict(state["optimizer"])
-            set_rng_state(state["rng"], device)
-            step, elapsed, tokens = state["step"], state["elapsed"], state["tokens"]
-        except (KeyError, ValueError, RuntimeError) as e:
-            raise UserError(f"{latest}: checkpoint holds no resumable trainer state ({type(e).__name__}: {e})") from None
-        say(f"resumed from {latest} at step {step}")
-    log = JsonlLog(out / "log.jsonl" if (out is not None and dist.is_main) else None, resume_step=step if resume is not False else None)
-    log.write("resume" if resume is not False else "start", step=step, meta=_jsonable(meta))
-
-    def save(path: Path, stopped: str | None) -> None:
-        if checkpointer is None or not dist.is_main:
-            return
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "schedule": schedule.state_dict(),
-            "rng": rng_state(device),
-            "data": {"position": step, "sampler": "windows drawn by default_rng([seed, 0, step])"},
-            "step": step,
-            "elapsed": elapsed,
-            "tokens": tokens,
-        }
-        checkpointer.save(path, model, state, {**meta, "step": step, "stopped": stopped})
-        log.write("checkpoint", step=step, path=str(path))
-
-    evals: list[dict] = []
-    evaluated_at = -1
-
-    def evaluate() -> None:
-        nonlocal evaluated_at
-        evaluated_at = step
-        if dist.is_main:
-            t0 = time.perf_counter()
-            bpb = {
-                name: evaluate_bpb(model, subnet, val_tokens, config.batch_size, config.seq_len, config.eval_batches, config.seed)
-                for name, subnet in objective.eval_subnets().items()
-            }
-            evals.append({"step": step, "bpb": bpb})
-            log.write("eval", step=step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
-            say(f"step {step}: validation bits/byte  " + "  ".join(f"{k} {v:.3f}" for k, v in bpb.items()))
-        dist.barrier()
-
-    fwd = torch.compile(model) if config.compile else model
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        # Passes of smaller subnets leave parameters unused (the same ones on every rank).
-        fwd = DDP(fwd, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
+        t.restore(resume if isinstance(resume, dict) else checkpointer.load(t.latest))
+        t.say(f"resumed from {t.latest} at step {t.step}")
+    t.log = JsonlLog(out / "log.jsonl" if (out is not None and dist.is_main) else None, resume_step=t.step if resuming else None)
+    t.log.write("resume" if resuming else "start", step=t.step, meta=_jsonable(t.meta))
 
     model.train()
-    stopped = ""
     window_t, window_tokens = time.perf_counter(), 0
-    with _catch_sigint() as interrupt:
-        while True:
-            want = interrupt.requested or (config.max_steps is not None and step >= config.max_steps)
-            want = want or (config.max_time is not None and elapsed >= config.max_time)
-            want, elapsed = dist.agree(want, elapsed, device)
-            if want:
-                if interrupt.requested:
-                    stopped = "interrupted"
-                else:
-                    stopped = "max_steps" if config.max_steps is not None and step >= config.max_steps else "max_time"
-                break
+    with _catch_interrupts() as interrupt:
+        while not (stopped := t.stop_reason(interrupt.requested)):
             t0 = time.perf_counter()
-            lr = schedule(step, elapsed)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            starts = np.random.default_rng([config.seed, DATA_STREAM, step]).integers(0, len(train_tokens) - config.seq_len, size=config.batch_size)
-            x, y = windows(train_tokens, starts[dist.rank * local : (dist.rank + 1) * local], config.seq_len)  # (b, T) each
-            x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-            plan = objective.plan(step)
-            memo: dict = {}
-            ces = []
-            for i, (name, subnet) in enumerate(plan):
-                last = i == len(plan) - 1
-                with (fwd.no_sync() if dist.enabled and not last else nullcontext()), autocast(device):
-                    logits = run_model(fwd, x, subnet)  # (b, T, V)
-                    loss, ce = objective.loss(i, logits, y, memo)
-                (loss / len(plan)).backward()
-                ces.append(ce)
-            del memo, logits, loss
-            if config.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            tokens += config.batch_size * config.seq_len
-            window_tokens += config.batch_size * config.seq_len
-            losses = dict(zip((name for name, _ in plan), torch.stack(ces).tolist()))
+            plan, losses, lr = t.train_step()
             now = time.perf_counter()
-            elapsed += now - t0
+            t.elapsed += now - t0
+            window_tokens += config.batch_size * config.seq_len
             rate = window_tokens / max(now - window_t, 1e-9)
-            if step % config.log_interval == 0 or step == config.max_steps:
-                log.write("train", step=step, lr=lr, loss=losses, tokens=tokens, tokens_per_s=round(rate, 1), elapsed=round(elapsed, 3))
+            if t.step % config.log_interval == 0 or t.step == config.max_steps:
+                t.log.write("train", step=t.step, lr=lr, loss=losses, tokens=t.tokens, tokens_per_s=round(rate, 1), elapsed=round(t.elapsed, 3))
                 window_t, window_tokens = now, 0
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
-                progress(StepInfo(step, config.max_steps, elapsed, config.max_time, lr, losses, keys, rate))
-            if step % config.eval_interval == 0:
-                evaluate()
-            if latest is not None and step % config.ckpt_interval == 0:
-                save(latest, None)
-            if step % config.eval_interval == 0 or step % config.ckpt_interval == 0:
+                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate))
+            evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
+            if evaluate:
+                t.evaluate()
+            if save:
+                t.save(t.latest, None)
+            if evaluate or save:
                 window_t, window_tokens = time.perf_counter(), 0  # tokens/s measures training only
-            elapsed += time.perf_counter() - now  # evaluations and checkpoints count against --max-time
+            t.elapsed += time.perf_counter() - now  # evaluations and checkpoints count against --max-time
 
-        if stopped != "interrupted" and evaluated_at != step:
-            evaluate()
+        if stopped != "interrupted" and t.evaluated_at != t.step:
+            t.evaluate()
         checkpoint = None
-        if latest is not None:
-            save(latest, stopped)
-            checkpoint = latest
+        if t.latest is not None and checkpointer is not None:
+            t.save(t.latest, stopped)
+            checkpoint = t.latest
             if stopped != "interrupted":
-                save(out / "final.pt", stopped)
                 checkpoint = out / "final.pt"
-    log.write("end", step=step, stopped=stopped, elapsed=round(elapsed, 3), tokens=tokens)
-    return TrainResult(step, elapsed, tokens, stopped, evals, checkpoint)
+                t.save(checkpoint, stopped)
+    t.log.write("end", step=t.step, stopped=stopped, elapsed=round(t.elapsed, 3), tokens=t.tokens)
+    return TrainResult(t.step, t.elapsed, t.tokens, stopped, t.evals, checkpoint)
 
 
 def _jsonable(value: Any) -> Any:

@@ -297,3 +297,12 @@ def test_cli_refuses_bad_checkpoints_in_one_line(micro, tiny, space_file, tmp_pa
     assert "holds no checkpoint (latest.pt)" in capsys.readouterr().err
     assert main(["train-supernet", str(space_file), "--out", str(tmp_path / "x"), "--seq-len", "64"]) == 2
     assert "--seq-len: 64 exceeds the space's max_seq_len 32" in capsys.readouterr().err
+
+
+def test_cli_help_shows_the_library_defaults():
+    from dataclasses import fields
+
+    from nas.commands.train_supernet import HELP_DEFAULTS
+
+    library = {f.name: f.default for f in fields(TrainConfig)} | {f.name: f.default for f in fields(SandwichObjective)}
+    assert {k: library[k] for k in HELP_DEFAULTS if k in library} == {k: v for k, v in HELP_DEFAULTS.items() if k in library}

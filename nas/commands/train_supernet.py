@@ -17,33 +17,40 @@ NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
 EXAMPLE = "nas train-supernet search_spaces/tiny.yaml --out runs/tiny --max-time 10m"
 
-# flag -> (TrainConfig field, type, help); default None = "not given" (resume keeps the stored value).
+# flag -> (field, type, metavar, help); every default is None = "not given" (a resumed run keeps its
+# stored value); "{default}" in a help text is filled from TrainConfig / the objective / the data defaults.
 CONFIG_FLAGS = {
-    "--batch-size": ("batch_size", int, "global batch (windows per step, split across ranks); default 32"),
-    "--seq-len": ("seq_len", int, "window length in bytes; default min(256, the space's max_seq_len)"),
-    "--lr": ("lr", float, "peak learning rate; default 2e-3"),
-    "--min-lr": ("min_lr", float, "learning rate at the end of the cosine; default 2e-4"),
-    "--warmup": ("warmup_steps", int, "linear warm-up steps; default 100"),
-    "--weight-decay": ("weight_decay", float, "AdamW weight decay of matrices and embeddings; default 0.1"),
-    "--beta1": ("beta1", float, "AdamW beta1; default 0.9"),
-    "--beta2": ("beta2", float, "AdamW beta2; default 0.95"),
-    "--grad-clip": ("grad_clip", float, "clip the gradient norm to this (0: off); default 1.0"),
-    "--max-steps": ("max_steps", int, "total steps, the schedule's length; default 2000 unless --max-time is given"),
-    "--eval-interval": ("eval_interval", int, "validate every N steps (and at the end); default 250"),
-    "--eval-batches": ("eval_batches", int, "validation batches per subnet; default 16"),
-    "--ckpt-interval": ("ckpt_interval", int, "write latest.pt every N steps; default 250"),
-    "--log-interval": ("log_interval", int, "write training metrics every N steps; default 10"),
-    "--seed": ("seed", int, "seed of the initial weights, the batches and the sampled subnets; default 0"),
+    "--batch-size": ("batch_size", int, "N", "global batch: windows per step, split across ranks (default {default})"),
+    "--seq-len": ("seq_len", int, "N", "window length in bytes (default {default}, at most the space's max_seq_len)"),
+    "--lr": ("lr", float, "LR", "peak learning rate (default {default})"),
+    "--min-lr": ("min_lr", float, "LR", "learning rate at the end of the cosine (default {default})"),
+    "--warmup": ("warmup_steps", int, "N", "linear warm-up steps (default {default})"),
+    "--weight-decay": ("weight_decay", float, "X", "AdamW weight decay of matrices and embeddings (default {default})"),
+    "--beta1": ("beta1", float, "X", "AdamW beta1 (default {default})"),
+    "--beta2": ("beta2", float, "X", "AdamW beta2 (default {default})"),
+    "--grad-clip": ("grad_clip", float, "X", "clip the gradient norm to this, 0 = off (default {default})"),
+    "--max-steps": ("max_steps", int, "N", "total steps and the schedule's length (default {default} unless --max-time is given)"),
+    "--eval-interval": ("eval_interval", int, "N", "validate every N steps and at the end (default {default})"),
+    "--eval-batches": ("eval_batches", int, "N", "validation batches per subnet (default {default})"),
+    "--ckpt-interval": ("ckpt_interval", int, "N", "write latest.pt every N steps (default {default})"),
+    "--log-interval": ("log_interval", int, "N", "write training metrics every N steps (default {default})"),
+    "--seed": ("seed", int, "S", "seed of the initial weights, the batches and the sampled subnets (default {default})"),
 }
 OBJECTIVE_FLAGS = {
-    "--random-subnets": ("n_random", int, "uniformly sampled subnets per step besides the largest and smallest; default 2"),
-    "--distill": ("distill", float, "weight of the largest subnet's soft targets in smaller subnets' loss (0..1); default 0.5"),
+    "--random-subnets": ("n_random", int, "N", "uniformly sampled subnets per step besides the largest and smallest (default {default})"),
+    "--distill": ("distill", float, "W", "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})"),
 }
 DATA_FLAGS = {
-    "--data-seed": ("data_seed", int, "seed of the train/validation split by document; default 0"),
-    "--val-fraction": ("val_fraction", float, "share of the bytes (whole documents) held out for validation; default 0.05"),
+    "--data-seed": ("data_seed", int, "S", "seed of the train/validation split by document (default {default})"),
+    "--val-fraction": ("val_fraction", float, "F", "share of the bytes (whole documents) held out for validation (default {default})"),
 }
-DEFAULT_SEQ_LEN = 256
+DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
+# The defaults of TrainConfig and SandwichObjective, for --help without importing torch (a test keeps them equal).
+HELP_DEFAULTS = {
+    "batch_size": 32, "seq_len": 256, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
+    "beta2": 0.95, "grad_clip": 1.0, "max_steps": 2000, "eval_interval": 250, "eval_batches": 16, "ckpt_interval": 250,
+    "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, **DATA_DEFAULTS,
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,8 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-time", type=parse_duration, metavar="T", help="stop after T of training in total (600, 90s, 10m, 1.5h); "
                    "without --max-steps the schedule follows the clock")
     for flags in (CONFIG_FLAGS, OBJECTIVE_FLAGS, DATA_FLAGS):
-        for flag, (dest, kind, text) in flags.items():
-            p.add_argument(flag, dest=dest, type=kind, help=text)
+        for flag, (dest, kind, metavar, text) in flags.items():
+            p.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=HELP_DEFAULTS[dest]))
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (recompiles per distinct subnet shape)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu (fp32)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
@@ -76,12 +83,12 @@ def parse_duration(text: str) -> float:
 
 
 def _given(args: argparse.Namespace, flags: dict) -> dict:
-    return {dest: getattr(args, dest) for dest, _, _ in flags.values() if getattr(args, dest) is not None}
+    return {dest: getattr(args, dest) for dest, *_ in flags.values() if getattr(args, dest) is not None}
 
 
 def _flag(dest: str) -> str:
     for flags in (CONFIG_FLAGS, OBJECTIVE_FLAGS, DATA_FLAGS):
-        for flag, (d, _, _) in flags.items():
+        for flag, (d, *_) in flags.items():
             if d == dest:
                 return flag
     return "--" + dest.replace("_", "-")
@@ -90,6 +97,7 @@ def _flag(dest: str) -> str:
 def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dict, dict, dict]:
     """(train config, objective settings, data settings): defaults < stored run < flags (where allowed)."""
     from search_spaces import UserError
+    from supernet.data import absolute_data
     from supernet.train import TrainConfig
 
     given = _given(args, CONFIG_FLAGS)
@@ -99,13 +107,13 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
         given["compile"] = True
     given_obj, given_data = _given(args, OBJECTIVE_FLAGS), _given(args, DATA_FLAGS)
     if args.data is not None:
-        given_data["data"] = args.data
+        given_data["data"] = absolute_data(args.data)
     if stored is None:
-        config = {"seq_len": min(DEFAULT_SEQ_LEN, space.max_seq_len), **given}
+        config = {"seq_len": min(TrainConfig.seq_len, space.max_seq_len), **given}
         if "max_time" in given and "max_steps" not in given:
             config["max_steps"] = None  # time-bound run: the schedule follows the clock
-        objective = {"n_random": 2, "distill": 0.5, **given_obj}
-        data = {"data": None, "data_seed": 0, "val_fraction": 0.05, **given_data}
+        objective = given_obj  # SandwichObjective's defaults for the rest
+        data = {**DATA_DEFAULTS, **given_data}
         return config, objective, data
     # Resuming: the stored settings hold; only bounds and observation may change.
     problems = []
