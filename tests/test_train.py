@@ -263,7 +263,7 @@ def test_cli_sigint_saves_a_checkpoint_and_resume_continues(space_file, docs, tm
 
     # Resuming may extend the bound; it may not change the maths.
     assert main(["train-supernet", "--out", str(out), "--resume", "--lr", "0.1"]) == 2
-    assert "--lr 0.1 differs from the run's 0.002" in capsys.readouterr().err
+    assert "--lr 0.1 differs from the run's 0.003" in capsys.readouterr().err
     assert main(["train-supernet", "--out", str(out), "--resume", "--max-steps", str(meta["step"] + 3)]) == 0
     assert f"trained {meta['step'] + 3} steps" in capsys.readouterr().out
     assert torch.load(out / "final.pt", weights_only=True)["meta"]["step"] == meta["step"] + 3
