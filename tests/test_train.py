@@ -239,6 +239,16 @@ def test_plain_objective_fine_tunes_a_static_model(micro, docs, tmp_path):
     assert result.evals[-1]["bpb"]["model"] < before - 1.0
 
 
+def test_max_time_bounds_a_run(micro, docs, tmp_path):
+    corpus = prepare_corpus(str(docs), tmp_path, val_fraction=0.2)
+    model = SuperTransformer(micro, generator=torch.Generator().manual_seed(0))
+    lrs = []
+    config = TrainConfig(**{**CONFIG, "eval_interval": 10**6}, max_steps=None, max_time=2.0)
+    result = train(model, SandwichObjective(micro), corpus.train, corpus.val, config, progress=lambda info: lrs.append(info.lr))
+    assert result.stopped == "max_time" and 2.0 <= result.elapsed < 20 and result.step == len(lrs) >= 2
+    assert lrs[-1] < max(lrs)  # the cosine follows the clock
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
