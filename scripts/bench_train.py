@@ -37,7 +37,8 @@ def plot(evals: list[dict], out: Path) -> None:
         ax.plot([e["step"] for e in evals], [e["bpb"][name] for e in evals], marker="o", ms=3, label=name)
     for name, target in TARGETS.items():
         ax.axhline(target, ls=":", lw=1, color="grey")
-        ax.text(0, target, f" {name} target {target}", va="bottom", fontsize=8, color="grey")
+        ax.text(0.99, target, f"{name} target {target}", transform=ax.get_yaxis_transform(), ha="right", va="bottom",
+                fontsize=8, color="grey")
     ax.set_xlabel("step")
     ax.set_ylabel("validation bits per byte")
     ax.set_title("supernet training: validation bits/byte per subnet")
