@@ -39,4 +39,5 @@ def _gqa_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tens
 def gqa_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     """q (B, H, T, D); k, v (B, G, T, D) with G dividing H."""
     assert q.shape[1] % k.shape[1] == 0, (q.shape, k.shape)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    # Head counts are static (never the traced length); the ONNX exporter refuses enable_gqa with equal counts.
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
