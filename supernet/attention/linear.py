@@ -77,9 +77,14 @@ def _register_kernel(kind: str, features, reference=None) -> None:
     def _reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
         return kernel_reference(*features(q, k, spec), v)
 
-    @register(kind, reference=reference or _reference)
     def fast(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-        return causal_linear_chunked(*features(q, k, spec), v)
+        # Features and running sums in fp32 whatever the input: prefix sums over thousands of
+        # tokens (and exp features) lose too much in bf16 / fp16.
+        qf, kf, vf = q.float(), k.float(), v.float()
+        return causal_linear_chunked(*features(qf, kf, spec), vf).to(v.dtype)
+
+    fast.__name__ = fast.__qualname__ = f"{kind.replace('-', '_')}_attention"
+    register(kind, reference=reference or _reference)(fast)
 
 
 # --------------------------------------------------------------------------- feature maps

@@ -27,6 +27,17 @@ from .registry import register
 MIN_BLOCK, MAX_BLOCK = 16, 64
 
 
+def register_pattern(kind: str, pattern):
+    """Register a sparse type's CPU fast path; its reference, ONNX form and CUDA path all come from ``pattern``."""
+    return register(
+        kind,
+        reference=patterns.reference_for(pattern),
+        cuda=flex_path(pattern),
+        onnx=patterns.masked_sdpa_for(pattern),
+        pattern=pattern,
+    )
+
+
 def _block_size(window: int) -> int:
     """Query block C for a window of W keys: about W (keys per query W + C), bounded so bmm stays efficient."""
     return max(MIN_BLOCK, min(window, MAX_BLOCK))
@@ -43,13 +54,13 @@ def _positions(lay: Blocks, before: int, device) -> tuple[Tensor, Tensor]:
 
 @lru_cache(maxsize=128)
 def _cached(kind: str, spec: AttentionSpec, t: int, b_h: tuple[int, int], device: torch.device, dtype: torch.dtype):
-    """The masks (and BigBird's picks) of one (type, length, device, dtype), built once."""
+    """The layout and masks (and BigBird's picks) of one (type, shape, device, dtype), built once."""
     return _BUILDERS[kind](spec, t, b_h, device, dtype)
 
 
-def _plan(spec: AttentionSpec, q: Tensor, build_kind: str | None = None):
+def _plan(spec: AttentionSpec, q: Tensor):
     b, h, t, _ = q.shape
-    return _cached(build_kind or spec.kind, spec, t, (b, h), q.device, q.dtype)
+    return _cached(spec.kind, spec, t, (b, h), q.device, q.dtype)
 
 
 # --------------------------------------------------------------------------- local:W (and the window of others)
@@ -67,8 +78,7 @@ def _local_plan(spec, t, b_h, device, dtype):
     return lay, before, _window_bias(lay, before, lambda i, j: (i - j < w) & (j <= i), device, dtype)
 
 
-@register("local", reference=patterns.reference_for(patterns.local), cuda=flex_path(patterns.local),
-          onnx=patterns.masked_sdpa_for(patterns.local), pattern=patterns.local)  # fmt: skip
+@register_pattern("local", patterns.local)
 def local_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     lay, before, bias = _plan(spec, q)
     return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
@@ -90,8 +100,7 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
     return y.view(b, h, step, m, d).transpose(2, 3).reshape(b, h, m * step, d)[:, :, :t]
 
 
-@register("dilated", reference=patterns.reference_for(patterns.dilated), cuda=flex_path(patterns.dilated),
-          onnx=patterns.masked_sdpa_for(patterns.dilated), pattern=patterns.dilated)  # fmt: skip
+@register_pattern("dilated", patterns.dilated)
 def dilated_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     # Keys i, i-D, i-2D, ... are the W-token window of i's residue class mod D: local:W per class.
     step = spec.param("D")
@@ -120,8 +129,7 @@ def _global_keys(lay: Blocks, x: Tensor, g: int) -> Tensor:
     return lay.padded(x)[:, :g]  # (BH, G, D)
 
 
-@register("longformer", reference=patterns.reference_for(patterns.longformer), cuda=flex_path(patterns.longformer),
-          onnx=patterns.masked_sdpa_for(patterns.longformer), pattern=patterns.longformer)  # fmt: skip
+@register_pattern("longformer", patterns.longformer)
 def longformer_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     lay, before, win, g, glob = _plan(spec, q)
     groups = [
@@ -147,8 +155,7 @@ def _bigbird_plan(spec, t, b_h, device, dtype):
     return lay, win, g_eff, glob, picks, rand
 
 
-@register("bigbird", reference=patterns.reference_for(patterns.bigbird), cuda=flex_path(patterns.bigbird),
-          onnx=patterns.masked_sdpa_for(patterns.bigbird), pattern=patterns.bigbird)  # fmt: skip
+@register_pattern("bigbird", patterns.bigbird)
 def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     lay, win, g, glob, picks, rand = _plan(spec, q)
     qb = lay.blocked(q)
@@ -172,8 +179,7 @@ def _strided_plan(spec, t, b_h, device, dtype):
     return lay, win, col
 
 
-@register("strided", reference=patterns.reference_for(patterns.strided), cuda=flex_path(patterns.strided),
-          onnx=patterns.masked_sdpa_for(patterns.strided), pattern=patterns.strided)  # fmt: skip
+@register_pattern("strided", patterns.strided)
 def strided_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     lay, win, col = _plan(spec, q)
     return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, 1, win), column_group(lay, q, k, v, col)])
@@ -192,8 +198,7 @@ def _summaries(lay: Blocks, x: Tensor) -> Tensor:
     return lay.padded(x).view(lay.rows, lay.n, lay.c, -1)[:, :, -1]  # (BH, N, D)
 
 
-@register("fixed", reference=patterns.reference_for(patterns.fixed), cuda=flex_path(patterns.fixed),
-          onnx=patterns.masked_sdpa_for(patterns.fixed), pattern=patterns.fixed)  # fmt: skip
+@register_pattern("fixed", patterns.fixed)
 def fixed_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     lay, own, summary = _plan(spec, q)
     groups = [window_group(lay, lay.blocked(q), k, v, 0, own), shared_group(lay, q, _summaries(lay, k), _summaries(lay, v), summary)]
