@@ -11,6 +11,7 @@ with several workers.  Writes ``best_<budget>.yaml`` per budget, ``pareto.csv``,
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import re
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
                               seed=args.seed, device=device, where=val_source)
 
     latency = S.CachedLatency(predictor.predict, getattr(predictor, "name", "predictor"))
-    params = S.param_counter(space)
+    params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
     plans = [(S.format_ms(b), S.Constraints((S.LatencyBudget(b, latency, latency.name),) + limits)) for b in budgets]
     plans = plans or [("no-budget", S.Constraints(limits))]

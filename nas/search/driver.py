@@ -179,7 +179,7 @@ def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
         subnet = search.proposal[i]
         slot: Slot = (search.label, g, i)
         known = snap.losses.get(subnet, cache.get(subnet))
-        trial_id = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None, search.strategy.name)
+        trial_id = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None)
         claims.append((slot, subnet, trial_id, known))
     after = store.snapshot()
     mine = []

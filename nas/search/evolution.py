@@ -37,7 +37,7 @@ class Evolution(GenerationalStrategy):
             if len(winners) == k:
                 break
             entrants = self.rng.choice(len(pop), size=size, replace=False)
-            best = int(entrants[np.argmin(losses[entrants], kind="stable")])
+            best = int(entrants[np.argmin(losses[entrants])])  # first of equals
             if best not in winners:
                 winners.append(best)
         return [pop[i] for i in winners]

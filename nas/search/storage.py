@@ -2,8 +2,8 @@
 
 A trial holds the subnet as parameters (``embed_dim``, ``depth``, ``l{i}.heads`` ...,
 categorical, so dashboards show them), its validation loss as the value, and user attrs
-``subnet`` (JSON), ``key``, ``latency_ms``, ``params``, ``budget``, ``generation``,
-``index``, ``cached`` (the loss was reused from an earlier trial of the same subnet).
+``subnet`` (JSON), ``latency_ms``, ``params``, ``budget``, ``generation`` and ``cached``
+(the loss was reused from an earlier trial of the same subnet); each one a database row, so few.
 System attrs: ``nas:slot`` = [budget, generation, index], the place of the subnet in the
 search, and ``nas:owner`` = host:pid:start-time of the worker that claimed it.
 
@@ -249,7 +249,7 @@ class TrialStore:
                     snap.losses.setdefault(rec.subnet, rec.loss)
         return snap
 
-    def claim(self, slot: Slot, subnet: Subnet, latency: float, params: int, cached: bool, strategy: str) -> int:
+    def claim(self, slot: Slot, subnet: Subnet, latency: float, params: int, cached: bool) -> int:
         """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its trial id."""
         optuna = _optuna()
         values, dists = subnet_params(self.space, subnet)
@@ -257,8 +257,8 @@ class TrialStore:
             number=-1, state=optuna.trial.TrialState.RUNNING, value=None,
             datetime_start=datetime.datetime.now(), datetime_complete=None,
             params=values, distributions=dists,
-            user_attrs={"subnet": subnet.to_json(), "key": subnet.key, "latency_ms": float(latency), "params": int(params),
-                        "budget": slot[0], "generation": slot[1], "index": slot[2], "cached": bool(cached), "strategy": strategy},
+            user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
+                        "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
             system_attrs={SLOT: list(slot), OWNER: self.owner}, intermediate_values={}, trial_id=-1,
         )
         trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)  # noqa: SLF001
