@@ -198,12 +198,13 @@ class _ProgressBar:
         if self.disable:
             return
         if p.generation != self.gen:
-            if self.bar is not None:
+            if self.bar is not None:  # the driver moved on: that generation is complete
+                self.bar.update(self.bar.total - self.bar.n)
                 self.bar.close()
             self.gen = p.generation
-            self.bar = tqdm(total=p.total, desc=f"gen {p.generation + 1}/{self.generations}", unit="subnet", leave=True, dynamic_ncols=True)
+            self.bar = tqdm(total=p.total, initial=p.done, desc=f"gen {p.generation + 1}/{self.generations}", unit="subnet", dynamic_ncols=True)
         self.bar.total = p.total
-        self.bar.n = p.done
+        self.bar.update(p.done - self.bar.n)
         best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
         self.bar.set_postfix_str(f"best {best or '-'}" + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
         self.bar.refresh()

@@ -148,7 +148,7 @@ def run_search(
             if snap.owner_of((s.label, s.strategy.generation, i)) is None
         )
         if progress:
-            progress(_progress(searches, active, snap, waiting=not open_slots))
+            progress(_progress(searches, snap, waiting=not open_slots))
         if not open_slots:
             if not store.recover():
                 time.sleep(poll_s)
@@ -159,6 +159,8 @@ def run_search(
         claimed += _work(searches, pick, snap, store, fitness, latency, params, cache)
 
     snap = store.snapshot()
+    if progress:
+        progress(_progress(searches, snap, waiting=False))
     records = sorted(snap.complete.values(), key=lambda r: r.trial)
     return SearchResult(
         records=records,
@@ -204,11 +206,13 @@ def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
     return len(mine)
 
 
-def _progress(searches, active, snap: Snapshot, waiting: bool) -> Progress:
-    g = min(s.strategy.generation for s in active)
-    at_g = [s for s in active if s.strategy.generation == g]
-    total = sum(len(s.proposal) for s in at_g)
-    done = sum((s.label, g, i) in snap.complete for s in at_g for i in range(len(s.proposal)))
+def _progress(searches, snap: Snapshot, waiting: bool) -> Progress:
+    """Counts of the lowest open generation over all budgets (a budget already past it counts as done there)."""
+    active = [s for s in searches if not _finished(s)]
+    g = min((s.strategy.generation for s in active), default=max((r.slot[1] for r in snap.complete.values()), default=0))
+    done = sum(gen == g for _, gen, _ in snap.complete)
+    total = done + sum(len(s.proposal) - sum((s.label, g, i) in snap.complete for i in range(len(s.proposal)))
+                       for s in active if s.strategy.generation == g)
     records = list(snap.complete.values())
     best = {label: r.loss for label, r in best_per_budget(searches, records).items() if r is not None}
     return Progress(g, done, total, best, sum(not r.cached for r in records), waiting)
