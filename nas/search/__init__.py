@@ -8,10 +8,11 @@ Fitness (:mod:`.fitness`) and constraints (:mod:`.constraints`) are passed in.
 """
 
 from .budget import format_ms, parse_budget, parse_budgets, parse_count
-from .constraints import AnalyticLatency, CachedLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
+from .cache import BatchCache, CachedFitness, CachedLatency
+from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
 from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
 from .evolution import Evolution
-from .fitness import CachedFitness, InheritedLoss, pick_device
+from .fitness import InheritedLoss, pick_device
 from .nsga2 import NSGA2
 from .operators import crossover, draw, mutate
 from .pareto import hypervolume, non_dominated_sort, pareto_front
@@ -25,6 +26,7 @@ __all__ = [
     "NSGA2",
     "STRATEGIES",
     "AnalyticLatency",
+    "BatchCache",
     "BudgetSearch",
     "CachedFitness",
     "CachedLatency",

@@ -3,7 +3,7 @@
 A constraint is a small value with a ``limit`` and ``values(subnets) -> np.ndarray``;
 :class:`Constraints` holds the ones that apply at once and answers ``feasible(subnets)``.
 The latency comes from a predictor (anything with ``predict(subnets) -> ms``), wrapped in
-:class:`CachedLatency` so a subnet is predicted once.  :class:`AnalyticLatency` is a FLOPs
+:class:`~nas.search.cache.BatchCache` so a subnet is predicted once.  :class:`AnalyticLatency` is a FLOPs
 proxy for tests and benchmarks without a fitted predictor: it is not a measurement.
 """
 
@@ -29,23 +29,6 @@ class Constraint(Protocol):
     def values(self, subnets: Sequence[Subnet]) -> np.ndarray: ...
 
     def format(self, value: float) -> str: ...
-
-
-class CachedLatency:
-    """``predict(subnets) -> ms`` with a per-subnet cache; misses go to the predictor in one batch."""
-
-    def __init__(self, predict: LatencyFn, name: str):
-        self._predict = predict
-        self.name = name
-        self._cache: dict[Subnet, float] = {}
-
-    def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
-        missing = list(dict.fromkeys(s for s in subnets if s not in self._cache))
-        if missing:
-            ms = np.asarray(self._predict(missing), dtype=np.float64).reshape(-1)
-            assert ms.shape == (len(missing),), (ms.shape, len(missing))
-            self._cache.update(zip(missing, ms.tolist()))
-        return np.array([self._cache[s] for s in subnets], dtype=np.float64)
 
 
 @dataclass(frozen=True)

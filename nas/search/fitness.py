@@ -4,7 +4,7 @@
 token array (positions drawn once from ``seed``), and scores a subnet by its mean next-token
 cross-entropy over all of them, in bits (bits per byte for the byte-level spaces).  The same
 windows score every subnet, so differences between subnets are not sampling noise.
-:class:`CachedFitness` evaluates each distinct subnet once.  A fitness function is anything
+:class:`~nas.search.cache.BatchCache` (``CachedFitness``) evaluates each distinct subnet once.  A fitness function is anything
 ``subnets -> np.ndarray of losses``; the strategies and the driver take it as an argument.
 """
 
@@ -83,21 +83,3 @@ class InheritedLoss:
                     total += F.cross_entropy(logits.flatten(0, 1).float(), self.y[i : i + self.batch_size].flatten(), reduction="sum").item()
                 out[k] = total / self.y.numel() / math.log(2)
         return out
-
-
-class CachedFitness:
-    """Evaluate each distinct subnet once; the misses of a call go to ``fitness`` in one batch."""
-
-    def __init__(self, fitness: FitnessFn):
-        self.fitness = fitness
-        self.cache: dict[Subnet, float] = {}
-        self.evaluations = 0
-
-    def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
-        missing = list(dict.fromkeys(s for s in subnets if s not in self.cache))
-        if missing:
-            losses = np.asarray(self.fitness(missing), dtype=np.float64).reshape(-1)
-            assert losses.shape == (len(missing),), (losses.shape, len(missing))
-            self.cache.update(zip(missing, losses.tolist()))
-            self.evaluations += len(missing)
-        return np.array([self.cache[s] for s in subnets], dtype=np.float64)

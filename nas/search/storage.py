@@ -280,20 +280,18 @@ class TrialStore:
 
     def drop(self, trial_id: int, reason: str) -> None:
         """PRUNE a claim that lost its slot to a lower-numbered trial (it was never evaluated)."""
-        optuna = _optuna()
-        try:
-            self.storage.set_trial_user_attr(trial_id, "dropped", reason)
-            self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.PRUNED)
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
-            pass
+        self._end(trial_id, "PRUNED", "dropped", reason)
 
     def fail(self, trial_id: int, reason: str) -> None:
+        self._end(trial_id, "FAIL", "failed_because", reason)
+
+    def _end(self, trial_id: int, state: str, attr: str, reason: str) -> None:
         optuna = _optuna()
         try:
-            self.storage.set_trial_user_attr(trial_id, "failed_because", reason)
-            self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.FAIL)
+            self.storage.set_trial_user_attr(trial_id, attr, reason)
+            self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState[state])
         except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
-            pass
+            pass  # finished meanwhile (another worker recovered it): nothing to do
 
     def recover(self) -> list[int]:
         """Fail the RUNNING trials of dead workers (this host: pid gone; elsewhere: heartbeat); their numbers."""
