@@ -245,6 +245,34 @@ def test_two_workers_on_postgresql(postgres_url, reference):
     two_workers(postgres_url, reference)
 
 
+def test_trials_of_a_worker_on_another_host_are_failed_by_heartbeat(postgres_url):
+    from nas.search.storage import worker_id, worker_is_dead
+
+    space = load_space("tiny")
+    storage = open_storage(postgres_url, heartbeat_s=1, grace_s=1)
+    study = open_study(storage, "heartbeat", {})
+    elsewhere = TrialStore(study, space, owner="some-other-host:123:456")
+    elsewhere.claim(("50ms", 0, 0), space.smallest(), 1.0, 100, cached=False)
+    here = TrialStore(study, space)
+    assert not worker_is_dead("some-other-host:123:456") and not worker_is_dead(worker_id())
+    assert here.recover() == []  # its heartbeat is fresh
+    time.sleep(2.5)
+    assert here.recover() == [0]
+    assert study.trials[0].state.name == "FAIL" and here.snapshot().owner_of(("50ms", 0, 0)) is None
+
+
+def test_dead_worker_on_this_host_is_recognised_at_once():
+    from nas.search.storage import worker_id, worker_is_dead
+
+    child = subprocess.run([sys.executable, "-c", "from nas.search.storage import worker_id; print(worker_id())"],
+                           capture_output=True, text=True, cwd=ROOT)
+    gone = child.stdout.strip()
+    assert gone.startswith(socket.gethostname() + ":") and worker_is_dead(gone)
+    assert not worker_is_dead(worker_id())
+    host, pid, start = worker_id().rsplit(":", 2)
+    assert worker_is_dead(f"{host}:{pid}:{int(start) + 1}")  # same pid, other start time: a reused pid
+
+
 if __name__ == "__main__":
     url, study, seed, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     result = synthetic_search(url, study, seed, sleep=sleep)

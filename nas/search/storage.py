@@ -47,11 +47,12 @@ def default_storage(out_dir: str | Path) -> str:
     return f"sqlite:///{Path(out_dir).resolve() / 'search.db'}"
 
 
-def open_storage(url: str, heartbeat: bool = True, attempts: int = 20):
+def open_storage(url: str, heartbeat_s: int | None = HEARTBEAT_S, grace_s: int = GRACE_S, attempts: int = 20):
     """An Optuna storage for ``url`` (any SQLAlchemy database URL Optuna takes; ``memory``: in-process).
 
     SQLite waits up to 60 s for a lock instead of 5.  Creating the tables races when several
-    workers open a fresh database at once; that is retried.
+    workers open a fresh database at once; that is retried.  Database servers get Optuna's
+    heartbeat (every ``heartbeat_s``; a RUNNING trial silent for ``grace_s`` belongs to a dead worker).
     """
     optuna = _optuna()
     from sqlalchemy.exc import SQLAlchemyError
@@ -63,9 +64,9 @@ def open_storage(url: str, heartbeat: bool = True, attempts: int = 20):
         # One host: dead workers are found by pid, no heartbeat needed.  WAL + synchronous=NORMAL:
         # a commit is not an fsync (a killed process loses nothing; a power cut may lose the last trials).
         kwargs["engine_kwargs"] = {"creator": _sqlite_creator(url)}
-        heartbeat = False
-    if heartbeat:
-        kwargs.update(heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S)
+        heartbeat_s = None
+    if heartbeat_s:
+        kwargs.update(heartbeat_interval=heartbeat_s, grace_period=grace_s)
     for attempt in range(attempts):
         try:
             return optuna.storages.get_storage(optuna.storages.RDBStorage(url, **kwargs))
