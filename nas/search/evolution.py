@@ -43,15 +43,19 @@ class Evolution(GenerationalStrategy):
         return [pop[i] for i in winners]
 
     def _children(self) -> list:
-        parents = [e.subnet for e in self.select_parents()]
-        self._parents = [e for e in self.population if e.subnet in set(parents)]
+        self._parents = self.select_parents()
+        parents = [e.subnet for e in self._parents]
         cfg, rng, space = self.config, self.rng, self.space
 
         def one_parent():
             return parents[int(rng.integers(len(parents)))]
 
+        def two_parents():  # distinct when there are two: crossing a parent with itself only copies it
+            i, j = rng.choice(len(parents), size=2, replace=len(parents) < 2)
+            return parents[int(i)], parents[int(j)]
+
         mutants = self._draw(lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), cfg.mutations, "mutations")
-        crosses = self._draw(lambda: crossover(space, one_parent(), one_parent(), rng), cfg.crossovers, "crossovers")
+        crosses = self._draw(lambda: crossover(space, *two_parents(), rng), cfg.crossovers, "crossovers")
         return mutants + crosses
 
     def _update(self, batch: list[Evaluated]) -> None:
