@@ -50,6 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
     f.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
     f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
+    f.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)")
     f.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
     s = p.add_argument_group("storage and workers")
     s.add_argument("--out", default="runs/search", metavar="DIR", help="run directory (default runs/search)")
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     predictor.check_space(space)
     tokens, val_source = validation_tokens(args, payload)
     fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-                              seed=args.seed, device=device, where=val_source)
+                              seed=args.val_seed, device=device, where=val_source)
 
     latency = S.CachedLatency(predictor.predict, getattr(predictor, "name", "predictor"))
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
