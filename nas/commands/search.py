@@ -233,7 +233,10 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     plot_png(out / "pareto.png", points, budgets_ms, best_points,
              f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency from {latency_source}")
 
-    summary = {"study": study, "storage": storage, "config": identity, "evaluations": result.evaluations, "budgets": {}}
+    from nas import __version__
+
+    summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
+               "evaluations": result.evaluations, "budgets": {}}
     lines = [f"{'budget':<10} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     ref = (float(points[finite, 0].max()) if finite.any() else 0.0, max(budgets_ms) if budgets_ms else float(points[finite, 1].max(initial=0)))
     for s in searches:
