@@ -58,15 +58,18 @@ def run_campaign(
         return 0
     supernet = SuperTransformer(space, generator=torch.Generator().manual_seed(seed)).eval()  # random weights: timing only
     ref = reference_model(supernet.extract(space.smallest()).config)
-    done = 0
+    visits = 0  # visits made so far (retries of disturbed visits add to the planned total)
     for p_index, (pass_, subnets) in enumerate(todo.items()):
         for c_index, chunk in enumerate(chunks(subnets, space, memory_mb)):
             models = {s.key: supernet.extract(s) for s in chunk}
-            offset = done
+            last = 0
 
-            def tick(d: int, _t: int, key: str, offset: int = offset) -> None:
+            def tick(d: int, _t: int, key: str) -> None:
+                nonlocal visits, last, total
+                visits, last = visits + d - last, d
+                total = max(total, visits)
                 if progress is not None:
-                    progress(min(offset + d, total), total, f"{pass_} {key}")
+                    progress(visits, total, f"{pass_} {key}")
 
             m = measure(
                 device, models, workload, settings, seed=int(np.random.default_rng([seed, p_index, c_index]).integers(2**31)),
@@ -76,6 +79,5 @@ def run_campaign(
                 table.set_baseline(m.baseline_ms)
             rows = [format_row(s.key, pass_, s.to_json(), table_features(space, s, workload), m.results[s.key]) for s in chunk]
             table.append(rows, pass_)
-            done = offset + len(chunk) * settings.rounds
             del models
     return sum(len(v) for v in todo.values())

@@ -52,7 +52,8 @@ def host_fingerprint() -> dict[str, Any]:
 def available() -> list[str]:
     from . import devices
 
-    return sorted(m.name for m in pkgutil.iter_modules(devices.__path__) if not m.name.startswith("_") and m.name != "bundle_main")
+    # arm (a bundle run on the board) and its runner are not in-process timing devices
+    return sorted(m.name for m in pkgutil.iter_modules(devices.__path__) if not m.name.startswith("_") and m.name not in ("arm", "bundle_main"))
 
 
 def get_device(name: str, **options: Any) -> Device:
@@ -60,7 +61,7 @@ def get_device(name: str, **options: Any) -> Device:
     :class:`UserError` names an unknown device or an option it does not take."""
     names = available()
     if name not in names:
-        raise UserError(f"--device: {name!r} is not a device (available: {', '.join(names)}, ssh://user@host)")
+        raise UserError(f"--device: {name!r} is not a device (available: {', '.join(names)}, arm --bundle FILE, ssh://user@host)")
     cls = importlib.import_module(f"latency.devices.{name}").DEVICE
     accepted = [p for p in inspect.signature(cls).parameters]
     given = {k: v for k, v in options.items() if v is not None}

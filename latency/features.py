@@ -65,13 +65,13 @@ def seq_term(attention: str, t: int, heads: int, hd: int) -> float:
 
 
 def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str, float]:
-    """The additive model's columns: a per-model part plus, summed over layers, each layer's terms.
+    """The additive model's columns (it adds the constant): a per-model part plus, summed over layers, each layer's terms.
 
     Each column multiplies a learned non-negative cost (ms per unit), so the prediction is
     constant + sum over layers of per-layer cost; a depth never seen is just more terms.
     """
     bt, e, v, hd = workload.batch_size * workload.seq_len, subnet.embed_dim, space.vocab_size, space.head_dim
-    out = {"model:const": 1.0, "model:embed": float(bt * e), "model:head": float(bt * e * v)}
+    out = {"model:embed": float(bt * e), "model:head": float(bt * e * v)}
     for kind in space.attention:
         out[f"layer[{kind}]:count"] = 0.0
         out[f"layer[{kind}]:mix"] = 0.0
@@ -91,7 +91,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
 def summary_features(space: Space, subnet: Subnet, workload: Workload) -> dict[str, float]:
     """Whole-subnet aggregates for the learned models (alongside ``space.encode``)."""
     out = {"params": float(params(space, subnet)), "flops": flops(space, subnet, workload)}
-    out.update({f"sum:{k}": v for k, v in additive_terms(space, subnet, workload).items() if k != "model:const"})
+    out.update({f"sum:{k}": v for k, v in additive_terms(space, subnet, workload).items()})
     return out
 
 

@@ -220,7 +220,7 @@ def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]
     parts = []
     for part_name, module, example in _parts(model):
         parts.append(_cached_part(directory / "parts", part_name, module, example))
-    stitched, tensors = stitch([(onnx.load(str(p)), t) for p, t in parts], weights_location(name))
+    stitched, tensors = stitch([(onnx.load(str(p), load_external_data=False), t) for p, t in parts], weights_location(name))
     _save(directory, name, stitched, {"tensors": tensors, "config": asdict(model.config)})
     return graph, tensors
 

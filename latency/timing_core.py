@@ -15,11 +15,12 @@ The protocol, built for shared and noisy machines:
    one sample (a timed batch of back-to-back calls) lasts at least ``min_sample_ms``.
 2. ``rounds`` rounds; each visits every model once, in a freshly shuffled order.  A visit
    times the fixed *reference* model (``ref_samples`` samples), makes one untimed call of the
-   model (caches after a switch), then takes ``ceil(repeats / rounds)`` samples.
+   model (caches after a switch), takes ``ceil(repeats / rounds)`` samples, and times one more
+   reference sample: the visit is bracketed.
 3. Drift: each visit's samples are rescaled by ``baseline / reference-time-at-that-visit``,
    so a machine that is 20% slower for a while reports the same numbers.  The baseline is the
    median reference time of the first calibration (kept in the sidecar, reused on resume).
-4. Interference: a visit whose reference time is off the baseline by more than ``tolerance``
+4. Interference: a visit whose reference (before or after) is off the baseline by more than ``tolerance``
    (or whose samples spread wider than ``tolerance`` around their median) is redone after the
    rounds, up to ``max_retries`` times; a subnet still disturbed is flagged ``interference``.
 5. Per model: the median of each round's samples, combined over rounds by ``combine``
@@ -97,8 +98,9 @@ class Visit:
 
     round: int
     samples: list[float]
-    ref_ms: float
+    ref_ms: float  # the reference before the samples (median of ref_samples)
     load: float
+    ref_after_ms: float | None = None  # one reference sample right after
 
 
 @dataclass
@@ -126,10 +128,14 @@ def iqr(values: Iterable[float]) -> float:
 
 
 def disturbed(visit: Visit, baseline_ms: float, tolerance: float) -> bool:
-    """The reference beside this visit ran off its baseline, or the samples themselves spread too wide."""
-    off = abs(visit.ref_ms / baseline_ms - 1.0) > tolerance
+    """The reference before or after this visit ran off its baseline, or the samples spread too wide."""
+    refs = [visit.ref_ms] + ([visit.ref_after_ms] if visit.ref_after_ms is not None else [])
+    off = any(abs(r / baseline_ms - 1.0) > tolerance for r in refs)
     med = float(np.median(visit.samples))
-    spread = len(visit.samples) >= 4 and iqr(visit.samples) > tolerance * med
+    if len(visit.samples) >= 4:
+        spread = iqr(visit.samples) > tolerance * med
+    else:
+        spread = max(visit.samples) - min(visit.samples) > tolerance * med
     return off or spread
 
 
@@ -218,7 +224,7 @@ def run_protocol(
         ref = ref_ms()
         runners[key](1)  # untimed: the first call after another model ran meets cold caches
         samples = [_per_call_ms(runners[key], calls[key]) for _ in range(settings.per_round)]
-        v = Visit(rnd, samples, ref, load())
+        v = Visit(rnd, samples, ref, load(), _per_call_ms(reference, ref_calls))
         done += 1
         if progress is not None:
             progress(done, total, key)
