@@ -224,14 +224,14 @@ class TimingTable:
     def _resume(self) -> None:
         stored = read_meta(self.path)
         where = f"{self.path}: cannot append:"
+        if stored["space_hash"] != self.meta["space_hash"]:
+            raise UserError(f"{where} it holds space {stored['space_hash']}, this run measures space {self.meta['space_hash']}")
         diff = fingerprint_mismatch(stored["fingerprint"], self.meta["fingerprint"])
         if diff:
             raise UserError(
                 f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
                 "use another --out):\n  " + "\n  ".join(diff)
             )
-        if stored["space_hash"] != self.meta["space_hash"]:
-            raise UserError(f"{where} it holds space {stored['space_hash']}, this run measures space {self.meta['space_hash']}")
         for key in ("workload", "protocol", "seed"):
             if stored.get(key) != self.meta.get(key):
                 raise UserError(f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another --out")

@@ -149,8 +149,10 @@ def main(argv=None) -> int:
             session = open_session(ort, os.path.join(HERE, m["graph"]), m["tensors"], args.threads, args.provider)
             runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed)
 
-        def progress(d, _t, key, base=finished):
+        def progress(d, group_total, key, base=finished):
+            nonlocal total
             n = base + d
+            total = max(total, base + group_total + (len(todo) - sum(len(g) for g in groups[: g_index + 1])) * settings.rounds)
             eta = (time.time() - start) / max(n, 1) * (total - n)
             print(f"\r{n}/{total} visits, ETA {eta / 60:.1f} min ", end="", flush=True)
 

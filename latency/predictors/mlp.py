@@ -25,6 +25,7 @@ class MLP:
     def fit(self, x: np.ndarray, y: np.ndarray, seed: int = 0) -> "MLP":
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.neural_network import MLPRegressor
+        from threadpoolctl import threadpool_limits
 
         self.mean, self.scale = standardise(x)
         ly = np.log(y)
@@ -32,7 +33,7 @@ class MLP:
         net = MLPRegressor(
             hidden_layer_sizes=(self.hidden,) * self.layers, solver="lbfgs", alpha=self.alpha, max_iter=self.max_iter, random_state=seed,
         )
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), threadpool_limits(1):  # small matrices: threads only wait on each other
             warnings.simplefilter("ignore", ConvergenceWarning)
             net.fit((x - self.mean) / self.scale, (ly - self.y_mean) / self.y_scale)
         self.weights = [w for pair in zip(net.coefs_, net.intercepts_) for w in pair]
