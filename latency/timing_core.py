@@ -17,12 +17,13 @@ The protocol, built for shared and noisy machines:
    times the fixed *reference* model (``ref_samples`` samples), makes one untimed call of the
    model (caches after a switch), takes ``ceil(repeats / rounds)`` samples, and times one more
    reference sample: the visit is bracketed.
-3. Drift: each visit's samples are rescaled by ``baseline / reference-time-at-that-visit``,
-   so a machine that is 20% slower for a while reports the same numbers.  The baseline is the
-   median reference time of the first calibration (kept in the sidecar, reused on resume).
-4. Interference: a visit whose reference (before or after) is off the baseline by more than ``tolerance``
-   (or whose samples spread wider than ``tolerance`` around their median) is redone after the
-   rounds, up to ``max_retries`` times; a subnet still disturbed is flagged ``interference``.
+3. Drift: each visit's samples are rescaled by ``baseline / reference-at-that-visit`` (the
+   geometric mean of the reference before and after), so a machine that is 2x slower for a while
+   reports the same numbers.  The baseline is the median reference time of the first calibration
+   (kept in the sidecar, reused on resume and by every later chunk).
+4. Interference: a visit during which the machine changed (the reference after it differs from
+   the one before by more than ``tolerance``, or its samples spread wider than that) is redone
+   after the rounds, up to ``max_retries`` times; a subnet still disturbed is flagged ``interference``.
 5. Per model: the median of each round's samples, combined over rounds by ``combine``
    (``min`` of round medians, or their ``median``), the interquartile range of all samples kept.
 """
@@ -61,9 +62,9 @@ class Settings:
     repeats: int = 30  # timed samples per model in all (spread over the rounds)
     rounds: int = 5  # interleaved rounds, each in a new shuffled order
     min_sample_ms: float = 30.0  # a sample times enough back-to-back calls to last at least this long
-    ref_samples: int = 3  # reference samples per visit
-    tolerance: float = 0.15  # a visit is disturbed if its reference is off the baseline by more
-    max_retries: int = 2  # re-measure passes for disturbed visits
+    ref_samples: int = 2  # reference samples before each visit (and one after)
+    tolerance: float = 0.15  # a visit is disturbed if the reference after it differs from the one before by more
+    max_retries: int = 1  # re-measure passes for disturbed visits
     combine: str = "median"  # round medians -> one number: "median" or "min"
     correct_drift: bool = True  # rescale samples by baseline / reference at that visit
 
@@ -127,21 +128,29 @@ def iqr(values: Iterable[float]) -> float:
     return float(q3 - q1)
 
 
-def disturbed(visit: Visit, baseline_ms: float, tolerance: float) -> bool:
-    """The reference before or after this visit ran off its baseline, or the samples spread too wide."""
-    refs = [visit.ref_ms] + ([visit.ref_after_ms] if visit.ref_after_ms is not None else [])
-    off = any(abs(r / baseline_ms - 1.0) > tolerance for r in refs)
+def visit_ref(visit: Visit) -> float:
+    """The reference level during a visit: geometric mean of the reference before and after it."""
+    if visit.ref_after_ms is None:
+        return visit.ref_ms
+    return math.sqrt(visit.ref_ms * visit.ref_after_ms)
+
+
+def disturbed(visit: Visit, tolerance: float) -> bool:
+    """The machine changed during this visit: the reference after it disagrees with the one before,
+    or the samples themselves spread wider than ``tolerance`` around their median.  (A machine that
+    is uniformly slower for a while is drift, corrected by the reference, not a disturbance.)"""
+    changed = visit.ref_after_ms is not None and abs(visit.ref_after_ms / visit.ref_ms - 1.0) > tolerance
     med = float(np.median(visit.samples))
     if len(visit.samples) >= 4:
         spread = iqr(visit.samples) > tolerance * med
     else:
         spread = max(visit.samples) - min(visit.samples) > tolerance * med
-    return off or spread
+    return changed or spread
 
 
 def summarise(visits: list[Visit], calls: int, baseline_ms: float, settings: Settings, cores: int, still_disturbed: bool) -> Result:
     """Combine one model's kept visits into its :class:`Result`."""
-    scale = [baseline_ms / v.ref_ms if settings.correct_drift else 1.0 for v in visits]
+    scale = [baseline_ms / visit_ref(v) if settings.correct_drift else 1.0 for v in visits]
     corrected = [[s * f for s in v.samples] for v, f in zip(visits, scale)]
     round_ms = [float(np.median(c)) for c in corrected]
     raw_round = [float(np.median(v.samples)) for v in visits]
@@ -163,7 +172,7 @@ def summarise(visits: list[Visit], calls: int, baseline_ms: float, settings: Set
         repeats=len(pooled),
         rounds=len(visits),
         calls=calls,
-        ref_ratio=float(np.mean([v.ref_ms / baseline_ms for v in visits])),
+        ref_ratio=float(np.mean([visit_ref(v) / baseline_ms for v in visits])),
         load=float(np.mean([v.load for v in visits])),
         flags=flags,
     )
@@ -235,7 +244,7 @@ def run_protocol(
         for i in rng.permutation(len(keys)):
             visits[keys[i]].append(visit(keys[i], rnd))
 
-    bad = {(k, j) for k in keys for j, v in enumerate(visits[k]) if disturbed(v, baseline_ms, settings.tolerance)}
+    bad = {(k, j) for k in keys for j, v in enumerate(visits[k]) if disturbed(v, settings.tolerance)}
     for _ in range(settings.max_retries):
         if not bad:
             break
@@ -244,7 +253,7 @@ def run_protocol(
         for i in rng.permutation(len(todo)):
             k, j = todo[i]
             v = visit(k, visits[k][j].round)
-            if not disturbed(v, baseline_ms, settings.tolerance):
+            if not disturbed(v, settings.tolerance):
                 visits[k][j] = v
                 bad.discard((k, j))
     results = {
