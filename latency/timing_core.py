@@ -34,12 +34,25 @@ import csv
 import json
 import math
 import os
+import time
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Iterable
 
 import numpy as np
 
 Runner = Callable[[int], float]
+
+# How a runner reads time.  "wall": elapsed time, what a dedicated device sees.  "cpu": the calling
+# thread's CPU time, which a shared machine does not inflate when it deschedules us (the forward is
+# the same work either way); valid only when that one thread does all the work (--threads 1).
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def check_clock(clock: str, threads: object) -> None:
+    if clock not in CLOCKS:
+        raise ValueError(f"--clock: {clock!r} is not one of {', '.join(CLOCKS)}")
+    if clock == "cpu" and threads != 1:
+        raise ValueError(f"--clock cpu needs --threads 1 (got {threads}): a thread's CPU time is the latency only when that one thread does all the work")
 Progress = Callable[[int, int, str], None]
 
 REFERENCE = "<reference>"

@@ -94,3 +94,31 @@ def test_min_of_round_medians_and_settings_validation():
     with pytest.raises(ValueError, match="repeats"):
         Settings(repeats=0)
     assert Settings.from_dict(Settings(rounds=7).to_dict()) == Settings(rounds=7)
+
+
+def test_device_registry_options_and_clock_rules(tiny):
+    import torch
+
+    from latency.device import available, get_device
+    from latency.protocol import measure
+    from search_spaces import UserError
+    from supernet import SuperTransformer
+
+    assert {"cpu", "cuda", "onnxruntime"} <= set(available()) and "arm" not in available()
+    with pytest.raises(UserError, match=r"--device: 'tpu' is not a device \(available: cpu, cuda, onnxruntime, arm --bundle FILE, ssh://user@host\)"):
+        get_device("tpu")
+    with pytest.raises(UserError, match=r"--device cpu: does not take --runtime \(it takes --threads, --clock\)"):
+        get_device("cpu", runtime="eager")
+    with pytest.raises(UserError, match="--clock cpu needs --threads 1"):
+        get_device("cpu", threads=2, clock="cpu")
+    before = torch.get_num_threads()
+    try:
+        device = get_device("cpu", threads=1, clock="cpu")
+        assert device.fingerprint()["clock"] == "cpu" and device.fingerprint()["threads"] == 1
+        model = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
+        models = {s.key: model.extract(s) for s in (tiny.smallest(), tiny.largest())}
+        m = measure(device, models, tiny.workload(), Settings(**FAST))
+        small, big = m.results[tiny.smallest().key], m.results[tiny.largest().key]
+        assert 0 < small.median_ms < big.median_ms and m.baseline_ms > 0 and small.repeats == 6
+    finally:
+        torch.set_num_threads(before)

@@ -143,7 +143,7 @@ def parse_target(target: str) -> str:
     return host
 
 
-def run_remote(target: str, bundle: Path, out: Path, *, threads: int | None = None, workdir: str = "/tmp/nas-latency") -> None:
+def run_remote(target: str, bundle: Path, out: Path, *, threads: int | None = None, clock: str | None = None, workdir: str = "/tmp/nas-latency") -> None:
     """Copy ``bundle`` to the host, run its runner there (resuming ``out`` if it exists), fetch ``out`` back."""
     host = parse_target(target)
     ssh = shlex.split(os.environ.get("NAS_SSH", "ssh"))
@@ -162,6 +162,8 @@ def run_remote(target: str, bundle: Path, out: Path, *, threads: int | None = No
     run = f"cd {shlex.quote(remote)} && tar xzf bundle.tar.gz && python3 {ROOT}/runner.py --out {shlex.quote(out.name)}"
     if threads:
         run += f" --threads {int(threads)}"
+    if clock:
+        run += f" --clock {shlex.quote(clock)}"
     call(ssh + [host, run], "running the bundle")
     out.parent.mkdir(parents=True, exist_ok=True)
     call(scp + [f"{host}:{remote}/{out.name}", f"{host}:{remote}/{out.name}.json", str(out.parent) + "/"], "fetching the table")

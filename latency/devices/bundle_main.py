@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import HEAD_COLUMNS, Result, Settings, append_rows, cpu_model, format_row, materialize_weights, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, cpu_model, format_row, materialize_weights, run_protocol, sidecar_path, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -53,17 +53,19 @@ def open_session(ort, graph: str, tensors: list, threads: int | None, provider: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def make_runner(session, feed):
+def make_runner(session, feed, clock: str):
+    now = CLOCKS[clock]
+
     def run(n: int) -> float:
-        start = time.perf_counter()
+        start = now()
         for _ in range(n):
             session.run(None, feed)
-        return time.perf_counter() - start
+        return now() - start
 
     return run
 
 
-def fingerprint(ort, manifest: dict, threads, provider: str) -> dict:
+def fingerprint(ort, manifest: dict, threads, provider: str, clock: str) -> dict:
     return {
         "os": platform.system(),
         "machine": platform.machine(),
@@ -75,6 +77,7 @@ def fingerprint(ort, manifest: dict, threads, provider: str) -> dict:
         "runtime": f"onnxruntime-{provider}",
         "onnxruntime": ort.__version__,
         "threads": threads or "default",
+        "clock": clock,
         "opset": manifest["opset"],
         "exporter_torch": manifest["exporter_torch"],
         "graph_optimization": "all",
@@ -95,8 +98,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own choice)")
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall (default) or cpu: the thread's CPU time, for a shared machine (needs --threads 1)")
     p.add_argument("--memory-mb", type=float, default=1024, help="weights held in memory at once (models are timed in groups)")
     args = p.parse_args(argv)
+    try:
+        check_clock(args.clock, args.threads)
+    except ValueError as e:
+        p.error(str(e))
 
     with open(os.path.join(HERE, "manifest.json")) as f:
         manifest = json.load(f)
@@ -111,7 +119,7 @@ def main(argv=None) -> int:
         return 2
 
     meta = dict(manifest["meta"])
-    meta["fingerprint"] = {**meta["fingerprint"], **fingerprint(ort, manifest, args.threads, args.provider)}
+    meta["fingerprint"] = {**meta["fingerprint"], **fingerprint(ort, manifest, args.threads, args.provider, args.clock)}
     side = sidecar_path(args.out)
     if os.path.exists(args.out) and os.path.exists(side):
         with open(side) as f:
@@ -129,7 +137,7 @@ def main(argv=None) -> int:
     workload = meta["workload"]
     feed = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload["seq_len"]), dtype=np.int64)}
     ref = manifest["reference"]
-    ref_runner = make_runner(open_session(ort, os.path.join(HERE, ref["graph"]), ref["tensors"], args.threads, args.provider), feed)
+    ref_runner = make_runner(open_session(ort, os.path.join(HERE, ref["graph"]), ref["tensors"], args.threads, args.provider), feed, args.clock)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
     print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
@@ -147,7 +155,7 @@ def main(argv=None) -> int:
         runners = {}
         for m in group:
             session = open_session(ort, os.path.join(HERE, m["graph"]), m["tensors"], args.threads, args.provider)
-            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed)
+            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed, args.clock)
 
         def progress(d, group_total, key, base=finished):
             nonlocal total

@@ -18,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", default="prefill", help="the space's latency workload to time (default prefill)")
     p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
+    p.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)")
     p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
     g = p.add_argument_group("protocol")
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` there "
                   "(README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor timings.csv`")
             return 0
-        run_remote(args.device, target, Path(args.out), threads=args.threads)
+        run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock)
         print(f"fetched {args.out}")
         return 0
 
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
-    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider)
+    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
     names = list(table_features(space, space.smallest(), workload))
     table = TimingTable(args.out, make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names))
     already = sum(len(v) for v in table.done.values())
