@@ -12,12 +12,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-import platform
 from typing import Any, Protocol
 
 from search_spaces import UserError, Workload
 
-from .timing_core import Runner, cpu_model
+from .timing_core import Runner, host_facts
 
 # Keys of a fingerprint that describe the run, not the device: shown, never compared.
 INFORMATIONAL = ("hostname", "created", "command")
@@ -37,16 +36,7 @@ class Device(Protocol):
 
 def host_fingerprint() -> dict[str, Any]:
     """The facts of the host every device shares: OS, machine, CPU model and core count."""
-    import os
-
-    return {
-        "os": platform.system(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "hostname": platform.node(),
-    }
+    return host_facts()
 
 
 def available() -> list[str]:

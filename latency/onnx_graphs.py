@@ -5,7 +5,7 @@ Timing does not depend on weight values, so a model is exported once with
 1 KB or more is moved to an external-data layout (offset, bytes, dtype) whose file is not
 kept.  A session writes random weights into that layout in a temporary folder, opens the
 model, and deletes the folder.  Graphs are a few hundred KB instead of up to ~340 MB, so
-hundreds fit in a cache and in the ARM bundle.
+hundreds fit in a cache and in the ARM bundle.  (Sessions: :func:`latency.timing_core.ort_session`.)
 
 Cache: ``$NAS_CACHE`` or ``~/.cache/nas-transformers``, under ``onnx/<torch version>/``,
 one ``<config hash>.onnx`` + ``.json`` (the layout) per model shape.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -249,24 +248,3 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, path)
-
-
-def open_session(graph: Path, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):
-    """An ONNX Runtime session (all graph optimizations) of ``graph`` with random weights."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    tmp = tempfile.mkdtemp(prefix="nas-onnx-")
-    try:
-        local = Path(tmp) / graph.name
-        shutil.copyfile(graph, local)
-        materialize_weights(str(Path(tmp) / weights_location(graph.stem)), tensors, seed)
-        return ort.InferenceSession(str(local), options, providers=providers)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -34,6 +34,9 @@ import csv
 import json
 import math
 import os
+import platform
+import shutil
+import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Callable, Iterable
@@ -322,6 +325,18 @@ def write_json(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def host_facts() -> dict:
+    """What every device fingerprint starts with: OS, machine, CPU model and cores, Python, hostname."""
+    return {
+        "os": platform.system(),
+        "machine": platform.machine(),
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "hostname": platform.node(),
+    }
+
+
 def cpu_model() -> str:
     """The CPU's marketing name (Linux /proc/cpuinfo; 'unknown' elsewhere)."""
     try:
@@ -332,8 +347,6 @@ def cpu_model() -> str:
                     return value.strip()
     except OSError:
         pass
-    import platform
-
     return platform.processor() or "unknown"
 
 
@@ -353,3 +366,28 @@ def materialize_weights(path: str, tensors: list[dict], seed: int = 0) -> None:
             count = t["nbytes"] // dtype.itemsize
             f.seek(t["offset"])
             f.write((rng.standard_normal(count, dtype=np.float32) * 0.02).astype(dtype).tobytes())
+
+
+def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):
+    """An ONNX Runtime session (all graph optimizations) of a weight-stripped ``graph``, random weights.
+
+    The graph is copied into a temporary folder beside its freshly drawn weights (its external
+    data ``<stem>.weights``), opened, and the folder removed.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    tmp = tempfile.mkdtemp(prefix="nas-onnx-")
+    try:
+        local = os.path.join(tmp, os.path.basename(graph))
+        shutil.copyfile(graph, local)
+        materialize_weights(os.path.join(tmp, os.path.splitext(os.path.basename(graph))[0] + ".weights"), tensors, seed)
+        return ort.InferenceSession(local, options, providers=providers)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -13,10 +13,10 @@ import torch
 from latency.devices.arm import run_remote, runner_source, write_bundle
 from collections import Counter
 
-from latency.onnx_graphs import _parts, cached_graph, export_part, open_session, stitch
+from latency.onnx_graphs import _parts, cached_graph, export_part, stitch
 from latency.sampling import campaign_subnets, retest_subset
 from latency.table import read_timings
-from latency.timing_core import Settings
+from latency.timing_core import Settings, ort_session
 from search_spaces import Subnet
 from supernet import SuperTransformer
 from supernet.onnx_export import export_onnx, op_counts
@@ -83,7 +83,7 @@ def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
     inline = [t for t in onnx.load(str(graph), load_external_data=False).graph.initializer if t.data_type == 1 and len(t.raw_data) >= 1024]
     assert not inline and sum(t["nbytes"] for t in tensors) >= 4 * (model.num_params() - 64 * 64)  # all large weights are left out
     assert cached_graph(model) == (graph, tensors)  # a cache hit
-    out = open_session(graph, tensors, threads=1).run(None, {"tokens": np.zeros((2, 7), dtype=np.int64)})[0]
+    out = ort_session(str(graph), tensors, threads=1).run(None, {"tokens": np.zeros((2, 7), dtype=np.int64)})[0]
     assert out.shape == (2, 7, 64) and np.isfinite(out).all() and out.std() > 0
 
 

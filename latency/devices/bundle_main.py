@@ -15,16 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import shutil
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, cpu_model, format_row, materialize_weights, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, format_row, host_facts, ort_session, run_protocol, sidecar_path, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -32,25 +29,6 @@ INFORMATIONAL = ("hostname", "created", "command")
 
 def version_tuple(text: str) -> tuple:
     return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
-
-
-def open_session(ort, graph: str, tensors: list, threads: int | None, provider: str):
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    if threads:
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    tmp = tempfile.mkdtemp(prefix="nas-bundle-")
-    try:
-        local = os.path.join(tmp, os.path.basename(graph))
-        shutil.copyfile(graph, local)
-        stem = os.path.splitext(os.path.basename(graph))[0]
-        materialize_weights(os.path.join(tmp, stem + ".weights"), tensors)
-        return ort.InferenceSession(local, options, providers=providers)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def make_runner(session, feed, clock: str):
@@ -67,12 +45,7 @@ def make_runner(session, feed, clock: str):
 
 def fingerprint(ort, manifest: dict, threads, provider: str, clock: str) -> dict:
     return {
-        "os": platform.system(),
-        "machine": platform.machine(),
-        "cpu_model": cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "hostname": platform.node(),
+        **host_facts(),
         "device": "onnxruntime",
         "runtime": f"onnxruntime-{provider}",
         "onnxruntime": ort.__version__,
@@ -137,7 +110,7 @@ def main(argv=None) -> int:
     workload = meta["workload"]
     feed = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload["seq_len"]), dtype=np.int64)}
     ref = manifest["reference"]
-    ref_runner = make_runner(open_session(ort, os.path.join(HERE, ref["graph"]), ref["tensors"], args.threads, args.provider), feed, args.clock)
+    ref_runner = make_runner(ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider), feed, args.clock)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
     print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
@@ -154,7 +127,7 @@ def main(argv=None) -> int:
     for g_index, group in enumerate(groups):
         runners = {}
         for m in group:
-            session = open_session(ort, os.path.join(HERE, m["graph"]), m["tensors"], args.threads, args.provider)
+            session = ort_session(os.path.join(HERE, m["graph"]), m["tensors"], threads=args.threads, provider=args.provider)
             runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed, args.clock)
 
         def progress(d, group_total, key, base=finished):

@@ -8,8 +8,8 @@ import numpy as np
 from search_spaces import UserError, Workload
 
 from ..device import host_fingerprint
-from ..onnx_graphs import cached_graph, open_session
-from ..timing_core import CLOCKS, Runner, check_clock
+from ..onnx_graphs import cached_graph
+from ..timing_core import CLOCKS, Runner, check_clock, ort_session
 
 PROVIDERS = ("cpu", "cuda")
 
@@ -52,7 +52,7 @@ class OnnxRuntime:
 
     def prepare(self, model, workload: Workload) -> Runner:
         graph, tensors = cached_graph(model)
-        session = open_session(graph, tensors, threads=self.threads, provider=self.provider)
+        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider)
         g = np.random.default_rng(0)
         feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
 
