@@ -8,37 +8,40 @@ kernel computes (query i sees i+1 keys, or min(W, i+1) for ``local:W``).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
-from search_spaces import Space, Subnet, Workload, parse_attention
+from search_spaces import Space, Subnet, Workload
+from search_spaces.attention import kv_heads
+from supernet.attention import attended_pairs
 
-LINEAR_CHUNK = 64  # supernet.attention.causal_linear_chunked's default chunk
+LINEAR_CHUNK = 64  # the chunk of supernet.attention's causal linear family
+
+
+@lru_cache(maxsize=16)
+def _shape_model(space: Space):
+    """A supernet on the meta device: shapes only, no memory; it counts parameters exactly."""
+    import torch
+
+    from supernet import SuperTransformer
+
+    with torch.device("meta"):
+        return SuperTransformer(space)
 
 
 def params(space: Space, subnet: Subnet) -> int:
-    """Parameters of the static model (equals ``SuperTransformer.num_params``; tested)."""
-    e, hd = subnet.embed_dim, space.head_dim
-    n = space.vocab_size * e + 2 * e + (space.max_seq_len * e if space.positions == "learned" else 0)
-    for layer in subnet.layers:
-        a, f = layer.heads * hd, layer.ffn_dim
-        n += 4 * e + 4 * e * a + 3 * a + e + 2 * e * f + f + e
-    return n
-
-
-def attended_keys(attention: str, t: int) -> int:
-    """Sum over the T queries of how many keys each one sees."""
-    spec = parse_attention(attention)
-    if spec.kind == "local":
-        w = min(spec.param("W"), t)
-        return w * (w + 1) // 2 + (t - w) * w
-    return t * (t + 1) // 2
+    """Parameters of the static model (``SuperTransformer.num_params``, the one count)."""
+    return _shape_model(space).num_params(subnet)
 
 
 def attention_flops(attention: str, b: int, t: int, heads: int, hd: int) -> float:
-    kind = parse_attention(attention).kind
-    if kind == "linear":  # chunked prefix sums: a (C, C) product inside each chunk, a (hd, hd) state across
+    """FLOPs of one layer's token mixing: scores and weighted sum over the pairs its pattern keeps,
+    or, for the linear family (no pairs), a (C, C) product inside each chunk and a (hd, hd) state across."""
+    pairs = attended_pairs(attention, t)
+    if pairs == 0:
         return 2.0 * b * heads * (2 * t * LINEAR_CHUNK * hd + 2 * t * hd * hd)
-    return 2.0 * b * heads * 2 * attended_keys(attention, t) * hd
+    return 2.0 * b * heads * 2 * pairs * hd
 
 
 def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
@@ -46,22 +49,17 @@ def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     b, t, e, hd = workload.batch_size, workload.seq_len, subnet.embed_dim, space.head_dim
     total = 2.0 * b * t * e * space.vocab_size  # tied LM head
     for layer in subnet.layers:
-        a = layer.heads * hd
-        total += 2.0 * b * t * 4 * e * a + 2.0 * b * t * 2 * e * layer.ffn_dim
+        a, kv = layer.heads * hd, kv_heads(layer.attention_spec, layer.heads) * hd
+        total += 2.0 * b * t * e * (2 * a + 2 * kv) + 2.0 * b * t * 2 * e * layer.ffn_dim  # q, o; k, v; MLP
         total += attention_flops(layer.attention, b, t, layer.heads, hd)
     return total
 
 
 def seq_term(attention: str, t: int, heads: int, hd: int) -> float:
-    """The sequence-dependent size of one layer's token mixing: T^2 h (softmax), T min(W,T) h (local:W), T h hd (linear)."""
-    spec = parse_attention(attention)
-    if spec.kind == "softmax":
-        return float(t * t * heads)
-    if spec.kind == "local":
-        return float(t * min(spec.param("W"), t) * heads)
-    if spec.kind == "linear":
-        return float(t * heads * hd)
-    return float(t * heads)  # a type added later: at least linear in T and heads
+    """The sequence-dependent size of one layer's token mixing: pairs x heads (softmax ~T^2/2, local:W ~T W, ...),
+    or T x heads x hd for the linear family."""
+    pairs = attended_pairs(attention, t)
+    return float(pairs * heads) if pairs else float(t * heads * hd)
 
 
 def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str, float]:

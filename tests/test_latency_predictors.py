@@ -12,7 +12,7 @@ from latency.predictors.mlp import MLP
 from latency.predictors.predictor import subnet_matrix
 from latency.report import agreement
 from nas.cli import main
-from search_spaces import UserError, load_space
+from search_spaces import Subnet, UserError, load_space
 from supernet import SuperTransformer
 
 
@@ -39,7 +39,13 @@ def test_params_match_the_supernet_and_flops_grow_with_the_subnet(tiny):
     assert F.params(base, base.largest()) == big.num_params(base.largest())
     w = base.workload()
     assert F.flops(base, base.largest(), w) > 10 * F.flops(base, base.smallest(), w)
-    assert F.attended_keys("local:4", 6) == 1 + 2 + 3 + 4 + 4 + 4 and F.attended_keys("softmax", 6) == 21
+    from supernet.attention import attended_pairs
+
+    assert attended_pairs("local:4", 6) == 1 + 2 + 3 + 4 + 4 + 4 and attended_pairs("softmax", 6) == 21
+    assert attended_pairs("linear", 6) == 0  # a state, not pairs
+    gqa = Subnet(base.max_embed_dim, 1, (12,), (768,), ("gqa:2",))
+    full = Subnet(base.max_embed_dim, 1, (12,), (768,), ("softmax",))
+    assert F.flops(base, gqa, w) < F.flops(base, full, w)  # fewer key/value projections
 
 
 def test_additive_model_recovers_costs_and_extrapolates_to_unseen_depth(tiny):
