@@ -60,12 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+def file_digest(path: Path) -> str:
+    """Short content hash of a file, or of a predictor folder's predictor.json and arrays.npz."""
+    from supernet.artifact import sha256_file
+
+    files = [path / "predictor.json", path / "arrays.npz"] if path.is_dir() else [path]
+    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
 
 
 def validation_tokens(args, payload):
@@ -134,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
     identity = {
         "space": space.hash,
-        "supernet": sha256_file(Path(args.supernet)),
-        "predictor": sha256_file(Path(args.predictor)),
+        "supernet": file_digest(Path(args.supernet)),
+        "predictor": file_digest(Path(args.predictor)),
         "fitness": {**fitness.description, "data": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]},
         "strategy": args.strategy,
         "search": config.to_dict(),
