@@ -19,7 +19,7 @@ register its functions with :func:`register` in the family's file.
 from . import linear, softmax, sparse  # noqa: F401  (importing registers the types)
 from .linear import causal_linear_chunked, elu_feature_map
 from .patterns import causal_mask, window_mask
-from .registry import REGISTRY, AttentionType, MixFn, attend, attend_reference, check_registry, get, register
+from .registry import REGISTRY, AttentionType, MixFn, attend, attend_reference, attended_pairs, check_registry, get, register
 
 __all__ = [
     "REGISTRY",
@@ -27,6 +27,7 @@ __all__ = [
     "MixFn",
     "attend",
     "attend_reference",
+    "attended_pairs",
     "causal_linear_chunked",
     "causal_mask",
     "check_registry",

@@ -17,6 +17,7 @@ registered type has
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -89,3 +90,20 @@ def check_registry() -> None:
     missing = set(SIGNATURES) - set(REGISTRY)
     extra = set(REGISTRY) - set(SIGNATURES)
     assert not missing and not extra, f"attention registry out of sync: missing {missing}, extra {extra}"
+
+
+@lru_cache(maxsize=1024)
+def attended_pairs(attention: str, t: int) -> int:
+    """How many (query, key) pairs a layer of this type scores at sequence length ``t``.
+
+    The non-zeros of the type's pattern (``t (t + 1) / 2`` for causal softmax, about ``t W`` for
+    ``local:W``, ...); 0 for the linear family, which carries a state instead of scoring pairs.
+    Cost models (FLOPs, latency features, the search's analytic proxy) all read it from here.
+    """
+    from .patterns import dense_mask
+
+    spec = parse_attention(attention)
+    typ = REGISTRY[spec.kind]
+    if typ.pattern is None:
+        return 0
+    return int(dense_mask(typ.pattern, spec, t).sum())
