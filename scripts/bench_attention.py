@@ -305,11 +305,14 @@ def plot(rows: list[Row], path: Path) -> None:
 
     panels = sorted({(r.scope, r.device, r.mode) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.8), squeeze=False)
+    kinds = list(dict.fromkeys(r.type for r in rows))
+    colors = plt.get_cmap("tab20")
     for ax, (scope, device, mode) in zip(axes[0], panels):
-        for kind in dict.fromkeys(r.type for r in rows):
+        for n, kind in enumerate(kinds):
             pts = [(r.seq_len, r.ms) for r in rows if (r.scope, r.device, r.mode, r.type) == (scope, device, mode, kind) and r.status == "ok"]
             if pts:
-                ax.plot(*zip(*pts), marker="o", ms=3, label=kind, linestyle="--" if kind.split(":")[0] in LINEAR_KINDS else "-")
+                style = "--" if kind.split(":")[0] in LINEAR_KINDS else "-"
+                ax.plot(*zip(*pts), marker="o", ms=3, label=kind, linestyle=style, color=colors(n % 20))
         ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="ms (median)", title=f"{scope}, {device}, {mode}")
         ax.set_xscale("log", base=2)
         ax.grid(True, which="both", alpha=0.3)
@@ -354,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--out", default="results/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
+    p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
     args = p.parse_args(argv)
     try:
         for s in args.types.split(","):

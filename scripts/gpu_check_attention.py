@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", default="128,1000,4096")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--bench-lengths", default="4096,16384", help="CUDA timings (empty: skip)")
-    p.add_argument("--out", default="results/gpu_check_attention.json")
+    p.add_argument("--out", default="runs/gpu_check_attention.json")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
