@@ -71,8 +71,7 @@ def main() -> int:
         s = space.sample(rng)
         subnets.setdefault(s.key, s)
     tune = TrainConfig(batch_size=batch, seq_len=seq, lr=args.lr, min_lr=args.lr / 10, warmup_steps=min(10, args.steps // 5),
-                       max_steps=args.steps, eval_interval=args.steps, eval_batches=args.eval_batches, ckpt_interval=10**9,
-                       seed=cfg["seed"] + 1)
+                       max_steps=args.steps, eval_interval=args.steps, eval_batches=1, ckpt_interval=10**9, seed=cfg["seed"] + 1)
     print(f"supernet {path} (step {meta['step']}), {args.n} subnets (seed {args.seed}), fine-tune {args.steps} steps "
           f"at lr {args.lr}, batch {batch} x {seq}, validation {args.eval_batches} x {batch} windows")
     print(f"{'#':>2} {'params':>9} {'inherited':>10} {'tuned':>8}  subnet")
@@ -81,8 +80,8 @@ def main() -> int:
     for i, s in enumerate(subnets.values()):
         a = evaluate_bpb(supernet, s, corpus.val, batch, seq, args.eval_batches, meta["seed"])
         static = supernet.extract(s)
-        result = train(static, PlainObjective(), corpus.train, corpus.val, tune)
-        b = result.evals[-1]["bpb"]["model"]
+        train(static, PlainObjective(), corpus.train, corpus.val, tune)
+        b = evaluate_bpb(static, None, corpus.val, batch, seq, args.eval_batches, meta["seed"])  # the same windows as `a`
         inherited.append(a)
         tuned.append(b)
         print(f"{i:>2} {supernet.num_params(s):>9,} {a:>10.3f} {b:>8.3f}  {s}", flush=True)

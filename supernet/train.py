@@ -51,10 +51,10 @@ LN2 = math.log(2.0)
 class TrainConfig:
     """What a run does.  ``batch_size`` is global: it is split evenly across the ranks."""
 
-    batch_size: int = 32
-    seq_len: int = 256
-    lr: float = 2e-3
-    min_lr: float = 2e-4
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr: float = 3e-4
     warmup_steps: int = 100
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -160,6 +160,10 @@ class Objective(Protocol):
 
     def eval_subnets(self) -> dict[str, Subnet | None]: ...
 
+    def fixed_subnets(self) -> set[Subnet | None]:
+        """The subnets every step runs: with ``compile``, only these passes are compiled (once each)."""
+        ...
+
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -209,6 +213,9 @@ class SandwichObjective:
         fixed = {f"random{i}": self.space.sample(rng) for i in range(self.n_eval_random)}
         return {"largest": self.space.largest(), "smallest": self.space.smallest(), **fixed}
 
+    def fixed_subnets(self) -> set[Subnet | None]:
+        return {self.space.largest(), self.space.smallest()}
+
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "sandwich", "n_random": self.n_random, "distill": self.distill, "seed": self.seed, "n_eval_random": self.n_eval_random}
 
@@ -226,6 +233,9 @@ class PlainObjective:
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
         return {"model": None}
+
+    def fixed_subnets(self) -> set[Subnet | None]:
+        return {None}
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "plain"}
@@ -282,6 +292,24 @@ def evaluate_bpb(
 
 
 # --------------------------------------------------------------------------- checkpoints
+
+
+class CompiledFor(nn.Module):
+    """Runs ``torch.compile``d code for the ``fixed`` subnets and eager code for the rest.
+
+    A compiled supernet would recompile for every sampled subnet (their shapes differ); the
+    largest and smallest run every step, so compiling just those pays off.  The compiled
+    module shares the parameters (it is kept outside the module tree, so DDP sees them once).
+    """
+
+    def __init__(self, model: nn.Module, fixed: set[Subnet | None]):
+        super().__init__()
+        self.model = model
+        self.fixed = fixed
+        object.__setattr__(self, "_compiled", torch.compile(model, dynamic=False))
+
+    def forward(self, idx: Tensor, subnet: Subnet | None = None) -> Tensor:
+        return run_model(self._compiled if subnet in self.fixed else self.model, idx, subnet)
 
 
 class Checkpointer(Protocol):
@@ -435,7 +463,7 @@ class Trainer:
         self.evals: list[dict] = []
         self.evaluated_at = -1
         self.log = JsonlLog(None)
-        self.fwd = torch.compile(model) if config.compile else model
+        self.fwd = CompiledFor(model, objective.fixed_subnets()) if config.compile else model
         if dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
 

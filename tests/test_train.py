@@ -239,6 +239,16 @@ def test_plain_objective_fine_tunes_a_static_model(micro, docs, tmp_path):
     assert result.evals[-1]["bpb"]["model"] < before - 1.0
 
 
+def test_max_time_bounds_a_run(micro, docs, tmp_path):
+    corpus = prepare_corpus(str(docs), tmp_path, val_fraction=0.2)
+    model = SuperTransformer(micro, generator=torch.Generator().manual_seed(0))
+    lrs = []
+    config = TrainConfig(**{**CONFIG, "eval_interval": 10**6}, max_steps=None, max_time=2.0)
+    result = train(model, SandwichObjective(micro), corpus.train, corpus.val, config, progress=lambda info: lrs.append(info.lr))
+    assert result.stopped == "max_time" and 2.0 <= result.elapsed < 20 and result.step == len(lrs) >= 2
+    assert lrs[-1] < max(lrs)  # the cosine follows the clock
+
+
 # --------------------------------------------------------------------------- the CLI
 
 
@@ -263,7 +273,7 @@ def test_cli_sigint_saves_a_checkpoint_and_resume_continues(space_file, docs, tm
 
     # Resuming may extend the bound; it may not change the maths.
     assert main(["train-supernet", "--out", str(out), "--resume", "--lr", "0.1"]) == 2
-    assert "--lr 0.1 differs from the run's 0.002" in capsys.readouterr().err
+    assert "--lr 0.1 differs from the run's 0.003" in capsys.readouterr().err
     assert main(["train-supernet", "--out", str(out), "--resume", "--max-steps", str(meta["step"] + 3)]) == 0
     assert f"trained {meta['step'] + 3} steps" in capsys.readouterr().out
     assert torch.load(out / "final.pt", weights_only=True)["meta"]["step"] == meta["step"] + 3

@@ -47,7 +47,7 @@ DATA_FLAGS = {
 DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 # The defaults of TrainConfig and SandwichObjective, for --help without importing torch (a test keeps them equal).
 HELP_DEFAULTS = {
-    "batch_size": 32, "seq_len": 256, "lr": 2e-3, "min_lr": 2e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
+    "batch_size": 16, "seq_len": 128, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
     "beta2": 0.95, "grad_clip": 1.0, "max_steps": 2000, "eval_interval": 250, "eval_batches": 16, "ckpt_interval": 250,
     "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, **DATA_DEFAULTS,
 }
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flags in (CONFIG_FLAGS, OBJECTIVE_FLAGS, DATA_FLAGS):
         for flag, (dest, kind, metavar, text) in flags.items():
             p.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=HELP_DEFAULTS[dest]))
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (recompiles per distinct subnet shape)")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the passes of the largest and smallest subnet (the random ones run eagerly)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu (fp32)")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly")
