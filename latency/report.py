@@ -50,11 +50,6 @@ def plot(path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, r
     if retest is not None:
         ax.scatter(retest[0], retest[1], s=14, marker="x", color="tab:orange", label="re-measured (test-retest)")
     ax.scatter(measured, pred, s=12, color="tab:blue", label="predicted")
-    from matplotlib.ticker import FormatStrFormatter
-
-    for axis in (ax.xaxis, ax.yaxis):
-        axis.set_major_formatter(FormatStrFormatter("%g"))
-        axis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2x10^1
