@@ -18,7 +18,7 @@ from search_spaces import Space, Subnet, Workload
 
 from .device import Device
 from .features import params, table_features
-from .protocol import measure, reference_model
+from .protocol import measure, reference_model, timing_model
 from .table import TimingTable
 from .timing_core import Settings, format_row
 
@@ -50,18 +50,16 @@ def run_campaign(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> int:
     """Measure every subnet of every pass not yet in ``table``; return how many were measured."""
-    from supernet import SuperTransformer
-
     todo = {p: [s for s in subs if s.key not in table.done[p]] for p, subs in passes.items()}
     total = sum(len(v) for v in todo.values()) * settings.rounds
     if not total:
         return 0
-    supernet = SuperTransformer(space, generator=torch.Generator().manual_seed(seed)).eval()  # random weights: timing only
-    ref = reference_model(supernet.extract(space.smallest()).config)
+    ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
+    materialize = getattr(device, "needs_weights", True)  # ONNX Runtime draws its own: no torch weights needed
     visits = 0  # visits made so far (retries of disturbed visits add to the planned total)
     for p_index, (pass_, subnets) in enumerate(todo.items()):
         for c_index, chunk in enumerate(chunks(subnets, space, memory_mb)):
-            models = {s.key: supernet.extract(s) for s in chunk}
+            models = {s.key: timing_model(space, s, materialize=materialize) for s in chunk}
             last = 0
 
             def tick(d: int, _t: int, key: str) -> None:

@@ -216,6 +216,11 @@ def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if graph.exists() and layout.exists():
         return graph, json.loads(layout.read_text())["tensors"]
+    missing = [n for n, _, _ in _parts(model) if not (directory / "parts" / f"{n}.json").exists()]
+    if missing and any(p.is_meta for p in model.parameters()):  # exporting a part needs real tensors
+        from .protocol import fill_weights
+
+        model = fill_weights(model)
     parts = []
     for part_name, module, example in _parts(model):
         parts.append(_cached_part(directory / "parts", part_name, module, example))

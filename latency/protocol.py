@@ -9,10 +9,45 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from search_spaces import LayerChoice, Workload
+from search_spaces import LayerChoice, Space, Subnet, Workload
 
 from .device import Device
 from .timing_core import Progress, Result, Settings, run_protocol
+
+
+def timing_model(space: Space, subnet: Subnet, *, materialize: bool = True):
+    """The static model of ``subnet`` with arbitrary weights, built fast: what timing needs.
+
+    Timing does not depend on weight values, only on their shapes (and on their being ordinary
+    numbers), so the model is laid out on the meta device and, with ``materialize``, its
+    parameters filled from one seeded random block (no supernet, no initialisation; the
+    memory's first touch is the only cost).  Without ``materialize`` it stays on the meta
+    device (no memory), for devices that bring their own weights (ONNX Runtime).
+    """
+    from supernet import Transformer, TransformerConfig
+
+    with torch.device("meta"):
+        model = Transformer(TransformerConfig.from_subnet(space, subnet))
+    return fill_weights(model) if materialize else model.eval()
+
+
+def fill_weights(model):
+    """Give a meta-device static model real CPU memory: tiled seeded N(0, 0.02) weights, true rope tables."""
+    from supernet.model import rope_tables
+
+    model = model.to_empty(device="cpu")
+    block = torch.randn(1 << 12, generator=torch.Generator().manual_seed(0)) * 0.02  # (4096,)
+    with torch.no_grad():
+        for p in model.parameters():
+            flat, b = p.view(-1), block.numel()
+            whole = flat.numel() // b * b
+            flat[:whole].view(-1, b).copy_(block.expand(whole // b, b))  # one pass, no temporary
+            flat[whole:].copy_(block[: flat.numel() - whole])
+        if model.pos_emb is None:
+            cos, sin = rope_tables(model.config.max_seq_len, model.config.head_dim)
+            model.rope_cos.copy_(cos)
+            model.rope_sin.copy_(sin)
+    return model.eval()
 
 
 def reference_config(config):

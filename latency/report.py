@@ -39,6 +39,7 @@ def plot(path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, r
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     fig, ax = plt.subplots(figsize=(6, 6), dpi=120)
     lo = min(measured.min(), pred.min()) * 0.9
@@ -51,6 +52,9 @@ def plot(path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, r
     ax.scatter(measured, pred, s=12, color="tab:blue", label="predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2x10^1
+        axis.set_major_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(FormatStrFormatter("%g"))
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured latency (ms)")

@@ -16,6 +16,7 @@ PROVIDERS = ("cpu", "cuda")
 
 class OnnxRuntime:
     name = "onnxruntime"
+    needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session
 
     def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall"):
         import onnxruntime as ort
