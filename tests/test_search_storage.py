@@ -80,7 +80,7 @@ def synthetic_search(url: str, study: str, seed: int, sleep: float = 0.0, batch:
     space = load_space("tiny")
     searches, latency = searches_for(space, seed)
     store = TrialStore(open_study(open_storage(url), study, {"seed": seed, "config": CONFIG.to_dict()}), space)
-    return run_search(searches, synthetic_fitness(sleep), latency, params_of, store, batch=batch, poll_s=0.05)
+    return run_search(searches, synthetic_fitness(sleep), latency, params_of, store, batch=batch, poll_s=0.2)
 
 
 def start_worker(url: str, study: str, seed: int, sleep: float) -> subprocess.Popen:

@@ -297,13 +297,16 @@ class TrialStore:
     def recover(self) -> list[int]:
         """Fail the RUNNING trials of dead workers (this host: pid gone; elsewhere: heartbeat); their numbers."""
         optuna = _optuna()
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         failed = []
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        for t in running:
             owner = t.system_attrs.get(OWNER, "")
             if owner != self.owner and worker_is_dead(owner):
                 self.fail(t._trial_id, f"worker {owner} died")  # noqa: SLF001
                 failed.append(t.number)
-        before = {t.number for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))}
-        optuna.storages.fail_stale_trials(self.study)
-        after = {t.number for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))}
-        return failed + sorted(after - before)
+        if running and getattr(self.storage, "get_heartbeat_interval", lambda: None)():
+            optuna.storages.fail_stale_trials(self.study)
+            was_running = {t.number for t in running} - set(failed)
+            now_failed = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            failed += sorted(t.number for t in now_failed if t.number in was_running)
+        return failed
