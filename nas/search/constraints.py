@@ -15,7 +15,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from search_spaces import Space, Subnet, UserError, parse_attention
+from search_spaces import Space, Subnet, UserError
+from supernet.attention import attended_pairs
 
 from .budget import format_ms
 
@@ -159,10 +160,8 @@ class AnalyticLatency:
         for layer in subnet.layers:
             a = layer.heads * self.space.head_dim
             per_token += 8.0 * e * a + 4.0 * e * layer.ffn_dim
-            spec = parse_attention(layer.attention)
-            keys = {"softmax": t / 2, "linear": self.space.head_dim}.get(spec.kind)
-            if keys is None:  # local:W
-                keys = min(spec.param("W"), t)
+            # keys scored per query by the type's pattern; the linear family updates a (head_dim x head_dim) state instead
+            keys = attended_pairs(layer.attention, t) / t or self.space.head_dim
             per_token += 4.0 * keys * a
         return per_token * t * w.batch_size
 

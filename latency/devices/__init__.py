@@ -1,0 +1,1 @@
+"""One file per device; each defines ``DEVICE`` (see :mod:`latency.device`)."""

@@ -1,0 +1,607 @@
+"""Training: one generic driver, and small objectives that say what a step computes.
+
+:func:`train` owns everything that does not depend on what is trained: AdamW, the
+warm-up + cosine schedule, gradient clipping, bf16 autocast on CUDA, optional
+``torch.compile``, DistributedDataParallel, JSON Lines metrics, evaluations,
+atomic checkpoints, exact resume and SIGINT.  An :class:`Objective` says, per step,
+which passes run (which subnets) and what each pass's loss is:
+
+* :class:`SandwichObjective` trains a :class:`~supernet.SuperTransformer` by the
+  sandwich rule (largest, smallest and N uniformly sampled subnets, gradients
+  accumulated) with in-place distillation from the largest subnet;
+* :class:`PlainObjective` trains one static model (fine-tuning an extracted subnet).
+
+Every random choice of a step is drawn from a generator seeded by ``(seed, stream,
+step)``, so step ``k`` sees the same batch and the same subnets on every rank and
+after any resume: the data position is the step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator, Protocol
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from search_spaces import Space, Subnet, UserError
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .data import check_length, windows
+from .distributed import SINGLE, Dist
+
+# Streams of the per-step generators: default_rng([seed, STREAM, step]).
+DATA_STREAM, PLAN_STREAM, EVAL_STREAM = 0, 1, 2
+LN2 = math.log(2.0)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What a run does.  ``batch_size`` is global: it is split evenly across the ranks."""
+
+    batch_size: int = 32
+    seq_len: int = 256
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    max_steps: int | None = 2000  # total steps; the schedule's horizon unless None
+    max_time: float | None = None  # total seconds (over resumes); the horizon when max_steps is None
+    eval_interval: int = 250
+    eval_batches: int = 16
+    ckpt_interval: int = 250
+    log_interval: int = 10
+    seed: int = 0
+    compile: bool = False
+
+    # May differ between a run and its resumption (they bound or observe the run, not its maths).
+    RESUMABLE = ("max_steps", "max_time", "eval_interval", "eval_batches", "ckpt_interval", "log_interval", "compile")
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in ("batch_size", "seq_len", "eval_interval", "eval_batches", "ckpt_interval", "log_interval"):
+            if getattr(self, name) < 1:
+                problems.append(f"--{name.replace('_', '-')}: {getattr(self, name)} is not a positive integer")
+        for name in ("lr", "min_lr", "weight_decay", "grad_clip", "warmup_steps"):
+            if getattr(self, name) < 0:
+                problems.append(f"--{name.replace('_', '-')}: {getattr(self, name)} is negative")
+        if self.min_lr > self.lr:
+            problems.append(f"--min-lr: {self.min_lr} exceeds --lr {self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                problems.append(f"--{name}: {getattr(self, name)} is not in [0, 1)")
+        if self.max_steps is None and self.max_time is None:
+            problems.append("give --max-steps or --max-time (or both): a run needs a bound")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"--max-steps: {self.max_steps} is not a positive integer")
+        if self.max_time is not None and self.max_time <= 0:
+            problems.append(f"--max-time: {self.max_time} is not a positive number of seconds")
+        if problems:
+            raise UserError("\n".join(problems))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+@dataclass(frozen=True)
+class WarmupCosine:
+    """Linear warm-up over ``warmup_steps``, then cosine from ``lr`` to ``min_lr`` over the run.
+
+    The run's progress is ``step / max_steps``, or ``elapsed / max_time`` when only a time
+    budget is given (then the schedule follows the wall clock and is not bit-reproducible).
+    """
+
+    lr: float
+    min_lr: float
+    warmup_steps: int
+    max_steps: int | None
+    max_time: float | None
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> "WarmupCosine":
+        return cls(config.lr, config.min_lr, config.warmup_steps, config.max_steps, config.max_time)
+
+    def progress(self, step: int, elapsed: float) -> float:
+        if self.max_steps is not None:
+            return min(1.0, step / self.max_steps)
+        return min(1.0, elapsed / self.max_time)
+
+    def __call__(self, step: int, elapsed: float) -> float:
+        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        cosine = 0.5 * (1.0 + math.cos(math.pi * self.progress(step, elapsed)))
+        return warm * (self.min_lr + (self.lr - self.min_lr) * cosine)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": "warmup-cosine", **asdict(self)}
+
+
+# --------------------------------------------------------------------------- objectives
+
+
+Plan = list[tuple[str, Subnet | None]]  # (name, subnet) per pass; subnet None = a static model
+
+
+class Objective(Protocol):
+    """Per step: which passes run and what each pass's loss is.
+
+    Call order per step: ``plan(step)``; then for each pass ``i`` in order the trainer runs the
+    model on the batch and calls ``loss(i, logits, targets, memo)``, then backpropagates it.
+    ``memo`` is a fresh dict per step, for what one pass hands to the next (e.g. soft targets).
+    """
+
+    def plan(self, step: int) -> Plan: ...
+
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, its cross-entropy part detached, for logging)."""
+        ...
+
+    def eval_subnets(self) -> dict[str, Subnet | None]: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # mean over B*T, nats
+
+
+@dataclass(frozen=True)
+class SandwichObjective:
+    """Largest, smallest and ``n_random`` uniformly sampled subnets per step; in-place distillation.
+
+    The largest subnet learns from the data.  Every smaller one learns from
+    ``(1 - distill) * CE(data) + distill * KL(largest || it)``, the largest subnet's
+    predictions taken as fixed soft targets.
+    """
+
+    space: Space
+    n_random: int = 2
+    distill: float = 0.5
+    seed: int = 0
+    n_eval_random: int = 3
+
+    def __post_init__(self) -> None:
+        if self.n_random < 0:
+            raise UserError(f"--random-subnets: {self.n_random} is negative")
+        if not 0.0 <= self.distill <= 1.0:
+            raise UserError(f"--distill: {self.distill} is not between 0 and 1")
+
+    def plan(self, step: int) -> Plan:
+        rng = np.random.default_rng([self.seed, PLAN_STREAM, step])
+        random = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
+        return [("largest", self.space.largest()), ("smallest", self.space.smallest()), *random]
+
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
+        ce = cross_entropy(logits, targets)
+        if index == 0:
+            memo["teacher"] = logits.detach().float().log_softmax(-1)  # (B, T, V)
+            return ce, ce.detach()
+        if self.distill == 0.0:
+            return ce, ce.detach()
+        student = logits.float().log_softmax(-1)  # (B, T, V)
+        kd = F.kl_div(student.flatten(0, 1), memo["teacher"].flatten(0, 1), log_target=True, reduction="batchmean")
+        return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
+
+    def eval_subnets(self) -> dict[str, Subnet | None]:
+        rng = np.random.default_rng([self.seed, EVAL_STREAM])
+        fixed = {f"random{i}": self.space.sample(rng) for i in range(self.n_eval_random)}
+        return {"largest": self.space.largest(), "smallest": self.space.smallest(), **fixed}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "sandwich", "n_random": self.n_random, "distill": self.distill, "seed": self.seed, "n_eval_random": self.n_eval_random}
+
+
+@dataclass(frozen=True)
+class PlainObjective:
+    """One pass of one static model, cross-entropy on the data (fine-tuning an extracted subnet)."""
+
+    def plan(self, step: int) -> Plan:
+        return [("model", None)]
+
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
+        ce = cross_entropy(logits, targets)
+        return ce, ce.detach()
+
+    def eval_subnets(self) -> dict[str, Subnet | None]:
+        return {"model": None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "plain"}
+
+
+# --------------------------------------------------------------------------- evaluation
+
+
+def run_model(model: nn.Module, idx: Tensor, subnet: Subnet | None) -> Tensor:
+    """``model(idx, subnet)`` for a supernet, ``model(idx)`` for a static model (subnet None)."""
+    return model(idx) if subnet is None else model(idx, subnet)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA, nothing (fp32) elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def eval_starts(n_tokens: int, batch_size: int, seq_len: int, n_batches: int, seed: int) -> np.ndarray:
+    """The fixed window starts an evaluation uses: (n_batches * batch_size,), a function of ``seed`` only."""
+    return np.random.default_rng([seed, EVAL_STREAM]).integers(0, n_tokens - seq_len, size=n_batches * batch_size)
+
+
+@torch.no_grad()
+def evaluate_bpb(
+    model: nn.Module,
+    subnet: Subnet | None,
+    tokens: np.ndarray,
+    batch_size: int,
+    seq_len: int,
+    n_batches: int,
+    seed: int,
+) -> float:
+    """Bits per byte of ``model`` (running ``subnet``; None for a static model) on fixed windows of ``tokens``.
+
+    The windows depend only on ``seed`` and the sizes, so every subnet and every call sees
+    the same bytes.  Runs in eval mode without gradients (bf16 autocast on CUDA).
+    """
+    check_length(tokens, seq_len, "validation")
+    device = next(model.parameters()).device
+    starts = eval_starts(len(tokens), batch_size, seq_len, n_batches, seed)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    try:
+        for b in range(n_batches):
+            x, y = windows(tokens, starts[b * batch_size : (b + 1) * batch_size], seq_len)  # (B, T) each
+            with autocast(device):
+                logits = run_model(model, torch.from_numpy(x).to(device), subnet)  # (B, T, V)
+            total += F.cross_entropy(logits.float().flatten(0, 1), torch.from_numpy(y).to(device).flatten(), reduction="sum")
+    finally:
+        model.train(was_training)
+    return total.item() / (n_batches * batch_size * seq_len) / LN2
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+class Checkpointer(Protocol):
+    """Where the trainer's state goes.  ``load`` returns a dict with ``model``, ``state`` and ``meta``."""
+
+    def save(self, path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any]) -> None: ...
+
+    def load(self, path: Path) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class SupernetCheckpointer:
+    """Supernet checkpoints (:mod:`supernet.checkpoint`): atomic, weights_only, checked against the space."""
+
+    space: Space
+
+    def save(self, path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        save_checkpoint(path, model, state, **meta)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        return load_checkpoint(path, self.space)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What the progress callback sees after each step."""
+
+    step: int
+    max_steps: int | None
+    elapsed: float
+    max_time: float | None
+    lr: float
+    losses: dict[str, float]  # cross-entropy (nats) of each pass of this step
+    subnets: tuple[str, ...]  # keys of the subnets this step ran (for checking ranks agree)
+    tokens_per_s: float
+
+
+@dataclass
+class TrainResult:
+    step: int
+    elapsed: float
+    tokens: int
+    stopped: str  # "max_steps", "max_time" or "interrupted"
+    evals: list[dict] = field(default_factory=list)
+    checkpoint: Path | None = None
+
+
+class _Interrupt:
+    """SIGINT or SIGTERM sets a flag (the step finishes, a checkpoint is saved); a second one aborts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+@contextmanager
+def _catch_interrupts() -> Iterator[_Interrupt]:
+    flag = _Interrupt()
+    previous = {}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, flag)
+    except ValueError:  # not the main thread: leave signals alone
+        pass
+    try:
+        yield flag
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class JsonlLog:
+    """Metrics as JSON Lines; on resume, lines past the checkpoint's step are dropped (they are redone)."""
+
+    def __init__(self, path: Path | None, resume_step: int | None = None):
+        self.path = path
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and path.exists():
+            keep = [line for line in path.read_text().splitlines() if _line_step(line) <= resume_step]
+            path.write_text("".join(line + "\n" for line in keep))
+        elif resume_step is None:
+            path.write_text("")
+
+    def write(self, event: str, **values: Any) -> None:
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps({"event": event, "time": round(time.time(), 3), **values}) + "\n")
+
+
+def _line_step(line: str) -> float:
+    try:
+        return json.loads(line).get("step", -1)
+    except json.JSONDecodeError:
+        return math.inf  # a torn last line of a killed run: drop it
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and embeddings, not biases and norm gains (nanoGPT)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Trainer:
+    """One run: the optimizer, the schedule and the counters, and the pieces of a step.
+
+    :func:`train` drives it; the objective decides what a step computes.
+    """
+
+    def __init__(self, model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report):
+        self.model, self.objective, self.config, self.dist = model, objective, config, dist
+        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self.device = next(model.parameters()).device
+        check_length(train_tokens, config.seq_len, "training")
+        check_length(val_tokens, config.seq_len, "validation")
+        if config.batch_size % dist.world:
+            raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
+        self.local_batch = config.batch_size // dist.world
+        self.out, self.checkpointer = out, checkpointer
+        self.latest = out / "latest.pt" if out is not None else None
+        self.say = report if (report is not None and dist.is_main) else (lambda text: None)
+        self.meta = {**(meta or {}), "seed": config.seed, "train_config": config.to_dict(), "objective": objective.to_dict(),
+                     "world_size": dist.world, "torch": str(torch.__version__)}
+        self.optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2))
+        self.schedule = WarmupCosine.from_config(config)
+        self.step, self.elapsed, self.tokens = 0, 0.0, 0
+        self.evals: list[dict] = []
+        self.evaluated_at = -1
+        self.log = JsonlLog(None)
+        self.fwd = torch.compile(model) if config.compile else model
+        if dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # Passes of smaller subnets leave parameters unused (the same ones on every rank).
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.fwd = DDP(self.fwd, device_ids=device_ids, find_unused_parameters=True)
+
+    # -- state ------------------------------------------------------------------------
+
+    def restore(self, ckpt: dict[str, Any]) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        state = ckpt["state"]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"], self.device)
+            self.step, self.elapsed, self.tokens = state["step"], state["elapsed"], state["tokens"]
+        except (KeyError, ValueError, RuntimeError) as e:
+            raise UserError(f"{self.latest}: checkpoint holds no resumable trainer state ({type(e).__name__}: {e})") from None
+
+    def save(self, path: Path, stopped: str | None) -> None:
+        if self.checkpointer is None or not self.dist.is_main:
+            return
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": rng_state(self.device),
+            "data": {"position": self.step, "sampler": "windows drawn by default_rng([seed, 0, step])"},
+            "step": self.step,
+            "elapsed": self.elapsed,
+            "tokens": self.tokens,
+        }
+        self.checkpointer.save(path, self.model, state, {**self.meta, "step": self.step, "stopped": stopped})
+        self.log.write("checkpoint", step=self.step, path=str(path))
+
+    # -- the loop's pieces ------------------------------------------------------------
+
+    def stop_reason(self, interrupted: bool) -> str:
+        """Why to stop before the next step ("" to go on); every rank gets the same answer."""
+        c = self.config
+        reached_steps = c.max_steps is not None and self.step >= c.max_steps
+        reached_time = c.max_time is not None and self.elapsed >= c.max_time
+        stop, self.elapsed = self.dist.agree(interrupted or reached_steps or reached_time, self.elapsed, self.device)
+        if not stop:
+            return ""
+        return "interrupted" if interrupted or not (reached_steps or reached_time) else ("max_steps" if reached_steps else "max_time")
+
+    def batch(self) -> tuple[Tensor, Tensor]:
+        """This rank's share of step ``step``'s windows: x, y (b, T)."""
+        c, r, b = self.config, self.dist.rank, self.local_batch
+        rng = np.random.default_rng([c.seed, DATA_STREAM, self.step])
+        starts = rng.integers(0, len(self.train_tokens) - c.seq_len, size=c.batch_size)  # (B,) the global batch
+        x, y = windows(self.train_tokens, starts[r * b : (r + 1) * b], c.seq_len)
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def train_step(self) -> tuple[Plan, dict[str, float], float]:
+        """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last)."""
+        lr = self.schedule(self.step, self.elapsed)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.batch()
+        plan = self.objective.plan(self.step)
+        memo: dict = {}
+        ces = []
+        for i, (_, subnet) in enumerate(plan):
+            sync = not self.dist.enabled or i == len(plan) - 1
+            with (nullcontext() if sync else self.fwd.no_sync()), autocast(self.device):
+                logits = run_model(self.fwd, x, subnet)  # (b, T, V)
+                loss, ce = self.objective.loss(i, logits, y, memo)
+            (loss / len(plan)).backward()
+            ces.append(ce)
+        if self.config.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens += self.config.batch_size * self.config.seq_len
+        return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr
+
+    def evaluate(self) -> None:
+        """Validation bits per byte of the objective's evaluation subnets (rank 0; the others wait)."""
+        self.evaluated_at = self.step
+        if self.dist.is_main:
+            c, t0 = self.config, time.perf_counter()
+            bpb = {
+                name: evaluate_bpb(self.model, subnet, self.val_tokens, c.batch_size, c.seq_len, c.eval_batches, c.seed)
+                for name, subnet in self.objective.eval_subnets().items()
+            }
+            self.evals.append({"step": self.step, "bpb": bpb})
+            self.log.write("eval", step=self.step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
+            self.say(f"step {self.step}: validation bits/byte  " + "  ".join(f"{k} {v:.3f}" for k, v in bpb.items()))
+        self.dist.barrier()
+
+
+def train(
+    model: nn.Module,
+    objective: Objective,
+    train_tokens: np.ndarray,
+    val_tokens: np.ndarray,
+    config: TrainConfig,
+    *,
+    out: Path | None = None,
+    checkpointer: Checkpointer | None = None,
+    meta: dict[str, Any] | None = None,
+    resume: bool | dict[str, Any] = False,
+    dist: Dist = SINGLE,
+    progress: Callable[[StepInfo], None] | None = None,
+    report: Callable[[str], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` (already on its device) until ``max_steps`` or ``max_time``, or SIGINT / SIGTERM.
+
+    With ``out`` and ``checkpointer``: ``out/latest.pt`` every ``ckpt_interval`` steps, on SIGINT
+    or SIGTERM and at the end, ``out/final.pt`` when the run reaches its bound, ``out/log.jsonl`` metrics.
+    ``resume`` continues from ``out/latest.pt`` exactly where it was written (pass the
+    checkpoint dict instead of True if the caller has already loaded it).  ``meta`` is stored
+    in every checkpoint (with the step).  Only rank 0 writes files; ``progress`` is called on
+    every rank it is given to, ``report`` (human-readable lines) on rank 0.
+    """
+    t = Trainer(model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report)
+    resuming = resume is not False
+    if resuming:
+        if t.latest is None or checkpointer is None:
+            raise UserError("resume needs a run directory (--out) with checkpoints")
+        if not t.latest.exists():
+            raise UserError(f"--resume: {out} holds no checkpoint (latest.pt); start a new run without --resume")
+        t.restore(resume if isinstance(resume, dict) else checkpointer.load(t.latest))
+        t.say(f"resumed from {t.latest} at step {t.step}")
+    t.log = JsonlLog(out / "log.jsonl" if (out is not None and dist.is_main) else None, resume_step=t.step if resuming else None)
+    t.log.write("resume" if resuming else "start", step=t.step, meta=_jsonable(t.meta))
+
+    model.train()
+    window_t, window_tokens = time.perf_counter(), 0
+    with _catch_interrupts() as interrupt:
+        while not (stopped := t.stop_reason(interrupt.requested)):
+            t0 = time.perf_counter()
+            plan, losses, lr = t.train_step()
+            now = time.perf_counter()
+            t.elapsed += now - t0
+            window_tokens += config.batch_size * config.seq_len
+            rate = window_tokens / max(now - window_t, 1e-9)
+            if t.step % config.log_interval == 0 or t.step == config.max_steps:
+                t.log.write("train", step=t.step, lr=lr, loss=losses, tokens=t.tokens, tokens_per_s=round(rate, 1), elapsed=round(t.elapsed, 3))
+                window_t, window_tokens = now, 0
+            if progress is not None:
+                keys = tuple(s.key if s is not None else "" for _, s in plan)
+                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate))
+            evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
+            if evaluate:
+                t.evaluate()
+            if save:
+                t.save(t.latest, None)
+            if evaluate or save:
+                window_t, window_tokens = time.perf_counter(), 0  # tokens/s measures training only
+            t.elapsed += time.perf_counter() - now  # evaluations and checkpoints count against --max-time
+
+        if stopped != "interrupted" and t.evaluated_at != t.step:
+            t.evaluate()
+        checkpoint = None
+        if t.latest is not None and checkpointer is not None:
+            t.save(t.latest, stopped)
+            checkpoint = t.latest
+            if stopped != "interrupted":
+                checkpoint = out / "final.pt"
+                t.save(checkpoint, stopped)
+    t.log.write("end", step=t.step, stopped=stopped, elapsed=round(t.elapsed, 3), tokens=t.tokens)
+    return TrainResult(t.step, t.elapsed, t.tokens, stopped, t.evals, checkpoint)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
