@@ -69,7 +69,8 @@ class FakePredictor:
 
     def __init__(self, space):
         self._proxy = AnalyticLatency(space)
-        self.space_hash, self.name, self.fingerprint, self.workload = space.hash, "fake-device analytic", "fake", space.workload()
+        self.space_hash, self.name, self.workload = space.hash, "analytic", space.workload().name
+        self.fingerprint = {"device": "cpu", "runtime": "torch-eager", "threads": 1, "cpu_model": "Fake CPU"}
 
     def predict(self, subnets):
         return self._proxy.predict(subnets)
@@ -136,7 +137,8 @@ def test_search_cli_refuses_an_infeasible_budget_with_the_smallest_latency(run_d
     fastest = AnalyticLatency(tiny).predict(lightest_subnets(tiny)).min()
     assert main(search_args(tmp, ckpt, "--budget", "20us,50ms")) == 2
     err = capsys.readouterr().err
-    assert err.startswith("nas search: error: --budget 0.02ms is infeasible on fake-device analytic: the smallest latency")
+    assert err.startswith("nas search: error: --budget 0.02ms is infeasible on cpu (torch-eager, threads 1) on Fake CPU, "
+                          "analytic predictor pred.json: the smallest latency")
     assert f"reaches is {fastest:.6g}ms" in err and "50ms" not in err
 
 
@@ -157,3 +159,36 @@ def test_search_cli_reads_the_checkpoints_validation_split(run_dir, capsys, supe
     args = [a for a in search_args(tmp, ckpt, "--budget", "6ms") if a not in ("--val-data", str(tmp / "val.txt"))]
     assert main(args) == 0
     assert "validation split" in capsys.readouterr().err
+
+
+def fit_real_predictor(space, directory):
+    """A real predictor file of issue 6 (additive model), fitted to the analytic proxy's milliseconds."""
+    from latency.predictors.predictor import MODELS, Predictor, subnet_matrix
+
+    rng = np.random.default_rng(0)
+    subnets = [space.sample(rng) for _ in range(150)]
+    x, names = subnet_matrix("additive", space, space.workload(), subnets)
+    regressor = MODELS["additive"](names).fit(x, AnalyticLatency(space).predict(subnets), seed=0)
+    fingerprint = {"device": "cpu", "runtime": "torch-eager", "threads": 1, "cpu_model": "Test CPU"}
+    return Predictor("additive", regressor, space, space.workload(), fingerprint).save(directory)
+
+
+def test_search_cli_with_a_real_predictor_file(tmp_path, tiny, supernet, capsys):
+    pytest.importorskip("latency.predictors")
+    from latency.predictors import load_predictor
+
+    ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
+    (tmp_path / "val.txt").write_bytes(b"import os\nprint(os.getcwd())\n" * 40)
+    pred = fit_real_predictor(tiny, tmp_path / "pred")
+    args = ["search", str(ckpt), "--predictor", str(pred), "--val-data", str(tmp_path / "val.txt"), "--val-windows", "2",
+            "--seq-len", "32", "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3",
+            "--generations", "2", "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(args + ["--budget", "6ms"]) == 0
+    best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
+    assert load_predictor(pred).predict([best])[0] <= 6.0
+    assert "additive predictor predictor.json" in capsys.readouterr().err
+
+    other = fit_real_predictor(load_space("base"), tmp_path / "base-pred")
+    assert main(args + ["--budget", "6ms", "--predictor", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nas search: error: predictor was fitted on space 'base'") and "refit the predictor" in err

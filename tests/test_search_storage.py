@@ -52,9 +52,16 @@ def synthetic_loss(subnet) -> float:
     return 2.0 + 4.0 * np.exp(-capacity / 60000) + penalty + wobble
 
 
-def synthetic_fitness(sleep: float = 0.0):
+def synthetic_fitness(sleep: float = 0.0, hang_after: int | None = None, marker: Path | None = None):
+    """The synthetic loss; with ``hang_after``, the call that goes past that many subnets writes ``marker`` and hangs."""
+    done = [0]
+
     def fitness(subnets):
         time.sleep(sleep * len(subnets))
+        done[0] += len(subnets)
+        if hang_after is not None and done[0] > hang_after:
+            marker.write_text("evaluating")  # its claimed trials are RUNNING now
+            time.sleep(600)
         return np.array([synthetic_loss(s) for s in subnets])
 
     return fitness
@@ -76,16 +83,18 @@ def params_of(subnet) -> int:
     return subnet.embed_dim * 1000 + sum(subnet.ffn_dim)
 
 
-def synthetic_search(url: str, study: str, seed: int, sleep: float = 0.0, batch: int = 4):
+def synthetic_search(url: str, study: str, seed: int, sleep: float = 0.0, batch: int = 4, hang_after=None, marker=None):
     space = load_space("tiny")
     searches, latency = searches_for(space, seed)
     store = TrialStore(open_study(open_storage(url), study, {"seed": seed, "config": CONFIG.to_dict()}), space)
-    return run_search(searches, synthetic_fitness(sleep), latency, params_of, store, batch=batch, poll_s=0.05)
+    fitness = synthetic_fitness(sleep, hang_after, marker)
+    return run_search(searches, fitness, latency, params_of, store, batch=batch, poll_s=0.2)
 
 
-def start_worker(url: str, study: str, seed: int, sleep: float) -> subprocess.Popen:
+def start_worker(url: str, study: str, seed: int, sleep: float, hang_after: int | None = None, marker: Path | None = None):
+    extra = [str(hang_after), str(marker)] if hang_after is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.test_search_storage", url, study, str(seed), str(sleep)],
+        [sys.executable, "-m", "tests.test_search_storage", url, study, str(seed), str(sleep), *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
@@ -130,23 +139,17 @@ def test_same_seed_same_search_other_seed_other_search(reference):
 
 
 def test_killed_and_resumed_search_ends_like_an_uninterrupted_one(tmp_path, reference):
-    url = f"sqlite:///{tmp_path / 'kill.db'}"
-    worker = start_worker(url, "s", seed=3, sleep=0.02)
-    deadline = time.time() + 60
-    while time.time() < deadline:  # kill -9 while it is mid-batch, after some generations
+    url, marker = f"sqlite:///{tmp_path / 'kill.db'}", tmp_path / "evaluating"
+    slots = len(reference[1])
+    worker = start_worker(url, "s", seed=3, sleep=0.0, hang_after=slots // 3, marker=marker)
+    deadline = time.time() + 120
+    while not marker.exists() and time.time() < deadline and worker.poll() is None:
         time.sleep(0.05)
-        try:
-            ts = trials(url, "s")
-        except Exception:  # noqa: BLE001 - the study may not exist yet
-            continue
-        done = sum(t.state.name == "COMPLETE" for t in ts)
-        if done >= len(reference[1]) // 3 and any(t.state.name == "RUNNING" for t in ts):
-            break
-    worker.send_signal(signal.SIGKILL)
+    assert marker.exists(), worker.stderr.read() if worker.poll() is not None else "worker too slow"
+    worker.send_signal(signal.SIGKILL)  # kill -9 in the middle of a batch, some generations in
     worker.wait()
     before = trials(url, "s")
     left_running = [t.number for t in before if t.state.name == "RUNNING"]
-    slots = len(reference[1])
     assert left_running and sum(t.state.name == "COMPLETE" for t in before) < slots
 
     resumed = synthetic_search(url, "s", seed=3)  # the same command again
@@ -275,5 +278,6 @@ def test_dead_worker_on_this_host_is_recognised_at_once():
 
 if __name__ == "__main__":
     url, study, seed, sleep = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
-    result = synthetic_search(url, study, seed, sleep=sleep)
+    hang = (int(sys.argv[5]), Path(sys.argv[6])) if len(sys.argv) > 5 else (None, None)
+    result = synthetic_search(url, study, seed, sleep=sleep, hang_after=hang[0], marker=hang[1])
     print(result.claimed_here, {k: r.loss for k, r in result.best.items()})

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
                               seed=args.val_seed, device=device, where=val_source)
 
-    latency = S.CachedLatency(predictor.predict, getattr(predictor, "name", "predictor"))
+    latency = S.CachedLatency(predictor.predict, describe_predictor(args.predictor, predictor))
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
     plans = [(S.format_ms(b), S.Constraints((S.LatencyBudget(b, latency, latency.name),) + limits)) for b in budgets]
@@ -157,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
     ]
     shown = _safe_url(url)
     print(f"nas search: {args.strategy} on space {space.name} ({space.size():,} subnets), {config.evaluations:,} evaluations per budget "
-          f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}",
-          file=sys.stderr)
+          f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}; "
+          f"latency: {latency.name}", file=sys.stderr)
     print(f"nas search: study {study_name!r} in {shown}  (run the same command again to resume, or in parallel to add a worker)", file=sys.stderr)
     with _ProgressBar(config.generations, disable=args.no_progress) as bar:
         result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
@@ -169,6 +169,15 @@ def run(args: argparse.Namespace) -> int:
         for note in notes[-3:]:
             print(f"note ({label}): {note}", file=sys.stderr)
     return 0 if all(r is not None for r in result.best.values()) else 1
+
+
+def describe_predictor(path: str, predictor) -> str:
+    """``cpu (torch-eager, threads 1) on <cpu model>, mlp predictor runs/lat/p.json``: where its milliseconds hold."""
+    fp = getattr(predictor, "fingerprint", None) or {}
+    device = fp.get("device", "an unknown device")
+    details = ", ".join(f"{k} {fp[k]}" if k == "threads" else str(fp[k]) for k in ("runtime", "threads") if fp.get(k) is not None)
+    where = f" on {fp['cpu_model']}" if fp.get("cpu_model") and device != "cuda" else ""
+    return f"{device}{f' ({details})' if details else ''}{where}, {getattr(predictor, 'name', 'latency')} predictor {Path(path).name}"
 
 
 def _safe_url(url: str) -> str:

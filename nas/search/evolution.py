@@ -6,6 +6,7 @@ choose ``parents`` from the population (``top``: the best by validation loss, as
 make ``mutations`` children by mutating a random parent (each gene redrawn with
 ``mutate_prob``) and ``crossovers`` children by crossing two random parents; children that
 break a constraint or repeat a subnet already seen are redrawn, a bounded number of times.
+When converged parents cannot cross into enough new subnets, mutations make up the rest.
 The next population is parents + children (HAT), or with ``aging`` (regularized evolution,
 Real et al. 2019) the population is a queue: children join, the oldest members leave.
 """
@@ -55,7 +56,10 @@ class Evolution(GenerationalStrategy):
             return parents[int(i)], parents[int(j)]
 
         mutants = self._draw(lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), cfg.mutations, "mutations")
-        crosses = self._draw(lambda: crossover(space, *two_parents(), rng), cfg.crossovers, "crossovers")
+        crosses = self._draw(lambda: crossover(space, *two_parents(), rng), cfg.crossovers, "crossovers", note=len(mutants) < cfg.mutations)
+        short = cfg.children - len(mutants) - len(crosses)
+        if short > 0 and len(mutants) == cfg.mutations:  # converged parents cross into subnets already seen: mutate instead
+            mutants += self._draw(lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), short, "mutations in place of crossovers")
         return mutants + crosses
 
     def _update(self, batch: list[Evaluated]) -> None:

@@ -204,6 +204,8 @@ class Record:
 
 @dataclass
 class Snapshot:
+    """What storage holds; ``complete`` and ``losses`` only grow, later snapshots extend the same dicts."""
+
     complete: dict[Slot, Record] = field(default_factory=dict)  # the owning (lowest-numbered) COMPLETE trial per slot
     running: dict[Slot, list[tuple[int, str]]] = field(default_factory=dict)  # slot -> [(trial id, owner)], ascending
     losses: dict[Subnet, float] = field(default_factory=dict)  # every subnet with a finished loss
@@ -223,32 +225,42 @@ class TrialStore:
         self.study, self.space = study, space
         self.storage = study._storage  # noqa: SLF001 - Optuna exposes no public handle for create_new_trial
         self.owner = owner or worker_id()
-        self._records: dict[int, Record | None] = {}  # finished trial number -> Record (None: not a complete slot)
+        self._complete: dict[Slot, Record] = {}  # grows as trials finish; shared by the snapshots
+        self._losses: dict[Subnet, float] = {}
+        self._scanned = 0  # trials (by number) looked at so far
+        self._unfinished: set[int] = set()  # of those, the ones not finished when last looked at
 
     def _record(self, t) -> Record | None:
-        if t.number not in self._records:
-            rec = None
-            slot = t.system_attrs.get(SLOT)
-            if t.state.name == "COMPLETE" and slot is not None:
-                u = t.user_attrs
-                rec = Record(t.number, t._trial_id, (str(slot[0]), int(slot[1]), int(slot[2])), Subnet.from_json(u["subnet"]),
-                             float(t.value), float(u["latency_ms"]), int(u["params"]), bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
-            self._records[t.number] = rec
-        return self._records[t.number]
+        slot = t.system_attrs.get(SLOT)
+        if t.state.name != "COMPLETE" or slot is None:
+            return None
+        u = t.user_attrs
+        return Record(t.number, t._trial_id, (str(slot[0]), int(slot[1]), int(slot[2])), Subnet.from_json(u["subnet"]),  # noqa: SLF001
+                      float(t.value), float(u["latency_ms"]), int(u["params"]), bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
 
     def snapshot(self) -> Snapshot:
-        snap = Snapshot()
-        for t in self.study.get_trials(deepcopy=False):
-            if t.state.name == "RUNNING":
-                slot = t.system_attrs.get(SLOT)
-                if slot is not None:
-                    snap.running.setdefault((str(slot[0]), int(slot[1]), int(slot[2])), []).append((t._trial_id, t.system_attrs.get(OWNER, "")))  # noqa: SLF001
-            elif t.state.is_finished():
-                rec = self._record(t)
-                if rec is not None:
-                    snap.complete.setdefault(rec.slot, rec)  # trials come in number order: the first one owns the slot
-                    snap.losses.setdefault(rec.subnet, rec.loss)
-        return snap
+        """The trials now: finished ones are read once and kept (they never change), running ones afresh."""
+        trials = self.study.get_trials(deepcopy=False)  # in number order
+        fresh = [t for t in trials[self._scanned :]] + [trials[n] for n in sorted(self._unfinished) if n < self._scanned]
+        self._scanned = len(trials)
+        running: dict[Slot, list[tuple[int, str]]] = {}
+        for t in fresh:
+            if not t.state.is_finished():
+                self._unfinished.add(t.number)
+                continue
+            self._unfinished.discard(t.number)
+            rec = self._record(t)
+            if rec is not None:
+                owner = self._complete.get(rec.slot)
+                if owner is None or rec.trial < owner.trial:  # the lowest-numbered complete trial owns a slot
+                    self._complete[rec.slot] = rec
+                self._losses.setdefault(rec.subnet, rec.loss)
+        for n in sorted(self._unfinished):
+            t = trials[n]
+            slot = t.system_attrs.get(SLOT)
+            if t.state.name == "RUNNING" and slot is not None:
+                running.setdefault((str(slot[0]), int(slot[1]), int(slot[2])), []).append((t._trial_id, t.system_attrs.get(OWNER, "")))  # noqa: SLF001
+        return Snapshot(complete=self._complete, running=running, losses=self._losses)
 
     def claim(self, slot: Slot, subnet: Subnet, latency: float, params: int, cached: bool) -> int:
         """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its trial id."""
@@ -297,13 +309,16 @@ class TrialStore:
     def recover(self) -> list[int]:
         """Fail the RUNNING trials of dead workers (this host: pid gone; elsewhere: heartbeat); their numbers."""
         optuna = _optuna()
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         failed = []
-        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        for t in running:
             owner = t.system_attrs.get(OWNER, "")
             if owner != self.owner and worker_is_dead(owner):
                 self.fail(t._trial_id, f"worker {owner} died")  # noqa: SLF001
                 failed.append(t.number)
-        before = {t.number for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))}
-        optuna.storages.fail_stale_trials(self.study)
-        after = {t.number for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))}
-        return failed + sorted(after - before)
+        if running and getattr(self.storage, "get_heartbeat_interval", lambda: None)():
+            optuna.storages.fail_stale_trials(self.study)
+            was_running = {t.number for t in running} - set(failed)
+            now_failed = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+            failed += sorted(t.number for t in now_failed if t.number in was_running)
+        return failed

@@ -143,9 +143,9 @@ class GenerationalStrategy:
 
     # -- shared pieces ----------------------------------------------------------------
 
-    def _draw(self, propose, n: int, what: str) -> list[Subnet]:
+    def _draw(self, propose, n: int, what: str, note: bool = True) -> list[Subnet]:
         found, stats = draw(propose, n, self.feasible, self.seen, self.config.max_tries)
-        if len(found) < n:
+        if len(found) < n and note:
             self.notes.append(stats.explain(f"generation {self.generation}: {what}", self.config.max_tries))
         self.seen.update(found)
         return found
