@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -42,8 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search_spaces import LayerChoice, parse_attention  # noqa: E402
 from search_spaces.attention import AttentionSpec, kv_heads  # noqa: E402
-from supernet.attention import REGISTRY, attend  # noqa: E402
-from supernet.attention.patterns import dense_mask  # noqa: E402
+from supernet.attention import attend, attended_pairs  # noqa: E402
 from supernet.model import Block, rope_tables  # noqa: E402
 
 DEFAULT_TYPES = (
@@ -78,18 +76,6 @@ class Row:
 # --------------------------------------------------------------------------- work models
 
 
-@lru_cache(maxsize=None)
-def allowed_pairs(spec: AttentionSpec, t: int) -> int:
-    """(query, key) pairs the pattern allows at length t, counted in row chunks (no T x T tensor)."""
-    pattern = REGISTRY[spec.kind].pattern
-    i_all = torch.arange(t)
-    total = 0
-    for start in range(0, t, 1024):
-        i = i_all[start : start + 1024, None]
-        total += int(pattern(i, i_all[None, :], spec).sum())
-    return total
-
-
 def feature_size(spec: AttentionSpec, d: int) -> int:
     return {"cosformer": 2 * d, "performer": spec.params[0] if spec.params else d}.get(spec.kind, d)
 
@@ -98,7 +84,7 @@ def attention_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backwar
     if spec.kind in LINEAR_KINDS:
         fwd = 4.0 * feature_size(spec, d) * d * t * b * h
     else:
-        fwd = 4.0 * d * allowed_pairs(spec, t) * b * h
+        fwd = 4.0 * d * attended_pairs(str(spec), t) * b * h
     return fwd * (1 + BACKWARD_FACTOR if backward else 1)
 
 
