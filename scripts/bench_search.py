@@ -151,8 +151,10 @@ def time_default(args, space, model, fitness, latency) -> dict:
     best = result.best[S.format_ms(budget)]
     print(f"default search: {result.evaluations} evaluations in {seconds:.1f} s wall ({seconds / 60:.1f} min, "
           f"{1000 * seconds / max(result.evaluations, 1):.0f} ms each); best loss {best.loss:.4f} at {best.latency:.3f} ms: {best.subnet}")
-    print(f"default search: {cpu:.1f} s of CPU time over {torch.get_num_threads()} threads (on a busy machine the wall time "
-          f"overstates; with {torch.get_num_threads()} idle cores it lies between {cpu / torch.get_num_threads() / 60:.1f} and {cpu / 60:.1f} min)")
+    n = torch.get_num_threads()
+    idle = f"about {cpu / 60:.1f} min on one idle core" if n == 1 else f"between {cpu / n / 60:.1f} and {cpu / 60:.1f} min on {n} idle cores"
+    print(f"default search: {cpu:.1f} s of CPU time with {n} torch thread(s): {idle} (on a busy machine the wall time overstates; "
+          f"several threads there also spin while waiting, so --threads 1 measures best)")
     return {"seconds": seconds, "cpu_seconds": cpu, "evaluations": result.evaluations, "best_loss": best.loss, "best_latency_ms": best.latency}
 
 
