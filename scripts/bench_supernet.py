@@ -50,7 +50,8 @@ def seconds_per_step(step, n: int, device: torch.device) -> float:
     return (time.perf_counter() - t) / n
 
 
-def bench(space, device: torch.device, batch: int, seq: int, steps: int, rounds: int) -> tuple[float, float]:
+def bench(space, device: torch.device, batch: int, seq: int, steps: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """tokens/s of each model: (median round, best round)."""
     gen = torch.Generator().manual_seed(0)
     supernet = SuperTransformer(space, generator=gen).to(device)
     largest = space.largest()
@@ -65,14 +66,14 @@ def bench(space, device: torch.device, batch: int, seq: int, steps: int, rounds:
         for name, step in runs.items():
             times[name].append(seconds_per_step(step, steps, device))
     tokens = batch * seq
-    return tokens / statistics.median(times["supernet"]), tokens / statistics.median(times["static"])
+    return {name: (tokens / statistics.median(t), tokens / min(t)) for name, t in times.items()}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--space", default="tiny")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--steps", type=int, default=10, help="timed steps per round")
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median round counts")
     p.add_argument("--threads", type=int, help="CPU threads (default: torch's choice)")
@@ -83,16 +84,18 @@ def main() -> int:
     devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
     print(f"space {space.name}, largest subnet {space.largest()}, batch {args.batch_size} x {args.seq_len}, "
           f"{args.rounds} rounds of {args.steps} steps, torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
-    print(f"{'device':<14}{'supernet tok/s':>16}{'static tok/s':>15}{'ratio':>8}")
+    print(f"{'device':<11}{'round':<8}{'supernet tok/s':>16}{'static tok/s':>15}{'ratio':>8}")
     ok = True
     for device in devices:
-        sup, sta = bench(space, device, args.batch_size, args.seq_len, args.steps, args.rounds)
+        result = bench(space, device, args.batch_size, args.seq_len, args.steps, args.rounds)
         label = "cpu fp32" if device.type == "cpu" else "cuda bf16"
-        print(f"{label:<14}{sup:>16,.0f}{sta:>15,.0f}{sup / sta:>8.1%}")
-        ok &= sup / sta >= 0.9
+        for i, which in enumerate(("median", "best")):
+            sup, sta = result["supernet"][i], result["static"][i]
+            print(f"{label:<11}{which:<8}{sup:>16,.0f}{sta:>15,.0f}{sup / sta:>8.1%}")
+        ok &= result["supernet"][0] / result["static"][0] >= 0.9
     if not torch.cuda.is_available():
         print("(no CUDA device here: CPU only)")
-    print(f"target supernet >= 90% of static: {'met' if ok else 'NOT met'}")
+    print(f"target supernet >= 90% of static (median rounds): {'met' if ok else 'NOT met'}")
     return 0
 
 
