@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from .attention import AttentionSpec, parse_attention
+from .attention import AttentionSpec, parse_attention, spec_problems
 from .errors import SpaceError, SubnetError, UserError
 
 SPACES_DIR = Path(__file__).resolve().parent
@@ -464,8 +464,9 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
                 except ValueError as e:
                     c.error(f"layers.attention[{i}]", str(e))
                     continue
-                if spec.kind == "local" and max_seq is not None and spec.param("W") > max_seq:
-                    c.error(f"layers.attention[{i}]", f"window {spec.param('W')} exceeds max_seq_len {max_seq}")
+                if max_seq is not None:
+                    for problem in spec_problems(spec, max_seq, heads or ()):
+                        c.error(f"layers.attention[{i}]", problem)
                 specs.append(str(spec))
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))

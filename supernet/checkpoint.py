@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,9 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle makes torch warn before it refuses; the error below says it all
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
         raise UserError(f"{path}: not a readable supernet checkpoint (truncated or foreign file): {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import LayerChoice, Space, Subnet
+from search_spaces.attention import kv_heads
 
 from .model import (
     MLP,
@@ -104,13 +105,17 @@ class ElasticAttention(nn.Module):
         self.o = nn.Linear(width, max_embed_dim)
 
     def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        e, a = x.shape[-1], layer.heads * self.head_dim
-        q, k, v = (linear_slice(m, e, a) for m in (self.q, self.k, self.v))
+        e, a, kv = x.shape[-1], layer.heads * self.head_dim, self._kv_width(layer)
+        q, k, v = linear_slice(self.q, e, a), linear_slice(self.k, e, kv), linear_slice(self.v, e, kv)
         return attention_forward(x, q, k, v, linear_slice(self.o, a, e), layer.heads, layer.attention_spec, rope)
 
+    def _kv_width(self, layer: LayerChoice) -> int:
+        """Rows of K and V in use: all heads', or the leading kv heads' for gqa."""
+        return kv_heads(layer.attention_spec, layer.heads) * self.head_dim
+
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
-        a = layer.heads * self.head_dim
-        return 3 * linear_params(embed_dim, a) + linear_params(a, embed_dim)
+        a, kv = layer.heads * self.head_dim, self._kv_width(layer)
+        return linear_params(embed_dim, a) + 2 * linear_params(embed_dim, kv) + linear_params(a, embed_dim)
 
     def extract_into(self, static: Attention) -> None:
         for name in ("q", "k", "v", "o"):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import LayerChoice, Space, Subnet, UserError, parse_attention
-from search_spaces.attention import AttentionSpec
+from search_spaces.attention import AttentionSpec, kv_heads
 
 from .attention import attend
 
@@ -55,12 +55,16 @@ def attention_forward(
     spec: AttentionSpec,
     rope: tuple[Tensor, Tensor] | None,
 ) -> Tensor:
-    """Causal self-attention of x (B, T, E) with (weight, bias) pairs for the four projections."""
+    """Causal self-attention of x (B, T, E) with (weight, bias) pairs for the four projections.
+
+    The key/value projections have ``kv_heads(spec, heads) * hd`` rows (fewer than the queries for gqa).
+    """
     b, t, _ = x.shape
     hd = q[0].shape[0] // heads
+    kvh = k[0].shape[0] // hd
     qh = F.linear(x, *q).view(b, t, heads, hd).transpose(1, 2)  # (B, H, T, hd)
-    kh = F.linear(x, *k).view(b, t, heads, hd).transpose(1, 2)  # (B, H, T, hd)
-    vh = F.linear(x, *v).view(b, t, heads, hd).transpose(1, 2)  # (B, H, T, hd)
+    kh = F.linear(x, *k).view(b, t, kvh, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+    vh = F.linear(x, *v).view(b, t, kvh, hd).transpose(1, 2)  # (B, Hkv, T, hd)
     if rope is not None:
         cos, sin = rope[0][:t], rope[1][:t]
         qh, kh = apply_rope(qh, cos, sin), apply_rope(kh, cos, sin)
@@ -117,9 +121,10 @@ class Attention(nn.Module):
         width = heads * head_dim
         self.heads = heads
         self.spec = parse_attention(attention)
+        kv_width = kv_heads(self.spec, heads) * head_dim
         self.q = nn.Linear(embed_dim, width)
-        self.k = nn.Linear(embed_dim, width)
-        self.v = nn.Linear(embed_dim, width)
+        self.k = nn.Linear(embed_dim, kv_width)
+        self.v = nn.Linear(embed_dim, kv_width)
         self.o = nn.Linear(width, embed_dim)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:

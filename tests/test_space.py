@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search_spaces import SpaceError, Subnet, SubnetError, load_space, parse_space
-from search_spaces.attention import SIGNATURES, parse_attention
+from search_spaces.attention import SIGNATURES, allowed_forms, parse_attention
 
 from .conftest import FIXTURES, ROOT
 
@@ -53,7 +53,7 @@ def test_cli_reports_space_errors_without_traceback():
     path = FIXTURES / "spaces" / "unknown_attention.yaml"
     proc = subprocess.run([sys.executable, "-m", "nas", "space", str(path)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
-    assert "layers.attention[2]: 'sliding' is not one of softmax, local:W, linear" in proc.stderr
+    assert f"layers.attention[2]: 'sliding' is not one of {allowed_forms()}" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -148,7 +148,7 @@ def test_membership_errors_name_the_field(tiny):
         tiny.check(bad)
     text = str(info.value)
     assert "heads[1]: 3 is not one of 1, 2, 4" in text
-    assert "attention[1]: 'local:16' is not one of softmax, local:32, linear" in text
+    assert f"attention[1]: 'local:16' is not one of {', '.join(tiny.attention)}" in text
     with pytest.raises(SubnetError, match=r"depth: 7 is not one of 1, 2, 3, 4"):
         tiny.check(Subnet(128, 7, (4,) * 7, (512,) * 7, ("softmax",) * 7))
 

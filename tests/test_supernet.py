@@ -4,7 +4,7 @@ import torch
 
 from search_spaces import Subnet, SubnetError, UserError, parse_attention, parse_space
 from supernet import SuperTransformer, Transformer, TransformerConfig, extract
-from supernet.attention import REGISTRY, attend, attend_reference, check_registry
+from supernet.attention import REGISTRY, attend, check_registry
 
 TOL = 1e-5
 
@@ -23,11 +23,6 @@ def learned_space(tiny):
         "latency: {prefill: {batch_size: 1, seq_len: 64}}\n"
     )
     return parse_space(text, where="learned.yaml")
-
-
-def uniform(space, kind_spec, depth=None):
-    d = depth or space.max_depth
-    return Subnet(space.max_embed_dim, d, (space.max_heads,) * d, (space.max_ffn_dim,) * d, (kind_spec,) * d)
 
 
 def random_subnets(space, n, seed):
@@ -123,45 +118,8 @@ def test_small_subnet_trains_only_its_slice(tiny):
     assert model.blocks[1].attn.q.weight.grad is None  # inactive layer untouched
 
 
-@pytest.mark.parametrize("kind", ["softmax", "local:32", "linear"])
-def test_model_is_causal_for_each_type(tiny, supernet, kind):
-    subnet = uniform(tiny, kind)
-    x = torch.randint(0, tiny.vocab_size, (1, 120), generator=torch.Generator().manual_seed(2))
-    t = 70
-    y = x.clone()
-    y[0, t:] = (y[0, t:] + 1) % tiny.vocab_size
-    with torch.no_grad():
-        out_x, out_y = supernet(x, subnet), supernet(y, subnet)
-    assert torch.equal(out_x[:, :t], out_y[:, :t])
-    assert not torch.allclose(out_x[:, t:], out_y[:, t:])
-
-
-SPECS = ["softmax", "local:1", "local:8", "local:200", "linear"]
-
-
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("t", [1, 17, 64, 150])
-def test_fast_path_equals_reference(spec, t):
-    g = torch.Generator().manual_seed(t)
-    q, k, v = torch.randn(3, 2, 3, t, 16, generator=g).unbind(0)
-    s = parse_attention(spec)
-    fast, ref = attend(q, k, v, s), attend_reference(q, k, v, s)
-    assert fast.shape == ref.shape == v.shape
-    assert (fast - ref).abs().max().item() <= 1e-5
-
-
-@pytest.mark.parametrize("spec", SPECS)
-def test_attention_functions_are_causal(spec):
-    g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(3, 1, 2, 90, 8, generator=g).unbind(0)
-    s = parse_attention(spec)
-    t = 40
-    k2, v2 = k.clone(), v.clone()
-    k2[:, :, t:] += 3.0
-    v2[:, :, t:] -= 2.0
-    for fn in (attend, attend_reference):
-        a, b = fn(q, k, v, s), fn(q, k2, v2, s)
-        assert torch.allclose(a[:, :, :t], b[:, :, :t], atol=1e-6, rtol=0)
+# Per-type attention tests (fast path == reference, causality of every path and of the model,
+# patterns, cost, ONNX) live in test_attention_types.py and cover every registered type.
 
 
 def test_local_window_ignores_far_tokens():

@@ -1,0 +1,81 @@
+"""A measurement campaign: many subnets of a space, in memory-bounded chunks, appended to a table.
+
+One short driver: for each pass (``measure``, then ``retest``), the subnets not yet in the
+table are split into chunks whose weights fit ``memory_mb``; each chunk is extracted, timed
+interleaved by :func:`latency.protocol.measure`, and appended (so an interrupted campaign
+resumes at the chunk it was in).  The drift baseline of the first chunk anchors every later
+chunk and every resumed run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from search_spaces import Space, Subnet, Workload
+
+from .device import Device
+from .features import params, table_features
+from .protocol import measure, reference_model, timing_model
+from .table import TimingTable
+from .timing_core import Settings, format_row
+
+
+def chunks(subnets: list[Subnet], space: Space, memory_mb: float) -> list[list[Subnet]]:
+    """Consecutive groups whose fp32 weights together stay under ``memory_mb`` (at least one subnet each)."""
+    out: list[list[Subnet]] = []
+    used = memory_mb + 1
+    for s in subnets:
+        mb = params(space, s) * 4 / 2**20
+        if used + mb > memory_mb and (not out or out[-1]):
+            out.append([])
+            used = 0.0
+        out[-1].append(s)
+        used += mb
+    return [c for c in out if c]
+
+
+def run_campaign(
+    device: Device,
+    space: Space,
+    workload: Workload,
+    passes: dict[str, list[Subnet]],
+    table: TimingTable,
+    settings: Settings,
+    *,
+    seed: int,
+    memory_mb: float = 2048,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> int:
+    """Measure every subnet of every pass not yet in ``table``; return how many were measured."""
+    todo = {p: [s for s in subs if s.key not in table.done[p]] for p, subs in passes.items()}
+    total = sum(len(v) for v in todo.values()) * settings.rounds
+    if not total:
+        return 0
+    ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
+    materialize = getattr(device, "needs_weights", True)  # ONNX Runtime draws its own: no torch weights needed
+    visits = 0  # visits made so far (retries of disturbed visits add to the planned total)
+    for p_index, (pass_, subnets) in enumerate(todo.items()):
+        for c_index, chunk in enumerate(chunks(subnets, space, memory_mb)):
+            models = {s.key: timing_model(space, s, materialize=materialize) for s in chunk}
+            last = 0
+
+            def tick(d: int, _t: int, key: str) -> None:
+                nonlocal visits, last, total
+                visits, last = visits + d - last, d
+                total = max(total, visits)
+                if progress is not None:
+                    progress(visits, total, f"{pass_} {key}")
+
+            m = measure(
+                device, models, workload, settings, seed=int(np.random.default_rng([seed, p_index, c_index]).integers(2**31)),
+                reference=ref, baseline_ms=table.baseline_ms, progress=tick,
+            )
+            if table.baseline_ms is None:
+                table.set_baseline(m.baseline_ms)
+            rows = [format_row(s.key, pass_, s.to_json(), table_features(space, s, workload), m.results[s.key]) for s in chunk]
+            table.append(rows, pass_)
+            del models
+    return sum(len(v) for v in todo.values())

@@ -1,0 +1,153 @@
+"""Runner of a latency bundle: times its ONNX graphs with ONNX Runtime and writes a timing table.
+
+In the bundle, ``runner.py`` is :mod:`latency.timing_core` followed by this file (the import
+below is replaced by that text), so it needs only Python 3.9+, numpy and onnxruntime.
+
+    python runner.py                  # -> timings.csv + timings.csv.json in the current folder
+    python runner.py --threads 4 --out board.csv
+
+Running it again with the same --out resumes. Give the CSV (and its .json) to
+``nas fit-predictor``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, format_row, host_facts, ort_session, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+INFORMATIONAL = ("hostname", "created", "command")
+
+
+def version_tuple(text: str) -> tuple:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def make_runner(session, feed, clock: str):
+    now = CLOCKS[clock]
+
+    def run(n: int) -> float:
+        start = now()
+        for _ in range(n):
+            session.run(None, feed)
+        return now() - start
+
+    return run
+
+
+def fingerprint(ort, manifest: dict, threads, provider: str, clock: str) -> dict:
+    return {
+        **host_facts(),
+        "device": "onnxruntime",
+        "runtime": f"onnxruntime-{provider}",
+        "onnxruntime": ort.__version__,
+        "threads": threads or "default",
+        "clock": clock,
+        "opset": manifest["opset"],
+        "exporter_torch": manifest["exporter_torch"],
+        "graph_optimization": "all",
+    }
+
+
+def done_keys(path: str) -> set:
+    import csv
+
+    if not os.path.exists(path):
+        return set()
+    with open(path, newline="") as f:
+        return {(r["key"], r["pass"]) for r in csv.DictReader(f)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.")
+    p.add_argument("--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own choice)")
+    p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall (default) or cpu: the thread's CPU time, for a shared machine (needs --threads 1)")
+    p.add_argument("--memory-mb", type=float, default=1024, help="weights held in memory at once (models are timed in groups)")
+    args = p.parse_args(argv)
+    try:
+        check_clock(args.clock, args.threads)
+    except ValueError as e:
+        p.error(str(e))
+
+    with open(os.path.join(HERE, "manifest.json")) as f:
+        manifest = json.load(f)
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        print("error: onnxruntime is not installed: pip install 'onnxruntime>=%s'" % manifest["min_onnxruntime"], file=sys.stderr)
+        return 2
+    if version_tuple(ort.__version__) < version_tuple(manifest["min_onnxruntime"]):
+        print(f"error: onnxruntime {ort.__version__} is too old for these graphs (opset {manifest['opset']}); "
+              f"pip install 'onnxruntime>={manifest['min_onnxruntime']}'", file=sys.stderr)
+        return 2
+
+    meta = dict(manifest["meta"])
+    meta["fingerprint"] = {**meta["fingerprint"], **fingerprint(ort, manifest, args.threads, args.provider, args.clock)}
+    side = sidecar_path(args.out)
+    if os.path.exists(args.out) and os.path.exists(side):
+        with open(side) as f:
+            stored = json.load(f)
+        diff = sorted(k for k in set(stored["fingerprint"]) | set(meta["fingerprint"])
+                      if k not in INFORMATIONAL and stored["fingerprint"].get(k) != meta["fingerprint"].get(k))
+        if diff:
+            print(f"error: {args.out} was measured with another fingerprint ({', '.join(diff)}); use another --out", file=sys.stderr)
+            return 2
+        meta["baseline_ms"] = stored.get("baseline_ms")
+    else:
+        write_json(side, meta)
+
+    settings = Settings.from_dict(meta["protocol"])
+    workload = meta["workload"]
+    feed = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload["seq_len"]), dtype=np.int64)}
+    ref = manifest["reference"]
+    ref_runner = make_runner(ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider), feed, args.clock)
+    done = done_keys(args.out)
+    todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
+    print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
+
+    groups, size = [], args.memory_mb + 1
+    for m in todo:
+        mb = sum(t["nbytes"] for t in m["tensors"]) / 2**20
+        if size + mb > args.memory_mb and (not groups or groups[-1]):
+            groups.append([])
+            size = 0.0
+        groups[-1].append(m)
+        size += mb
+    start, total, finished = time.time(), len(todo) * settings.rounds, 0
+    for g_index, group in enumerate(groups):
+        runners = {}
+        for m in group:
+            session = ort_session(os.path.join(HERE, m["graph"]), m["tensors"], threads=args.threads, provider=args.provider)
+            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed, args.clock)
+
+        def progress(d, group_total, key, base=finished):
+            nonlocal total
+            n = base + d
+            total = max(total, base + group_total + (len(todo) - sum(len(g) for g in groups[: g_index + 1])) * settings.rounds)
+            eta = (time.time() - start) / max(n, 1) * (total - n)
+            print(f"\r{n}/{total} visits, ETA {eta / 60:.1f} min ", end="", flush=True)
+
+        rng = np.random.default_rng([manifest["seed"], 7, g_index])
+        results, baseline = run_protocol(runners, ref_runner, settings, rng, baseline_ms=meta.get("baseline_ms"), progress=progress)
+        if meta.get("baseline_ms") is None:
+            meta["baseline_ms"] = baseline
+            write_json(side, meta)
+        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]]) for m in group]
+        append_rows(args.out, meta["columns"], rows)
+        finished += len(group) * settings.rounds
+    print(f"\nwrote {args.out} and {side}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

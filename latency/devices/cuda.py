@@ -1,0 +1,93 @@
+"""``cuda``: the static model on an NVIDIA GPU, ``runtime`` ``eager``, ``cudagraph`` or ``compile``.
+
+A small model at batch 1 is launch-bound in eager mode: ``cudagraph`` captures the whole
+forward once and replays it (one launch), ``compile`` runs ``torch.compile`` (inductor,
+without CUDA graphs).  Timing: CUDA events recorded around ``n`` back-to-back calls, read
+after ``torch.cuda.synchronize()``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import torch
+
+from search_spaces import UserError, Workload
+
+from ..device import host_fingerprint
+from ..timing_core import Runner
+from .cpu import workload_tokens
+
+RUNTIMES = ("eager", "cudagraph", "compile")
+
+
+def gpu_fingerprint(index: int = 0) -> dict:
+    props = torch.cuda.get_device_properties(index)
+    try:
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={index}"],
+            capture_output=True, text=True, timeout=10,
+        ).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        driver = "unknown"
+    return {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 2**30, 1), "gpu_capability": f"{props.major}.{props.minor}",
+            "driver": driver, "cuda": torch.version.cuda}
+
+
+class CUDA:
+    name = "cuda"
+
+    def __init__(self, runtime: str = "eager", gpu: int = 0):
+        if runtime not in RUNTIMES:
+            raise UserError(f"--runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if not torch.cuda.is_available():
+            raise UserError(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__} (torch.cuda.is_available() is False)")
+        if not 0 <= gpu < torch.cuda.device_count():
+            raise UserError(f"--gpu: {gpu} is not a GPU index (this machine has {torch.cuda.device_count()})")
+        self.runtime, self.gpu = runtime, gpu
+        self.device = torch.device("cuda", gpu)
+
+    def fingerprint(self) -> dict:
+        fp = {**host_fingerprint(), "device": "cuda", "runtime": f"torch-{self.runtime}", "torch": torch.__version__}
+        return {**fp, **gpu_fingerprint(self.gpu)}
+
+    def prepare(self, model, workload: Workload) -> Runner:
+        model = model.eval().to(self.device)
+        tokens = workload_tokens(model, workload, str(self.device))
+        step = self._step(model, tokens)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+        def run(n: int) -> float:
+            torch.cuda.synchronize(self.device)
+            start.record()
+            for _ in range(n):
+                step()
+            end.record()
+            torch.cuda.synchronize(self.device)
+            return start.elapsed_time(end) / 1000.0
+
+        return run
+
+    @torch.inference_mode()
+    def _step(self, model, tokens):
+        if self.runtime == "eager":
+            return torch.inference_mode()(lambda: model(tokens))
+        if self.runtime == "compile":
+            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs", dynamic=False)
+            for _ in range(3):  # compile and autotune now, not inside the timed calls
+                compiled(tokens)
+            return torch.inference_mode()(lambda: compiled(tokens))
+        # cudagraph: warm up on a side stream (as torch.cuda.graphs requires), capture once, replay
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(tokens)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            model(tokens)  # output stays in the graph's static memory
+        return graph.replay
+
+
+DEVICE = CUDA

@@ -1,0 +1,71 @@
+"""``onnxruntime``: the static model exported to ONNX (opset 23), run by ONNX Runtime with all
+graph optimizations; ``provider`` ``cpu`` (default) or ``cuda`` when onnxruntime-gpu is installed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from search_spaces import UserError, Workload
+
+from ..device import host_fingerprint
+from ..onnx_graphs import cached_graph
+from ..timing_core import CLOCKS, Runner, check_clock, ort_session
+
+PROVIDERS = ("cpu", "cuda")
+
+
+class OnnxRuntime:
+    name = "onnxruntime"
+    needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session
+
+    def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall"):
+        import onnxruntime as ort
+
+        if provider not in PROVIDERS:
+            raise UserError(f"--provider: {provider!r} is not one of {', '.join(PROVIDERS)}")
+        if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise UserError(
+                f"--provider cuda: this onnxruntime ({ort.__version__}) has no CUDA provider "
+                f"(has: {', '.join(ort.get_available_providers())}); install onnxruntime-gpu"
+            )
+        if threads is not None and threads < 1:
+            raise UserError(f"--threads: {threads} is not a positive integer")
+        try:
+            check_clock(clock, threads)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if clock == "cpu" and provider != "cpu":
+            raise UserError("--clock cpu: only with --provider cpu (a GPU's work is not this thread's CPU time)")
+        self.threads, self.provider, self.clock, self.ort = threads, provider, clock, ort
+
+    def fingerprint(self) -> dict:
+        import torch
+
+        from supernet.onnx_export import DEFAULT_OPSET
+
+        fp = {**host_fingerprint(), "device": "onnxruntime", "runtime": f"onnxruntime-{self.provider}", "onnxruntime": self.ort.__version__}
+        fp.update(threads=self.threads or "default", clock=self.clock, opset=DEFAULT_OPSET, exporter_torch=torch.__version__, graph_optimization="all")
+        if self.provider == "cuda":
+            from .cuda import gpu_fingerprint
+
+            fp.update(gpu_fingerprint())
+        return fp
+
+    def prepare(self, model, workload: Workload) -> Runner:
+        graph, tensors = cached_graph(model)
+        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider)
+        g = np.random.default_rng(0)
+        feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
+
+        now = CLOCKS[self.clock]  # "cpu": with one intra-op thread ONNX Runtime computes on this thread
+
+        def run(n: int) -> float:
+            start = now()
+            for _ in range(n):
+                session.run(None, feed)  # returns host arrays: synchronised
+            return now() - start
+
+        return run
+
+
+DEVICE = OnnxRuntime

@@ -1,0 +1,34 @@
+"""The regressor interface every predictor model implements, on plain feature matrices.
+
+A regressor maps a feature matrix ``X`` (n, d) to milliseconds (n,).  It saves itself as a
+small JSON-able dict plus named numpy arrays, and loads from them without running code.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Regressor(Protocol):
+    kind: str  # "mlp", "gbt", "additive": the name saved in the predictor file
+
+    def fit(self, x: np.ndarray, y: np.ndarray, seed: int) -> "Regressor":
+        """Fit on features ``x`` (n, d) and measured milliseconds ``y`` (n,); return self."""
+        ...
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Milliseconds (n,) for features ``x`` (n, d)."""
+        ...
+
+    def state(self) -> tuple[dict, dict[str, np.ndarray]]:
+        """(JSON-able settings, named arrays) that :meth:`from_state` rebuilds the fitted model from."""
+        ...
+
+
+def standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and scales (1 where a column is constant)."""
+    mean = x.mean(axis=0)
+    std = x.std(axis=0)
+    return mean, np.where(std > 0, std, 1.0)

@@ -1,0 +1,135 @@
+"""A fitted predictor on disk: ``predictor.json`` (everything readable) + ``arrays.npz`` (weights).
+
+Loading reads JSON and an npz with ``allow_pickle=False``: nothing in the files can run code.
+A predictor of subnets carries its space (and hash), workload and device fingerprint, and
+computes its own features; one fitted on a plain CSV carries its column names instead.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import yaml
+
+from search_spaces import Space, Subnet, UserError, Workload, parse_space
+
+from .. import features as F
+from .additive import Additive
+from .base import Regressor
+from .gbt import GBT
+from .mlp import MLP
+
+FORMAT = "nas-latency-predictor"
+VERSION = 1
+MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
+
+
+# --------------------------------------------------------------------------- features of subnets
+
+
+def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
+    """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise."""
+    if kind == "additive":
+        rows = [F.additive_terms(space, s, workload) for s in subnets]
+    else:
+        rows = [{**dict(zip(space.feature_names(), space.encode(s).tolist())), **F.summary_features(space, s, workload)} for s in subnets]
+    return F.matrix(rows)
+
+
+# --------------------------------------------------------------------------- the predictor
+
+
+@dataclass
+class Predictor:
+    name: str  # the model kind: "mlp", "gbt" or "additive"
+    regressor: Regressor
+    space: Space | None  # None: fitted on a plain feature table
+    workload_spec: Workload | None
+    fingerprint: dict
+    columns: list[str] | None = None  # plain tables: the feature columns, in order
+    metrics: dict = field(default_factory=dict)
+
+    @property
+    def space_hash(self) -> str | None:
+        return self.space.hash if self.space is not None else None
+
+    @property
+    def workload(self) -> str | None:
+        return self.workload_spec.name if self.workload_spec is not None else None
+
+    def check_space(self, space: Space) -> None:
+        if self.space is None:
+            raise UserError("this predictor was fitted on a plain feature table, not on subnets of a space")
+        if space.hash != self.space.hash:
+            raise UserError(
+                f"predictor was fitted on space {self.space.name!r} (hash {self.space.hash}); "
+                f"space {space.name!r} ({space.source}) has hash {space.hash}: refit the predictor on timings of this space"
+            )
+
+    def predict(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        """Predicted milliseconds of each subnet at the predictor's workload."""
+        if self.space is None:
+            raise UserError("this predictor was fitted on a plain feature table; use predict_features")
+        for s in subnets:
+            self.space.check(s)
+        if not subnets:
+            return np.zeros(0)
+        x, _ = subnet_matrix(self.name, self.space, self.workload_spec, subnets)
+        return self.regressor.predict(x)
+
+    def predict_features(self, x: np.ndarray) -> np.ndarray:
+        return self.regressor.predict(np.asarray(x, dtype=np.float64))
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        meta, arrays = self.regressor.state()
+        doc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": self.name,
+            "model_state": meta,
+            "space": self.space.to_dict() if self.space is not None else None,
+            "space_hash": self.space_hash,
+            "workload": None if self.workload_spec is None else vars(self.workload_spec),
+            "fingerprint": self.fingerprint,
+            "columns": self.columns,
+            "metrics": self.metrics,
+        }
+        np.savez(directory / "arrays.npz", **arrays)
+        (directory / "predictor.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
+        return directory / "predictor.json"
+
+
+def load_predictor(path: str | Path) -> Predictor:
+    """Read a predictor saved by :meth:`Predictor.save` (its folder or its ``predictor.json``)."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    doc_path, arr_path = folder / "predictor.json", folder / "arrays.npz"
+    for p in (doc_path, arr_path):
+        if not p.exists():
+            raise UserError(f"{path}: not a predictor ({p.name} missing; `nas fit-predictor --out DIR` writes predictor.json and arrays.npz)")
+    try:
+        doc = json.loads(doc_path.read_text())
+        with np.load(arr_path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (json.JSONDecodeError, ValueError, OSError) as e:
+        raise UserError(f"{folder}: unreadable predictor files: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise UserError(f"{doc_path}: not a latency predictor of this tool (no {FORMAT!r} format marker)")
+    if doc.get("version") != VERSION:
+        raise UserError(f"{doc_path}: predictor version {doc.get('version')!r}, this tool reads version {VERSION}")
+    if doc.get("model") not in MODELS:
+        raise UserError(f"{doc_path}: model {doc.get('model')!r} is not one of {', '.join(MODELS)}")
+    space = None
+    if doc.get("space") is not None:
+        space = parse_space(yaml.safe_dump(doc["space"]), where=f"{doc_path.name}[space]", source=str(doc_path))
+        if space.hash != doc.get("space_hash"):
+            raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
+    workload = Workload(**doc["workload"]) if doc.get("workload") else None
+    regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
+    return Predictor(doc["model"], regressor, space, workload, doc.get("fingerprint") or {}, doc.get("columns"), doc.get("metrics") or {})

@@ -1,0 +1,38 @@
+"""Which subnets a measurement campaign times: the largest, the smallest, then distinct uniform samples."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from search_spaces import Space, Subnet, UserError
+
+
+def campaign_subnets(space: Space, n: int, seed: int) -> list[Subnet]:
+    """``n`` distinct subnets of ``space``: largest and smallest first, then ``space.sample`` draws (seeded).
+
+    The list depends only on (space, n's prefix, seed): asking for more extends it, so a resumed or
+    grown campaign measures the same first subnets.
+    """
+    if n < 2:
+        raise UserError(f"--samples: {n} is too few; a campaign always includes the largest and the smallest subnet (give >= 2)")
+    if n > space.size():
+        raise UserError(f"--samples: {n} exceeds the {space.size()} subnets of space {space.name!r}")
+    rng = np.random.default_rng(seed)
+    out = {s.key: s for s in (space.largest(), space.smallest())}
+    for _ in range(100 * n):  # bounded: a tiny space may run out of new subnets to draw
+        if len(out) >= n:
+            break
+        s = space.sample(rng)
+        out.setdefault(s.key, s)
+    if len(out) < n:
+        raise UserError(f"--samples: drew only {len(out)} distinct subnets of space {space.name!r} in {100 * n} tries; ask for fewer")
+    return list(out.values())[:n]
+
+
+def retest_subset(subnets: list[Subnet], fraction: float, seed: int) -> list[Subnet]:
+    """The seeded share of ``subnets`` measured a second time (test-retest); at least 2 when fraction > 0."""
+    if fraction <= 0:
+        return []
+    rng = np.random.default_rng([seed, 1])
+    k = min(len(subnets), max(2, round(fraction * len(subnets))))
+    return [subnets[i] for i in sorted(rng.choice(len(subnets), size=k, replace=False))]

@@ -1,0 +1,252 @@
+"""Timing tables: a CSV of measured subnets plus a JSON sidecar (``TIMINGS.csv.json``).
+
+The sidecar says what produced the rows: the device fingerprint, the space (in full, so a
+table is read without the YAML) and its hash, the workload, the protocol settings, the seed
+and the drift baseline.  Opening an existing table for more measurements checks all of it
+and refuses a mix.  Rows carry ``pass``: ``measure`` for the campaign, ``retest`` for the
+share of subnets measured a second time (test-retest agreement).
+
+Reading validates every row and names the line of the first problem.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from search_spaces import Space, Subnet, UserError, Workload, parse_space
+
+from .device import fingerprint_mismatch
+from .timing_core import FORMAT, HEAD_COLUMNS, TIMING_COLUMNS, VERSION, append_rows, sidecar_path, write_json
+
+PASSES = ("measure", "retest")
+
+
+@dataclass(frozen=True)
+class Row:
+    line: int
+    key: str
+    pass_: str
+    subnet: Subnet
+    median_ms: float
+    iqr_ms: float
+    flags: tuple[str, ...]
+
+
+@dataclass
+class Timings:
+    """A validated timing table."""
+
+    path: Path
+    meta: dict
+    space: Space
+    workload: Workload
+    rows: list[Row]
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.meta["fingerprint"]
+
+    def passes(self, name: str) -> dict[str, Row]:
+        return {r.key: r for r in self.rows if r.pass_ == name}
+
+
+def columns_for(feature_names: list[str]) -> list[str]:
+    return HEAD_COLUMNS + list(feature_names) + TIMING_COLUMNS
+
+
+def make_meta(fingerprint: dict, space: Space, workload: Workload, settings: dict, seed: int, feature_names: list[str]) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "fingerprint": {**fingerprint, "space_hash": space.hash, "workload": f"{workload.name} {workload.batch_size}x{workload.seq_len}"},
+        "space": space.to_dict(),
+        "space_hash": space.hash,
+        "workload": {"name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len},
+        "protocol": settings,
+        "seed": seed,
+        "baseline_ms": None,
+        "columns": columns_for(feature_names),
+    }
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_meta(path: Path) -> dict:
+    side = Path(sidecar_path(str(path)))
+    if not side.exists():
+        raise UserError(
+            f"{path}: no sidecar {side.name} beside it (device fingerprint, space); a timing table needs it. "
+            "To fit a plain table of numeric columns, pass --target COLUMN"
+        )
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{side}: not a readable JSON sidecar: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UserError(f"{side}: not a timing-table sidecar of this tool (format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})")
+    if meta.get("version") != VERSION:
+        raise UserError(f"{side}: version {meta.get('version')!r}, this tool reads version {VERSION}")
+    for k in ("fingerprint", "space", "space_hash", "workload", "protocol", "columns"):
+        if k not in meta:
+            raise UserError(f"{side}: missing field {k!r}")
+    return meta
+
+
+def space_of(meta: dict, where: str) -> Space:
+    try:
+        space = parse_space(yaml.safe_dump(meta["space"]), where=f"{where}[space]", source=where)
+    except UserError as e:
+        raise UserError(f"{where}: the space stored in the sidecar is invalid: {e}") from None
+    if space.hash != meta["space_hash"]:
+        raise UserError(f"{where}: stored space hash {meta['space_hash']} does not match its space ({space.hash})")
+    return space
+
+
+def _number(path: Path, line: int, column: str, text: str | None, positive: bool = False) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise UserError(f"{path}: line {line}: column {column!r}: {text!r} is not a number") from None
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise UserError(f"{path}: line {line}: column {column!r}: {text!r} is not a {'positive ' if positive else ''}finite number")
+    return value
+
+
+def _records(path: Path, required: list[str]):
+    """(line, dict) per data row; errors name the line (ragged rows, missing columns)."""
+    try:
+        f = open(path, newline="")
+    except OSError as e:
+        raise UserError(f"{path}: cannot read: {e.strerror}") from None
+    with f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise UserError(f"{path}: empty file (expected a header line)") from None
+        except csv.Error as e:
+            raise UserError(f"{path}: line 1: not valid CSV: {e}") from None
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise UserError(f"{path}: line 1: header lacks column(s) {', '.join(map(repr, missing))}")
+        try:
+            for fields in reader:
+                line = reader.line_num
+                if not fields:
+                    continue
+                if len(fields) != len(header):
+                    raise UserError(f"{path}: line {line}: has {len(fields)} fields, the header has {len(header)}")
+                yield line, dict(zip(header, fields))
+        except csv.Error as e:
+            raise UserError(f"{path}: line {reader.line_num}: not valid CSV: {e}") from None
+
+
+def read_timings(path: str | Path) -> Timings:
+    """Read and validate a timing table (CSV + sidecar)."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such timing table")
+    meta = read_meta(path)
+    space = space_of(meta, str(path))
+    w = meta["workload"]
+    workload = Workload(w["name"], w["batch_size"], w["seq_len"])
+    rows, seen = [], set()
+    for line, rec in _records(path, ["key", "pass", "subnet", "median_ms", "iqr_ms", "flags"]):
+        if rec["pass"] not in PASSES:
+            raise UserError(f"{path}: line {line}: column 'pass': {rec['pass']!r} is not one of {', '.join(PASSES)}")
+        try:
+            subnet = Subnet.from_json(rec["subnet"])
+        except (json.JSONDecodeError, UserError) as e:
+            raise UserError(f"{path}: line {line}: column 'subnet': not a subnet: {str(e).splitlines()[0]}") from None
+        problems = space.problems(subnet)
+        if problems:
+            raise UserError(f"{path}: line {line}: subnet is not in space {space.name!r}: {problems[0]}")
+        if subnet.key != rec["key"]:
+            raise UserError(f"{path}: line {line}: column 'key': {rec['key']!r} is not the subnet's key {subnet.key!r}")
+        if (rec["key"], rec["pass"]) in seen:
+            raise UserError(f"{path}: line {line}: subnet {rec['key']} appears twice in pass {rec['pass']!r}")
+        seen.add((rec["key"], rec["pass"]))
+        median = _number(path, line, "median_ms", rec["median_ms"], positive=True)
+        spread = _number(path, line, "iqr_ms", rec["iqr_ms"])
+        flags = tuple(f for f in rec["flags"].split(";") if f)
+        rows.append(Row(line, rec["key"], rec["pass"], subnet, median, spread, flags))
+    if not rows:
+        raise UserError(f"{path}: no measured rows")
+    return Timings(path, meta, space, workload, rows)
+
+
+def read_plain(path: str | Path, target: str) -> tuple[list[str], list[list[float]], list[float]]:
+    """A plain CSV of numeric columns: (feature names, rows, target values); errors name the line."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such file")
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+    if not header:
+        raise UserError(f"{path}: empty file (expected a header line)")
+    if target not in header:
+        raise UserError(f"--target: {target!r} is not a column of {path} (columns: {', '.join(header)})")
+    names = [c for c in header if c != target]
+    if not names:
+        raise UserError(f"{path}: no feature columns besides the target {target!r}")
+    x, y = [], []
+    for line, rec in _records(path, [target]):
+        y.append(_number(path, line, target, rec[target], positive=True))
+        x.append([_number(path, line, c, rec[c]) for c in names])
+    if len(y) < 10:
+        raise UserError(f"{path}: {len(y)} rows; fitting needs at least 10")
+    return names, x, y
+
+
+# --------------------------------------------------------------------------- writing (resume)
+
+
+class TimingTable:
+    """A table being written: opened fresh, or resumed after checking its sidecar against ``meta``."""
+
+    def __init__(self, path: str | Path, meta: dict):
+        self.path = Path(path)
+        self.meta = meta
+        self.done: dict[str, set[str]] = {p: set() for p in PASSES}
+        if self.path.exists() and self.path.stat().st_size > 0:
+            self._resume()
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_json(sidecar_path(str(self.path)), self.meta)
+
+    def _resume(self) -> None:
+        stored = read_meta(self.path)
+        where = f"{self.path}: cannot append:"
+        if stored["space_hash"] != self.meta["space_hash"]:
+            raise UserError(f"{where} it holds space {stored['space_hash']}, this run measures space {self.meta['space_hash']}")
+        diff = fingerprint_mismatch(stored["fingerprint"], self.meta["fingerprint"])
+        if diff:
+            raise UserError(
+                f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
+                "use another --out):\n  " + "\n  ".join(diff)
+            )
+        for key in ("workload", "protocol", "seed"):
+            if stored.get(key) != self.meta.get(key):
+                raise UserError(f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another --out")
+        for row in read_timings(self.path).rows:
+            self.done[row.pass_].add(row.key)
+        self.meta["baseline_ms"] = stored.get("baseline_ms")
+
+    @property
+    def baseline_ms(self) -> float | None:
+        return self.meta.get("baseline_ms")
+
+    def set_baseline(self, value: float) -> None:
+        self.meta["baseline_ms"] = value
+        write_json(sidecar_path(str(self.path)), self.meta)
+
+    def append(self, rows: list[dict[str, str]], pass_: str) -> None:
+        append_rows(str(self.path), self.meta["columns"], rows)
+        self.done[pass_].update(r["key"] for r in rows)

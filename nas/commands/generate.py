@@ -1,0 +1,46 @@
+"""``nas generate``: sample text from an exported model."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "generate"
+HELP = "sample text from a model written by `nas export`"
+EXAMPLE = 'nas generate --model runs/export --prompt "def main(" --max-new-tokens 200'
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a directory written by `nas export`")
+    p.add_argument("--prompt", default="", help="text to continue (byte-level)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="bytes to generate (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely bytes (default 40; 0 = all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    import torch
+
+    from search_spaces import UserError
+    from supernet.artifact import load_model
+    from supernet.generate import generate
+
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens: {args.max_new_tokens}; expected a positive count")
+    if args.temperature < 0:
+        raise UserError(f"--temperature: {args.temperature}; expected >= 0 (0 = greedy)")
+    if args.top_k < 0:
+        raise UserError(f"--top-k: {args.top_k}; expected >= 0 (0 = no limit)")
+    model = load_model(args.model)
+    text = generate(
+        model,
+        args.prompt.encode("utf-8"),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k or None,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    sys.stdout.write(args.prompt + text.decode("utf-8", errors="replace") + "\n")
+    return 0

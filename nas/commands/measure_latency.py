@@ -1,0 +1,118 @@
+"""``nas measure-latency``: time sampled subnets of a space on a device; write a timing table."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "measure-latency"
+HELP = "time sampled subnets of a space on a device (cpu, cuda, onnxruntime, arm bundle, ssh://host) into a CSV timing table"
+EXAMPLE = "nas measure-latency base --device cpu --threads 2 --samples 300 --out runs/lat-cpu.csv"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("space", help="a search-space YAML file, or a shipped space name (tiny, base)")
+    p.add_argument("--device", required=True, help="cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host")
+    p.add_argument("--out", help="timing table CSV (a .json sidecar is written beside it); an existing one is resumed")
+    p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
+    p.add_argument("--samples", type=int, default=300, help="subnets to time, always including the largest and smallest (default 300)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
+    p.add_argument("--workload", default="prefill", help="the space's latency workload to time (default prefill)")
+    p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
+    p.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)")
+    p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
+    p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
+    g = p.add_argument_group("protocol")
+    g.add_argument("--warmup", type=int, default=10, help="untimed calls per subnet before timing (default 10)")
+    g.add_argument("--repeats", type=int, default=30, help="timed samples per subnet, spread over the rounds (default 30)")
+    g.add_argument("--rounds", type=int, default=5, help="interleaved rounds in shuffled order (default 5)")
+    g.add_argument("--min-sample-ms", type=float, default=30.0, help="a sample times back-to-back calls for at least this long (default 30)")
+    g.add_argument("--tolerance", type=float, default=0.15, help="reference change across a visit that marks it disturbed and re-measured (default 0.15)")
+    g.add_argument("--max-retries", type=int, default=1, help="re-measure passes for disturbed visits (default 1)")
+    g.add_argument("--combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
+    g.add_argument("--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit")
+    g.add_argument("--retest", type=float, default=0.2, help="share of subnets timed a second time, at the end, for test-retest agreement (default 0.2)")
+    g.add_argument("--memory-mb", type=float, default=2048, help="weights held at once; subnets are timed in interleaved groups this size (default 2048)")
+
+
+def settings_from(args: argparse.Namespace):
+    from latency.timing_core import Settings
+    from search_spaces import UserError
+
+    try:
+        return Settings(
+            warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, tolerance=args.tolerance,
+            max_retries=args.max_retries, combine=args.combine, correct_drift=not args.no_drift_correction,
+        )
+    except ValueError as e:
+        raise UserError(f"protocol flags: {e}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from latency.sampling import campaign_subnets, retest_subset
+    from search_spaces import UserError, load_space
+
+    space = load_space(args.space)
+    workload = space.workload(args.workload)
+    settings = settings_from(args)
+    if not 0 <= args.retest <= 1:
+        raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
+    subnets = campaign_subnets(space, args.samples, args.seed)
+    passes = {"measure": subnets, "retest": retest_subset(subnets, args.retest, args.seed)}
+    print(f"{space.name} ({space.hash}): {len(subnets)} subnets (+{len(passes['retest'])} re-measured), "
+          f"workload {workload.name} {workload.batch_size}x{workload.seq_len}")
+
+    def bar(desc: str):
+        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True)
+
+        def update(done: int, total: int, info: str) -> None:
+            b.total = total
+            b.n = done
+            b.set_postfix_str(info[:30], refresh=False)
+            b.refresh()
+
+        return b, update
+
+    if args.device == "arm" or args.device.startswith("ssh://"):
+        import tempfile
+
+        from latency.devices.arm import run_remote, write_bundle
+
+        if args.device == "arm" and not args.bundle:
+            raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
+        if args.device != "arm" and not args.out:
+            raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
+        target = Path(args.bundle) if args.bundle else Path(tempfile.mkdtemp()) / "bundle.tar.gz"
+        b, update = bar("exporting")
+        write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
+        b.close()
+        print(f"wrote {target}")
+        if args.device == "arm":
+            print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` there "
+                  "(README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor timings.csv`")
+            return 0
+        run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock)
+        print(f"fetched {args.out}")
+        return 0
+
+    from latency.campaign import run_campaign
+    from latency.device import get_device
+    from latency.features import table_features
+    from latency.table import TimingTable, make_meta
+
+    if not args.out:
+        raise UserError(f"--device {args.device}: give --out TABLE.csv")
+    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
+    names = list(table_features(space, space.smallest(), workload))
+    table = TimingTable(args.out, make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names))
+    already = sum(len(v) for v in table.done.values())
+    if already:
+        print(f"resuming {args.out}: {already} rows already measured")
+    b, update = bar(f"{args.device}")
+    n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
+    b.close()
+    print(f"measured {n} subnets into {args.out} (baseline reference {table.baseline_ms:.3f} ms)" if n else f"{args.out}: nothing left to measure")
+    return 0

@@ -1,0 +1,35 @@
+"""``nas predict``: a saved latency predictor's estimate for subnets given as YAML/JSON files."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "predict"
+HELP = "print a latency predictor's estimate (ms) for subnet files"
+EXAMPLE = "nas predict --predictor runs/pred-cpu subnet.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --sample` prints)")
+    p.add_argument("--predictor", required=True, help="a folder written by `nas fit-predictor --out`")
+    p.add_argument("--space", help="refuse unless the predictor was fitted on this space (YAML file or shipped name)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from latency.predictors import load_predictor
+    from search_spaces import Subnet, UserError, load_space
+
+    predictor = load_predictor(args.predictor)
+    if predictor.space is None:
+        raise UserError(f"{args.predictor}: fitted on a plain feature table (columns {', '.join(predictor.columns or [])}), not on subnets")
+    if args.space:
+        predictor.check_space(load_space(args.space))
+    subnets = [Subnet.load(p) for p in args.subnets]
+    for path, s in zip(args.subnets, subnets):
+        problems = predictor.space.problems(s)
+        if problems:
+            raise UserError(f"{path}: not in the predictor's space {predictor.space.name!r}: {'; '.join(problems)}")
+    w = predictor.workload_spec
+    for path, s, ms in zip(args.subnets, subnets, predictor.predict(subnets)):
+        print(f"{ms:10.3f} ms  {path}  {s}   ({predictor.name}, {w.name} {w.batch_size}x{w.seq_len}, {predictor.fingerprint.get('device')})")
+    return 0

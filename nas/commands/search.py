@@ -1,0 +1,271 @@
+"""``nas search``: find the most accurate subnet under latency budgets (evolution, random search, NSGA-II).
+
+Fitness is the validation loss of a subnet with the supernet's weights, on fixed held-out
+windows; latency comes from a fitted predictor.  Every evaluation is an Optuna trial in
+``--storage`` (default: ``OUT/search.db``): run the same command again to resume after a
+kill, or start it several times (even on several machines, with a database server) to search
+with several workers.  Writes ``best_<budget>.yaml`` per budget, ``pareto.csv``,
+``pareto.png`` and ``search.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+NAME = "search"
+HELP = "search the subnet with the lowest validation loss under latency / size budgets"
+EXAMPLE = "nas search runs/tiny/latest.pt --predictor runs/lat/predictor.json --budget 20ms,50ms --max-params 1M --out runs/search"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    # Let "--budget -5ms" reach parse_budget (which explains the accepted forms) instead of
+    # argparse's "expected one argument": negative numbers with a unit count as values.
+    p._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?[a-zA-Zµ]*(,.*)?$")  # noqa: SLF001
+    p.add_argument("supernet", help="trained supernet checkpoint (nas train-supernet)")
+    p.add_argument("--predictor", required=True, help="latency predictor file (nas fit-predictor), fit on this supernet's space")
+    p.add_argument("--budget", metavar="T[,T...]", help="latency budget(s) with a unit: 50ms, 0.05s, 800us; several: 20ms,50ms,100ms")
+    p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
+    g = p.add_argument_group("strategy (defaults: HAT's)")
+    g.add_argument("--strategy", default="evolution", choices=("evolution", "random", "nsga2"), help="default: evolution")
+    g.add_argument("--population", type=int, default=125, help="size of the population and of generation 0 (default 125)")
+    g.add_argument("--parents", type=int, default=25, help="parents chosen per generation (default 25)")
+    g.add_argument("--mutations", type=int, default=50, help="children by mutation per generation (default 50)")
+    g.add_argument("--crossovers", type=int, default=50, help="children by crossover per generation (default 50)")
+    g.add_argument("--generations", type=int, default=30, help="generations in all, the random one included (default 30)")
+    g.add_argument("--mutate-prob", type=float, default=0.3, help="probability that mutation redraws a gene (default 0.3)")
+    g.add_argument("--selection", default="top", choices=("top", "tournament"), help="parents: the best ones, or tournament winners")
+    g.add_argument("--tournament-size", type=int, default=10, help="entrants per tournament with --selection tournament (default 10)")
+    g.add_argument("--aging", action="store_true", help="regularized evolution: the oldest members leave the population")
+    g.add_argument("--max-tries", type=int, default=100, help="redraw rounds for children that break a constraint (default 100)")
+    g.add_argument("--seed", type=int, default=0, help="the search's seed (default 0): same seed, same search")
+    f = p.add_argument_group("fitness")
+    f.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
+    f.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
+    f.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
+    f.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+    f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
+    f.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)")
+    f.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
+    s = p.add_argument_group("storage and workers")
+    s.add_argument("--out", default="runs/search", metavar="DIR", help="run directory (default runs/search)")
+    s.add_argument("--storage", metavar="URL", help="Optuna storage URL (default sqlite:///OUT/search.db); e.g. postgresql://user@host/db")
+    s.add_argument("--study", metavar="NAME", help="study name (default: derived from the settings, so the same command resumes)")
+    s.add_argument("--batch", type=int, default=8, help="subnets a worker claims and evaluates at once (default 8)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def file_digest(path: Path) -> str:
+    """Short content hash of a file, or of a predictor folder's predictor.json and arrays.npz."""
+    from supernet.artifact import sha256_file
+
+    files = [path / "predictor.json", path / "arrays.npz"] if path.is_dir() else [path]
+    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
+
+
+def validation_tokens(args, payload):
+    """The held-out tokens: ``--val-data`` bytes, else the checkpoint's own validation split."""
+    import numpy as np
+
+    from search_spaces import UserError
+
+    if args.val_data:
+        path = Path(args.val_data)
+        if not path.is_file():
+            raise UserError(f"--val-data: {path}: no such file")
+        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
+    meta = payload.get("meta", {})
+    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
+    if missing:
+        raise UserError(f"{args.supernet}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); pass --val-data FILE")
+    from supernet.data import prepare_corpus
+
+    cache = Path(args.data_cache) if args.data_cache else Path(args.supernet).resolve().parent
+    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
+    return corpus.val, f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})"
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from nas import search as S
+    from search_spaces import UserError
+
+    budgets = S.parse_budgets(args.budget) if args.budget else []
+    max_params = S.parse_count(args.max_params) if args.max_params else None
+    config = S.SearchConfig(
+        population=args.population, parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
+        generations=args.generations, mutate_prob=args.mutate_prob, selection=args.selection,
+        tournament_size=args.tournament_size, aging=args.aging, max_tries=args.max_tries,
+    )
+    if args.batch < 1:
+        raise UserError(f"--batch: {args.batch} is not a positive integer")
+    device = S.pick_device(args.device)
+
+    from latency.predictors import load_predictor
+    from supernet.checkpoint import load_supernet
+
+    model, payload = load_supernet(args.supernet, device=device)
+    space = model.space
+    predictor = load_predictor(args.predictor)
+    predictor.check_space(space)
+    tokens, val_source = validation_tokens(args, payload)
+    fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
+                              seed=args.val_seed, device=device, where=val_source)
+
+    latency = S.CachedLatency(predictor.predict, describe_predictor(args.predictor, predictor))
+    params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
+    limits = (S.ParamLimit(max_params, params),) if max_params else ()
+    plans = [(S.format_ms(b), S.Constraints((S.LatencyBudget(b, latency, latency.name),) + limits)) for b in budgets]
+    plans = plans or [("no-budget", S.Constraints(limits))]
+    problems, seeds = [], {}
+    for label, cons in plans:
+        try:
+            seeds[label] = S.feasible_seeds(space, cons, np.random.default_rng([args.seed, 1]))
+        except UserError as e:
+            problems.append(str(e))
+    if problems:
+        raise UserError("\n".join(dict.fromkeys(problems)))
+
+    identity = {
+        "space": space.hash,
+        "supernet": file_digest(Path(args.supernet)),
+        "predictor": file_digest(Path(args.predictor)),
+        "fitness": {**fitness.description, "data": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]},
+        "strategy": args.strategy,
+        "search": config.to_dict(),
+        "seed": args.seed,
+        "budgets": [label for label, _ in plans],
+        "max_params": max_params,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    url = args.storage or S.default_storage(out)
+    study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
+    storage = S.open_storage(url)
+    study = S.open_study(storage, study_name, identity)
+    store = S.TrialStore(study, space)
+
+    searches = [
+        S.BudgetSearch(label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label]))
+        for label, cons in plans
+    ]
+    shown = _safe_url(url)
+    print(f"nas search: {args.strategy} on space {space.name} ({space.size():,} subnets), {config.evaluations:,} evaluations per budget "
+          f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}; "
+          f"latency: {latency.name}", file=sys.stderr)
+    print(f"nas search: study {study_name!r} in {shown}  (run the same command again to resume, or in parallel to add a worker)", file=sys.stderr)
+    with _ProgressBar(config.generations, disable=args.no_progress) as bar:
+        result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
+
+    report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name)
+    print(report)
+    for label, notes in result.notes.items():
+        for note in notes[-3:]:
+            print(f"note ({label}): {note}", file=sys.stderr)
+    return 0 if all(r is not None for r in result.best.values()) else 1
+
+
+def describe_predictor(path: str, predictor) -> str:
+    """``cpu (torch-eager, threads 1) on <cpu model>, mlp predictor runs/lat/p.json``: where its milliseconds hold."""
+    fp = getattr(predictor, "fingerprint", None) or {}
+    device = fp.get("device", "an unknown device")
+    details = ", ".join(f"{k} {fp[k]}" if k == "threads" else str(fp[k]) for k in ("runtime", "threads") if fp.get(k) is not None)
+    where = f" on {fp['cpu_model']}" if fp.get("cpu_model") and device != "cuda" else ""
+    return f"{device}{f' ({details})' if details else ''}{where}, {getattr(predictor, 'name', 'latency')} predictor {Path(path).name}"
+
+
+def _safe_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - "memory" and other non-URLs are shown as they are
+        return url
+
+
+class _ProgressBar:
+    """One tqdm bar per generation, with the best loss per budget so far."""
+
+    def __init__(self, generations: int, disable: bool):
+        self.generations, self.disable, self.bar, self.gen = generations, disable, None, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+    def __call__(self, p) -> None:
+        from tqdm import tqdm
+
+        if self.disable:
+            return
+        if p.generation != self.gen:
+            if self.bar is not None:  # the driver moved on: that generation is complete
+                self.bar.update(self.bar.total - self.bar.n)
+                self.bar.close()
+            self.gen = p.generation
+            self.bar = tqdm(total=p.total, initial=p.done, desc=f"gen {p.generation + 1}/{self.generations}", unit="subnet", dynamic_ncols=True)
+        self.bar.total = p.total
+        self.bar.update(p.done - self.bar.n)
+        best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
+        self.bar.set_postfix_str(f"best {best or '-'}" + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.refresh()
+
+
+def write_outputs(out: Path, space, searches, result, identity: dict, study: str, storage: str, latency_source: str) -> str:
+    """best_<budget>.yaml, pareto.csv / .png, search.json; returns the terminal table."""
+    import numpy as np
+
+    from nas.search import hypervolume, pareto_front
+    from nas.search.pareto import plot_png, write_csv
+
+    unique = list({r.subnet: r for r in reversed(result.records)}.values())[::-1]
+    points = np.array([[r.loss, r.latency] for r in unique], dtype=np.float64).reshape(-1, 2)
+    finite = np.all(np.isfinite(points), axis=1)
+    front = set(np.flatnonzero(finite)[pareto_front(points[finite])].tolist()) if finite.any() else set()
+    rows = [
+        {"trial": r.trial, "budget": r.slot[0], "generation": r.slot[1], "loss_bpb": f"{r.loss:.6f}", "latency_ms": f"{r.latency:.6f}",
+         "params": r.params, "on_front": int(i in front), "key": r.subnet.key, "subnet": str(r.subnet)}
+        for i, r in enumerate(unique)
+    ]
+    write_csv(out / "pareto.csv", rows)
+    budgets_ms = [c.limit for s in searches for c in s.constraints.items if hasattr(c, "latency")]
+    best_points = {label: (r.loss, r.latency) for label, r in result.best.items() if r is not None}
+    plot_png(out / "pareto.png", points, budgets_ms, best_points,
+             f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency from {latency_source}")
+
+    from nas import __version__
+
+    summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
+               "evaluations": result.evaluations, "budgets": {}}
+    lines = [f"{'budget':<10} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
+    ref = (float(points[finite, 0].max()) if finite.any() else 0.0, max(budgets_ms) if budgets_ms else float(points[finite, 1].max(initial=0)))
+    for s in searches:
+        r = result.best[s.label]
+        n = len(result.by_budget.get(s.label, []))
+        entry = {"constraints": str(s.constraints), "evaluated": n, "notes": result.notes[s.label], "best": None}
+        if r is None:
+            lines.append(f"{s.label:<10} {'-':>10} {'-':>10} {'-':>11} {n:>6}  no feasible subnet evaluated")
+        else:
+            (out / f"best_{s.label}.yaml").write_text(
+                f"# nas search: best subnet under {s.constraints}\n"
+                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {r.latency:.4f} ms, {r.params:,} parameters\n"
+                f"# space {space.name} (hash {space.hash}), strategy {identity['strategy']}, seed {identity['seed']}, "
+                f"trial {r.trial} of study {study} in {storage}\n" + r.subnet.to_yaml()
+            )
+            entry["best"] = {"subnet": r.subnet.to_dict(), "key": r.subnet.key, "loss_bpb": r.loss, "latency_ms": r.latency,
+                             "params": r.params, "trial": r.trial, "file": f"best_{s.label}.yaml"}
+            lines.append(f"{s.label:<10} {r.loss:>10.4f} {r.latency:>8.3f}ms {r.params:>11,} {n:>6}  {r.subnet}")
+        summary["budgets"][s.label] = entry
+    summary["hypervolume"] = {"value": hypervolume(points[finite], ref), "reference": ref}
+    (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+    lines.append(f"wrote {out}/best_*.yaml, pareto.csv, pareto.png, search.json ({result.evaluations} evaluations in storage)")
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Search for the best subnet under latency / size budgets.
+
+Strategies (``ask``/``tell``, one file each): :class:`Evolution` (tournament selection,
+HAT / Evolved Transformer, optional aging), :class:`RandomSearch`, :class:`NSGA2`.
+:func:`run_search` is the one loop; it keeps every evaluation in an Optuna storage
+(:mod:`.storage`), so a search resumes after a kill and several workers cooperate.
+Fitness (:mod:`.fitness`) and constraints (:mod:`.constraints`) are passed in.
+"""
+
+from .budget import format_ms, parse_budget, parse_budgets, parse_count
+from .cache import BatchCache, CachedFitness, CachedLatency
+from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
+from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
+from .evolution import Evolution
+from .fitness import InheritedLoss, pick_device
+from .nsga2 import NSGA2
+from .operators import crossover, draw, mutate
+from .pareto import hypervolume, non_dominated_sort, pareto_front
+from .random_search import RandomSearch
+from .storage import Record, TrialStore, config_hash, default_storage, open_storage, open_study
+from .strategy import SearchConfig, Strategy
+
+STRATEGIES = {"evolution": Evolution, "random": RandomSearch, "nsga2": NSGA2}
+
+__all__ = [
+    "NSGA2",
+    "STRATEGIES",
+    "AnalyticLatency",
+    "BatchCache",
+    "BudgetSearch",
+    "CachedFitness",
+    "CachedLatency",
+    "Constraints",
+    "Evolution",
+    "InheritedLoss",
+    "LatencyBudget",
+    "ParamLimit",
+    "Progress",
+    "RandomSearch",
+    "Record",
+    "SearchConfig",
+    "SearchResult",
+    "Strategy",
+    "TrialStore",
+    "best_per_budget",
+    "config_hash",
+    "crossover",
+    "default_storage",
+    "draw",
+    "feasible_seeds",
+    "format_ms",
+    "hypervolume",
+    "mutate",
+    "non_dominated_sort",
+    "open_storage",
+    "open_study",
+    "param_counter",
+    "parse_budget",
+    "parse_budgets",
+    "parse_count",
+    "pareto_front",
+    "pick_device",
+    "run_search",
+    "strategy_rng",
+]

@@ -1,0 +1,71 @@
+"""Parsing what users type for constraints: latency budgets with units, parameter counts with suffixes.
+
+``parse_budget("50ms") == 50.0``: budgets are carried in milliseconds everywhere.
+Accepted units: ``us`` (also ``µs``), ``ms`` and ``s``; a bare number is refused, because
+"50" could mean 50 ms or 50 s.  ``parse_budgets("20ms,50ms,100ms")`` reads a list.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from search_spaces import UserError
+
+UNITS_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+BUDGET_FORMS = "a positive number with a unit: 50ms, 0.05s, 800us (several: 20ms,50ms,100ms)"
+COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+COUNT_FORMS = "a positive whole number, optionally with a suffix: 1500000, 1.5M, 800k"
+
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
+_BUDGET = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Zµ]*)\s*$")
+_COUNT = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Z]?)\s*$")
+
+
+def parse_budget(text: str, flag: str = "--budget") -> float:
+    """One latency budget in milliseconds; a clear :class:`UserError` naming ``flag`` otherwise."""
+    m = _BUDGET.match(str(text))
+    if not m:
+        raise UserError(f"{flag}: {text!r} is not a latency; write {BUDGET_FORMS}")
+    value, unit = float(m.group(1)), m.group(2)
+    if not unit:
+        raise UserError(f"{flag}: {text!r} has no unit; write {BUDGET_FORMS}")
+    if unit not in UNITS_MS:
+        raise UserError(f"{flag}: {text!r}: unknown unit {unit!r} (use us, ms or s); write {BUDGET_FORMS}")
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{flag}: {text!r} must be greater than zero; write {BUDGET_FORMS}")
+    return value * UNITS_MS[unit]
+
+
+def parse_budgets(text: str, flag: str = "--budget") -> list[float]:
+    """A comma-separated list of budgets, in milliseconds, ascending; repeats are refused."""
+    parts = [p for p in str(text).split(",")]
+    if any(not p.strip() for p in parts):
+        raise UserError(f"{flag}: {text!r} has an empty entry; write {BUDGET_FORMS}")
+    budgets = [parse_budget(p, flag) for p in parts]
+    labels = [format_ms(b) for b in budgets]
+    repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if repeated:
+        raise UserError(f"{flag}: {text!r} repeats {', '.join(repeated)}; give each budget once")
+    return sorted(budgets)
+
+
+def format_ms(ms: float) -> str:
+    """A short label for a budget in milliseconds: ``50ms``, ``0.8ms``, ``2.5s`` (also used in file names)."""
+    if ms >= 1000 and (ms / 1000) == round(ms / 1000, 3):
+        return f"{ms / 1000:g}s"
+    return f"{ms:.6g}ms"
+
+
+def parse_count(text: str, flag: str = "--max-params") -> int:
+    """A positive count such as ``1500000``, ``1.5M`` or ``800k``."""
+    m = _COUNT.match(str(text))
+    suffix = m.group(2).lower() if m else ""
+    if not m or suffix not in COUNT_SUFFIXES:
+        raise UserError(f"{flag}: {text!r} is not a count; write {COUNT_FORMS}")
+    value = float(m.group(1)) * COUNT_SUFFIXES[suffix]
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{flag}: {text!r} must be greater than zero; write {COUNT_FORMS}")
+    if value != int(value):
+        raise UserError(f"{flag}: {text!r} is not a whole number of parameters; write {COUNT_FORMS}")
+    return int(value)

@@ -1,0 +1,171 @@
+"""Constraints a returned subnet must meet (latency budget, parameter count) and the infeasibility check.
+
+A constraint is a small value with a ``limit`` and ``values(subnets) -> np.ndarray``;
+:class:`Constraints` holds the ones that apply at once and answers ``feasible(subnets)``.
+The latency comes from a predictor (anything with ``predict(subnets) -> ms``), wrapped in
+:class:`~nas.search.cache.BatchCache` so a subnet is predicted once.  :class:`AnalyticLatency` is a FLOPs
+proxy for tests and benchmarks without a fitted predictor: it is not a measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from search_spaces import Space, Subnet, UserError
+from supernet.attention import attended_pairs
+
+from .budget import format_ms
+
+LatencyFn = Callable[[Sequence[Subnet]], np.ndarray]  # subnets -> predicted ms, shape (N,)
+
+
+class Constraint(Protocol):
+    flag: str  # the CLI flag it comes from, for messages
+    limit: float
+
+    def values(self, subnets: Sequence[Subnet]) -> np.ndarray: ...
+
+    def format(self, value: float) -> str: ...
+
+
+@dataclass(frozen=True)
+class LatencyBudget:
+    limit: float  # ms
+    latency: LatencyFn
+    source: str = "predictor"
+    flag: str = "--budget"
+
+    def values(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        return self.latency(subnets)
+
+    def format(self, value: float) -> str:
+        return f"{value:.4g} ms"
+
+    def __str__(self) -> str:
+        return f"latency <= {format_ms(self.limit)} ({self.source})"
+
+
+@dataclass(frozen=True)
+class ParamLimit:
+    limit: int
+    count: Callable[[Subnet], int]
+    flag: str = "--max-params"
+
+    def values(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        return np.array([self.count(s) for s in subnets], dtype=np.float64)
+
+    def format(self, value: float) -> str:
+        return f"{int(value):,} parameters"
+
+    def __str__(self) -> str:
+        return f"params <= {self.limit:,}"
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """The constraints that apply at once (possibly none)."""
+
+    items: tuple = ()
+
+    def feasible(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        ok = np.ones(len(subnets), dtype=bool)
+        for c in self.items:
+            if len(subnets):
+                ok &= c.values(subnets) <= c.limit
+        return ok
+
+    def violations(self, subnet: Subnet) -> list[str]:
+        out = []
+        for c in self.items:
+            v = float(c.values([subnet])[0])
+            if v > c.limit:
+                out.append(f"{c.format(v)} > {c.flag} {c.format(c.limit)}")
+        return out
+
+    def __str__(self) -> str:
+        return " and ".join(map(str, self.items)) or "unconstrained"
+
+
+def param_counter(space: Space) -> Callable[[Subnet], int]:
+    """Exact parameter count of a subnet (as an extracted model), from a shape-only supernet."""
+    import torch
+
+    from supernet import SuperTransformer
+
+    with torch.device("meta"):
+        model = SuperTransformer(space)
+    return lru_cache(maxsize=None)(model.num_params)
+
+
+# --------------------------------------------------------------------------- feasibility
+
+
+def lightest_subnets(space: Space) -> list[Subnet]:
+    """The smallest choice of every dimension, once with each attention type on every layer."""
+    s = space.smallest()
+    return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in space.attention]
+
+
+def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Generator, n_sample: int = 512) -> list[Subnet]:
+    """Feasible subnets among the lightest ones and ``n_sample`` random draws (lightest first).
+
+    Raises :class:`UserError` when none is feasible, stating for each constraint the smallest value
+    reached (the lightest subnets plus a bounded random sample), so the user sees what to ask for.
+    """
+    candidates = list(dict.fromkeys(lightest_subnets(space) + [space.sample(rng) for _ in range(n_sample)]))
+    ok = constraints.feasible(candidates)
+    if ok.any():
+        return [s for s, good in zip(candidates, ok) if good]
+    lines = []
+    for c in constraints.items:
+        values = c.values(candidates)
+        best = int(np.argmin(values))
+        if values[best] > c.limit:
+            what = f"{c.flag} {format_ms(c.limit) if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
+            if isinstance(c, LatencyBudget):
+                lines.append(
+                    f"{what} on {c.source}: the smallest latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
+                    f"({candidates[best]}); give a budget of at least that"
+                )
+            else:
+                lines.append(f"{what}: the smallest subnet of space {space.name!r} has {c.format(values[best])} ({candidates[best]})")
+    if not lines:
+        lines.append(f"no subnet of space {space.name!r} meets {constraints} together (checked the lightest subnets and {n_sample} random ones)")
+    raise UserError("\n".join(lines))
+
+
+# --------------------------------------------------------------------------- analytic proxy
+
+
+class AnalyticLatency:
+    """A FLOPs-based latency proxy (ms) at the space's prefill workload; for tests and benchmarks only.
+
+    ``ms = flops / (gflops * 1e6) + overhead_ms * (ops)``: matmuls of the projections, MLP and tied head,
+    attention scores by type (causal softmax ~T/2 keys a token, local:W ~W keys, linear ~head_dim).
+    """
+
+    def __init__(self, space: Space, gflops: float = 20.0, overhead_ms: float = 0.02):
+        self.space, self.gflops, self.overhead_ms = space, gflops, overhead_ms
+        self.space_hash = space.hash
+        self.name = f"analytic FLOPs proxy at {gflops:g} GFLOP/s (not a measurement)"
+
+    def flops(self, subnet: Subnet) -> float:
+        w = self.space.workload()
+        t, e = w.seq_len, subnet.embed_dim
+        per_token = 2.0 * e * self.space.vocab_size  # tied output head
+        for layer in subnet.layers:
+            a = layer.heads * self.space.head_dim
+            per_token += 8.0 * e * a + 4.0 * e * layer.ffn_dim
+            # keys scored per query by the type's pattern; the linear family updates a (head_dim x head_dim) state instead
+            keys = attended_pairs(layer.attention, t) / t or self.space.head_dim
+            per_token += 4.0 * keys * a
+        return per_token * t * w.batch_size
+
+    def predict(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        return np.array(
+            [self.flops(s) / (self.gflops * 1e6) + self.overhead_ms * (3 * s.depth + 2) for s in subnets], dtype=np.float64
+        )

@@ -1,0 +1,85 @@
+"""Fitness: validation loss of a subnet with weights inherited from the supernet.
+
+:class:`InheritedLoss` cuts ``windows`` fixed windows of ``seq_len + 1`` tokens from a held-out
+token array (positions drawn once from ``seed``), and scores a subnet by its mean next-token
+cross-entropy over all of them, in bits (bits per byte for the byte-level spaces).  The same
+windows score every subnet, so differences between subnets are not sampling noise.
+:class:`~nas.search.cache.BatchCache` (``CachedFitness``) evaluates each distinct subnet once.  A fitness function is anything
+``subnets -> np.ndarray of losses``; the strategies and the driver take it as an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from search_spaces import Subnet, UserError
+
+FitnessFn = Callable[[Sequence[Subnet]], np.ndarray]
+
+
+def pick_device(name: str = "auto") -> str:
+    """``auto``: the GPU when there is one, else the CPU; otherwise the name, checked."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device: {name!r} asked for, but torch sees no CUDA device (use cpu or auto)")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
+    return name
+
+
+class InheritedLoss:
+    """Mean next-token loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows."""
+
+    def __init__(
+        self,
+        supernet,
+        tokens: np.ndarray,
+        *,
+        seq_len: int = 128,
+        windows: int = 16,
+        batch_size: int = 16,
+        seed: int = 0,
+        device: str = "cpu",
+        where: str = "validation tokens",
+    ):
+        import torch
+
+        tokens = np.asarray(tokens).reshape(-1)
+        space = supernet.space
+        if seq_len < 1 or seq_len > space.max_seq_len:
+            raise UserError(f"--seq-len: {seq_len} is not in 1..{space.max_seq_len} (max_seq_len of space {space.name!r})")
+        if windows < 1 or batch_size < 1:
+            raise UserError(f"--val-windows / --eval-batch: {windows} / {batch_size} must be positive")
+        if len(tokens) < seq_len + 1:
+            raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
+        if len(tokens) and int(tokens.max()) >= space.vocab_size:
+            raise UserError(f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})")
+        rng = np.random.default_rng(seed)
+        n_starts = len(tokens) - seq_len
+        starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
+        data = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])  # (W, T+1)
+        self.model = supernet.to(device).eval()
+        self.x = torch.from_numpy(data[:, :-1]).to(device)  # (W, T)
+        self.y = torch.from_numpy(data[:, 1:]).to(device)  # (W, T)
+        self.batch_size = batch_size
+        self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": int(data[:, 1:].size)}
+
+    def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        import torch
+        import torch.nn.functional as F
+
+        out = np.empty(len(subnets), dtype=np.float64)
+        with torch.inference_mode():
+            for k, subnet in enumerate(subnets):
+                total = 0.0
+                for i in range(0, len(self.x), self.batch_size):
+                    logits = self.model(self.x[i : i + self.batch_size], subnet)  # (B, T, V)
+                    total += F.cross_entropy(logits.flatten(0, 1).float(), self.y[i : i + self.batch_size].flatten(), reduction="sum").item()
+                out[k] = total / self.y.numel() / math.log(2)
+        return out

@@ -1,0 +1,121 @@
+"""Pareto fronts of (loss, latency) points, 2-D hypervolume, and the CSV and PNG of a search.
+
+Both objectives are minimised.  ``points`` are arrays of shape (N, 2): column 0 the
+validation loss, column 1 the latency in ms.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def dominates(a: np.ndarray, b: np.ndarray) -> bool:
+    return bool(np.all(a <= b) and np.any(a < b))
+
+
+def non_dominated_sort(points: np.ndarray) -> list[np.ndarray]:
+    """Fronts as index arrays, best first (fast non-dominated sort, O(M N^2))."""
+    points = np.asarray(points, dtype=np.float64)
+    n = len(points)
+    if n == 0:
+        return []
+    le = np.all(points[:, None, :] <= points[None, :, :], axis=2)  # (N, N): i <= j everywhere
+    lt = np.any(points[:, None, :] < points[None, :, :], axis=2)  # (N, N): i < j somewhere
+    dom = le & lt  # dom[i, j]: i dominates j
+    count = dom.sum(axis=0)  # how many dominate each point
+    fronts, current = [], np.flatnonzero(count == 0)
+    while len(current):
+        fronts.append(current)
+        count = count - dom[current].sum(axis=0)
+        count[np.concatenate(fronts)] = -1
+        current = np.flatnonzero(count == 0)
+    return fronts
+
+
+def pareto_front(points: np.ndarray) -> np.ndarray:
+    """Indices of the non-dominated points, sorted by latency (then loss)."""
+    points = np.asarray(points, dtype=np.float64)
+    if len(points) == 0:
+        return np.zeros(0, dtype=np.int64)
+    front = non_dominated_sort(points)[0]
+    return front[np.lexsort((points[front, 0], points[front, 1]))]
+
+
+def crowding_distance(points: np.ndarray) -> np.ndarray:
+    """NSGA-II crowding distance of each point of one front (inf at the ends of each objective)."""
+    points = np.asarray(points, dtype=np.float64)
+    n = len(points)
+    dist = np.zeros(n)
+    if n <= 2:
+        return np.full(n, np.inf)
+    for m in range(points.shape[1]):
+        order = np.argsort(points[:, m], kind="stable")
+        span = points[order[-1], m] - points[order[0], m]
+        dist[order[0]] = dist[order[-1]] = np.inf
+        if span > 0 and np.isfinite(span):
+            dist[order[1:-1]] += (points[order[2:], m] - points[order[:-2], m]) / span
+    return dist
+
+
+def hypervolume(points: np.ndarray, reference: Sequence[float]) -> float:
+    """Area dominated by ``points`` and bounded by ``reference`` (loss, ms); points beyond it count 0."""
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    ref = np.asarray(reference, dtype=np.float64)
+    inside = points[np.all(points < ref, axis=1)]
+    if len(inside) == 0:
+        return 0.0
+    front = inside[pareto_front(inside)]  # latency ascending, loss descending
+    # sweep over latency: each front point owns the strip from its latency to the next one's
+    edges = np.append(front[:, 1], ref[1])
+    area = float(np.sum((edges[1:] - edges[:-1]) * (ref[0] - front[:, 0])))
+    return float(area)
+
+
+# --------------------------------------------------------------------------- files
+
+CSV_FIELDS = ["trial", "budget", "generation", "loss_bpb", "latency_ms", "params", "on_front", "key", "subnet"]
+
+
+def write_csv(path: str | Path, rows: list[dict]) -> Path:
+    """Every evaluated point, one row each (``on_front`` marks the Pareto front)."""
+    path = Path(path)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: row.get(k, "") for k in CSV_FIELDS})
+    return path
+
+
+def plot_png(path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str) -> Path:
+    """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    finite = np.all(np.isfinite(points), axis=1)
+    ax.scatter(points[finite, 1], points[finite, 0], s=6, alpha=0.35, color="tab:gray", label=f"evaluated ({finite.sum()})")
+    front = points[pareto_front(points[finite])] if finite.any() else points[:0]
+    if len(front):
+        ax.step(front[:, 1], front[:, 0], where="post", color="tab:blue", lw=1.5, marker="o", ms=3, label=f"Pareto front ({len(front)})")
+    for i, b in enumerate(budgets_ms):
+        ax.axvline(b, color="tab:red", ls="--", lw=1, label="budget" if i == 0 else None)
+    for label, (loss, ms) in best.items():
+        ax.scatter([ms], [loss], marker="*", s=120, color="tab:orange", zorder=5)
+        ax.annotate(f"best {label}", (ms, loss), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    ax.set_xlabel("predicted latency (ms)")
+    ax.set_ylabel("validation loss (bits per byte)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

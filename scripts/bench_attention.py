@@ -1,0 +1,396 @@
+"""Benchmark every attention type: sequence length x device x (forward, forward+backward).
+
+    python scripts/bench_attention.py                       # every type, 512 ... 16k, CPU (and CUDA if present)
+    python scripts/bench_attention.py --types softmax,local:64 --lengths 4096 --modes fwd,fwdbwd
+
+For each cell it records the median time over ``--reps`` runs (after a warm-up), the useful
+TFLOP/s (softmax family: 4*D FLOPs per allowed (query, key) pair per head; linear family:
+4*F*D per token per head, F the feature size; backward counted as 2.5x forward), the GB/s of
+the unavoidable traffic (read q, k, v, write out; backward: also their gradients), and the
+peak memory of the tensors a run creates (CUDA: ``max_memory_allocated``; CPU: the same
+quantity tracked by a dispatch mode over the warm-up run).  The same is measured for a
+whole pre-norm Transformer block (LayerNorm, Q/K/V/O projections, rotary positions,
+attention, MLP of 4x width).
+
+Writes ``<out>.csv``, ``<out>.json`` (what produced it: versions, device, threads, load,
+arguments) and ``<out>.png``; prints a summary and the CPU check of the issue: ``local:64``
+at least 3x faster than ``softmax`` at 4k tokens, forward and forward+backward.  A cell whose
+warm-up run alone takes longer than ``--max-seconds`` is recorded as skipped, and so are the
+longer lengths of that type (times only grow with the length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search_spaces import LayerChoice, parse_attention  # noqa: E402
+from search_spaces.attention import AttentionSpec, kv_heads  # noqa: E402
+from supernet.attention import attend, attended_pairs  # noqa: E402
+from supernet.model import Block, rope_tables  # noqa: E402
+
+DEFAULT_TYPES = (
+    "softmax,gqa:4,local:64,dilated:64:4,strided:64,fixed:64,longformer:64:16,bigbird:64:16:2,"
+    "linear,relu-linear,cosformer:16384,performer:64"
+)
+DEFAULT_LENGTHS = "512,1024,2048,4096,8192,16384"
+LINEAR_KINDS = ("linear", "relu-linear", "cosformer", "performer")
+BACKWARD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (five matmuls against two)
+
+
+@dataclass
+class Row:
+    scope: str  # attention | block
+    device: str
+    dtype: str
+    type: str
+    seq_len: int
+    batch: int
+    heads: int
+    head_dim: int
+    mode: str  # fwd | fwdbwd
+    status: str  # ok | skipped | oom
+    ms: float = float("nan")
+    ms_min: float = float("nan")
+    tflops: float = float("nan")
+    gbps: float = float("nan")
+    peak_mb: float = float("nan")
+    reps: int = 0
+
+
+# --------------------------------------------------------------------------- work models
+
+
+def feature_size(spec: AttentionSpec, d: int) -> int:
+    return {"cosformer": 2 * d, "performer": spec.params[0] if spec.params else d}.get(spec.kind, d)
+
+
+def attention_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
+    if spec.kind in LINEAR_KINDS:
+        fwd = 4.0 * feature_size(spec, d) * d * t * b * h
+    else:
+        fwd = 4.0 * d * attended_pairs(str(spec), t) * b * h
+    return fwd * (1 + BACKWARD_FACTOR if backward else 1)
+
+
+def attention_bytes(b: int, h: int, hkv: int, t: int, d: int, itemsize: int, backward: bool) -> float:
+    once = (2 * h + 2 * hkv) * b * t * d * itemsize  # q, out, k, v
+    return once * (2 if backward else 1)
+
+
+def block_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
+    e = h * d
+    hkv = kv_heads(spec, h)
+    linear = 2.0 * b * t * (e * e * 2 + e * hkv * d * 2 + e * 4 * e * 2)  # q, o; k, v; MLP up and down
+    fwd = linear + attention_flops(spec, b, h, t, d, False)
+    return fwd * (1 + BACKWARD_FACTOR) if backward else fwd
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """CPU stand-in for CUDA's ``max_memory_allocated``: the peak bytes of tensor storage created
+    (and still alive) while the mode is on, forward and backward alike."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.current = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for key in [key for key, (ref, _) in self.live.items() if ref.expired()]:
+            self.current -= self.live.pop(key)[1]
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                storage = t.untyped_storage()
+                if storage._cdata not in self.live:
+                    self.live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+                    self.current += storage.nbytes()
+        self.peak = max(self.peak, self.current)
+        return out
+
+
+class PeakMemory:
+    """Peak memory of a region in MB: the CUDA allocator's peak, or :class:`LiveTensorBytes` on CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.mb = float("nan")
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+        else:
+            self.mode = LiveTensorBytes().__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.mb = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
+        else:
+            self.mode.__exit__(*exc)
+            self.mb = self.mode.peak / 2**20
+        return False
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_it(run, device: torch.device, reps: int, max_seconds: float) -> tuple[list[float], float] | None:
+    """One warm-up run that also measures peak memory, then ``reps`` timed runs (ms).
+
+    None if the warm-up alone took longer than ``max_seconds``."""
+    start = time.perf_counter()
+    with PeakMemory(device) as peak:
+        run()
+    if time.perf_counter() - start > max_seconds:
+        return None
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times, peak.mb
+
+
+def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen):
+    hkv = kv_heads(spec, h)
+    q = torch.randn(b, h, t, d, generator=gen).to(device, dtype)
+    k = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
+    v = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
+    if not backward:
+
+        def run():
+            with torch.no_grad():
+                attend(q, k, v, spec)
+
+        return run
+    for x in (q, k, v):
+        x.requires_grad_(True)
+    grad = torch.randn(b, h, t, d, generator=gen).to(device, dtype)
+
+    def run():
+        for x in (q, k, v):
+            x.grad = None
+        attend(q, k, v, spec).backward(grad)
+
+    return run
+
+
+def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen):
+    e = h * d
+    block = Block(e, d, LayerChoice(h, 4 * e, str(spec))).to(device, dtype)
+    cos, sin = (x.to(device) for x in rope_tables(t, d))
+    x = torch.randn(b, t, e, generator=gen).to(device, dtype)
+    if not backward:
+        block.eval()
+
+        def run():
+            with torch.no_grad():
+                block(x, (cos, sin))
+
+        return run
+    x.requires_grad_(True)
+    grad = torch.randn(b, t, e, generator=gen).to(device, dtype)
+
+    def run():
+        block.zero_grad(set_to_none=True)
+        x.grad = None
+        block(x, (cos, sin)).backward(grad)
+
+    return run
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_bench(args, progress=None) -> list[Row]:
+    specs = [parse_attention(s) for s in args.types.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    b, h, d = args.batch, args.heads, args.head_dim
+    rows: list[Row] = []
+    for scope in args.scopes.split(","):
+        for device_name in args.devices.split(","):
+            device = torch.device(device_name)
+            for mode in args.modes.split(","):
+                backward = mode == "fwdbwd"
+                for spec in specs:
+                    too_slow = False
+                    for t in lengths:
+                        row = Row(scope, device_name, args.dtype, str(spec), t, b, h, d, mode, "skipped")
+                        rows.append(row)
+                        if not too_slow:
+                            measure_cell(row, spec, device, dtype, args)
+                            too_slow = row.status != "ok"
+                        if progress:
+                            progress(f"{scope} {device_name} {mode} {spec} T={t}: {row.status}")
+    return rows
+
+
+def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: torch.dtype, args) -> None:
+    """Fill ``row`` with the timings, throughput and peak memory of one cell (or mark it skipped / oom)."""
+    b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
+    make = attention_case if row.scope == "attention" else block_case
+    try:
+        result = time_it(make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t)), device, args.reps, args.max_seconds)
+    except torch.OutOfMemoryError:
+        row.status = "oom"
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return
+    if result is None:
+        return  # stays "skipped": the warm-up alone took longer than --max-seconds
+    times, peak = result
+    row.status, row.reps = "ok", len(times)
+    row.ms, row.ms_min, row.peak_mb = statistics.median(times), min(times), peak
+    flops = (attention_flops if row.scope == "attention" else block_flops)(spec, b, h, t, d, backward)
+    row.tflops = flops / (row.ms * 1e-3) / 1e12
+    if row.scope == "attention":
+        itemsize = torch.finfo(dtype).bits // 8
+        row.gbps = attention_bytes(b, h, kv_heads(spec, h), t, d, itemsize, backward) / (row.ms * 1e-3) / 1e9
+
+
+def write_csv(rows: list[Row], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in asdict(r).items()})
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r.scope, r.device, r.mode) for r in rows})
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.8), squeeze=False)
+    kinds = list(dict.fromkeys(r.type for r in rows))
+    colors = plt.get_cmap("tab20")
+    for ax, (scope, device, mode) in zip(axes[0], panels):
+        for n, kind in enumerate(kinds):
+            pts = [(r.seq_len, r.ms) for r in rows if (r.scope, r.device, r.mode, r.type) == (scope, device, mode, kind) and r.status == "ok"]
+            if pts:
+                style = "--" if kind.split(":")[0] in LINEAR_KINDS else "-"
+                ax.plot(*zip(*pts), marker="o", ms=3, label=kind, linestyle=style, color=colors(n % 20))
+        ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="ms (median)", title=f"{scope}, {device}, {mode}")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def speedup_check(rows: list[Row], window: str = "local:64", t: int = 4096, need: float = 3.0) -> list[str]:
+    lines = []
+    for mode in ("fwd", "fwdbwd"):
+        cell = {r.type: r for r in rows if (r.scope, r.device, r.mode, r.seq_len) == ("attention", "cpu", mode, t) and r.status == "ok"}
+        if "softmax" in cell and window in cell:
+            x = cell["softmax"].ms / cell[window].ms
+            verdict = "PASS" if x >= need else "FAIL"
+            lines.append(f"CPU {mode:7s} T={t}: softmax {cell['softmax'].ms:9.1f} ms, {window} {cell[window].ms:8.1f} ms -> {x:5.2f}x  [{verdict} >= {need}x]")
+    return lines
+
+
+def summary(rows: list[Row]) -> str:
+    out = [f"{'scope':9s} {'dev':4s} {'mode':6s} {'type':18s} {'T':>6s} {'ms':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'peak MB':>8s}"]
+    for r in rows:
+        if r.status == "ok":
+            out.append(f"{r.scope:9s} {r.device:4s} {r.mode:6s} {r.type:18s} {r.seq_len:6d} {r.ms:10.2f} {r.tflops:8.3f} {r.gbps:7.1f} {r.peak_mb:8.1f}")
+        else:
+            out.append(f"{r.scope:9s} {r.device:4s} {r.mode:6s} {r.type:18s} {r.seq_len:6d} {r.status:>10s}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--types", default=DEFAULT_TYPES, help="comma-separated attention types (default: one of each)")
+    p.add_argument("--lengths", default=DEFAULT_LENGTHS, help="comma-separated sequence lengths")
+    p.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--scopes", default="attention,block", help="attention (the mixing alone) and/or block (a whole Transformer block)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
+    args = p.parse_args(argv)
+    try:
+        for s in args.types.split(","):
+            parse_attention(s)
+    except ValueError as e:
+        p.error(f"--types: {e}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from tqdm import tqdm
+
+    n_cells = len(args.scopes.split(",")) * len(args.devices.split(",")) * len(args.modes.split(",")) * len(args.types.split(",")) * len(args.lengths.split(","))
+    bar = tqdm(total=n_cells, unit="cell", dynamic_ncols=True)
+
+    def progress(label: str) -> None:  # called after each cell
+        bar.set_postfix_str(label)
+        bar.update(1)
+
+    started = time.time()
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    rows = run_bench(args, progress)
+    bar.close()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, out.with_suffix(".csv"))
+    meta = {
+        "argv": sys.argv,
+        "args": vars(args),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "seconds": round(time.time() - started, 1),
+        "flops_model": "softmax family: 4*D per allowed pair per head; linear family: 4*F*D per token per head; bwd = 2.5x fwd",
+    }
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
+    plot(rows, out.with_suffix(".png"))
+    print(summary(rows))
+    print("\n".join(speedup_check(rows)))
+    print(f"wrote {out.with_suffix('.csv')}, {out.with_suffix('.json')}, {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""Check every attention type's CUDA path against its reference, in fp32 and bf16, forward and gradients.
+
+    python scripts/gpu_check_attention.py                        # on a CUDA machine: parity, compile cache, timings
+    python scripts/gpu_check_attention.py --device cpu --lengths 128,300 --dtypes fp32
+                                                                 # smoke test of the FlexAttention glue on CPU
+                                                                 # (compiled forward only: FlexAttention has no CPU backward)
+
+Parity: the path ``attend`` takes on the device (SDPA for softmax / gqa, compiled FlexAttention
+with a cached block mask for the sparse types, chunked prefix sums for the linear family) is
+compared with the written-out reference computed in fp32 from the same inputs.  fp32 (TF32
+off) must agree to 1e-4 (as on CPU); bf16 to 3e-2 of the output scale and 5e-2 of each
+gradient's scale.  Compile cache: a repeated (type, shape) must not compile again, and a new
+length must compile a new kernel rather than fall back to the eager one (the flex path raises
+if it would).  Timings (CUDA): for each sparse type, FlexAttention against the same pattern as
+a dense masked SDPA and against full causal SDPA, forward and forward+backward.
+
+Prints a table, writes ``--out`` (JSON), exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search_spaces import parse_attention  # noqa: E402
+from search_spaces.attention import kv_heads  # noqa: E402
+from supernet.attention import REGISTRY, attend, attend_reference  # noqa: E402
+from supernet.attention.patterns import dense_mask  # noqa: E402
+
+SPECS = (
+    "softmax,gqa:4,local:64,local:256,dilated:32:4,strided:64,fixed:64,longformer:64:16,bigbird:64:16:2,"
+    "linear,relu-linear,cosformer:16384,performer:64"
+)
+TOL = {"fp32": (1e-4, 1e-4), "bf16": (3e-2, 5e-2)}  # (output, gradients), relative to max(1, scale)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def device_path(spec, device):
+    """The function ``attend`` runs on CUDA; on CPU (smoke test) the same CUDA path, run there."""
+    t = REGISTRY[spec.kind]
+    return t.path("cuda") if device.type == "cpu" else t.path(device.type)
+
+
+def parity(spec, t, dtype_name, device, backward, b=2, h=8, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hkv = kv_heads(spec, h)
+    base = [torch.randn(b, n, t, d, generator=g) for n in (h, hkv, hkv)]
+    grad_out = torch.randn(b, h, t, d, generator=g).to(device)
+    dtype = DTYPES[dtype_name]
+    fast_in = [x.to(device, dtype).requires_grad_(backward) for x in base]
+    ref_in = [x.to(dtype).to(device, torch.float32).requires_grad_(backward) for x in base]  # the same rounded values
+    out = device_path(spec, device)(*fast_in, spec)
+    ref = attend_reference(*ref_in, spec)
+    tol_out, tol_grad = TOL[dtype_name]
+    err_out = (out.float() - ref).abs().max().item() / max(1.0, ref.abs().max().item())
+    errs = {"out": err_out}
+    ok = err_out <= tol_out
+    if backward:
+        gf = torch.autograd.grad(out, fast_in, grad_out.to(dtype))
+        gr = torch.autograd.grad(ref, ref_in, grad_out.to(dtype).float())
+        for name, a, r in zip(("dq", "dk", "dv"), gf, gr):
+            errs[name] = (a.float() - r).abs().max().item() / max(1.0, r.abs().max().item())
+            ok &= errs[name] <= tol_grad
+    return ok, errs
+
+
+def compile_cache_check(device) -> tuple[bool, str]:
+    """Same (type, shape) twice: no new graph; a new length: one new graph, no fallback."""
+    from torch._dynamo.utils import counters
+
+    spec = parse_attention("local:64")
+    flex = device_path(spec, device)
+    q = torch.randn(1, 4, 1024, 64, device=device)
+    flex(q, q, q, spec)
+    before = counters["stats"]["unique_graphs"]
+    flex(q, q, q, spec)
+    same = counters["stats"]["unique_graphs"] - before
+    q2 = torch.randn(1, 4, 1536, 64, device=device)
+    flex(q2, q2, q2, spec)
+    new = counters["stats"]["unique_graphs"] - before - same
+    ok = same == 0 and new >= 1
+    return ok, f"repeat shape: {same} new graphs (want 0); new length: {new} new graphs (want >= 1)"
+
+
+def bench(fn, device, reps=10):
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize(device)
+    return (time.perf_counter() - start) / reps * 1e3
+
+
+def timings(specs, lengths, device, dtype, h=12, d=64):
+    import torch.nn.functional as F
+
+    rows = []
+    for spec in specs:
+        if REGISTRY[spec.kind].cuda is None:
+            continue
+        for t in lengths:
+            q, k, v = (torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+            mask = dense_mask(REGISTRY[spec.kind].pattern, spec, t, device)
+            paths = {
+                "flex": lambda: attend(q, k, v, spec),
+                "dense-masked-sdpa": lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+                "full-causal-sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            }
+            for name, fn in paths.items():
+                fwd = bench(lambda: fn().detach(), device)
+                fb = bench(lambda: fn().sum().backward(), device)
+                rows.append({"type": str(spec), "T": t, "path": name, "fwd_ms": fwd, "fwdbwd_ms": fb})
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--types", default=SPECS)
+    p.add_argument("--lengths", default="128,1000,4096")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--bench-lengths", default="4096,16384", help="CUDA timings (empty: skip)")
+    p.add_argument("--out", default="runs/gpu_check_attention.json")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device here (use --device cpu for the forward-only smoke test)")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    backward = device.type == "cuda"
+    specs = [parse_attention(s) for s in args.types.split(",")]
+    lengths = [int(x) for x in args.lengths.split(",")]
+    results, failed = [], 0
+    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    print(f"{'type':18s} {'T':>5s} {'dtype':5s} {'path':6s} {'ok':4s}  errors (relative)")
+    for spec in specs:
+        path = device_path(spec, device)
+        for t in lengths:
+            for dt in args.dtypes.split(","):
+                start = time.perf_counter()
+                ok, errs = parity(spec, t, dt, device, backward)
+                failed += not ok
+                results.append({"type": str(spec), "T": t, "dtype": dt, "path": path.__name__, "ok": ok, **errs,
+                                "seconds": time.perf_counter() - start})  # fmt: skip
+                err_text = " ".join(f"{k}={v:.1e}" for k, v in errs.items())
+                print(f"{str(spec):18s} {t:5d} {dt:5s} {path.__name__[:6]:6s} {'ok' if ok else 'FAIL':4s}  {err_text}", flush=True)
+    cache_ok, cache_msg = compile_cache_check(device)
+    failed += not cache_ok
+    print(f"compile cache: {'ok' if cache_ok else 'FAIL'}: {cache_msg}")
+    bench_rows = []
+    if device.type == "cuda" and args.bench_lengths:
+        bench_rows = timings(specs, [int(x) for x in args.bench_lengths.split(",")], device, torch.bfloat16)
+        print(f"\n{'type':18s} {'T':>6s} {'path':18s} {'fwd ms':>8s} {'fwd+bwd ms':>11s}   (bf16, B=1, H=12, D=64)")
+        for r in bench_rows:
+            print(f"{r['type']:18s} {r['T']:6d} {r['path']:18s} {r['fwd_ms']:8.2f} {r['fwdbwd_ms']:11.2f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "argv": sys.argv}
+    out.write_text(json.dumps({"meta": meta, "parity": results, "compile_cache": cache_msg, "timings": bench_rows}, indent=2))
+    print(f"{failed} check(s) failed; wrote {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

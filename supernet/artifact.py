@@ -1,0 +1,145 @@
+"""An exported model directory: a static Transformer that loads without the supernet.
+
+Layout of ``DIR``::
+
+    model.safetensors   weights of the static Transformer (safetensors: loading runs no code)
+    subnet.yaml         the architecture (a Subnet)
+    model_card.json     format marker, space (full), subnet, parameters, file checksums, and
+                        whatever the exporter measured (bits per byte, predicted / measured latency)
+    model.onnx          (optional) the ONNX graph, written by ``nas export``
+
+``load_model(DIR)`` is the one-line loader; it checks the card's format, the checksums and the
+shapes, and names the file in every error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from search_spaces import Space, Subnet, UserError, parse_space
+
+from .model import Transformer, TransformerConfig
+
+FORMAT = "nas-exported-model"
+VERSION = 1
+WEIGHTS = "model.safetensors"
+CARD = "model_card.json"
+SUBNET = "subnet.yaml"
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None) -> Path:
+    """Write weights, subnet and model card of ``model`` into directory ``out``; return the card path."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS), metadata={"format": FORMAT})
+    subnet = model.subnet
+    (out / SUBNET).write_text(subnet.to_yaml())
+    full = {
+        "format": FORMAT,
+        "version": VERSION,
+        "space": space.to_dict(),
+        "subnet": subnet.to_dict(),
+        "parameters": model.num_params(),
+        "files": {WEIGHTS: sha256_file(out / WEIGHTS)},
+        **(card or {}),
+    }
+    write_json_atomic(out / CARD, full)
+    return out / CARD
+
+
+def update_card(out: str | Path, **fields: Any) -> dict[str, Any]:
+    """Add fields (and, for ``files``, checksums) to an existing card."""
+    out = Path(out)
+    card = read_card(out)
+    files = fields.pop("files", None) or []
+    for name in files:
+        card["files"][name] = sha256_file(out / name)
+    card.update(fields)
+    write_json_atomic(out / CARD, card)
+    return card
+
+
+def read_card(model_dir: str | Path) -> dict[str, Any]:
+    model_dir = Path(model_dir)
+    path = model_dir / CARD
+    if not model_dir.is_dir():
+        raise UserError(f"{model_dir}: no such model directory (expected the output of `nas export`)")
+    try:
+        card = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: missing; {model_dir} is not a model exported by `nas export`") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(card, dict) or card.get("format") != FORMAT:
+        raise UserError(f"{path}: not a model card of this tool (no '{FORMAT}' format marker)")
+    if card.get("version") != VERSION:
+        raise UserError(f"{path}: model card version {card.get('version')!r}, this tool reads version {VERSION}")
+    return card
+
+
+def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = None) -> Path:
+    """Check ``name`` against the checksum in the card (a tampered or swapped file is refused)."""
+    model_dir = Path(model_dir)
+    card = card or read_card(model_dir)
+    path = model_dir / name
+    expected = card.get("files", {}).get(name)
+    if expected is None:
+        raise UserError(f"{model_dir / CARD}: lists no checksum for {name}")
+    if not path.is_file():
+        raise UserError(f"{path}: missing (the model card lists it)")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise UserError(f"{path}: checksum {actual[:12]}... does not match the model card ({expected[:12]}...): the file was modified or replaced")
+    return path
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    card = read_card(model_dir)
+    weights = verify_file(model_dir, WEIGHTS, card)
+    try:
+        space = parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
+        subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
+    except KeyError as e:
+        raise UserError(f"{model_dir / CARD}: missing field {e}") from None
+    model = Transformer(TransformerConfig.from_subnet(space, subnet))
+    try:
+        state = load_file(str(weights))
+    except SafetensorError as e:
+        raise UserError(f"{weights}: not a readable safetensors file ({e})") from None
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise UserError(f"{weights}: weights do not match the subnet in the model card: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval()

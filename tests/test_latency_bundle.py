@@ -1,0 +1,172 @@
+"""ONNX Runtime device and the ARM bundle, end to end: build, run in a clean venv, ingest."""
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from latency.devices.arm import run_remote, runner_source, write_bundle
+from collections import Counter
+
+from latency.onnx_graphs import _parts, cached_graph, export_part, stitch
+from latency.sampling import campaign_subnets, retest_subset
+from latency.table import read_timings
+from latency.timing_core import Settings, ort_session
+from search_spaces import Subnet
+from supernet import SuperTransformer
+from supernet.onnx_export import export_onnx, op_counts
+
+from .latency_fakes import MICRO, micro_space
+
+SETTINGS = Settings(warmup=1, repeats=2, rounds=2, min_sample_ms=1.0, ref_samples=1, max_retries=0)
+VENV = Path(os.environ.get("NAS_TEST_VENV", Path.home() / ".cache" / "nas-transformers" / "test-venv-ort"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def graph_cache(tmp_path_factory):
+    """A module-wide ONNX graph cache: the micro space's three parts are exported once."""
+    old = os.environ.get("NAS_CACHE")
+    os.environ["NAS_CACHE"] = str(tmp_path_factory.mktemp("nas-cache"))
+    yield
+    if old is None:
+        del os.environ["NAS_CACHE"]
+    else:
+        os.environ["NAS_CACHE"] = old
+
+
+@pytest.fixture(scope="module")
+def clean_python():
+    """A venv with only numpy and onnxruntime (built once, kept in ~/.cache); skip if pip cannot reach them."""
+    py = VENV / "bin" / "python"
+    if not (py.exists() and subprocess.run([py, "-c", "import numpy, onnxruntime"], capture_output=True).returncode == 0):
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+        pip = subprocess.run([py, "-m", "pip", "install", "-q", "numpy", "onnxruntime"], capture_output=True, text=True)
+        if pip.returncode != 0:
+            pytest.skip(f"pip could not install numpy and onnxruntime into a clean venv (no registry?): {pip.stderr.strip()[-300:]}")
+    assert subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0, "the clean venv must not see torch"
+    return py
+
+
+def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    space = micro_space()
+    subnet = Subnet(64, 2, (8, 8), (256, 256), ("softmax", "softmax"))
+    model = SuperTransformer(space, generator=torch.Generator().manual_seed(0)).eval().extract(subnet)
+    # Every part with the model's own weights: embedding, two blocks (same shape, other weights), head.
+    paths = [export_part(module, example, tmp_path / f"{i}.onnx") for i, (_, module, example) in enumerate(_parts(model))]
+    stitched, _ = stitch([(onnx.load(str(p)), []) for p in paths], "unused.weights")
+    onnx.checker.check_model(stitched)
+    session = ort.InferenceSession(stitched.SerializeToString(), providers=["CPUExecutionProvider"])
+    for shape in [(1, 5), (2, 13), (3, space.max_seq_len)]:  # dynamic batch and sequence axes
+        tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(1))
+        out = session.run(None, {"tokens": tokens.numpy()})[0]
+        assert np.abs(out - model(tokens).detach().numpy()).max() < 1e-4
+    counts = Counter(n.op_type for n in stitched.graph.node)
+    whole = op_counts(export_onnx(model, tmp_path / "whole.onnx"))
+    for op in ("Attention", "LayerNormalization", "MatMul", "Gelu", "Gather", "Add", "Mul"):
+        assert counts[op] == whole[op], op  # every compute op of the one-piece export, no more
+
+
+def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
+    space = micro_space()
+    model = SuperTransformer(space, generator=torch.Generator().manual_seed(0)).eval().extract(space.largest())
+    graph, tensors = cached_graph(model)
+    import onnx
+
+    inline = [t for t in onnx.load(str(graph), load_external_data=False).graph.initializer if t.data_type == 1 and len(t.raw_data) >= 1024]
+    assert not inline and sum(t["nbytes"] for t in tensors) >= 4 * (model.num_params() - 64 * 64)  # all large weights are left out
+    assert cached_graph(model) == (graph, tensors)  # a cache hit
+    out = ort_session(str(graph), tensors, threads=1).run(None, {"tokens": np.zeros((2, 7), dtype=np.int64)})[0]
+    assert out.shape == (2, 7, 64) and np.isfinite(out).all() and out.std() > 0
+
+
+def test_onnxruntime_device_measures_a_campaign(tmp_path, capsys):
+    from nas.cli import main
+
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "onnxruntime", "--threads", "1", "--samples", "3",
+            "--out", str(tmp_path / "t.csv"), "--warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
+    (tmp_path / "micro.yaml").write_text(MICRO)
+    assert main(args) == 0
+    t = read_timings(tmp_path / "t.csv")
+    assert len(t.passes("measure")) == 3 and t.fingerprint["device"] == "onnxruntime" and t.fingerprint["threads"] == 1
+    assert t.fingerprint["onnxruntime"] and all(r.median_ms > 0 for r in t.rows)
+    other = list(args)
+    other[other.index("--threads") + 1] = "2"
+    assert main(other) == 2  # another thread count: refused
+    assert "threads: file has 1, this run has 2" in capsys.readouterr().err
+
+
+def make_bundle(tmp_path):
+    space = micro_space()
+    subnets = campaign_subnets(space, 3, seed=0)
+    passes = {"measure": subnets, "retest": retest_subset(subnets, 0.5, seed=0)}
+    return space, write_bundle(tmp_path / "b.tar.gz", space, space.workload(), passes, SETTINGS, seed=0)
+
+
+def test_bundle_round_trip_in_a_clean_venv(tmp_path, clean_python):
+    space, bundle = make_bundle(tmp_path)
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path / "board", filter="data")
+    assert "nas-latency-bundle/runner.py" in names and "nas-latency-bundle/manifest.json" in names
+    assert sum(n.endswith(".onnx") for n in names) == 3  # depth 1, 2, 3 (the reference shares depth 2's graph)
+    board = tmp_path / "board"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NAS_CACHE")}
+    run = lambda: subprocess.run(  # noqa: E731
+        [str(clean_python), "-I", "nas-latency-bundle/runner.py", "--out", "timings.csv", "--threads", "1"],
+        cwd=board, env=env, capture_output=True, text=True, timeout=300,
+    )
+    first = run()
+    assert first.returncode == 0, first.stderr
+    t = read_timings(board / "timings.csv")  # the host ingests what the board wrote
+    assert len(t.passes("measure")) == 3 and len(t.passes("retest")) == 2 and t.space.hash == space.hash
+    import onnxruntime
+
+    venv_ort = subprocess.run([str(clean_python), "-c", "import onnxruntime; print(onnxruntime.__version__)"], capture_output=True, text=True)
+    assert t.fingerprint["onnxruntime"] == venv_ort.stdout.strip() and t.fingerprint["threads"] == 1 and onnxruntime
+    again = run()  # resuming a finished table measures nothing
+    assert again.returncode == 0 and "5 of 5 already measured" in again.stdout
+    assert len(read_timings(board / "timings.csv").rows) == 5
+
+
+def test_runner_is_one_file_that_imports_only_numpy_and_onnxruntime():
+    import ast
+
+    tree = ast.parse(runner_source())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported - set(sys.stdlib_module_names) == {"numpy", "onnxruntime"}
+
+
+def test_ssh_device_drives_the_bundle_remotely(tmp_path, clean_python):
+    """ssh and scp replaced by local stand-ins: the driver copies, runs, resumes and fetches."""
+    _, bundle = make_bundle(tmp_path)
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "$*"\n')
+    (fake / "scp").write_text('#!/bin/sh\nfor a in "$@"; do last="$a"; done\nfor a in "$@"; do [ "$a" = "$last" ] || cp "${a#*@host:}" "${last#*@host:}"; done\n')
+    (fake / "python3").symlink_to(clean_python)
+    for f in ("ssh", "scp"):
+        (fake / f).chmod(0o755)
+    env = {"NAS_SSH": str(fake / "ssh"), "NAS_SCP": str(fake / "scp"), "PATH": f"{fake}:{os.environ['PATH']}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        out = tmp_path / "local" / "remote.csv"
+        run_remote("ssh://user@host", bundle, out, threads=1, workdir=str(tmp_path / "remote"))
+        assert len(read_timings(out).rows) == 5
+        run_remote("ssh://user@host", bundle, out, threads=1, workdir=str(tmp_path / "remote2"))  # resumes from the local table
+        assert len(read_timings(out).rows) == 5
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -1,0 +1,124 @@
+import numpy as np
+import pytest
+
+from latency.timing_core import FLAG_INTERFERENCE, FLAG_LOAD, Settings, run_protocol
+
+from .latency_fakes import FakeClock
+
+COSTS = {"a": 0.001, "b": 0.004, "c": 0.010, "d": 0.025}  # seconds per call
+FAST = dict(warmup=2, repeats=6, rounds=3, min_sample_ms=20.0, ref_samples=2)
+
+
+def run(clock, settings, **kw):
+    runners = {k: clock.runner(k, c) for k, c in COSTS.items()}
+    return run_protocol(runners, clock.runner("ref", 0.005), settings, np.random.default_rng(0), load=lambda: 0.0, cores=2, **kw)
+
+
+def test_quiet_machine_gives_exact_times_and_batches_short_calls():
+    results, baseline = run(FakeClock(), Settings(**FAST))
+    assert baseline == pytest.approx(5.0)
+    for k, c in COSTS.items():
+        r = results[k]
+        assert r.median_ms == pytest.approx(c * 1000) and r.iqr_ms == pytest.approx(0, abs=1e-9)
+        assert r.repeats == 6 and r.rounds == 3 and r.flags == []
+        assert r.calls * c * 1000 >= 20.0 > (r.calls - 1) * c * 1000  # one sample lasts >= min_sample_ms
+    assert results["a"].calls == 20 and results["d"].calls == 1
+
+
+def test_rounds_visit_every_model_once_in_shuffled_orders():
+    visits = []
+    results, _ = run(FakeClock(), Settings(**FAST), progress=lambda done, total, key: visits.append((done, total, key)))
+    assert [d for d, _, _ in visits] == list(range(1, 13)) and all(t == 12 for _, t, _ in visits)
+    rounds = [[k for _, _, k in visits[i : i + len(COSTS)]] for i in range(0, 12, len(COSTS))]
+    assert all(sorted(r) == sorted(COSTS) for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # the order is reshuffled every round
+
+
+def test_interference_is_detected_and_the_disturbed_visits_remeasured():
+    quiet_clock = FakeClock()
+    run(quiet_clock, Settings(**FAST))
+    middle = quiet_clock.now / 2
+    # A 3x slowdown for a while in the middle of the rounds; drift correction off so only re-measuring can fix it.
+    clock = FakeClock(slow=[(middle, middle + 0.4, 3.0)])
+    results, _ = run(clock, Settings(**FAST, correct_drift=False))
+    for k, c in COSTS.items():
+        assert results[k].median_ms == pytest.approx(c * 1000), k  # every disturbed visit was redone on a quiet machine
+        assert max(results[k].round_ms) == pytest.approx(c * 1000) and FLAG_INTERFERENCE not in results[k].flags
+    assert len(clock.log) > len(quiet_clock.log)  # the re-measured visits cost extra runs
+
+    # Without retries the same window leaves inflated rounds behind, and says so.
+    clock = FakeClock(slow=[(middle, middle + 0.4, 3.0)])
+    results, _ = run(clock, Settings(**FAST, correct_drift=False, max_retries=0))
+    hit = [k for k in COSTS if FLAG_INTERFERENCE in results[k].flags]
+    inflated = {k for k in COSTS if max(results[k].round_ms) > COSTS[k] * 1000 * 1.01}
+    assert inflated and inflated <= set(hit)  # no inflated round goes unflagged
+
+
+def test_drift_correction_rescales_by_the_reference_beside_each_visit():
+    quiet = FakeClock()
+    run(quiet, Settings(**FAST))
+    # The whole second half is 10% slower: not a disturbance (within tolerance) but a drift.
+    clock = FakeClock(slow=[(quiet.now / 2, 1e9, 1.1)])
+    raw, _ = run(clock, Settings(**FAST, correct_drift=False, combine="median"))
+    clock = FakeClock(slow=[(quiet.now / 2, 1e9, 1.1)])
+    fixed, _ = run(clock, Settings(**FAST))
+    assert any(raw[k].median_ms > COSTS[k] * 1000 * 1.05 for k in COSTS)
+    for k, c in COSTS.items():
+        assert fixed[k].median_ms == pytest.approx(c * 1000, rel=1e-9)
+        assert fixed[k].raw_median_ms == pytest.approx(raw[k].median_ms, rel=0.02)
+
+
+def test_a_machine_slow_to_the_end_is_drift_and_an_unsteady_one_is_flagged():
+    clock = FakeClock()
+    run(clock, Settings(**FAST))
+    # 2x slower from 80% of the run on, to the end: drift; the reference corrects it, nothing is redone.
+    slow = FakeClock(slow=[(clock.now * 0.8, 1e9, 2.0)])
+    runners = {k: slow.runner(k, c) for k, c in COSTS.items()}
+    results, _ = run_protocol(runners, slow.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 3.5, cores=2)
+    for k, c in COSTS.items():
+        assert results[k].median_ms == pytest.approx(c * 1000, rel=0.02) and FLAG_INTERFERENCE not in results[k].flags
+        assert FLAG_LOAD in results[k].flags  # the load average exceeded the cores
+    # A machine that keeps changing speed under every visit: retried, then flagged.
+    unsteady = FakeClock(slow=[(t, t + 0.013, 2.0) for t in np.arange(0.0, 60.0, 0.029)])
+    runners = {k: unsteady.runner(k, c) for k, c in COSTS.items()}
+    results, _ = run_protocol(runners, unsteady.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 0.0, cores=2)
+    assert any(FLAG_INTERFERENCE in r.flags for r in results.values())
+
+
+def test_min_of_round_medians_and_settings_validation():
+    clock = FakeClock()
+    results, _ = run(clock, Settings(**FAST, combine="min"))
+    assert results["b"].median_ms == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="combine"):
+        Settings(combine="mean")
+    with pytest.raises(ValueError, match="repeats"):
+        Settings(repeats=0)
+    assert Settings.from_dict(Settings(rounds=7).to_dict()) == Settings(rounds=7)
+
+
+def test_device_registry_options_and_clock_rules(tiny):
+    import torch
+
+    from latency.device import available, get_device
+    from latency.protocol import measure
+    from search_spaces import UserError
+    from supernet import SuperTransformer
+
+    assert {"cpu", "cuda", "onnxruntime"} <= set(available()) and "arm" not in available()
+    with pytest.raises(UserError, match=r"--device: 'tpu' is not a device \(available: cpu, cuda, onnxruntime, arm --bundle FILE, ssh://user@host\)"):
+        get_device("tpu")
+    with pytest.raises(UserError, match=r"--device cpu: does not take --runtime \(it takes --threads, --clock\)"):
+        get_device("cpu", runtime="eager")
+    with pytest.raises(UserError, match="--clock cpu needs --threads 1"):
+        get_device("cpu", threads=2, clock="cpu")
+    before = torch.get_num_threads()
+    try:
+        device = get_device("cpu", threads=1, clock="cpu")
+        assert device.fingerprint()["clock"] == "cpu" and device.fingerprint()["threads"] == 1
+        model = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
+        models = {s.key: model.extract(s) for s in (tiny.smallest(), tiny.largest())}
+        m = measure(device, models, tiny.workload(), Settings(**FAST))
+        small, big = m.results[tiny.smallest().key], m.results[tiny.largest().key]
+        assert 0 < small.median_ms < big.median_ms and m.baseline_ms > 0 and small.repeats == 6
+    finally:
+        torch.set_num_threads(before)
