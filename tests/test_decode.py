@@ -163,3 +163,76 @@ def test_kv_cache_regrows_past_its_capacity():
     assert cache.layers[0]["k"].shape[2] == 5  # full: the next step must regrow
     out = [decode_step(model, idx[:, t : t + 1], cache)[0] for t in range(5, MAX_LEN)]
     assert (torch.cat(out, 1) - model(idx)[:, 5:]).abs().max().item() <= 1e-4
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def byte_model(spec="local:5", positions="rope", max_len=MAX_LEN, seed=5):
+    cfg = TransformerConfig(256, max_len, HEAD_DIM, positions, EMBED, (LayerChoice(4, 48, spec), LayerChoice(4, 48, "softmax")))
+    model = Transformer(cfg, generator=torch.Generator().manual_seed(seed)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)  # sharper distributions than the init's near-uniform ones
+    return model
+
+
+@torch.no_grad()
+def uncached_generate(model, prompt, n, temperature, top_k, generator, window=None):
+    """The loop `generate` had before the cache: the full model on the context for every token.
+
+    ``window(tokens, start) -> start`` moves the context's first token (default: the last max_seq_len)."""
+    tokens, start = list(prompt), 0
+    for _ in range(n):
+        start = window(tokens, start) if window else max(0, len(tokens) - model.config.max_seq_len)
+        logits = model(torch.tensor([tokens[start:]]))[0, -1]
+        if temperature <= 0:
+            nxt = int(logits.argmax())
+        else:
+            logits = logits / temperature
+            kth = torch.topk(logits, top_k).values[-1]
+            probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
+            nxt = int(torch.multinomial(probs, 1, generator=generator))
+        tokens.append(nxt)
+    return bytes(tokens[len(prompt) :])
+
+
+def test_generate_with_cache_samples_what_the_uncached_loop_did():
+    from supernet.generate import generate
+
+    for spec in ("local:5", "linear", "bigbird:4:2:1"):
+        model = byte_model(spec)
+        seeded = lambda: torch.Generator().manual_seed(11)  # noqa: E731
+        out = generate(model, b"def f(x):", 50, temperature=0.8, top_k=40, generator=seeded())
+        assert out == uncached_generate(model, b"def f(x):", 50, 0.8, 40, seeded())  # within max_seq_len
+        # past max_seq_len, 'slide' is the uncached sliding window exactly
+        out = generate(model, b"def f(x):", 150, temperature=0.8, top_k=40, generator=seeded(), overflow="slide")
+        assert len(out) == 150 and out == uncached_generate(model, b"def f(x):", 150, 0.8, 40, seeded())
+
+
+def test_generate_reprefills_the_last_keep_tokens_past_max_seq_len():
+    from supernet.generate import generate
+
+    model = byte_model("gqa:2", "learned")
+    prompt = bytes(range(40, 140))  # longer than max_seq_len: its last 64 bytes are the context
+    jump = lambda tokens, start: len(tokens) - 20 if len(tokens) - start > MAX_LEN else start  # noqa: E731
+    expect = uncached_generate(model, prompt, 120, 0.0, None, None, window=lambda t, s: jump(t, max(s, len(prompt) - MAX_LEN)))
+    assert generate(model, prompt, 120, temperature=0, overflow="reprefill", keep=20) == expect
+    assert generate(model, prompt, 120, temperature=0, keep=20) == expect  # the default mode
+    assert generate(model, prompt, 120, temperature=0, overflow="slide") != expect  # a different context indeed
+
+
+def test_generate_continue_decodes_past_max_seq_len_where_the_model_can():
+    from supernet.generate import generate
+
+    short = byte_model("local:5")
+    long = byte_model("local:5", max_len=256)  # same weights (rope: no position table to differ)
+    long.load_state_dict(short.state_dict())
+    out = generate(short, b"hello", 150, temperature=0, overflow="continue")
+    assert out == uncached_generate(long, b"hello", 150, 0.0, None, None)  # the full model on all 155 tokens
+    with pytest.raises(UserError, match="overflow 'continue': this model has learned positions"):
+        generate(byte_model("local:5", "learned"), b"x", 5, overflow="continue")
+    with pytest.raises(UserError, match="cosformer:64 weights turn negative past its horizon M"):
+        generate(byte_model("cosformer:64"), b"x", 5, overflow="continue")
+    with pytest.raises(UserError, match="keep: 0; expected 1 ... max_seq_len 64"):
+        generate(short, b"x", 5, keep=0)
