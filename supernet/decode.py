@@ -135,7 +135,7 @@ def synthetic_cache(model: Transformer, batch_size: int, context: int, generator
     for layer in cache.layers:
         for name, t in layer.items():
             if t.dtype.is_floating_point:
-                r = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.dtype)
+                r = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
                 layer[name] = r.abs() + 1.0 if name == "z" else r
     cache.length = context
     return cache
