@@ -236,3 +236,20 @@ def test_generate_continue_decodes_past_max_seq_len_where_the_model_can():
         generate(byte_model("cosformer:64"), b"x", 5, overflow="continue")
     with pytest.raises(UserError, match="keep: 0; expected 1 ... max_seq_len 64"):
         generate(short, b"x", 5, keep=0)
+
+
+def test_generate_cli_uses_the_cache_and_reports_bad_flags(tiny, tmp_path, capsys):
+    from nas.cli import main
+    from search_spaces import Subnet
+    from supernet.artifact import save_model
+    from supernet.generate import generate
+
+    subnet = Subnet(64, 2, (2, 2), (128, 128), ("local:32", "linear"))
+    model = Transformer(TransformerConfig.from_subnet(tiny, subnet), generator=torch.Generator().manual_seed(0))
+    save_model(model, tmp_path / "m", tiny)
+    n = tiny.max_seq_len + 20  # past max_seq_len
+    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "ab", "--max-new-tokens", str(n), "--seed", "3", "--overflow", "continue"]) == 0
+    expect = generate(model, b"ab", n, generator=torch.Generator().manual_seed(3), overflow="continue")
+    assert capsys.readouterr().out == "ab" + expect.decode("utf-8", errors="replace") + "\n"
+    assert main(["generate", "--model", str(tmp_path / "m"), "--keep", "0"]) == 2
+    assert f"keep: 0; expected 1 ... max_seq_len {tiny.max_seq_len}" in capsys.readouterr().err
