@@ -6,7 +6,6 @@ import torch
 
 from search_spaces import LayerChoice, UserError
 from supernet.decode import decode_step, new_cache
-from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_decode import (
     decode_feed,
     empty_feed,
@@ -17,38 +16,27 @@ from supernet.onnx_decode import (
     onnx_session,
     read_layout,
 )
+from tests.test_decode import MAX_LEN, VOCAB, one_thread  # noqa: F401  (one_thread: an autouse fixture)
+from tests.test_decode import make_model as _make_model
 
-VOCAB, MAX_LEN = 64, 64
 # One layer of every type in one graph (softmax/gqa, window, full-cache sparse, linear family): one
 # export keeps the test fast, and a wrong layer anywhere shows in the logits.
 EVERY_TYPE = ["softmax", "gqa:2", "local:5", "dilated:3:2", "strided:4", "fixed:4", "longformer:4:3", "bigbird:4:2:1",
               "linear", "relu-linear", "cosformer:64", "performer:16"]  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(specs, positions="rope", seed=0):
-    cfg = TransformerConfig(VOCAB, MAX_LEN, 8, positions, 32, tuple(LayerChoice(4, 48, s) for s in specs))
-    g = torch.Generator().manual_seed(seed)
-    model = Transformer(cfg, generator=g).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3, generator=g)  # peaked attention: mistakes show in the logits
-    return model
+    return _make_model([LayerChoice(4, 48, s) for s in specs], positions, seed)
 
 
 @pytest.fixture(scope="module")
 def every_type(tmp_path_factory):
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the export traces many tiny ops
     model = make_model(EVERY_TYPE)
     path = export_decode_onnx(model, tmp_path_factory.mktemp("onnx") / "step.onnx")
-    return model, path, onnx_session(path, threads=1)
+    yield model, path, onnx_session(path, threads=1)
+    torch.set_num_threads(threads)
 
 
 def torch_decode(model, idx):
