@@ -200,10 +200,10 @@ def main(argv=None) -> int:
         bar.close()
     tmp.cleanup()
 
-    rows = [
-        Row(b, t, ctx, args.batch, statistics.median(r), min(r), round(candidates[(b, t, ctx)].cache_mb, 3), args.rounds, args.steps)
-        for (b, t, ctx), r in rounds.items()
-    ]
+    rows = []
+    for (backend, typ, ctx), r in rounds.items():
+        cache_mb = round(candidates[backend, typ, ctx].cache_mb, 3)
+        rows.append(Row(backend, typ, ctx, args.batch, statistics.median(r), min(r), cache_mb, args.rounds, args.steps))
     write_outputs(rows, args)
     report(rows, contexts)
     return 0
@@ -252,7 +252,8 @@ def plot(rows: list[Row], path: Path) -> None:
         xs = [p[0] for p in pts]
         ax.plot(xs, [p[1] for p in pts], styles.get(backend, "-"), marker="o", color=colors[typ], label=f"{typ} ({backend})")
         if backend != "onnxruntime-cpu":  # same cache as torch's
-            ax_mem.plot(xs, [p[2] for p in pts], marker="o", color=colors[typ], label=typ if backend == "torch-cpu" else f"{typ} ({backend})")
+            label = typ if backend == "torch-cpu" else f"{typ} ({backend})"
+            ax_mem.plot(xs, [p[2] for p in pts], marker="o", color=colors[typ], label=label)
     ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="ms per token", title="decode step latency")
     ax_mem.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="cache MB", title="cache memory")
     for a in (ax, ax_mem):
@@ -277,7 +278,10 @@ def report(rows: list[Row], contexts: list[int]) -> None:
         by = {r.context: r.ms_per_token for r in rows if (r.backend, r.type) == (backend, typ)}
         ratio = by[hi] / by[lo]
         kind = state_kind(parse_attention(typ))
-        verdict = ("flat: ok" if ratio <= FLAT_TARGET else "NOT flat") if kind != "kv" else ("grows" if ratio > FLAT_TARGET else "does not grow")
+        if kind == "kv":
+            verdict = "grows" if ratio > FLAT_TARGET else "does not grow"
+        else:
+            verdict = "flat: ok" if ratio <= FLAT_TARGET else "NOT flat"
         ok &= kind == "kv" or ratio <= FLAT_TARGET
         print(f"  {backend:16} {typ:12} {ratio:6.2f}  ({kind} cache: {verdict})")
     print("target met" if ok else "target NOT met")

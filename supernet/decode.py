@@ -122,7 +122,9 @@ def new_cache(model: Transformer, batch_size: int, *, capacity: int = SPARE) -> 
     return DecodeCache(layers, 0, batch_size)
 
 
-def synthetic_cache(model: Transformer, batch_size: int, context: int, generator: torch.Generator | None = None, *, spare: int = SPARE) -> DecodeCache:
+def synthetic_cache(
+    model: Transformer, batch_size: int, context: int, generator: torch.Generator | None = None, *, spare: int = SPARE
+) -> DecodeCache:
     """A cache of the right shapes and dtypes filled with random values, as if ``context`` tokens had been seen.
 
     No prefill runs, so it is cheap even at 16k tokens: it is for timing one :func:`decode_step` at
@@ -170,7 +172,9 @@ def decode_step(model: Transformer, token: Tensor, cache: DecodeCache) -> tuple[
     Updates ``cache`` in place (and returns it).
     """
     if token.dim() != 2 or token.shape[1] != 1 or token.dtype not in (torch.int64, torch.int32):
-        raise UserError(f"decode_step: expected one token per sequence, shape (batch, 1) integer, got {tuple(token.shape)} {token.dtype}")
+        raise UserError(
+            f"decode_step: expected one token per sequence, shape (batch, 1) integer, got {tuple(token.shape)} {token.dtype}"
+        )
     if cache.batch_size and token.shape[0] != cache.batch_size:
         raise UserError(f"decode_step: {token.shape[0]} tokens for a cache of batch size {cache.batch_size}")
     p = cache.length
@@ -193,7 +197,9 @@ def cache_bytes(cache: DecodeCache) -> int:
 # --------------------------------------------------------------------------- the step
 
 
-def step(model: Transformer, token: Tensor, pos: Tensor, layers: list[dict[str, Tensor]], length: int | None) -> tuple[Tensor, list[dict[str, Tensor]]]:
+def step(
+    model: Transformer, token: Tensor, pos: Tensor, layers: list[dict[str, Tensor]], length: int | None
+) -> tuple[Tensor, list[dict[str, Tensor]]]:
     """One decode step: token (B, 1) at position ``pos`` (1,) int64 -> logits (B, 1, V), new layer states.
 
     ``length`` is the number of valid slots of the growing caches when they are spare-room buffers
@@ -213,7 +219,9 @@ def step(model: Transformer, token: Tensor, pos: Tensor, layers: list[dict[str, 
     return F.linear(model.ln_f(x), model.tok_emb.weight), new_layers  # (B, 1, V)
 
 
-def mix_step(spec: AttentionSpec, state: dict[str, Tensor], q: Tensor, k: Tensor, v: Tensor, pos: Tensor, length: int | None) -> tuple[Tensor, dict[str, Tensor]]:
+def mix_step(
+    spec: AttentionSpec, state: dict[str, Tensor], q: Tensor, k: Tensor, v: Tensor, pos: Tensor, length: int | None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Mix one query q (B, H, 1, D) with the layer's past and its new key/value k, v (B, Hkv, 1, D) at ``pos``."""
     kind = state_kind(spec)
     if kind == "linear":
@@ -264,7 +272,9 @@ def _append(state: dict[str, Tensor], k: Tensor, v: Tensor, length: int | None) 
     return buf_k[:, :, : length + 1], buf_v[:, :, : length + 1], {"k": buf_k, "v": buf_v}
 
 
-def _linear_step(spec: AttentionSpec, state: dict[str, Tensor], q: Tensor, k: Tensor, v: Tensor, pos: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+def _linear_step(
+    spec: AttentionSpec, state: dict[str, Tensor], q: Tensor, k: Tensor, v: Tensor, pos: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Recurrent linear attention: s += phi(k) v^T, z += phi(k); out = phi(q) s / (phi(q) . z + eps), in fp32."""
     fq, fk = kernel_features(q.float(), k.float(), spec, start=pos)  # (B, H, 1, F) x2
     s = state["s"] + fk.transpose(-2, -1) @ v.float()  # (B, H, F, Dv)

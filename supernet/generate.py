@@ -88,7 +88,11 @@ def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: to
 
 def _check_can_continue(model: Transformer) -> None:
     if model.pos_emb is not None:
-        raise UserError("overflow 'continue': this model has learned positions, which end at max_seq_len; use 'reprefill' or 'slide'")
+        raise UserError(
+            "overflow 'continue': this model has learned positions, which end at max_seq_len; use 'reprefill' or 'slide'"
+        )
     cos = [str(b.attn.spec) for b in model.blocks if b.attn.spec.kind == "cosformer"]
     if cos:
-        raise UserError(f"overflow 'continue': {', '.join(cos)} weights turn negative past its horizon M; use 'reprefill' or 'slide'")
+        raise UserError(
+            f"overflow 'continue': {', '.join(cos)} weights turn negative past its horizon M; use 'reprefill' or 'slide'"
+        )

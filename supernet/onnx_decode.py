@@ -80,7 +80,8 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
     example = _zeros_feed(layout, batch_size=2, past=3, position=3)
     dynamic = []
     for spec in layout.values():
-        dynamic.append({axis: {"batch": batch, "past": past}[d] for axis, d in enumerate(spec["shape"]) if isinstance(d, str)} or None)
+        axes = {axis: {"batch": batch, "past": past}[d] for axis, d in enumerate(spec["shape"]) if isinstance(d, str)}
+        dynamic.append(axes or None)
     state_names = [n for n in layout if n.startswith("past.")]
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
@@ -149,7 +150,9 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
     layout = _layout_of(model_or_graph)
     limit = layout["position"].get("limit")
     if limit is not None and context >= limit:
-        raise UserError(f"decode_feed: context {context} is past max_seq_len {limit}: the model has learned positions, which end there")
+        raise UserError(
+            f"decode_feed: context {context} is past max_seq_len {limit}: the model has learned positions, which end there"
+        )
     feed = _zeros_feed(layout, batch_size, past=context, position=context)
     feed["token"] = rng.integers(0, layout["token"].get("vocab_size", 2), size=feed["token"].shape, dtype=np.int64)
     for name, a in feed.items():
@@ -219,4 +222,14 @@ def _run_step(session, feed: dict[str, np.ndarray], token: np.ndarray, position:
     return outs[0], feed
 
 
-__all__ = ["DecodeStep", "decode_feed", "empty_feed", "export_decode_onnx", "input_layout", "onnx_decode_logits", "onnx_generate", "onnx_session", "read_layout"]
+__all__ = [
+    "DecodeStep",
+    "decode_feed",
+    "empty_feed",
+    "export_decode_onnx",
+    "input_layout",
+    "onnx_decode_logits",
+    "onnx_generate",
+    "onnx_session",
+    "read_layout",
+]

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from search_spaces import LayerChoice, UserError
+from search_spaces import LayerChoice, UserError, parse_attention
 from search_spaces.attention import SIGNATURES
 from supernet import DecodeCache, cache_bytes, decode_step, new_cache, prefill, synthetic_cache
 from supernet.decode import state_kind
 from supernet.model import Transformer, TransformerConfig, rope_tables
-from search_spaces import parse_attention
+from tests.test_train import one_thread  # noqa: F401  (autouse: tiny ops, and two threads spin badly on a busy machine)
 
 VOCAB, MAX_LEN, HEAD_DIM, EMBED = 64, 64, 8, 32
 T = 40  # decoded length: crosses every window and block below several times
@@ -19,15 +19,6 @@ SPECS = [
     "strided:4", "fixed:4", "longformer:4:3", "longformer:6:9", "bigbird:4:2:1", "bigbird:3:1:2",
     "linear", "relu-linear", "cosformer:64", "performer:16",
 ]  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one thread is fastest, and two threads spin badly while other processes hold the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_model(layers, positions="rope", seed=0):
@@ -47,7 +38,10 @@ def tokens(b=2, t=T, seed=1):
 
 def decoded_logits(model, idx, t0):
     """prefill(idx[:, :t0]) then one decode_step per remaining token; logits (B, T, V)."""
-    logits, cache = prefill(model, idx[:, :t0]) if t0 else (idx.new_zeros(idx.shape[0], 0, VOCAB).float(), new_cache(model, idx.shape[0]))
+    if t0:
+        logits, cache = prefill(model, idx[:, :t0])
+    else:
+        logits, cache = torch.zeros(idx.shape[0], 0, VOCAB), new_cache(model, idx.shape[0])
     out = [logits]
     for t in range(t0, idx.shape[1]):
         step_logits, cache = decode_step(model, idx[:, t : t + 1], cache)
@@ -72,7 +66,8 @@ def test_decode_equals_full_forward(spec, positions):
 
 
 def test_decode_of_mixed_type_model_equals_full_forward():
-    layers = [LayerChoice(4, 48, s) for s in ("softmax", "local:5", "linear", "gqa:2", "longformer:4:3", "cosformer:64", "bigbird:4:2:1", "performer:16")]
+    types = ("softmax", "local:5", "linear", "gqa:2", "longformer:4:3", "cosformer:64", "bigbird:4:2:1", "performer:16")
+    layers = [LayerChoice(4, 48, s) for s in types]
     for positions in ("rope", "learned"):
         model = make_model(layers, positions, seed=3)
         idx = tokens(seed=4)
@@ -125,7 +120,9 @@ def test_rope_at_any_position_matches_the_table():
     assert torch.equal(cos, c2) and torch.equal(sin, s2)
 
 
-@pytest.mark.parametrize("spec,kind", [("softmax", "kv"), ("gqa:1", "kv"), ("local:8", "window"), ("linear", "linear"), ("cosformer:64", "linear")])
+@pytest.mark.parametrize(
+    "spec,kind", [("softmax", "kv"), ("gqa:1", "kv"), ("local:8", "window"), ("linear", "linear"), ("cosformer:64", "linear")]
+)
 def test_cache_memory_constant_for_window_and_linear_grows_for_softmax(spec, kind):
     model = make_model([LayerChoice(4, 48, spec)] * 2)
     assert state_kind(parse_attention(spec)) == kind
@@ -248,7 +245,8 @@ def test_generate_cli_uses_the_cache_and_reports_bad_flags(tiny, tmp_path, capsy
     model = Transformer(TransformerConfig.from_subnet(tiny, subnet), generator=torch.Generator().manual_seed(0))
     save_model(model, tmp_path / "m", tiny)
     n = tiny.max_seq_len + 20  # past max_seq_len
-    assert main(["generate", "--model", str(tmp_path / "m"), "--prompt", "ab", "--max-new-tokens", str(n), "--seed", "3", "--overflow", "continue"]) == 0
+    args = ["--prompt", "ab", "--max-new-tokens", str(n), "--seed", "3", "--overflow", "continue"]
+    assert main(["generate", "--model", str(tmp_path / "m"), *args]) == 0
     expect = generate(model, b"ab", n, generator=torch.Generator().manual_seed(3), overflow="continue")
     assert capsys.readouterr().out == "ab" + expect.decode("utf-8", errors="replace") + "\n"
     assert main(["generate", "--model", str(tmp_path / "m"), "--keep", "0"]) == 2
