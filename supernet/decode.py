@@ -29,7 +29,7 @@ The step math (:func:`step`) is one function shared with the ONNX step graph
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +54,7 @@ class DecodeCache:
 
     layers: list[dict[str, Tensor]]
     length: int = 0
-    batch_size: int = field(default=0)
+    batch_size: int = 0  # sequences per step (0: not checked)
 
 
 def state_kind(spec: AttentionSpec) -> str:
@@ -129,7 +129,9 @@ def synthetic_cache(
 
     No prefill runs, so it is cheap even at 16k tokens: it is for timing one :func:`decode_step` at
     a context length.  Growing caches get ``context + spare`` slots (no regrowth in the next
-    ``spare`` steps); linear normalisers ``z`` are positive, so outputs stay finite.
+    ``spare`` steps); linear normalisers ``z`` are positive, so outputs stay finite.  To time many
+    steps at the same context, set ``cache.length = context`` before each: the growing caches then
+    overwrite the same slots (window and linear states are constant-size anyway).
     """
     if context < 0:
         raise UserError(f"context: {context}; expected >= 0 tokens")

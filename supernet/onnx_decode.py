@@ -33,7 +33,7 @@ from .model import Transformer
 from .onnx_export import DEFAULT_OPSET, _quiet, onnx_session
 
 META_KEY = "decode_inputs"
-_NP = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "float32", torch.int64: "int64"}
+_NP = {torch.float32: "float32", torch.float16: "float16"}
 
 
 class DecodeStep(nn.Module):
@@ -53,6 +53,8 @@ class DecodeStep(nn.Module):
 
 def input_layout(model: Transformer) -> dict[str, dict]:
     """Every input of the step graph: name -> {"shape": [...] with "batch" / "past" for the dynamic axes, "dtype"}."""
+    if model.tok_emb.weight.dtype not in _NP:
+        raise UserError(f"decode step graph: weights of dtype {model.tok_emb.weight.dtype}; expected float32 or float16")
     layout = {"token": {"shape": ["batch", 1], "dtype": "int64"}, "position": {"shape": [1], "dtype": "int64"}}
     for i, (block, shapes) in enumerate(zip(model.blocks, state_shapes(model, 1, 0))):
         grows = state_kind(block.attn.spec) == "kv"
