@@ -170,7 +170,8 @@ def _step_bar(config, start_step: int, start_elapsed: float):
     )
 
     def update(info) -> None:
-        bar.update((info.elapsed if by_time else info.step) - bar.n)
+        # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
+        bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
         loss = " ".join(f"{v:.3f}" for v in (info.losses.get("largest"), info.losses.get("smallest")) if v is not None)
         bar.set_postfix_str(f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
 

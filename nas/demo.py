@@ -1,0 +1,286 @@
+"""The whole workflow on ``tiny.yaml`` in one call: train, measure, fit, search, export, check, compare.
+
+Every stage is the documented command (``nas train-supernet``, ``nas measure-latency``, ...) run
+in-process on one run directory, so the demo is the README's workflow, not a second
+implementation of it.  Each stage leaves its files behind and resumes from them: run the same
+command again after an interruption and finished stages are skipped, the interrupted one goes on
+where it stopped (training from its checkpoint, the timing table from its last chunk, the search
+from its Optuna storage).
+
+After the search, the chosen subnet is exported and timed with ONNX Runtime side by side with
+*hand-scaled baselines*: uniform Transformers (every layer the same heads, FFN width and attention
+type) extracted from the same supernet, the best one per attention type that the predictor puts
+under the budget.  All of them are scored on held-out windows the search never saw.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from search_spaces import Subnet, UserError
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each stage is.  ``FULL`` fits 15 minutes on an idle 2-core CPU, ``QUICK`` 5 (CI)."""
+
+    train_time: str = "5m"
+    samples: int = 100  # subnets timed with ONNX Runtime (+ 20% re-measured for test-retest)
+    warmup: int = 3
+    repeats: int = 9
+    rounds: int = 3
+    min_sample_ms: float = 10.0
+    percentile: float = 40.0  # the budget: this percentile of the measured latencies
+    population: int = 60
+    parents: int = 12
+    mutations: int = 24
+    crossovers: int = 24
+    generations: int = 12
+    val_windows: int = 16  # search fitness windows
+    compare_windows: int = 64  # fresh held-out windows for the final comparison
+    compare_repeats: int = 15  # timing of the export and the baselines, side by side
+    compare_rounds: int = 5
+    sample_tokens: int = 200
+
+
+FULL = Plan()
+QUICK = replace(
+    FULL, train_time="60s", samples=30, repeats=4, rounds=2, population=16, parents=4, mutations=6, crossovers=6,
+    generations=4, compare_windows=16, compare_repeats=6, compare_rounds=2, sample_tokens=80,
+)
+
+SPACE = "tiny"
+PROMPT = b"def "
+
+
+@dataclass
+class Paths:
+    root: Path
+
+    def __getattr__(self, name: str) -> Path:
+        files = {
+            "supernet": "supernet", "checkpoint": "supernet/latest.pt", "timings": "latency/timings.csv",
+            "predictor": "predictor", "search": "search", "model": "model", "summary": "summary.json",
+            "comparison": "comparison.csv",
+        }  # fmt: skip
+        if name not in files:
+            raise AttributeError(name)
+        return self.root / files[name]
+
+
+def cli(argv: list[str]) -> None:
+    """Run one ``nas`` command in-process; a failure stops the demo with that command's message."""
+    from nas.cli import main
+
+    print(f"\n$ nas {' '.join(argv)}", flush=True)
+    code = main(argv)
+    if code == 130:
+        raise KeyboardInterrupt
+    if code != 0:
+        raise UserError(f"`nas {argv[0]}` failed (exit {code}); fix the cause above and run the demo again to resume")
+
+
+def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0, say: Callable[[str], None] = print) -> dict:
+    """All stages into ``out``; returns the summary (also written to ``out/summary.json``)."""
+    p = Paths(Path(out))
+    p.root.mkdir(parents=True, exist_ok=True)
+    thread_args = ["--threads", str(threads)] if threads else []
+    timings: dict[str, float] = {}
+
+    def stage(name: str, fn: Callable[[], None]) -> None:
+        """Run ``fn`` unless a marker says it finished; an interrupted stage's own command resumes it."""
+        marker = p.root / ".done" / name.replace(" ", "-")
+        if marker.exists():
+            say(f"== {name}: finished in an earlier run, skipped")
+            return
+        say(f"== {name}")
+        t0 = time.perf_counter()
+        fn()
+        timings[name] = time.perf_counter() - t0
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(f"{timings[name]:.1f}\n")
+
+    # 1. the supernet
+    def train() -> None:
+        if p.checkpoint.exists():
+            cli(["train-supernet", "--out", str(p.supernet), "--resume", "--max-time", plan.train_time, *thread_args])
+        else:
+            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed), *thread_args])
+
+    stage("train the supernet", train)
+
+    # 2. latency: time subnets with ONNX Runtime on this CPU (one thread, the thread's CPU time: steady on a busy machine)
+    measure = ["measure-latency", SPACE, "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
+               "--samples", str(plan.samples), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
+               "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
+               "--out", str(p.timings)]  # fmt: skip
+    stage("measure latency", lambda: cli(measure))
+    stage("fit the latency predictor", lambda: cli(["fit-predictor", str(p.timings), "--out", str(p.predictor), "--seed", str(seed)]))
+
+    # 3. search under the 40th percentile of what was measured
+    budget_ms = budget_from_table(p.timings, plan.percentile)
+    say(f"budget: {budget_ms:.3f} ms, the {plan.percentile:g}th percentile of the {plan.samples} measured subnets")
+    search = ["search", str(p.checkpoint), "--predictor", str(p.predictor), "--budget", f"{budget_ms:.3f}ms",
+              "--population", str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations),
+              "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
+              "--val-windows", str(plan.val_windows), "--seed", str(seed), "--out", str(p.search), "--device", "cpu"]  # fmt: skip
+    stage("search", lambda: cli(search))
+    best_file = _search_best(p.search)
+    if best_file is None:
+        raise UserError(f"{p.search}/search.json: the search found no subnet under {budget_ms:.3f} ms")
+
+    # 4. export the winner (ONNX with fused attention, parity checked)
+    stage("export", lambda: cli(["export", "--supernet", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model)]))
+
+    # 5. the export and the hand-scaled baselines, measured side by side, scored on fresh windows
+    say("== measure the export beside uniform baselines")
+    t0 = time.perf_counter()
+    summary = compare(p, plan, budget_ms, seed=seed, say=say)
+    timings["compare"] = time.perf_counter() - t0
+    earlier = {m.name.replace("-", " "): float(m.read_text()) for m in (p.root / ".done").glob("*")}
+    summary["stage_seconds"] = {k: round(v, 1) for k, v in {**earlier, **timings}.items()}
+    summary["plan"] = asdict(plan)
+    (p.summary).write_text(json.dumps(summary, indent=2) + "\n")
+    say(render_summary(summary, p))
+    return summary
+
+
+def budget_from_table(path: Path, percentile: float) -> float:
+    from latency.table import read_timings
+
+    rows = read_timings(path).passes("measure")
+    if not rows:
+        raise UserError(f"{path}: no measured subnets to set a budget from")
+    return float(np.percentile([r.median_ms for r in rows.values()], percentile))
+
+
+def _search_best(search_dir: Path) -> Path | None:
+    f = search_dir / "search.json"
+    if not f.exists():
+        return None
+    for entry in json.loads(f.read_text()).get("budgets", {}).values():
+        if entry.get("best"):
+            return search_dir / entry["best"]["file"]
+    return None
+
+
+def uniform_subnets(space) -> list[Subnet]:
+    """Every hand-scaled Transformer of the space: all layers the same heads, FFN width and attention type."""
+    grid = itertools.product(space.embed_dim, space.depth, space.heads, space.ffn_dim, space.attention)
+    return [s for e, d, h, f, a in grid if (s := Subnet(e, d, (h,) * d, (f,) * d, (a,) * d)) in space]
+
+
+def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[[str], None]) -> dict:
+    """Time the exported subnet and the best uniform subnet per attention type side by side; score all on fresh windows."""
+    import argparse
+
+    import torch
+
+    from latency.device import get_device
+    from latency.predictors import load_predictor
+    from latency.table import read_timings
+    from latency.timing_core import Settings
+    from latency.protocol import measure
+    from nas.commands.search import validation_tokens
+    from nas.search import InheritedLoss
+    from supernet.artifact import load_model, read_card
+    from supernet.checkpoint import load_supernet
+    from supernet.generate import generate
+
+    supernet, payload = load_supernet(p.checkpoint, device="cpu")
+    space = supernet.space
+    predictor = load_predictor(p.predictor)
+    found = Subnet.from_dict(read_card(p.model)["subnet"])
+    tokens, _ = validation_tokens(argparse.Namespace(val_data=None, supernet=str(p.checkpoint), data_cache=None), payload)
+    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0)  # the search's windows
+    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000)  # never seen by the search
+
+    # the best uniform subnet of each attention type that the predictor puts under the budget
+    uniform = uniform_subnets(space)
+    predicted = dict(zip(uniform, predictor.predict(uniform)))
+    baselines: dict[str, Subnet] = {}
+    for attention in space.attention:
+        feasible = [s for s in uniform if s.attention[0] == attention and predicted[s] <= budget_ms]
+        if feasible:
+            losses = search_fit(feasible)
+            baselines[attention] = feasible[int(np.argmin(losses))]
+    say(f"baselines: the best uniform subnet per attention type under {budget_ms:.3f} ms (predicted), "
+        f"{len(baselines)} of {len(space.attention)} types have one")
+
+    candidates = {"found": found, **{f"uniform {a}": s for a, s in baselines.items()}}
+    table = read_timings(p.timings)
+    fp = table.fingerprint
+    device = get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "wall"))
+    settings = Settings(warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms)
+    models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
+    m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
+    losses = fresh_fit(list(candidates.values()))
+    pred = predictor.predict(list(candidates.values()))
+    rows = []
+    for (name, s), loss, pr in zip(candidates.items(), losses, pred):
+        rows.append({"name": name, "subnet": s.key, "params": supernet.num_params(s), "bpb": float(loss),
+                     "predicted_ms": float(pr), "measured_ms": float(m.results[name].median_ms)})
+    _write_csv(p.comparison, rows)
+
+    me = rows[0]
+    beaten = [r for r in rows[1:] if r["measured_ms"] <= me["measured_ms"] * 1.0]
+    verdict = all(me["bpb"] < r["bpb"] for r in beaten)
+    torch.manual_seed(seed)
+    sample = generate(load_model(p.model), PROMPT, plan.sample_tokens, generator=torch.Generator().manual_seed(seed))
+    return {
+        "budget_ms": budget_ms,
+        "found": {**me, "subnet": found.to_dict()},
+        "error_pct": 100.0 * (me["measured_ms"] - me["predicted_ms"]) / me["predicted_ms"],
+        "within_budget": me["measured_ms"] <= budget_ms,
+        "baselines": rows[1:],
+        "beats_baselines": verdict,
+        "baselines_at_or_below_found_latency": len(beaten),
+        "sample": (PROMPT + sample).decode("utf-8", errors="replace"),
+        "files": {"pareto_png": str(p.search / "pareto.png"), "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
+                  "model": str(p.model), "comparison_csv": str(p.comparison)},
+    }
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def render_summary(s: dict, p: Paths) -> str:
+    f = s["found"]
+    lines = [
+        "",
+        "=" * 78,
+        f"budget {s['budget_ms']:.3f} ms (ONNX Runtime, 1 thread, this CPU; prefill 1x256 bytes)",
+        f"found  {Subnet.from_dict(f['subnet'])}",
+        f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte on fresh held-out windows",
+        f"       predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms ({s['error_pct']:+.1f}%), "
+        + ("within the budget" if s["within_budget"] else "OVER THE BUDGET"),
+        "",
+        f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}",
+    ]
+    for r in [f] + s["baselines"]:
+        lines.append(f"{'*' if r is f else ' ':2}{r['name']:22} {r['params']:>9,} {r['bpb']:>9.4f} {r['predicted_ms']:>8.3f}ms {r['measured_ms']:>7.3f}ms")
+    n = s["baselines_at_or_below_found_latency"]
+    lines.append("")
+    if n == 0:
+        lines.append("no uniform baseline measured at or below the found subnet's latency")
+    else:
+        lines.append(f"found subnet vs the {n} uniform baselines at equal or lower measured latency: "
+                     + ("lower bits/byte than all of them" if s["beats_baselines"] else "NOT lower bits/byte than all of them"))
+    lines += ["", "sample (temperature 0.8):", "  " + s["sample"].replace("\n", "\n  "), ""]
+    lines.append(f"files: {p.search / 'pareto.png'}, {p.predictor / 'predicted_vs_measured.png'}, {p.comparison}, {p.model}/")
+    lines.append("stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items()))
+    lines.append("=" * 78)
+    return "\n".join(lines)
