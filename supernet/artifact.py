@@ -126,6 +126,15 @@ def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = 
     return path
 
 
+def card_space(model_dir: str | Path, card: dict[str, Any] | None = None) -> Space:
+    """The search space stored in a model's card."""
+    model_dir = Path(model_dir)
+    card = card or read_card(model_dir)
+    if "space" not in card:
+        raise UserError(f"{model_dir / CARD}: missing field 'space'")
+    return parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
+
+
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
     """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
     from safetensors import SafetensorError
@@ -134,8 +143,8 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     model_dir = Path(model_dir)
     card = read_card(model_dir)
     weights = verify_file(model_dir, WEIGHTS, card)
+    space = card_space(model_dir, card)
     try:
-        space = parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
         subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
     except KeyError as e:
         raise UserError(f"{model_dir / CARD}: missing field {e}") from None
@@ -171,14 +180,14 @@ def export_program(model: Transformer, path: str | Path) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
-    os.close(fd)
-    try:
-        torch.export.save(program, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+        os.close(fd)
+        try:
+            torch.export.save(program, tmp)  # (warns that the tied embedding / head weight is one tensor: it is)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
 
 

@@ -112,3 +112,63 @@ def test_export_cli(supernet, tmp_path, capsys):
     assert "embed_dim: 256 is not one of 64, 96, 128" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "o"), "--prompt", "ab", "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("ab")
+
+
+# --------------------------------------------------------------------------- torch.export program
+
+
+ALL_TYPES = ["softmax", "gqa:2", "local:32", "dilated:8:2", "strided:16", "fixed:16", "longformer:16:4", "bigbird:16:2:1",
+             "linear", "relu-linear", "cosformer:64", "performer:16"]
+
+
+def static_model(types, seed=0):
+    from supernet import Transformer, TransformerConfig
+
+    n = len(types)
+    sub = Subnet(64, n, (2,) * n, (128,) * n, tuple(types))
+    return Transformer(TransformerConfig(256, 256, 32, "rope", 64, sub.layers), generator=torch.Generator().manual_seed(seed)).eval()
+
+
+@pytest.mark.parametrize("types", [ALL_TYPES[0:4], ALL_TYPES[4:8], ALL_TYPES[8:12]], ids=["dense", "sparse", "linear"])
+def test_torch_export_program_round_trip_every_attention_type(types, tmp_path):
+    from nas.export import program_parity
+    from supernet.artifact import check_program, export_program
+
+    model = static_model(types)
+    path = export_program(model, tmp_path / "model.pt2")
+    check_program(path)
+    program = torch.export.load(str(path)).module()  # plain torch: no nas code in the loop
+    gap = program_parity(program, model, (5, 100, 256))  # (1, 5), (3, 100), (3, 256): lengths below and above a chunk
+    assert gap <= 1e-5, f"{types}: {gap}"
+
+
+def test_program_in_the_export_and_its_refusals(exported, tmp_path):
+    import shutil
+    import zipfile
+
+    from supernet.artifact import load_program
+
+    card = read_card(exported.out)
+    assert card["torch_program"]["parity_max_abs"] <= 1e-5 and "model.pt2" in card["files"]
+    program = load_program(exported.out)
+    x = torch.randint(0, 256, (2, 33))
+    with torch.no_grad():
+        assert (program(x) - load_model(exported.out)(x)).abs().max() <= 1e-5
+    bad = tmp_path / "bad"
+    shutil.copytree(exported.out, bad)
+    # An archive whose weights would be unpickled (torch.export.load uses weights_only=False for them) is refused,
+    # even with a matching checksum in the card.
+    with zipfile.ZipFile(exported.out / "model.pt2") as src, zipfile.ZipFile(bad / "model.pt2", "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("_weights_config.json"):
+                data = data.replace(b'"use_pickle": false', b'"use_pickle": true', 1)
+            dst.writestr(item, data)
+    from supernet.artifact import update_card
+
+    update_card(bad, files=["model.pt2"])
+    with pytest.raises(UserError, match=r"model.pt2: holds pickled entries .* could run code, refused"):
+        load_program(bad)
+    (bad / "model.pt2").write_bytes(b"not a zip")
+    with pytest.raises(UserError, match=r"model.pt2: checksum .* does not match the model card"):
+        load_program(bad)
