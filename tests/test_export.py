@@ -102,7 +102,7 @@ def test_generate_is_seeded(exported):
 def test_export_cli(supernet, tmp_path, capsys):
     ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
     (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "torch"]) == 0
+    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "torch", "--no-eval"]) == 0
     assert "parameters" in capsys.readouterr().out
     assert not (tmp_path / "o" / "model.onnx").exists() and (tmp_path / "o" / "model.safetensors").exists()
     assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "tflite"]) == 2
@@ -172,3 +172,95 @@ def test_program_in_the_export_and_its_refusals(exported, tmp_path):
     (bad / "model.pt2").write_bytes(b"not a zip")
     with pytest.raises(UserError, match=r"model.pt2: checksum .* does not match the model card"):
         load_program(bad)
+
+
+# --------------------------------------------------------------------------- card: bits per byte, predicted and measured latency
+
+
+def fake_predictor(space, path, device="fake"):
+    """An additive predictor fitted on the fake device's cost (0.2 ms + 1 ns per parameter per 16 tokens)."""
+    import numpy as np
+
+    from latency.predictors import Predictor
+    from latency.predictors.additive import Additive
+    from latency.predictors.predictor import subnet_matrix
+
+    rng = np.random.default_rng(0)
+    subnets = [space.sample(rng) for _ in range(60)]
+    supernet = SuperTransformer(space)
+    w = space.workload()
+    ms = np.array([0.2 + 1e-6 * supernet.num_params(s) * w.seq_len / 16 for s in subnets])
+    x, _ = subnet_matrix("additive", space, w, subnets)
+    Predictor("additive", Additive().fit(x, ms), space, w, {"device": device}).save(path)
+    return path
+
+
+class SlowFakeDevice:
+    """tests.latency_fakes.FakeDevice, 'slow' times slower for models of the given widths."""
+
+    def __new__(cls, slow_widths=(), factor=1.0):
+        from tests.latency_fakes import FakeDevice
+
+        class Slow(FakeDevice):
+            def prepare(self, model, workload):
+                run = super().prepare(model, workload)
+                if model.config.embed_dim in slow_widths and len(model.config.layers) != 2:  # not the reference (2 layers)
+                    return lambda n: run(n) * factor  # noqa: E731
+                return run
+
+        return Slow()
+
+
+def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, monkeypatch):
+    import latency.device
+
+    ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
+    (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
+    (tmp_path / "val.txt").write_bytes(bytes(range(256)) * 8)
+    pred = fake_predictor(supernet.space, tmp_path / "pred")
+    monkeypatch.setattr(latency.device, "get_device", lambda name, **kw: SlowFakeDevice((96,), factor=1000.0))
+    out = tmp_path / "o"
+    args = ["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "torch",
+            "--val-data", str(tmp_path / "val.txt"), "--val-windows", "4", "--seq-len", "64", "--predictor", str(pred),
+            "--measure", "fake", "--budget", "50ms", "--repeats", "4", "--rounds", "2", "--warmup", "1"]
+    assert main(args) == 0  # over budget: a warning, exit 0 without --strict
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "over the budget 50ms" in warnings[0]
+    card = read_card(out)
+    from nas.export import Scoring, validation_bpb
+    from nas.search.fitness import InheritedLoss
+
+    import numpy as np
+
+    tokens = np.frombuffer((tmp_path / "val.txt").read_bytes(), dtype=np.uint8)
+    search_score = InheritedLoss(supernet, tokens, seq_len=64, windows=4)([SUBNET])[0]  # what nas search reports
+    assert card["validation"]["bits_per_byte"] == pytest.approx(search_score, abs=1e-5)
+    assert card["validation"]["bits_per_byte"] == pytest.approx(
+        validation_bpb(load_model(out), supernet.space, tokens, Scoring(windows=4, seq_len=64))["bits_per_byte"], abs=1e-9)
+    params = card["parameters"]
+    fake_ms = (0.2 + 1e-6 * params * 256 / 16) * 1000  # 1000 x slower than the predictor's fake device
+    m = card["measured"]
+    assert m["median_ms"] == pytest.approx(fake_ms, rel=1e-6) and m["over_budget"] and m["budget_ms"] == 50.0
+    assert m["predicted_ms"] == card["latency"]["predicted_ms"] and card["latency"]["workload"]["name"] == "prefill"
+    assert m["error_pct"] == pytest.approx(100 * (m["predicted_ms"] - m["median_ms"]) / m["median_ms"])
+    assert f"{m['median_ms']:.3f} ms" in captured.out and "OVER" in captured.out
+    assert main(args + ["--strict"]) == 1
+    capsys.readouterr()
+    no_measure = [a for a in args if a not in ("--measure", "fake")]
+    assert main(no_measure) == 2 and "--budget: needs --measure" in capsys.readouterr().err
+    assert main(args + ["--workload", "decode"]) == 2
+    assert "workload" in capsys.readouterr().err
+
+
+def test_measure_times_the_exported_onnx_file(exported):
+    from latency.device import get_device
+    from latency.timing_core import Settings
+    from nas.export import measure_model
+    from search_spaces import Workload
+
+    model = load_model(exported.out)
+    fast = Settings(warmup=1, repeats=2, rounds=1, min_sample_ms=1.0)
+    m = measure_model(get_device("onnxruntime", threads=1), model, Workload("prefill", 1, 64), fast, onnx_path=exported.onnx_path)
+    assert m["timed"] == "model.onnx" and m["median_ms"] > 0 and m["predicted_ms"] is None
+
