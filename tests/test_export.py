@@ -264,3 +264,22 @@ def test_measure_times_the_exported_onnx_file(exported):
     m = measure_model(get_device("onnxruntime", threads=1), model, Workload("prefill", 1, 64), fast, onnx_path=exported.onnx_path)
     assert m["timed"] == "model.onnx" and m["median_ms"] > 0 and m["predicted_ms"] is None
 
+
+
+def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("check_export", Path(__file__).parents[1] / "scripts" / "check_export.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
+    sub = Subnet(64, 2, (2, 1), (128, 128), ("softmax", "linear"))
+    (tmp_path / "s.yaml").write_text(sub.to_yaml())
+    pred = fake_predictor(supernet.space, tmp_path / "pred", device="onnxruntime")
+    code = script.main(["--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--predictor", str(pred), "--out", str(tmp_path / "o"),
+                        "--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"])
+    out = capsys.readouterr().out
+    assert "fused attention   1 ONNX Attention nodes for 1 softmax-family layers (opset 23): OK" in out
+    assert "parity            max |onnxruntime - torch|" in out and "model.onnx" in out
+    assert code in (0, 1) and ("within" in out or "OUTSIDE" in out)
