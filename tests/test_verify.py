@@ -73,3 +73,40 @@ def test_verify_with_a_fake_device_end_to_end(tiny, tmp_path):
     assert Subnet.load(tmp_path / "verified_b.yaml") == subs[1]
     rows = (tmp_path / "verify.csv").read_text().splitlines()
     assert len(rows) == 4 and rows[1].split(",")[9] == "False"  # rank 1: holds False
+
+
+def test_search_cli_verify_drops_the_best_when_the_device_says_it_is_too_slow(tiny, tmp_path, capsys, monkeypatch):
+    """`nas search --verify fake`: the device is 5x slower than predicted on the search's best subnet only."""
+    import latency.device
+    from nas.cli import main
+    from supernet.checkpoint import save_checkpoint
+    from tests.latency_fakes import FakeDevice
+    from tests.test_export import fake_predictor
+
+    supernet = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
+    ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
+    (tmp_path / "val.txt").write_bytes(b"def f(x):\n    return x * 2\n" * 40)
+    pred = fake_predictor(tiny, tmp_path / "pred")
+    args = ["search", str(ckpt), "--predictor", str(pred), "--val-data", str(tmp_path / "val.txt"), "--val-windows", "2",
+            "--seq-len", "32", "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3",
+            "--generations", "2", "--out", str(tmp_path / "out"), "--no-progress", "--budget", "6ms"]
+    assert main(args) == 0
+    best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
+    capsys.readouterr()
+
+    class Device(FakeDevice):
+        def prepare(self, model, workload):
+            run = super().prepare(model, workload)
+            return (lambda n: 5 * run(n)) if model.config.subnet == best else run
+
+    monkeypatch.setattr(latency.device, "get_device", lambda name, **kw: Device())
+    assert main(args + ["--verify", "fake", "--verify-top", "3"]) == 0  # the finished study is resumed, then verified
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "out" / "verify.json").read_text())
+    checks = doc["budgets"]["6ms"]["checks"]
+    assert len(checks) == 3 and Subnet.from_dict(checks[0]["subnet"]) == best
+    assert checks[0]["holds"] is False and checks[0]["measured_ms"] > 6.0 and checks[1]["kept"] is True
+    assert all(c["predicted_ms"] <= 6.0 for c in checks)
+    verified = Subnet.load(tmp_path / "out" / "verified_6ms.yaml")
+    assert verified == Subnet.from_dict(checks[1]["subnet"]) != best
+    assert "DROPPED" in out and "KEPT" in out and "verify.csv" in out

@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-lr", type=float, default=DEFAULTS["min_lr"], help=f"final learning rate (default {DEFAULTS['min_lr']:g})")
     p.add_argument("--warmup", type=int, default=DEFAULTS["warmup_steps"], help=f"warm-up steps (default {DEFAULTS['warmup_steps']})")
     p.add_argument("--eval-interval", type=int, default=DEFAULTS["eval_interval"], help="validate every N steps (default 100)")
+    p.add_argument("--eval-batches", type=int, default=16, help="validation batches per evaluation during training (default 16)")
     p.add_argument("--ckpt-interval", type=int, default=DEFAULTS["ckpt_interval"], help="write latest.pt every N steps (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batches (default 0)")
     p.add_argument("--format", default="torch", help="what to write: torch (safetensors + model.pt2), onnx (default torch)")
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         max_steps = args.max_steps or (None if args.max_time else DEFAULTS["max_steps"])
         config = TrainConfig(
             batch_size=args.batch_size, seq_len=min(args.seq_len, space.max_seq_len), lr=args.lr, min_lr=args.min_lr,
-            warmup_steps=args.warmup, max_steps=max_steps, max_time=args.max_time, eval_interval=args.eval_interval,
+            warmup_steps=args.warmup, max_steps=max_steps, max_time=args.max_time, eval_interval=args.eval_interval, eval_batches=args.eval_batches,
             ckpt_interval=args.ckpt_interval, seed=args.seed,
         )
         data = {"data": args.data, "data_seed": args.data_seed, "val_fraction": args.val_fraction}
