@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/check-export")
     p.add_argument("--device", default="onnxruntime")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (use the predictor's)")
+    p.add_argument("--clock", default=None, help="wall or cpu (default: the predictor's clock)")
     p.add_argument("--tolerance", type=float, default=10.0, help="allowed |error| in percent (default 10)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--repeats", type=int, default=60)
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         if fp.get("device") != args.device:
             print(f"note: the predictor was fitted on {fp.get('device')!r}, measuring on {args.device!r}", file=sys.stderr)
         threads = args.threads if args.threads is not None else (fp.get("threads") if isinstance(fp.get("threads"), int) else None)
-        device = get_device(args.device, threads=threads)
+        clock = args.clock or fp.get("clock")
+        device = get_device(args.device, threads=threads, clock=clock)
         result = export_subnet(supernet, subnet, args.out, formats=("onnx",))
         softmax_layers = sum(attention_type(parse_attention(a)).pattern is not None for a in subnet.attention)
         workload = space.workload(predicted["workload"]["name"])
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(opset {result.opset}): {'OK' if fused_ok else 'MISMATCH'}")
     print(f"parity            max |onnxruntime - torch| = {result.parity:.2e} (limit 1e-4): OK")
     print(f"latency           measured {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, {m['timed']}, {workload.name} "
-          f"{workload.batch_size}x{workload.seq_len}, threads {threads or 'default'})"
+          f"{workload.batch_size}x{workload.seq_len}, threads {threads or 'default'}, clock {clock or 'wall'})"
           + (f" flags {','.join(m['flags'])}" if m["flags"] else ""))
     print(f"                  predicted {m['predicted_ms']:.3f} ms -> error {m['error_pct']:+.1f}% "
           f"({'within' if within else 'OUTSIDE'} +-{args.tolerance:g}%)")
