@@ -72,7 +72,7 @@ def test_parity_failure_stops_the_export(supernet, tmp_path, monkeypatch):
 
     monkeypatch.setattr(ox, "onnx_parity", lambda *a, **k: 0.5)
     with pytest.raises(UserError, match=r"differs from torch by 0.5 .* over the 0.0001 limit"):
-        export_subnet(supernet, SUBNET, tmp_path / "x")
+        export_subnet(supernet, SUBNET, tmp_path / "x", formats=("onnx",))
     assert not (tmp_path / "x" / "model.onnx").exists()
 
 
@@ -84,7 +84,7 @@ def test_old_onnxruntime_falls_back_with_a_note(supernet, tmp_path):
         choose_opset("1.10")
     with pytest.raises(UserError, match="not a version"):
         choose_opset("latest")
-    result = export_subnet(supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20")
+    result = export_subnet(supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20", formats=("onnx",))
     assert result.opset == 18 and result.attention_nodes == 0 and result.parity <= 1e-4
 
 
