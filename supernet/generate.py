@@ -1,12 +1,18 @@
-"""Sampling text from a static byte-level Transformer."""
+"""Sampling text from a static byte-level Transformer, one cached decode step per token."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
+from torch import Tensor
 
+from search_spaces import UserError
+
+from .decode import DecodeCache, decode_step, prefill
 from .model import Transformer
+
+OVERFLOW = ("reprefill", "slide", "continue")
 
 
 @torch.no_grad()
@@ -19,27 +25,74 @@ def generate(
     top_k: int | None = 40,
     generator: torch.Generator | None = None,
     on_token: Callable[[int], None] | None = None,
+    overflow: str = "reprefill",
+    keep: int | None = None,
 ) -> bytes:
     """Continue ``prompt`` by ``max_new_tokens`` bytes. ``temperature == 0`` is greedy decoding.
 
-    The context is the last ``max_seq_len`` tokens (a sliding window over the text).
+    The prompt (its last ``max_seq_len`` bytes) is prefilled once, then every new token costs one
+    :func:`~supernet.decode.decode_step`.  Up to ``max_seq_len`` tokens of context the logits are
+    those of the full model on the whole text (as an uncached loop computes them).  Past that,
+    ``overflow`` decides:
+
+    * ``'reprefill'``: re-read the last ``keep`` tokens (default ``max_seq_len // 2``) into a fresh
+      cache and decode on; one prefill per ``max_seq_len - keep`` tokens;
+    * ``'slide'``: run the full model on the last ``max_seq_len`` tokens for every further token
+      (exactly an uncached sliding window, and as slow);
+    * ``'continue'``: decode on past ``max_seq_len`` (rotary models without cosformer layers).
     """
+    if overflow not in OVERFLOW:
+        raise UserError(f"overflow: {overflow!r}; expected one of {', '.join(OVERFLOW)}")
+    limit = model.config.max_seq_len
+    keep = limit // 2 if keep is None else keep
+    if not 1 <= keep <= limit:
+        raise UserError(f"keep: {keep}; expected 1 ... max_seq_len {limit}")
+    if overflow == "continue":
+        _check_can_continue(model)
     model.eval()
     device = model.tok_emb.weight.device
     tokens = list(prompt) or [ord("\n")]
-    for _ in range(max_new_tokens):
-        idx = torch.tensor([tokens[-model.config.max_seq_len :]], dtype=torch.long, device=device)
-        logits = model(idx)[0, -1].float()  # (vocab,)
-        if temperature <= 0:
-            nxt = int(logits.argmax())
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < logits.numel():
-                kth = torch.topk(logits, top_k).values[-1]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            probs = torch.softmax(logits, dim=-1)
-            nxt = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    logits, cache = _prefill(model, tokens[-limit:], device)
+    for n in range(max_new_tokens):
+        nxt = _sample(logits, temperature, top_k, generator)
         tokens.append(nxt)
         if on_token is not None:
             on_token(nxt)
+        if n + 1 == max_new_tokens:
+            break
+        if cache.length < limit or overflow == "continue":
+            step_logits, cache = decode_step(model, torch.tensor([[nxt]], device=device), cache)
+            logits = step_logits[0, -1]
+        else:
+            logits, cache = _prefill(model, tokens[-(limit if overflow == "slide" else keep) :], device)
     return bytes(tokens[len(prompt) or 1 :])
+
+
+def _prefill(model: Transformer, context: list[int], device) -> tuple[Tensor, DecodeCache]:
+    logits, cache = prefill(model, torch.tensor([context], dtype=torch.long, device=device))
+    return logits[0, -1], cache
+
+
+def _sample(logits: Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> int:
+    """One token from logits (vocab,): argmax at temperature 0, else top-k sampling."""
+    logits = logits.float()
+    if temperature <= 0:
+        return int(logits.argmax())
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return int(torch.multinomial(probs.cpu(), 1, generator=generator))
+
+
+def _check_can_continue(model: Transformer) -> None:
+    if model.pos_emb is not None:
+        raise UserError(
+            "overflow 'continue': this model has learned positions, which end at max_seq_len; use 'reprefill' or 'slide'"
+        )
+    cos = [str(b.attn.spec) for b in model.blocks if b.attn.spec.kind == "cosformer"]
+    if cos:
+        raise UserError(
+            f"overflow 'continue': {', '.join(cos)} weights turn negative past its horizon M; use 'reprefill' or 'slide'"
+        )

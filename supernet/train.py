@@ -38,10 +38,10 @@ from search_spaces import Space, Subnet, UserError
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import check_length, windows
 from .distributed import SINGLE, Dist
+from .heldout import HeldOut, autocast, run_model
 
 # Streams of the per-step generators: default_rng([seed, STREAM, step]).
 DATA_STREAM, PLAN_STREAM, EVAL_STREAM = 0, 1, 2
-LN2 = math.log(2.0)
 
 
 # --------------------------------------------------------------------------- config
@@ -244,16 +244,6 @@ class PlainObjective:
 # --------------------------------------------------------------------------- evaluation
 
 
-def run_model(model: nn.Module, idx: Tensor, subnet: Subnet | None) -> Tensor:
-    """``model(idx, subnet)`` for a supernet, ``model(idx)`` for a static model (subnet None)."""
-    return model(idx) if subnet is None else model(idx, subnet)
-
-
-def autocast(device: torch.device):
-    """bf16 autocast on CUDA, nothing (fp32) elsewhere."""
-    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
-
-
 def eval_starts(n_tokens: int, batch_size: int, seq_len: int, n_batches: int, seed: int) -> np.ndarray:
     """The fixed window starts an evaluation uses: (n_batches * batch_size,), a function of ``seed`` only."""
     return np.random.default_rng([seed, EVAL_STREAM]).integers(0, n_tokens - seq_len, size=n_batches * batch_size)
@@ -275,20 +265,8 @@ def evaluate_bpb(
     the same bytes.  Runs in eval mode without gradients (bf16 autocast on CUDA).
     """
     check_length(tokens, seq_len, "validation")
-    device = next(model.parameters()).device
     starts = eval_starts(len(tokens), batch_size, seq_len, n_batches, seed)
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), dtype=torch.float64, device=device)
-    try:
-        for b in range(n_batches):
-            x, y = windows(tokens, starts[b * batch_size : (b + 1) * batch_size], seq_len)  # (B, T) each
-            with autocast(device):
-                logits = run_model(model, torch.from_numpy(x).to(device), subnet)  # (B, T, V)
-            total += F.cross_entropy(logits.float().flatten(0, 1), torch.from_numpy(y).to(device).flatten(), reduction="sum")
-    finally:
-        model.train(was_training)
-    return total.item() / (n_batches * batch_size * seq_len) / LN2
+    return HeldOut(tokens, starts, seq_len).bits(model, subnet, batch_size)
 
 
 # --------------------------------------------------------------------------- checkpoints

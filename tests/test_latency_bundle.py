@@ -13,12 +13,13 @@ import torch
 from latency.devices.arm import run_remote, runner_source, write_bundle
 from collections import Counter
 
-from latency.onnx_graphs import _parts, cached_graph, export_part, stitch
+from latency.onnx_graphs import cached_graph
 from latency.sampling import campaign_subnets, retest_subset
 from latency.table import read_timings
 from latency.timing_core import Settings, ort_session
-from search_spaces import Subnet
+from search_spaces import LayerChoice, Subnet
 from supernet import SuperTransformer
+from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx, op_counts
 
 from .latency_fakes import MICRO, micro_space
@@ -53,25 +54,32 @@ def clean_python():
 
 
 def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_path):
+    """Generic parts (weights as inputs of any size) stitched for one shape compute that model exactly."""
     import onnx
     import onnxruntime as ort
 
     space = micro_space()
-    subnet = Subnet(64, 2, (8, 8), (256, 256), ("softmax", "softmax"))
-    model = SuperTransformer(space, generator=torch.Generator().manual_seed(0)).eval().extract(subnet)
-    # Every part with the model's own weights: embedding, two blocks (same shape, other weights), head.
-    paths = [export_part(module, example, tmp_path / f"{i}.onnx") for i, (_, module, example) in enumerate(_parts(model))]
-    stitched, _ = stitch([(onnx.load(str(p)), []) for p in paths], "unused.weights")
-    onnx.checker.check_model(stitched)
-    session = ort.InferenceSession(stitched.SerializeToString(), providers=["CPUExecutionProvider"])
+    # two head counts and FFN widths through one generic softmax block graph; the tied embedding bound twice
+    layers = (LayerChoice(8, 256, "softmax"), LayerChoice(4, 96, "softmax"))
+    config = TransformerConfig(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, 40, layers)
+    model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
+    graph, tensors = cached_graph(model, tmp_path)
+    assert len(list((tmp_path / "generic").glob("*.onnx"))) == 3  # embed, one block for both layers, head
+    state = model.state_dict()
+    with open(graph.with_suffix(".weights"), "wb") as f:  # the model's own weights into the layout
+        for t in tensors:
+            f.seek(t["offset"])
+            f.write(state[t["name"]].numpy().astype(t["dtype"]).tobytes())
+    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
     for shape in [(1, 5), (2, 13), (3, space.max_seq_len)]:  # dynamic batch and sequence axes
         tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(1))
         out = session.run(None, {"tokens": tokens.numpy()})[0]
         assert np.abs(out - model(tokens).detach().numpy()).max() < 1e-4
-    counts = Counter(n.op_type for n in stitched.graph.node)
+    counts = Counter(n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node)
     whole = op_counts(export_onnx(model, tmp_path / "whole.onnx"))
     for op in ("Attention", "LayerNormalization", "MatMul", "Gelu", "Gather", "Add", "Mul"):
         assert counts[op] == whole[op], op  # every compute op of the one-piece export, no more
+    assert sorted(t["name"] for t in tensors) == sorted(state)  # every weight once (tied: one tensor)
 
 
 def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
@@ -80,8 +88,9 @@ def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
     graph, tensors = cached_graph(model)
     import onnx
 
-    inline = [t for t in onnx.load(str(graph), load_external_data=False).graph.initializer if t.data_type == 1 and len(t.raw_data) >= 1024]
-    assert not inline and sum(t["nbytes"] for t in tensors) >= 4 * (model.num_params() - 64 * 64)  # all large weights are left out
+    inline = sum(len(t.raw_data) for t in onnx.load(str(graph), load_external_data=False).graph.initializer)
+    assert sum(t["nbytes"] for t in tensors) == 4 * model.num_params()  # every weight is left out of the graph
+    assert inline <= len(model.blocks) * 2 * 4 * space.max_seq_len * space.head_dim  # what stays: rope tables, constants
     assert cached_graph(model) == (graph, tensors)  # a cache hit
     out = ort_session(str(graph), tensors, threads=1).run(None, {"tokens": np.zeros((2, 7), dtype=np.int64)})[0]
     assert out.shape == (2, 7, 64) and np.isfinite(out).all() and out.std() > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 NAME = "generate"
-HELP = "sample text from a model written by `nas export`"
+HELP = "sample text from a model written by `nas export` (prefill once, then one cached decode step per token)"
 EXAMPLE = 'nas generate --model runs/export --prompt "def main(" --max-new-tokens 200'
 
 
@@ -16,6 +16,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely bytes (default 40; 0 = all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument(
+        "--overflow",
+        choices=("reprefill", "slide", "continue"),
+        default="reprefill",
+        help="once the context fills max_seq_len: 'reprefill' re-reads the last --keep tokens into a fresh cache "
+        "(default); 'slide' runs the whole model on the last max_seq_len tokens per token (slow, the uncached "
+        "sliding window); 'continue' decodes on past max_seq_len (rotary models without cosformer layers)",
+    )
+    p.add_argument("--keep", type=int, default=None, help="tokens a re-prefill keeps (default max_seq_len // 2)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=args.top_k or None,
         generator=torch.Generator().manual_seed(args.seed),
+        overflow=args.overflow,
+        keep=args.keep,
     )
     sys.stdout.write(args.prompt + text.decode("utf-8", errors="replace") + "\n")
     return 0

@@ -10,7 +10,6 @@ windows score every subnet, so differences between subnets are not sampling nois
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -48,8 +47,6 @@ class InheritedLoss:
         device: str = "cpu",
         where: str = "validation tokens",
     ):
-        import torch
-
         tokens = np.asarray(tokens).reshape(-1)
         space = supernet.space
         if seq_len < 1 or seq_len > space.max_seq_len:
@@ -60,26 +57,16 @@ class InheritedLoss:
             raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
         if len(tokens) and int(tokens.max()) >= space.vocab_size:
             raise UserError(f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})")
+        from supernet.heldout import HeldOut
+
         rng = np.random.default_rng(seed)
         n_starts = len(tokens) - seq_len
         starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
-        data = np.stack([np.asarray(tokens[s : s + seq_len + 1], dtype=np.int64) for s in starts])  # (W, T+1)
         self.model = supernet.to(device).eval()
-        self.x = torch.from_numpy(data[:, :-1]).to(device)  # (W, T)
-        self.y = torch.from_numpy(data[:, 1:]).to(device)  # (W, T)
+        self.heldout = HeldOut(tokens, starts, seq_len)
         self.batch_size = batch_size
-        self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": int(data[:, 1:].size)}
+        self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens}
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
-        import torch
-        import torch.nn.functional as F
-
-        out = np.empty(len(subnets), dtype=np.float64)
-        with torch.inference_mode():
-            for k, subnet in enumerate(subnets):
-                total = 0.0
-                for i in range(0, len(self.x), self.batch_size):
-                    logits = self.model(self.x[i : i + self.batch_size], subnet)  # (B, T, V)
-                    total += F.cross_entropy(logits.flatten(0, 1).float(), self.y[i : i + self.batch_size].flatten(), reduction="sum").item()
-                out[k] = total / self.y.numel() / math.log(2)
-        return out
+        # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
+        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64)

@@ -40,4 +40,4 @@ def gqa_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tenso
     """q (B, H, T, D); k, v (B, G, T, D) with G dividing H."""
     assert q.shape[1] % k.shape[1] == 0, (q.shape, k.shape)
     # Head counts are static (never the traced length); the ONNX exporter refuses enable_gqa with equal counts.
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=bool(k.shape[1] != q.shape[1]))

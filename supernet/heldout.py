@@ -1,0 +1,68 @@
+"""Held-out scoring: bits per token of a model on fixed windows of a token array.
+
+One implementation serves supernet training's evaluation (``supernet.train.evaluate_bpb``), the
+search's fitness (``nas.search.fitness.InheritedLoss``) and the model card of an export.  The
+windows are fixed when the :class:`HeldOut` is made, so every subnet and every call sees the same
+bytes and differences between subnets are not sampling noise.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from search_spaces import Subnet
+
+from .data import windows
+
+LN2 = math.log(2.0)
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on CUDA, nothing (fp32) elsewhere."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+def run_model(model: nn.Module, idx: torch.Tensor, subnet: Subnet | None) -> torch.Tensor:
+    """``model(idx, subnet)`` for a supernet, ``model(idx)`` for a static model (subnet None)."""
+    return model(idx) if subnet is None else model(idx, subnet)
+
+
+class HeldOut:
+    """The windows ``tokens[s : s + seq_len + 1]`` for each start ``s`` in ``starts``."""
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int):
+        x, y = windows(np.asarray(tokens).reshape(-1), np.asarray(starts, dtype=np.int64), seq_len)  # (W, T) each
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        self.seq_len = seq_len
+
+    @property
+    def tokens(self) -> int:
+        """Scored (predicted) tokens."""
+        return self.y.numel()
+
+    @torch.no_grad()
+    def bits(self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True) -> float:
+        """Mean next-token cross-entropy in bits (bits per byte for byte-level models).
+
+        Runs in eval mode without gradients; bf16 autocast on CUDA unless ``mixed_precision`` is off.
+        """
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        total = torch.zeros((), dtype=torch.float64, device=device)
+        amp = autocast(device) if mixed_precision else nullcontext()
+        try:
+            for i in range(0, len(self.x), batch_size):
+                x, y = self.x[i : i + batch_size].to(device), self.y[i : i + batch_size].to(device)  # (B, T)
+                with amp:
+                    logits = run_model(model, x, subnet)  # (B, T, V)
+                total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
+        finally:
+            model.train(was_training)
+        return total.item() / self.tokens / LN2
