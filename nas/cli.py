@@ -16,7 +16,7 @@ from search_spaces.errors import UserError
 from . import __version__
 
 # The subcommands that exist, in the order --help lists them.
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "generate"]
+COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "finetune", "generate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,22 +1,29 @@
-"""Export a subnet: the static model (safetensors + card), its ONNX graph, and a parity check.
+"""Export a subnet: the static model (safetensors + card + torch.export program), its ONNX graph,
+a parity check, and what the card reports about it (bits per byte, predicted / measured latency).
 
-``export_subnet`` is the library entry point behind ``nas export`` (and ``nas search --verify``).
+``export_subnet`` is the library entry point behind ``nas export``; ``write_model`` writes the
+artifacts of any static model (also used by ``nas finetune``); ``validation_bpb`` scores a
+static model exactly as the search scores a subnet; ``predicted_latency`` and ``measure_model``
+fill the card's latency entries.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
-from search_spaces import Subnet, UserError
-from supernet.artifact import save_model, update_card
+from search_spaces import Space, Subnet, UserError, Workload
+from supernet.artifact import PROGRAM, export_program, load_program, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
+from supernet.model import Transformer
 
 ONNX_FILE = "model.onnx"
 PARITY_TOL = 1e-4
+PROGRAM_TOL = 1e-5
 FORMATS = ("torch", "onnx")
 
 # The oldest ONNX Runtime that runs each opset we may export (opset 23 brings the fused Attention op).
@@ -30,8 +37,10 @@ class ExportResult:
     parameters: int
     opset: int | None = None
     onnx_path: Path | None = None
+    program_path: Path | None = None
     op_counts: dict[str, int] = field(default_factory=dict)
     parity: float | None = None
+    program_parity: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -73,9 +82,27 @@ def choose_opset(target_ort: str | None) -> tuple[int, list[str]]:
     raise UserError(f"--target-ort: ONNX Runtime {target_ort} is too old; this tool exports opset >= 18 (ONNX Runtime >= 1.14)")
 
 
-def export_subnet(
-    supernet: SuperTransformer,
-    subnet: Subnet,
+def parity_tokens(space: Space, seed: int) -> torch.Tensor:
+    """The inputs of the parity checks: (max(2, batch), seq_len) of the prefill workload, seeded."""
+    workload = space.workload("prefill")
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, space.vocab_size, (max(2, workload.batch_size), workload.seq_len), generator=g)  # (B, T)
+
+
+def program_parity(program: torch.nn.Module, model: Transformer, lengths: tuple[int, ...], seed: int = 0) -> float:
+    """Max abs difference between the exported program and the eager model over several (batch, length) inputs."""
+    g = torch.Generator().manual_seed(seed)
+    worst = 0.0
+    with torch.no_grad():
+        for batch, t in ((1, lengths[0]), *((3, t) for t in lengths[1:])):
+            x = torch.randint(0, model.config.vocab_size, (batch, t), generator=g)  # (B, T)
+            worst = max(worst, float((program(x) - model(x)).abs().max()))
+    return worst
+
+
+def write_model(
+    model: Transformer,
+    space: Space,
     out: str | Path,
     *,
     formats: tuple[str, ...] = FORMATS,
@@ -83,23 +110,35 @@ def export_subnet(
     card: dict[str, Any] | None = None,
     seed: int = 0,
 ) -> ExportResult:
-    """Extract ``subnet`` and write it to ``out``; with ``onnx``, export, then check parity (<= 1e-4) or stop."""
+    """Write a static model's artifacts into ``out``; every exported form is parity-checked or removed.
+
+    ``torch``: ``model.safetensors`` + ``subnet.yaml`` + ``model_card.json`` (always) and
+    ``model.pt2`` (a torch.export program, within 1e-5 of eager).  ``onnx``: ``model.onnx``
+    (opset 23 where the target ONNX Runtime runs it), within 1e-4 of torch in ONNX Runtime.
+    """
     from supernet.onnx_export import export_onnx, onnx_parity, op_counts
 
-    space = supernet.space
-    space.check(subnet)
     out = Path(out)
-    model = extract(supernet, subnet).eval().cpu()
+    model = model.eval().cpu()
     save_model(model, out, space, card)
-    result = ExportResult(out=out, subnet=subnet, parameters=model.num_params())
+    result = ExportResult(out=out, subnet=model.subnet, parameters=model.num_params())
+    tokens = parity_tokens(space, seed)
+    if "torch" in formats:
+        path = export_program(model, out / PROGRAM)
+        update_card(out, files=[PROGRAM])
+        lengths = tuple(sorted({1, max(1, tokens.shape[1] // 3), tokens.shape[1]}))
+        gap = program_parity(load_program(out), model, lengths, seed)
+        if not gap <= PROGRAM_TOL:
+            path.unlink(missing_ok=True)
+            raise UserError(f"{path}: the torch.export program differs from the eager model by {gap:.3g} (max abs) at lengths "
+                            f"{', '.join(map(str, lengths))}, over the {PROGRAM_TOL:g} limit; the program was not kept")
+        result.program_path, result.program_parity = path, gap
+        update_card(out, torch_program={"file": PROGRAM, "parity_max_abs": gap, "lengths_checked": list(lengths), "torch": torch.__version__})
     if "onnx" not in formats:
         return result
     opset, notes = choose_opset(target_ort)
     result.opset, result.notes = opset, notes
     path = export_onnx(model, out / ONNX_FILE, opset=opset)
-    workload = space.workload("prefill")
-    g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, space.vocab_size, (max(2, workload.batch_size), workload.seq_len), generator=g)
     parity = onnx_parity(path, model, tokens)
     if not parity <= PARITY_TOL:  # also catches NaN
         path.unlink(missing_ok=True)
@@ -111,3 +150,143 @@ def export_subnet(
     result.op_counts = dict(op_counts(path))
     update_card(out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts, "notes": notes})
     return result
+
+
+def export_subnet(
+    supernet: SuperTransformer,
+    subnet: Subnet,
+    out: str | Path,
+    *,
+    formats: tuple[str, ...] = FORMATS,
+    target_ort: str | None = None,
+    card: dict[str, Any] | None = None,
+    seed: int = 0,
+) -> ExportResult:
+    """Extract ``subnet`` and write it to ``out`` (see :func:`write_model`)."""
+    supernet.space.check(subnet)
+    model = extract(supernet, subnet)
+    return write_model(model, supernet.space, out, formats=formats, target_ort=target_ort, card=card, seed=seed)
+
+
+# --------------------------------------------------------------------------- bits per byte
+
+
+class StaticAsSupernet(torch.nn.Module):
+    """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only),
+    so :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
+
+    def __init__(self, model: Transformer, space: Space):
+        super().__init__()
+        self.model, self.space = model, space
+
+    def forward(self, idx: torch.Tensor, subnet: Subnet) -> torch.Tensor:
+        assert subnet == self.model.subnet, "a static model runs only its own subnet"
+        return self.model(idx)  # (B, T, V)
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """The held-out windows: the search's fitness defaults (``nas search --val-windows/--seq-len/--val-seed``)."""
+
+    windows: int = 16
+    seq_len: int = 128
+    seed: int = 0
+    batch_size: int = 16
+
+
+def validation_bpb(model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens") -> dict[str, Any]:
+    """Bits per byte of ``model`` on fixed held-out windows: the number ``nas search`` reports as the subnet's loss."""
+    from nas.search.fitness import InheritedLoss
+
+    seq_len = min(scoring.seq_len, space.max_seq_len)
+    score = InheritedLoss(StaticAsSupernet(model.eval(), space), tokens, seq_len=seq_len, windows=scoring.windows,
+                          batch_size=scoring.batch_size, seed=scoring.seed, where=where)
+    bpb = float(score([model.subnet])[0])
+    return {"bits_per_byte": bpb, **score.description, "source": where}
+
+
+# --------------------------------------------------------------------------- latency
+
+
+def predicted_latency(predictor, space: Space, subnet: Subnet, source: str) -> dict[str, Any]:
+    """The predictor's estimate for ``subnet`` and where it holds (workload, device)."""
+    predictor.check_space(space)
+    w = predictor.workload_spec
+    fp = predictor.fingerprint or {}
+    return {
+        "predicted_ms": float(predictor.predict([subnet])[0]),
+        "predictor": source,
+        "model": predictor.name,
+        "workload": {"name": w.name, "batch_size": w.batch_size, "seq_len": w.seq_len},
+        "device": {k: fp[k] for k in ("device", "runtime", "threads", "clock", "cpu_model", "onnxruntime", "torch") if k in fp},
+    }
+
+
+class _FileDevice:
+    """A device that times ``target`` from its exported ONNX file (ONNX Runtime, CPU provider) and
+    every other model (the protocol's reference) as the wrapped device does."""
+
+    def __init__(self, device, target: Transformer, onnx_path: Path):
+        self.device, self.target, self.onnx_path = device, target, onnx_path
+        self.name = device.name
+
+    def fingerprint(self) -> dict:
+        return self.device.fingerprint()
+
+    def prepare(self, model, workload: Workload):
+        if model is not self.target:
+            return self.device.prepare(model, workload)
+        from latency.timing_core import CLOCKS
+        from supernet.onnx_export import onnx_session
+
+        session = onnx_session(self.onnx_path, threads=self.device.threads)
+        g = np.random.default_rng(0)
+        feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
+        now = CLOCKS[self.device.clock]
+
+        def run(n: int) -> float:
+            start = now()
+            for _ in range(n):
+                session.run(None, feed)
+            return now() - start
+
+        return run
+
+
+def measure_model(
+    device,
+    model: Transformer,
+    workload: Workload,
+    settings,
+    *,
+    onnx_path: Path | None = None,
+    predicted_ms: float | None = None,
+    budget_ms: float | None = None,
+    seed: int = 0,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> dict[str, Any]:
+    """Time ``model`` on ``device`` with the measurement protocol; compare with prediction and budget.
+
+    On ``onnxruntime`` (CPU provider) with ``onnx_path`` the exported file itself is timed;
+    elsewhere the static model is handed to the device.
+    """
+    from latency.protocol import measure
+
+    timed = "static model"
+    if onnx_path is not None and device.name == "onnxruntime" and getattr(device, "provider", "cpu") == "cpu":
+        device, timed = _FileDevice(device, model, onnx_path), onnx_path.name
+    result = measure(device, {"model": model.eval()}, workload, settings, seed=seed, progress=progress).results["model"]
+    entry: dict[str, Any] = {
+        "device": device.fingerprint(),
+        "timed": timed,
+        "workload": {"name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len},
+        "settings": settings.to_dict(),
+        "median_ms": result.median_ms,
+        "iqr_ms": result.iqr_ms,
+        "flags": list(result.flags),
+        "predicted_ms": predicted_ms,
+        "error_pct": None if predicted_ms is None else 100.0 * (predicted_ms - result.median_ms) / result.median_ms,
+        "budget_ms": budget_ms,
+        "over_budget": None if budget_ms is None else bool(result.median_ms > budget_ms),
+    }
+    return entry

@@ -7,9 +7,13 @@ Layout of ``DIR``::
     model_card.json     format marker, space (full), subnet, parameters, file checksums, and
                         whatever the exporter measured (bits per byte, predicted / measured latency)
     model.onnx          (optional) the ONNX graph, written by ``nas export``
+    model.pt2           (optional) a ``torch.export`` program: plain torch, no ``nas`` needed
+                        (``torch.export.load("model.pt2").module()``), dynamic batch and length
 
 ``load_model(DIR)`` is the one-line loader; it checks the card's format, the checksums and the
-shapes, and names the file in every error.
+shapes, and names the file in every error.  ``load_program(DIR)`` loads ``model.pt2`` after
+checking its checksum and that nothing in it would be unpickled (``torch.export.load`` falls
+back to ``torch.load(weights_only=False)`` for pickled entries, which can run code).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ VERSION = 1
 WEIGHTS = "model.safetensors"
 CARD = "model_card.json"
 SUBNET = "subnet.yaml"
+PROGRAM = "model.pt2"
+MAX_BATCH = 4096
 
 
 def sha256_file(path: str | Path) -> str:
@@ -120,6 +126,15 @@ def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = 
     return path
 
 
+def card_space(model_dir: str | Path, card: dict[str, Any] | None = None) -> Space:
+    """The search space stored in a model's card."""
+    model_dir = Path(model_dir)
+    card = card or read_card(model_dir)
+    if "space" not in card:
+        raise UserError(f"{model_dir / CARD}: missing field 'space'")
+    return parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
+
+
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
     """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
     from safetensors import SafetensorError
@@ -128,8 +143,8 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     model_dir = Path(model_dir)
     card = read_card(model_dir)
     weights = verify_file(model_dir, WEIGHTS, card)
+    space = card_space(model_dir, card)
     try:
-        space = parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
         subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
     except KeyError as e:
         raise UserError(f"{model_dir / CARD}: missing field {e}") from None
@@ -143,3 +158,80 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     except RuntimeError as e:
         raise UserError(f"{weights}: weights do not match the subnet in the model card: {str(e).splitlines()[0]}") from None
     return model.to(device).eval()
+
+
+# --------------------------------------------------------------------------- the torch.export program
+
+
+def export_program(model: Transformer, path: str | Path) -> Path:
+    """Write ``model`` as a ``torch.export`` program with dynamic batch and sequence axes.
+
+    Traced at (2, max_seq_len) like the ONNX export; every attention type takes its traceable
+    path (sparse types one masked SDPA, the linear family its chunked form with an unbacked
+    chunk count), so the program serves every batch up to 4096 and every length up to max_seq_len.
+    """
+    import warnings
+
+    path = Path(path)
+    model = model.eval()
+    example = torch.zeros(2, model.config.max_seq_len, dtype=torch.long)  # (B, T)
+    batch = torch.export.Dim("batch", max=MAX_BATCH)
+    seq = torch.export.Dim("seq", max=model.config.max_seq_len)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+        os.close(fd)
+        try:
+            torch.export.save(program, tmp)  # (warns that the tied embedding / head weight is one tensor: it is)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path
+
+
+def check_program(path: str | Path) -> None:
+    """Refuse a ``.pt2`` archive that ``torch.export.load`` would unpickle anything from.
+
+    Safe entries: weights and constants stored as raw bytes (``use_pickle: false``) and sample
+    inputs that load under ``torch.load(weights_only=True)``; anything else (pickled tensors,
+    script objects, custom objects) is refused before ``torch.export.load`` sees the file.
+    """
+    import io
+    import zipfile
+
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+            configs = [n for n in names if n.endswith(("_weights_config.json", "_constants_config.json"))]
+            for name in configs:
+                entries = json.loads(z.read(name)).get("config", {})
+                pickled = sorted(k for k, v in entries.items() if v.get("use_pickle", True))
+                if pickled:
+                    raise UserError(f"{path}: holds pickled entries ({', '.join(pickled[:3])}); loading them could run code, refused")
+            objects = [n for n in names if "/data/constants/" in n and n.rsplit("/", 1)[-1].startswith(("custom_obj", "torchbind"))]
+            if objects:
+                raise UserError(f"{path}: holds script/custom objects ({objects[0]}); loading them could run code, refused")
+            for name in (n for n in names if "/sample_inputs/" in n):
+                torch.load(io.BytesIO(z.read(name)), weights_only=True)
+    except (zipfile.BadZipFile, json.JSONDecodeError, KeyError) as e:
+        raise UserError(f"{path}: not a readable torch.export archive ({type(e).__name__}: {e})") from None
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - torch.load refusing a pickle, a truncated member, ...
+        raise UserError(f"{path}: an entry needs more than weights to load ({type(e).__name__}: {str(e).splitlines()[0][:160]}); refused") from None
+    if not configs:
+        raise UserError(f"{path}: not a torch.export archive (no weights or constants config)")
+
+
+def load_program(model_dir: str | Path) -> torch.nn.Module:
+    """The exported program of ``model_dir`` as a plain ``nn.Module`` (checksum and pickle checks first)."""
+    model_dir = Path(model_dir)
+    path = verify_file(model_dir, PROGRAM)
+    check_program(path)
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as e:  # noqa: BLE001 - a version mismatch or a corrupt graph
+        raise UserError(f"{path}: torch.export.load failed ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None

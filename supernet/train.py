@@ -611,3 +611,103 @@ def train(
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+# --------------------------------------------------------------------------- fine-tuning a static model
+
+
+class Distilled(nn.Module):
+    """A static ``student`` that, while training, also runs a frozen ``teacher`` on the same input.
+
+    Only the student is a submodule (the optimizer, checkpoints and evaluations see only it);
+    the teacher's log-probabilities of the last training forward wait in ``teacher_logp`` for
+    :class:`DistillObjective`.  In eval mode the teacher is not run.
+    """
+
+    def __init__(self, student: nn.Module, teacher: nn.Module | None = None):
+        super().__init__()
+        self.student = student
+        object.__setattr__(self, "teacher", teacher.eval().requires_grad_(False) if teacher is not None else None)
+        self.teacher_logp: Tensor | None = None
+
+    def forward(self, idx: Tensor) -> Tensor:
+        if self.training and self.teacher is not None:
+            with torch.no_grad():
+                self.teacher_logp = self.teacher(idx).float().log_softmax(-1)  # (B, T, V)
+        return self.student(idx)  # (B, T, V)
+
+
+@dataclass(frozen=True)
+class DistillObjective:
+    """One pass of a :class:`Distilled` student: ``(1 - distill) * CE + distill * KL(teacher || student)``."""
+
+    model: Distilled
+    distill: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.distill <= 1.0:
+            raise UserError(f"--distill: {self.distill} is not between 0 and 1")
+
+    def plan(self, step: int) -> Plan:
+        return [("model", None)]
+
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
+        ce = cross_entropy(logits, targets)
+        teacher = self.model.teacher_logp
+        assert teacher is not None and teacher.shape == logits.shape, "the teacher runs in Distilled.forward (training mode)"
+        student = logits.float().log_softmax(-1)  # (B, T, V)
+        kd = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+        return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
+
+    def eval_subnets(self) -> dict[str, Subnet | None]:
+        return {"model": None}
+
+    def fixed_subnets(self) -> set[Subnet | None]:
+        return {None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "distill", "distill": self.distill}
+
+
+STATIC_FORMAT = "nas-finetune-checkpoint"
+
+
+@dataclass(frozen=True)
+class StaticCheckpointer:
+    """Checkpoints of a fine-tuned static model: atomic, ``weights_only``, checked against its space and subnet."""
+
+    space: Space
+    subnet: Subnet
+
+    def save(self, path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any]) -> None:
+        import os
+        import tempfile
+
+        import yaml
+
+        payload = {
+            "format": STATIC_FORMAT, "version": 1, "space": yaml.safe_dump(self.space.to_dict(), sort_keys=False),
+            "space_hash": self.space.hash, "subnet": self.subnet.to_dict(),
+            "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "state": state, "meta": meta,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(payload, f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load(self, path: Path) -> dict[str, Any]:
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
+            raise UserError(f"{path}: not a readable fine-tuning checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
+            raise UserError(f"{path}: not a fine-tuning checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
+        if payload.get("space_hash") != self.space.hash or payload.get("subnet") != self.subnet.to_dict():
+            raise UserError(f"{path}: written for another model (space hash {payload.get('space_hash')}, subnet {payload.get('subnet')}); "
+                            f"this run fine-tunes {self.subnet} of space hash {self.space.hash}")
+        return payload

@@ -1,44 +1,177 @@
-"""``nas export``: the chosen subnet as a plain PyTorch model and an ONNX graph, parity-checked."""
+"""``nas export``: the chosen subnet as a plain PyTorch model (safetensors + torch.export program)
+and an ONNX graph, parity-checked; the model card reports its validation bits per byte, its
+predicted latency (``--predictor``) and, with ``--measure DEVICE``, its measured latency."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 NAME = "export"
-HELP = "extract a subnet from a trained supernet; write safetensors + model card and an ONNX model (parity-checked)"
-EXAMPLE = "nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export"
+HELP = "extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model (parity-checked)"
+EXAMPLE = "nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat --measure onnxruntime --budget 50ms"
+
+# One model, measured once: more samples and rounds than a campaign's defaults (measure-latency: 10 / 30 / 5).
+PROTOCOL_DEFAULTS = {"warmup": 20, "repeats": 60, "rounds": 10, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 2}
+
+
+def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The measurement protocol's flags (``--warmup`` ...), with one model's defaults."""
+    d = PROTOCOL_DEFAULTS
+    g = p.add_argument_group("measurement protocol")
+    g.add_argument(f"--{prefix}warmup", dest="warmup", type=int, default=d["warmup"], help=f"untimed calls before timing (default {d['warmup']})")
+    g.add_argument(f"--{prefix}repeats", dest="repeats", type=int, default=d["repeats"], help=f"timed samples, spread over the rounds (default {d['repeats']})")
+    g.add_argument(f"--{prefix}rounds", dest="rounds", type=int, default=d["rounds"], help=f"interleaved rounds with the reference model (default {d['rounds']})")
+    g.add_argument(f"--{prefix}min-sample-ms", dest="min_sample_ms", type=float, default=d["min_sample_ms"],
+                   help=f"a sample times back-to-back calls for at least this long (default {d['min_sample_ms']:g})")
+    g.add_argument(f"--{prefix}tolerance", dest="tolerance", type=float, default=d["tolerance"],
+                   help=f"reference change across a visit that marks it disturbed (default {d['tolerance']})")
+    g.add_argument(f"--{prefix}max-retries", dest="max_retries", type=int, default=d["max_retries"],
+                   help=f"re-measure passes for disturbed visits (default {d['max_retries']})")
+    g.add_argument(f"--{prefix}combine", dest="combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
+    g.add_argument(f"--{prefix}no-drift-correction", dest="no_drift_correction", action="store_true", help="do not rescale by the reference model")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--supernet", required=True, help="supernet checkpoint written by `nas train-supernet`")
     p.add_argument("--subnet", required=True, help="subnet YAML or JSON (e.g. the best subnet `nas search` wrote)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--format", default="torch,onnx", help="comma-separated: torch (safetensors + card, always written), onnx")
+    p.add_argument("--format", default="torch,onnx", help="comma-separated: torch (safetensors + card always, and model.pt2), onnx")
     p.add_argument(
         "--target-ort",
         default=None,
         metavar="VERSION",
         help="ONNX Runtime version that will run the model (default: the installed one); older than 1.23 exports opset 18",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the parity-check inputs")
+    p.add_argument("--seed", type=int, default=0, help="seed of the parity-check inputs and of the measurement's order")
+    v = p.add_argument_group("validation bits per byte (the search's scoring)")
+    v.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
+    v.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
+    v.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows (default 16, as nas search)")
+    v.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128, as nas search)")
+    v.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0, as nas search)")
+    v.add_argument("--no-eval", action="store_true", help="do not score the model (the card's validation entry stays empty)")
+    m = p.add_argument_group("latency")
+    m.add_argument("--predictor", metavar="P", help="latency predictor (nas fit-predictor): its estimate and workload go into the card")
+    m.add_argument("--measure", metavar="DEVICE", help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)")
+    m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
+    m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else prefill)")
+    m.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads")
+    m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --threads 1)")
+    m.add_argument("--provider", help="onnxruntime: cpu (default) or cuda")
+    m.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
+    m.add_argument("--strict", action="store_true", help="exit with status 1 when the measured latency is over --budget")
+    add_protocol_arguments(p)
+
+
+def choose_workload(space, name: str | None, predicted: dict | None):
+    """``--workload``, else the predictor's, else prefill; a predictor fitted at another workload is refused."""
+    from search_spaces import UserError
+
+    wanted = name or (predicted["workload"]["name"] if predicted else "prefill")
+    workload = space.workload(wanted)
+    if predicted and predicted["workload"]["name"] != workload.name:
+        raise UserError(f"--workload {workload.name}: the predictor was fitted at workload {predicted['workload']['name']!r}; "
+                        "its estimate would not be comparable (drop --workload or use a predictor of that workload)")
+    return workload
+
+
+def measurement_bar(desc: str):
+    """A tqdm bar over the protocol's visits: (bar, callback)."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False)
+
+    def update(done: int, total: int, info: str) -> None:
+        bar.total, bar.n = total, done
+        bar.refresh()
+
+    return bar, update
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.export import export_subnet, parse_formats
-    from search_spaces import Subnet
+    from nas.commands.measure_latency import settings_from
+    from nas.commands.search import validation_tokens
+    from nas.export import Scoring, choose_opset, export_subnet, measure_model, parse_formats, predicted_latency, validation_bpb
+    from nas.search.budget import format_ms, parse_budget
+    from search_spaces import Subnet, UserError
+    from supernet.artifact import update_card
     from supernet.checkpoint import load_supernet
 
     formats = parse_formats(args.format)
+    budget = parse_budget(args.budget) if args.budget else None
+    if budget is not None and not args.measure:
+        raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
+    settings = settings_from(args) if args.measure else None
+    if args.measure and args.measure == "onnxruntime" and "onnx" in formats:
+        choose_opset(args.target_ort)  # fail early on a bad --target-ort
     supernet, payload = load_supernet(args.supernet)
-    subnet = supernet.space.check(Subnet.load(args.subnet))
-    card = {"source": {"supernet": str(args.supernet), "step": payload["meta"].get("step"), "space_hash": supernet.space.hash}}
+    space = supernet.space
+    subnet = space.check(Subnet.load(args.subnet))
+    predicted = None
+    if args.predictor:
+        from latency.predictors import load_predictor
+
+        predicted = predicted_latency(load_predictor(args.predictor), space, subnet, str(args.predictor))
+    workload = choose_workload(space, args.workload, predicted) if args.measure else None
+    device = None
+    if args.measure:
+        from latency.device import get_device
+
+        device = get_device(args.measure, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
+    card = {"source": {"supernet": str(args.supernet), "step": payload["meta"].get("step"), "space_hash": space.hash}}
+    validation = None
+    if not args.no_eval:
+        tokens, where = validation_tokens(args, payload)
+        scoring = Scoring(windows=args.val_windows, seq_len=args.seq_len, seed=args.val_seed)
+        validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where)
+    card.update(validation=validation, latency=predicted)
     result = export_subnet(supernet, subnet, args.out, formats=formats, target_ort=args.target_ort, card=card, seed=args.seed)
+
     print(f"exported {subnet}")
     print(f"  parameters        {result.parameters:,}")
     print(f"  torch             {result.out / 'model.safetensors'}  (load: supernet.load_model({str(result.out)!r}))")
+    if result.program_path:
+        print(f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = {result.program_parity:.1e})")
     if result.onnx_path:
         print(f"  onnx              {result.onnx_path}  (opset {result.opset}, {result.attention_nodes} fused Attention nodes)")
         print(f"  parity            max |onnxruntime - torch| = {result.parity:.2e}")
+    if validation:
+        print(f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x {validation['seq_len']} tokens of the {validation['source']})")
+    if predicted:
+        w = predicted["workload"]
+        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {w['name']} {w['batch_size']}x{w['seq_len']}, "
+              f"{predicted['device'].get('device', 'unknown device')})")
     for note in result.notes:
         print(f"  note: {note}")
+    if not args.measure:
+        return 0
+
+    from supernet import load_model
+
+    model = load_model(result.out)
+    bar, update = measurement_bar(f"measuring on {args.measure}")
+    try:
+        measured = measure_model(device, model, workload, settings, onnx_path=result.onnx_path, budget_ms=budget, seed=args.seed,
+                                 predicted_ms=predicted["predicted_ms"] if predicted else None, progress=update)
+    finally:
+        bar.close()
+    update_card(result.out, measured=measured)
+    print(f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, {measured['timed']}, "
+          f"{workload.name} {workload.batch_size}x{workload.seq_len}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else ""))
+    if predicted:
+        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  -> prediction error {measured['error_pct']:+.1f}%")
+    if budget is not None:
+        print(f"  budget            {format_ms(budget)}: " + ("OVER" if measured["over_budget"] else "holds"))
+        if measured["over_budget"]:
+            also = f" (predicted {predicted['predicted_ms']:.3f} ms)" if predicted else ""
+            print(f"nas export: warning: measured latency {measured['median_ms']:.3f} ms on {args.measure} is over the budget "
+                  f"{format_ms(budget)}{also}", file=sys.stderr)
+            return 1 if args.strict else 0
     return 0
+
+
+def _extract(supernet, subnet):
+    from supernet import extract
+
+    return extract(supernet, subnet).eval()

@@ -58,6 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--study", metavar="NAME", help="study name (default: derived from the settings, so the same command resumes)")
     s.add_argument("--batch", type=int, default=8, help="subnets a worker claims and evaluates at once (default 8)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v = p.add_argument_group("verification on the device (nas/search/verify.py)")
+    v.add_argument("--verify", metavar="DEVICE", help="after the search, time the top candidates of each budget on DEVICE (cpu, cuda, "
+                   "onnxruntime) and keep the best whose measured latency holds: verified_<budget>.yaml, verify.csv, verify.json")
+    v.add_argument("--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)")
+    v.add_argument("--verify-threads", type=int, metavar="N", help="intra-op threads of the verification device")
+    v.add_argument("--verify-clock", metavar="CLOCK", help="wall (default) or cpu (needs --verify-threads 1)")
 
 
 def file_digest(path: Path) -> str:
@@ -168,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
     for label, notes in result.notes.items():
         for note in notes[-3:]:
             print(f"note ({label}): {note}", file=sys.stderr)
-    return 0 if all(r is not None for r in result.best.values()) else 1
+    from nas.search.verify import run_verify
+
+    verified = run_verify(args, model, searches, result, out) if args.verify else True
+    return 0 if verified and all(r is not None for r in result.best.values()) else 1
 
 
 def describe_predictor(path: str, predictor) -> str:

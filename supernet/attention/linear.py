@@ -42,6 +42,24 @@ def _exclusive_cumsum(x: Tensor) -> Tensor:
     return torch.cat((torch.zeros_like(x[:, :, :1]), torch.cumsum(x[:, :, :-1], dim=2)), dim=2)
 
 
+def _chunk_count(t, c: int):
+    """ceil(t / c), the number of chunks; under ``torch.export`` (and the ONNX exporter) an unbacked size.
+
+    A traced length ``t`` is a symbol; torch's shape checks would specialise on ``ceil(t / c)``
+    being 0 or 1 (contiguity, broadcasting), which is false for some lengths and true for others,
+    so the export would fail or serve only lengths over ``c``.  As an unbacked size (read from a
+    tensor), the count gets no such guards; the checks below are run-time asserts of the program.
+    """
+    n = (t + c - 1) // c
+    if not torch.compiler.is_exporting():
+        return n
+    n = torch.tensor(n).item()  # unbacked: no 0/1 specialisation
+    torch._check(n >= 1)
+    torch._check(n * c >= t)
+    torch._check(n * c < t + c)
+    return n
+
+
 def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK) -> Tensor:
     """Causal linear attention in O(T * C * D) using chunks of C tokens.
 
@@ -52,11 +70,11 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK) -
     b, h, t, d = q.shape
     dv = v.shape[-1]
     c = chunk
+    n = _chunk_count(t, c)
     # Always pad (by 0..C-1 tokens) so that one traced graph serves every length; zero keys and
     # values after the end are never seen by a real (earlier) query.
-    pad = (c - t % c) % c
+    pad = n * c - t
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    n = (t + pad) // c
     qc, kc, vc = q.view(b, h, n, c, d), k.view(b, h, n, c, d), v.view(b, h, n, c, dv)
     a = (qc @ kc.transpose(-2, -1)) * causal_mask(c, q.device)  # (B, H, N, C, C)
     num = a @ vc  # (B, H, N, C, Dv)

@@ -78,7 +78,8 @@ def get(spec: AttentionSpec | str) -> AttentionType:
 
 def attend(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
     """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``."""
-    return REGISTRY[spec.kind].path(q.device.type, torch.onnx.is_in_onnx_export())(q, k, v, spec)
+    exporting = torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()  # ONNX or torch.export: the traceable path
+    return REGISTRY[spec.kind].path(q.device.type, exporting)(q, k, v, spec)
 
 
 def attend_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:

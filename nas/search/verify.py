@@ -1,0 +1,189 @@
+"""``nas search --verify DEVICE``: the budget must hold on the device, not only in the predictor.
+
+After a search, the top ``K`` candidates of each budget (feasible by the predictor, in order of
+fitness) are extracted and timed on the device with the measurement protocol; a candidate whose
+measured latency breaks the budget is dropped, and the best one that holds is the budget's
+verified subnet.  HAT's users set 200 ms and measured 270 ms: this is the check that catches it.
+
+:func:`verify` is the decision, pure: candidates, a ``measure`` callable and the budgets in,
+verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, models, files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from search_spaces import Subnet, UserError
+
+# subnets -> {subnet: (measured ms, protocol flags)}; one call times them all, interleaved.
+MeasureFn = Callable[[Sequence[Subnet]], Mapping[Subnet, tuple[float, list[str]]]]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    subnet: Subnet
+    loss: float  # validation bits per byte (fitness)
+    predicted_ms: float
+    params: int
+    trial: int
+
+
+@dataclass
+class Check:
+    rank: int  # 1 = the search's best
+    candidate: Candidate
+    measured_ms: float
+    flags: list[str]
+    holds: bool
+
+    @property
+    def error_pct(self) -> float:
+        """(predicted - measured) / measured, in percent."""
+        return 100.0 * (self.candidate.predicted_ms - self.measured_ms) / self.measured_ms
+
+
+@dataclass
+class Verdict:
+    label: str
+    budget_ms: float | None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def chosen(self) -> Check | None:
+        """The best-ranked candidate whose measured latency holds."""
+        return next((c for c in self.checks if c.holds), None)
+
+
+def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
+    """Per budget: the ``k`` lowest-loss distinct subnets that meet its constraints (by the predictor)."""
+    if k < 1:
+        raise UserError(f"--verify-top: {k} is not a positive integer")
+    unique = list({r.subnet: r for r in reversed(records)}.values())[::-1]
+    out: dict[str, list[Candidate]] = {}
+    for s in searches:
+        ok = s.constraints.feasible([r.subnet for r in unique]) if unique else np.zeros(0, dtype=bool)
+        feasible = sorted((r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)), key=lambda r: (r.loss, r.latency, r.trial))
+        out[s.label] = [Candidate(r.subnet, r.loss, r.latency, r.params, r.trial) for r in feasible[:k]]
+    return out
+
+
+def budget_of(search) -> float | None:
+    """The latency limit (ms) among a budget search's constraints, None when it has none."""
+    return next((c.limit for c in search.constraints.items if hasattr(c, "latency")), None)
+
+
+def verify(candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn) -> dict[str, Verdict]:
+    """Time every candidate once (all budgets together), keep per budget the ones whose measured latency holds."""
+    subnets = list(dict.fromkeys(c.subnet for cands in candidates.values() for c in cands))
+    timed = measure(subnets) if subnets else {}
+    verdicts = {}
+    for label, cands in candidates.items():
+        budget = budgets.get(label)
+        v = Verdict(label, budget)
+        for rank, c in enumerate(cands, 1):
+            ms, flags = timed[c.subnet]
+            v.checks.append(Check(rank, c, float(ms), list(flags), budget is None or ms <= budget))
+        verdicts[label] = v
+    return verdicts
+
+
+def report(verdicts: Mapping[str, Verdict], device: str) -> str:
+    """The terminal table: predicted vs measured per candidate, which are dropped and which is kept."""
+    lines = [f"verified on {device}:",
+             f"{'budget':<10} {'rank':>4} {'loss (bpb)':>10} {'predicted':>11} {'measured':>11} {'error':>7}  verdict   subnet"]
+    for v in verdicts.values():
+        chosen = v.chosen
+        for c in v.checks:
+            verdict = "KEPT" if c is chosen else ("holds" if c.holds else "DROPPED")
+            lines.append(f"{v.label:<10} {c.rank:>4} {c.candidate.loss:>10.4f} {c.candidate.predicted_ms:>9.3f}ms "
+                         f"{c.measured_ms:>9.3f}ms {c.error_pct:>+6.1f}%  {verdict:<8}  {c.candidate.subnet}"
+                         + (f"  [{', '.join(c.flags)}]" if c.flags else ""))
+        if not v.checks:
+            lines.append(f"{v.label:<10} {'-':>4}  no feasible candidate to verify")
+        elif chosen is None:
+            lines.append(f"{v.label:<10}       none of the top {len(v.checks)} holds on the device: widen --verify-top, refit the predictor on this device, or relax the budget")
+    return "\n".join(lines)
+
+
+def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, workload, settings: dict, space) -> list[Path]:
+    """``verify.json``, ``verify.csv`` and ``verified_<budget>.yaml`` per budget that has a subnet that holds."""
+    rows, doc = [], {"device": device_fp, "workload": vars(workload), "settings": settings, "budgets": {}}
+    written = []
+    for v in verdicts.values():
+        chosen = v.chosen
+        entries = []
+        for c in v.checks:
+            row = {"budget": v.label, "budget_ms": v.budget_ms, "rank": c.rank, "trial": c.candidate.trial, "loss_bpb": c.candidate.loss,
+                   "predicted_ms": c.candidate.predicted_ms, "measured_ms": c.measured_ms, "error_pct": round(c.error_pct, 3),
+                   "holds": c.holds, "kept": c is chosen, "flags": ";".join(c.flags), "params": c.candidate.params,
+                   "key": c.candidate.subnet.key, "subnet": str(c.candidate.subnet)}
+            rows.append(row)
+            entries.append({**row, "subnet": c.candidate.subnet.to_dict()})
+        doc["budgets"][v.label] = {"budget_ms": v.budget_ms, "checks": entries,
+                                   "verified": None if chosen is None else f"verified_{v.label}.yaml"}
+        if chosen is not None:
+            path = out / f"verified_{v.label}.yaml"
+            path.write_text(
+                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under {v.label}\n"
+                f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted {chosen.candidate.predicted_ms:.4f} ms), "
+                f"validation loss {chosen.candidate.loss:.6f} bits/byte, rank {chosen.rank}, trial {chosen.candidate.trial}\n"
+                f"# space {space.name} (hash {space.hash})\n" + chosen.candidate.subnet.to_yaml()
+            )
+            written.append(path)
+    (out / "verify.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    with open(out / "verify.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["budget"])
+        w.writeheader()
+        w.writerows(rows)
+    return [out / "verify.json", out / "verify.csv", *written]
+
+
+# --------------------------------------------------------------------------- the command's side
+
+
+def device_measure(device, supernet, workload, settings, *, seed: int = 0, progress=None) -> MeasureFn:
+    """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol."""
+    from latency.protocol import measure
+    from supernet import extract
+
+    def run(subnets: Sequence[Subnet]) -> dict[Subnet, tuple[float, list[str]]]:
+        models = {s.key: extract(supernet, s).cpu().eval() for s in subnets}
+        results = measure(device, models, workload, settings, seed=seed, progress=progress).results
+        return {s: (results[s.key].median_ms, list(results[s.key].flags)) for s in subnets}
+
+    return run
+
+
+def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path) -> bool:
+    """Verify the finished search of ``nas search``; print the table; True when every budget has a subnet that holds."""
+    from latency.device import get_device
+    from latency.predictors import load_predictor
+    from latency.timing_core import Settings
+    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
+
+    predictor = load_predictor(args.predictor)
+    workload = predictor.workload_spec or supernet.space.workload("prefill")
+    device = get_device(args.verify, threads=args.verify_threads, clock=args.verify_clock)
+    fp_device = (predictor.fingerprint or {}).get("device")
+    if fp_device and fp_device != device.name:
+        print(f"nas search: note: the predictor was fitted on {fp_device!r}, verifying on {device.name!r}: expect large errors", file=sys.stderr)
+    settings = Settings(**PROTOCOL_DEFAULTS)
+    candidates = top_candidates(searches, result.records, args.verify_top)
+    bar, update = measurement_bar(f"verifying on {args.verify}")
+    try:
+        verdicts = verify(candidates, {s.label: budget_of(s) for s in searches},
+                          device_measure(device, supernet, workload, settings, seed=args.seed, progress=update))
+    finally:
+        bar.close()
+    print(report(verdicts, f"{device.name} ({workload.name} {workload.batch_size}x{workload.seq_len})"))
+    files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings), supernet.space)
+    print(f"wrote {', '.join(p.name for p in files)} to {out}")
+    return all(v.chosen is not None for v in verdicts.values())
