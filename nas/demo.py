@@ -38,12 +38,12 @@ class Plan:
     rounds: int = 3
     min_sample_ms: float = 10.0
     percentile: float = 40.0  # the budget: this percentile of the measured latencies
-    population: int = 60
-    parents: int = 12
-    mutations: int = 24
-    crossovers: int = 24
-    generations: int = 12
-    val_windows: int = 16  # search fitness windows
+    population: int = 100
+    parents: int = 20
+    mutations: int = 40
+    crossovers: int = 40
+    generations: int = 15
+    val_windows: int = 32  # search fitness windows
     compare_windows: int = 64  # fresh held-out windows for the final comparison
     compare_repeats: int = 15  # timing of the export and the baselines, side by side
     compare_rounds: int = 5
@@ -53,7 +53,7 @@ class Plan:
 FULL = Plan()
 QUICK = replace(
     FULL, train_time="60s", samples=30, repeats=4, rounds=2, population=16, parents=4, mutations=6, crossovers=6,
-    generations=4, compare_windows=16, compare_repeats=6, compare_rounds=2, sample_tokens=80,
+    generations=4, val_windows=16, compare_windows=16, compare_repeats=6, compare_rounds=2, sample_tokens=80,
 )
 
 SPACE = "tiny"
