@@ -7,6 +7,7 @@ validation loss, column 1 the latency in ms.
 from __future__ import annotations
 
 import csv
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -112,7 +113,7 @@ def plot_png(path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], 
         ax.annotate(f"best {label}", (ms, loss), textcoords="offset points", xytext=(4, 6), fontsize=8)
     ax.set_xlabel("predicted latency (ms)")
     ax.set_ylabel("validation loss (bits per byte)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)  # long device descriptions wrap instead of running off
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
