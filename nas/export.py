@@ -263,19 +263,22 @@ def measure_model(
     predicted_ms: float | None = None,
     budget_ms: float | None = None,
     seed: int = 0,
+    baseline_ms: float | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Time ``model`` on ``device`` with the measurement protocol; compare with prediction and budget.
 
     On ``onnxruntime`` (CPU provider) with ``onnx_path`` the exported file itself is timed;
-    elsewhere the static model is handed to the device.
+    elsewhere the static model is handed to the device.  ``baseline_ms`` (a predictor's
+    ``reference_ms``) anchors the drift correction to the timing campaign the predictor learned
+    from, so measured and predicted are in the same units on a machine whose speed drifts.
     """
     from latency.protocol import measure
 
     timed = "static model"
     if onnx_path is not None and device.name == "onnxruntime" and getattr(device, "provider", "cpu") == "cpu":
         device, timed = _FileDevice(device, model, onnx_path), onnx_path.name
-    result = measure(device, {"model": model.eval()}, workload, settings, seed=seed, progress=progress).results["model"]
+    result = measure(device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results["model"]
     entry: dict[str, Any] = {
         "device": device.fingerprint(),
         "timed": timed,
@@ -284,6 +287,7 @@ def measure_model(
         "median_ms": result.median_ms,
         "iqr_ms": result.iqr_ms,
         "flags": list(result.flags),
+        "anchored_to_reference_ms": baseline_ms,
         "predicted_ms": predicted_ms,
         "error_pct": None if predicted_ms is None else 100.0 * (predicted_ms - result.median_ms) / result.median_ms,
         "budget_ms": budget_ms,

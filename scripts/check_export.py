@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         softmax_layers = sum(attention_type(parse_attention(a)).pattern is not None for a in subnet.attention)
         workload = space.workload(predicted["workload"]["name"])
         settings = Settings(warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2)
-        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path, predicted_ms=predicted["predicted_ms"])
+        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path, predicted_ms=predicted["predicted_ms"],
+                          baseline_ms=predictor.reference_ms)
     except UserError as e:
         print(f"check_export: error: {e}", file=sys.stderr)
         return 2

@@ -52,6 +52,9 @@ class Predictor:
     fingerprint: dict
     columns: list[str] | None = None  # plain tables: the feature columns, in order
     metrics: dict = field(default_factory=dict)
+    # The campaign's drift baseline: the reference model's time that every timing was scaled to.  A later
+    # measurement anchored to it (``measure(..., baseline_ms=reference_ms)``) is comparable with the predictions.
+    reference_ms: float | None = None
 
     @property
     def space_hash(self) -> str | None:
@@ -99,6 +102,7 @@ class Predictor:
             "fingerprint": self.fingerprint,
             "columns": self.columns,
             "metrics": self.metrics,
+            "reference_ms": self.reference_ms,
         }
         np.savez(directory / "arrays.npz", **arrays)
         (directory / "predictor.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
@@ -132,4 +136,5 @@ def load_predictor(path: str | Path) -> Predictor:
             raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
     workload = Workload(**doc["workload"]) if doc.get("workload") else None
     regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
-    return Predictor(doc["model"], regressor, space, workload, doc.get("fingerprint") or {}, doc.get("columns"), doc.get("metrics") or {})
+    return Predictor(doc["model"], regressor, space, workload, doc.get("fingerprint") or {}, doc.get("columns"), doc.get("metrics") or {},
+                     doc.get("reference_ms"))

@@ -108,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
     supernet, payload = load_supernet(args.supernet)
     space = supernet.space
     subnet = space.check(Subnet.load(args.subnet))
-    predicted = None
+    predicted, reference_ms = None, None
     if args.predictor:
         from latency.predictors import load_predictor
 
-        predicted = predicted_latency(load_predictor(args.predictor), space, subnet, str(args.predictor))
+        predictor = load_predictor(args.predictor)
+        predicted, reference_ms = predicted_latency(predictor, space, subnet, str(args.predictor)), predictor.reference_ms
     workload = choose_workload(space, args.workload, predicted) if args.measure else None
     device = None
     if args.measure:
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
     bar, update = measurement_bar(f"measuring on {args.measure}")
     try:
         measured = measure_model(device, model, workload, settings, onnx_path=result.onnx_path, budget_ms=budget, seed=args.seed,
+                                 baseline_ms=reference_ms,
                                  predicted_ms=predicted["predicted_ms"] if predicted else None, progress=update)
     finally:
         bar.close()

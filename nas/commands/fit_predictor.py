@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         views = {k: x for k in kinds}
         test = holdout(len(y), args.test_fraction, args.seed)
         say(f"{args.timings}: {len(y)} rows, {len(names)} feature columns, target {args.target!r}")
-        space = workload = None
+        space = workload = reference_ms = None
         fingerprint: dict = {}
     else:
         t = read_timings(args.timings)
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         test = holdout(len(y), args.test_fraction, args.seed, forced)
         views = {k: subnet_matrix(k, t.space, t.workload, subnets)[0] for k in kinds}
         names = subnet_matrix("additive", t.space, t.workload, subnets[:1])[1]
-        space, workload, fingerprint = t.space, t.workload, t.fingerprint
+        space, workload, fingerprint, reference_ms = t.space, t.workload, t.fingerprint, t.meta.get("baseline_ms")
         fp = t.fingerprint
         say(f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload.name} "
             f"{workload.batch_size}x{workload.seq_len}; {fp.get('device')} / {fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}")
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if sel.best == "additive":
         sel.final.names = names  # so its costs read by name
-    predictor = Predictor(sel.best, sel.final, space, workload, fingerprint, names if space is None else None, metrics)
+    predictor = Predictor(sel.best, sel.final, space, workload, fingerprint, names if space is None else None, metrics, reference_ms)
     path = predictor.save(out)
     title = f"{sel.best} on {Path(args.timings).name}: held-out within ±10% {sel.test['within_10']:.0%}, tau {sel.test['kendall_tau']:.3f}"
     png = plot(out / "predicted_vs_measured.png", y[test], sel.test_pred, title, retest=None if retest is None else (retest[1], retest[0]))

@@ -149,14 +149,15 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
 # --------------------------------------------------------------------------- the command's side
 
 
-def device_measure(device, supernet, workload, settings, *, seed: int = 0, progress=None) -> MeasureFn:
-    """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol."""
+def device_measure(device, supernet, workload, settings, *, seed: int = 0, baseline_ms: float | None = None, progress=None) -> MeasureFn:
+    """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol
+    (drift correction anchored to ``baseline_ms``, the predictor's campaign, when given)."""
     from latency.protocol import measure
     from supernet import extract
 
     def run(subnets: Sequence[Subnet]) -> dict[Subnet, tuple[float, list[str]]]:
         models = {s.key: extract(supernet, s).cpu().eval() for s in subnets}
-        results = measure(device, models, workload, settings, seed=seed, progress=progress).results
+        results = measure(device, models, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results
         return {s: (results[s.key].median_ms, list(results[s.key].flags)) for s in subnets}
 
     return run
@@ -180,7 +181,7 @@ def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path) 
     bar, update = measurement_bar(f"verifying on {args.verify}")
     try:
         verdicts = verify(candidates, {s.label: budget_of(s) for s in searches},
-                          device_measure(device, supernet, workload, settings, seed=args.seed, progress=update))
+                          device_measure(device, supernet, workload, settings, seed=args.seed, baseline_ms=predictor.reference_ms, progress=update))
     finally:
         bar.close()
     print(report(verdicts, f"{device.name} ({workload.name} {workload.batch_size}x{workload.seq_len})"))
