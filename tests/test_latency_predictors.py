@@ -79,9 +79,10 @@ def test_predictor_save_load_round_trip_and_refusals(tiny, tmp_path, kind):
     x, _ = subnet_matrix(kind, tiny, w, subnets)
     reg = {"additive": Additive, "gbt": lambda: GBT(n_estimators=40), "mlp": lambda: MLP(max_iter=200)}[kind]().fit(x, y, 0)
     fp = {"device": "cpu", "threads": 2}
-    Predictor(kind, reg, tiny, w, fp).save(tmp_path / "p")
+    Predictor(kind, reg, tiny, w, fp, reference_ms=12.5).save(tmp_path / "p")
     loaded = load_predictor(tmp_path / "p")
     assert loaded.name == kind and loaded.space_hash == tiny.hash and loaded.workload == "prefill" and loaded.fingerprint == fp
+    assert loaded.reference_ms == 12.5  # the campaign's drift anchor travels with the predictor
     assert np.array_equal(loaded.predict(subnets), Predictor(kind, reg, tiny, w, fp).predict(subnets))
     with np.load(tmp_path / "p" / "arrays.npz", allow_pickle=False) as z:
         assert all(z[k].dtype != object for k in z.files)
