@@ -543,7 +543,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    workloads = _workloads(c, top["latency"], max_seq) if "latency" in top else []
+    workloads = _workloads(c, top["latency"], max_seq, positions) if "latency" in top else []
 
     if c.errors:
         raise SpaceError(c.errors)
@@ -564,9 +564,12 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
     )
 
 
-def _workloads(c: _Checker, lat: Any, max_seq: int | None) -> list[Workload]:
+def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None) -> list[Workload]:
     """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len) or
-    ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind."""
+    ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
+
+    A decode context may pass ``max_seq_len`` with rotary positions (``supernet.decode`` computes the
+    angles of any position: timing at long contexts), not with learned ones (they end there)."""
     if not isinstance(lat, dict) or not lat:
         c.error("latency", f"expected a mapping of named workloads, e.g. {{prefill: {{batch_size: 1, seq_len: 256}}, "
                            f"decode: {{batch_size: 1, context: 255}}}}, got {lat!r}")
@@ -589,8 +592,9 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None) -> list[Workload]:
         if n is not None and max_seq is not None:
             if kind == "prefill" and n > max_seq:
                 c.error(f"{path}.seq_len", f"{n} exceeds max_seq_len {max_seq}")
-            if kind == "decode" and n >= max_seq:
-                c.error(f"{path}.context", f"{n} leaves no position for the new token: max_seq_len is {max_seq} (give at most {max_seq - 1})")
+            if kind == "decode" and n >= max_seq and positions == "learned":
+                c.error(f"{path}.context", f"{n} leaves no position for the new token: learned positions end at max_seq_len {max_seq} "
+                                           f"(give at most {max_seq - 1}, or use positions: rope)")
         if bs is not None and n is not None:
             out.append(Workload(wname, bs, n, "prefill") if kind == "prefill" else Workload(wname, bs, kind="decode", context=n))
     return out
