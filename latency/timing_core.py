@@ -64,7 +64,7 @@ FLAG_NOISY = "noisy"  # IQR wider than the tolerance around the median
 FLAG_LOAD = "load"  # the 1-minute load average exceeded the core count during a visit
 
 # Columns of a timing table, after the subnet's feature columns (see TIMING_COLUMNS below).
-HEAD_COLUMNS = ["key", "pass", "subnet"]
+HEAD_COLUMNS = ["key", "pass", "workload", "subnet"]  # workload: the label of what was timed (a table holds one)
 TIMING_COLUMNS = ["median_ms", "iqr_ms", "raw_median_ms", "round_ms", "repeats", "rounds", "calls", "ref_ratio", "load", "flags"]
 FORMAT = "nas-latency-timings"
 VERSION = 1
@@ -282,8 +282,8 @@ def run_protocol(
 # --------------------------------------------------------------------------- table rows and sidecar (writing)
 
 
-def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result) -> dict[str, str]:
-    row = {"key": key, "pass": pass_, "subnet": subnet_json}
+def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result, workload: str = "") -> dict[str, str]:
+    row = {"key": key, "pass": pass_, "workload": workload, "subnet": subnet_json}
     row.update({name: repr(float(v)) if isinstance(v, float) else str(v) for name, v in features.items()})
     row.update(
         median_ms=f"{result.median_ms:.6g}",
@@ -301,10 +301,11 @@ def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float
 
 
 def append_rows(path: str, columns: list[str], rows: list[dict[str, str]]) -> None:
-    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new), then fsync."""
+    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new), then fsync.
+    Keys not in ``columns`` are left out (a table written before a column existed keeps its header)."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
         if new:
             writer.writeheader()
         for row in rows:

@@ -212,6 +212,11 @@ class Workload:
             return f"{self.batch_size}x{self.seq_len}"
         return f"{self.batch_size}x1 at context {self.context}"
 
+    @property
+    def label(self) -> str:
+        """Compact and unique per shape: ``prefill:1x256``, ``decode:1x1@255`` (a timing table's rows carry it)."""
+        return f"{self.name}:{self.batch_size}x{self.seq_len}" if self.kind == "prefill" else f"{self.name}:{self.batch_size}x1@{self.context}"
+
     def __str__(self) -> str:
         return f"{self.name} ({self.kind} {self.shape})"
 
