@@ -39,6 +39,7 @@ class LatencyBudget:
     latency: LatencyFn
     source: str = "predictor"
     flag: str = "--budget"
+    workload: str = ""  # the workload its latency is of ("" when the search has one, unnamed)
 
     def values(self, subnets: Sequence[Subnet]) -> np.ndarray:
         return self.latency(subnets)
@@ -46,8 +47,13 @@ class LatencyBudget:
     def format(self, value: float) -> str:
         return f"{value:.4g} ms"
 
+    @property
+    def entry(self) -> str:
+        """How the user wrote it: ``50ms`` or ``decode:5ms``."""
+        return f"{self.workload}:{format_ms(self.limit)}" if self.workload else format_ms(self.limit)
+
     def __str__(self) -> str:
-        return f"latency <= {format_ms(self.limit)} ({self.source})"
+        return f"{self.workload + ' ' if self.workload else ''}latency <= {format_ms(self.limit)} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,7 @@ class Constraints:
         for c in self.items:
             v = float(c.values([subnet])[0])
             if v > c.limit:
-                out.append(f"{c.format(v)} > {c.flag} {c.format(c.limit)}")
+                out.append(f"{c.format(v)} > {c.flag} {c.entry if isinstance(c, LatencyBudget) else c.format(c.limit)}")
         return out
 
     def __str__(self) -> str:
@@ -126,10 +132,10 @@ def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Genera
         values = c.values(candidates)
         best = int(np.argmin(values))
         if values[best] > c.limit:
-            what = f"{c.flag} {format_ms(c.limit) if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
+            what = f"{c.flag} {c.entry if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
             if isinstance(c, LatencyBudget):
                 lines.append(
-                    f"{what} on {c.source}: the smallest latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
+                    f"{what} on {c.source}: the smallest {c.workload + ' ' if c.workload else ''}latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
                     f"({candidates[best]}); give a budget of at least that"
                 )
             else:
