@@ -104,6 +104,7 @@ def write_bundle(
         "format": "nas-latency-bundle",
         "version": 1,
         "meta": meta,
+        "workload_label": workload.label,
         "seed": seed,
         "opset": DEFAULT_OPSET,
         "exporter_torch": torch.__version__,
@@ -112,7 +113,7 @@ def write_bundle(
         "models": models,
     }
     readme = README.format(
-        n=len(graphs), space=space.name, hash=space.hash, workload=f"{workload.name} {workload.batch_size}x{workload.seq_len}",
+        n=len(graphs), space=space.name, hash=space.hash, workload=str(workload),
         ort=MIN_ONNXRUNTIME, protocol=json.dumps(settings.to_dict()),
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -142,7 +142,8 @@ def main(argv=None) -> int:
         if meta.get("baseline_ms") is None:
             meta["baseline_ms"] = baseline
             write_json(side, meta)
-        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]]) for m in group]
+        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]], manifest["workload_label"])
+                for m in group]
         append_rows(args.out, meta["columns"], rows)
         finished += len(group) * settings.rounds
     print(f"\nwrote {args.out} and {side}")
