@@ -30,11 +30,19 @@ INIT_STD = 0.02
 # --------------------------------------------------------------------------- shared math
 
 
+def rope_at(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos, sin of shape (T, head_dim // 2) for integer ``positions`` (T,), any position (also past max_seq_len).
+
+    The same float32 arithmetic as :func:`rope_tables`, so a row computed here equals the table's row.
+    """
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, D/2)
+    return angles.cos(), angles.sin()
+
+
 def rope_tables(max_seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
     """cos, sin tables of shape (max_seq_len, head_dim // 2) for rotary positions."""
-    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    angles = torch.arange(max_seq_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    return angles.cos(), angles.sin()
+    return rope_at(torch.arange(max_seq_len), head_dim, base)
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -160,3 +160,31 @@ def _performer(q: Tensor, k: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tenso
 
 
 _register_kernel("performer", _performer)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def kernel_features(q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+    """(phi(q), phi(k)) of a linear-family type for tokens at positions ``start``, ``start + 1``, ...
+
+    The maps the fast path uses, exposed for incremental decoding (:mod:`supernet.decode`), where
+    one token at position ``start`` is mapped at a time; only cosformer depends on the position.
+    (B, H, T, D) -> (B, H, T, F).
+    """
+    if spec.kind == "linear":
+        return elu_feature_map(q), elu_feature_map(k)
+    if spec.kind == "relu-linear":
+        return F.relu(q), F.relu(k)
+    if spec.kind == "cosformer":
+        m = spec.param("M")
+        pos = (start + torch.arange(q.shape[-2], device=q.device)).to(q.dtype)  # (T,): start may be a traced tensor
+        angle = (math.pi / 2 / m) * pos[:, None]  # (T, 1), as in cosformer_features
+        rq, rk = F.relu(q), F.relu(k)
+        return (
+            torch.cat((rq * torch.cos(angle), rq * torch.sin(angle)), dim=-1),
+            torch.cat((rk * torch.cos(angle), rk * torch.sin(angle)), dim=-1),
+        )
+    if spec.kind == "performer":
+        return _performer(q, k, spec)
+    raise KeyError(f"{spec} is not a linear-family attention type")
