@@ -229,6 +229,29 @@ def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]
     return graph, tensors
 
 
+def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, list[dict], dict]:
+    """The weight-stripped decode-step graph of ``model`` (:func:`supernet.onnx_decode.export_decode_onnx`),
+    its weight layout and its input layout; exported once per model shape (whole, not stitched from parts)."""
+    directory = directory or graph_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    name = "decode-" + config_key(model.config)
+    graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
+    if not (graph.exists() and layout.exists()):
+        from supernet.onnx_decode import export_decode_onnx, read_layout
+
+        if any(p.is_meta for p in model.parameters()):  # exporting needs real tensors
+            from .protocol import fill_weights
+
+            model = fill_weights(model)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            full = export_decode_onnx(model, Path(tmp) / "full.onnx")
+            tensors = strip_weights(full, Path(tmp) / "graph.onnx", weights_location(name))
+            os.replace(Path(tmp) / "graph.onnx", graph)  # graph first: the layout's presence marks a complete entry
+            _write_json(layout, {"tensors": tensors, "inputs": read_layout(full), "config": asdict(model.config)})
+    data = json.loads(layout.read_text())
+    return graph, data["tensors"], data["inputs"]
+
+
 def _cached_part(directory: Path, name: str, module, example) -> tuple[Path, list[dict]]:
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if not (graph.exists() and layout.exists()):

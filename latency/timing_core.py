@@ -372,6 +372,28 @@ def materialize_weights(path: str, tensors: list[dict], seed: int = 0) -> None:
                 left -= min(left, len(data))
 
 
+def decode_inputs(layout: dict, batch_size: int, context: int, seed: int = 0) -> dict:
+    """ONNX Runtime inputs for timing one decode step at ``context`` tokens seen, from a step graph's input
+    layout (``supernet.onnx_decode.input_layout``: name -> shape with "batch" / "past" axes, dtype).
+
+    The token is random, the position is ``context``, states are N(0, 1) (linear normalisers ``z``
+    positive); growing caches hold ``context`` entries.  Here (not in supernet) so that a board, which
+    has no torch, builds the very inputs the host does.
+    """
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for name, spec in layout.items():
+        shape = [{"batch": batch_size, "past": context}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
+        if name == "token":
+            feed[name] = rng.integers(0, spec.get("vocab_size", 2), size=shape, dtype=np.int64)
+        elif name == "position":
+            feed[name] = np.full(shape, context, dtype=np.int64)
+        else:
+            r = rng.standard_normal(shape, dtype=np.float32)
+            feed[name] = (np.abs(r) + 1.0 if name.endswith(".z") else r).astype(spec["dtype"])
+    return feed
+
+
 def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):
     """An ONNX Runtime session (all graph optimizations) of a weight-stripped ``graph``, random weights.
 
