@@ -32,7 +32,7 @@ vocab_size: 64
 max_seq_len: 64
 head_dim: 8
 embed_dim: [32]
-depth: [1]
+depth: [1, 3]
 layers:
   heads: [2]
   ffn_dim: [64]
@@ -140,17 +140,25 @@ def test_cpu_times_a_decode_step_of_every_family_at_one_context(families):
         assert torch.equal(call(), first) and torch.equal(call(), first), attention
 
 
-def test_onnxruntime_times_a_decode_step_per_family(families, tmp_path, monkeypatch):
+def test_onnxruntime_times_a_decode_step_of_each_family(families, tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime")
     from latency.device import get_device
+    from latency.onnx_graphs import cached_decode_graph
+    from latency.timing_core import decode_inputs
+    from supernet.onnx_decode import decode_feed
 
     monkeypatch.setenv("NAS_CACHE", str(tmp_path))
-    device = get_device("onnxruntime", threads=1)
-    w = families.workload("decode")
-    for attention in ("softmax", "local:8", "linear"):  # one per family: a growing cache, a window, a state
-        model = timing_model(families, one_layer(families, attention), materialize=False)
-        run = device.prepare(model, w)
-        assert run(2) > 0 and run(2) > 0, attention
+    w = families.workload("wide-decode")
+    # one layer of each family (a growing cache, a window, a linear state): one export
+    mixed = Subnet(families.embed_dim[0], 3, (2, 2, 2), (64, 64, 64), ("softmax", "local:8", "linear"))
+    model = timing_model(families, mixed, materialize=False)
+    run = get_device("onnxruntime", threads=1).prepare(model, w)
+    assert run(2) > 0 and run(2) > 0
+    graph, _, layout = cached_decode_graph(model)  # cached: no second export
+    mine, theirs = decode_inputs(layout, w.batch_size, w.context), decode_feed(str(graph), w.batch_size, w.context, np.random.default_rng(0))
+    assert {k: (v.shape, v.dtype) for k, v in mine.items()} == {k: (v.shape, v.dtype) for k, v in theirs.items()}
+    assert mine["past.0.k"].shape == (2, 2, 200, 8) and mine["past.1.k"].shape == (2, 2, 8, 8) and mine["past.2.s"].shape == (2, 2, 8, 8)
+    assert mine["position"].tolist() == [200]
 
 
 # --------------------------------------------------------------------------- tables and predictors
