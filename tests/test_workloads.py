@@ -18,7 +18,7 @@ from latency.table import TimingTable, make_meta, read_timings
 from latency.timing_core import Settings
 from nas.cli import main
 from nas.search import AnalyticLatency
-from search_spaces import Subnet, UserError, Workload, load_space, parse_space
+from search_spaces import Subnet, UserError, Workload, parse_space
 from supernet import SuperTransformer
 from supernet.checkpoint import save_checkpoint
 
