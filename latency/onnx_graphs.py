@@ -45,6 +45,36 @@ def graph_dir() -> Path:
     return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}"
 
 
+FLOAT_TYPES = {1: "float32", 10: "float16"}  # onnx.TensorProto.FLOAT, FLOAT16
+MIN_BYTES = 1024
+
+
+def strip_weights(src: Path, dst: Path, location: str) -> list[dict]:
+    """Write ``src`` to ``dst`` with large float initializers pointing into ``location`` (not written).
+
+    For whole exports (the decode-step graph); prefill graphs are stitched weight-free from generic parts.
+    """
+    import onnx
+
+    model = onnx.load(str(src))
+    tensors, offset = [], 0
+    for t in model.graph.initializer:
+        if t.data_type not in FLOAT_TYPES or not t.raw_data or len(t.raw_data) < MIN_BYTES:
+            continue
+        offset = -(-offset // ALIGN) * ALIGN
+        nbytes = len(t.raw_data)
+        t.ClearField("raw_data")
+        t.data_location = onnx.TensorProto.EXTERNAL
+        del t.external_data[:]
+        for k, v in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        tensors.append({"name": t.name, "offset": offset, "nbytes": nbytes, "dtype": FLOAT_TYPES[t.data_type]})
+        offset += nbytes
+    onnx.save(model, str(dst))
+    return tensors
+
+
 def weights_location(name: str) -> str:
     return f"{name}.weights"
 
@@ -280,6 +310,29 @@ def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]
     stitched, tensors = stitch(graphs, [p["bind"] for p in parts], shapes, weights_location(name))
     _save(directory, name, stitched, {"tensors": tensors, "config": asdict(model.config)})
     return graph, tensors
+
+
+def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, list[dict], dict]:
+    """The weight-stripped decode-step graph of ``model`` (:func:`supernet.onnx_decode.export_decode_onnx`),
+    its weight layout and its input layout; exported once per model shape (whole, not stitched from parts)."""
+    directory = directory or graph_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    name = "decode-" + config_key(model.config)
+    graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
+    if not (graph.exists() and layout.exists()):
+        from supernet.onnx_decode import export_decode_onnx, read_layout
+
+        if any(p.is_meta for p in model.parameters()):  # exporting needs real tensors
+            from .protocol import fill_weights
+
+            model = fill_weights(model)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            full = export_decode_onnx(model, Path(tmp) / "full.onnx")
+            tensors = strip_weights(full, Path(tmp) / "graph.onnx", weights_location(name))
+            os.replace(Path(tmp) / "graph.onnx", graph)  # graph first: the layout's presence marks a complete entry
+            _write_json(layout, {"tensors": tensors, "inputs": read_layout(full), "config": asdict(model.config)})
+    data = json.loads(layout.read_text())
+    return graph, data["tensors"], data["inputs"]
 
 
 def _cached_part(directory: Path, key: dict) -> Path:

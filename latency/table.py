@@ -64,10 +64,10 @@ def make_meta(fingerprint: dict, space: Space, workload: Workload, settings: dic
     return {
         "format": FORMAT,
         "version": VERSION,
-        "fingerprint": {**fingerprint, "space_hash": space.hash, "workload": f"{workload.name} {workload.batch_size}x{workload.seq_len}"},
+        "fingerprint": {**fingerprint, "space_hash": space.hash, "workload": f"{workload.name} {workload.shape}"},
         "space": space.to_dict(),
         "space_hash": space.hash,
-        "workload": {"name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len},
+        "workload": workload.record(),
         "protocol": settings,
         "seed": seed,
         "baseline_ms": None,
@@ -155,10 +155,14 @@ def read_timings(path: str | Path) -> Timings:
         raise UserError(f"{path}: no such timing table")
     meta = read_meta(path)
     space = space_of(meta, str(path))
-    w = meta["workload"]
-    workload = Workload(w["name"], w["batch_size"], w["seq_len"])
+    workload = Workload.from_record(meta["workload"], f"{sidecar_path(str(path))}: workload")
     rows, seen = [], set()
     for line, rec in _records(path, ["key", "pass", "subnet", "median_ms", "iqr_ms", "flags"]):
+        if rec.get("workload", workload.label) != workload.label:  # tables written before the column have none
+            raise UserError(
+                f"{path}: line {line}: column 'workload': a row of {rec['workload']!r}, but the table's sidecar says {workload.label!r}: "
+                "a table holds one workload (rows of several were mixed into this file); fit one predictor per workload"
+            )
         if rec["pass"] not in PASSES:
             raise UserError(f"{path}: line {line}: column 'pass': {rec['pass']!r} is not one of {', '.join(PASSES)}")
         try:
@@ -224,20 +228,27 @@ class TimingTable:
     def _resume(self) -> None:
         stored = read_meta(self.path)
         where = f"{self.path}: cannot append:"
-        if stored["space_hash"] != self.meta["space_hash"]:
+        theirs_space, mine_space = space_of(stored, str(self.path)), space_of(self.meta, "this run")
+        if theirs_space.arch_hash != mine_space.arch_hash:  # the workloads listed may differ; the one timed is compared next
             raise UserError(f"{where} it holds space {stored['space_hash']}, this run measures space {self.meta['space_hash']}")
+        mine = Workload.from_record(self.meta["workload"])
+        theirs = Workload.from_record(stored["workload"], f"{sidecar_path(str(self.path))}: workload")
+        if theirs != mine:
+            raise UserError(f"{where} it holds timings of workload {theirs}, this run measures {mine}; "
+                            f"use --workload {theirs.name} to add to it, or another --out")
         diff = fingerprint_mismatch(stored["fingerprint"], self.meta["fingerprint"])
         if diff:
             raise UserError(
                 f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
                 "use another --out):\n  " + "\n  ".join(diff)
             )
-        for key in ("workload", "protocol", "seed"):
+        for key in ("protocol", "seed"):
             if stored.get(key) != self.meta.get(key):
                 raise UserError(f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another --out")
         for row in read_timings(self.path).rows:
             self.done[row.pass_].add(row.key)
         self.meta["baseline_ms"] = stored.get("baseline_ms")
+        self.meta["columns"] = stored["columns"]  # rows keep the file's header (one written before a column existed lacks it)
 
     @property
     def baseline_ms(self) -> float | None:

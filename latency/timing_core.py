@@ -64,7 +64,7 @@ FLAG_NOISY = "noisy"  # IQR wider than the tolerance around the median
 FLAG_LOAD = "load"  # the 1-minute load average exceeded the core count during a visit
 
 # Columns of a timing table, after the subnet's feature columns (see TIMING_COLUMNS below).
-HEAD_COLUMNS = ["key", "pass", "subnet"]
+HEAD_COLUMNS = ["key", "pass", "workload", "subnet"]  # workload: the label of what was timed (a table holds one)
 TIMING_COLUMNS = ["median_ms", "iqr_ms", "raw_median_ms", "round_ms", "repeats", "rounds", "calls", "ref_ratio", "load", "flags"]
 FORMAT = "nas-latency-timings"
 VERSION = 1
@@ -282,8 +282,8 @@ def run_protocol(
 # --------------------------------------------------------------------------- table rows and sidecar (writing)
 
 
-def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result) -> dict[str, str]:
-    row = {"key": key, "pass": pass_, "subnet": subnet_json}
+def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result, workload: str = "") -> dict[str, str]:
+    row = {"key": key, "pass": pass_, "workload": workload, "subnet": subnet_json}
     row.update({name: repr(float(v)) if isinstance(v, float) else str(v) for name, v in features.items()})
     row.update(
         median_ms=f"{result.median_ms:.6g}",
@@ -301,10 +301,11 @@ def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float
 
 
 def append_rows(path: str, columns: list[str], rows: list[dict[str, str]]) -> None:
-    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new), then fsync."""
+    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new), then fsync.
+    Keys not in ``columns`` are left out (a table written before a column existed keeps its header)."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
         if new:
             writer.writeheader()
         for row in rows:
@@ -369,6 +370,28 @@ def materialize_weights(path: str, tensors: list[dict], seed: int = 0) -> None:
             while left > 0:
                 f.write(data[: min(left, len(data))])
                 left -= min(left, len(data))
+
+
+def decode_inputs(layout: dict, batch_size: int, context: int, seed: int = 0) -> dict:
+    """ONNX Runtime inputs for timing one decode step at ``context`` tokens seen, from a step graph's input
+    layout (``supernet.onnx_decode.input_layout``: name -> shape with "batch" / "past" axes, dtype).
+
+    The token is random, the position is ``context``, states are N(0, 1) (linear normalisers ``z``
+    positive); growing caches hold ``context`` entries.  Here (not in supernet) so that a board, which
+    has no torch, builds the very inputs the host does.
+    """
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for name, spec in layout.items():
+        shape = [{"batch": batch_size, "past": context}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
+        if name == "token":
+            feed[name] = rng.integers(0, spec.get("vocab_size", 2), size=shape, dtype=np.int64)
+        elif name == "position":
+            feed[name] = np.full(shape, context, dtype=np.int64)
+        else:
+            r = rng.standard_normal(shape, dtype=np.float32)
+            feed[name] = (np.abs(r) + 1.0 if name.endswith(".z") else r).astype(spec["dtype"])
+    return feed
 
 
 def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):

@@ -14,7 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -167,13 +168,79 @@ class Subnet:
 # --------------------------------------------------------------------------- space
 
 
+WORKLOAD_KINDS = ("prefill", "decode")
+_WORKLOAD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
 @dataclass(frozen=True)
 class Workload:
-    """The input shape at which latency is measured."""
+    """What latency is measured on.
+
+    ``prefill``: one forward pass over ``batch_size`` x ``seq_len`` tokens.  ``decode``: one new
+    token per sequence (``batch_size`` x 1) with ``context`` tokens already in the cache (the time
+    per generated token at that context).
+    """
 
     name: str
     batch_size: int
-    seq_len: int
+    seq_len: int = 0  # prefill: tokens per forward pass (0 for decode)
+    kind: str = "prefill"
+    context: int = 0  # decode: tokens already in the cache (0 for prefill)
+
+    def __post_init__(self) -> None:
+        if self.kind not in WORKLOAD_KINDS:
+            raise UserError(f"workload {self.name!r}: kind {self.kind!r} is not one of {', '.join(WORKLOAD_KINDS)}")
+        ok = self.seq_len >= 1 and self.context == 0 if self.kind == "prefill" else self.context >= 1 and self.seq_len == 0
+        if not ok or self.batch_size < 1:
+            raise UserError(f"workload {self.name!r}: {self.kind} takes batch_size >= 1 and "
+                            + ("seq_len >= 1" if self.kind == "prefill" else "context >= 1") + f", got {self.to_dict()}")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens a timed call processes per sequence: ``seq_len`` (prefill) or 1 (decode)."""
+        return self.seq_len if self.kind == "prefill" else 1
+
+    @property
+    def positions(self) -> int:
+        """Positions the model must hold: ``seq_len`` (prefill) or ``context + 1`` (decode)."""
+        return self.seq_len if self.kind == "prefill" else self.context + 1
+
+    @property
+    def shape(self) -> str:
+        """``1x256`` (prefill) or ``1x1 at context 255`` (decode)."""
+        if self.kind == "prefill":
+            return f"{self.batch_size}x{self.seq_len}"
+        return f"{self.batch_size}x1 at context {self.context}"
+
+    @property
+    def label(self) -> str:
+        """Compact and unique per shape: ``prefill:1x256``, ``decode:1x1@255`` (a timing table's rows carry it)."""
+        return f"{self.name}:{self.batch_size}x{self.seq_len}" if self.kind == "prefill" else f"{self.name}:{self.batch_size}x1@{self.context}"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind} {self.shape})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML form (prefill keeps its historical keys, so a space's hash does not change)."""
+        if self.kind == "prefill":
+            out = {"batch_size": self.batch_size, "seq_len": self.seq_len}
+            return out if self.name == "prefill" else {"kind": "prefill", **out}
+        return {"kind": "decode", "batch_size": self.batch_size, "context": self.context}
+
+    def record(self) -> dict[str, Any]:
+        """What files store: name, kind and shape (read back by :meth:`from_record`)."""
+        return {"name": self.name, "kind": self.kind, "batch_size": self.batch_size, "seq_len": self.seq_len, "context": self.context}
+
+    @classmethod
+    def from_record(cls, data: Any, where: str = "workload") -> "Workload":
+        """Inverse of :meth:`record`; a record without ``kind`` (written before decode existed) is a prefill."""
+        if not isinstance(data, dict) or "name" not in data or "batch_size" not in data:
+            raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), got {data!r}")
+        known = {"name", "kind", "batch_size", "seq_len", "context"}
+        try:
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except TypeError as e:
+            raise UserError(f"{where}: not a workload record: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -212,11 +279,14 @@ class Space:
     def max_ffn_dim(self) -> int:
         return max(self.ffn_dim)
 
-    def workload(self, name: str = "prefill") -> Workload:
+    def workload(self, name: str | None = None, flag: str = "--workload") -> Workload:
+        """The workload ``name`` of the latency section (default: the first listed)."""
+        if name is None:
+            return self.workloads[0]
         for w in self.workloads:
             if w.name == name:
                 return w
-        raise UserError(f"space {self.name}: no latency workload {name!r} (has: {', '.join(w.name for w in self.workloads)})")
+        raise UserError(f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})")
 
     # -- members ------------------------------------------------------------------
 
@@ -329,13 +399,20 @@ class Space:
             "embed_dim": list(self.embed_dim),
             "depth": list(self.depth),
             "layers": {"heads": list(self.heads), "ffn_dim": list(self.ffn_dim), "attention": list(self.attention)},
-            "latency": {w.name: {k: v for k, v in asdict(w).items() if k != "name"} for w in self.workloads},
+            "latency": {w.name: w.to_dict() for w in self.workloads},
         }
 
     @property
     def hash(self) -> str:
         """Stable 16-hex-digit hash of everything that defines the space (not its file name or comments)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def arch_hash(self) -> str:
+        """Hash of what defines the models (everything but the latency workloads): a supernet and a
+        latency predictor agree on their subnets when this agrees, whatever workloads each file lists."""
+        arch = {k: v for k, v in self.to_dict().items() if k != "latency"}
+        return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- loading
@@ -471,19 +548,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    workloads = []
-    if "latency" in top:
-        lat = c.keys("latency", top["latency"], required=("prefill",))
-        for wname, wdata in lat.items():
-            if wname != "prefill":
-                continue
-            w = c.keys(f"latency.{wname}", wdata, required=("batch_size", "seq_len"))
-            bs = c.pos_int(f"latency.{wname}.batch_size", w["batch_size"]) if "batch_size" in w else None
-            sl = c.pos_int(f"latency.{wname}.seq_len", w["seq_len"]) if "seq_len" in w else None
-            if sl is not None and max_seq is not None and sl > max_seq:
-                c.error(f"latency.{wname}.seq_len", f"{sl} exceeds max_seq_len {max_seq}")
-            if bs is not None and sl is not None:
-                workloads.append(Workload(wname, bs, sl))
+    workloads = _workloads(c, top["latency"], max_seq, positions) if "latency" in top else []
 
     if c.errors:
         raise SpaceError(c.errors)
@@ -504,6 +569,42 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
     )
 
 
+def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None) -> list[Workload]:
+    """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len) or
+    ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
+
+    A decode context may pass ``max_seq_len`` with rotary positions (``supernet.decode`` computes the
+    angles of any position: timing at long contexts), not with learned ones (they end there)."""
+    if not isinstance(lat, dict) or not lat:
+        c.error("latency", f"expected a mapping of named workloads, e.g. {{prefill: {{batch_size: 1, seq_len: 256}}, "
+                           f"decode: {{batch_size: 1, context: 255}}}}, got {lat!r}")
+        return []
+    out = []
+    for wname, wdata in lat.items():
+        path = f"latency.{wname}"
+        if not isinstance(wname, str) or not _WORKLOAD_NAME.match(wname):
+            c.error(path, "a workload name is a letter then letters, digits, - or _")
+            continue
+        kind = (wdata.get("kind") if isinstance(wdata, dict) else None) or (wname if wname in WORKLOAD_KINDS else None)
+        if kind not in WORKLOAD_KINDS and isinstance(wdata, dict):
+            c.error(f"{path}.kind", f"{kind!r} is not one of {', '.join(WORKLOAD_KINDS)}" if kind is not None else
+                    f"missing (the name {wname!r} is not a kind; give kind: {' or '.join(WORKLOAD_KINDS)})")
+            continue
+        size = "context" if kind == "decode" else "seq_len"
+        w = c.keys(path, wdata, required=("batch_size", size), optional=("kind",))
+        bs = c.pos_int(f"{path}.batch_size", w["batch_size"]) if "batch_size" in w else None
+        n = c.pos_int(f"{path}.{size}", w[size]) if size in w else None
+        if n is not None and max_seq is not None:
+            if kind == "prefill" and n > max_seq:
+                c.error(f"{path}.seq_len", f"{n} exceeds max_seq_len {max_seq}")
+            if kind == "decode" and n >= max_seq and positions == "learned":
+                c.error(f"{path}.context", f"{n} leaves no position for the new token: learned positions end at max_seq_len {max_seq} "
+                                           f"(give at most {max_seq - 1}, or use positions: rope)")
+        if bs is not None and n is not None:
+            out.append(Workload(wname, bs, n, "prefill") if kind == "prefill" else Workload(wname, bs, kind="decode", context=n))
+    return out
+
+
 def describe(space: Space) -> str:
     """A few human lines about the choices (used by ``nas space``)."""
     lines = [
@@ -517,7 +618,8 @@ def describe(space: Space) -> str:
         f"  attention     {', '.join(space.attention)}   (per layer)",
     ]
     for w in space.workloads:
-        lines.append(f"  latency       {w.name}: batch {w.batch_size} x {w.seq_len} tokens")
+        what = f"batch {w.batch_size} x {w.seq_len} tokens" if w.kind == "prefill" else f"batch {w.batch_size} x 1 new token at context {w.context}"
+        lines.append(f"  latency       {w.name}: {w.kind}, {what}")
     n = space.size()
     lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})")
     return "\n".join(lines)

@@ -5,7 +5,9 @@
 * ``runner.py``: :mod:`latency.timing_core` + ``bundle_main.py`` in one file; needs only
   Python 3.9+, numpy and onnxruntime (>= :data:`MIN_ONNXRUNTIME`, for opset-23 ``Attention``);
 * ``manifest.json``: the space, workload, protocol, seed, and per subnet its key, pass, features
-  and weight layout; the table sidecar the runner completes with the board's fingerprint;
+  and weight layout (and, for a decode workload, the step graph's input layout, from which the
+  runner draws the inputs of ``context`` tokens seen); the table sidecar the runner completes
+  with the board's fingerprint;
 * ``models/*.onnx``: weight-stripped graphs (the runner draws random weights: timing does not
   depend on their values), a few hundred KB each;
 * ``README.txt``: how to run it.
@@ -32,7 +34,7 @@ import torch
 from search_spaces import Space, Subnet, UserError, Workload
 
 from ..features import table_features
-from ..onnx_graphs import cached_graph
+from ..onnx_graphs import cached_decode_graph, cached_graph
 from ..protocol import reference_model
 from ..table import make_meta
 from ..timing_core import Settings, sidecar_path
@@ -86,33 +88,37 @@ def write_bundle(
     meta = make_meta({}, space, workload, settings.to_dict(), seed, names)
     graphs: dict[str, Path] = {}
 
-    def add_graph(model) -> tuple[str, list[dict]]:
-        graph, tensors = cached_graph(model)
+    def add_graph(model) -> dict:
+        """The model's graph entry: file, weight layout and, for a decode step, its input layout."""
+        if workload.kind == "decode":
+            graph, tensors, inputs = cached_decode_graph(model)
+        else:
+            (graph, tensors), inputs = cached_graph(model), None
         graphs[graph.name] = graph
-        return f"models/{graph.name}", tensors
+        return {"graph": f"models/{graph.name}", "tensors": tensors, **({"inputs": inputs} if inputs else {})}
 
-    ref_graph, ref_tensors = add_graph(reference_model(supernet.extract(space.smallest()).config))
+    reference = add_graph(reference_model(supernet.extract(space.smallest()).config))
     models, total = [], sum(len(v) for v in passes.values())
     for pass_, subnets in passes.items():
         for s in subnets:
-            graph, tensors = add_graph(supernet.extract(s))
             feats = table_features(space, s, workload)
-            models.append({"key": s.key, "pass": pass_, "subnet": s.to_json(), "features": feats, "graph": graph, "tensors": tensors})
+            models.append({"key": s.key, "pass": pass_, "subnet": s.to_json(), "features": feats, **add_graph(supernet.extract(s))})
             if progress is not None:
                 progress(len(models), total, s.key)
     manifest = {
         "format": "nas-latency-bundle",
         "version": 1,
         "meta": meta,
+        "workload_label": workload.label,
         "seed": seed,
         "opset": DEFAULT_OPSET,
         "exporter_torch": torch.__version__,
         "min_onnxruntime": MIN_ONNXRUNTIME,
-        "reference": {"graph": ref_graph, "tensors": ref_tensors},
+        "reference": reference,
         "models": models,
     }
     readme = README.format(
-        n=len(graphs), space=space.name, hash=space.hash, workload=f"{workload.name} {workload.batch_size}x{workload.seq_len}",
+        n=len(graphs), space=space.name, hash=space.hash, workload=str(workload),
         ort=MIN_ONNXRUNTIME, protocol=json.dumps(settings.to_dict()),
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, format_row, host_facts, ort_session, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_session, run_protocol, sidecar_path, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -108,9 +108,15 @@ def main(argv=None) -> int:
 
     settings = Settings.from_dict(meta["protocol"])
     workload = meta["workload"]
-    feed = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload["seq_len"]), dtype=np.int64)}
+    tokens = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload.get("seq_len", 1)), dtype=np.int64)}
+
+    def feed_of(entry: dict) -> dict:
+        """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
+        return decode_inputs(entry["inputs"], workload["batch_size"], workload["context"]) if workload.get("kind") == "decode" else tokens
+
     ref = manifest["reference"]
-    ref_runner = make_runner(ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider), feed, args.clock)
+    ref_session = ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider)
+    ref_runner = make_runner(ref_session, feed_of(ref), args.clock)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
     print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
@@ -128,7 +134,7 @@ def main(argv=None) -> int:
         runners = {}
         for m in group:
             session = ort_session(os.path.join(HERE, m["graph"]), m["tensors"], threads=args.threads, provider=args.provider)
-            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed, args.clock)
+            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed_of(m), args.clock)
 
         def progress(d, group_total, key, base=finished):
             nonlocal total
@@ -142,7 +148,8 @@ def main(argv=None) -> int:
         if meta.get("baseline_ms") is None:
             meta["baseline_ms"] = baseline
             write_json(side, meta)
-        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]]) for m in group]
+        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]], manifest["workload_label"])
+                for m in group]
         append_rows(args.out, meta["columns"], rows)
         finished += len(group) * settings.rounds
     print(f"\nwrote {args.out} and {side}")

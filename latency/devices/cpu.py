@@ -1,5 +1,11 @@
 """``cpu``: the static model in torch eager mode on the CPU, ``threads`` intra-op threads,
-timed by the wall clock or (``clock="cpu"``, one thread) by the thread's CPU time."""
+timed by the wall clock or (``clock="cpu"``, one thread) by the thread's CPU time.
+
+A ``decode`` workload times one decode step (:func:`supernet.decode.step`, what ``decode_step``
+runs): one new token per sequence at position ``context`` with a cache of ``context`` tokens
+(random, :func:`supernet.decode.synthetic_cache`), built once.  Every repeat starts from that same
+cache: growing key/value buffers get the same slot rewritten, window and linear states are
+returned anew and dropped, so each repeat sees the same context."""
 
 from __future__ import annotations
 
@@ -16,6 +22,22 @@ def workload_tokens(model, workload: Workload, device: str = "cpu") -> torch.Ten
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), generator=g)  # (B, T)
     return tokens.to(device)
+
+
+def decode_setup(model, workload: Workload, device: str = "cpu"):
+    """``(call, cache)`` for timing one decode step at ``workload.context``: ``call()`` runs it, logits (B, 1, V)."""
+    from supernet.decode import step, synthetic_cache
+
+    g = torch.Generator().manual_seed(0)
+    cache = synthetic_cache(model, workload.batch_size, workload.context, generator=g)
+    cache.layers = [{k: t.to(device) for k, t in layer.items()} for layer in cache.layers]
+    token = torch.randint(0, model.config.vocab_size, (workload.batch_size, 1), generator=g).to(device)  # (B, 1)
+    pos = torch.tensor([workload.context], device=device)  # (1,): made once (no host copy inside a CUDA graph)
+
+    def call():
+        return step(model, token, pos, cache.layers, length=workload.context)[0]  # the new states are dropped
+
+    return call, cache
 
 
 class CPU:
@@ -37,14 +59,20 @@ class CPU:
 
     def prepare(self, model, workload: Workload) -> Runner:
         model = model.eval()
-        tokens = workload_tokens(model, workload)
         now = CLOCKS[self.clock]
+        if workload.kind == "decode":
+            call, _ = decode_setup(model, workload)
+        else:
+            tokens = workload_tokens(model, workload)
+
+            def call():
+                return model(tokens)
 
         @torch.inference_mode()
         def run(n: int) -> float:
             start = now()
             for _ in range(n):
-                model(tokens)
+                call()
             return now() - start
 
         return run

@@ -16,7 +16,7 @@ from search_spaces import UserError, Workload
 
 from ..device import host_fingerprint
 from ..timing_core import Runner
-from .cpu import workload_tokens
+from .cpu import decode_setup, workload_tokens
 
 RUNTIMES = ("eager", "cudagraph", "compile")
 
@@ -53,8 +53,15 @@ class CUDA:
 
     def prepare(self, model, workload: Workload) -> Runner:
         model = model.eval().to(self.device)
-        tokens = workload_tokens(model, workload, str(self.device))
-        step = self._step(model, tokens)
+        if workload.kind == "decode":  # one decode step at the context (the cache built once, its length reset per step)
+            call, _ = decode_setup(model, workload, str(self.device))
+        else:
+            tokens = workload_tokens(model, workload, str(self.device))
+
+            def call():
+                return model(tokens)
+
+        step = self._step(call)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def run(n: int) -> float:
@@ -69,24 +76,24 @@ class CUDA:
         return run
 
     @torch.inference_mode()
-    def _step(self, model, tokens):
+    def _step(self, call):
         if self.runtime == "eager":
-            return torch.inference_mode()(lambda: model(tokens))
+            return torch.inference_mode()(call)
         if self.runtime == "compile":
-            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs", dynamic=False)
+            compiled = torch.compile(call, mode="max-autotune-no-cudagraphs", dynamic=False)
             for _ in range(3):  # compile and autotune now, not inside the timed calls
-                compiled(tokens)
-            return torch.inference_mode()(lambda: compiled(tokens))
+                compiled()
+            return torch.inference_mode()(compiled)
         # cudagraph: warm up on a side stream (as torch.cuda.graphs requires), capture once, replay
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(3):
-                model(tokens)
+                call()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            model(tokens)  # output stays in the graph's static memory
+            call()  # output (and a decode step's new state) stays in the graph's static memory
         return graph.replay
 
 

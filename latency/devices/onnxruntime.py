@@ -1,5 +1,9 @@
 """``onnxruntime``: the static model exported to ONNX (opset 23), run by ONNX Runtime with all
-graph optimizations; ``provider`` ``cpu`` (default) or ``cuda`` when onnxruntime-gpu is installed."""
+graph optimizations; ``provider`` ``cpu`` (default) or ``cuda`` when onnxruntime-gpu is installed.
+
+A ``decode`` workload runs the decode-step graph (:mod:`supernet.onnx_decode`: token, position and
+the past states in; logits and the present states out, as a generation loop runs it) on inputs
+of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call."""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import numpy as np
 from search_spaces import UserError, Workload
 
 from ..device import host_fingerprint
-from ..onnx_graphs import cached_graph
-from ..timing_core import CLOCKS, Runner, check_clock, ort_session
+from ..onnx_graphs import cached_decode_graph, cached_graph
+from ..timing_core import CLOCKS, Runner, check_clock, decode_inputs, ort_session
 
 PROVIDERS = ("cpu", "cuda")
 
@@ -52,10 +56,14 @@ class OnnxRuntime:
         return fp
 
     def prepare(self, model, workload: Workload) -> Runner:
-        graph, tensors = cached_graph(model)
+        if workload.kind == "decode":
+            graph, tensors, layout = cached_decode_graph(model)
+            feed = decode_inputs(layout, workload.batch_size, workload.context)
+        else:
+            graph, tensors = cached_graph(model)
+            g = np.random.default_rng(0)
+            feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
         session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider)
-        g = np.random.default_rng(0)
-        feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
 
         now = CLOCKS[self.clock]  # "cpu": with one intra-op thread ONNX Runtime computes on this thread
 

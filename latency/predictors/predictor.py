@@ -65,12 +65,24 @@ class Predictor:
         return self.workload_spec.name if self.workload_spec is not None else None
 
     def check_space(self, space: Space) -> None:
+        """Refuse a space whose subnets differ from the predictor's (the latency workloads listed may differ)."""
         if self.space is None:
             raise UserError("this predictor was fitted on a plain feature table, not on subnets of a space")
-        if space.hash != self.space.hash:
+        if space.arch_hash != self.space.arch_hash:
             raise UserError(
                 f"predictor was fitted on space {self.space.name!r} (hash {self.space.hash}); "
                 f"space {space.name!r} ({space.source}) has hash {space.hash}: refit the predictor on timings of this space"
+            )
+
+    def check_workload(self, workload: Workload, where: str = "--workload") -> None:
+        """Refuse a workload other than the one this predictor was fitted at (name, kind and shape)."""
+        mine = self.workload_spec
+        if mine is None:
+            raise UserError(f"{where}: this predictor was fitted on a plain feature table; it knows no workload")
+        if mine != workload:
+            raise UserError(
+                f"{where}: asks for workload {workload}, but this predictor was fitted on timings of workload {mine}; "
+                f"measure that workload (nas measure-latency --workload {workload.name}) and fit a predictor on it"
             )
 
     def predict(self, subnets: Sequence[Subnet]) -> np.ndarray:
@@ -98,7 +110,7 @@ class Predictor:
             "model_state": meta,
             "space": self.space.to_dict() if self.space is not None else None,
             "space_hash": self.space_hash,
-            "workload": None if self.workload_spec is None else vars(self.workload_spec),
+            "workload": None if self.workload_spec is None else self.workload_spec.record(),
             "fingerprint": self.fingerprint,
             "columns": self.columns,
             "metrics": self.metrics,
@@ -134,7 +146,7 @@ def load_predictor(path: str | Path) -> Predictor:
         space = parse_space(yaml.safe_dump(doc["space"]), where=f"{doc_path.name}[space]", source=str(doc_path))
         if space.hash != doc.get("space_hash"):
             raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
-    workload = Workload(**doc["workload"]) if doc.get("workload") else None
+    workload = Workload.from_record(doc["workload"], f"{doc_path}: workload") if doc.get("workload") else None
     regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
     return Predictor(doc["model"], regressor, space, workload, doc.get("fingerprint") or {}, doc.get("columns"), doc.get("metrics") or {},
                      doc.get("reference_ms"))

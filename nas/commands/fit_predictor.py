@@ -68,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         names = subnet_matrix("additive", t.space, t.workload, subnets[:1])[1]
         space, workload, fingerprint, reference_ms = t.space, t.workload, t.fingerprint, t.meta.get("baseline_ms")
         fp = t.fingerprint
-        say(f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload.name} "
-            f"{workload.batch_size}x{workload.seq_len}; {fp.get('device')} / {fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}")
+        say(f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload}; {fp.get('device')} / {fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}")
         if forced is not None:
             retest = (np.array([second[k].median_ms for k, m in zip(keys, test) if m]), y[test])
         flagged = sum(1 for k in keys if measured[k].flags)

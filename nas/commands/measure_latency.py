@@ -16,7 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
     p.add_argument("--samples", type=int, default=300, help="subnets to time, always including the largest and smallest (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
-    p.add_argument("--workload", default="prefill", help="the space's latency workload to time (default prefill)")
+    p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
+                   "(one new token at a context), as the space's latency section names them (default: its first)")
     p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
     p.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)")
     p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     subnets = campaign_subnets(space, args.samples, args.seed)
     passes = {"measure": subnets, "retest": retest_subset(subnets, args.retest, args.seed)}
     print(f"{space.name} ({space.hash}): {len(subnets)} subnets (+{len(passes['retest'])} re-measured), "
-          f"workload {workload.name} {workload.batch_size}x{workload.seq_len}")
+          f"workload {workload}")
 
     def bar(desc: str):
         b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True)

@@ -13,6 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --sample` prints)")
     p.add_argument("--predictor", required=True, help="a folder written by `nas fit-predictor --out`")
     p.add_argument("--space", help="refuse unless the predictor was fitted on this space (YAML file or shipped name)")
+    p.add_argument("--workload", help="refuse unless the predictor was fitted at this workload of its space (prefill, decode, ...)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -24,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.predictor}: fitted on a plain feature table (columns {', '.join(predictor.columns or [])}), not on subnets")
     if args.space:
         predictor.check_space(load_space(args.space))
+    if args.workload:
+        predictor.check_workload(predictor.space.workload(args.workload))
     subnets = [Subnet.load(p) for p in args.subnets]
     for path, s in zip(args.subnets, subnets):
         problems = predictor.space.problems(s)
@@ -31,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{path}: not in the predictor's space {predictor.space.name!r}: {'; '.join(problems)}")
     w = predictor.workload_spec
     for path, s, ms in zip(args.subnets, subnets, predictor.predict(subnets)):
-        print(f"{ms:10.3f} ms  {path}  {s}   ({predictor.name}, {w.name} {w.batch_size}x{w.seq_len}, {predictor.fingerprint.get('device')})")
+        print(f"{ms:10.3f} ms  {path}  {s}   ({predictor.name}, {w}, {predictor.fingerprint.get('device')})")
     return 0

@@ -20,7 +20,8 @@ from pathlib import Path
 
 NAME = "search"
 HELP = "search the subnet with the lowest validation loss under latency / size budgets"
-EXAMPLE = "nas search runs/tiny/latest.pt --predictor runs/lat/predictor.json --budget 20ms,50ms --max-params 1M --out runs/search"
+EXAMPLE = ("nas search runs/tiny/latest.pt --predictor runs/pred-prefill --predictor runs/pred-decode "
+           "--budget prefill:50ms,decode:2ms,decode:4ms --max-params 1M --out runs/search")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,8 +29,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # argparse's "expected one argument": negative numbers with a unit count as values.
     p._negative_number_matcher = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?[a-zA-Zµ]*(,.*)?$")  # noqa: SLF001
     p.add_argument("supernet", help="trained supernet checkpoint (nas train-supernet)")
-    p.add_argument("--predictor", required=True, help="latency predictor file (nas fit-predictor), fit on this supernet's space")
-    p.add_argument("--budget", metavar="T[,T...]", help="latency budget(s) with a unit: 50ms, 0.05s, 800us; several: 20ms,50ms,100ms")
+    p.add_argument("--predictor", required=True, action="append", metavar="DIR",
+                   help="latency predictor (nas fit-predictor), fit on this supernet's space; repeat it for several workloads "
+                        "(each predictor knows the workload it was fitted at: prefill, decode, ...)")
+    p.add_argument("--budget", metavar="[W:]T[,...]",
+                   help="latency budget(s) with a unit: 50ms, 0.05s, 800us; several: 20ms,50ms,100ms (one search each); "
+                        "on a workload: decode:5ms. Budgets on different workloads constrain one search together: "
+                        "prefill:50ms,decode:5ms; the searches are every combination of one budget per workload")
+    p.add_argument("--workload", metavar="NAME", help="the workload of budgets written without one, and of the Pareto plot "
+                   "(default: the first --predictor's)")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
     g.add_argument("--strategy", default="evolution", choices=("evolution", "random", "nsga2"), help="default: evolution")
@@ -102,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from nas import search as S
     from search_spaces import UserError
 
-    budgets = S.parse_budgets(args.budget) if args.budget else []
+    if args.budget:  # the syntax, before loading anything (the default workload comes from the predictors)
+        S.parse_workload_budgets(args.budget, args.workload or "")
     max_params = S.parse_count(args.max_params) if args.max_params else None
     config = S.SearchConfig(
         population=args.population, parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
@@ -118,17 +127,27 @@ def run(args: argparse.Namespace) -> int:
 
     model, payload = load_supernet(args.supernet, device=device)
     space = model.space
-    predictor = load_predictor(args.predictor)
-    predictor.check_space(space)
+    latencies, primary = workload_latencies(args, space, load_predictor)
     tokens, val_source = validation_tokens(args, payload)
     fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
                               seed=args.val_seed, device=device, where=val_source)
 
-    latency = S.CachedLatency(predictor.predict, describe_predictor(args.predictor, predictor))
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
-    plans = [(S.format_ms(b), S.Constraints((S.LatencyBudget(b, latency, latency.name),) + limits)) for b in budgets]
+    named = len(latencies) > 1  # several workloads: budgets and labels say which
+    budgets = S.parse_workload_budgets(args.budget, primary) if args.budget else {}
+    for name in budgets:
+        if name not in latencies:
+            raise UserError(f"--budget: a budget on workload {name!r}, but no --predictor is fitted at it "
+                            f"(the predictors are at {', '.join(latencies)}); fit one on `nas measure-latency --workload {name}` timings")
+    plans = [
+        (S.plan_label(plan, named), S.Constraints(tuple(
+            S.LatencyBudget(ms, latencies[name], latencies[name].name, workload=name if named else "") for name, ms in plan.items()
+        ) + limits))
+        for plan in S.budget_plans(budgets)
+    ]
     plans = plans or [("no-budget", S.Constraints(limits))]
+    latency = latencies[primary]
     problems, seeds = [], {}
     for label, cons in plans:
         try:
@@ -141,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     identity = {
         "space": space.hash,
         "supernet": file_digest(Path(args.supernet)),
-        "predictor": file_digest(Path(args.predictor)),
+        "predictor": (file_digest(Path(args.predictor[0])) if len(args.predictor) == 1
+                      else {name: file_digest(Path(lat.path)) for name, lat in latencies.items()}),
         "fitness": {**fitness.description, "data": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]},
         "strategy": args.strategy,
         "search": config.to_dict(),
@@ -164,12 +184,12 @@ def run(args: argparse.Namespace) -> int:
     shown = _safe_url(url)
     print(f"nas search: {args.strategy} on space {space.name} ({space.size():,} subnets), {config.evaluations:,} evaluations per budget "
           f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}; "
-          f"latency: {latency.name}", file=sys.stderr)
+          f"latency: {'; '.join(f'{n}: {lat.name}' for n, lat in latencies.items()) if named else latency.name}", file=sys.stderr)
     print(f"nas search: study {study_name!r} in {shown}  (run the same command again to resume, or in parallel to add a worker)", file=sys.stderr)
     with _ProgressBar(config.generations, disable=args.no_progress) as bar:
         result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
 
-    report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name)
+    report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary)
     print(report)
     for label, notes in result.notes.items():
         for note in notes[-3:]:
@@ -180,13 +200,46 @@ def run(args: argparse.Namespace) -> int:
     return 0 if verified and all(r is not None for r in result.best.values()) else 1
 
 
+def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
+    """``{workload name: cached latency}`` from the ``--predictor`` files (one per workload) and the primary workload.
+
+    Each predictor must be of the supernet's space (its subnets) and, where the supernet's space also
+    names its workload, of that workload's shape; ``--workload`` must be one the predictors are at.
+    """
+    from nas import search as S
+    from search_spaces import UserError
+
+    latencies, paths = {}, {}
+    for path in args.predictor:
+        predictor = load_predictor(path)
+        predictor.check_space(space)
+        name = predictor.workload or "prefill"
+        if name in paths:
+            raise UserError(f"--predictor: {paths[name]} and {path} are both fitted at workload {name!r}; give one predictor per workload")
+        spec = getattr(predictor, "workload_spec", None)
+        ours = {w.name: w for w in space.workloads}.get(name)
+        if spec is not None and ours is not None and spec != ours:
+            raise UserError(f"--predictor {path}: fitted at workload {spec}, but the supernet's space defines {ours}; "
+                            f"measure and fit a predictor at the space's workload (nas measure-latency --workload {name})")
+        latencies[name] = S.CachedLatency(predictor.predict, describe_predictor(path, predictor))
+        latencies[name].path, paths[name] = path, path
+    primary = args.workload or next(iter(latencies))
+    if primary not in latencies:
+        have = ", ".join(f"{n} ({p})" for n, p in paths.items())
+        raise UserError(f"--workload {primary}: no --predictor is fitted at it (they are at {have}); "
+                        f"fit one on `nas measure-latency --workload {primary}` timings and pass it with --predictor")
+    return latencies, primary
+
+
 def describe_predictor(path: str, predictor) -> str:
     """``cpu (torch-eager, threads 1) on <cpu model>, mlp predictor runs/lat/p.json``: where its milliseconds hold."""
     fp = getattr(predictor, "fingerprint", None) or {}
     device = fp.get("device", "an unknown device")
     details = ", ".join(f"{k} {fp[k]}" if k == "threads" else str(fp[k]) for k in ("runtime", "threads") if fp.get(k) is not None)
     where = f" on {fp['cpu_model']}" if fp.get("cpu_model") and device != "cuda" else ""
-    return f"{device}{f' ({details})' if details else ''}{where}, {getattr(predictor, 'name', 'latency')} predictor {Path(path).name}"
+    spec = getattr(predictor, "workload_spec", None)
+    at = f" at {spec}" if spec is not None else ""
+    return f"{device}{f' ({details})' if details else ''}{where}, {getattr(predictor, 'name', 'latency')} predictor {Path(path).name}{at}"
 
 
 def _safe_url(url: str) -> str:
@@ -229,50 +282,79 @@ class _ProgressBar:
         self.bar.refresh()
 
 
-def write_outputs(out: Path, space, searches, result, identity: dict, study: str, storage: str, latency_source: str) -> str:
-    """best_<budget>.yaml, pareto.csv / .png, search.json; returns the terminal table."""
+def write_outputs(out: Path, space, searches, result, identity: dict, study: str, storage: str, latency_source: str,
+                  latencies: dict | None = None, primary: str | None = None) -> str:
+    """best_<budget>.yaml, pareto.csv / .png, search.json; returns the terminal table.
+
+    ``latencies`` (several workloads): ``{workload: latency fn}``; the records' latency is ``primary``'s,
+    the CSV gets a ``latency_<workload>_ms`` column each, and every other workload a ``pareto_<workload>.png``.
+    """
     import numpy as np
 
     from nas.search import hypervolume, pareto_front
-    from nas.search.pareto import plot_png, write_csv
+    from nas.search.pareto import CSV_FIELDS, plot_png, write_csv
 
+    latencies = latencies or {}
     unique = list({r.subnet: r for r in reversed(result.records)}.values())[::-1]
+    by_workload = {name: fn([r.subnet for r in unique]) if unique else np.zeros(0) for name, fn in latencies.items()}
     points = np.array([[r.loss, r.latency] for r in unique], dtype=np.float64).reshape(-1, 2)
     finite = np.all(np.isfinite(points), axis=1)
     front = set(np.flatnonzero(finite)[pareto_front(points[finite])].tolist()) if finite.any() else set()
     rows = [
         {"trial": r.trial, "budget": r.slot[0], "generation": r.slot[1], "loss_bpb": f"{r.loss:.6f}", "latency_ms": f"{r.latency:.6f}",
-         "params": r.params, "on_front": int(i in front), "key": r.subnet.key, "subnet": str(r.subnet)}
+         "params": r.params, "on_front": int(i in front), "key": r.subnet.key, "subnet": str(r.subnet),
+         **{f"latency_{name}_ms": f"{ms[i]:.6f}" for name, ms in by_workload.items()}}
         for i, r in enumerate(unique)
     ]
-    write_csv(out / "pareto.csv", rows)
-    budgets_ms = [c.limit for s in searches for c in s.constraints.items if hasattr(c, "latency")]
+    extra = [f"latency_{name}_ms" for name in latencies]
+    write_csv(out / "pareto.csv", rows, CSV_FIELDS[:5] + extra + CSV_FIELDS[5:])
+
+    def budget_lines(workload: str | None) -> list[float]:
+        return [c.limit for s in searches for c in s.constraints.items if hasattr(c, "latency") and (workload is None or c.workload == workload)]
+
+    budgets_ms = budget_lines(primary if latencies else None)
     best_points = {label: (r.loss, r.latency) for label, r in result.best.items() if r is not None}
+    at = f" ({primary} latency)" if latencies else ""
     plot_png(out / "pareto.png", points, budgets_ms, best_points,
-             f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency from {latency_source}")
+             f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency{at} from {latency_source}")
+    index = {r.subnet: i for i, r in enumerate(unique)}
+    for name, ms in by_workload.items():
+        if name != primary:
+            other = np.array([[r.loss, m] for r, m in zip(unique, ms)], dtype=np.float64).reshape(-1, 2)
+            best_other = {label: (r.loss, float(ms[index[r.subnet]])) for label, r in result.best.items() if r is not None}
+            plot_png(out / f"pareto_{name}.png", other, budget_lines(name), best_other,
+                     f"{identity['strategy']} on {space.name}: {len(unique)} subnets, {name} latency from {latencies[name].name}")
 
     from nas import __version__
 
     summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
                "evaluations": result.evaluations, "budgets": {}}
-    lines = [f"{'budget':<10} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
+    wl = max([10] + [len(s.label) for s in searches])
+    lines = [f"{'budget':<{wl}} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
+    summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
     ref = (float(points[finite, 0].max()) if finite.any() else 0.0, max(budgets_ms) if budgets_ms else float(points[finite, 1].max(initial=0)))
     for s in searches:
         r = result.best[s.label]
         n = len(result.by_budget.get(s.label, []))
-        entry = {"constraints": str(s.constraints), "evaluated": n, "notes": result.notes[s.label], "best": None}
+        entry = {"constraints": str(s.constraints), "evaluated": n, "notes": result.notes[s.label], "best": None,
+                 "budgets_ms": {c.workload or primary: c.limit for c in s.constraints.items if hasattr(c, "latency")}}
         if r is None:
-            lines.append(f"{s.label:<10} {'-':>10} {'-':>10} {'-':>11} {n:>6}  no feasible subnet evaluated")
+            lines.append(f"{s.label:<{wl}} {'-':>10} {'-':>10} {'-':>11} {n:>6}  no feasible subnet evaluated")
         else:
+            each = {name: float(by_workload[name][index[r.subnet]]) for name in latencies}
+            predicted = ", ".join(f"{name} {ms:.4f} ms" for name, ms in each.items()) if each else f"{r.latency:.4f} ms"
             (out / f"best_{s.label}.yaml").write_text(
                 f"# nas search: best subnet under {s.constraints}\n"
-                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {r.latency:.4f} ms, {r.params:,} parameters\n"
+                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {predicted}, {r.params:,} parameters\n"
                 f"# space {space.name} (hash {space.hash}), strategy {identity['strategy']}, seed {identity['seed']}, "
                 f"trial {r.trial} of study {study} in {storage}\n" + r.subnet.to_yaml()
             )
             entry["best"] = {"subnet": r.subnet.to_dict(), "key": r.subnet.key, "loss_bpb": r.loss, "latency_ms": r.latency,
                              "params": r.params, "trial": r.trial, "file": f"best_{s.label}.yaml"}
-            lines.append(f"{s.label:<10} {r.loss:>10.4f} {r.latency:>8.3f}ms {r.params:>11,} {n:>6}  {r.subnet}")
+            if each:
+                entry["best"]["latency_ms_by_workload"] = each
+            also = "".join(f"  ({name} {ms:.3f}ms)" for name, ms in each.items() if name != primary)
+            lines.append(f"{s.label:<{wl}} {r.loss:>10.4f} {r.latency:>8.3f}ms {r.params:>11,} {n:>6}  {r.subnet}{also}")
         summary["budgets"][s.label] = entry
     summary["hypervolume"] = {"value": hypervolume(points[finite], ref), "reference": ref}
     (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")

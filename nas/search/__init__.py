@@ -7,7 +7,7 @@ HAT / Evolved Transformer, optional aging), :class:`RandomSearch`, :class:`NSGA2
 Fitness (:mod:`.fitness`) and constraints (:mod:`.constraints`) are passed in.
 """
 
-from .budget import format_ms, parse_budget, parse_budgets, parse_count
+from .budget import budget_plans, format_ms, parse_budget, parse_budgets, parse_count, parse_workload_budgets, plan_label
 from .cache import BatchCache, CachedFitness, CachedLatency
 from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
 from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
@@ -43,6 +43,7 @@ __all__ = [
     "Strategy",
     "TrialStore",
     "best_per_budget",
+    "budget_plans",
     "config_hash",
     "crossover",
     "default_storage",
@@ -58,6 +59,8 @@ __all__ = [
     "parse_budget",
     "parse_budgets",
     "parse_count",
+    "parse_workload_budgets",
+    "plan_label",
     "pareto_front",
     "pick_device",
     "run_search",

@@ -3,10 +3,18 @@
 ``parse_budget("50ms") == 50.0``: budgets are carried in milliseconds everywhere.
 Accepted units: ``us`` (also ``µs``), ``ms`` and ``s``; a bare number is refused, because
 "50" could mean 50 ms or 50 s.  ``parse_budgets("20ms,50ms,100ms")`` reads a list.
+
+Budgets on workloads (:func:`parse_workload_budgets`, :func:`budget_plans`): an entry is
+``T`` (on the default workload) or ``NAME:T`` (on the space's workload ``NAME``, e.g.
+``decode:5ms``).  Budgets on *different* workloads constrain one search together; several
+budgets on *one* workload are a sweep, one search each.  So ``prefill:50ms,decode:5ms`` is one
+search under both, and ``decode:5ms,decode:10ms,prefill:50ms`` is two (5 ms and 10 ms per
+token, each also under 50 ms prefill): the searches are every combination of one budget per workload.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -48,6 +56,46 @@ def parse_budgets(text: str, flag: str = "--budget") -> list[float]:
     if repeated:
         raise UserError(f"{flag}: {text!r} repeats {', '.join(repeated)}; give each budget once")
     return sorted(budgets)
+
+
+_WORKLOAD = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_-]*)\s*:(.*)$")
+
+
+def parse_workload_budgets(text: str, default: str | None, flag: str = "--budget") -> dict[str, list[float]]:
+    """``"prefill:50ms,decode:5ms"`` -> ``{"prefill": [50.0], "decode": [5.0]}`` (workloads in order of first
+    mention, budgets ascending).  A bare ``T`` is on ``default``; without one it is refused, naming the forms."""
+    parts = str(text).split(",")
+    if any(not p.strip() for p in parts):
+        raise UserError(f"{flag}: {text!r} has an empty entry; write {BUDGET_FORMS}, or NAME:T for a workload (decode:5ms)")
+    out: dict[str, list[float]] = {}
+    for part in parts:
+        m = _WORKLOAD.match(part)
+        name, value = (m.group(1), m.group(2)) if m else (default, part)
+        if name is None:
+            raise UserError(f"{flag}: {part.strip()!r} does not say its workload, and there is no default: write NAME:{part.strip()} "
+                            "(e.g. decode:5ms) or give --workload NAME")
+        out.setdefault(name, []).append(parse_budget(value, f"{flag} (workload {name})" if m else flag))
+    for name, values in out.items():
+        labels = [format_ms(b) for b in values]
+        repeated = sorted({lab for lab in labels if labels.count(lab) > 1})
+        if repeated:
+            raise UserError(f"{flag}: {text!r} repeats {', '.join(repeated)} on workload {name}; give each budget once")
+        out[name] = sorted(values)
+    return out
+
+
+def budget_plans(budgets: dict[str, list[float]]) -> list[dict[str, float]]:
+    """One search per combination of one budget per workload: ``{workload: ms}`` each, in a stable order."""
+    names = list(budgets)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(budgets[n] for n in names))]
+
+
+def plan_label(plan: dict[str, float], named: bool) -> str:
+    """``50ms`` when the search has one workload (``named`` False), else ``decode-5ms+prefill-50ms`` (also in file names)."""
+    if not named:
+        (ms,) = plan.values()
+        return format_ms(ms)
+    return "+".join(f"{name}-{format_ms(ms)}" for name, ms in sorted(plan.items()))
 
 
 def format_ms(ms: float) -> str:

@@ -15,6 +15,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from latency.features import decode_layout
 from search_spaces import Space, Subnet, UserError
 from supernet.attention import attended_pairs
 
@@ -38,6 +39,7 @@ class LatencyBudget:
     latency: LatencyFn
     source: str = "predictor"
     flag: str = "--budget"
+    workload: str = ""  # the workload its latency is of ("" when the search has one, unnamed)
 
     def values(self, subnets: Sequence[Subnet]) -> np.ndarray:
         return self.latency(subnets)
@@ -45,8 +47,13 @@ class LatencyBudget:
     def format(self, value: float) -> str:
         return f"{value:.4g} ms"
 
+    @property
+    def entry(self) -> str:
+        """How the user wrote it: ``50ms`` or ``decode:5ms``."""
+        return f"{self.workload}:{format_ms(self.limit)}" if self.workload else format_ms(self.limit)
+
     def __str__(self) -> str:
-        return f"latency <= {format_ms(self.limit)} ({self.source})"
+        return f"{self.workload + ' ' if self.workload else ''}latency <= {format_ms(self.limit)} ({self.source})"
 
 
 @dataclass(frozen=True)
@@ -83,7 +90,7 @@ class Constraints:
         for c in self.items:
             v = float(c.values([subnet])[0])
             if v > c.limit:
-                out.append(f"{c.format(v)} > {c.flag} {c.format(c.limit)}")
+                out.append(f"{c.format(v)} > {c.flag} {c.entry if isinstance(c, LatencyBudget) else c.format(c.limit)}")
         return out
 
     def __str__(self) -> str:
@@ -125,10 +132,10 @@ def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Genera
         values = c.values(candidates)
         best = int(np.argmin(values))
         if values[best] > c.limit:
-            what = f"{c.flag} {format_ms(c.limit) if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
+            what = f"{c.flag} {c.entry if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
             if isinstance(c, LatencyBudget):
                 lines.append(
-                    f"{what} on {c.source}: the smallest latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
+                    f"{what} on {c.source}: the smallest {c.workload + ' ' if c.workload else ''}latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
                     f"({candidates[best]}); give a budget of at least that"
                 )
             else:
@@ -142,27 +149,33 @@ def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Genera
 
 
 class AnalyticLatency:
-    """A FLOPs-based latency proxy (ms) at the space's prefill workload; for tests and benchmarks only.
+    """A FLOPs-based latency proxy (ms) at one of the space's workloads (default its first); for tests and benchmarks only.
 
     ``ms = flops / (gflops * 1e6) + overhead_ms * (ops)``: matmuls of the projections, MLP and tied head,
-    attention scores by type (causal softmax ~T/2 keys a token, local:W ~W keys, linear ~head_dim).
+    attention scores by type (causal softmax ~T/2 keys a token, local:W ~W keys, linear ~head_dim).  At a
+    ``decode`` workload: one token per sequence, scoring the keys of its pattern row at that context.
     """
 
-    def __init__(self, space: Space, gflops: float = 20.0, overhead_ms: float = 0.02):
+    def __init__(self, space: Space, gflops: float = 20.0, overhead_ms: float = 0.02, workload: str | None = None):
         self.space, self.gflops, self.overhead_ms = space, gflops, overhead_ms
+        self.workload_spec = space.workload(workload)
+        self.workload = self.workload_spec.name
         self.space_hash = space.hash
         self.name = f"analytic FLOPs proxy at {gflops:g} GFLOP/s (not a measurement)"
 
     def flops(self, subnet: Subnet) -> float:
-        w = self.space.workload()
-        t, e = w.seq_len, subnet.embed_dim
+        w = self.workload_spec
+        t, e = w.tokens, subnet.embed_dim
         per_token = 2.0 * e * self.space.vocab_size  # tied output head
         for layer in subnet.layers:
             a = layer.heads * self.space.head_dim
             per_token += 8.0 * e * a + 4.0 * e * layer.ffn_dim
             # keys scored per query by the type's pattern; the linear family updates a (head_dim x head_dim) state instead
-            keys = attended_pairs(layer.attention, t) / t or self.space.head_dim
-            per_token += 4.0 * keys * a
+            if w.kind == "decode":  # the cached keys the new token is scored against
+                keys = decode_layout(layer.attention, w.context, layer.heads, self.space.head_dim)[0]
+            else:
+                keys = attended_pairs(layer.attention, t) / t
+            per_token += 4.0 * (keys or self.space.head_dim) * a
         return per_token * t * w.batch_size
 
     def predict(self, subnets: Sequence[Subnet]) -> np.ndarray:

@@ -81,14 +81,14 @@ def hypervolume(points: np.ndarray, reference: Sequence[float]) -> float:
 CSV_FIELDS = ["trial", "budget", "generation", "loss_bpb", "latency_ms", "params", "on_front", "key", "subnet"]
 
 
-def write_csv(path: str | Path, rows: list[dict]) -> Path:
-    """Every evaluated point, one row each (``on_front`` marks the Pareto front)."""
+def write_csv(path: str | Path, rows: list[dict], fields: Sequence[str] = CSV_FIELDS) -> Path:
+    """Every evaluated point, one row each (``on_front`` marks the Pareto front); ``fields``: the columns."""
     path = Path(path)
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=list(fields))
         w.writeheader()
         for row in rows:
-            w.writerow({k: row.get(k, "") for k in CSV_FIELDS})
+            w.writerow({k: row.get(k, "") for k in fields})
     return path
 
 
