@@ -80,7 +80,8 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
         raise UserError(f"{path}: the space stored in the checkpoint is invalid: {e}") from None
     if payload["space"].hash != payload.get("space_hash"):
         raise UserError(f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})")
-    if space is not None and space.hash != payload["space_hash"]:
+    # the models must agree (arch_hash); the latency workloads a space lists may differ
+    if space is not None and space.arch_hash != payload["space"].arch_hash:
         raise UserError(
             f"{path}: trained on space {payload['space'].name!r} (hash {payload['space_hash']}), "
             f"not on {space.name!r} (hash {space.hash}) from {space.source}"

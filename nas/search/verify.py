@@ -75,9 +75,10 @@ def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
     return out
 
 
-def budget_of(search) -> float | None:
-    """The latency limit (ms) among a budget search's constraints, None when it has none."""
-    return next((c.limit for c in search.constraints.items if hasattr(c, "latency")), None)
+def budget_of(search, workload: str | None = None) -> float | None:
+    """The latency limit (ms) among a budget search's constraints (on ``workload`` when given), None when it has none."""
+    return next((c.limit for c in search.constraints.items
+                 if hasattr(c, "latency") and (workload is None or getattr(c, "workload", "") in ("", workload))), None)
 
 
 def verify(candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn) -> dict[str, Verdict]:
@@ -170,7 +171,11 @@ def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path) 
     from latency.timing_core import Settings
     from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
 
-    predictor = load_predictor(args.predictor)
+    # the device times one workload: --workload, else the first predictor's (budgets on other workloads are not checked)
+    paths = args.predictor if isinstance(args.predictor, (list, tuple)) else [args.predictor]
+    predictors = [load_predictor(p) for p in paths]
+    name = getattr(args, "workload", None) or predictors[0].workload or "prefill"
+    predictor = next((p for p in predictors if (p.workload or "prefill") == name), predictors[0])
     workload = predictor.workload_spec or supernet.space.workload("prefill")
     device = get_device(args.verify, threads=args.verify_threads, clock=args.verify_clock)
     fp_device = (predictor.fingerprint or {}).get("device")
@@ -180,7 +185,7 @@ def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path) 
     candidates = top_candidates(searches, result.records, args.verify_top)
     bar, update = measurement_bar(f"verifying on {args.verify}")
     try:
-        verdicts = verify(candidates, {s.label: budget_of(s) for s in searches},
+        verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
                           device_measure(device, supernet, workload, settings, seed=args.seed, baseline_ms=predictor.reference_ms, progress=update))
     finally:
         bar.close()
