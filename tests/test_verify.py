@@ -110,3 +110,27 @@ def test_search_cli_verify_drops_the_best_when_the_device_says_it_is_too_slow(ti
     verified = Subnet.load(tmp_path / "out" / "verified_6ms.yaml")
     assert verified == Subnet.from_dict(checks[1]["subnet"]) != best
     assert "DROPPED" in out and "KEPT" in out and "verify.csv" in out
+
+
+def test_search_margin_keeps_the_prediction_below_the_budget_and_verify_holds_the_device_to_the_budget(tiny, tmp_path, monkeypatch):
+    """--margin 20: the search's best is predicted <= 80% of the budget; verification compares with the budget itself."""
+    import latency.device
+    from nas.cli import main
+    from supernet.checkpoint import save_checkpoint
+    from tests.latency_fakes import FakeDevice
+    from tests.test_export import fake_predictor
+
+    supernet = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
+    ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
+    (tmp_path / "val.txt").write_bytes(b"def f(x):\n    return x * 2\n" * 40)
+    pred = fake_predictor(tiny, tmp_path / "pred")
+    monkeypatch.setattr(latency.device, "get_device", lambda name, **kw: FakeDevice())
+    args = ["search", str(ckpt), "--predictor", str(pred), "--val-data", str(tmp_path / "val.txt"), "--val-windows", "2",
+            "--seq-len", "32", "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3",
+            "--generations", "2", "--out", str(tmp_path / "out"), "--no-progress", "--budget", "6ms", "--margin", "20",
+            "--verify", "fake", "--verify-top", "2"]
+    main(args)
+    best = json.loads((tmp_path / "out" / "search.json").read_text())["budgets"]["6ms"]["best"]
+    assert best["latency_ms"] <= 6.0 * 0.8
+    assert json.loads((tmp_path / "out" / "verify.json").read_text())["budgets"]["6ms"]["budget_ms"] == 6.0
+    assert main(args[:-6] + ["--margin", "60"]) == 2  # not a percentage in [0, 50)

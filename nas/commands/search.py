@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "prefill:50ms,decode:5ms; the searches are every combination of one budget per workload")
     p.add_argument("--workload", metavar="NAME", help="the workload of budgets written without one, and of the Pareto plot "
                    "(default: the first --predictor's)")
+    p.add_argument("--margin", type=float, default=0.0, metavar="PCT",
+                   help="search PCT percent below each latency budget by the predictor (a guard band for its error; "
+                        "--verify still holds the device to the budget itself); default 0")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
     g.add_argument("--strategy", default="evolution", choices=("evolution", "random", "nsga2"), help="default: evolution")
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
     named = len(latencies) > 1  # several workloads: budgets and labels say which
+    if not 0 <= args.margin < 50:
+        raise UserError(f"--margin: {args.margin:g} is not a percentage in [0, 50)")
     budgets = S.parse_workload_budgets(args.budget, primary) if args.budget else {}
     for name in budgets:
         if name not in latencies:
@@ -142,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
                             f"(the predictors are at {', '.join(latencies)}); fit one on `nas measure-latency --workload {name}` timings")
     plans = [
         (S.plan_label(plan, named), S.Constraints(tuple(
-            S.LatencyBudget(ms, latencies[name], latencies[name].name, workload=name if named else "") for name, ms in plan.items()
+            S.LatencyBudget(ms * (1 - args.margin / 100), latencies[name], latencies[name].name, workload=name if named else "",
+                            stated=ms if args.margin else None) for name, ms in plan.items()
         ) + limits))
         for plan in S.budget_plans(budgets)
     ]
@@ -168,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "budgets": [label for label, _ in plans],
         "max_params": max_params,
+        **({"margin_pct": args.margin} if args.margin else {}),  # absent at 0: studies of earlier versions still resume
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ class LatencyBudget:
     source: str = "predictor"
     flag: str = "--budget"
     workload: str = ""  # the workload its latency is of ("" when the search has one, unnamed)
+    stated: float | None = None  # the user's budget when ``limit`` keeps a safety margin below it (--margin)
 
     def values(self, subnets: Sequence[Subnet]) -> np.ndarray:
         return self.latency(subnets)
@@ -53,7 +54,8 @@ class LatencyBudget:
         return f"{self.workload}:{format_ms(self.limit)}" if self.workload else format_ms(self.limit)
 
     def __str__(self) -> str:
-        return f"{self.workload + ' ' if self.workload else ''}latency <= {format_ms(self.limit)} ({self.source})"
+        margin = f", a margin below the budget {format_ms(self.stated)}" if self.stated else ""
+        return f"{self.workload + ' ' if self.workload else ''}latency <= {format_ms(self.limit)} ({self.source}{margin})"
 
 
 @dataclass(frozen=True)

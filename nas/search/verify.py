@@ -76,8 +76,11 @@ def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
 
 
 def budget_of(search, workload: str | None = None) -> float | None:
-    """The latency limit (ms) among a budget search's constraints (on ``workload`` when given), None when it has none."""
-    return next((c.limit for c in search.constraints.items
+    """The budget (ms) among a budget search's constraints (on ``workload`` when given), None when it has none.
+
+    With ``--margin`` the search kept below the budget by the predictor; the device is held to the budget itself.
+    """
+    return next((getattr(c, "stated", None) or c.limit for c in search.constraints.items
                  if hasattr(c, "latency") and (workload is None or getattr(c, "workload", "") in ("", workload))), None)
 
 
