@@ -317,7 +317,9 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     write_csv(out / "pareto.csv", rows, CSV_FIELDS[:5] + extra + CSV_FIELDS[5:])
 
     def budget_lines(workload: str | None) -> list[float]:
-        return [c.limit for s in searches for c in s.constraints.items if hasattr(c, "latency") and (workload is None or c.workload == workload)]
+        # the budgets as stated (with --margin the search itself kept below them)
+        return [getattr(c, "stated", None) or c.limit for s in searches for c in s.constraints.items
+                if hasattr(c, "latency") and (workload is None or c.workload == workload)]
 
     budgets_ms = budget_lines(primary if latencies else None)
     best_points = {label: (r.loss, r.latency) for label, r in result.best.items() if r is not None}
