@@ -394,6 +394,28 @@ def decode_inputs(layout: dict, batch_size: int, context: int, seed: int = 0) ->
     return feed
 
 
+def prefill_tokens(vocab_size: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The ``tokens`` input of a prefill timing: seeded, the same for every model, on host and board alike."""
+    return {"tokens": np.random.default_rng(0).integers(0, vocab_size, (batch_size, seq_len), dtype=np.int64)}
+
+
+def ort_runner(session, feed: dict, clock: str) -> Runner:
+    """``runner(n) -> seconds`` of ``n`` back-to-back ``session.run`` calls on ``feed``.
+
+    ``cpu``: with one intra-op thread ONNX Runtime computes on this thread; the outputs are host
+    arrays, so each call is synchronised.
+    """
+    now = CLOCKS[clock]
+
+    def run(n: int) -> float:
+        start = now()
+        for _ in range(n):
+            session.run(None, feed)
+        return now() - start
+
+    return run
+
+
 def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):
     """An ONNX Runtime session (all graph optimizations) of a weight-stripped ``graph``, random weights.
 

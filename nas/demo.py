@@ -61,19 +61,15 @@ SPACE = "tiny"
 PROMPT = b"def "
 
 
-@dataclass
 class Paths:
-    root: Path
+    """Where each stage of a demo run directory keeps its files."""
 
-    def __getattr__(self, name: str) -> Path:
-        files = {
-            "supernet": "supernet", "checkpoint": "supernet/latest.pt", "timings": "latency/timings.csv",
-            "predictor": "predictor", "search": "search", "model": "model", "summary": "summary.json",
-            "comparison": "comparison.csv",
-        }  # fmt: skip
-        if name not in files:
-            raise AttributeError(name)
-        return self.root / files[name]
+    def __init__(self, root: Path):
+        self.root = root
+        self.supernet, self.checkpoint = root / "supernet", root / "supernet" / "latest.pt"
+        self.timings, self.predictor = root / "latency" / "timings.csv", root / "predictor"
+        self.search, self.model = root / "search", root / "model"
+        self.summary, self.comparison = root / "summary.json", root / "comparison.csv"
 
 
 def cli(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
@@ -151,7 +147,7 @@ def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, 
     earlier = {m.name.replace("-", " "): float(m.read_text()) for m in (p.root / ".done").glob("*")}
     summary["stage_seconds"] = {k: round(v, 1) for k, v in {**earlier, **timings}.items()}
     summary["plan"] = asdict(plan)
-    (p.summary).write_text(json.dumps(summary, indent=2) + "\n")
+    p.summary.write_text(json.dumps(summary, indent=2) + "\n")
     say(render_summary(summary, p))
     return summary
 
@@ -237,9 +233,8 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     _write_csv(p.comparison, rows)
 
     me = rows[0]
-    beaten = [r for r in rows[1:] if r["measured_ms"] <= me["measured_ms"] * 1.0]
+    beaten = [r for r in rows[1:] if r["measured_ms"] <= me["measured_ms"]]
     verdict = all(me["bpb"] < r["bpb"] for r in beaten)
-    torch.manual_seed(seed)
     sample = generate(load_model(p.model), PROMPT, plan.sample_tokens, generator=torch.Generator().manual_seed(seed))
     return {
         "budget_ms": budget_ms,

@@ -236,21 +236,11 @@ class _FileDevice:
     def prepare(self, model, workload: Workload):
         if model is not self.target:
             return self.device.prepare(model, workload)
-        from latency.timing_core import CLOCKS
+        from latency.timing_core import ort_runner, prefill_tokens
         from supernet.onnx_export import onnx_session
 
         session = onnx_session(self.onnx_path, threads=self.device.threads)
-        g = np.random.default_rng(0)
-        feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
-        now = CLOCKS[self.device.clock]
-
-        def run(n: int) -> float:
-            start = now()
-            for _ in range(n):
-                session.run(None, feed)
-            return now() - start
-
-        return run
+        return ort_runner(session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock)
 
 
 def measure_model(

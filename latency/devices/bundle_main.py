@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_session, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -29,18 +29,6 @@ INFORMATIONAL = ("hostname", "created", "command")
 
 def version_tuple(text: str) -> tuple:
     return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
-
-
-def make_runner(session, feed, clock: str):
-    now = CLOCKS[clock]
-
-    def run(n: int) -> float:
-        start = now()
-        for _ in range(n):
-            session.run(None, feed)
-        return now() - start
-
-    return run
 
 
 def fingerprint(ort, manifest: dict, threads, provider: str, clock: str) -> dict:
@@ -108,7 +96,7 @@ def main(argv=None) -> int:
 
     settings = Settings.from_dict(meta["protocol"])
     workload = meta["workload"]
-    tokens = {"tokens": np.random.default_rng(0).integers(0, meta["space"]["vocab_size"], (workload["batch_size"], workload.get("seq_len", 1)), dtype=np.int64)}
+    tokens = prefill_tokens(meta["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
 
     def feed_of(entry: dict) -> dict:
         """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
@@ -116,7 +104,7 @@ def main(argv=None) -> int:
 
     ref = manifest["reference"]
     ref_session = ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider)
-    ref_runner = make_runner(ref_session, feed_of(ref), args.clock)
+    ref_runner = ort_runner(ref_session, feed_of(ref), args.clock)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
     print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
@@ -134,7 +122,7 @@ def main(argv=None) -> int:
         runners = {}
         for m in group:
             session = ort_session(os.path.join(HERE, m["graph"]), m["tensors"], threads=args.threads, provider=args.provider)
-            runners[m["key"] + "/" + m["pass"]] = make_runner(session, feed_of(m), args.clock)
+            runners[m["key"] + "/" + m["pass"]] = ort_runner(session, feed_of(m), args.clock)
 
         def progress(d, group_total, key, base=finished):
             nonlocal total

@@ -7,13 +7,11 @@ of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same
 
 from __future__ import annotations
 
-import numpy as np
-
 from search_spaces import UserError, Workload
 
 from ..device import host_fingerprint
 from ..onnx_graphs import cached_decode_graph, cached_graph
-from ..timing_core import CLOCKS, Runner, check_clock, decode_inputs, ort_session
+from ..timing_core import Runner, check_clock, decode_inputs, ort_runner, ort_session, prefill_tokens
 
 PROVIDERS = ("cpu", "cuda")
 
@@ -61,19 +59,9 @@ class OnnxRuntime:
             feed = decode_inputs(layout, workload.batch_size, workload.context)
         else:
             graph, tensors = cached_graph(model)
-            g = np.random.default_rng(0)
-            feed = {"tokens": g.integers(0, model.config.vocab_size, (workload.batch_size, workload.seq_len), dtype=np.int64)}
+            feed = prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len)
         session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider)
-
-        now = CLOCKS[self.clock]  # "cpu": with one intra-op thread ONNX Runtime computes on this thread
-
-        def run(n: int) -> float:
-            start = now()
-            for _ in range(n):
-                session.run(None, feed)  # returns host arrays: synchronised
-            return now() - start
-
-        return run
+        return ort_runner(session, feed, self.clock)
 
 
 DEVICE = OnnxRuntime
