@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nas.commands.search import add_scoring_arguments
+
 NAME = "export"
 HELP = "extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model (parity-checked)"
 EXAMPLE = "nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat --measure onnxruntime --budget 50ms"
@@ -44,12 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime version that will run the model (default: the installed one); older than 1.23 exports opset 18",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the parity-check inputs and of the measurement's order")
-    v = p.add_argument_group("validation bits per byte (the search's scoring)")
-    v.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
-    v.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
-    v.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows (default 16, as nas search)")
-    v.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128, as nas search)")
-    v.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0, as nas search)")
+    v = p.add_argument_group("validation bits per byte (the search's scoring and defaults)")
+    add_scoring_arguments(v)
     v.add_argument("--no-eval", action="store_true", help="do not score the model (the card's validation entry stays empty)")
     m = p.add_argument_group("latency")
     m.add_argument("--predictor", metavar="P", help="latency predictor (nas fit-predictor): its estimate and workload go into the card")

@@ -56,12 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tries", type=int, default=100, help="redraw rounds for children that break a constraint (default 100)")
     g.add_argument("--seed", type=int, default=0, help="the search's seed (default 0): same seed, same search")
     f = p.add_argument_group("fitness")
-    f.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
-    f.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
-    f.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
-    f.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+    add_scoring_arguments(f)
     f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
-    f.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)")
     f.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
     s = p.add_argument_group("storage and workers")
     s.add_argument("--out", default="runs/search", metavar="DIR", help="run directory (default runs/search)")
@@ -75,6 +71,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)")
     v.add_argument("--verify-threads", type=int, metavar="N", help="intra-op threads of the verification device")
     v.add_argument("--verify-clock", metavar="CLOCK", help="wall (default) or cpu (needs --verify-threads 1)")
+
+
+def add_scoring_arguments(group) -> None:
+    """The held-out scoring flags, shared with ``nas export`` so its card scores a model as the search did."""
+    group.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
+    group.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
+    group.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
+    group.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
+    group.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)")
 
 
 def file_digest(path: Path) -> str:
