@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"note ({label}): {note}", file=sys.stderr)
     from nas.search.verify import run_verify
 
-    verified = run_verify(args, model, searches, result, out) if args.verify else True
+    verified = run_verify(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and all(r is not None for r in result.best.values()) else 1
 
 

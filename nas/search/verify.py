@@ -167,18 +167,18 @@ def device_measure(device, supernet, workload, settings, *, seed: int = 0, basel
     return run
 
 
-def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path) -> bool:
-    """Verify the finished search of ``nas search``; print the table; True when every budget has a subnet that holds."""
+def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path, predictor_path: str) -> bool:
+    """Verify the finished search of ``nas search``; print the table; True when every budget has a subnet that holds.
+
+    The device times the workload of ``predictor_path``, the search's primary predictor (budgets on other
+    workloads are not checked).
+    """
     from latency.device import get_device
     from latency.predictors import load_predictor
     from latency.timing_core import Settings
     from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
 
-    # the device times one workload: --workload, else the first predictor's (budgets on other workloads are not checked)
-    paths = args.predictor if isinstance(args.predictor, (list, tuple)) else [args.predictor]
-    predictors = [load_predictor(p) for p in paths]
-    name = getattr(args, "workload", None) or predictors[0].workload or "prefill"
-    predictor = next((p for p in predictors if (p.workload or "prefill") == name), predictors[0])
+    predictor = load_predictor(predictor_path)
     workload = predictor.workload_spec or supernet.space.workload("prefill")
     device = get_device(args.verify, threads=args.verify_threads, clock=args.verify_clock)
     fp_device = (predictor.fingerprint or {}).get("device")
