@@ -5,11 +5,13 @@ weight is an initializer in an external-data layout (offset, bytes, dtype) whose
 kept.  A session writes random weights into that layout in a temporary folder, opens the model,
 and deletes the folder.  Graphs are a few hundred KB instead of up to ~340 MB, so hundreds fit in
 a cache and in the ARM bundle.  (Sessions: :func:`latency.timing_core.ort_session`.)  Graphs are
-stitched from shape-generic parts, exported once per attention type (see below).
+stitched from shape-generic parts, exported once per attention type (see below): the prefill
+graph ``tokens -> logits`` (:func:`cached_graph`) and the decode-step graph (:func:`cached_decode_graph`,
+the inputs and outputs of :mod:`supernet.onnx_decode`).
 
 Cache: ``$NAS_CACHE`` or ``~/.cache/nas-transformers``, under ``onnx/<torch version>-opset<N>/``:
-``generic/<key hash>.onnx`` per part (+ ``.json``: what it is), and one ``<config hash>.onnx`` +
-``.json`` (the layout) per model shape.
+``generic/<key hash>.onnx`` per part (+ ``.json``: what it is), and per model shape one
+``<config hash>.onnx`` (prefill) or ``step-<config hash>.onnx`` (decode step) + ``.json`` (the layout).
 """
 
 from __future__ import annotations
@@ -45,36 +47,6 @@ def graph_dir() -> Path:
     return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}"
 
 
-FLOAT_TYPES = {1: "float32", 10: "float16"}  # onnx.TensorProto.FLOAT, FLOAT16
-MIN_BYTES = 1024
-
-
-def strip_weights(src: Path, dst: Path, location: str) -> list[dict]:
-    """Write ``src`` to ``dst`` with large float initializers pointing into ``location`` (not written).
-
-    For whole exports (the decode-step graph); prefill graphs are stitched weight-free from generic parts.
-    """
-    import onnx
-
-    model = onnx.load(str(src))
-    tensors, offset = [], 0
-    for t in model.graph.initializer:
-        if t.data_type not in FLOAT_TYPES or not t.raw_data or len(t.raw_data) < MIN_BYTES:
-            continue
-        offset = -(-offset // ALIGN) * ALIGN
-        nbytes = len(t.raw_data)
-        t.ClearField("raw_data")
-        t.data_location = onnx.TensorProto.EXTERNAL
-        del t.external_data[:]
-        for k, v in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
-            entry = t.external_data.add()
-            entry.key, entry.value = k, v
-        tensors.append({"name": t.name, "offset": offset, "nbytes": nbytes, "dtype": FLOAT_TYPES[t.data_type]})
-        offset += nbytes
-    onnx.save(model, str(dst))
-    return tensors
-
-
 def weights_location(name: str) -> str:
     return f"{name}.weights"
 
@@ -90,7 +62,10 @@ def weights_location(name: str) -> str:
 # an initializer of the model's shape in the external-data layout (so no weights are needed: a
 # meta-device model is enough).  ONNX Runtime folds the shape arithmetic on those constant
 # initializers, so the session runs the same compute ops as a one-piece export (tested; timing
-# compared side by side by ``scripts/bench_latency_graphs.py``).
+# compared side by side by ``scripts/bench_latency_graphs.py``).  The decode step is stitched the
+# same way from a step embedding (token, position -> x and the rotary angles), one generic decode
+# block per layer (its state in, the next state out; a growing cache's length is a symbol too) and
+# the prefill head.
 
 # A block's weights in the order the generic block takes them, with the symbolic size of each axis.
 BLOCK_PARAMS = {
@@ -100,7 +75,7 @@ BLOCK_PARAMS = {
     "ln2.weight": "E", "ln2.bias": "E",
     "mlp.fc1.weight": "FE", "mlp.fc1.bias": "F", "mlp.fc2.weight": "EF", "mlp.fc2.bias": "E",
 }  # fmt: skip
-EXAMPLE_SIZES = {"E": 48, "H": 3, "F": 80}  # distinct, none 0 or 1: the exporter would merge or specialise them
+EXAMPLE_SIZES = {"E": 48, "H": 3, "F": 80, "past": 5}  # distinct, none 0 or 1: the exporter would merge or specialise them
 
 
 class _Embed(torch.nn.Module):
@@ -144,6 +119,54 @@ class _Head(torch.nn.Module):
         return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), tok)  # (B, T, vocab)
 
 
+class _DecodeEmbed(torch.nn.Module):
+    """The step's input (:func:`supernet.decode.step`): the token's embedding (B, 1, E), plus its learned
+    position, or for rotary models also cos, sin (1, D/2) at its position, which every block takes."""
+
+    def __init__(self, learned: bool, head_dim: int):
+        super().__init__()
+        self.learned, self.head_dim = learned, head_dim
+
+    def forward(self, token, position, tok, pos=None):
+        from supernet.model import rope_at
+
+        x = F.embedding(token, tok)  # (B, 1, E)
+        return x + F.embedding(position, pos) if self.learned else (x, *rope_at(position, self.head_dim))
+
+
+class _DecodeBlock(torch.nn.Module):
+    """One layer of the decode step (:func:`supernet.decode.mix_step`, functional) with its state and weights
+    as inputs: ``forward(x, position, [cos, sin,] *state, *weights) -> (x', *new state)``."""
+
+    def __init__(self, attention: str, head_dim: int, rope: bool):
+        super().__init__()
+        from search_spaces import parse_attention
+        from supernet.decode import state_names
+
+        self.spec, self.head_dim, self.rope = parse_attention(attention), head_dim, rope
+        self.state_names = state_names(self.spec)
+
+    def forward(self, x, position, *rest):
+        from supernet.decode import mix_step
+        from supernet.model import apply_rope, mlp_forward
+
+        rope, rest = (rest[:2], rest[2:]) if self.rope else (None, rest)
+        n = len(self.state_names)
+        state, w = dict(zip(self.state_names, rest[:n])), dict(zip(BLOCK_PARAMS, rest[n:]))
+        p = lambda name: (w[f"{name}.weight"], w[f"{name}.bias"])  # noqa: E731
+        b, e, hd = x.shape[0], (x.shape[-1],), self.head_dim
+        h = F.layer_norm(x, e, *p("ln1"))
+        heads = {"q": w["attn.q.weight"].shape[0] // hd, "k": w["attn.k.weight"].shape[0] // hd}
+        heads["v"] = heads["k"]
+        q, k, v = (F.linear(h, *p(f"attn.{m}")).view(b, 1, heads[m], hd).transpose(1, 2) for m in "qkv")  # (B, H|Hkv, 1, hd)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y, new = mix_step(self.spec, state, q, k, v, position, None)  # (B, H, 1, hd)
+        x = x + F.linear(y.transpose(1, 2).reshape(b, 1, -1), *p("attn.o"))
+        x = x + mlp_forward(F.layer_norm(x, e, *p("ln2")), p("mlp.fc1"), p("mlp.fc2"))
+        return (x, *(new[name] for name in self.state_names))
+
+
 def _kv_mode(layer) -> str:
     """``fixed``: a gqa layer with fewer key/value heads than queries (K and A static); else ``same`` (K = A)."""
     from search_spaces import parse_attention
@@ -152,87 +175,150 @@ def _kv_mode(layer) -> str:
     return "fixed" if kv_heads(parse_attention(layer.attention), layer.heads) != layer.heads else "same"
 
 
-def _parts(model) -> list[dict]:
-    """Every part of ``model`` in order: its generic key and how its inputs bind to the model's weights.
+def _weights(names: list[str]) -> dict[str, str]:
+    """A part's weight inputs ``w0, w1, ...`` bound to the model's state-dict ``names``."""
+    return {f"w{j}": n for j, n in enumerate(names)}
 
-    ``key`` names the generic graph (what it depends on: never a width); ``bind`` maps each weight
-    input (after the first, activation input) to the model's state-dict name, in order.
-    """
+
+def _shared(model) -> dict:
     c = model.config
-    shared = {"vocab": c.vocab_size, "max_seq_len": c.max_seq_len, "head_dim": c.head_dim, "positions": c.positions}
-    learned = c.positions == "learned"
-    out = [{"key": {**shared, "part": "embed"}, "bind": ["tok_emb.weight"] + (["pos_emb.weight"] if learned else [])}]
-    for i, layer in enumerate(c.layers):
-        key = {**shared, "part": "block", "attention": layer.attention, "kv": _kv_mode(layer)}
-        if key["kv"] == "fixed":
-            key["kv_width"], key["width"] = model.blocks[i].attn.k.weight.shape[0], model.blocks[i].attn.q.weight.shape[0]
-        out.append({"key": key, "bind": [f"blocks.{i}.{n}" for n in BLOCK_PARAMS]})
-    return out + [{"key": {**shared, "part": "head"}, "bind": ["ln_f.weight", "ln_f.bias", "tok_emb.weight"]}]
+    return {"vocab": c.vocab_size, "max_seq_len": c.max_seq_len, "head_dim": c.head_dim, "positions": c.positions}
+
+
+def _block_key(model, i: int, part: str) -> dict:
+    layer = model.config.layers[i]
+    key = {**_shared(model), "part": part, "attention": layer.attention, "kv": _kv_mode(layer)}
+    if key["kv"] == "fixed":
+        key["kv_width"], key["width"] = model.blocks[i].attn.k.weight.shape[0], model.blocks[i].attn.q.weight.shape[0]
+    return key
+
+
+def _head(model, x: str) -> dict:
+    return {"key": {**_shared(model), "part": "head"}, "bind": {"x": x, **_weights(["ln_f.weight", "ln_f.bias", "tok_emb.weight"]), "y": "logits"}}
+
+
+def _parts(model) -> list[dict]:
+    """Every part of ``model``'s prefill graph in order: its generic key and how its inputs and outputs bind.
+
+    ``key`` names the generic graph (what it depends on: never a width); ``bind`` maps each input
+    and output of the part to a value of the model's graph: a state-dict name (a weight), a graph
+    input or output, or ``h{i}``, the activations between parts.
+    """
+    learned = model.config.positions == "learned"
+    embed = ["tok_emb.weight"] + (["pos_emb.weight"] if learned else [])
+    out = [{"key": {**_shared(model), "part": "embed"}, "bind": {"x": "tokens", **_weights(embed), "y": "h0"}}]
+    for i in range(len(model.blocks)):
+        weights = _weights([f"blocks.{i}.{n}" for n in BLOCK_PARAMS])
+        out.append({"key": _block_key(model, i, "block"), "bind": {"x": f"h{i}", **weights, "y": f"h{i + 1}"}})
+    return out + [_head(model, f"h{len(model.blocks)}")]
 
 
 def _name(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple]:
-    """The module of a generic part, example inputs, and their dynamic shapes (for the exporter)."""
+def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple, list[str], list[str]]:
+    """The module of a generic part, example inputs, their dynamic shapes (as the exporter takes them),
+    and the names of its inputs and outputs."""
     Dim = torch.export.Dim
     L, V, hd = key["max_seq_len"], key["vocab"], key["head_dim"]
     batch, seq = Dim("batch", max=4096), Dim("seq", max=L)
-    E = Dim("E", min=2, max=1 << 16)
-    if key["part"] == "embed":
-        learned = key["positions"] == "learned"
-        tokens = torch.zeros(2, L, dtype=torch.long)  # (2, T)
-        ex = (tokens, torch.randn(V, EXAMPLE_SIZES["E"])) + ((torch.randn(L, EXAMPLE_SIZES["E"]),) if learned else ())
-        shapes = ({0: batch, 1: seq}, {1: E}) + (({1: E},) if learned else ())
-        return _Embed(learned), ex, shapes
-    x = torch.randn(2, L, EXAMPLE_SIZES["E"])  # (2, T, E)
+    E, H, F_ = Dim("E", min=2, max=1 << 16), Dim("H", min=1, max=4096), Dim("F", min=2, max=1 << 20)
+    e = EXAMPLE_SIZES["E"]
+    learned, rope = key["positions"] == "learned", key["positions"] == "rope"
+    if key["part"] in ("embed", "decode-embed"):
+        weights = (torch.randn(V, e),) + ((torch.randn(L, e),) if learned else ())
+        wshapes = ({1: E},) + (({1: E},) if learned else ())
+        names = [f"w{j}" for j in range(len(weights))]
+        if key["part"] == "embed":
+            tokens = torch.zeros(2, L, dtype=torch.long)  # (2, T)
+            return _Embed(learned), (tokens, *weights), ({0: batch, 1: seq}, *wshapes), ["x", *names], ["y"]
+        token, position = torch.zeros(2, 1, dtype=torch.long), torch.tensor([EXAMPLE_SIZES["past"]])
+        outputs = ["y"] + ([] if learned else ["rope_cos", "rope_sin"])  # ("cos" would clash: the exporter names Cos nodes' outputs so)
+        return _DecodeEmbed(learned, hd), (token, position, *weights), ({0: batch}, None, *wshapes), ["token", "position", *names], outputs
     if key["part"] == "head":
-        e = EXAMPLE_SIZES["E"]
-        return _Head(), (x, torch.ones(e), torch.zeros(e), torch.randn(V, e)), ({0: batch, 1: seq, 2: E}, {0: E}, {0: E}, {1: E})
-    H, F_ = Dim("H", min=1, max=4096), Dim("F", min=2, max=1 << 20)
-    sizes = {"E": EXAMPLE_SIZES["E"], "A": hd * EXAMPLE_SIZES["H"], "F": EXAMPLE_SIZES["F"]}
+        x = torch.randn(2, L, e)  # (2, T, E)
+        return _Head(), (x, torch.ones(e), torch.zeros(e), torch.randn(V, e)), ({0: batch, 1: seq, 2: E}, {0: E}, {0: E}, {1: E}), ["x", "w0", "w1", "w2"], ["y"]
+    # a block: its weights, with symbolic sizes (static where the exporter needs them)
+    sizes = {"E": e, "A": hd * EXAMPLE_SIZES["H"], "F": EXAMPLE_SIZES["F"]}
     dims = {"E": E, "A": hd * H, "F": F_}
     if key["kv"] == "fixed":  # grouped heads: the exporter's fused Attention needs both head counts static
         sizes["K"], dims["K"] = key["kv_width"], None
         sizes["A"], dims["A"] = key["width"], None
     else:
         sizes["K"], dims["K"] = sizes["A"], dims["A"]
-    ex = [x] + [torch.randn(*(sizes[a] for a in axes)) * 0.02 for axes in BLOCK_PARAMS.values()]
-    shapes = [{0: batch, 1: seq, 2: E}] + [{i: dims[a] for i, a in enumerate(axes) if dims[a] is not None} for axes in BLOCK_PARAMS.values()]
-    return _Block(key["attention"], hd, L, key["positions"] == "rope"), tuple(ex), tuple(shapes)
+    weights = [torch.randn(*(sizes[a] for a in axes)) * 0.02 for axes in BLOCK_PARAMS.values()]
+    wshapes = tuple({i: dims[a] for i, a in enumerate(axes) if dims[a] is not None} for axes in BLOCK_PARAMS.values())
+    wnames = [f"w{j}" for j in range(len(weights))]
+    if key["part"] == "block":
+        x = torch.randn(2, L, e)  # (2, T, E)
+        module = _Block(key["attention"], hd, L, rope)
+        return module, (x, *weights), ({0: batch, 1: seq, 2: E}, wshapes), ["x", *wnames], ["y"]  # forward(x, *weights)
+    assert key["part"] == "decode-block", key
+    module = _DecodeBlock(key["attention"], hd, rope)
+    extra, extra_shapes = _decode_state_examples(module.spec, hd, sizes["K"] // hd, None if dims["K"] is None else H, batch)
+    if rope:
+        from supernet.model import rope_at
+
+        extra, extra_shapes = [*rope_at(torch.tensor([EXAMPLE_SIZES["past"]]), hd), *extra], [None, None, *extra_shapes]
+    snames = (["rope_cos", "rope_sin"] if rope else []) + [f"s{j}" for j in range(len(module.state_names))]
+    x, position = torch.randn(2, 1, e), torch.tensor([EXAMPLE_SIZES["past"]])
+    names, outputs = ["x", "position", *snames, *wnames], ["y"] + [f"n{j}" for j in range(len(module.state_names))]
+    return module, (x, position, *extra, *weights), ({0: batch, 2: E}, None, (*extra_shapes, *wshapes)), names, outputs
+
+
+def _decode_state_examples(spec, hd: int, heads: int, head_axis, batch) -> tuple[list, list]:
+    """Example state tensors of a decode block (batch 2, ``heads`` key/value heads) and their dynamic axes
+    (``batch``; the heads ``head_axis``, None when static (grouped heads); a growing cache's length
+    ``past``), in :func:`supernet.decode.state_names` order."""
+    from supernet.decode import feature_dim, state_kind, window_span
+
+    kind = state_kind(spec)
+    axes = {0: batch, **({1: head_axis} if head_axis is not None else {})}
+    if kind == "linear":
+        f = feature_dim(spec, hd)
+        return [torch.randn(2, heads, f, hd), torch.rand(2, heads, f) + 1.0], [axes, dict(axes)]
+    if kind == "kv":
+        length, axes = EXAMPLE_SIZES["past"], {**axes, 2: torch.export.Dim("past", max=1 << 20)}
+    else:
+        length = window_span(spec)
+    states = [torch.randn(2, heads, length, hd) for _ in range(2)]
+    if spec.kind == "longformer":
+        states += [torch.randn(2, heads, spec.param("G"), hd) for _ in range(2)]
+    return states, [dict(axes) for _ in states]
 
 
 def export_part(key: dict, path: Path) -> Path:
-    """One generic part to ONNX (opset and exporter of supernet.onnx_export): inputs ``x``, then ``w0, w1, ...``."""
+    """One generic part to ONNX (opset and exporter of supernet.onnx_export), inputs and outputs named as
+    :func:`generic_part` says (``x``, ``w0, w1, ...`` for the weights, ``y``, ...)."""
     from supernet.onnx_export import DEFAULT_OPSET, _quiet
 
-    module, example, shapes = generic_part(key)
-    names = ["x"] + [f"w{i}" for i in range(len(example) - 1)]
-    if isinstance(module, _Block):  # forward(x, *weights): the exporter wants the varargs' shapes as one tuple
-        shapes = (shapes[0], tuple(shapes[1:]))
-    with _quiet():
+    module, example, shapes, names, outputs = generic_part(key)
+    with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             module.eval(), example, dynamo=True, opset_version=DEFAULT_OPSET, dynamic_shapes=shapes,
-            input_names=names, output_names=["y"], verbose=False,
+            input_names=names, output_names=outputs, verbose=False,
         )
         program.save(str(path))
     return path
 
 
-def stitch(parts: list["onnx.ModelProto"], binds: list[list[str]], shapes: dict[str, tuple[int, ...]], location: str):
-    """Chain generic part graphs into one model ``tokens -> logits`` of one shape.
+def stitch(parts: list["onnx.ModelProto"], binds: list[dict[str, str]], shapes: dict[str, tuple[int, ...]], location: str,
+           outputs: list[str], input_dims: dict[str, list] | None = None):  # fmt: skip
+    """Join generic part graphs into one model of one shape.
 
-    Part ``i``'s first input is the previous part's output; its weight inputs ``w0, w1, ...`` become
-    initializers named ``binds[i][j]`` (shared when two parts bind the same name: the tied
-    embedding) with the sizes in ``shapes``, stored as float32 external data laid end to end in
-    ``location``.  Returns the model and the layout (name, offset, nbytes, dtype) of its weights.
+    ``binds[i]`` maps every input and output of part ``i`` to a value of the model: a name in
+    ``shapes`` is a weight, an initializer of that shape (shared when two parts bind it: the tied
+    embedding) stored as float32 external data laid end to end in ``location``; a name no earlier
+    part produces is a graph input (its dims from ``input_dims`` where given); ``outputs`` name the
+    graph's outputs; other names join one part's output to later parts' inputs.  Returns the model
+    and the layout (name, offset, nbytes, dtype) of its weights.
     """
     import onnx
 
     graph = onnx.GraphProto(name="stitched")
-    tensors, offset, prev = [], 0, None
-    for name in dict.fromkeys(n for bind in binds for n in bind):  # each weight once, in order of use
+    tensors, offset = [], 0
+    for name in dict.fromkeys(n for bind in binds for n in bind.values() if n in shapes):  # each weight once, in order of use
         offset = -(-offset // ALIGN) * ALIGN
         dims = shapes[name]
         nbytes = 4 * math.prod(dims)
@@ -244,22 +330,23 @@ def stitch(parts: list["onnx.ModelProto"], binds: list[list[str]], shapes: dict[
             entry.key, entry.value = k, v
         tensors.append({"name": name, "offset": offset, "nbytes": nbytes, "dtype": "float32"})
         offset += nbytes
+    produced, found = set(), {}
     for i, (part, bind) in enumerate(zip(parts, binds)):
-        g, last = part.graph, i == len(parts) - 1
-        src_in, src_out = g.input[0].name, g.output[0].name
-        weights = {inp.name: bind[j] for j, inp in enumerate(g.input[1:])}
+        g = part.graph
+        missing = [v.name for v in (*g.input, *g.output) if v.name not in bind]
+        assert not missing, f"part {i}: inputs/outputs {missing} not bound"
 
         def rename(n: str) -> str:
-            if not n:
-                return n
-            if n == src_in:
-                return prev if prev is not None else "tokens"
-            if n in weights:
-                return weights[n]
-            if n == src_out and last:
-                return "logits"
-            return f"p{i}/{n}"
+            return bind.get(n, f"p{i}/{n}") if n else n
 
+        for inp in g.input:
+            name = bind[inp.name]
+            if name not in shapes and name not in produced and all(x.name != name for x in graph.input):
+                new = graph.input.add()
+                new.CopyFrom(inp)
+                new.name = name
+                if input_dims and name in input_dims:
+                    _set_dims(new, input_dims[name])
         for init in g.initializer:  # the part's own constants (rope tables, shape constants): kept inline
             new = graph.initializer.add()
             new.CopyFrom(init)
@@ -273,13 +360,16 @@ def stitch(parts: list["onnx.ModelProto"], binds: list[list[str]], shapes: dict[
             new.output[:] = [rename(n) for n in node.output]
         # No value_info: its symbolic sizes (E, A, F) mean other numbers in different parts, which
         # would mislead ONNX Runtime's memory planner; it infers the shapes itself.
-        if i == 0:
-            graph.input.add().CopyFrom(g.input[0])
-            graph.input[0].name = "tokens"
-        prev = rename(src_out)
-    out = graph.output.add()
-    out.CopyFrom(parts[-1].graph.output[0])
-    out.name = "logits"
+        for out in g.output:
+            produced.add(bind[out.name])
+            found[bind[out.name]] = out
+    for name in outputs:
+        new = graph.output.add()
+        new.CopyFrom(found[name])
+        new.name = name
+        for d in new.type.tensor_type.shape.dim:  # keep static sizes; symbolic ones are the part's own symbols
+            if d.HasField("dim_param"):
+                d.ClearField("dim_param")
     opsets: dict[str, int] = {}
     for part in parts:
         for o in part.opset_import:
@@ -291,46 +381,90 @@ def stitch(parts: list["onnx.ModelProto"], binds: list[list[str]], shapes: dict[
     return model, tensors
 
 
+def _set_dims(value_info, dims: list) -> None:
+    """Give a graph input the dims ``dims`` (ints, or names of dynamic axes)."""
+    shape = value_info.type.tensor_type.shape
+    del shape.dim[:]
+    for d in dims:
+        if isinstance(d, str):
+            shape.dim.add().dim_param = d
+        else:
+            shape.dim.add().dim_value = int(d)
+
+
+def _stitched(model, directory: Path, name: str, parts: list[dict], outputs: list[str], input_dims: dict | None = None):
+    """Stitch ``parts`` of ``model`` (exporting missing generic ones): the model and its weight layout."""
+    import onnx
+
+    (directory / "generic").mkdir(parents=True, exist_ok=True)
+    graphs = [onnx.load(str(_cached_part(directory / "generic", p["key"])), load_external_data=False) for p in parts]
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    return stitch(graphs, [p["bind"] for p in parts], shapes, weights_location(name), outputs, input_dims)
+
+
 def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]]:
-    """The weight-stripped graph of ``model`` and its weight layout, exporting missing generic parts.
+    """The weight-stripped graph ``tokens -> logits`` of ``model`` and its weight layout, exporting missing generic parts.
 
     ``model`` may live on the meta device: only its configuration and weight shapes are read.
     """
-    import onnx
-
     directory = directory or graph_dir()
-    (directory / "generic").mkdir(parents=True, exist_ok=True)
     name = config_key(model.config)
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if graph.exists() and layout.exists():
         return graph, json.loads(layout.read_text())["tensors"]
-    parts = _parts(model)
-    graphs = [onnx.load(str(_cached_part(directory / "generic", p["key"])), load_external_data=False) for p in parts]
-    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
-    stitched, tensors = stitch(graphs, [p["bind"] for p in parts], shapes, weights_location(name))
+    stitched, tensors = _stitched(model, directory, name, _parts(model), ["logits"])
     _save(directory, name, stitched, {"tensors": tensors, "config": asdict(model.config)})
     return graph, tensors
 
 
-def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, list[dict], dict]:
-    """The weight-stripped decode-step graph of ``model`` (:func:`supernet.onnx_decode.export_decode_onnx`),
-    its weight layout and its input layout; exported once per model shape (whole, not stitched from parts)."""
-    directory = directory or graph_dir()
+def with_weights(graph: Path, tensors: list[dict], model, directory: Path) -> Path:
+    """A copy of the weight-stripped ``graph`` in ``directory`` beside ``model``'s own weights (parity checks)."""
     directory.mkdir(parents=True, exist_ok=True)
-    name = "decode-" + config_key(model.config)
+    state, path = model.state_dict(), directory / graph.name
+    path.write_bytes(graph.read_bytes())
+    with open(path.with_suffix(".weights"), "wb") as f:
+        for t in tensors:
+            f.seek(t["offset"])
+            f.write(state[t["name"]].detach().cpu().numpy().astype(t["dtype"]).tobytes())
+    return path
+
+
+def _decode_parts(model) -> list[dict]:
+    """The parts of ``model``'s decode-step graph (:func:`_parts` for the prefill graph): the step embedding,
+    one decode block per layer (its state ``past.{i}.*`` in, ``present.{i}.*`` out), the head."""
+    from supernet.decode import state_names
+
+    rope = model.config.positions == "rope"
+    embed = ["tok_emb.weight"] + ([] if rope else ["pos_emb.weight"])
+    angles = {"rope_cos": "rope.cos", "rope_sin": "rope.sin"} if rope else {}
+    out = [{"key": {**_shared(model), "part": "decode-embed"}, "bind": {"token": "token", "position": "position", **_weights(embed), "y": "h0", **angles}}]
+    for i, block in enumerate(model.blocks):
+        names = state_names(block.attn.spec)
+        bind = {"x": f"h{i}", "position": "position", **angles, **_weights([f"blocks.{i}.{n}" for n in BLOCK_PARAMS]), "y": f"h{i + 1}"}
+        bind.update({f"s{j}": f"past.{i}.{n}" for j, n in enumerate(names)})
+        bind.update({f"n{j}": f"present.{i}.{n}" for j, n in enumerate(names)})
+        out.append({"key": _block_key(model, i, "decode-block"), "bind": bind})
+    return out + [_head(model, f"h{len(model.blocks)}")]
+
+
+def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, list[dict], dict]:
+    """The weight-stripped decode-step graph of ``model``, its weight layout and its input layout.
+
+    The graph has the inputs, outputs and metadata of :func:`supernet.onnx_decode.export_decode_onnx`
+    (so ``decode_feed`` and ``onnx_generate`` run it), and is stitched from generic parts like the
+    prefill graph: one export per attention type, not per model.  ``model`` may live on the meta device.
+    """
+    from supernet.onnx_decode import META_KEY, input_layout
+
+    directory = directory or graph_dir()
+    name = "step-" + config_key(model.config)
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if not (graph.exists() and layout.exists()):
-        from supernet.onnx_decode import export_decode_onnx, read_layout
-
-        if any(p.is_meta for p in model.parameters()):  # exporting needs real tensors
-            from .protocol import fill_weights
-
-            model = fill_weights(model)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            full = export_decode_onnx(model, Path(tmp) / "full.onnx")
-            tensors = strip_weights(full, Path(tmp) / "graph.onnx", weights_location(name))
-            os.replace(Path(tmp) / "graph.onnx", graph)  # graph first: the layout's presence marks a complete entry
-            _write_json(layout, {"tensors": tensors, "inputs": read_layout(full), "config": asdict(model.config)})
+        inputs = input_layout(model)
+        outputs = ["logits"] + [n.replace("past.", "present.", 1) for n in inputs if n.startswith("past.")]
+        stitched, tensors = _stitched(model, directory, name, _decode_parts(model), outputs, {n: s["shape"] for n, s in inputs.items()})
+        stitched.metadata_props.add(key=META_KEY, value=json.dumps(inputs))
+        _save(directory, name, stitched, {"tensors": tensors, "inputs": inputs, "config": asdict(model.config)})
     data = json.loads(layout.read_text())
     return graph, data["tensors"], data["inputs"]
 

@@ -83,6 +83,14 @@ def feature_dim(spec: AttentionSpec, head_dim: int) -> int:
     return head_dim
 
 
+def state_names(spec: AttentionSpec) -> tuple[str, ...]:
+    """The names of a layer's state tensors, in the order :func:`state_shapes` and the step graphs list them."""
+    kind = state_kind(spec)
+    if kind == "linear":
+        return ("s", "z")
+    return ("k", "v", "gk", "gv") if spec.kind == "longformer" else ("k", "v")
+
+
 def state_shapes(model: Transformer, batch_size: int, kv_len: int) -> list[dict[str, tuple[tuple[int, ...], torch.dtype]]]:
     """Per layer, name -> (shape, dtype) of its state with ``kv_len`` slots in its growing caches."""
     hd = model.config.head_dim
@@ -255,7 +263,8 @@ def mix_step(
 
 def _attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(q k^T / sqrt(D), masked) v for one query per row: q (B, H, 1, D), keys (B, Hkv, L, D)."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=keys.shape[1] != q.shape[1])
+    grouped = bool(keys.shape[1] != q.shape[1])  # bool(): a plain flag also when exporting with symbolic head counts
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=grouped)
 
 
 def _append(state: dict[str, Tensor], k: Tensor, v: Tensor, length: int | None) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

@@ -54,7 +54,7 @@ def op_counts(path: str | Path) -> Counter:
     """How many nodes of each op type the top-level graph holds (e.g. ``counts['Attention']``)."""
     import onnx
 
-    return Counter(node.op_type for node in onnx.load(str(path)).graph.node)
+    return Counter(node.op_type for node in onnx.load(str(path), load_external_data=False).graph.node)
 
 
 def onnx_session(path: str | Path, threads: int | None = None):

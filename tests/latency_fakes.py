@@ -24,20 +24,24 @@ latency:
 """
 
 
-def micro_space():
-    return parse_space(MICRO, where="micro.yaml")
+def micro_space(decode: bool = False):
+    """The micro space; ``decode``: with a decode workload too (context 20) after its prefill one."""
+    text = MICRO + "  decode: {batch_size: 1, context: 20}\n" if decode else MICRO
+    return parse_space(text, where="micro.yaml")
 
 
 class FakeClock:
-    """Time advances only when a fake runner runs; ``slow`` lists (start, end, factor) windows."""
+    """Time advances only when a fake runner runs; ``slow`` lists (start, end, factor) windows; a call runs at the
+    speed of its start."""
 
-    def __init__(self, slow=()):
+    def __init__(self, slow=(), speed=None):
         self.now = 0.0
         self.slow = list(slow)
+        self.speed = speed  # optional: time -> slowdown factor, on top of the windows
         self.log: list[str] = []
 
     def factor(self) -> float:
-        f = 1.0
+        f = self.speed(self.now) if self.speed is not None else 1.0
         for start, end, k in self.slow:
             if start <= self.now < end:
                 f *= k

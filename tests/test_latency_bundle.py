@@ -13,7 +13,7 @@ import torch
 from latency.devices.arm import run_remote, runner_source, write_bundle
 from collections import Counter
 
-from latency.onnx_graphs import cached_graph
+from latency.onnx_graphs import cached_graph, with_weights
 from latency.sampling import campaign_subnets, retest_subset
 from latency.table import read_timings
 from latency.timing_core import Settings, ort_session
@@ -65,12 +65,8 @@ def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_p
     model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
     graph, tensors = cached_graph(model, tmp_path)
     assert len(list((tmp_path / "generic").glob("*.onnx"))) == 3  # embed, one block for both layers, head
-    state = model.state_dict()
-    with open(graph.with_suffix(".weights"), "wb") as f:  # the model's own weights into the layout
-        for t in tensors:
-            f.seek(t["offset"])
-            f.write(state[t["name"]].numpy().astype(t["dtype"]).tobytes())
-    session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    own = with_weights(graph, tensors, model, tmp_path / "own")  # the model's own weights into the layout
+    session = ort.InferenceSession(str(own), providers=["CPUExecutionProvider"])
     for shape in [(1, 5), (2, 13), (3, space.max_seq_len)]:  # dynamic batch and sequence axes
         tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(1))
         out = session.run(None, {"tokens": tokens.numpy()})[0]
@@ -79,7 +75,7 @@ def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_p
     whole = op_counts(export_onnx(model, tmp_path / "whole.onnx"))
     for op in ("Attention", "LayerNormalization", "MatMul", "Gelu", "Gather", "Add", "Mul"):
         assert counts[op] == whole[op], op  # every compute op of the one-piece export, no more
-    assert sorted(t["name"] for t in tensors) == sorted(state)  # every weight once (tied: one tensor)
+    assert sorted(t["name"] for t in tensors) == sorted(model.state_dict())  # every weight once (tied: one tensor)
 
 
 def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
@@ -112,15 +108,16 @@ def test_onnxruntime_device_measures_a_campaign(tmp_path, capsys):
     assert "threads: file has 1, this run has 2" in capsys.readouterr().err
 
 
-def make_bundle(tmp_path):
-    space = micro_space()
+def make_bundle(tmp_path, workload="prefill"):
+    space = micro_space(decode=True)
     subnets = campaign_subnets(space, 3, seed=0)
     passes = {"measure": subnets, "retest": retest_subset(subnets, 0.5, seed=0)}
-    return space, write_bundle(tmp_path / "b.tar.gz", space, space.workload(), passes, SETTINGS, seed=0)
+    return space, write_bundle(tmp_path / "b.tar.gz", space, space.workload(workload), passes, SETTINGS, seed=0)
 
 
-def test_bundle_round_trip_in_a_clean_venv(tmp_path, clean_python):
-    space, bundle = make_bundle(tmp_path)
+@pytest.mark.parametrize("workload", ["prefill", "decode"])
+def test_bundle_round_trip_in_a_clean_venv(tmp_path, clean_python, workload):
+    space, bundle = make_bundle(tmp_path, workload)
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
         tar.extractall(tmp_path / "board", filter="data")
@@ -136,6 +133,7 @@ def test_bundle_round_trip_in_a_clean_venv(tmp_path, clean_python):
     assert first.returncode == 0, first.stderr
     t = read_timings(board / "timings.csv")  # the host ingests what the board wrote
     assert len(t.passes("measure")) == 3 and len(t.passes("retest")) == 2 and t.space.hash == space.hash
+    assert t.workload == space.workload(workload) and all(r.median_ms > 0 for r in t.rows)
     import onnxruntime
 
     venv_ort = subprocess.run([str(clean_python), "-c", "import onnxruntime; print(onnxruntime.__version__)"], capture_output=True, text=True)

@@ -99,6 +99,37 @@ def test_learned_positions_graph_and_its_limit(tmp_path):
         decode_feed(session, 1, MAX_LEN, np.random.default_rng(0))
 
 
+def test_stitched_timing_step_graph_decodes_like_torch_for_every_type(every_type, tmp_path):
+    """The decode-step graphs that timing uses are stitched from one generic part per attention type:
+    with a model's own weights they decode exactly like torch, for other widths too, with the whole export's compute ops."""
+    from latency.onnx_graphs import cached_decode_graph, with_weights
+    from supernet.onnx_export import op_counts
+
+    def with_own_weights(model, graph, tensors):
+        return onnx_session(with_weights(graph, tensors, model, tmp_path / f"own-{graph.stem}"), threads=1)
+
+    model, whole, _ = every_type
+    graph, tensors, layout = cached_decode_graph(model, tmp_path)
+    assert len(list((tmp_path / "generic").glob("*.onnx"))) == len(EVERY_TYPE) + 2  # + the step's embedding and the head
+    assert layout == read_layout(graph) == input_layout(model)  # decode_feed / onnx_generate take it like an export
+    assert sorted(t["name"] for t in tensors) == sorted(model.state_dict())  # every weight once, none inline
+    session = with_own_weights(model, graph, tensors)
+    idx = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(4))  # from empty caches, across windows
+    assert np.abs(onnx_decode_logits(session, idx.numpy()) - torch_decode(model, idx)).max() <= 1e-4
+    stitched, one_piece = op_counts(graph), op_counts(whole)
+    for op in ("MatMul", "Attention", "LayerNormalization", "Gelu", "Gather", "ReduceSum", "Exp", "Cos", "Sin"):
+        assert stitched[op] == one_piece[op], op  # (weight transposes and shape arithmetic: folded by ONNX Runtime)
+
+    # other head counts, FFN and model widths reuse the generic parts (no export); learned positions need their own
+    other = _make_model([LayerChoice(h, f, s) for h, f, s in [(2, 24, "softmax"), (6, 40, "local:5"), (3, 16, "linear")]], seed=5)
+    session = with_own_weights(other, *cached_decode_graph(other, tmp_path)[:2])
+    assert len(list((tmp_path / "generic").glob("*.onnx"))) == len(EVERY_TYPE) + 2
+    assert np.abs(onnx_decode_logits(session, idx.numpy()) - torch_decode(other, idx)).max() <= 1e-4
+    learned = make_model(["softmax", "linear"], "learned", seed=6)
+    session = with_own_weights(learned, *cached_decode_graph(learned, tmp_path)[:2])
+    assert np.abs(onnx_decode_logits(session, idx.numpy()) - torch_decode(learned, idx)).max() <= 1e-4
+
+
 def test_a_prefill_graph_is_not_a_step_graph(tmp_path):
     from supernet.onnx_export import export_onnx
 

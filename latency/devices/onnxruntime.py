@@ -1,8 +1,9 @@
 """``onnxruntime``: the static model exported to ONNX (opset 23), run by ONNX Runtime with all
 graph optimizations; ``provider`` ``cpu`` (default) or ``cuda`` when onnxruntime-gpu is installed.
 
-A ``decode`` workload runs the decode-step graph (:mod:`supernet.onnx_decode`: token, position and
-the past states in; logits and the present states out, as a generation loop runs it) on inputs
+A ``decode`` workload runs the decode-step graph (:func:`latency.onnx_graphs.cached_decode_graph`,
+stitched from generic parts, the inputs and outputs of :mod:`supernet.onnx_decode`: token, position
+and the past states in; logits and the present states out, as a generation loop runs it) on inputs
 of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call."""
 
 from __future__ import annotations
