@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,24 @@ def test_a_machine_slow_to_the_end_is_drift_and_an_unsteady_one_is_flagged():
     runners = {k: unsteady.runner(k, c) for k, c in COSTS.items()}
     results, _ = run_protocol(runners, unsteady.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 0.0, cores=2)
     assert any(FLAG_INTERFERENCE in r.flags for r in results.values())
+
+
+def test_paired_reference_cancels_speed_swings_faster_than_a_visit():
+    """A shared host whose speed swings +-30% with a 0.3 s period: a visit (4 samples, ~0.2 s) sees several
+    speeds, so one reference per visit cannot correct it; a reference sample beside every sample can."""
+    swing = lambda t: 1.0 + 0.3 * math.sin(2 * math.pi * t / 0.3)  # noqa: E731
+    err = lambda res: max(abs(res[k].median_ms / (c * 1000) - 1) for k, c in COSTS.items())  # noqa: E731
+    settings = dict(FAST, repeats=12, max_retries=0)
+    per_visit, _ = run(FakeClock(speed=swing), Settings(**settings), baseline_ms=5.0)  # the reference's true time
+    clock = FakeClock(speed=swing)
+    paired, _ = run(clock, Settings(**settings, paired=True), baseline_ms=5.0)
+    assert err(paired) < 0.04 and err(per_visit) > 0.1
+    assert clock.log.count("ref") > len(COSTS) * 12  # a reference sample after every sample
+    quiet, _ = run(FakeClock(), Settings(**FAST, paired=True))
+    assert all(quiet[k].median_ms == pytest.approx(c * 1000) and quiet[k].flags == [] for k, c in COSTS.items())
+    with pytest.raises(ValueError, match="paired needs drift correction"):
+        Settings(paired=True, correct_drift=False)
+    assert Settings.from_dict({"rounds": 3}).paired is False  # a table written before pairing existed was not paired
 
 
 def test_min_of_round_medians_and_settings_validation():

@@ -32,6 +32,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None
                    help=f"re-measure passes for disturbed visits (default {d['max_retries']})")
     g.add_argument(f"--{prefix}combine", dest="combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
     g.add_argument(f"--{prefix}no-drift-correction", dest="no_drift_correction", action="store_true", help="do not rescale by the reference model")
+    g.add_argument(f"--{prefix}paired", dest="paired", action="store_true", help="a reference sample after every sample (fast machine swings)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

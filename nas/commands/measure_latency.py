@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-retries", type=int, default=1, help="re-measure passes for disturbed visits (default 1)")
     g.add_argument("--combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
     g.add_argument("--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit")
+    g.add_argument("--paired", action="store_true", help="time the reference after every sample and rescale each sample by the two "
+                   "around it: cancels fast machine-speed swings (shared hosts), twice the timing cost")
     g.add_argument("--retest", type=float, default=0.2, help="share of subnets timed a second time, at the end, for test-retest agreement (default 0.2)")
     g.add_argument("--memory-mb", type=float, default=2048, help="weights held at once; subnets are timed in interleaved groups this size (default 2048)")
 
@@ -43,6 +45,7 @@ def settings_from(args: argparse.Namespace):
         return Settings(
             warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, tolerance=args.tolerance,
             max_retries=args.max_retries, combine=args.combine, correct_drift=not args.no_drift_correction,
+            paired=args.paired,
         )
     except ValueError as e:
         raise UserError(f"protocol flags: {e}") from None
