@@ -9,7 +9,7 @@ stitched from shape-generic parts, exported once per attention type (see below):
 graph ``tokens -> logits`` (:func:`cached_graph`) and the decode-step graph (:func:`cached_decode_graph`,
 the inputs and outputs of :mod:`supernet.onnx_decode`).
 
-Cache: ``$NAS_CACHE`` or ``~/.cache/nas-transformers``, under ``onnx/<torch version>-opset<N>/``:
+Cache: ``$NAS_CACHE`` or ``~/.cache/nas-transformers``, under ``onnx/torch-<version>-opset<N>-format<F>/``:
 ``generic/<key hash>.onnx`` per part (+ ``.json``: what it is), and per model shape one
 ``<config hash>.onnx`` (prefill) or ``step-<config hash>.onnx`` (decode step) + ``.json`` (the layout).
 """
@@ -39,12 +39,17 @@ def config_key(config) -> str:
     return hashlib.sha256(json.dumps(asdict(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# Bump when what a cached graph holds changes (names, inputs, layout): older entries are then not reused.
+# 2: prefill and decode graphs stitched from generic parts, weights named as in the state dict.
+GRAPH_FORMAT = 2
+
+
 def graph_dir() -> Path:
     import torch
 
     from supernet.onnx_export import DEFAULT_OPSET
 
-    return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}"
+    return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}-format{GRAPH_FORMAT}"
 
 
 def weights_location(name: str) -> str:
