@@ -22,9 +22,8 @@ The protocol, built for shared and noisy machines:
    reports the same numbers.  The baseline is the median reference time of the first calibration
    (kept in the sidecar, reused on resume and by every later chunk).  ``paired``: a reference
    sample follows every sample, and each sample is rescaled by the two reference samples around
-   it instead; this cancels speed swings faster than a visit (a shared host's), at twice the
-   timing cost.  On this 2-core VM it took a decode table's test-retest agreement from 33% to 100%
-   within ±10% (tau 0.89 -> 0.98; 24 subnets, same samples otherwise).
+   it instead; this follows speed swings faster than a visit (a shared host's), at twice the
+   timing cost (``scripts/bench_protocol.py`` compares the three readings side by side).
 4. Interference: a visit during which the machine changed (the reference after it differs from
    the one before by more than ``tolerance``, or its samples spread wider than that) is redone
    after the rounds, up to ``max_retries`` times; a subnet still disturbed is flagged ``interference``.
