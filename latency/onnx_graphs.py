@@ -459,15 +459,15 @@ def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, lis
     (so ``decode_feed`` and ``onnx_generate`` run it), and is stitched from generic parts like the
     prefill graph: one export per attention type, not per model.  ``model`` may live on the meta device.
     """
-    from supernet.onnx_decode import META_KEY, input_layout
+    from supernet.onnx_decode import META_KEY, input_layout, output_names
 
     directory = directory or graph_dir()
     name = "step-" + config_key(model.config)
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if not (graph.exists() and layout.exists()):
         inputs = input_layout(model)
-        outputs = ["logits"] + [n.replace("past.", "present.", 1) for n in inputs if n.startswith("past.")]
-        stitched, tensors = _stitched(model, directory, name, _decode_parts(model), outputs, {n: s["shape"] for n, s in inputs.items()})
+        dims = {n: s["shape"] for n, s in inputs.items()}
+        stitched, tensors = _stitched(model, directory, name, _decode_parts(model), output_names(inputs), dims)
         stitched.metadata_props.add(key=META_KEY, value=json.dumps(inputs))
         _save(directory, name, stitched, {"tensors": tensors, "inputs": inputs, "config": asdict(model.config)})
     data = json.loads(layout.read_text())

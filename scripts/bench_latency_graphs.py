@@ -39,41 +39,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from latency.onnx_graphs import cached_decode_graph, cached_graph, with_weights  # noqa: E402
 from latency.protocol import timing_model  # noqa: E402
 from latency.sampling import campaign_subnets  # noqa: E402
-from latency.timing_core import CLOCKS, decode_inputs, prefill_tokens  # noqa: E402
+from latency.timing_core import Settings, calibrate, decode_inputs, ort_runner, prefill_tokens  # noqa: E402
 from search_spaces import load_space  # noqa: E402
 from supernet.onnx_decode import export_decode_onnx  # noqa: E402
 from supernet.onnx_export import export_onnx, onnx_session  # noqa: E402
 
 
 def graph_pair(model, workload, directory: Path, threads: int):
-    """(stitched session, whole session, feed) for ``model`` at ``workload``, both with the model's weights."""
-    key = f"{len(list(directory.iterdir()))}"
+    """(stitched session, whole session, feed) for ``model`` at ``workload``, both with the model's weights (in ``directory``)."""
+    directory.mkdir(parents=True)
     if workload.kind == "decode":
         graph, tensors, layout = cached_decode_graph(model)
-        whole = export_decode_onnx(model, directory / f"{key}-whole.onnx")
+        whole = export_decode_onnx(model, directory / "whole.onnx")
         feed = decode_inputs(layout, workload.batch_size, workload.context)
     else:
         graph, tensors = cached_graph(model)
-        whole = export_onnx(model, directory / f"{key}-whole.onnx")
+        whole = export_onnx(model, directory / "whole.onnx")
         feed = prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len)
-    stitched = with_weights(graph, tensors, model, directory / f"{key}-stitched")
+    stitched = with_weights(graph, tensors, model, directory / "stitched")
     return onnx_session(stitched, threads), onnx_session(whole, threads), feed
 
 
-def timer(session, feed, clock, min_ms: float):
-    """ms per call of back-to-back ``session.run`` for at least ``min_ms``."""
-    now = CLOCKS[clock]
-
-    def sample() -> float:
-        n, start = 0, now()
-        while True:
-            session.run(None, feed)
-            n += 1
-            elapsed = now() - start
-            if elapsed * 1e3 >= min_ms:
-                return elapsed * 1e3 / n
-
-    return sample
+def timer(session, feed, clock: str, min_ms: float):
+    """``sample() -> ms per call`` of back-to-back ``session.run`` calls lasting at least ``min_ms`` (the protocol's runner and calibration)."""
+    runner = ort_runner(session, feed, clock)
+    calls = calibrate(runner, Settings(warmup=1, min_sample_ms=min_ms))
+    return lambda: runner(calls) / calls * 1e3
 
 
 def main(argv=None) -> None:
@@ -100,11 +91,10 @@ def main(argv=None) -> None:
             timers, parity = {}, {}
             for i, subnet in enumerate(tqdm(subnets, desc=f"{workload.name}: export", unit="subnet")):
                 model = timing_model(space, subnet)
-                stitched, whole, feed = graph_pair(model, workload, Path(tmp), args.threads)
+                stitched, whole, feed = graph_pair(model, workload, Path(tmp) / f"{workload.name}-{i}", args.threads)
                 parity[i] = float(np.abs(stitched.run(None, feed)[0] - whole.run(None, feed)[0]).max())
                 for graph, session in (("stitched", stitched), ("whole", whole)):
-                    timers[i, graph] = timer(session, feed, clock, args.min_sample_ms)
-                    timers[i, graph]()  # warm-up
+                    timers[i, graph] = timer(session, feed, clock, args.min_sample_ms)  # (calibrating warms it up)
             ms = {k: [] for k in timers}
             ratios = {i: [] for i in range(len(subnets))}
             rng = random.Random(args.seed)

@@ -68,6 +68,11 @@ def input_layout(model: Transformer) -> dict[str, dict]:
     return layout
 
 
+def output_names(layout: dict[str, dict]) -> list[str]:
+    """The step graph's outputs for an input layout: ``logits``, then ``present.*`` for each ``past.*`` input, in order."""
+    return ["logits"] + [n.replace("past.", "present.", 1) for n in layout if n.startswith("past.")]
+
+
 def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
     """Write the decode step of ``model`` to ``path`` (dynamic batch and past length); return the path."""
     import onnx
@@ -84,7 +89,6 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
     for spec in layout.values():
         axes = {axis: {"batch": batch, "past": past}[d] for axis, d in enumerate(spec["shape"]) if isinstance(d, str)}
         dynamic.append(axes or None)
-    state_names = [n for n in layout if n.startswith("past.")]
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
             wrapper,
@@ -93,7 +97,7 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
             opset_version=opset,
             dynamic_shapes=(dynamic[0], dynamic[1], tuple(dynamic[2:])),  # *past is one varargs entry
             input_names=list(layout),
-            output_names=["logits", *(n.replace("past.", "present.", 1) for n in state_names)],
+            output_names=output_names(layout),
             verbose=False,
         )
         program.save(str(path))
@@ -233,5 +237,6 @@ __all__ = [
     "onnx_decode_logits",
     "onnx_generate",
     "onnx_session",
+    "output_names",
     "read_layout",
 ]
