@@ -41,7 +41,8 @@ def config_key(config) -> str:
 
 # Bump when what a cached graph holds changes (names, inputs, layout): older entries are then not reused.
 # 2: prefill and decode graphs stitched from generic parts, weights named as in the state dict.
-GRAPH_FORMAT = 2
+# 3: parts keyed by head count where not generic in it (one block function; types with weights of their own).
+GRAPH_FORMAT = 3
 
 
 def graph_dir() -> Path:
@@ -72,15 +73,9 @@ def weights_location(name: str) -> str:
 # block per layer (its state in, the next state out; a growing cache's length is a symbol too) and
 # the prefill head.
 
-# A block's weights in the order the generic block takes them, with the symbolic size of each axis.
-BLOCK_PARAMS = {
-    "ln1.weight": "E", "ln1.bias": "E",
-    "attn.q.weight": "AE", "attn.q.bias": "A", "attn.k.weight": "KE", "attn.k.bias": "K",
-    "attn.v.weight": "KE", "attn.v.bias": "K", "attn.o.weight": "EA", "attn.o.bias": "E",
-    "ln2.weight": "E", "ln2.bias": "E",
-    "mlp.fc1.weight": "FE", "mlp.fc1.bias": "F", "mlp.fc2.weight": "EF", "mlp.fc2.bias": "E",
-}  # fmt: skip
-EXAMPLE_SIZES = {"E": 48, "H": 3, "F": 80, "past": 5}  # distinct, none 0 or 1: the exporter would merge or specialise them
+EXAMPLE_SIZES = {"E": 50, "F": 82, "past": 5}  # distinct, none 0 or 1 nor a multiple of 4 (heads x head_dim): the exporter would merge or specialise them
+PROBE_SIZES = (58, 90)  # other E, F: which axes of a weight are E or F is read by probing
+FORM_HEADS = (13, 17)  # head counts at which a layer's head-dependent sizes are read (the first is traced)
 
 
 class _Embed(torch.nn.Module):
@@ -89,39 +84,38 @@ class _Embed(torch.nn.Module):
         self.learned = learned
 
     def forward(self, idx, tok, pos=None):
-        x = torch.nn.functional.embedding(idx, tok)  # (B, T, E)
-        return x + pos[: idx.shape[1]] if self.learned else x
+        from supernet.model import embed
+
+        return embed(idx, tok, pos if self.learned else None)  # (B, T, E)
 
 
 class _Block(torch.nn.Module):
-    """:class:`supernet.model.Block` with its weights as inputs: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """:func:`supernet.model.block` with its weights as inputs (``names``: their state-dict names, in order)."""
 
-    def __init__(self, attention: str, head_dim: int, max_seq_len: int, rope: bool):
+    def __init__(self, attention: str, head_dim: int, max_seq_len: int, rope: bool, names: list[str]):
         super().__init__()
         from search_spaces import parse_attention
         from supernet.model import rope_tables
 
-        self.spec, self.head_dim, self.rope = parse_attention(attention), head_dim, rope
+        self.spec, self.head_dim, self.rope, self.names = parse_attention(attention), head_dim, rope, names
         if rope:
             cos, sin = rope_tables(max_seq_len, head_dim)
             self.register_buffer("rope_cos", cos)
             self.register_buffer("rope_sin", sin)
 
     def forward(self, x, *weights):
-        from supernet.model import attention_forward, mlp_forward
+        from supernet.model import BlockWeights, block
 
-        w = dict(zip(BLOCK_PARAMS, weights))
-        p = lambda name: (w[f"{name}.weight"], w[f"{name}.bias"])  # noqa: E731
-        e = (x.shape[-1],)
-        heads = w["attn.q.weight"].shape[0] // self.head_dim
-        rope = (self.rope_cos, self.rope_sin) if self.rope else None
-        x = x + attention_forward(F.layer_norm(x, e, *p("ln1")), p("attn.q"), p("attn.k"), p("attn.v"), p("attn.o"), heads, self.spec, rope)
-        return x + mlp_forward(F.layer_norm(x, e, *p("ln2")), p("mlp.fc1"), p("mlp.fc2"))  # (B, T, E)
+        t = x.shape[1]
+        rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.rope else None
+        return block(x, BlockWeights.from_named(dict(zip(self.names, weights))), self.spec, self.head_dim, rope)[0]  # (B, T, E)
 
 
 class _Head(torch.nn.Module):
     def forward(self, x, ln_w, ln_b, tok):
-        return F.linear(F.layer_norm(x, (x.shape[-1],), ln_w, ln_b), tok)  # (B, T, vocab)
+        from supernet.model import lm_head
+
+        return lm_head(x, (ln_w, ln_b), tok)  # (B, T, vocab)
 
 
 class _DecodeEmbed(torch.nn.Module):
@@ -133,51 +127,72 @@ class _DecodeEmbed(torch.nn.Module):
         self.learned, self.head_dim = learned, head_dim
 
     def forward(self, token, position, tok, pos=None):
-        from supernet.model import rope_at
+        from supernet.model import embed, rope_at
 
-        x = F.embedding(token, tok)  # (B, 1, E)
-        return x + F.embedding(position, pos) if self.learned else (x, *rope_at(position, self.head_dim))
+        x = embed(token, tok, pos if self.learned else None, position)  # (B, 1, E)
+        return x if self.learned else (x, *rope_at(position, self.head_dim))
 
 
 class _DecodeBlock(torch.nn.Module):
-    """One layer of the decode step (:func:`supernet.decode.mix_step`, functional) with its state and weights
-    as inputs: ``forward(x, position, [cos, sin,] *state, *weights) -> (x', *new state)``."""
+    """One layer of the decode step (:func:`supernet.model.block` with a functional :class:`~supernet.model.Step`),
+    its state and weights as inputs: ``forward(x, position, [cos, sin,] *state, *weights) -> (x', *new state)``."""
 
-    def __init__(self, attention: str, head_dim: int, rope: bool):
+    def __init__(self, attention: str, head_dim: int, rope: bool, state_names: list[str], names: list[str]):
         super().__init__()
         from search_spaces import parse_attention
-        from supernet.decode import state_names
 
         self.spec, self.head_dim, self.rope = parse_attention(attention), head_dim, rope
-        self.state_names = state_names(self.spec)
+        self.state_names, self.names = state_names, names
 
     def forward(self, x, position, *rest):
-        from supernet.decode import mix_step
-        from supernet.model import apply_rope, mlp_forward
+        from supernet.model import BlockWeights, Step, block
 
         rope, rest = (rest[:2], rest[2:]) if self.rope else (None, rest)
         n = len(self.state_names)
-        state, w = dict(zip(self.state_names, rest[:n])), dict(zip(BLOCK_PARAMS, rest[n:]))
-        p = lambda name: (w[f"{name}.weight"], w[f"{name}.bias"])  # noqa: E731
-        b, e, hd = x.shape[0], (x.shape[-1],), self.head_dim
-        h = F.layer_norm(x, e, *p("ln1"))
-        heads = {"q": w["attn.q.weight"].shape[0] // hd, "k": w["attn.k.weight"].shape[0] // hd}
-        heads["v"] = heads["k"]
-        q, k, v = (F.linear(h, *p(f"attn.{m}")).view(b, 1, heads[m], hd).transpose(1, 2) for m in "qkv")  # (B, H|Hkv, 1, hd)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        y, new = mix_step(self.spec, state, q, k, v, position, None)  # (B, H, 1, hd)
-        x = x + F.linear(y.transpose(1, 2).reshape(b, 1, -1), *p("attn.o"))
-        x = x + mlp_forward(F.layer_norm(x, e, *p("ln2")), p("mlp.fc1"), p("mlp.fc2"))
+        state, w = dict(zip(self.state_names, rest[:n])), BlockWeights.from_named(dict(zip(self.names, rest[n:])))
+        x, new = block(x, w, self.spec, self.head_dim, rope, Step(state, position, None))
         return (x, *(new[name] for name in self.state_names))
 
 
-def _kv_mode(layer) -> str:
-    """``fixed``: a gqa layer with fewer key/value heads than queries (K and A static); else ``same`` (K = A)."""
-    from search_spaces import parse_attention
-    from search_spaces.attention import kv_heads
+# --------------------------------------------------------------------------- heads: generic or static
+#
+# A part is generic in the layer's head count H when every head-dependent size of the layer (its
+# key / value heads, its type's own weights and decoding state) is a constant or c x H: read at
+# two head counts (FORM_HEADS) and checked at the layer's own.  Key / value heads fixed at another
+# count (grouped-query) keep the part static: the exporter's fused Attention needs both head
+# counts static.  A static part is exported per head count.
 
-    return "fixed" if kv_heads(parse_attention(layer.attention), layer.heads) != layer.heads else "same"
+
+def _head_sizes(typ, spec, heads: int, hd: int) -> dict[str, tuple]:
+    """Every head-dependent size of a layer: key / value heads, the type's weights and states (batch axis left out)."""
+    hk, hv = typ.heads(spec, heads)
+    out = {"heads:k": (hk,), "heads:v": (hv,)}
+    out.update({f"w:{n}": tuple(s) for n, s in typ.weights(spec, heads, hd).items()})
+    out.update({f"s:{n}": tuple(s.shape) for n, s in typ.state(spec, heads, hd).items()})
+    return out
+
+
+def _per_head(x, y, hx: int, hy: int) -> int | None:
+    """c if sizes x, y at head counts hx, hy are c x hx and c x hy (c >= 1); 0 if constant; None otherwise."""
+    if x == y:
+        return 0
+    if isinstance(x, int) and isinstance(y, int) and x % hx == 0 and x // hx >= 1 and y == x // hx * hy:
+        return x // hx
+    return None
+
+
+def generic_in_heads(typ, spec, heads: int, hd: int) -> bool:
+    """Whether a part traced at another head count serves this layer (see above)."""
+    (a, b), c = FORM_HEADS, heads
+    sa, sb, sc = (_head_sizes(typ, spec, h, hd) for h in (a, b, c))
+    if not (sa.keys() == sb.keys() == sc.keys()) or any(len({len(sa[n]), len(sb[n]), len(sc[n])}) != 1 for n in sa):
+        return False
+    for name in sa:
+        for x, y, z in zip(sa[name], sb[name], sc[name]):
+            per = _per_head(x, y, a, b)
+            if per is None or (per == 0 and z != x) or (per and z != per * c):
+                return False
+    return all(sa[f"heads:{p}"][0] in (0, a) for p in "kv")
 
 
 def _weights(names: list[str]) -> dict[str, str]:
@@ -191,11 +206,20 @@ def _shared(model) -> dict:
 
 
 def _block_key(model, i: int, part: str) -> dict:
-    layer = model.config.layers[i]
-    key = {**_shared(model), "part": part, "attention": layer.attention, "kv": _kv_mode(layer)}
-    if key["kv"] == "fixed":
-        key["kv_width"], key["width"] = model.blocks[i].attn.k.weight.shape[0], model.blocks[i].attn.q.weight.shape[0]
-    return key
+    """A block part's key: the attention spelling and, unless the part is generic in the head count, the count."""
+    from supernet.attention import get
+
+    attn = model.blocks[i].attn
+    generic = generic_in_heads(get(attn.spec), attn.spec, attn.heads, model.config.head_dim)
+    return {**_shared(model), "part": part, "attention": str(attn.spec), "heads": None if generic else attn.heads}
+
+
+def _block_names(model, i: int) -> list[str]:
+    """The block's weights (state-dict names within the block) in the order its part takes them."""
+    from supernet.model import block_weight_shapes
+
+    attn, layer = model.blocks[i].attn, model.config.layers[i]
+    return list(block_weight_shapes(attn.typ, attn.spec, model.config.embed_dim, attn.heads, layer.ffn_dim, model.config.head_dim))
 
 
 def _head(model, x: str) -> dict:
@@ -213,7 +237,7 @@ def _parts(model) -> list[dict]:
     embed = ["tok_emb.weight"] + (["pos_emb.weight"] if learned else [])
     out = [{"key": {**_shared(model), "part": "embed"}, "bind": {"x": "tokens", **_weights(embed), "y": "h0"}}]
     for i in range(len(model.blocks)):
-        weights = _weights([f"blocks.{i}.{n}" for n in BLOCK_PARAMS])
+        weights = _weights([f"blocks.{i}.{n}" for n in _block_names(model, i)])
         out.append({"key": _block_key(model, i, "block"), "bind": {"x": f"h{i}", **weights, "y": f"h{i + 1}"}})
     return out + [_head(model, f"h{len(model.blocks)}")]
 
@@ -228,7 +252,7 @@ def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple, list[str], l
     Dim = torch.export.Dim
     L, V, hd = key["max_seq_len"], key["vocab"], key["head_dim"]
     batch, seq = Dim("batch", max=4096), Dim("seq", max=L)
-    E, H, F_ = Dim("E", min=2, max=1 << 16), Dim("H", min=1, max=4096), Dim("F", min=2, max=1 << 20)
+    E, F_ = Dim("E", min=2, max=1 << 16), Dim("F", min=2, max=1 << 20)
     e = EXAMPLE_SIZES["E"]
     learned, rope = key["positions"] == "learned", key["positions"] == "rope"
     if key["part"] in ("embed", "decode-embed"):
@@ -244,53 +268,72 @@ def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple, list[str], l
     if key["part"] == "head":
         x = torch.randn(2, L, e)  # (2, T, E)
         return _Head(), (x, torch.ones(e), torch.zeros(e), torch.randn(V, e)), ({0: batch, 1: seq, 2: E}, {0: E}, {0: E}, {1: E}), ["x", "w0", "w1", "w2"], ["y"]
-    # a block: its weights, with symbolic sizes (static where the exporter needs them)
-    sizes = {"E": e, "A": hd * EXAMPLE_SIZES["H"], "F": EXAMPLE_SIZES["F"]}
-    dims = {"E": E, "A": hd * H, "F": F_}
-    if key["kv"] == "fixed":  # grouped heads: the exporter's fused Attention needs both head counts static
-        sizes["K"], dims["K"] = key["kv_width"], None
-        sizes["A"], dims["A"] = key["width"], None
-    else:
-        sizes["K"], dims["K"] = sizes["A"], dims["A"]
-    weights = [torch.randn(*(sizes[a] for a in axes)) * 0.02 for axes in BLOCK_PARAMS.values()]
-    wshapes = tuple({i: dims[a] for i, a in enumerate(axes) if dims[a] is not None} for axes in BLOCK_PARAMS.values())
+    return _block_part(key, batch, seq, E, F_)
+
+
+def _symbolic(sizes: list[tuple], probes: list[tuple[list[tuple], object, int, int]]) -> list[dict]:
+    """Per tensor, {axis: Dim} for the axes that change in a probe: ``(sizes', dim, n, n')``, n -> n' scales them."""
+    out = []
+    for j, shape in enumerate(sizes):
+        axes = {}
+        for other, dim, n, n2 in probes:
+            for axis, (x, y) in enumerate(zip(shape, other[j])):
+                if x != y:
+                    per = _per_head(x, y, n, n2)
+                    assert per, (shape, other[j], n, n2)
+                    axes[axis] = dim if per == 1 else per * dim
+        out.append(axes)
+    return out
+
+
+def _block_part(key: dict, batch, seq, E, F_):
+    """A block part (prefill or decode step) at the traced head count; E, F (and H where generic) symbolic.
+
+    Which axis of which weight or state is E, F or c x H is read by probing the shapes at other
+    sizes (nothing is inferred from equal numbers)."""
+    from search_spaces import parse_attention
+    from supernet.attention import get
+    from supernet.model import block_weight_shapes
+
+    Dim = torch.export.Dim
+    L, hd, e, f = key["max_seq_len"], key["head_dim"], EXAMPLE_SIZES["E"], EXAMPLE_SIZES["F"]
+    spec = parse_attention(key["attention"])
+    typ = get(spec)
+    generic, heads = key["heads"] is None, key["heads"] or FORM_HEADS[0]
+    H, (e2, f2), h2 = Dim("H", min=1, max=4096), PROBE_SIZES, FORM_HEADS[1]
+
+    def shapes(e_, h_, f_):
+        return list(block_weight_shapes(typ, spec, e_, h_, f_, hd).values())
+
+    names = list(block_weight_shapes(typ, spec, e, heads, f, hd))
+    wsizes = shapes(e, heads, f)
+    probes = [(shapes(e2, heads, f), E, e, e2), (shapes(e, heads, f2), F_, f, f2)]
+    if generic:
+        probes.append((shapes(e, h2, f), H, heads, h2))
+    wdims = _symbolic(wsizes, probes)
+    weights = [torch.randn(*shape) * 0.02 for shape in wsizes]
     wnames = [f"w{j}" for j in range(len(weights))]
+    rope = key["positions"] == "rope"
     if key["part"] == "block":
         x = torch.randn(2, L, e)  # (2, T, E)
-        module = _Block(key["attention"], hd, L, rope)
-        return module, (x, *weights), ({0: batch, 1: seq, 2: E}, wshapes), ["x", *wnames], ["y"]  # forward(x, *weights)
+        module = _Block(key["attention"], hd, L, rope, names)
+        return module, (x, *weights), ({0: batch, 1: seq, 2: E}, tuple(wdims)), ["x", *wnames], ["y"]  # forward(x, *weights)
     assert key["part"] == "decode-block", key
-    module = _DecodeBlock(key["attention"], hd, rope)
-    extra, extra_shapes = _decode_state_examples(module.spec, hd, sizes["K"] // hd, None if dims["K"] is None else H, batch)
+    states, past = typ.state(spec, heads, hd), Dim("past", max=1 << 20)
+    ssizes = [(2, *s.resolve(EXAMPLE_SIZES["past"])) for s in states.values()]
+    probes = [([(2, *s.resolve(EXAMPLE_SIZES["past"])) for s in typ.state(spec, h2, hd).values()], H, heads, h2)] if generic else []
+    extra = [torch.rand(shape) + 1.0 if s.positive else torch.randn(shape) for shape, s in zip(ssizes, states.values())]
+    extra_dims = [{0: batch, **{axis + 1: past for axis, d in enumerate(s.shape) if d == "past"}, **axes}
+                  for s, axes in zip(states.values(), _symbolic(ssizes, probes))]  # fmt: skip
+    module = _DecodeBlock(key["attention"], hd, rope, list(states), names)
     if rope:
         from supernet.model import rope_at
 
-        extra, extra_shapes = [*rope_at(torch.tensor([EXAMPLE_SIZES["past"]]), hd), *extra], [None, None, *extra_shapes]
-    snames = (["rope_cos", "rope_sin"] if rope else []) + [f"s{j}" for j in range(len(module.state_names))]
+        extra, extra_dims = [*rope_at(torch.tensor([EXAMPLE_SIZES["past"]]), hd), *extra], [None, None, *extra_dims]
+    snames = (["rope_cos", "rope_sin"] if rope else []) + [f"s{j}" for j in range(len(states))]
     x, position = torch.randn(2, 1, e), torch.tensor([EXAMPLE_SIZES["past"]])
-    names, outputs = ["x", "position", *snames, *wnames], ["y"] + [f"n{j}" for j in range(len(module.state_names))]
-    return module, (x, position, *extra, *weights), ({0: batch, 2: E}, None, (*extra_shapes, *wshapes)), names, outputs
-
-
-def _decode_state_examples(spec, hd: int, heads: int, head_axis, batch) -> tuple[list, list]:
-    """Example state tensors of a decode block (batch 2, ``heads`` key/value heads) and their dynamic axes
-    (``batch``; the heads ``head_axis``, None when static (grouped heads); a growing cache's length
-    ``past``), in :func:`supernet.decode.state_names` order."""
-    from supernet.decode import feature_dim, state_kind, window_span
-
-    kind = state_kind(spec)
-    axes = {0: batch, **({1: head_axis} if head_axis is not None else {})}
-    if kind == "linear":
-        f = feature_dim(spec, hd)
-        return [torch.randn(2, heads, f, hd), torch.rand(2, heads, f) + 1.0], [axes, dict(axes)]
-    if kind == "kv":
-        length, axes = EXAMPLE_SIZES["past"], {**axes, 2: torch.export.Dim("past", max=1 << 20)}
-    else:
-        length = window_span(spec)
-    states = [torch.randn(2, heads, length, hd) for _ in range(2)]
-    if spec.kind == "longformer":
-        states += [torch.randn(2, heads, spec.param("G"), hd) for _ in range(2)]
-    return states, [dict(axes) for _ in states]
+    inputs, outputs = ["x", "position", *snames, *wnames], ["y"] + [f"n{j}" for j in range(len(states))]
+    return module, (x, position, *extra, *weights), ({0: batch, 2: E}, None, (*extra_dims, *wdims)), inputs, outputs
 
 
 def export_part(key: dict, path: Path) -> Path:
@@ -437,15 +480,13 @@ def with_weights(graph: Path, tensors: list[dict], model, directory: Path) -> Pa
 def _decode_parts(model) -> list[dict]:
     """The parts of ``model``'s decode-step graph (:func:`_parts` for the prefill graph): the step embedding,
     one decode block per layer (its state ``past.{i}.*`` in, ``present.{i}.*`` out), the head."""
-    from supernet.decode import state_names
-
     rope = model.config.positions == "rope"
     embed = ["tok_emb.weight"] + ([] if rope else ["pos_emb.weight"])
     angles = {"rope_cos": "rope.cos", "rope_sin": "rope.sin"} if rope else {}
     out = [{"key": {**_shared(model), "part": "decode-embed"}, "bind": {"token": "token", "position": "position", **_weights(embed), "y": "h0", **angles}}]
     for i, block in enumerate(model.blocks):
-        names = state_names(block.attn.spec)
-        bind = {"x": f"h{i}", "position": "position", **angles, **_weights([f"blocks.{i}.{n}" for n in BLOCK_PARAMS]), "y": f"h{i + 1}"}
+        names = list(block.attn.typ.state(block.attn.spec, block.attn.heads, model.config.head_dim))
+        bind = {"x": f"h{i}", "position": "position", **angles, **_weights([f"blocks.{i}.{n}" for n in _block_names(model, i)]), "y": f"h{i + 1}"}
         bind.update({f"s{j}": f"past.{i}.{n}" for j, n in enumerate(names)})
         bind.update({f"n{j}": f"present.{i}.{n}" for j, n in enumerate(names)})
         out.append({"key": _block_key(model, i, "decode-block"), "bind": bind})

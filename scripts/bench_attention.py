@@ -40,16 +40,16 @@ from torch.utils._pytree import tree_flatten
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search_spaces import LayerChoice, parse_attention  # noqa: E402
-from search_spaces.attention import AttentionSpec, kv_heads  # noqa: E402
-from supernet.attention import attend, attended_pairs  # noqa: E402
+from latency.features import projection_flops  # noqa: E402
+from search_spaces.attention import AttentionSpec  # noqa: E402
+from supernet.attention import attend, get, kv_heads  # noqa: E402
 from supernet.model import Block, rope_tables  # noqa: E402
 
 DEFAULT_TYPES = (
     "softmax,gqa:4,local:64,dilated:64:4,strided:64,fixed:64,longformer:64:16,bigbird:64:16:2,"
-    "linear,relu-linear,cosformer:16384,performer:64"
+    "linear,relu-linear,cosformer:16384,performer:64,hydra,sima,lsra:7,msla:5,convmod:7"
 )
 DEFAULT_LENGTHS = "512,1024,2048,4096,8192,16384"
-LINEAR_KINDS = ("linear", "relu-linear", "cosformer", "performer")
 BACKWARD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (five matmuls against two)
 
 
@@ -76,27 +76,20 @@ class Row:
 # --------------------------------------------------------------------------- work models
 
 
-def feature_size(spec: AttentionSpec, d: int) -> int:
-    return {"cosformer": 2 * d, "performer": spec.params[0] if spec.params else d}.get(spec.kind, d)
-
-
 def attention_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
-    if spec.kind in LINEAR_KINDS:
-        fwd = 4.0 * feature_size(spec, d) * d * t * b * h
-    else:
-        fwd = 4.0 * d * attended_pairs(str(spec), t) * b * h
+    """The type's own count of its token mixing (the latency features use the same)."""
+    fwd = get(spec).prefill_flops(spec, b, t, h, d)
     return fwd * (1 + BACKWARD_FACTOR if backward else 1)
 
 
 def attention_bytes(b: int, h: int, hkv: int, t: int, d: int, itemsize: int, backward: bool) -> float:
-    once = (2 * h + 2 * hkv) * b * t * d * itemsize  # q, out, k, v
+    once = (2 * h + hkv) * b * t * d * itemsize  # q, out, k and v (hkv: their heads together)
     return once * (2 if backward else 1)
 
 
 def block_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
     e = h * d
-    hkv = kv_heads(spec, h)
-    linear = 2.0 * b * t * (e * e * 2 + e * hkv * d * 2 + e * 4 * e * 2)  # q, o; k, v; MLP up and down
+    linear = projection_flops(str(spec), b * t, e, h, d) + 2.0 * b * t * e * 4 * e * 2  # q, k, v, o; MLP up and down
     fwd = linear + attention_flops(spec, b, h, t, d, False)
     return fwd * (1 + BACKWARD_FACTOR) if backward else fwd
 
@@ -178,25 +171,27 @@ def time_it(run, device: torch.device, reps: int, max_seconds: float) -> tuple[l
 
 
 def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen):
-    hkv = kv_heads(spec, h)
+    hk, hv = kv_heads(spec, h)
     q = torch.randn(b, h, t, d, generator=gen).to(device, dtype)
-    k = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
-    v = torch.randn(b, hkv, t, d, generator=gen).to(device, dtype)
+    k = torch.randn(b, hk, t, d, generator=gen).to(device, dtype) if hk else None
+    v = torch.randn(b, hv, t, d, generator=gen).to(device, dtype)
+    w = {n: (0.02 * torch.randn(*s, generator=gen)).to(device, dtype) for n, s in get(spec).weights(spec, h, d).items()}
+    inputs = [x for x in (q, k, v, *w.values()) if x is not None]
     if not backward:
 
         def run():
             with torch.no_grad():
-                attend(q, k, v, spec)
+                attend(q, k, v, spec, w)
 
         return run
-    for x in (q, k, v):
+    for x in inputs:
         x.requires_grad_(True)
     grad = torch.randn(b, h, t, d, generator=gen).to(device, dtype)
 
     def run():
-        for x in (q, k, v):
+        for x in inputs:
             x.grad = None
-        attend(q, k, v, spec).backward(grad)
+        attend(q, k, v, spec, w).backward(grad)
 
     return run
 
@@ -211,7 +206,7 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
 
         def run():
             with torch.no_grad():
-                block(x, (cos, sin))
+                block(x, (cos, sin))[0]
 
         return run
     x.requires_grad_(True)
@@ -220,7 +215,7 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
     def run():
         block.zero_grad(set_to_none=True)
         x.grad = None
-        block(x, (cos, sin)).backward(grad)
+        block(x, (cos, sin))[0].backward(grad)
 
     return run
 
@@ -272,7 +267,7 @@ def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: tor
     row.tflops = flops / (row.ms * 1e-3) / 1e12
     if row.scope == "attention":
         itemsize = torch.finfo(dtype).bits // 8
-        row.gbps = attention_bytes(b, h, kv_heads(spec, h), t, d, itemsize, backward) / (row.ms * 1e-3) / 1e9
+        row.gbps = attention_bytes(b, h, sum(kv_heads(spec, h)), t, d, itemsize, backward) / (row.ms * 1e-3) / 1e9
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
@@ -297,7 +292,7 @@ def plot(rows: list[Row], path: Path) -> None:
         for n, kind in enumerate(kinds):
             pts = [(r.seq_len, r.ms) for r in rows if (r.scope, r.device, r.mode, r.type) == (scope, device, mode, kind) and r.status == "ok"]
             if pts:
-                style = "--" if kind.split(":")[0] in LINEAR_KINDS else "-"
+                style = "-" if get(kind).fused_onnx else "--"  # softmax family solid
                 ax.plot(*zip(*pts), marker="o", ms=3, label=kind, linestyle=style, color=colors(n % 20))
         ax.set(xscale="log", yscale="log", xlabel="sequence length", ylabel="ms (median)", title=f"{scope}, {device}, {mode}")
         ax.set_xscale("log", base=2)

@@ -42,7 +42,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search_spaces import LayerChoice, parse_attention  # noqa: E402
-from supernet.decode import cache_bytes, decode_step, state_kind, synthetic_cache  # noqa: E402
+from supernet.attention import get  # noqa: E402
+from supernet.decode import cache_bytes, decode_step, synthetic_cache  # noqa: E402
 from supernet.model import Transformer, TransformerConfig  # noqa: E402
 
 FLAT_TARGET = 1.3
@@ -277,7 +278,8 @@ def report(rows: list[Row], contexts: list[int]) -> None:
     for backend, typ in sorted({(r.backend, r.type) for r in rows}):
         by = {r.context: r.ms_per_token for r in rows if (r.backend, r.type) == (backend, typ)}
         ratio = by[hi] / by[lo]
-        kind = state_kind(parse_attention(typ))
+        spec = parse_attention(typ)
+        kind = "kv" if any(st.grows for st in get(spec).state(spec, 4, 64).values()) else "constant"
         if kind == "kv":
             verdict = "grows" if ratio > FLAT_TARGET else "does not grow"
         else:

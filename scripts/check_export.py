@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = args.clock or fp.get("clock")
         device = get_device(args.device, threads=threads, clock=clock)
         result = export_subnet(supernet, subnet, args.out, formats=("onnx",))
-        softmax_layers = sum(attention_type(parse_attention(a)).pattern is not None for a in subnet.attention)
+        softmax_layers = sum(attention_type(parse_attention(a)).fused_onnx for a in subnet.attention)
         workload = space.workload(predicted["workload"]["name"])
         settings = Settings(warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2)
         m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path, predicted_ms=predicted["predicted_ms"],

@@ -30,8 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from search_spaces import parse_attention  # noqa: E402
-from search_spaces.attention import kv_heads  # noqa: E402
-from supernet.attention import REGISTRY, attend, attend_reference  # noqa: E402
+from supernet.attention import REGISTRY, PatternType, attend, attend_reference, kv_heads  # noqa: E402
 from supernet.attention.patterns import dense_mask  # noqa: E402
 
 SPECS = (
@@ -50,13 +49,13 @@ def device_path(spec, device):
 
 def parity(spec, t, dtype_name, device, backward, b=2, h=8, d=64, seed=0):
     g = torch.Generator().manual_seed(seed)
-    hkv = kv_heads(spec, h)
-    base = [torch.randn(b, n, t, d, generator=g) for n in (h, hkv, hkv)]
+    hk, hv = kv_heads(spec, h)
+    base = [torch.randn(b, n, t, d, generator=g) for n in (h, hk, hv)]
     grad_out = torch.randn(b, h, t, d, generator=g).to(device)
     dtype = DTYPES[dtype_name]
     fast_in = [x.to(device, dtype).requires_grad_(backward) for x in base]
     ref_in = [x.to(dtype).to(device, torch.float32).requires_grad_(backward) for x in base]  # the same rounded values
-    out = device_path(spec, device)(*fast_in, spec)
+    out = device_path(spec, device)(*fast_in, spec, {})
     ref = attend_reference(*ref_in, spec)
     tol_out, tol_grad = TOL[dtype_name]
     err_out = (out.float() - ref).abs().max().item() / max(1.0, ref.abs().max().item())
@@ -78,12 +77,12 @@ def compile_cache_check(device) -> tuple[bool, str]:
     spec = parse_attention("local:64")
     flex = device_path(spec, device)
     q = torch.randn(1, 4, 1024, 64, device=device)
-    flex(q, q, q, spec)
+    flex(q, q, q, spec, {})
     before = counters["stats"]["unique_graphs"]
-    flex(q, q, q, spec)
+    flex(q, q, q, spec, {})
     same = counters["stats"]["unique_graphs"] - before
     q2 = torch.randn(1, 4, 1536, 64, device=device)
-    flex(q2, q2, q2, spec)
+    flex(q2, q2, q2, spec, {})
     new = counters["stats"]["unique_graphs"] - before - same
     ok = same == 0 and new >= 1
     return ok, f"repeat shape: {same} new graphs (want 0); new length: {new} new graphs (want >= 1)"
@@ -105,8 +104,8 @@ def timings(specs, lengths, device, dtype, h=12, d=64):
 
     rows = []
     for spec in specs:
-        if REGISTRY[spec.kind].cuda is None:
-            continue
+        if type(REGISTRY[spec.kind]).forward_cuda is not PatternType.forward_cuda:
+            continue  # FlexAttention serves the sparse types only
         for t in lengths:
             q, k, v = (torch.randn(1, h, t, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
             mask = dense_mask(REGISTRY[spec.kind].pattern, spec, t, device)

@@ -3,12 +3,11 @@
 This package imports nothing else of ours; every other layer builds on it.
 """
 
-from .attention import SIGNATURES, AttentionSpec, allowed_forms, parse_attention
+from .attention import AttentionSpec, allowed_forms, parse_attention, types
 from .errors import SpaceError, SubnetError, UserError
 from .space import SPACES_DIR, LayerChoice, Space, Subnet, Workload, describe, load_space, parse_space
 
 __all__ = [
-    "SIGNATURES",
     "SPACES_DIR",
     "AttentionSpec",
     "LayerChoice",
@@ -23,4 +22,5 @@ __all__ = [
     "load_space",
     "parse_attention",
     "parse_space",
+    "types",
 ]

@@ -19,19 +19,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces import LayerChoice, Space, Subnet
-from search_spaces.attention import kv_heads
+from search_spaces import LayerChoice, Space, Subnet, parse_attention
 
+from .attention import REGISTRY, get
 from .model import (
     MLP,
     Attention,
     Block,
+    BlockWeights,
+    Prefill,
+    Step,
     Transformer,
     TransformerConfig,
-    attention_forward,
+    block,
     check_tokens,
+    embed,
     init_weights,
-    mlp_forward,
+    lm_head,
     rope_tables,
 )
 
@@ -53,6 +57,12 @@ def norm_slice(norm: nn.LayerNorm, dim: int) -> tuple[Tensor, Tensor]:
 def embedding_slice(emb: nn.Embedding, dim: int) -> Tensor:
     assert dim <= emb.embedding_dim, (dim, emb)
     return emb.weight[:, :dim]
+
+
+def leading_slice(weight: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The leading ``shape`` block of a max-size weight (an attention type's own weights)."""
+    assert len(shape) == weight.dim() and all(s <= m for s, m in zip(shape, weight.shape)), (shape, tuple(weight.shape))
+    return weight[tuple(slice(0, s) for s in shape)]
 
 
 def linear_params(in_dim: int, out_dim: int, bias: bool = True) -> int:
@@ -92,10 +102,34 @@ class ElasticLayerNorm(nn.LayerNorm):
         return 2 * embed_dim
 
 
-class ElasticAttention(nn.Module):
-    """Q/K/V/O projections at max size; ``heads`` x head_dim of them are active."""
+def _max_shapes(space: Space) -> dict[str, dict[str, tuple[int, ...]]]:
+    """Per attention kind of the space that has weights of its own: each weight's largest shape over
+    the kind's spellings and the heads choices (the elastic weights slice their leading block)."""
+    out: dict[str, dict[str, tuple[int, ...]]] = {}
+    for attention in space.attention:
+        spec = parse_attention(attention)
+        typ = get(spec)
+        for h in space.heads:
+            for name, shape in typ.weights(spec, h, space.head_dim).items():
+                have = out.setdefault(typ.name, {}).get(name, shape)
+                assert len(have) == len(shape), f"{typ.name}.{name}: shapes of different ranks {have}, {shape}"
+                out[typ.name][name] = tuple(max(a, b) for a, b in zip(have, shape))
+    return out
 
-    def __init__(self, max_embed_dim: int, max_heads: int, head_dim: int):
+
+class _Weights(nn.Module):
+    """One attention kind's own weights at their largest shapes."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.w = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in shapes.items()})
+
+
+class ElasticAttention(nn.Module):
+    """Q/K/V/O projections at max size (``heads`` x head_dim of them are active) and each attention
+    kind's own weights at max size (``mix.<kind>``)."""
+
+    def __init__(self, max_embed_dim: int, max_heads: int, head_dim: int, mix_shapes: dict[str, dict[str, tuple[int, ...]]]):
         super().__init__()
         width = max_heads * head_dim
         self.head_dim = head_dim
@@ -103,23 +137,30 @@ class ElasticAttention(nn.Module):
         self.k = nn.Linear(max_embed_dim, width)
         self.v = nn.Linear(max_embed_dim, width)
         self.o = nn.Linear(width, max_embed_dim)
+        self.mix = nn.ModuleDict({kind: _Weights(shapes) for kind, shapes in mix_shapes.items()})
 
-    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        e, a, kv = x.shape[-1], layer.heads * self.head_dim, self._kv_width(layer)
-        q, k, v = linear_slice(self.q, e, a), linear_slice(self.k, e, kv), linear_slice(self.v, e, kv)
-        return attention_forward(x, q, k, v, linear_slice(self.o, a, e), layer.heads, layer.attention_spec, rope)
+    def mix_params(self):
+        return [(REGISTRY[kind], n, p) for kind, m in self.mix.items() for n, p in m.w.items()]
 
-    def _kv_width(self, layer: LayerChoice) -> int:
-        """Rows of K and V in use: all heads', or the leading kv heads' for gqa."""
-        return kv_heads(layer.attention_spec, layer.heads) * self.head_dim
+    def slices(self, e: int, layer: LayerChoice) -> tuple:
+        """(q, k or None, v, o, mix) of ``layer`` at embedding width ``e``: leading slices."""
+        spec, hd = layer.attention_spec, self.head_dim
+        typ, a = get(spec), layer.heads * hd
+        hk, hv = typ.heads(spec, layer.heads)
+        mix = {n: leading_slice(self.mix[typ.name].w[n], s) for n, s in typ.weights(spec, layer.heads, hd).items()}
+        k = linear_slice(self.k, e, hk * hd) if hk else None
+        return linear_slice(self.q, e, a), k, linear_slice(self.v, e, hv * hd), linear_slice(self.o, a, e), mix
 
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
-        a, kv = layer.heads * self.head_dim, self._kv_width(layer)
-        return linear_params(embed_dim, a) + 2 * linear_params(embed_dim, kv) + linear_params(a, embed_dim)
+        q, k, v, o, mix = self.slices(embed_dim, layer)
+        return sum(t.numel() for pair in (q, k, v, o) if pair is not None for t in pair) + sum(t.numel() for t in mix.values())
 
     def extract_into(self, static: Attention) -> None:
         for name in ("q", "k", "v", "o"):
-            _copy_linear(getattr(static, name), getattr(self, name))
+            if getattr(static, name) is not None:
+                _copy_linear(getattr(static, name), getattr(self, name))
+        for name, p in static.mix.items():
+            copy_into(p, leading_slice(self.mix[static.typ.name].w[name], tuple(p.shape)))
 
 
 class ElasticMLP(nn.Module):
@@ -127,10 +168,6 @@ class ElasticMLP(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(max_embed_dim, max_ffn_dim)
         self.fc2 = nn.Linear(max_ffn_dim, max_embed_dim)
-
-    def forward(self, x: Tensor, ffn_dim: int) -> Tensor:
-        e = x.shape[-1]
-        return mlp_forward(x, linear_slice(self.fc1, e, ffn_dim), linear_slice(self.fc2, ffn_dim, e))
 
     def num_params(self, embed_dim: int, ffn_dim: int) -> int:
         return linear_params(embed_dim, ffn_dim) + linear_params(ffn_dim, embed_dim)
@@ -141,17 +178,23 @@ class ElasticMLP(nn.Module):
 
 
 class ElasticBlock(nn.Module):
-    def __init__(self, space: Space):
+    def __init__(self, space: Space, mix_shapes: dict[str, dict[str, tuple[int, ...]]]):
         super().__init__()
         e = space.max_embed_dim
         self.ln1 = ElasticLayerNorm(e)
-        self.attn = ElasticAttention(e, space.max_heads, space.head_dim)
+        self.attn = ElasticAttention(e, space.max_heads, space.head_dim, mix_shapes)
         self.ln2 = ElasticLayerNorm(e)
         self.mlp = ElasticMLP(e, space.max_ffn_dim)
 
-    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        x = x + self.attn(self.ln1(x), layer, rope)
-        return x + self.mlp(self.ln2(x), layer.ffn_dim)
+    def weights(self, e: int, layer: LayerChoice) -> BlockWeights:
+        """The block's weights for ``layer`` at embedding width ``e``: leading slices, no copies."""
+        q, k, v, o, mix = self.attn.slices(e, layer)
+        f = layer.ffn_dim
+        fc1, fc2 = linear_slice(self.mlp.fc1, e, f), linear_slice(self.mlp.fc2, f, e)
+        return BlockWeights(norm_slice(self.ln1, e), q, k, v, o, norm_slice(self.ln2, e), fc1, fc2, mix)
+
+    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None):
+        return block(x, self.weights(x.shape[-1], layer), layer.attention_spec, self.attn.head_dim, rope, cache)
 
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
         return (
@@ -177,7 +220,8 @@ class SuperTransformer(nn.Module):
         e = space.max_embed_dim
         self.tok_emb = nn.Embedding(space.vocab_size, e)
         self.pos_emb = nn.Embedding(space.max_seq_len, e) if space.positions == "learned" else None
-        self.blocks = nn.ModuleList(ElasticBlock(space) for _ in range(space.max_depth))
+        mix_shapes = _max_shapes(space)
+        self.blocks = nn.ModuleList(ElasticBlock(space, mix_shapes) for _ in range(space.max_depth))
         self.ln_f = ElasticLayerNorm(e)
         if space.positions == "rope":
             cos, sin = rope_tables(space.max_seq_len, space.head_dim)
@@ -190,15 +234,13 @@ class SuperTransformer(nn.Module):
         """idx (B, T) token ids -> logits (B, T, vocab) of ``subnet``."""
         self._check(subnet)
         check_tokens(idx, self.space.vocab_size, self.space.max_seq_len)
-        e = subnet.embed_dim
-        x = F.embedding(idx, embedding_slice(self.tok_emb, e))  # (B, T, E)
-        if self.pos_emb is not None:
-            x = x + embedding_slice(self.pos_emb, e)[: idx.shape[1]]
-        rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
-        for block, layer in zip(self.blocks, subnet.layers):
-            x = block(x, layer, rope)
-        x = self.ln_f(x)
-        return F.linear(x, embedding_slice(self.tok_emb, e))  # (B, T, vocab), tied head
+        e, t = subnet.embed_dim, idx.shape[1]
+        tok = embedding_slice(self.tok_emb, e)
+        x = embed(idx, tok, embedding_slice(self.pos_emb, e) if self.pos_emb is not None else None)  # (B, T, E)
+        rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
+        for blk, layer in zip(self.blocks, subnet.layers):
+            x, _ = blk(x, layer, rope)
+        return lm_head(x, norm_slice(self.ln_f, e), tok)  # (B, T, vocab), tied head
 
     def num_params(self, subnet: Subnet) -> int:
         """Parameters of ``subnet`` (as a static model: what ``extract`` returns holds exactly this many)."""
@@ -219,8 +261,8 @@ class SuperTransformer(nn.Module):
         if self.pos_emb is not None:
             copy_into(static.pos_emb.weight, embedding_slice(self.pos_emb, e))
         _copy_norm(static.ln_f, self.ln_f)
-        for block, static_block in zip(self.blocks, static.blocks):
-            block.extract_into(static_block)
+        for blk, static_block in zip(self.blocks, static.blocks):
+            blk.extract_into(static_block)
         return static.train(self.training)
 
 

@@ -91,8 +91,7 @@ def _check_can_continue(model: Transformer) -> None:
         raise UserError(
             "overflow 'continue': this model has learned positions, which end at max_seq_len; use 'reprefill' or 'slide'"
         )
-    cos = [str(b.attn.spec) for b in model.blocks if b.attn.spec.kind == "cosformer"]
-    if cos:
-        raise UserError(
-            f"overflow 'continue': {', '.join(cos)} weights turn negative past its horizon M; use 'reprefill' or 'slide'"
-        )
+    limited = [f"{b.attn.spec} is defined only up to position {b.attn.typ.position_limit(b.attn.spec)}" for b in model.blocks
+               if b.attn.typ.position_limit(b.attn.spec) is not None]  # fmt: skip
+    if limited:
+        raise UserError(f"overflow 'continue': {'; '.join(limited)}; use 'reprefill' or 'slide'")

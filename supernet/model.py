@@ -1,12 +1,15 @@
-"""The static Transformer: a plain decoder-only causal LM of one fixed shape.
+"""The static Transformer: a plain decoder-only causal LM of one fixed shape, and the one block function.
 
 This is the model users ship.  It is what ``extract(supernet, subnet)`` returns,
 and the same class a from-scratch model of that shape uses:
 ``Transformer(TransformerConfig.from_subnet(space, subnet))``.
 
-The math of each piece is written once, as a function of explicit weights
-(``attention_forward``, ``mlp_forward``, ...), and shared with the elastic
-modules in :mod:`supernet.elastic`, which call it with weight slices.
+The block (attention + MLP, pre-norm) is written once, :func:`block`, as a function of explicit
+weights (:class:`BlockWeights`) and an optional decoding cache.  The static :class:`Block`, the
+elastic supernet (:mod:`supernet.elastic`, with weight slices), prefill and the decode step
+(:mod:`supernet.decode`) and the ONNX timing graphs (:mod:`latency.onnx_graphs`, weights as
+graph inputs) all call it.  What differs between attention types lives in the type object
+(:mod:`supernet.attention`); the block asks it for its heads, rotary heads and mixing.
 """
 
 from __future__ import annotations
@@ -20,14 +23,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import LayerChoice, Space, Subnet, UserError, parse_attention
-from search_spaces.attention import AttentionSpec, kv_heads
+from search_spaces.attention import AttentionSpec
 
-from .attention import attend
+from .attention import AttentionType, State, attend, get
 
 INIT_STD = 0.02
+Pair = tuple[Tensor, Tensor]  # (weight, bias)
 
 
-# --------------------------------------------------------------------------- shared math
+# --------------------------------------------------------------------------- positions
 
 
 def rope_at(positions: Tensor, head_dim: int, base: float = 10000.0) -> tuple[Tensor, Tensor]:
@@ -53,36 +57,132 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 
 
-def attention_forward(
-    x: Tensor,
-    q: tuple[Tensor, Tensor],
-    k: tuple[Tensor, Tensor],
-    v: tuple[Tensor, Tensor],
-    o: tuple[Tensor, Tensor],
-    heads: int,
-    spec: AttentionSpec,
-    rope: tuple[Tensor, Tensor] | None,
-) -> Tensor:
-    """Causal self-attention of x (B, T, E) with (weight, bias) pairs for the four projections.
+def _rotate(x: Tensor, n: int, rope: tuple[Tensor, Tensor]) -> Tensor:
+    """x (B, H, T, D) with rotary positions on its first n heads."""
+    if n >= x.shape[1]:
+        return apply_rope(x, *rope)
+    if n <= 0:
+        return x
+    return torch.cat((apply_rope(x[:, :n], *rope), x[:, n:]), dim=1)
 
-    The key/value projections have ``kv_heads(spec, heads) * hd`` rows (fewer than the queries for gqa).
-    """
+
+# --------------------------------------------------------------------------- the block
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """One block's weights as (weight, bias) pairs; ``k`` is None for a type without keys, ``mix`` the type's own."""
+
+    ln1: Pair
+    q: Pair
+    k: Pair | None
+    v: Pair
+    o: Pair
+    ln2: Pair
+    fc1: Pair
+    fc2: Pair
+    mix: dict[str, Tensor]
+
+    def named(self) -> dict[str, Tensor]:
+        """The weights under their state-dict names within a block (``attn.q.weight``, ``attn.mix.conv``, ...)."""
+        out = {}
+        for name, pair in (("ln1", self.ln1), ("attn.q", self.q), ("attn.k", self.k), ("attn.v", self.v),
+                           ("attn.o", self.o), ("ln2", self.ln2), ("mlp.fc1", self.fc1), ("mlp.fc2", self.fc2)):  # fmt: skip
+            if pair is not None:
+                out[f"{name}.weight"], out[f"{name}.bias"] = pair
+        out.update({f"attn.mix.{n}": t for n, t in self.mix.items()})
+        return out
+
+    @classmethod
+    def from_named(cls, w: dict[str, Tensor]) -> "BlockWeights":
+        """The inverse of :meth:`named`."""
+        pair = lambda name: (w[f"{name}.weight"], w[f"{name}.bias"]) if f"{name}.weight" in w else None  # noqa: E731
+        mix = {n[len("attn.mix."):]: t for n, t in w.items() if n.startswith("attn.mix.")}
+        return cls(pair("ln1"), pair("attn.q"), pair("attn.k"), pair("attn.v"), pair("attn.o"), pair("ln2"),
+                   pair("mlp.fc1"), pair("mlp.fc2"), mix)  # fmt: skip
+
+
+def block_weight_shapes(typ: AttentionType, spec: AttentionSpec, embed_dim: int, heads: int, ffn_dim: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+    """The shapes of a block's weights by state-dict name (what :meth:`BlockWeights.named` holds)."""
+    e, a, (hk, hv) = embed_dim, heads * head_dim, typ.heads(spec, heads)
+    shapes = {"ln1.weight": (e,), "ln1.bias": (e,), "attn.q.weight": (a, e), "attn.q.bias": (a,)}
+    if hk:
+        shapes.update({"attn.k.weight": (hk * head_dim, e), "attn.k.bias": (hk * head_dim,)})
+    shapes.update({"attn.v.weight": (hv * head_dim, e), "attn.v.bias": (hv * head_dim,), "attn.o.weight": (e, a),
+                   "attn.o.bias": (e,), "ln2.weight": (e,), "ln2.bias": (e,), "mlp.fc1.weight": (ffn_dim, e),
+                   "mlp.fc1.bias": (ffn_dim,), "mlp.fc2.weight": (e, ffn_dim), "mlp.fc2.bias": (e,)})  # fmt: skip
+    shapes.update({f"attn.mix.{n}": s for n, s in typ.weights(spec, heads, head_dim).items()})
+    return shapes
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Run the block over a prompt and also return its decoding state (``capacity`` slots for growing caches)."""
+
+    capacity: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """Run the block on one new token at ``position`` (1,) given the layer's ``state`` (see ``AttentionType.step``)."""
+
+    state: State
+    position: Tensor
+    length: int | None
+
+
+def _heads(x: Tensor, pair: Pair, head_dim: int) -> Tensor:
+    """Project x (B, T, E) and split heads: (B, heads, T, head_dim)."""
     b, t, _ = x.shape
-    hd = q[0].shape[0] // heads
-    kvh = k[0].shape[0] // hd
-    qh = F.linear(x, *q).view(b, t, heads, hd).transpose(1, 2)  # (B, H, T, hd)
-    kh = F.linear(x, *k).view(b, t, kvh, hd).transpose(1, 2)  # (B, Hkv, T, hd)
-    vh = F.linear(x, *v).view(b, t, kvh, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+    return F.linear(x, *pair).view(b, t, -1, head_dim).transpose(1, 2)
+
+
+def block(
+    x: Tensor,
+    w: BlockWeights,
+    spec: AttentionSpec,
+    head_dim: int,
+    rope: tuple[Tensor, Tensor] | None,
+    cache: Prefill | Step | None = None,
+) -> tuple[Tensor, State | None]:
+    """One pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)).  x (B, T, E) -> (B, T, E).
+
+    ``rope``: cos, sin (T, head_dim/2) at the positions of x (None: learned positions).  ``cache``:
+    None (a forward pass), :class:`Prefill` (a prompt: also returns the layer's decoding state)
+    or :class:`Step` (one token given the state: returns the next state).
+    """
+    typ = get(spec)
+    b, t, e = x.shape
+    h = F.layer_norm(x, (e,), *w.ln1)
+    q, v = _heads(h, w.q, head_dim), _heads(h, w.v, head_dim)  # (B, H, T, hd), (B, Hv, T, hd)
+    k = _heads(h, w.k, head_dim) if w.k is not None else None  # (B, Hk, T, hd)
     if rope is not None:
-        cos, sin = rope[0][:t], rope[1][:t]
-        qh, kh = apply_rope(qh, cos, sin), apply_rope(kh, cos, sin)
-    y = attend(qh, kh, vh, spec)  # (B, H, T, hd)
-    y = y.transpose(1, 2).reshape(b, t, heads * hd)  # (B, T, A)
-    return F.linear(y, *o)  # (B, T, E)
+        n = typ.rotary_heads(spec, q.shape[1])
+        q = _rotate(q, n, rope)
+        k = _rotate(k, n, rope) if k is not None else None
+    state = None
+    if isinstance(cache, Step):
+        y, state = typ.step(spec, cache.state, q, k, v, w.mix, cache.position, cache.length)  # (B, H, 1, hd)
+    else:
+        y = attend(q, k, v, spec, w.mix)  # (B, H, T, hd)
+        if isinstance(cache, Prefill):
+            state = typ.prefill_state(spec, q, k, v, w.mix, cache.capacity)
+    x = x + F.linear(y.transpose(1, 2).reshape(b, t, -1), *w.o)  # (B, T, E)
+    h = F.layer_norm(x, (e,), *w.ln2)
+    return x + F.linear(F.gelu(F.linear(h, *w.fc1)), *w.fc2), state
 
 
-def mlp_forward(x: Tensor, fc1: tuple[Tensor, Tensor], fc2: tuple[Tensor, Tensor]) -> Tensor:
-    return F.linear(F.gelu(F.linear(x, *fc1)), *fc2)  # (B, T, E)
+def embed(idx: Tensor, tok: Tensor, pos: Tensor | None, positions: Tensor | None = None) -> Tensor:
+    """Token (and learned position) embeddings of idx (B, T) -> (B, T, E); ``positions`` (T,) default 0..T-1."""
+    x = F.embedding(idx, tok)  # (B, T, E)
+    if pos is None:
+        return x
+    return x + (pos[: idx.shape[1]] if positions is None else F.embedding(positions, pos))
+
+
+def lm_head(x: Tensor, ln: Pair, tok: Tensor) -> Tensor:
+    """Final norm and the tied output projection: (B, T, E) -> (B, T, vocab)."""
+    return F.linear(F.layer_norm(x, (x.shape[-1],), *ln), tok)
 
 
 def check_tokens(idx: Tensor, vocab_size: int, max_seq_len: int) -> None:
@@ -123,21 +223,30 @@ class TransformerConfig:
 # --------------------------------------------------------------------------- modules
 
 
+def _pair(m: nn.Linear | nn.LayerNorm | None) -> Pair | None:
+    return None if m is None else (m.weight, m.bias)
+
+
 class Attention(nn.Module):
+    """The projections of one layer (q; k and v with the type's key / value heads; o) and the type's own weights."""
+
     def __init__(self, embed_dim: int, heads: int, head_dim: int, attention: str):
         super().__init__()
         width = heads * head_dim
-        self.heads = heads
+        self.heads, self.head_dim = heads, head_dim
         self.spec = parse_attention(attention)
-        kv_width = kv_heads(self.spec, heads) * head_dim
+        self.typ = get(self.spec)
+        hk, hv = self.typ.heads(self.spec, heads)
         self.q = nn.Linear(embed_dim, width)
-        self.k = nn.Linear(embed_dim, kv_width)
-        self.v = nn.Linear(embed_dim, kv_width)
+        self.k = nn.Linear(embed_dim, hk * head_dim) if hk else None
+        self.v = nn.Linear(embed_dim, hv * head_dim)
         self.o = nn.Linear(width, embed_dim)
+        shapes = self.typ.weights(self.spec, heads, head_dim)
+        self.mix = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in shapes.items()})
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        p = lambda m: (m.weight, m.bias)  # noqa: E731
-        return attention_forward(x, p(self.q), p(self.k), p(self.v), p(self.o), self.heads, self.spec, rope)
+    def mix_params(self):
+        """(type, name, parameter) of the type's own weights (their initialisation is the type's)."""
+        return [(self.typ, n, p) for n, p in self.mix.items()]
 
 
 class MLP(nn.Module):
@@ -146,12 +255,9 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(embed_dim, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, embed_dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return mlp_forward(x, (self.fc1.weight, self.fc1.bias), (self.fc2.weight, self.fc2.bias))
-
 
 class Block(nn.Module):
-    """Pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+    """Pre-norm block of one fixed shape; its forward is :func:`block` with its own weights."""
 
     def __init__(self, embed_dim: int, head_dim: int, layer: LayerChoice):
         super().__init__()
@@ -160,9 +266,13 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(embed_dim)
         self.mlp = MLP(embed_dim, layer.ffn_dim)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None) -> Tensor:
-        x = x + self.attn(self.ln1(x), rope)
-        return x + self.mlp(self.ln2(x))
+    def weights(self) -> BlockWeights:
+        a = self.attn
+        return BlockWeights(_pair(self.ln1), _pair(a.q), _pair(a.k), _pair(a.v), _pair(a.o), _pair(self.ln2),
+                            _pair(self.mlp.fc1), _pair(self.mlp.fc2), dict(a.mix))  # fmt: skip
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None) -> tuple[Tensor, State | None]:
+        return block(x, self.weights(), self.attn.spec, self.attn.head_dim, rope, cache)
 
 
 class Transformer(nn.Module):
@@ -189,22 +299,23 @@ class Transformer(nn.Module):
     def forward(self, idx: Tensor) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
         check_tokens(idx, self.config.vocab_size, self.config.max_seq_len)
-        x = self.tok_emb(idx)  # (B, T, E)
-        if self.pos_emb is not None:
-            x = x + self.pos_emb.weight[: idx.shape[1]]
-        rope = (self.rope_cos, self.rope_sin) if self.pos_emb is None else None
-        for block in self.blocks:
-            x = block(x, rope)
-        x = self.ln_f(x)
-        return F.linear(x, self.tok_emb.weight)  # (B, T, vocab)
+        t = idx.shape[1]
+        x = embed(idx, self.tok_emb.weight, self.pos_emb.weight if self.pos_emb is not None else None)  # (B, T, E)
+        rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
+        for blk in self.blocks:
+            x, _ = blk(x, rope)
+        return lm_head(x, _pair(self.ln_f), self.tok_emb.weight)  # (B, T, vocab)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
 
 def init_weights(model: nn.Module, n_layers: int, generator: torch.Generator | None = None) -> None:
-    """GPT-2 style: N(0, 0.02) for weights, zeros for biases, residual outputs scaled by 1/sqrt(2 n_layers)."""
+    """GPT-2 style: N(0, 0.02) for weights, zeros for biases, residual outputs scaled by 1/sqrt(2 n_layers);
+    an attention type's own weights (``.mix.``) as the type says, after the rest."""
     for name, p in model.named_parameters():
+        if ".mix." in name:
+            continue
         if name.endswith("bias"):
             nn.init.zeros_(p)
         elif ".ln" in name or name.startswith("ln"):
@@ -212,3 +323,8 @@ def init_weights(model: nn.Module, n_layers: int, generator: torch.Generator | N
         else:
             std = INIT_STD / math.sqrt(2 * n_layers) if name.endswith(("o.weight", "fc2.weight")) else INIT_STD
             nn.init.normal_(p, mean=0.0, std=std, generator=generator)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "mix_params"):
+                for typ, name, p in module.mix_params():
+                    typ.init_weight(name, p, generator)

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from search_spaces import UserError
 
-from .decode import state_kind, state_shapes, step
+from .decode import layer_states, step
 from .model import Transformer
 from .onnx_export import DEFAULT_OPSET, _quiet, onnx_session
 
@@ -42,7 +42,7 @@ class DecodeStep(nn.Module):
     def __init__(self, model: Transformer):
         super().__init__()
         self.model = model
-        self.names = [list(shapes) for shapes in state_shapes(model, 1, 0)]
+        self.names = [list(states) for states in layer_states(model)]
 
     def forward(self, token: Tensor, position: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
         flat = iter(past)
@@ -55,14 +55,11 @@ def input_layout(model: Transformer) -> dict[str, dict]:
     """Every input of the step graph: name -> {"shape": [...] with "batch" / "past" for the dynamic axes, "dtype"}."""
     if model.tok_emb.weight.dtype not in _NP:
         raise UserError(f"decode step graph: weights of dtype {model.tok_emb.weight.dtype}; expected float32 or float16")
+    dtype = _NP[model.tok_emb.weight.dtype]
     layout = {"token": {"shape": ["batch", 1], "dtype": "int64"}, "position": {"shape": [1], "dtype": "int64"}}
-    for i, (block, shapes) in enumerate(zip(model.blocks, state_shapes(model, 1, 0))):
-        grows = state_kind(block.attn.spec) == "kv"
-        for name, (shape, dtype) in shapes.items():
-            dims: list = ["batch", *shape[1:]]
-            if grows:
-                dims[2] = "past"
-            layout[f"past.{i}.{name}"] = {"shape": dims, "dtype": _NP[dtype]}
+    for i, states in enumerate(layer_states(model)):
+        for name, s in states.items():
+            layout[f"past.{i}.{name}"] = {"shape": ["batch", *s.shape], "dtype": "float32" if s.fp32 else dtype, "positive": s.positive}
     layout["token"]["vocab_size"] = model.config.vocab_size
     layout["position"]["limit"] = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
     return layout
@@ -164,7 +161,7 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
     for name, a in feed.items():
         if name.startswith("past."):
             r = rng.standard_normal(a.shape, dtype=np.float32)
-            feed[name] = (np.abs(r) + 1.0 if name.endswith(".z") else r).astype(a.dtype)
+            feed[name] = (np.abs(r) + 1.0 if layout[name].get("positive", name.endswith(".z")) else r).astype(a.dtype)  # (graphs before "positive": z)
     return feed
 
 

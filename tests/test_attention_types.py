@@ -8,9 +8,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from search_spaces import LayerChoice, Subnet, parse_attention, parse_space
-from search_spaces.attention import SIGNATURES, kv_heads
+from search_spaces.attention import types
 from supernet import SuperTransformer, Transformer, TransformerConfig, extract
-from supernet.attention import REGISTRY, attend, attend_reference, check_registry, flex, patterns
+from supernet.attention import REGISTRY, PatternType, attend, attend_reference, flex, kv_heads, patterns
 from supernet.onnx_export import export_onnx, onnx_parity, op_counts
 
 SPARSE = ("local", "dilated", "strided", "fixed", "longformer", "bigbird")
@@ -27,27 +27,38 @@ SPECS = [
     "longformer:8:3", "longformer:16:40",
     "bigbird:5:1:3", "bigbird:8:3:2", "bigbird:16:20:1",
     "linear", "relu-linear", "cosformer:150", "performer:7", "performer:32",
+    "hydra", "sima", "lsra:2", "lsra:5", "msla:2", "msla:7", "convmod:2", "convmod:9",
 ]  # fmt: skip
 LENGTHS = [1, 17, 150]  # one token; fewer than most windows and blocks, not a multiple of them; many blocks
 
 
 def qkv(spec, t, b=2, h=4, d=16, seed=0, requires_grad=False):
     g = torch.Generator().manual_seed(seed)
-    hk = kv_heads(spec, h)
+    hk, hv = kv_heads(spec, h)
     q = torch.randn(b, h, t, d, generator=g)
-    k, v = torch.randn(2, b, hk, t, d, generator=g).unbind(0)
-    return [x.requires_grad_(requires_grad) for x in (q, k, v)]
+    k = torch.randn(b, hk, t, d, generator=g) if hk else None
+    v = torch.randn(b, hv, t, d, generator=g)
+    return [x.requires_grad_(requires_grad) if x is not None else None for x in (q, k, v)]
 
 
-def test_registry_covers_every_signature_with_all_paths():
-    check_registry()
-    assert len(REGISTRY) >= 8
+def mix(spec, h=4, d=16, seed=5, requires_grad=False):
+    """The type's own weights (name -> tensor) for h heads of d, away from any special value."""
+    g = torch.Generator().manual_seed(seed)
+    shapes = REGISTRY[spec.kind].weights(spec, h, d)
+    return {n: (torch.randn(*shape, generator=g) * 0.5).requires_grad_(requires_grad) for n, shape in shapes.items()}
+
+
+def test_registry_covers_every_declared_type_with_all_paths():
+    assert set(REGISTRY) == set(types()) and len(REGISTRY) >= 8  # every spelling the space layer accepts has a type
     for kind in SPARSE:
         t = REGISTRY[kind]
-        assert t.pattern is not None and t.cuda is not None and t.onnx is not None, kind
-        assert t.path("cuda") is t.cuda and t.path("cpu") is t.fast and t.path("cpu", exporting=True) is t.onnx
-    for kind in LINEAR + ("softmax", "gqa"):
-        assert REGISTRY[kind].path("cuda") is REGISTRY[kind].fast  # SDPA / chunked prefix sums serve every device
+        assert isinstance(t, PatternType) and t.fused_onnx, kind
+        assert t.path("cuda") == t.forward_cuda and t.path("cpu") == t.forward and t.path("cpu", exporting=True) == t.forward_onnx
+        assert type(t).forward_cuda is PatternType.forward_cuda and type(t).forward is not PatternType.forward  # flex; own CPU path
+    for spec in ("softmax", "gqa:2", "linear", "relu-linear", "cosformer:64", "performer:16"):
+        s, t = parse_attention(spec), REGISTRY[parse_attention(spec).kind]
+        q, k, v = qkv(s, 9)
+        assert torch.equal(t.path("cuda")(q, k, v, s, {}), t.forward(q, k, v, s, {})), spec  # SDPA / chunked sums serve every device
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -56,11 +67,13 @@ def test_fast_path_equals_reference_forward_and_gradients(spec):
     worst = 0.0
     for t in LENGTHS:
         q, k, v = qkv(s, t, seed=t, requires_grad=True)
-        fast, ref = attend(q, k, v, s), attend_reference(q, k, v, s)
+        w = mix(s, requires_grad=True)
+        fast, ref = attend(q, k, v, s, w), attend_reference(q, k, v, s, w)
         assert fast.shape == ref.shape == q.shape
         grad_out = torch.randn(fast.shape, generator=torch.Generator().manual_seed(99))
-        g_fast = torch.autograd.grad(fast, (q, k, v), grad_out)
-        g_ref = torch.autograd.grad(ref, (q, k, v), grad_out)
+        inputs = [x for x in (q, k, v, *w.values()) if x is not None]
+        g_fast = torch.autograd.grad(fast, inputs, grad_out)
+        g_ref = torch.autograd.grad(ref, inputs, grad_out)
         worst = max(worst, (fast - ref).abs().max().item(), *((a - b).abs().max().item() for a, b in zip(g_fast, g_ref)))
     assert worst <= 1e-4, worst
 
@@ -70,11 +83,13 @@ def test_every_path_is_causal(spec):
     s = parse_attention(spec)
     q, k, v = qkv(s, 90, b=1, seed=3)
     t = 40
-    k2, v2 = k.clone(), v.clone()
-    k2[:, :, t:] += 3.0
+    k2, v2 = (k.clone() if k is not None else None), v.clone()
+    if k2 is not None:
+        k2[:, :, t:] += 3.0
     v2[:, :, t:] -= 2.0
+    w = mix(s)
     for fn in (attend, attend_reference):
-        a, b = fn(q, k, v, s), fn(q, k2, v2, s)
+        a, b = fn(q, k, v, s, w), fn(q, k2, v2, s, w)
         assert torch.allclose(a[:, :, :t], b[:, :, :t], atol=1e-6, rtol=0), fn.__name__
         assert not torch.allclose(a[:, :, t:], b[:, :, t:])
 
@@ -106,9 +121,10 @@ def test_bigbird_random_blocks_are_fixed_earlier_blocks():
         assert rows[i] | {0} >= {4 * b + r for b in blocks for r in range(4)} - {0}  # whole blocks
         assert rows[i] == rows[(i // 4) * 4]  # one choice per query block
     assert len({frozenset(r) for r in rows.values()}) > 5  # and it varies between blocks
-    again = patterns.dense_mask(patterns.bigbird, spec, 128)
-    assert torch.equal(again, patterns.dense_mask(patterns.bigbird, spec, 128))
-    assert torch.equal(patterns.dense_mask(patterns.bigbird, spec, 200)[:128, :128], again)  # length-independent
+    bigbird = REGISTRY["bigbird"].pattern
+    again = patterns.dense_mask(bigbird, spec, 128)
+    assert torch.equal(again, patterns.dense_mask(bigbird, spec, 128))
+    assert torch.equal(patterns.dense_mask(bigbird, spec, 200)[:128, :128], again)  # length-independent
 
 
 def test_performer_features_are_fixed_and_orthogonal():
@@ -132,15 +148,17 @@ def test_cosformer_weights_follow_the_distance():
     assert torch.allclose(out, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["local:64", "dilated:16:4", "longformer:64:16", "bigbird:64:16:2", "linear", "performer:32"])
+@pytest.mark.parametrize("spec", ["local:64", "dilated:16:4", "longformer:64:16", "bigbird:64:16:2", "linear", "performer:32",
+                                  "sima", "msla:5", "convmod:7"])  # fmt: skip  (hydra: no matmul for the counter to see)
 def test_cpu_cost_grows_linearly_with_length(spec):
     """Forward and backward FLOPs double when the length doubles (full softmax would quadruple)."""
     s = parse_attention(spec)
 
     def flops(t):
         q, k, v = qkv(s, t, b=1, h=2, requires_grad=True)
+        w = mix(s, h=2)
         with FlopCounterMode(display=False) as counter:
-            attend(q, k, v, s).sum().backward()
+            attend(q, k, v, s, w).sum().backward()
         return counter.get_total_flops()
 
     ratio = flops(1024) / flops(512)
@@ -182,17 +200,17 @@ def test_flex_path_matches_reference_and_refuses_endless_recompiles(monkeypatch)
     s = parse_attention("bigbird:8:3:2")
     for t in (64, 96):
         q, k, v = qkv(s, t)
-        out = REGISTRY["bigbird"].cuda(q, k, v, s)
+        out = REGISTRY["bigbird"].forward_cuda(q, k, v, s, {})
         assert (out - attend_reference(q, k, v, s)).abs().max().item() <= 1e-5
     q, k, v = qkv(s, 128)
     with pytest.raises(RuntimeError, match=r"compiled 2 kernels .* bigbird:8:3:2 at \(2, 4, 128, 16\) would compile another"):
-        REGISTRY["bigbird"].cuda(q, k, v, s)
+        REGISTRY["bigbird"].forward_cuda(q, k, v, s, {})
 
 
 # --------------------------------------------------------------------------- models
 
 ALL_TYPES = ["softmax", "gqa:2", "local:8", "dilated:4:3", "strided:8", "fixed:8", "longformer:8:4", "bigbird:8:4:2",
-             "linear", "relu-linear", "cosformer:64", "performer:16"]  # fmt: skip
+             "linear", "relu-linear", "cosformer:64", "performer:16", "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +237,9 @@ def test_every_type_extracts_and_counts_exactly(every_type_space):
         assert model.num_params(subnet) == static.num_params()
         fresh = Transformer(TransformerConfig.from_subnet(space, subnet))
         fresh.load_state_dict(static.state_dict())  # the from-scratch model has the same shapes
-    assert model.num_params(space.largest()) == sum(p.numel() for p in model.parameters())
+    mix = sum(p.numel() for n, p in model.named_parameters() if ".mix." in n)  # lsra:3 (2 conv heads), msla:3, convmod:4
+    assert mix == 3 * (2 * 8 * 3 + 3 * 4 * 8 * 3 + 4 * 8 * 4)
+    assert model.num_params(space.largest()) + mix == sum(p.numel() for p in model.parameters())
 
 
 def test_gqa_uses_the_leading_key_value_rows(every_type_space):
@@ -262,13 +282,41 @@ def test_onnx_round_trip_of_every_type(tmp_path):
     config = TransformerConfig(vocab_size=64, max_seq_len=64, head_dim=8, positions="rope", embed_dim=16, layers=layers)
     model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
     path = export_onnx(model, tmp_path / "every_type.onnx")
-    softmax_family = [a for a in ALL_TYPES if parse_attention(a).kind not in LINEAR]
+    softmax_family = [a for a in ALL_TYPES if REGISTRY[parse_attention(a).kind].fused_onnx]
+    assert len(softmax_family) == len(ALL_TYPES) - len(LINEAR) - 4  # (hydra, sima, msla, convmod: no softmax)
     assert op_counts(path)["Attention"] == len(softmax_family)  # one fused node each, sparse ones with a mask
     g = torch.Generator().manual_seed(1)
     for shape in [(1, 5), (3, 37), (2, 64)]:  # dynamic batch and sequence axes; lengths off every block size
         assert onnx_parity(path, model, torch.randint(0, 64, shape, generator=g)) <= 1e-4
 
 
-def test_every_signature_documented_and_parameters_named():
-    for kind, (params, doc) in SIGNATURES.items():
-        assert doc and all(p.isupper() for p in params), kind
+def test_every_type_documented_and_parameters_named():
+    for kind, typ in types().items():
+        assert typ.doc and all(p.isupper() for p in typ.params) and typ is REGISTRY[kind], kind
+
+
+# the new types' cost, counted by hand: B=2, H=4 heads of D=16, T=64 tokens, K taps; decode at context C=100
+NEW_TYPE_COSTS = {
+    # spec: (prefill mixing FLOPs, decode mixing FLOPs, decode state bytes)
+    "hydra": (10 * 2 * 4 * 64 * 16, 10 * 2 * 4 * 16, 4 * 2 * 4 * 16),  # normalise q, k; k*v; sum; mean; gate. State (H, D)
+    "sima": (2 * 2 * 4 * (2 * 64 * 64 * 16 + 2 * 64 * 16 * 16) + 6 * 2 * 4 * 64 * 16,  # chunked k v^T + the l1 norms
+             4 * 2 * 4 * 16 * 16 + 6 * 2 * 4 * 16, 4 * 2 * 4 * (16 * 16 + 16)),  # state (H, D, D) + key norms (H, D)
+    "convmod:5": (2 * 2 * 64 * 64 * 5 + 2 * 64 * 64, 2 * 2 * 64 * 5 + 2 * 64, 4 * 2 * 4 * 4 * 16),  # conv + gate; last K-1 q
+    "lsra:5": (4 * 2 * 2 * (64 * 65 // 2) * 16 + 2 * 2 * 64 * 32 * 5 + 2 * 2 * 64 * 32,  # 2 heads attend, 2 convolve + GLU
+               4 * 2 * 2 * 101 * 16 + 2 * 2 * 32 * 5 + 2 * 2 * 32,  # one query over 101 keys; one conv step
+               4 * 2 * (2 * 2 * 101 * 16 + 2 * 4 * 16)),  # k, v of 2 heads at 101 entries + the GLU window (2, K-1, D)
+    "msla:5": (2 * 2 * 2 * 4 * (2 * 64 * 64 * 16 + 2 * 64 * 16 * 16) + 3 * 2 * 2 * 64 * 64 * 5,  # 2 relu-linear + 3 convs
+               2 * 4 * 2 * 4 * 16 * 16 + 3 * 2 * 2 * 64 * 5,
+               4 * 2 * (2 * 4 * (16 * 16 + 16) + 3 * 4 * 4 * 16)),  # two linear states + the q, k, v windows
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("spec", list(NEW_TYPE_COSTS))
+def test_new_types_cost_what_a_hand_count_says(spec):
+    from latency.features import layer_cache_bytes, mixing_flops
+    from search_spaces import Workload
+
+    prefill, decode, state = NEW_TYPE_COSTS[spec]
+    assert mixing_flops(spec, Workload("p", 2, 64), 4, 16) == prefill
+    assert mixing_flops(spec, Workload("d", 2, 0, "decode", 100), 4, 16) == decode
+    assert layer_cache_bytes(spec, 100, 4, 16, batch=2) == state

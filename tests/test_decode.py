@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from search_spaces import LayerChoice, UserError, parse_attention
-from search_spaces.attention import SIGNATURES
+from search_spaces.attention import types
 from supernet import DecodeCache, cache_bytes, decode_step, new_cache, prefill, synthetic_cache
-from supernet.decode import state_kind
+from supernet.attention import get
 from supernet.model import Transformer, TransformerConfig, rope_tables
 from tests.test_train import one_thread  # noqa: F401  (autouse: tiny ops, and two threads spin badly on a busy machine)
 
@@ -18,6 +18,7 @@ SPECS = [
     "local:1", "local:5", "dilated:3:2", "dilated:4:3",
     "strided:4", "fixed:4", "longformer:4:3", "longformer:6:9", "bigbird:4:2:1", "bigbird:3:1:2",
     "linear", "relu-linear", "cosformer:64", "performer:16",
+    "hydra", "sima", "lsra:2", "lsra:5", "msla:3", "convmod:2", "convmod:6",
 ]  # fmt: skip
 
 
@@ -51,7 +52,7 @@ def decoded_logits(model, idx, t0):
 
 
 def test_every_attention_type_is_covered():
-    assert {parse_attention(s).kind for s in SPECS} == set(SIGNATURES)
+    assert {parse_attention(s).kind for s in SPECS} == set(types())
 
 
 @pytest.mark.parametrize("positions", ["rope", "learned"])
@@ -121,11 +122,13 @@ def test_rope_at_any_position_matches_the_table():
 
 
 @pytest.mark.parametrize(
-    "spec,kind", [("softmax", "kv"), ("gqa:1", "kv"), ("local:8", "window"), ("linear", "linear"), ("cosformer:64", "linear")]
+    "spec,kind",
+    [("softmax", "kv"), ("gqa:1", "kv"), ("local:8", "window"), ("linear", "linear"), ("cosformer:64", "linear"),
+     ("hydra", "linear"), ("sima", "linear"), ("msla:3", "linear"), ("convmod:4", "window")],  # fmt: skip
 )
 def test_cache_memory_constant_for_window_and_linear_grows_for_softmax(spec, kind):
     model = make_model([LayerChoice(4, 48, spec)] * 2)
-    assert state_kind(parse_attention(spec)) == kind
+    assert any(s.grows for s in get(spec).state(parse_attention(spec), 4, HEAD_DIM).values()) == (kind == "kv")
     sizes = [cache_bytes(synthetic_cache(model, 1, n, spare=0)) for n in (512, 2048, 16384)]
     if kind == "kv":
         kvh = 1 if spec == "gqa:1" else 4  # gqa keeps only its key/value heads
@@ -229,7 +232,7 @@ def test_generate_continue_decodes_past_max_seq_len_where_the_model_can():
     assert out == uncached_generate(long, b"hello", 150, 0.0, None, None)  # the full model on all 155 tokens
     with pytest.raises(UserError, match="overflow 'continue': this model has learned positions"):
         generate(byte_model("local:5", "learned"), b"x", 5, overflow="continue")
-    with pytest.raises(UserError, match="cosformer:64 weights turn negative past its horizon M"):
+    with pytest.raises(UserError, match="cosformer:64 is defined only up to position 64"):
         generate(byte_model("cosformer:64"), b"x", 5, overflow="continue")
     with pytest.raises(UserError, match="keep: 0; expected 1 ... max_seq_len 64"):
         generate(short, b"x", 5, keep=0)

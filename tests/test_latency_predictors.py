@@ -39,10 +39,13 @@ def test_params_match_the_supernet_and_flops_grow_with_the_subnet(tiny):
     assert F.params(base, base.largest()) == big.num_params(base.largest())
     w = base.workload()
     assert F.flops(base, base.largest(), w) > 10 * F.flops(base, base.smallest(), w)
-    from supernet.attention import attended_pairs
+    from search_spaces import Workload
 
-    assert attended_pairs("local:4", 6) == 1 + 2 + 3 + 4 + 4 + 4 and attended_pairs("softmax", 6) == 21
-    assert attended_pairs("linear", 6) == 0  # a state, not pairs
+    def mix(attention, t, heads=2, hd=8):  # FLOPs of the token mixing: 4 x pairs x heads x hd for the softmax family
+        return F.mixing_flops(attention, Workload("prefill", 1, t), heads, hd)
+
+    assert mix("local:4", 6) == 4 * (1 + 2 + 3 + 4 + 4 + 4) * 2 * 8 and mix("softmax", 6) == 4 * 21 * 2 * 8
+    assert mix("linear", 6) == 2 * 2 * (2 * 6 * 64 * 8 + 2 * 6 * 8 * 8)  # a chunked state, not pairs
     gqa = Subnet(base.max_embed_dim, 1, (12,), (768,), ("gqa:2",))
     full = Subnet(base.max_embed_dim, 1, (12,), (768,), ("softmax",))
     assert F.flops(base, gqa, w) < F.flops(base, full, w)  # fewer key/value projections

@@ -22,7 +22,7 @@ from tests.test_decode import make_model as _make_model
 # One layer of every type in one graph (softmax/gqa, window, full-cache sparse, linear family): one
 # export keeps the test fast, and a wrong layer anywhere shows in the logits.
 EVERY_TYPE = ["softmax", "gqa:2", "local:5", "dilated:3:2", "strided:4", "fixed:4", "longformer:4:3", "bigbird:4:2:1",
-              "linear", "relu-linear", "cosformer:64", "performer:16"]  # fmt: skip
+              "linear", "relu-linear", "cosformer:64", "performer:16", "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
 
 
 def make_model(specs, positions="rope", seed=0):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from search_spaces import SpaceError, Subnet, SubnetError, load_space, parse_space
-from search_spaces.attention import SIGNATURES, allowed_forms, parse_attention
+from search_spaces.attention import allowed_forms, parse_attention, types
 
 from .conftest import FIXTURES, ROOT
 
@@ -177,6 +177,6 @@ def test_decode_rejects_wrong_length(tiny):
 def test_attention_grammar():
     assert str(parse_attention("local:64")) == "local:64"
     assert parse_attention("local:64").param("W") == 64
-    assert set(SIGNATURES) >= {"softmax", "local", "linear"}
+    assert set(types()) >= {"softmax", "local", "linear"}
     with pytest.raises(ValueError, match="must be written local:W"):
         parse_attention("local:1:2")

@@ -15,9 +15,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from latency.features import decode_layout
+from latency.features import flops
 from search_spaces import Space, Subnet, UserError
-from supernet.attention import attended_pairs
 
 from .budget import format_ms
 
@@ -153,9 +152,8 @@ def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Genera
 class AnalyticLatency:
     """A FLOPs-based latency proxy (ms) at one of the space's workloads (default its first); for tests and benchmarks only.
 
-    ``ms = flops / (gflops * 1e6) + overhead_ms * (ops)``: matmuls of the projections, MLP and tied head,
-    attention scores by type (causal softmax ~T/2 keys a token, local:W ~W keys, linear ~head_dim).  At a
-    ``decode`` workload: one token per sequence, scoring the keys of its pattern row at that context.
+    ``ms = flops / (gflops * 1e6) + overhead_ms * (ops)``, FLOPs as the latency features count them
+    (:func:`latency.features.flops`: projections, MLP, tied head and each attention type's own mixing).
     """
 
     def __init__(self, space: Space, gflops: float = 20.0, overhead_ms: float = 0.02, workload: str | None = None):
@@ -166,19 +164,7 @@ class AnalyticLatency:
         self.name = f"analytic FLOPs proxy at {gflops:g} GFLOP/s (not a measurement)"
 
     def flops(self, subnet: Subnet) -> float:
-        w = self.workload_spec
-        t, e = w.tokens, subnet.embed_dim
-        per_token = 2.0 * e * self.space.vocab_size  # tied output head
-        for layer in subnet.layers:
-            a = layer.heads * self.space.head_dim
-            per_token += 8.0 * e * a + 4.0 * e * layer.ffn_dim
-            # keys scored per query by the type's pattern; the linear family updates a (head_dim x head_dim) state instead
-            if w.kind == "decode":  # the cached keys the new token is scored against
-                keys = decode_layout(layer.attention, w.context, layer.heads, self.space.head_dim)[0]
-            else:
-                keys = attended_pairs(layer.attention, t) / t
-            per_token += 4.0 * (keys or self.space.head_dim) * a
-        return per_token * t * w.batch_size
+        return flops(self.space, subnet, self.workload_spec)
 
     def predict(self, subnets: Sequence[Subnet]) -> np.ndarray:
         return np.array(

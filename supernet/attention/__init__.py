@@ -1,38 +1,41 @@
-"""Attention types: the token-mixing function of a layer, one registry for all of them.
+"""Attention types: the token-mixing function of a layer, one object per type, one registry.
 
-Every type takes the layer's projected queries ``(B, H, T, D)``, keys and values
-``(B, Hkv, T, D)`` and returns the mixed values ``(B, H, T, D)``.  The Q/K/V/O projections
-(and rotary positions) are shared by all types and live in the model; only this function
-differs from type to type.  See :mod:`.registry` for what a type registers (fast path per
-device, reference, ONNX form, pattern).  The families, one file each:
+A type (:class:`~.base.AttentionType`) is everything about it in one place: spelling and
+parameters, shape (key/value heads, rotary heads, its own weights), reference and fast paths,
+decoding state and step, cost.  The block around it (projections, rotary positions, MLP) is
+one function, :func:`supernet.model.block`.  The families, one file each:
 
-* :mod:`.softmax`: ``softmax``, ``gqa:G`` (SDPA);
+* :mod:`.softmax`: ``softmax``, ``gqa:G`` (SDPA); base :mod:`.patterns` (softmax under a pattern);
 * :mod:`.sparse`: ``local:W``, ``dilated:W:D``, ``strided:S``, ``fixed:S``, ``longformer:W:G``,
-  ``bigbird:W:G:R`` (patterns in :mod:`.patterns`; CPU block engine :mod:`.blocks`; CUDA
-  FlexAttention :mod:`.flex`);
-* :mod:`.linear`: ``linear``, ``relu-linear``, ``cosformer:M``, ``performer:M`` (chunked prefix sums).
+  ``bigbird:W:G:R`` (CPU block engine :mod:`.blocks`; CUDA FlexAttention :mod:`.flex`);
+* :mod:`.linear`: ``linear``, ``relu-linear``, ``cosformer:M``, ``performer:M`` (chunked prefix sums);
+* :mod:`.normalized`: ``hydra``, ``sima`` (softmax-free, normalised queries and keys);
+* :mod:`.conv`: ``lsra:K``, ``msla:K``, ``convmod:K`` (causal depthwise convolutions).
 
-To add a type: add its signature to :data:`search_spaces.attention.SIGNATURES`, then
-register its functions with :func:`register` in the family's file.
+To add a type: subclass :class:`~.base.AttentionType` (or a family's base) in one file and
+``register(MyType())``; the space layer, models, decoding, latency features and ONNX graphs
+then know it.
 """
 
-from . import linear, softmax, sparse  # noqa: F401  (importing registers the types)
-from .linear import causal_linear_chunked, elu_feature_map
-from .patterns import causal_mask, window_mask
-from .registry import REGISTRY, AttentionType, MixFn, attend, attend_reference, attended_pairs, check_registry, get, register
+from . import softmax, sparse, linear, normalized, conv  # noqa: F401, I001  (importing registers the types, in this order)
+from .base import AttentionType, State, StateSpec, Weights, state_bytes
+from .patterns import PatternType, causal_mask
+from .registry import REGISTRY, attend, attend_reference, exporting, get, kv_heads, register, unregister
 
 __all__ = [
     "REGISTRY",
     "AttentionType",
-    "MixFn",
+    "PatternType",
+    "State",
+    "StateSpec",
+    "Weights",
     "attend",
     "attend_reference",
-    "attended_pairs",
-    "causal_linear_chunked",
     "causal_mask",
-    "check_registry",
-    "elu_feature_map",
+    "exporting",
     "get",
+    "kv_heads",
     "register",
-    "window_mask",
+    "state_bytes",
+    "unregister",
 ]

@@ -18,7 +18,6 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from .registry import MixFn, PatternFn
 
 MAX_KERNELS = 64  # distinct (type, shape, dtype) kernels one process may compile
 
@@ -31,7 +30,7 @@ def _compiled_flex():
 
 
 @lru_cache(maxsize=256)
-def block_mask(pattern: PatternFn, spec: AttentionSpec, t: int, device: torch.device):
+def block_mask(pattern, spec: AttentionSpec, t: int, device: torch.device):
     """The FlexAttention block mask of ``pattern`` at length ``t`` (built once per type, length and device)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -44,7 +43,7 @@ def block_mask(pattern: PatternFn, spec: AttentionSpec, t: int, device: torch.de
 _KERNELS: set[tuple] = set()
 
 
-def flex_attend(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, pattern: PatternFn) -> Tensor:
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, pattern) -> Tensor:
     """softmax attention of q, k, v (B, H, T, D) under ``pattern``, with compiled FlexAttention."""
     kernel = (spec, tuple(q.shape), tuple(k.shape), q.dtype, q.device)
     if kernel not in _KERNELS and len(_KERNELS) >= MAX_KERNELS:
@@ -59,9 +58,3 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, pattern: P
     with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
         return _compiled_flex()(q, k, v, block_mask=mask)
 
-
-def flex_path(pattern: PatternFn) -> MixFn:
-    def flex(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-        return flex_attend(q, k, v, spec, pattern)
-
-    return flex

@@ -1,10 +1,11 @@
 """Kernelized (linear) attention: linear, relu-linear, cosformer:M, performer:M.
 
 All four compute  out_i = sum_{j<=i} (phi_q(i) . phi_k(j)) v_j / (sum_{j<=i} phi_q(i) . phi_k(j) + eps)
-with a non-negative feature map phi; they differ only in phi.  The fast path (every device,
-and the ONNX export) is :func:`causal_linear_chunked`, O(T * C * F) in chunks of C tokens;
-the reference writes out the (T, T) matrix.  A later decode step carries the running state
-sum_j phi_k(j) v_j^T and sum_j phi_k(j).
+with a non-negative feature map phi; they differ only in phi (:meth:`KernelType.features`, the one
+definition the full forward, the decode step and the ONNX graphs all use).  The fast path (every
+device, and the ONNX export) is :func:`causal_linear_chunked`, O(T * C * F) in chunks of C tokens;
+the reference writes out the (T, T) matrix.  Decoding carries the running state
+s = sum_j phi_k(j) v_j^T and z = sum_j phi_k(j), in fp32.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
+from .base import AttentionType, State, StateSpec, Weights
 from .patterns import causal_mask
 from .registry import register
 
@@ -60,12 +62,13 @@ def _chunk_count(t, c: int):
     return n
 
 
-def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK) -> Tensor:
+def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, normalize: bool = True) -> Tensor:
     """Causal linear attention in O(T * C * D) using chunks of C tokens.
 
     Inside a chunk the (C, C) masked product is exact; across chunks a running
     sum of k^T v (the recurrent state) carries the prefix. q and k are already
-    feature-mapped. Shapes: q, k (B, H, T, D), v (B, H, T, Dv).
+    feature-mapped. Shapes: q, k (B, H, T, D), v (B, H, T, Dv).  ``normalize=False``:
+    the numerator sum_{j<=i} (q_i . k_j) v_j alone.
     """
     b, h, t, d = q.shape
     dv = v.shape[-1]
@@ -77,32 +80,62 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK) -
     q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     qc, kc, vc = q.view(b, h, n, c, d), k.view(b, h, n, c, d), v.view(b, h, n, c, dv)
     a = (qc @ kc.transpose(-2, -1)) * causal_mask(c, q.device)  # (B, H, N, C, C)
-    num = a @ vc  # (B, H, N, C, Dv)
-    den = a.sum(-1)  # (B, H, N, C)
     kv = kc.transpose(-2, -1) @ vc  # (B, H, N, D, Dv) per-chunk state increments
-    ks = kc.sum(-2)  # (B, H, N, D)
-    state = _exclusive_cumsum(kv)  # state before each chunk
-    zsum = _exclusive_cumsum(ks)
-    num = num + qc @ state
-    den = den + (qc * zsum.unsqueeze(-2)).sum(-1)
-    out = num / (den.unsqueeze(-1) + LINEAR_EPS)
-    return out.reshape(b, h, n * c, dv)[:, :, :t]
+    num = a @ vc + qc @ _exclusive_cumsum(kv)  # (B, H, N, C, Dv): inside the chunk + the state before it
+    if normalize:
+        den = a.sum(-1) + (qc * _exclusive_cumsum(kc.sum(-2)).unsqueeze(-2)).sum(-1)  # (B, H, N, C)
+        num = num / (den.unsqueeze(-1) + LINEAR_EPS)
+    return num.reshape(b, h, n * c, dv)[:, :, :t]
 
 
-def _register_kernel(kind: str, features, reference=None) -> None:
-    """Register a linear-attention type given its feature map ``features(q, k, spec) -> (fq, fk)``."""
+def recurrent_step(fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One token of causal linear attention from its features fq, fk (B, H, 1, F) and v (B, H, 1, Dv), in fp32:
+    s += phi(k) v^T, z += phi(k); out = phi(q) s / (phi(q) . z + eps).  Returns out (B, H, 1, Dv), s, z."""
+    s = s + fk.transpose(-2, -1) @ v  # (B, H, F, Dv)
+    z = z + fk[:, :, 0]  # (B, H, F)
+    den = (fq[:, :, 0] * z).sum(-1)  # (B, H)
+    return (fq @ s) / (den[:, :, None, None] + LINEAR_EPS), s, z
 
-    def _reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-        return kernel_reference(*features(q, k, spec), v)
 
-    def fast(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
+class KernelType(AttentionType):
+    """A linear-attention type, given its feature map."""
+
+    def features(self, q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:
+        """(phi(q), phi(k)) for tokens at positions ``start``, ``start + 1``, ... (B, H, T, D) -> (B, H, T, F)."""
+        raise NotImplementedError
+
+    def feature_dim(self, spec: AttentionSpec, head_dim: int) -> int:
+        """F, the width of phi(k)."""
+        return head_dim
+
+    def reference(self, q, k, v, spec, w):
+        return kernel_reference(*self.features(q, k, spec), v)
+
+    def forward(self, q, k, v, spec, w):
         # Features and running sums in fp32 whatever the input: prefix sums over thousands of
         # tokens (and exp features) lose too much in bf16 / fp16.
-        qf, kf, vf = q.float(), k.float(), v.float()
-        return causal_linear_chunked(*features(qf, kf, spec), vf).to(v.dtype)
+        return causal_linear_chunked(*self.features(q.float(), k.float(), spec), v.float()).to(v.dtype)
 
-    fast.__name__ = fast.__qualname__ = f"{kind.replace('-', '_')}_attention"
-    register(kind, reference=reference or _reference)(fast)
+    def state(self, spec, heads, head_dim):
+        f = self.feature_dim(spec, head_dim)
+        return {"s": StateSpec((heads, f, head_dim), fp32=True), "z": StateSpec((heads, f), fp32=True, positive=True)}
+
+    def prefill_state(self, spec, q, k, v, w, capacity) -> State:
+        _, fk = self.features(k.float(), k.float(), spec, start=0)  # (B, H, T, F)
+        return {"s": fk.transpose(-2, -1) @ v.float(), "z": fk.sum(2)}  # (B, H, F, Dv), (B, H, F)
+
+    def step(self, spec, state, q, k, v, w, pos, length):
+        fq, fk = self.features(q.float(), k.float(), spec, start=pos)  # (B, H, 1, F) x2
+        y, s, z = recurrent_step(fq, fk, v.float(), state["s"], state["z"])
+        return y.to(v.dtype), {"s": s, "z": z}
+
+    def prefill_flops(self, spec, batch, t, heads, head_dim):
+        # a (C, C) product inside each chunk and an (F, D) state across chunks, scores and values each
+        f = self.feature_dim(spec, head_dim)
+        return 2.0 * batch * heads * (2 * t * CHUNK * f + 2 * t * f * head_dim)
+
+    def decode_flops(self, spec, batch, context, heads, head_dim):
+        return 4.0 * batch * heads * self.feature_dim(spec, head_dim) * head_dim  # update the state, then read it
 
 
 # --------------------------------------------------------------------------- feature maps
@@ -112,34 +145,67 @@ def elu_feature_map(x: Tensor) -> Tensor:
     return F.elu(x) + 1.0
 
 
-_register_kernel("linear", lambda q, k, spec: (elu_feature_map(q), elu_feature_map(k)))
-_register_kernel("relu-linear", lambda q, k, spec: (F.relu(q), F.relu(k)))
+class Linear(KernelType):
+    name = "linear"
+    doc = "linear attention with the elu(x)+1 feature map, causal via prefix sums"
+
+    def features(self, q, k, spec, start=0):
+        return elu_feature_map(q), elu_feature_map(k)
 
 
-def cosformer_features(x: Tensor, horizon: int, start: int = 0) -> Tensor:
+class ReluLinear(KernelType):
+    name = "relu-linear"
+    doc = "linear attention with the ReLU feature map (EfficientViT), causal via prefix sums"
+
+    def features(self, q, k, spec, start=0):
+        return F.relu(q), F.relu(k)
+
+
+linear = register(Linear())
+relu_linear = register(ReluLinear())
+
+
+def cosformer_features(x: Tensor, horizon: int, start: int | Tensor = 0) -> Tensor:
     """[relu(x) cos(a_i), relu(x) sin(a_i)], a_i = pi/2 * i / M for positions i = start, start+1, ...
 
     Then phi(q_i) . phi(k_j) = relu(q_i) . relu(k_j) cos(pi/2 * (i - j) / M).  (B, H, T, D) -> (B, H, T, 2D).
+    ``start`` may be a traced tensor (the decode step's position).
     """
-    pos = torch.arange(start, start + x.shape[-2], device=x.device, dtype=x.dtype)
+    pos = (start + torch.arange(x.shape[-2], device=x.device)).to(x.dtype)  # (T,)
     angle = (math.pi / 2 / horizon) * pos[:, None]  # (T, 1)
     r = F.relu(x)
     return torch.cat((r * torch.cos(angle), r * torch.sin(angle)), dim=-1)
 
 
-def _cosformer_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    # Directly from the definition, not via the cos/sin decomposition the fast path uses.
-    i = torch.arange(q.shape[-2], device=q.device, dtype=q.dtype)
-    weight = torch.cos((math.pi / 2 / spec.param("M")) * (i[:, None] - i[None, :]))  # (T, T)
-    a = (F.relu(q) @ F.relu(k).transpose(-2, -1)) * weight * causal_mask(q.shape[-2], q.device)
-    return (a @ v) / (a.sum(-1, keepdim=True) + LINEAR_EPS)
+class CosFormer(KernelType):
+    name = "cosformer"
+    params = ("M",)
+    doc = "cosFormer: ReLU features re-weighted by cos(pi/2 * (i-j)/M), causal via prefix sums"
+
+    def features(self, q, k, spec, start=0):
+        m = spec.param("M")
+        return cosformer_features(q, m, start), cosformer_features(k, m, start)
+
+    def feature_dim(self, spec, head_dim):
+        return 2 * head_dim  # [relu(x) cos, relu(x) sin]
+
+    def problems(self, spec, max_seq_len, heads):
+        if spec.param("M") < max_seq_len:
+            return [f"M={spec.param('M')} must be at least max_seq_len {max_seq_len} (the cosine weights turn negative beyond M)"]
+        return []
+
+    def position_limit(self, spec):
+        return spec.param("M")  # keys more than M back get negative weights
+
+    def reference(self, q, k, v, spec, w):
+        # Directly from the definition, not via the cos/sin decomposition the fast path uses.
+        i = torch.arange(q.shape[-2], device=q.device, dtype=q.dtype)
+        weight = torch.cos((math.pi / 2 / spec.param("M")) * (i[:, None] - i[None, :]))  # (T, T)
+        a = (F.relu(q) @ F.relu(k).transpose(-2, -1)) * weight * causal_mask(q.shape[-2], q.device)
+        return (a @ v) / (a.sum(-1, keepdim=True) + LINEAR_EPS)
 
 
-_register_kernel(
-    "cosformer",
-    lambda q, k, spec: (cosformer_features(q, spec.param("M")), cosformer_features(k, spec.param("M"))),
-    reference=_cosformer_reference,
-)
+cosformer = register(CosFormer())
 
 
 @lru_cache(maxsize=32)
@@ -172,37 +238,17 @@ def performer_features(x: Tensor, w: Tensor, is_query: bool) -> Tensor:
     return torch.exp(logits) / math.sqrt(w.shape[0])
 
 
-def _performer(q: Tensor, k: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
-    w = performer_projection(spec.param("M"), q.shape[-1], q.device, q.dtype)
-    return performer_features(q, w, True), performer_features(k, w, False)
+class Performer(KernelType):
+    name = "performer"
+    params = ("M",)
+    doc = "Performer FAVOR+: M positive orthogonal random features (fixed seed), causal via prefix sums"
+
+    def features(self, q, k, spec, start=0):
+        w = performer_projection(spec.param("M"), q.shape[-1], q.device, q.dtype)
+        return performer_features(q, w, True), performer_features(k, w, False)
+
+    def feature_dim(self, spec, head_dim):
+        return spec.param("M")
 
 
-_register_kernel("performer", _performer)
-
-
-# --------------------------------------------------------------------------- decoding
-
-
-def kernel_features(q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:
-    """(phi(q), phi(k)) of a linear-family type for tokens at positions ``start``, ``start + 1``, ...
-
-    The maps the fast path uses, exposed for incremental decoding (:mod:`supernet.decode`), where
-    one token at position ``start`` is mapped at a time; only cosformer depends on the position.
-    (B, H, T, D) -> (B, H, T, F).
-    """
-    if spec.kind == "linear":
-        return elu_feature_map(q), elu_feature_map(k)
-    if spec.kind == "relu-linear":
-        return F.relu(q), F.relu(k)
-    if spec.kind == "cosformer":
-        m = spec.param("M")
-        pos = (start + torch.arange(q.shape[-2], device=q.device)).to(q.dtype)  # (T,): start may be a traced tensor
-        angle = (math.pi / 2 / m) * pos[:, None]  # (T, 1), as in cosformer_features
-        rq, rk = F.relu(q), F.relu(k)
-        return (
-            torch.cat((rq * torch.cos(angle), rq * torch.sin(angle)), dim=-1),
-            torch.cat((rk * torch.cos(angle), rk * torch.sin(angle)), dim=-1),
-        )
-    if spec.kind == "performer":
-        return _performer(q, k, spec)
-    raise KeyError(f"{spec} is not a linear-family attention type")
+performer = register(Performer())

@@ -1,14 +1,21 @@
-"""Which keys each query sees, for the softmax-family types: one function per pattern.
+"""The softmax family's base: softmax attention under a pattern of which keys each query sees.
 
-A pattern is ``pattern(i, j, spec) -> bool`` on broadcastable integer tensors of query and
-key positions.  The same function gives the dense ``(T, T)`` mask (reference path and ONNX
-export) and, on CUDA, the FlexAttention ``mask_mod``; the CPU fast paths in
-:mod:`.sparse` are written independently and tested against it.
+A pattern is ``pattern(i, j, spec) -> bool`` on broadcastable integer tensors of query and key
+positions.  From it come the dense ``(T, T)`` mask (reference and ONNX form: one masked SDPA,
+an opset-23 ``Attention`` node), the FlexAttention ``mask_mod`` on CUDA (:mod:`.flex`), the
+decode step's mask over the cached keys, and the pair count the cost model uses.  A type's
+CPU fast path (:mod:`.sparse`, :mod:`.softmax`) is written independently and tested against it.
+
+Decoding: a pattern that reaches a bounded distance back (``window(spec)`` positions) keeps a
+rolling window of that many keys and values, plus ``global_tokens(spec)`` first tokens that
+every query sees (Longformer); one that reaches arbitrarily far back keeps a growing key/value
+cache, and the pattern's row for the new position masks it.
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -16,71 +23,17 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from .registry import PatternFn
-
-# The BigBird random blocks: a fixed seed, and a small multiplicative generator (MINSTD,
-# modulus 2^31 - 1) that every path evaluates on index tensors, so the pattern is defined for
-# every length without a stored table and traces into ONNX / FlexAttention alike.
-BIGBIRD_SEED = 20200728
-_MINSTD = 2147483647
+from . import cache
+from .base import AttentionType, State, StateSpec, Weights
+from .flex import flex_attend
 
 
 def causal(i: Tensor, j: Tensor, spec: AttentionSpec | None = None) -> Tensor:
     return j <= i
 
 
-def local(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    d = i - j
-    return (d >= 0) & (d < spec.param("W"))
-
-
-def dilated(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    w, step = spec.param("W"), spec.param("D")
-    d = i - j
-    return (d >= 0) & (d % step == 0) & (d < w * step)
-
-
-def strided(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    s = spec.param("S")
-    d = i - j
-    return (d >= 0) & ((d < s) | (d % s == 0))
-
-
-def fixed(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    s = spec.param("S")
-    return (j <= i) & ((j // s == i // s) | (j % s == s - 1))
-
-
-def longformer(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    return (j <= i) & ((i - j < spec.param("W")) | (j < spec.param("G")))
-
-
-def bigbird_random_block(block: Tensor, r: int, seed: int = BIGBIRD_SEED) -> Tensor:
-    """The ``r``-th random key block of query block ``block`` (blocks of W tokens): in ``[0, block - 2]``.
-
-    Only meaningful for ``block >= 2`` (earlier blocks have no block outside their window).
-    Pure integer arithmetic, below 2^48 throughout, so int64 never overflows.
-    """
-    x = (block.to(torch.int64) * 92821 + (r + 1) * 68917 + seed) % _MINSTD
-    x = (x * 48271) % _MINSTD
-    x = (x * 48271) % _MINSTD
-    return x % (block.to(torch.int64) - 1).clamp(min=1)
-
-
-def bigbird(i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
-    w = spec.param("W")
-    bi, bj = i // w, j // w
-    rand = torch.zeros_like(bi == bj)
-    for r in range(spec.param("R")):
-        rand = rand | (bj == bigbird_random_block(bi, r))
-    return longformer(i, j, spec) | (rand & (bi >= 2))
-
-
-# --------------------------------------------------------------------------- dense forms
-
-
-def dense_mask(pattern: PatternFn, spec: AttentionSpec, t: int, device: torch.device | None = None) -> Tensor:
-    """(T, T) bool, True where query i may see key j."""
+def dense_mask(pattern, spec: AttentionSpec | None, t: int, device: torch.device | None = None) -> Tensor:
+    """(T, T) bool, True where query i may see key j under ``pattern``."""
     i = torch.arange(t, device=device)
     return pattern(i[:, None], i[None, :], spec)
 
@@ -90,31 +43,112 @@ def causal_mask(t: int, device: torch.device | None = None) -> Tensor:
     return dense_mask(causal, None, t, device)
 
 
-def window_mask(t: int, window: int, device: torch.device | None = None) -> Tensor:
-    """(T, T) bool, True where i - window < j <= i."""
-    return dense_mask(local, AttentionSpec("local", (window,)), t, device)
-
-
 def masked_softmax_reference(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(D) where mask, else -inf) v, written out. (B, H, T, D)."""
+    """softmax(q k^T / sqrt(D) where mask, else -inf) v, written out; k, v with fewer heads are repeated. (B, H, T, D)."""
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, T)
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v  # (B, H, T, D)
 
 
-def reference_for(pattern: PatternFn):
-    """The reference path of a pattern: the written-out masked softmax."""
-
-    def reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-        return masked_softmax_reference(q, k, v, dense_mask(pattern, spec, q.shape[-2], q.device))
-
-    return reference
+def repeat_kv(x: Tensor, heads: int) -> Tensor:
+    """(B, G, T, D) -> (B, H, T, D): query head h reads key/value head h // (H / G)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def masked_sdpa_for(pattern: PatternFn):
-    """The ONNX path of a pattern: one masked SDPA (an opset-23 ``Attention`` node), mask built in-graph."""
+def grouped(q: Tensor, k: Tensor) -> bool:
+    """Whether SDPA needs ``enable_gqa`` (a plain flag also when exporting with symbolic head counts)."""
+    return bool(k.shape[1] != q.shape[1])
 
-    def masked_sdpa(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask(pattern, spec, q.shape[-2], q.device))
 
-    return masked_sdpa
+class PatternType(AttentionType):
+    """Softmax attention under ``pattern``; subclasses give the pattern, its reach and a CPU fast path."""
+
+    fused_onnx = True
+
+    def pattern(self, i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
+        raise NotImplementedError
+
+    def window(self, spec: AttentionSpec) -> int | None:
+        """How far back the pattern reaches, plus one (the decode window), or None: unbounded (a growing cache)."""
+        return None
+
+    def global_tokens(self, spec: AttentionSpec) -> int:
+        """The first tokens every later query sees beside its window (Longformer's global keys)."""
+        return 0
+
+    def row_mask(self, spec: AttentionSpec, pos: Tensor, j: Tensor) -> Tensor | None:
+        """Which of the keys at positions ``j`` the query at ``pos`` sees (None: all of them)."""
+        return self.pattern(pos, j, spec)
+
+    # math: the reference and the ONNX form come from the pattern
+    def reference(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        return masked_softmax_reference(q, k, v, dense_mask(self.pattern, spec, q.shape[-2], q.device))
+
+    def forward_onnx(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        mask = dense_mask(self.pattern, spec, q.shape[-2], q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped(q, k))
+
+    def forward_cuda(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        return flex_attend(q, k, v, spec, self.pattern)
+
+    # decoding
+    def state(self, spec: AttentionSpec, heads: int, head_dim: int) -> dict[str, StateSpec]:
+        hk, hv = self.heads(spec, heads)
+        span, g = self.window(spec), self.global_tokens(spec)
+        length = "past" if span is None else span
+        out = {"k": StateSpec((hk, length, head_dim)), "v": StateSpec((hv, length, head_dim))}
+        if g:
+            out.update(gk=StateSpec((hk, g, head_dim)), gv=StateSpec((hv, g, head_dim)))
+        return out
+
+    def prefill_state(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, w: Weights, capacity: int) -> State:
+        span, g = self.window(spec), self.global_tokens(spec)
+        if span is None:
+            return {"k": cache.grown(k, capacity), "v": cache.grown(v, capacity)}
+        state = {"k": cache.last(k, span), "v": cache.last(v, span)}
+        if g:
+            state.update(gk=cache.first(k, g), gv=cache.first(v, g))
+        return state
+
+    def step(self, spec, state, q, k, v, w, pos, length):
+        span, g = self.window(spec), self.global_tokens(spec)
+        if span is None:
+            keys, new_k = cache.append(state["k"], k, length)  # (B, Hk, L, D)
+            values, new_v = cache.append(state["v"], v, length)
+            mask = self.row_mask(spec, pos, torch.arange(keys.shape[2], device=q.device))  # (L,) over positions 0..p
+            return attend_one(q, keys, values, mask), {"k": new_k, "v": new_v}
+        keys, values = cache.roll(state["k"], k), cache.roll(state["v"], v)  # (B, Hk, span, D)
+        new = {"k": keys, "v": values}
+        j = pos - (span - 1) + torch.arange(span, device=q.device)  # (span,) absolute positions, negative = padding
+        mask = self.pattern(pos, j, spec) & (j >= 0)
+        if g:
+            jg = torch.arange(g, device=q.device)  # (G,)
+            slot = (jg == pos)[None, None, :, None]  # the new token is global while pos < G
+            gk, gv = torch.where(slot, k, state["gk"]), torch.where(slot, v, state["gv"])  # (B, Hk, G, D)
+            new.update(gk=gk, gv=gv)
+            keys, values = torch.cat((gk, keys), dim=2), torch.cat((gv, values), dim=2)  # (B, Hk, G + span, D)
+            mask = torch.cat((jg <= pos, mask & (j >= g)))  # window keys below G are already global
+        return attend_one(q, keys, values, mask), new
+
+    # cost
+    def prefill_flops(self, spec, batch, t, heads, head_dim):
+        return 4.0 * batch * heads * attended_pairs(self, spec, t) * head_dim  # scores and weighted sum over the pairs
+
+    def decode_flops(self, spec, batch, context, heads, head_dim):
+        span = self.window(spec)
+        keys = context + 1 if span is None else span + self.global_tokens(spec)  # a growing cache: every past key, masked
+        return 4.0 * batch * heads * keys * head_dim
+
+
+def attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """softmax(q k^T / sqrt(D), masked) v for one query per row: q (B, H, 1, D), keys (B, Hk, L, D), mask (L,)."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=None if mask is None else mask[None, :], enable_gqa=grouped(q, keys))
+
+
+@lru_cache(maxsize=1024)
+def attended_pairs(typ: PatternType, spec: AttentionSpec, t: int) -> int:
+    """How many (query, key) pairs a layer of this type scores at length ``t`` (the pattern's non-zeros)."""
+    j = torch.arange(t)
+    rows = max(1, 2**22 // t)  # count in row chunks: never a (t, t) tensor, even at 16k tokens
+    return sum(int(typ.pattern(j[s : s + rows, None], j[None, :], spec).sum()) for s in range(0, t, rows))

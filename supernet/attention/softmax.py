@@ -2,7 +2,8 @@
 
 Both run ``scaled_dot_product_attention`` on every device (CPU flash kernel; CUDA Flash /
 memory-efficient kernels); SDPA exports to one opset-23 ``Attention`` node (for gqa with
-``kv_num_heads`` < ``q_num_heads``, the op's native grouped-query form).
+fewer key/value heads than queries, the op's native grouped-query form).  Decoding keeps a
+growing key/value cache (gqa only its key/value heads).
 """
 
 from __future__ import annotations
@@ -12,32 +13,48 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from . import patterns
+from .patterns import PatternType, causal, grouped
 from .registry import register
 
 
-def _softmax_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    return patterns.masked_softmax_reference(q, k, v, patterns.causal_mask(q.shape[-2], q.device))
+class Softmax(PatternType):
+    name = "softmax"
+    doc = "full causal softmax attention"
+
+    def pattern(self, i, j, spec):
+        return causal(i, j)
+
+    def row_mask(self, spec, pos, j):
+        return None  # the cache holds exactly the past: every key is seen
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w) -> Tensor:
+        # Head counts are static (never the traced length); the ONNX exporter refuses enable_gqa with equal counts.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped(q, k))
+
+    forward_onnx = forward
+    forward_cuda = forward
 
 
-@register("softmax", reference=_softmax_reference, pattern=patterns.causal)
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+class GroupedQuery(Softmax):
+    """Elastic like the rest: a gqa layer uses the leading ``kv_heads * head_dim`` rows of K and V."""
+
+    name = "gqa"
+    params = ("G",)
+    doc = "causal softmax attention with G shared key/value heads (grouped-query attention)"
+
+    def heads(self, spec, heads):
+        g = min(spec.param("G"), heads)
+        return g, g
+
+    def problems(self, spec, max_seq_len, heads):
+        bad = [h for h in heads if h % self.heads(spec, h)[0]]
+        if bad:
+            return [
+                f"{spec}: heads choice(s) {', '.join(map(str, bad))} are not a multiple of min(G, heads); "
+                f"every heads choice must be divisible by min({spec.param('G')}, heads)"
+            ]
+        return []
 
 
-def repeat_kv(x: Tensor, heads: int) -> Tensor:
-    """(B, G, T, D) -> (B, H, T, D): query head h reads key/value head h // (H / G)."""
-    return x.repeat_interleave(heads // x.shape[1], dim=1)
-
-
-def _gqa_reference(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    h = q.shape[1]
-    return _softmax_reference(q, repeat_kv(k, h), repeat_kv(v, h), spec)
-
-
-@register("gqa", reference=_gqa_reference, pattern=patterns.causal)
-def gqa_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
-    """q (B, H, T, D); k, v (B, G, T, D) with G dividing H."""
-    assert q.shape[1] % k.shape[1] == 0, (q.shape, k.shape)
-    # Head counts are static (never the traced length); the ONNX exporter refuses enable_gqa with equal counts.
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=bool(k.shape[1] != q.shape[1]))
+softmax = register(Softmax())
+gqa = register(GroupedQuery())
