@@ -49,7 +49,8 @@ def cache_bytes(space: Space, subnet: Subnet, workload: Workload) -> float:
     """fp32 bytes of every layer's decode cache read for one new token (0 for prefill)."""
     if workload.kind != "decode":
         return 0.0
-    return float(sum(layer_cache_bytes(l.attention, workload.context, l.heads, space.head_dim, workload.batch_size) for l in subnet.layers))
+    w, hd = workload, space.head_dim
+    return float(sum(layer_cache_bytes(layer.attention, w.context, layer.heads, hd, w.batch_size) for layer in subnet.layers))
 
 
 def mixing_flops(attention: str, workload: Workload, heads: int, hd: int) -> float:
@@ -95,14 +96,18 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
     for layer in subnet.layers:
         a = layer.heads * hd
         out[f"layer[{layer.attention}]:count"] += 1.0
-        out[f"layer[{layer.attention}]:mix"] += mixing_flops(layer.attention, workload, layer.heads, hd) / hd  # per head_dim: the scale of the others
+        out[f"layer[{layer.attention}]:mix"] += (
+            mixing_flops(layer.attention, workload, layer.heads, hd) / hd
+        )  # per head_dim: the scale of the others
         out["layer:embed"] += bt * e  # layer norms, residual adds
         out["layer:proj"] += bt * e * a  # q, k, v, o projections
         out["layer:mlp"] += bt * e * layer.ffn_dim  # fc1, fc2
         out["layer:ffn"] += bt * layer.ffn_dim  # gelu, bias
         out["layer:heads"] += bt * a  # rope, reshapes
         if workload.kind == "decode":  # the cache read per new token (MB, so the column is of the others' scale)
-            out["layer:cache"] += layer_cache_bytes(layer.attention, workload.context, layer.heads, hd, workload.batch_size) / 2**20
+            out["layer:cache"] += (
+                layer_cache_bytes(layer.attention, workload.context, layer.heads, hd, workload.batch_size) / 2**20
+            )
     return out
 
 

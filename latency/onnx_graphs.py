@@ -25,7 +25,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ALIGN = 4096
 
@@ -73,7 +72,8 @@ def weights_location(name: str) -> str:
 # block per layer (its state in, the next state out; a growing cache's length is a symbol too) and
 # the prefill head.
 
-EXAMPLE_SIZES = {"E": 50, "F": 82, "past": 5}  # distinct, none 0 or 1 nor a multiple of 4 (heads x head_dim): the exporter would merge or specialise them
+# distinct, none 0 or 1 nor a multiple of 4 (heads x head_dim): the exporter would merge or specialise them
+EXAMPLE_SIZES = {"E": 50, "F": 82, "past": 5}
 PROBE_SIZES = (58, 90)  # other E, F: which axes of a weight are E or F is read by probing
 FORM_HEADS = (13, 17)  # head counts at which a layer's head-dependent sizes are read (the first is traced)
 
@@ -219,11 +219,16 @@ def _block_names(model, i: int) -> list[str]:
     from supernet.model import block_weight_shapes
 
     attn, layer = model.blocks[i].attn, model.config.layers[i]
-    return list(block_weight_shapes(attn.typ, attn.spec, model.config.embed_dim, attn.heads, layer.ffn_dim, model.config.head_dim))
+    return list(
+        block_weight_shapes(attn.typ, attn.spec, model.config.embed_dim, attn.heads, layer.ffn_dim, model.config.head_dim)
+    )
 
 
 def _head(model, x: str) -> dict:
-    return {"key": {**_shared(model), "part": "head"}, "bind": {"x": x, **_weights(["ln_f.weight", "ln_f.bias", "tok_emb.weight"]), "y": "logits"}}
+    return {
+        "key": {**_shared(model), "part": "head"},
+        "bind": {"x": x, **_weights(["ln_f.weight", "ln_f.bias", "tok_emb.weight"]), "y": "logits"},
+    }
 
 
 def _parts(model) -> list[dict]:
@@ -254,7 +259,7 @@ def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple, list[str], l
     batch, seq = Dim("batch", max=4096), Dim("seq", max=L)
     E, F_ = Dim("E", min=2, max=1 << 16), Dim("F", min=2, max=1 << 20)
     e = EXAMPLE_SIZES["E"]
-    learned, rope = key["positions"] == "learned", key["positions"] == "rope"
+    learned = key["positions"] == "learned"
     if key["part"] in ("embed", "decode-embed"):
         weights = (torch.randn(V, e),) + ((torch.randn(L, e),) if learned else ())
         wshapes = ({1: E},) + (({1: E},) if learned else ())
@@ -263,11 +268,25 @@ def generic_part(key: dict) -> tuple[torch.nn.Module, tuple, tuple, list[str], l
             tokens = torch.zeros(2, L, dtype=torch.long)  # (2, T)
             return _Embed(learned), (tokens, *weights), ({0: batch, 1: seq}, *wshapes), ["x", *names], ["y"]
         token, position = torch.zeros(2, 1, dtype=torch.long), torch.tensor([EXAMPLE_SIZES["past"]])
-        outputs = ["y"] + ([] if learned else ["rope_cos", "rope_sin"])  # ("cos" would clash: the exporter names Cos nodes' outputs so)
-        return _DecodeEmbed(learned, hd), (token, position, *weights), ({0: batch}, None, *wshapes), ["token", "position", *names], outputs
+        outputs = ["y"] + (
+            [] if learned else ["rope_cos", "rope_sin"]
+        )  # ("cos" would clash: the exporter names Cos nodes' outputs so)
+        return (
+            _DecodeEmbed(learned, hd),
+            (token, position, *weights),
+            ({0: batch}, None, *wshapes),
+            ["token", "position", *names],
+            outputs,
+        )
     if key["part"] == "head":
         x = torch.randn(2, L, e)  # (2, T, E)
-        return _Head(), (x, torch.ones(e), torch.zeros(e), torch.randn(V, e)), ({0: batch, 1: seq, 2: E}, {0: E}, {0: E}, {1: E}), ["x", "w0", "w1", "w2"], ["y"]
+        return (
+            _Head(),
+            (x, torch.ones(e), torch.zeros(e), torch.randn(V, e)),
+            ({0: batch, 1: seq, 2: E}, {0: E}, {0: E}, {1: E}),
+            ["x", "w0", "w1", "w2"],
+            ["y"],
+        )
     return _block_part(key, batch, seq, E, F_)
 
 
@@ -321,7 +340,9 @@ def _block_part(key: dict, batch, seq, E, F_):
     assert key["part"] == "decode-block", key
     states, past = typ.state(spec, heads, hd), Dim("past", max=1 << 20)
     ssizes = [(2, *s.resolve(EXAMPLE_SIZES["past"])) for s in states.values()]
-    probes = [([(2, *s.resolve(EXAMPLE_SIZES["past"])) for s in typ.state(spec, h2, hd).values()], H, heads, h2)] if generic else []
+    probes = (
+        [([(2, *s.resolve(EXAMPLE_SIZES["past"])) for s in typ.state(spec, h2, hd).values()], H, heads, h2)] if generic else []
+    )
     extra = [torch.rand(shape) + 1.0 if s.positive else torch.randn(shape) for shape, s in zip(ssizes, states.values())]
     extra_dims = [{0: batch, **{axis + 1: past for axis, d in enumerate(s.shape) if d == "past"}, **axes}
                   for s, axes in zip(states.values(), _symbolic(ssizes, probes))]  # fmt: skip
@@ -344,14 +365,20 @@ def export_part(key: dict, path: Path) -> Path:
     module, example, shapes, names, outputs = generic_part(key)
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
-            module.eval(), example, dynamo=True, opset_version=DEFAULT_OPSET, dynamic_shapes=shapes,
-            input_names=names, output_names=outputs, verbose=False,
+            module.eval(),
+            example,
+            dynamo=True,
+            opset_version=DEFAULT_OPSET,
+            dynamic_shapes=shapes,
+            input_names=names,
+            output_names=outputs,
+            verbose=False,
         )
         program.save(str(path))
     return path
 
 
-def stitch(parts: list["onnx.ModelProto"], binds: list[dict[str, str]], shapes: dict[str, tuple[int, ...]], location: str,
+def stitch(parts: list, binds: list[dict[str, str]], shapes: dict[str, tuple[int, ...]], location: str,
            outputs: list[str], input_dims: dict[str, list] | None = None):  # fmt: skip
     """Join generic part graphs into one model of one shape.
 
@@ -400,7 +427,9 @@ def stitch(parts: list["onnx.ModelProto"], binds: list[dict[str, str]], shapes: 
             new.CopyFrom(init)
             new.name = rename(init.name)
         for node in g.node:
-            assert not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute), node.op_type
+            assert not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute), (
+                node.op_type
+            )
             new = graph.node.add()
             new.CopyFrom(node)
             new.name = f"p{i}/{node.name}"
@@ -483,10 +512,21 @@ def _decode_parts(model) -> list[dict]:
     rope = model.config.positions == "rope"
     embed = ["tok_emb.weight"] + ([] if rope else ["pos_emb.weight"])
     angles = {"rope_cos": "rope.cos", "rope_sin": "rope.sin"} if rope else {}
-    out = [{"key": {**_shared(model), "part": "decode-embed"}, "bind": {"token": "token", "position": "position", **_weights(embed), "y": "h0", **angles}}]
+    out = [
+        {
+            "key": {**_shared(model), "part": "decode-embed"},
+            "bind": {"token": "token", "position": "position", **_weights(embed), "y": "h0", **angles},
+        }
+    ]
     for i, block in enumerate(model.blocks):
         names = list(block.attn.typ.state(block.attn.spec, block.attn.heads, model.config.head_dim))
-        bind = {"x": f"h{i}", "position": "position", **angles, **_weights([f"blocks.{i}.{n}" for n in _block_names(model, i)]), "y": f"h{i + 1}"}
+        bind = {
+            "x": f"h{i}",
+            "position": "position",
+            **angles,
+            **_weights([f"blocks.{i}.{n}" for n in _block_names(model, i)]),
+            "y": f"h{i + 1}",
+        }
         bind.update({f"s{j}": f"past.{i}.{n}" for j, n in enumerate(names)})
         bind.update({f"n{j}": f"present.{i}.{n}" for j, n in enumerate(names)})
         out.append({"key": _block_key(model, i, "decode-block"), "bind": bind})

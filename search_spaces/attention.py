@@ -39,7 +39,9 @@ def declare(signature: TypeSignature) -> TypeSignature:
     """Add a type's signature (called by ``supernet.attention.register``); a second type of the same name is refused."""
     old = _TYPES.get(signature.name)
     if old is not None and old is not signature and type(old) is not type(signature):
-        raise ValueError(f"attention type {signature.name!r} is declared twice ({type(old).__name__}, {type(signature).__name__})")
+        raise ValueError(
+            f"attention type {signature.name!r} is declared twice ({type(old).__name__}, {type(signature).__name__})"
+        )
     if not signature.name or ":" in signature.name or signature.name != signature.name.strip():
         raise ValueError(f"attention type name {signature.name!r}: expected a non-empty word without ':' or spaces")
     _TYPES[signature.name] = signature

@@ -102,7 +102,9 @@ class BlockWeights:
                    pair("mlp.fc1"), pair("mlp.fc2"), mix)  # fmt: skip
 
 
-def block_weight_shapes(typ: AttentionType, spec: AttentionSpec, embed_dim: int, heads: int, ffn_dim: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+def block_weight_shapes(
+    typ: AttentionType, spec: AttentionSpec, embed_dim: int, heads: int, ffn_dim: int, head_dim: int
+) -> dict[str, tuple[int, ...]]:
     """The shapes of a block's weights by state-dict name (what :meth:`BlockWeights.named` holds)."""
     e, a, (hk, hv) = embed_dim, heads * head_dim, typ.heads(spec, heads)
     shapes = {"ln1.weight": (e,), "ln1.bias": (e,), "attn.q.weight": (a, e), "attn.q.bias": (a,)}
@@ -271,7 +273,9 @@ class Block(nn.Module):
         return BlockWeights(_pair(self.ln1), _pair(a.q), _pair(a.k), _pair(a.v), _pair(a.o), _pair(self.ln2),
                             _pair(self.mlp.fc1), _pair(self.mlp.fc2), dict(a.mix))  # fmt: skip
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None) -> tuple[Tensor, State | None]:
+    def forward(
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None
+    ) -> tuple[Tensor, State | None]:
         return block(x, self.weights(), self.attn.spec, self.attn.head_dim, rope, cache)
 
 

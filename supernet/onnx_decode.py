@@ -59,7 +59,11 @@ def input_layout(model: Transformer) -> dict[str, dict]:
     layout = {"token": {"shape": ["batch", 1], "dtype": "int64"}, "position": {"shape": [1], "dtype": "int64"}}
     for i, states in enumerate(layer_states(model)):
         for name, s in states.items():
-            layout[f"past.{i}.{name}"] = {"shape": ["batch", *s.shape], "dtype": "float32" if s.fp32 else dtype, "positive": s.positive}
+            layout[f"past.{i}.{name}"] = {
+                "shape": ["batch", *s.shape],
+                "dtype": "float32" if s.fp32 else dtype,
+                "positive": s.positive,
+            }
     layout["token"]["vocab_size"] = model.config.vocab_size
     layout["position"]["limit"] = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
     return layout
@@ -161,7 +165,9 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
     for name, a in feed.items():
         if name.startswith("past."):
             r = rng.standard_normal(a.shape, dtype=np.float32)
-            feed[name] = (np.abs(r) + 1.0 if layout[name].get("positive", name.endswith(".z")) else r).astype(a.dtype)  # (graphs before "positive": z)
+            feed[name] = (np.abs(r) + 1.0 if layout[name].get("positive", name.endswith(".z")) else r).astype(
+                a.dtype
+            )  # (graphs before "positive": z)
     return feed
 
 

@@ -54,11 +54,15 @@ def test_registry_covers_every_declared_type_with_all_paths():
         t = REGISTRY[kind]
         assert isinstance(t, PatternType) and t.fused_onnx, kind
         assert t.path("cuda") == t.forward_cuda and t.path("cpu") == t.forward and t.path("cpu", exporting=True) == t.forward_onnx
-        assert type(t).forward_cuda is PatternType.forward_cuda and type(t).forward is not PatternType.forward  # flex; own CPU path
+        assert (
+            type(t).forward_cuda is PatternType.forward_cuda and type(t).forward is not PatternType.forward
+        )  # flex; own CPU path
     for spec in ("softmax", "gqa:2", "linear", "relu-linear", "cosformer:64", "performer:16"):
         s, t = parse_attention(spec), REGISTRY[parse_attention(spec).kind]
         q, k, v = qkv(s, 9)
-        assert torch.equal(t.path("cuda")(q, k, v, s, {}), t.forward(q, k, v, s, {})), spec  # SDPA / chunked sums serve every device
+        assert torch.equal(t.path("cuda")(q, k, v, s, {}), t.forward(q, k, v, s, {})), (
+            spec
+        )  # SDPA / chunked sums serve every device
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -148,8 +152,10 @@ def test_cosformer_weights_follow_the_distance():
     assert torch.allclose(out, expected, atol=1e-5)
 
 
-@pytest.mark.parametrize("spec", ["local:64", "dilated:16:4", "longformer:64:16", "bigbird:64:16:2", "linear", "performer:32",
-                                  "sima", "msla:5", "convmod:7"])  # fmt: skip  (hydra: no matmul for the counter to see)
+@pytest.mark.parametrize(
+    "spec",
+    ["local:64", "dilated:16:4", "longformer:64:16", "bigbird:64:16:2", "linear", "performer:32", "sima", "msla:5", "convmod:7"],
+)  # fmt: skip  (hydra: no matmul for the counter to see)
 def test_cpu_cost_grows_linearly_with_length(spec):
     """Forward and backward FLOPs double when the length doubles (full softmax would quadruple)."""
     s = parse_attention(spec)
@@ -210,7 +216,8 @@ def test_flex_path_matches_reference_and_refuses_endless_recompiles(monkeypatch)
 # --------------------------------------------------------------------------- models
 
 ALL_TYPES = ["softmax", "gqa:2", "local:8", "dilated:4:3", "strided:8", "fixed:8", "longformer:8:4", "bigbird:8:4:2",
-             "linear", "relu-linear", "cosformer:64", "performer:16", "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
+             "linear", "relu-linear", "cosformer:64", "performer:16",
+             "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

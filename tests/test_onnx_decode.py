@@ -22,7 +22,8 @@ from tests.test_decode import make_model as _make_model
 # One layer of every type in one graph (softmax/gqa, window, full-cache sparse, linear family): one
 # export keeps the test fast, and a wrong layer anywhere shows in the logits.
 EVERY_TYPE = ["softmax", "gqa:2", "local:5", "dilated:3:2", "strided:4", "fixed:4", "longformer:4:3", "bigbird:4:2:1",
-              "linear", "relu-linear", "cosformer:64", "performer:16", "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
+              "linear", "relu-linear", "cosformer:64", "performer:16",
+              "hydra", "sima", "lsra:3", "msla:3", "convmod:4"]  # fmt: skip
 
 
 def make_model(specs, positions="rope", seed=0):
@@ -64,7 +65,7 @@ def test_onnx_generate_equals_torch_greedy_generation(every_type):
     prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
     new = onnx_generate(session, prompt.numpy(), 20)
     # torch: the same greedy loop on decode_step
-    cache, tokens, expect = new_cache(model, 2), prompt, []
+    cache, expect = new_cache(model, 2), []
     for t in range(5):
         logits, cache = decode_step(model, prompt[:, t : t + 1], cache)
     for _ in range(20):

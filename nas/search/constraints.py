@@ -136,13 +136,19 @@ def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Genera
             what = f"{c.flag} {c.entry if isinstance(c, LatencyBudget) else c.format(c.limit)} is infeasible"
             if isinstance(c, LatencyBudget):
                 lines.append(
-                    f"{what} on {c.source}: the smallest {c.workload + ' ' if c.workload else ''}latency space {space.name!r} reaches is {format_ms(float(values[best]))} "
+                    f"{what} on {c.source}: the smallest {c.workload + ' ' if c.workload else ''}latency space {space.name!r} "
+                    f"reaches is {format_ms(float(values[best]))} "
                     f"({candidates[best]}); give a budget of at least that"
                 )
             else:
-                lines.append(f"{what}: the smallest subnet of space {space.name!r} has {c.format(values[best])} ({candidates[best]})")
+                lines.append(
+                    f"{what}: the smallest subnet of space {space.name!r} has {c.format(values[best])} ({candidates[best]})"
+                )
     if not lines:
-        lines.append(f"no subnet of space {space.name!r} meets {constraints} together (checked the lightest subnets and {n_sample} random ones)")
+        lines.append(
+            f"no subnet of space {space.name!r} meets {constraints} together "
+            f"(checked the lightest subnets and {n_sample} random ones)"
+        )
     raise UserError("\n".join(lines))
 
 

@@ -128,7 +128,15 @@ class AttentionType:
         raise NotImplementedError
 
     def step(
-        self, spec: AttentionSpec, state: State, q: Tensor, k: Tensor | None, v: Tensor, w: Weights, pos: Tensor, length: int | None
+        self,
+        spec: AttentionSpec,
+        state: State,
+        q: Tensor,
+        k: Tensor | None,
+        v: Tensor,
+        w: Weights,
+        pos: Tensor,
+        length: int | None,
     ) -> tuple[Tensor, State]:
         """Mix one new token (q (B, H, 1, D), k, v of it) at position ``pos`` (1,) with the layer's past.
 

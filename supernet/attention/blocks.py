@@ -66,7 +66,9 @@ class Blocks:
         window's mask hides.
         """
         rows = self.padded(x).reshape(-1, x.shape[-1])  # (B*H*N*C, D)
-        return torch.cat((rows.new_zeros(before * self.c, rows.shape[-1]), rows))  # cat writes each row once; F.pad fills all first
+        return torch.cat(
+            (rows.new_zeros(before * self.c, rows.shape[-1]), rows)
+        )  # cat writes each row once; F.pad fills all first
 
     def unblock(self, y: Tensor) -> Tensor:
         """y (B*H*N, C, Dv) -> (B, H, T, Dv)."""

@@ -148,7 +148,10 @@ def _split(heads: int) -> tuple[int, int]:
 
 class LongShortRange(ConvType):
     name = "lsra"
-    doc = "Lite Transformer long-short range: ceil(H/2) heads causal softmax, the rest GLU(v, q) through a causal depthwise convolution of kernel K"
+    doc = (
+        "Lite Transformer long-short range: ceil(H/2) heads causal softmax, the rest GLU(v, q) "
+        "through a causal depthwise convolution of kernel K"
+    )
     fused_onnx = True  # the attention heads: one Attention node
 
     def heads(self, spec, heads):
@@ -176,7 +179,9 @@ class LongShortRange(ConvType):
         return self._mix(q, k, v, spec, w, attend, conv_reference)
 
     def forward(self, q, k, v, spec, w):
-        return self._mix(q, k, v, spec, w, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True), causal_dwconv)
+        return self._mix(
+            q, k, v, spec, w, lambda q_, k_, v_: F.scaled_dot_product_attention(q_, k_, v_, is_causal=True), causal_dwconv
+        )
 
     def state(self, spec, heads, head_dim):
         a, c = _split(heads)
@@ -210,7 +215,11 @@ class LongShortRange(ConvType):
 
     def decode_flops(self, spec, batch, context, heads, head_dim):
         a, c = _split(heads)
-        return 4.0 * batch * a * (context + 1) * head_dim + self.conv_flops(batch, 1, c * head_dim, spec.param("K")) + 2.0 * batch * c * head_dim
+        return (
+            4.0 * batch * a * (context + 1) * head_dim
+            + self.conv_flops(batch, 1, c * head_dim, spec.param("K"))
+            + 2.0 * batch * c * head_dim
+        )
 
 
 # --------------------------------------------------------------------------- msla:K
@@ -222,7 +231,10 @@ def _relu_linear(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 class MultiScaleLinear(ConvType):
     name = "msla"
-    doc = "EfficientViT multi-scale linear attention: ReLU linear attention of q, k, v plus of their causal depthwise convolutions (kernel K)"
+    doc = (
+        "EfficientViT multi-scale linear attention: ReLU linear attention of q, k, v plus of their "
+        "causal depthwise convolutions (kernel K)"
+    )
 
     def weights(self, spec, heads, head_dim):
         shape = (heads * head_dim, spec.param("K"))
@@ -237,7 +249,10 @@ class MultiScaleLinear(ConvType):
         return _relu_linear(q, k, v) + _relu_linear(cq, ck, cv)
 
     def state(self, spec, heads, head_dim):
-        lin = {"s": StateSpec((heads, head_dim, head_dim), fp32=True), "z": StateSpec((heads, head_dim), fp32=True, positive=True)}
+        lin = {
+            "s": StateSpec((heads, head_dim, head_dim), fp32=True),
+            "z": StateSpec((heads, head_dim), fp32=True, positive=True),
+        }
         window = StateSpec((heads, spec.param("K") - 1, head_dim))
         return {**lin, **{f"{n}2": s for n, s in lin.items()}, "wq": window, "wk": window, "wv": window}
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from .base import AttentionType, State, StateSpec, Weights
+from .base import AttentionType, State, StateSpec
 from .patterns import causal_mask
 from .registry import register
 

@@ -88,7 +88,10 @@ class SimA(AttentionType):
         return causal_linear_chunked(self._queries(q, k), k.float(), v.float(), normalize=False).to(v.dtype)
 
     def state(self, spec, heads, head_dim):
-        return {"s": StateSpec((heads, head_dim, head_dim), fp32=True), "z": StateSpec((heads, head_dim), fp32=True, positive=True)}
+        return {
+            "s": StateSpec((heads, head_dim, head_dim), fp32=True),
+            "z": StateSpec((heads, head_dim), fp32=True, positive=True),
+        }
 
     def prefill_state(self, spec, q, k, v, w, capacity):
         return {"s": k.float().transpose(-2, -1) @ v.float(), "z": k.float().abs().sum(2)}

@@ -143,7 +143,8 @@ class PatternType(AttentionType):
 
 def attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """softmax(q k^T / sqrt(D), masked) v for one query per row: q (B, H, 1, D), keys (B, Hk, L, D), mask (L,)."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=None if mask is None else mask[None, :], enable_gqa=grouped(q, keys))
+    mask = None if mask is None else mask[None, :]  # (1, L)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=grouped(q, keys))
 
 
 @lru_cache(maxsize=1024)

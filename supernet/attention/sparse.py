@@ -304,9 +304,14 @@ class Fixed(BlockSparse):
 
     def forward(self, q, k, v, spec, w):
         lay, own, summary = self._plan(spec, q)
-        groups = [window_group(lay, lay.blocked(q), k, v, 0, own), shared_group(lay, q, _summaries(lay, k), _summaries(lay, v), summary)]
+        groups = [
+            window_group(lay, lay.blocked(q), k, v, 0, own),
+            shared_group(lay, q, _summaries(lay, k), _summaries(lay, v), summary),
+        ]
         return attend_groups(lay, groups)
 
 
 # in the order the documentation lists them (error messages list the spellings so)
-local, dilated, strided, fixed, longformer, bigbird = (register(t()) for t in (Local, Dilated, Strided, Fixed, Longformer, BigBird))
+local, dilated, strided, fixed, longformer, bigbird = (
+    register(t()) for t in (Local, Dilated, Strided, Fixed, Longformer, BigBird)
+)
