@@ -191,6 +191,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     from latency.table import read_timings
     from latency.timing_core import Settings
     from latency.protocol import measure
+    from latency.report import latency_error_pct
     from nas.commands.search import validation_tokens
     from nas.search import InheritedLoss
     from supernet.artifact import load_model, read_card
@@ -239,7 +240,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     return {
         "budget_ms": budget_ms,
         "found": {**me, "subnet": found.to_dict()},
-        "error_pct": 100.0 * (me["measured_ms"] - me["predicted_ms"]) / me["predicted_ms"],
+        "error_pct": latency_error_pct(me["measured_ms"], me["predicted_ms"]),
         "within_budget": me["measured_ms"] <= budget_ms,
         "baselines": rows[1:],
         "beats_baselines": verdict,

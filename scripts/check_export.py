@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from latency.device import get_device
     from latency.predictors import load_predictor
     from latency.timing_core import Settings
-    from nas.export import export_subnet, measure_model, predicted_latency
+    from nas.export import export_subnet, measure_model, predicted_latency, workload_text
     from search_spaces import Subnet, UserError, parse_attention
     from supernet import load_model
     from supernet.attention.registry import get as attention_type
@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fused attention   {result.attention_nodes} ONNX Attention nodes for {softmax_layers} softmax-family layers "
           f"(opset {result.opset}): {'OK' if fused_ok else 'MISMATCH'}")
     print(f"parity            max |onnxruntime - torch| = {result.parity:.2e} (limit 1e-4): OK")
-    print(f"latency           measured {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, {m['timed']}, {workload.name} "
-          f"{workload.batch_size}x{workload.seq_len}, threads {threads or 'default'}, clock {clock or 'wall'})"
+    print(f"latency           measured {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, {m['timed']}, {workload_text(workload)}, "
+          f"threads {threads or 'default'}, clock {clock or 'wall'})"
           + (f" flags {','.join(m['flags'])}" if m["flags"] else ""))
     print(f"                  predicted {m['predicted_ms']:.3f} ms -> error {m['error_pct']:+.1f}% "
           f"({'within' if within else 'OUTSIDE'} +-{args.tolerance:g}%)")

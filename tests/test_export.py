@@ -243,7 +243,9 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     m = card["measured"]
     assert m["median_ms"] == pytest.approx(fake_ms, rel=1e-6) and m["over_budget"] and m["budget_ms"] == 50.0
     assert m["predicted_ms"] == card["latency"]["predicted_ms"] and card["latency"]["workload"]["name"] == "prefill"
-    assert m["error_pct"] == pytest.approx(100 * (m["predicted_ms"] - m["median_ms"]) / m["median_ms"])
+    # one sign everywhere: (measured - predicted) / predicted; the device is 1000x slower than predicted, so about +99900%
+    assert m["error_pct"] == pytest.approx(100 * (m["median_ms"] - m["predicted_ms"]) / m["predicted_ms"]) and m["error_pct"] > 0
+    assert f"prediction error {m['error_pct']:+.1f}%" in captured.out and m["error_pct"] == pytest.approx(99900, rel=0.01)
     assert f"{m['median_ms']:.3f} ms" in captured.out and "OVER" in captured.out
     assert main(args + ["--strict"]) == 1
     capsys.readouterr()
@@ -264,6 +266,42 @@ def test_measure_times_the_exported_onnx_file(exported):
     m = measure_model(get_device("onnxruntime", threads=1), model, Workload("prefill", 1, 64), fast, onnx_path=exported.onnx_path)
     assert m["timed"] == "model.onnx" and m["median_ms"] > 0 and m["predicted_ms"] is None
 
+
+
+def test_export_measure_times_the_decode_step_at_the_workloads_context(supernet, tiny, tmp_path, capsys, monkeypatch):
+    """--workload decode on onnxruntime: the decode step graph is timed on one new token with 255 tokens seen
+    (not model.onnx on a (1, 0) batch), and the printed line names the context."""
+    import latency.devices.onnxruntime  # noqa: F401 - binds its own ort_runner before the patch below (the reference's)
+    import latency.timing_core as tc
+
+    fed = []
+    real = tc.ort_runner
+
+    def recording(session, feed, clock):
+        fed.append(({i.name for i in session.get_inputs()}, {k: v.copy() for k, v in feed.items()}))
+        return real(session, feed, clock)
+
+    monkeypatch.setattr(tc, "ort_runner", recording)
+    ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
+    (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
+    out = tmp_path / "o"
+    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "onnx",
+                 "--no-eval", "--measure", "onnxruntime", "--workload", "decode", "--threads", "1",
+                 "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert len(fed) == 1  # the exported model, from its file; the reference goes through the device
+    names, feed = fed[0]
+    context = tiny.workload("decode").context
+    assert "tokens" not in names and {"token", "position"} <= names == set(feed)
+    assert feed["token"].shape == (1, 1) and feed["position"].tolist() == [context]
+    assert feed["past.0.k"].shape == (1, SUBNET.heads[0], context, tiny.head_dim)  # layer 0: softmax, a growing cache
+    assert all(a.shape[0] == 1 for name, a in feed.items() if name.startswith("past."))
+    card = read_card(out)
+    m = card["measured"]
+    assert m["timed"] == "step.onnx" and m["workload"]["kind"] == "decode" and m["workload"]["context"] == context
+    assert "step.onnx" in card["files"] and card["decode_step"]["parity_max_abs"] <= 1e-4
+    measured = [line for line in printed.splitlines() if line.strip().startswith("measured")]
+    assert len(measured) == 1 and f"on onnxruntime, step.onnx, decode 1x1@{context}" in measured[0] and "seq_len" not in printed
 
 
 def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, capsys):

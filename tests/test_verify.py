@@ -30,11 +30,20 @@ def test_a_candidate_over_budget_is_dropped_and_the_next_one_returned():
     v = verdicts["10ms"]
     assert [ch.holds for ch in v.checks] == [False, True, True] and v.chosen.candidate == b and v.chosen.rank == 2
     assert verdicts["20ms"].chosen.candidate == a
-    assert v.checks[0].error_pct == pytest.approx(100 * (9.0 - 12.0) / 12.0)
+    assert v.checks[0].error_pct == pytest.approx(100 * (12.0 - 9.0) / 9.0)  # (measured - predicted) / predicted: slower is +
     text = report(verdicts, "fake")
-    assert "DROPPED" in text and "KEPT" in text
+    assert "DROPPED" in text and "KEPT" in text and " +33.3%  DROPPED" in text
     none = verify({"5ms": [a, b]}, {"5ms": 5.0}, measure)["5ms"]
     assert none.chosen is None and "none of the top 2 holds" in report({"5ms": none}, "fake")
+
+
+def test_latency_error_has_one_sign_everywhere():
+    """error = (measured - predicted) / predicted: a device slower than predicted is a positive error."""
+    from latency.report import latency_error_pct
+    from nas.search.verify import Check
+
+    assert latency_error_pct(12.0, 10.0) == pytest.approx(20.0) and latency_error_pct(8.0, 10.0) == pytest.approx(-20.0)
+    assert Check(1, cand(64, 1.0, 10.0, 0), 12.0, [], False).error_pct == pytest.approx(20.0)
 
 
 def test_top_candidates_are_feasible_and_in_order_of_fitness():

@@ -91,9 +91,18 @@ def measurement_bar(desc: str):
 def run(args: argparse.Namespace) -> int:
     from nas.commands.measure_latency import settings_from
     from nas.commands.search import validation_tokens
-    from nas.export import Scoring, choose_opset, export_subnet, measure_model, parse_formats, predicted_latency, validation_bpb
+    from nas.export import (
+        Scoring,
+        choose_opset,
+        export_subnet,
+        measure_model,
+        parse_formats,
+        predicted_latency,
+        validation_bpb,
+        workload_text,
+    )
     from nas.search.budget import format_ms, parse_budget
-    from search_spaces import Subnet, UserError
+    from search_spaces import Subnet, UserError, Workload
     from supernet.artifact import update_card
     from supernet.checkpoint import load_supernet
 
@@ -139,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if validation:
         print(f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x {validation['seq_len']} tokens of the {validation['source']})")
     if predicted:
-        w = predicted["workload"]
-        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {w['name']} {w['batch_size']}x{w['seq_len']}, "
+        w = Workload.from_record(predicted["workload"], "the predictor's workload")
+        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
               f"{predicted['device'].get('device', 'unknown device')})")
     for note in result.notes:
         print(f"  note: {note}")
@@ -159,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     update_card(result.out, measured=measured)
     print(f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, {measured['timed']}, "
-          f"{workload.name} {workload.batch_size}x{workload.seq_len}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else ""))
+          f"{workload_text(workload)}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else ""))
     if predicted:
         print(f"  predicted         {predicted['predicted_ms']:.3f} ms  -> prediction error {measured['error_pct']:+.1f}%")
     if budget is not None:

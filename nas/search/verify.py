@@ -21,6 +21,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from latency.report import latency_error_pct
 from search_spaces import Subnet, UserError
 
 # subnets -> {subnet: (measured ms, protocol flags)}; one call times them all, interleaved.
@@ -46,8 +47,8 @@ class Check:
 
     @property
     def error_pct(self) -> float:
-        """(predicted - measured) / measured, in percent."""
-        return 100.0 * (self.candidate.predicted_ms - self.measured_ms) / self.measured_ms
+        """(measured - predicted) / predicted, in percent (:func:`latency.report.latency_error_pct`)."""
+        return latency_error_pct(self.measured_ms, self.candidate.predicted_ms)
 
 
 @dataclass
