@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 NAME = "demo"
 HELP = ("the whole workflow on tiny.yaml: train a supernet, time 100 subnets with ONNX Runtime, fit a predictor, "
@@ -20,12 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from nas.demo import FULL, QUICK, run_demo
+    from nas.cli import main
+    from nas.demo import FULL, QUICK, Paths, render_summary, run_demo
     from search_spaces import UserError
 
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")
         torch.set_num_threads(args.threads)
-    summary = run_demo(args.out, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed)
+    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed)
+    print(render_summary(summary, Paths(Path(args.out))))
     return 0 if summary["within_budget"] else 1

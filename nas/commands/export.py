@@ -5,9 +5,11 @@ predicted latency (``--predictor``) and, with ``--measure DEVICE``, its measured
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from nas.commands.search import add_scoring_arguments
+
+log = logging.getLogger(__name__)
 
 NAME = "export"
 HELP = "extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model (parity-checked)"
@@ -76,10 +78,12 @@ def choose_workload(space, name: str | None, predicted: dict | None):
 
 
 def measurement_bar(desc: str):
-    """A tqdm bar over the protocol's visits: (bar, callback)."""
+    """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
     from tqdm import tqdm
 
-    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False)
+    from nas.cli import show_progress
+
+    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False, disable=not show_progress())
 
     def update(done: int, total: int, info: str) -> None:
         bar.total, bar.n = total, done
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
               f"{predicted['device'].get('device', 'unknown device')})")
     for note in result.notes:
-        print(f"  note: {note}")
+        log.warning("%s", note)
     if not args.measure:
         return 0
 
@@ -175,8 +179,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  budget            {format_ms(budget)}: " + ("OVER" if measured["over_budget"] else "holds"))
         if measured["over_budget"]:
             also = f" (predicted {predicted['predicted_ms']:.3f} ms)" if predicted else ""
-            print(f"nas export: warning: measured latency {measured['median_ms']:.3f} ms on {args.measure} is over the budget "
-                  f"{format_ms(budget)}{also}", file=sys.stderr)
+            log.warning("measured latency %.3f ms on %s is over the budget %s%s", measured["median_ms"], args.measure, format_ms(budget), also)
             return 1 if args.strict else 0
     return 0
 

@@ -10,7 +10,10 @@ with bits per byte before and after); its ``finetune/`` folder holds ``latest.pt
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 NAME = "finetune"
 HELP = "train an exported model further (optionally distilled from the supernet); resumable; writes a new model directory"
@@ -132,13 +135,13 @@ def run(args: argparse.Namespace) -> int:
     before = stored["meta"]["bpb_before"] if stored is not None else validation_bpb(student, space, corpus.val, Scoring(), where)
     meta = {**data, "source": str(src), "source_weights": source_digest, "teacher": teacher_path, "distill": distill,
             "corpus_hash": corpus.hash, "bpb_before": before}
-    print(f"fine-tuning {subnet} ({student.num_params():,} parameters) from {src}: {before['bits_per_byte']:.4f} bits/byte"
-          + (f"; distilled from the largest subnet of {teacher_path} (weight {distill})" if teacher is not None else ""))
+    log.info("fine-tuning %s (%s parameters) from %s: %.4f bits/byte%s", subnet, f"{student.num_params():,}", src, before["bits_per_byte"],
+             f"; distilled from the largest subnet of {teacher_path} (weight {distill})" if teacher is not None else "")
     state = stored["state"] if stored is not None else {}
     bar, update = _progress_bar(config, state.get("step", 0), state.get("elapsed", 0.0))
     try:
         result = train(model, objective, corpus.train, corpus.val, config, out=run_dir, checkpointer=checkpointer, meta=meta,
-                       resume=stored if stored is not None else False, progress=update, report=bar.write)
+                       resume=stored if stored is not None else False, progress=update, report=log.info)
     finally:
         bar.close()
     if result.stopped == "interrupted":

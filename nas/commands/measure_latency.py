@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+
+log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
 HELP = "time sampled subnets of a space on a device (cpu, cuda, onnxruntime, arm bundle, ssh://host) into a CSV timing table"
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from latency.sampling import campaign_subnets, retest_subset
+    from nas.cli import show_progress
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
@@ -66,11 +70,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     subnets = campaign_subnets(space, args.samples, args.seed)
     passes = {"measure": subnets, "retest": retest_subset(subnets, args.retest, args.seed)}
-    print(f"{space.name} ({space.hash}): {len(subnets)} subnets (+{len(passes['retest'])} re-measured), "
-          f"workload {workload}")
+    log.info("%s (%s): %d subnets (+%d re-measured), workload %s", space.name, space.hash, len(subnets), len(passes["retest"]), workload)
 
     def bar(desc: str):
-        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True)
+        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
 
         def update(done: int, total: int, info: str) -> None:
             b.total = total
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     table = TimingTable(args.out, make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names))
     already = sum(len(v) for v in table.done.values())
     if already:
-        print(f"resuming {args.out}: {already} rows already measured")
+        log.info("resuming %s: %d rows already measured", args.out, already)
     b, update = bar(f"{args.device}")
     n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
     b.close()

@@ -14,9 +14,11 @@ import argparse
 import functools
 import hashlib
 import json
+import logging
 import re
-import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 NAME = "search"
 HELP = "search the subnet with the lowest validation loss under latency / size budgets"
@@ -90,32 +92,18 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
 
 
-def validation_tokens(args, payload):
-    """The held-out tokens: ``--val-data`` bytes, else the checkpoint's own validation split."""
-    import numpy as np
+def validation_tokens(args: argparse.Namespace, payload):
+    """The held-out tokens of the scoring flags (``--val-data``, ``--data-cache``; shared with ``nas export``)."""
+    from nas.search.fitness import validation_tokens as load
 
-    from search_spaces import UserError
-
-    if args.val_data:
-        path = Path(args.val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
-        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
-    meta = payload.get("meta", {})
-    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
-    if missing:
-        raise UserError(f"{args.supernet}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); pass --val-data FILE")
-    from supernet.data import prepare_corpus
-
-    cache = Path(args.data_cache) if args.data_cache else Path(args.supernet).resolve().parent
-    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
-    return corpus.val, f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})"
+    return load(args.supernet, payload, val_data=args.val_data, data_cache=args.data_cache)
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nas import search as S
+    from nas.cli import show_progress
     from search_spaces import UserError
 
     if args.budget:  # the syntax, before loading anything (the default workload comes from the predictors)
@@ -194,22 +182,39 @@ def run(args: argparse.Namespace) -> int:
         for label, cons in plans
     ]
     shown = _safe_url(url)
-    print(f"nas search: {args.strategy} on space {space.name} ({space.size():,} subnets), {config.evaluations:,} evaluations per budget "
-          f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}; "
-          f"latency: {'; '.join(f'{n}: {lat.name}' for n, lat in latencies.items()) if named else latency.name}", file=sys.stderr)
-    print(f"nas search: study {study_name!r} in {shown}  (run the same command again to resume, or in parallel to add a worker)", file=sys.stderr)
-    with _ProgressBar(config.generations, disable=args.no_progress) as bar:
+    log.info("%s on space %s (%s subnets), %s evaluations per budget at most; fitness: %s x %s tokens of the %s on %s; latency: %s",
+             args.strategy, space.name, f"{space.size():,}", f"{config.evaluations:,}", fitness.description["windows"],
+             fitness.description["seq_len"], val_source, device,
+             "; ".join(f"{n}: {lat.name}" for n, lat in latencies.items()) if named else latency.name)
+    log.info("study %r in %s  (run the same command again to resume, or in parallel to add a worker)", study_name, shown)
+    with _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
         result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
 
     report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary)
     print(report)
     for label, notes in result.notes.items():
         for note in notes[-3:]:
-            print(f"note ({label}): {note}", file=sys.stderr)
-    from nas.search.verify import run_verify
-
-    verified = run_verify(args, model, searches, result, out, latencies[primary].path) if args.verify else True
+            log.info("note (%s): %s", label, note)
+    verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and all(r is not None for r in result.best.values()) else 1
+
+
+def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str) -> bool:
+    """``--verify``: time the top candidates on the device (nas.search.verify), print the table; True when every budget holds."""
+    from latency.timing_core import Settings
+    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
+    from nas.search.verify import VerifySettings, report, run_verify
+
+    settings = VerifySettings(device=args.verify, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
+                              threads=args.verify_threads, clock=args.verify_clock, seed=args.seed)
+    bar, update = measurement_bar(f"verifying on {args.verify}")
+    try:
+        verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update)
+    finally:
+        bar.close()
+    print(report(verification.verdicts, verification.device))
+    print(f"wrote {', '.join(p.name for p in verification.files)} to {out}")
+    return verification.holds
 
 
 def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:

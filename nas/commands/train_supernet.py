@@ -10,8 +10,11 @@ continues a run exactly.  Under ``torchrun`` it trains data-parallel (DDP).
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
@@ -139,15 +142,17 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
 
 
 def _bytes_bar(text: str):
-    """A progress callback that opens a byte-count tqdm bar on its first call."""
+    """A progress callback that opens a byte-count tqdm bar on its first call (none with ``-q``)."""
     from tqdm import tqdm
+
+    from nas.cli import show_progress
 
     bar = None
 
     def update(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False)
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False, disable=not show_progress())
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -156,8 +161,10 @@ def _bytes_bar(text: str):
 
 
 def _step_bar(config, start_step: int, start_elapsed: float):
-    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA."""
+    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
     from tqdm import tqdm
+
+    from nas.cli import show_progress
 
     by_time = config.max_steps is None
     bar = tqdm(
@@ -166,6 +173,7 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         unit="s" if by_time else "step",
         desc="train-supernet",
         dynamic_ncols=True,
+        disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
     )
 
@@ -242,10 +250,11 @@ def run(args: argparse.Namespace) -> int:
         if dist.is_main:
             sizes = corpus.meta["sizes"]
             what = "the Python standard library (PSF licence)" if data["data"] is None else data["data"]
-            print(f"corpus: {what}: {sizes['train']:,} training bytes ({sizes['train_docs']} docs), "
-                  f"{sizes['val']:,} validation bytes ({sizes['val_docs']} docs), hash {corpus.hash[:16]}")
-            print(f"space {space.name}: {model.num_params(space.largest()):,} parameters in the largest subnet; "
-                  f"batch {config.batch_size} x {config.seq_len} bytes on {device}" + (f" x {dist.world} ranks" if dist.enabled else ""))
+            log.info("corpus: %s: %s training bytes (%d docs), %s validation bytes (%d docs), hash %s", what, f"{sizes['train']:,}",
+                     sizes["train_docs"], f"{sizes['val']:,}", sizes["val_docs"], corpus.hash[:16])
+            log.info("space %s: %s parameters in the largest subnet; batch %d x %d bytes on %s%s", space.name,
+                     f"{model.num_params(space.largest()):,}", config.batch_size, config.seq_len, device,
+                     f" x {dist.world} ranks" if dist.enabled else "")
         bar, update = (None, None)
         if dist.is_main:
             state = stored_ckpt["state"] if stored_ckpt else {}
@@ -255,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
                 model, objective, corpus.train, corpus.val, config,
                 out=out, checkpointer=SupernetCheckpointer(space), meta=meta,
                 resume=stored_ckpt if stored_ckpt is not None else False,
-                dist=dist, progress=update, report=bar.write if bar is not None else None,
+                dist=dist, progress=update, report=log.info if dist.is_main else None,
             )
         finally:
             if bar is not None:

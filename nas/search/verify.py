@@ -6,15 +6,15 @@ measured latency breaks the budget is dropped, and the best one that holds is th
 verified subnet.  HAT's users set 200 ms and measured 270 ms: this is the check that catches it.
 
 :func:`verify` is the decision, pure: candidates, a ``measure`` callable and the budgets in,
-verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, models, files).
+verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, models, files), with
+:class:`VerifySettings` built from its flags; the command prints :func:`report` of its outcome.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import sys
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -22,7 +22,10 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from latency.report import latency_error_pct
+from latency.timing_core import Settings
 from search_spaces import Subnet, UserError
+
+log = logging.getLogger(__name__)
 
 # subnets -> {subnet: (measured ms, protocol flags)}; one call times them all, interleaved.
 MeasureFn = Callable[[Sequence[Subnet]], Mapping[Subnet, tuple[float, list[str]]]]
@@ -168,32 +171,52 @@ def device_measure(device, supernet, workload, settings, *, seed: int = 0, basel
     return run
 
 
-def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path, predictor_path: str) -> bool:
-    """Verify the finished search of ``nas search``; print the table; True when every budget has a subnet that holds.
+@dataclass(frozen=True)
+class VerifySettings:
+    """What ``nas search --verify`` does after the search (built from its flags by the command)."""
+
+    device: str  # --verify: cpu, cuda, onnxruntime, ...
+    protocol: Settings  # the measurement protocol (one model measured once: nas export's defaults)
+    top: int = 3  # --verify-top: candidates per budget, in order of fitness
+    threads: int | None = None  # --verify-threads
+    clock: str | None = None  # --verify-clock
+    seed: int = 0  # the search's --seed: the order of the timed visits
+
+
+@dataclass
+class Verification:
+    """The outcome of :func:`run_verify`: the verdicts, what was timed where, the files written."""
+
+    verdicts: dict[str, Verdict]
+    device: str  # "onnxruntime (prefill 1x256)"
+    files: list[Path]
+
+    @property
+    def holds(self) -> bool:
+        """Every budget has a candidate whose measured latency holds."""
+        return all(v.chosen is not None for v in self.verdicts.values())
+
+
+def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, predictor_path: str,
+               progress: Callable[[int, int, str], None] | None = None) -> Verification:
+    """Verify a finished search on the device: time the top candidates, decide, write the files.
 
     The device times the workload of ``predictor_path``, the search's primary predictor (budgets on other
-    workloads are not checked).
+    workloads are not checked); the drift correction is anchored to that predictor's campaign.
     """
     from latency.device import get_device
     from latency.predictors import load_predictor
-    from latency.timing_core import Settings
-    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
+    from nas.export import workload_text
 
     predictor = load_predictor(predictor_path)
     workload = predictor.workload_spec or supernet.space.workload("prefill")
-    device = get_device(args.verify, threads=args.verify_threads, clock=args.verify_clock)
+    device = get_device(settings.device, threads=settings.threads, clock=settings.clock)
     fp_device = (predictor.fingerprint or {}).get("device")
     if fp_device and fp_device != device.name:
-        print(f"nas search: note: the predictor was fitted on {fp_device!r}, verifying on {device.name!r}: expect large errors", file=sys.stderr)
-    settings = Settings(**PROTOCOL_DEFAULTS)
-    candidates = top_candidates(searches, result.records, args.verify_top)
-    bar, update = measurement_bar(f"verifying on {args.verify}")
-    try:
-        verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
-                          device_measure(device, supernet, workload, settings, seed=args.seed, baseline_ms=predictor.reference_ms, progress=update))
-    finally:
-        bar.close()
-    print(report(verdicts, f"{device.name} ({workload.name} {workload.batch_size}x{workload.seq_len})"))
-    files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings), supernet.space)
-    print(f"wrote {', '.join(p.name for p in files)} to {out}")
-    return all(v.chosen is not None for v in verdicts.values())
+        log.warning("the predictor was fitted on %r, verifying on %r: expect large errors", fp_device, device.name)
+    candidates = top_candidates(searches, result.records, settings.top)
+    verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
+                      device_measure(device, supernet, workload, settings.protocol, seed=settings.seed,
+                                     baseline_ms=predictor.reference_ms, progress=progress))
+    files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings.protocol), supernet.space)
+    return Verification(verdicts, f"{device.name} ({workload_text(workload)})", files)
