@@ -50,7 +50,7 @@ def test_top_candidates_are_feasible_and_in_order_of_fitness():
     from nas.search.storage import Record
 
     def rec(trial, width, loss, ms, ffn=128):
-        return Record(trial, trial, ("x", 0, trial), Subnet(width, 1, (1,), (ffn,), ("softmax",)), loss, ms, width, False, "me")
+        return Record(trial, ("x", 0, trial), Subnet(width, 1, (1,), (ffn,), ("softmax",)), loss, ms, width, False, "me")
 
     # the best is infeasible; trial 3 repeats trial 1's subnet (counted once)
     records = [rec(0, 128, 1.0, 30.0), rec(1, 96, 1.2, 9.0), rec(2, 64, 1.5, 5.0), rec(3, 96, 1.2, 9.0), rec(4, 64, 1.1, 5.5, ffn=256)]

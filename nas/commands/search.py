@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
     storage = S.open_storage(url)
     study = S.open_study(storage, study_name, identity)
-    store = S.TrialStore(study, space)
+    store = S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url))  # a database server: heartbeats for other hosts
 
     searches = [
         S.BudgetSearch(label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label]))
@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
              fitness.description["seq_len"], val_source, device,
              "; ".join(f"{n}: {lat.name}" for n, lat in latencies.items()) if named else latency.name)
     log.info("study %r in %s  (run the same command again to resume, or in parallel to add a worker)", study_name, shown)
-    with _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
+    with store, _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
         result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
 
     report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary)

@@ -181,28 +181,27 @@ def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
         subnet = search.proposal[i]
         slot: Slot = (search.label, g, i)
         known = snap.losses.get(subnet, cache.get(subnet))
-        trial_id = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None)
-        claims.append((slot, subnet, trial_id, known))
+        number = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None)
+        claims.append((slot, subnet, number, known))
     after = store.snapshot()
     mine = []
-    for slot, subnet, trial_id, known in claims:
+    for slot, subnet, number, known in claims:
         owner = after.owner_of(slot)
-        if owner != trial_id:
-            store.drop(trial_id, f"slot {slot} was claimed first by trial id {owner}")
+        if owner != number:
+            store.drop(number, f"slot {slot} was claimed first by trial {owner}")
         else:
-            mine.append((subnet, trial_id, known if known is not None else after.losses.get(subnet)))
+            mine.append((subnet, number, known if known is not None else after.losses.get(subnet)))
     todo = list(dict.fromkeys(s for s, _, known in mine if known is None and s not in cache))
     if todo:
         try:
             cache.update(zip(todo, np.asarray(fitness(todo), dtype=np.float64).tolist()))
         except BaseException as e:  # interrupted or broken: give the slots back at once
-            for _, trial_id, _ in mine:
-                store.fail(trial_id, f"evaluation stopped: {type(e).__name__}")
+            for _, number, _ in mine:
+                store.fail(number, f"evaluation stopped: {type(e).__name__}")
             raise
-        store.heartbeat([tid for _, tid, _ in mine])
-    for subnet, trial_id, known in mine:
+    for subnet, number, known in mine:
         loss = known if known is not None else cache[subnet]
-        store.finish(trial_id, loss if np.isfinite(loss) else float("inf"))
+        store.finish(number, loss if np.isfinite(loss) else float("inf"))
     return len(mine)
 
 
