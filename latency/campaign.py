@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
 
 from search_spaces import Space, Subnet, Workload
 

@@ -238,7 +238,6 @@ def run_bench(args, progress=None) -> list[Row]:
         for device_name in args.devices.split(","):
             device = torch.device(device_name)
             for mode in args.modes.split(","):
-                backward = mode == "fwdbwd"
                 for spec in specs:
                     too_slow = False
                     for t in lengths:

@@ -17,7 +17,7 @@ from latency.onnx_graphs import cached_graph, with_weights
 from latency.sampling import campaign_subnets, retest_subset
 from latency.table import read_timings
 from latency.timing_core import Settings, ort_session
-from search_spaces import LayerChoice, Subnet
+from search_spaces import LayerChoice
 from supernet import SuperTransformer
 from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx, op_counts

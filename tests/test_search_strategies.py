@@ -124,7 +124,7 @@ def test_evolution_beats_random_search_at_equal_evaluations(tiny, proxy):
         evo = run_direct(make(Evolution, tiny, cons, seed, config=longer), proxy)
         rnd = run_direct(make(RandomSearch, tiny, cons, seed, config=longer), proxy)
         n = min(len(evo), len(rnd))
-        wins += min(l for _, l, _ in evo[:n]) < min(l for _, l, _ in rnd[:n])
+        wins += min(loss for _, loss, _ in evo[:n]) < min(loss for _, loss, _ in rnd[:n])
     assert wins >= 4
 
 
@@ -133,7 +133,7 @@ def test_nsga2_keeps_a_non_dominated_population_front(tiny, proxy):
     strategy = make(NSGA2, tiny, cons, seed=0)
     seen = run_direct(strategy, proxy)
     pts = np.array([[e.loss, e.latency] for e in strategy.population])
-    all_pts = np.array([[l, t] for _, l, t in seen])
+    all_pts = np.array([[loss, t] for _, loss, t in seen])
     front = {tuple(p) for p in all_pts[pareto_front(all_pts)]}
     population = {tuple(p) for p in pts}
     assert len(strategy.population) == SMALL.population

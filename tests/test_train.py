@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nas.cli import main
-from search_spaces import Subnet, UserError, parse_space
+from search_spaces import UserError, parse_space
 from supernet import SuperTransformer, extract
 from supernet.checkpoint import save_checkpoint
 from supernet.data import prepare_corpus

@@ -135,7 +135,7 @@ class GenerationalStrategy:
     def tell(self, subnets: Sequence[Subnet], losses: Sequence[float], latencies: Sequence[float]) -> None:
         assert self._asked is not None and list(subnets) == self._asked, "tell() must answer the last ask()"
         assert len(losses) == len(subnets) == len(latencies)
-        batch = [Evaluated(s, _finite(l), float(t)) for s, l, t in zip(subnets, losses, latencies)]
+        batch = [Evaluated(s, _finite(loss), float(t)) for s, loss, t in zip(subnets, losses, latencies)]
         self.history += batch
         self._update(batch)
         self._asked = None
