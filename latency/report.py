@@ -40,7 +40,9 @@ def format_row(label: str, m: dict[str, float]) -> str:
     )
 
 
-def plot(path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
+def plot(
+    path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None
+) -> Path:
     """Predicted vs measured (log-log) with the +-10% band; optionally re-measured vs measured beside it."""
     import matplotlib
 

@@ -25,7 +25,18 @@ from search_spaces.errors import UserError
 from . import __version__
 
 # The subcommands that exist, in the order --help lists them.
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "finetune", "generate"]
+COMMANDS = [
+    "demo",
+    "space",
+    "train-supernet",
+    "measure-latency",
+    "fit-predictor",
+    "predict",
+    "search",
+    "export",
+    "finetune",
+    "generate",
+]
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other
@@ -94,7 +105,9 @@ def _output_flags() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("output")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more detail in the notes on stderr")
-    g.add_argument("-q", "--quiet", action="count", default=0, help="no notes or progress bars on stderr, only warnings and errors")
+    g.add_argument(
+        "-q", "--quiet", action="count", default=0, help="no notes or progress bars on stderr, only warnings and errors"
+    )
     return common
 
 

@@ -120,7 +120,19 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
         if p.checkpoint.exists():
             cli(["train-supernet", "--out", str(p.supernet), "--resume", "--max-time", plan.train_time, *thread_args])
         else:
-            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed), *thread_args])
+            cli(
+                [
+                    "train-supernet",
+                    SPACE,
+                    "--out",
+                    str(p.supernet),
+                    "--max-time",
+                    plan.train_time,
+                    "--seed",
+                    str(seed),
+                    *thread_args,
+                ]
+            )
 
     stage("train the supernet", train)
 
@@ -130,15 +142,18 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
                "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
                "--out", str(p.timings)]  # fmt: skip
     stage("measure latency", lambda: cli(measure))
-    stage("fit the latency predictor", lambda: cli(["fit-predictor", str(p.timings), "--out", str(p.predictor), "--seed", str(seed)]))
+    stage(
+        "fit the latency predictor",
+        lambda: cli(["fit-predictor", str(p.timings), "--out", str(p.predictor), "--seed", str(seed)]),
+    )
 
     # 3. search under the 40th percentile of what was measured
     budget_ms = budget_from_table(p.timings, plan.percentile)
     log.info("budget: %.3f ms, the %gth percentile of the %d measured subnets", budget_ms, plan.percentile, plan.samples)
     # 5% below the budget by the predictor (a guard band for its error), then held to the budget on the device
-    search = ["search", str(p.checkpoint), "--predictor", str(p.predictor), "--budget", f"{budget_ms:.3f}ms", "--margin", str(plan.margin_pct),
-              "--population", str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations),
-              "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
+    search = ["search", str(p.checkpoint), "--predictor", str(p.predictor), "--budget", f"{budget_ms:.3f}ms",
+              "--margin", str(plan.margin_pct), "--population", str(plan.population), "--parents", str(plan.parents),
+              "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
               "--val-windows", str(plan.val_windows), "--seed", str(seed), "--out", str(p.search), "--device", "cpu",
               # then time the top candidates with ONNX Runtime and keep the best whose measured latency holds
               "--verify", "onnxruntime", "--verify-top", "5", "--verify-threads", "1", "--verify-clock", "cpu"]  # fmt: skip
@@ -230,7 +245,9 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     table = read_timings(p.timings)
     fp = table.fingerprint
     device = get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "wall"))
-    settings = Settings(warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms)
+    settings = Settings(
+        warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms
+    )
     models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
     m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
     losses = fresh_fit(list(candidates.values()))
@@ -254,8 +271,12 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
         "beats_baselines": verdict,
         "baselines_at_or_below_found_latency": len(beaten),
         "sample": (PROMPT + sample).decode("utf-8", errors="replace"),
-        "files": {"pareto_png": str(p.search / "pareto.png"), "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
-                  "model": str(p.model), "comparison_csv": str(p.comparison)},
+        "files": {
+            "pareto_png": str(p.search / "pareto.png"),
+            "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
+            "model": str(p.model),
+            "comparison_csv": str(p.comparison),
+        },
     }
 
 
@@ -282,7 +303,10 @@ def render_summary(s: dict, p: Paths) -> str:
         f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}",
     ]
     for r in [f] + s["baselines"]:
-        lines.append(f"{'*' if r is f else ' ':2}{r['name']:22} {r['params']:>9,} {r['bpb']:>9.4f} {r['predicted_ms']:>8.3f}ms {r['measured_ms']:>7.3f}ms")
+        lines.append(
+            f"{'*' if r is f else ' ':2}{r['name']:22} {r['params']:>9,} {r['bpb']:>9.4f} {r['predicted_ms']:>8.3f}ms "
+            f"{r['measured_ms']:>7.3f}ms"
+        )
     n = s["baselines_at_or_below_found_latency"]
     lines.append("")
     if n == 0:

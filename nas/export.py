@@ -134,7 +134,10 @@ def write_model(
             raise UserError(f"{path}: the torch.export program differs from the eager model by {gap:.3g} (max abs) at lengths "
                             f"{', '.join(map(str, lengths))}, over the {PROGRAM_TOL:g} limit; the program was not kept")
         result.program_path, result.program_parity = path, gap
-        update_card(out, torch_program={"file": PROGRAM, "parity_max_abs": gap, "lengths_checked": list(lengths), "torch": torch.__version__})
+        update_card(
+            out,
+            torch_program={"file": PROGRAM, "parity_max_abs": gap, "lengths_checked": list(lengths), "torch": torch.__version__},
+        )
     if "onnx" not in formats:
         return result
     opset, notes = choose_opset(target_ort)
@@ -149,7 +152,9 @@ def write_model(
         )
     result.onnx_path, result.parity = path, parity
     result.op_counts = dict(op_counts(path))
-    update_card(out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts, "notes": notes})
+    update_card(
+        out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts, "notes": notes}
+    )
     return result
 
 
@@ -195,7 +200,9 @@ class Scoring:
     batch_size: int = 16
 
 
-def validation_bpb(model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens") -> dict[str, Any]:
+def validation_bpb(
+    model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens"
+) -> dict[str, Any]:
     """Bits per byte of ``model`` on fixed held-out windows: the number ``nas search`` reports as the subnet's loss."""
     from nas.search.fitness import InheritedLoss
 
@@ -249,8 +256,10 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
     gap = float(np.abs(got - want).max())
     if not gap <= PARITY_TOL:  # also catches NaN
         path.unlink(missing_ok=True)
-        raise UserError(f"{path}: the decode step graph differs from torch by {gap:.3g} (max abs, fp32) over {x.shape[1]} tokens, "
-                        f"over the {PARITY_TOL:g} limit; the step graph was not kept")
+        raise UserError(
+            f"{path}: the decode step graph differs from torch by {gap:.3g} (max abs, fp32) over {x.shape[1]} tokens, "
+            f"over the {PARITY_TOL:g} limit; the step graph was not kept"
+        )
     update_card(out, files=[STEP_FILE], decode_step={"file": STEP_FILE, "opset": opset, "parity_max_abs": gap})
     return path, gap
 
@@ -292,7 +301,9 @@ class _FileDevice:
             feed = decode_feed(session, workload.batch_size, workload.context, np.random.default_rng(self.seed))
             return ort_runner(session, feed, self.device.clock)
         session = onnx_session(self.onnx_path, threads=self.device.threads)
-        return ort_runner(session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock)
+        return ort_runner(
+            session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock
+        )
 
 
 def measure_model(
@@ -328,7 +339,9 @@ def measure_model(
             step_path, _ = export_step(model, onnx_path.parent, opset=onnx_opset(onnx_path), seed=seed)
         device = _FileDevice(device, model, onnx_path, step_path, seed=seed)
         timed = (step_path or onnx_path).name
-    result = measure(device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results["model"]
+    result = measure(
+        device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress
+    ).results["model"]
     entry: dict[str, Any] = {
         "device": device.fingerprint(),
         "timed": timed,

@@ -51,15 +51,26 @@ def main(argv: list[str] | None = None) -> int:
         fp = predictor.fingerprint or {}
         if fp.get("device") != args.device:
             print(f"note: the predictor was fitted on {fp.get('device')!r}, measuring on {args.device!r}", file=sys.stderr)
-        threads = args.threads if args.threads is not None else (fp.get("threads") if isinstance(fp.get("threads"), int) else None)
+        threads = (
+            args.threads if args.threads is not None else (fp.get("threads") if isinstance(fp.get("threads"), int) else None)
+        )
         clock = args.clock or fp.get("clock")
         device = get_device(args.device, threads=threads, clock=clock)
         result = export_subnet(supernet, subnet, args.out, formats=("onnx",))
         softmax_layers = sum(attention_type(parse_attention(a)).pattern is not None for a in subnet.attention)
         workload = space.workload(predicted["workload"]["name"])
-        settings = Settings(warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2)
-        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path, predicted_ms=predicted["predicted_ms"],
-                          baseline_ms=predictor.reference_ms)
+        settings = Settings(
+            warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2
+        )
+        m = measure_model(
+            device,
+            load_model(result.out),
+            workload,
+            settings,
+            onnx_path=result.onnx_path,
+            predicted_ms=predicted["predicted_ms"],
+            baseline_ms=predictor.reference_ms,
+        )
     except UserError as e:
         print(f"check_export: error: {e}", file=sys.stderr)
         return 2

@@ -84,7 +84,9 @@ def test_old_onnxruntime_falls_back_with_a_note(supernet, tmp_path):
         choose_opset("1.10")
     with pytest.raises(UserError, match="not a version"):
         choose_opset("latest")
-    result = export_subnet(supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20", formats=("onnx",))
+    result = export_subnet(
+        supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20", formats=("onnx",)
+    )
     assert result.opset == 18 and result.attention_nodes == 0 and result.parity <= 1e-4
 
 
@@ -102,10 +104,41 @@ def test_generate_is_seeded(exported):
 def test_export_cli(supernet, tmp_path, capsys):
     ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
     (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "torch", "--no-eval"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--supernet",
+                str(ckpt),
+                "--subnet",
+                str(tmp_path / "s.yaml"),
+                "--out",
+                str(tmp_path / "o"),
+                "--format",
+                "torch",
+                "--no-eval",
+            ]
+        )
+        == 0
+    )
     assert "parameters" in capsys.readouterr().out
     assert not (tmp_path / "o" / "model.onnx").exists() and (tmp_path / "o" / "model.safetensors").exists()
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "tflite"]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "--supernet",
+                str(ckpt),
+                "--subnet",
+                str(tmp_path / "s.yaml"),
+                "--out",
+                str(tmp_path / "o"),
+                "--format",
+                "tflite",
+            ]
+        )
+        == 2
+    )
     assert "--format: 'tflite'" in capsys.readouterr().err
     (tmp_path / "big.yaml").write_text(Subnet(256, 1, (1,), (128,), ("softmax",)).to_yaml())
     assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "o2")]) == 2
@@ -126,7 +159,9 @@ def static_model(types, seed=0):
 
     n = len(types)
     sub = Subnet(64, n, (2,) * n, (128,) * n, tuple(types))
-    return Transformer(TransformerConfig(256, 256, 32, "rope", 64, sub.layers), generator=torch.Generator().manual_seed(seed)).eval()
+    return Transformer(
+        TransformerConfig(256, 256, 32, "rope", 64, sub.layers), generator=torch.Generator().manual_seed(seed)
+    ).eval()
 
 
 @pytest.mark.parametrize("types", [ALL_TYPES[0:4], ALL_TYPES[4:8], ALL_TYPES[8:12]], ids=["dense", "sparse", "linear"])
@@ -316,8 +351,28 @@ def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, ca
     sub = Subnet(64, 2, (2, 1), (128, 128), ("softmax", "linear"))
     (tmp_path / "s.yaml").write_text(sub.to_yaml())
     pred = fake_predictor(supernet.space, tmp_path / "pred", device="onnxruntime")
-    code = script.main(["--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--predictor", str(pred), "--out", str(tmp_path / "o"),
-                        "--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"])
+    code = script.main(
+        [
+            "--supernet",
+            str(ckpt),
+            "--subnet",
+            str(tmp_path / "s.yaml"),
+            "--predictor",
+            str(pred),
+            "--out",
+            str(tmp_path / "o"),
+            "--threads",
+            "1",
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+            "--rounds",
+            "1",
+            "--min-sample-ms",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert "fused attention   1 ONNX Attention nodes for 1 softmax-family layers (opset 23): OK" in out
     assert "parity            max |onnxruntime - torch|" in out and "model.onnx" in out

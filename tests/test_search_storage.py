@@ -252,7 +252,9 @@ def test_two_workers_on_postgresql(postgres_url, reference):
 def test_trials_of_a_worker_on_another_host_are_failed_by_heartbeat(postgres_url):
     from nas.search.storage import ALIVE, heartbeat_interval, worker_id, worker_is_dead
 
-    assert heartbeat_interval(postgres_url) and heartbeat_interval("sqlite:///x.db") is None and heartbeat_interval("memory") is None
+    assert (
+        heartbeat_interval(postgres_url) and heartbeat_interval("sqlite:///x.db") is None and heartbeat_interval("memory") is None
+    )
     space = load_space("tiny")
     study = open_study(open_storage(postgres_url), "heartbeat", {})
     silent = TrialStore(study, space, owner="some-other-host:123:456")  # no heartbeat: killed, or cut off

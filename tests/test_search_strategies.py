@@ -79,7 +79,10 @@ def test_mutation_and_crossover_stay_in_the_space(tiny):
         assert child.embed_dim in (a.embed_dim, b.embed_dim) and child.depth in (a.depth, b.depth)
         for i, layer in enumerate(child.layers):
             assert layer in [p.layers[i] for p in (a, b) if i < p.depth] or any(
-                getattr(layer, g) == getattr(p.layers[i], g) for p in (a, b) if i < p.depth for g in ("heads", "ffn_dim", "attention")
+                getattr(layer, g) == getattr(p.layers[i], g)
+                for p in (a, b)
+                if i < p.depth
+                for g in ("heads", "ffn_dim", "attention")
             )
     assert mutate(tiny, parents[0], rng, 0.0) == parents[0]
     assert crossover(tiny, parents[0], parents[0], rng) == parents[0]
@@ -180,7 +183,9 @@ def test_infeasible_budget_names_the_smallest_reachable_latency(tiny, proxy):
 
 def test_infeasible_params_and_joint_constraints(tiny, proxy, params):
     smallest = params(tiny.smallest())
-    with pytest.raises(UserError, match=f"--max-params .* is infeasible: the smallest subnet of space 'tiny' has {smallest:,} parameters"):
+    with pytest.raises(
+        UserError, match=f"--max-params .* is infeasible: the smallest subnet of space 'tiny' has {smallest:,} parameters"
+    ):
         feasible_seeds(tiny, Constraints((ParamLimit(smallest - 1, params),)), np.random.default_rng(0))
     # each alone is satisfiable, together they are not: the fastest latency, and at least 4 layers
     fastest = float(proxy(lightest_subnets(tiny)).min())

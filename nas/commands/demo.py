@@ -12,8 +12,12 @@ EXAMPLE = "nas demo --out runs/demo        # ~15 min on 2 idle cores; run it aga
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="runs/demo", metavar="DIR", help="run directory; an existing one is resumed (default runs/demo)")
-    p.add_argument("--quick", action="store_true", help="a shortened demo (~5 min: 1 min of training, 30 subnets timed, a small search)")
+    p.add_argument(
+        "--out", default="runs/demo", metavar="DIR", help="run directory; an existing one is resumed (default runs/demo)"
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="a shortened demo (~5 min: 1 min of training, 30 subnets timed, a small search)"
+    )
     p.add_argument("--threads", type=int, metavar="N", help="torch threads for training and scoring (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0)")
 

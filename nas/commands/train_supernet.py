@@ -32,7 +32,12 @@ CONFIG_FLAGS = {
     "--beta1": ("beta1", float, "X", "AdamW beta1 (default {default})"),
     "--beta2": ("beta2", float, "X", "AdamW beta2 (default {default})"),
     "--grad-clip": ("grad_clip", float, "X", "clip the gradient norm to this, 0 = off (default {default})"),
-    "--max-steps": ("max_steps", int, "N", "total steps and the schedule's length (default {default} unless --max-time is given)"),
+    "--max-steps": (
+        "max_steps",
+        int,
+        "N",
+        "total steps and the schedule's length (default {default} unless --max-time is given)",
+    ),
     "--eval-interval": ("eval_interval", int, "N", "validate every N steps and at the end (default {default})"),
     "--eval-batches": ("eval_batches", int, "N", "validation batches per subnet (default {default})"),
     "--ckpt-interval": ("ckpt_interval", int, "N", "write latest.pt every N steps (default {default})"),
@@ -40,12 +45,27 @@ CONFIG_FLAGS = {
     "--seed": ("seed", int, "S", "seed of the initial weights, the batches and the sampled subnets (default {default})"),
 }
 OBJECTIVE_FLAGS = {
-    "--random-subnets": ("n_random", int, "N", "uniformly sampled subnets per step besides the largest and smallest (default {default})"),
-    "--distill": ("distill", float, "W", "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})"),
+    "--random-subnets": (
+        "n_random",
+        int,
+        "N",
+        "uniformly sampled subnets per step besides the largest and smallest (default {default})",
+    ),
+    "--distill": (
+        "distill",
+        float,
+        "W",
+        "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})",
+    ),
 }
 DATA_FLAGS = {
     "--data-seed": ("data_seed", int, "S", "seed of the train/validation split by document (default {default})"),
-    "--val-fraction": ("val_fraction", float, "F", "share of the bytes (whole documents) held out for validation (default {default})"),
+    "--val-fraction": (
+        "val_fraction",
+        float,
+        "F",
+        "share of the bytes (whole documents) held out for validation (default {default})",
+    ),
 }
 DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 # The defaults of TrainConfig and SandwichObjective, for --help without importing torch (a test keeps them equal).
@@ -57,7 +77,9 @@ HELP_DEFAULTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("space", nargs="?", help="search-space YAML or shipped name (tiny, base); with --resume it comes from the checkpoint")
+    p.add_argument(
+        "space", nargs="?", help="search-space YAML or shipped name (tiny, base); with --resume it comes from the checkpoint"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory: checkpoints, log.jsonl, corpus cache")
     p.add_argument(
         "--data",
@@ -65,13 +87,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a text file, a directory of text files, or a glob ('corpus/**/*.txt'); "
         "default: the running Python's standard library sources and help topics",
     )
-    p.add_argument("--max-time", type=parse_duration, metavar="T", help="stop after T of training in total (600, 90s, 10m, 1.5h); "
-                   "without --max-steps the schedule follows the clock")
+    p.add_argument(
+        "--max-time",
+        type=parse_duration,
+        metavar="T",
+        help="stop after T of training in total (600, 90s, 10m, 1.5h); without --max-steps the schedule follows the clock",
+    )
     for flags in (CONFIG_FLAGS, OBJECTIVE_FLAGS, DATA_FLAGS):
         for flag, (dest, kind, metavar, text) in flags.items():
             p.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=HELP_DEFAULTS[dest]))
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the passes of the largest and smallest subnet (the random ones run eagerly)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu (fp32)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="torch.compile the passes of the largest and smallest subnet (the random ones run eagerly)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="default: cuda when available (bf16 autocast), else cpu (fp32)",
+    )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly")
 
@@ -181,7 +217,9 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
         bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
         loss = " ".join(f"{v:.3f}" for v in (info.losses.get("largest"), info.losses.get("smallest")) if v is not None)
-        bar.set_postfix_str(f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
+        bar.set_postfix_str(
+            f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False
+        )
 
     return bar, update
 
@@ -250,8 +288,15 @@ def run(args: argparse.Namespace) -> int:
         if dist.is_main:
             sizes = corpus.meta["sizes"]
             what = "the Python standard library (PSF licence)" if data["data"] is None else data["data"]
-            log.info("corpus: %s: %s training bytes (%d docs), %s validation bytes (%d docs), hash %s", what, f"{sizes['train']:,}",
-                     sizes["train_docs"], f"{sizes['val']:,}", sizes["val_docs"], corpus.hash[:16])
+            log.info(
+                "corpus: %s: %s training bytes (%d docs), %s validation bytes (%d docs), hash %s",
+                what,
+                f"{sizes['train']:,}",
+                sizes["train_docs"],
+                f"{sizes['val']:,}",
+                sizes["val_docs"],
+                corpus.hash[:16],
+            )
             log.info("space %s: %s parameters in the largest subnet; batch %d x %d bytes on %s%s", space.name,
                      f"{model.num_params(space.largest()):,}", config.batch_size, config.seq_len, device,
                      f" x {dist.world} ranks" if dist.enabled else "")
@@ -274,9 +319,15 @@ def run(args: argparse.Namespace) -> int:
     if not dist.is_main:
         return 0
     if result.stopped == "interrupted":
-        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} --resume")
+        print(
+            f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
+            "--resume"
+        )
         return 130
-    print(f"trained {result.step} steps ({result.tokens:,} tokens) in {_format_time(result.elapsed)}; stopped by --{result.stopped.replace('_', '-')}")
+    print(
+        f"trained {result.step} steps ({result.tokens:,} tokens) in {_format_time(result.elapsed)}; stopped by "
+        f"--{result.stopped.replace('_', '-')}"
+    )
     if result.evals:
         last = result.evals[-1]
         print(f"validation bits/byte at step {last['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last["bpb"].items()))

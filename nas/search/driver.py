@@ -100,7 +100,8 @@ def _advance(search: BudgetSearch, snap: Snapshot) -> None:
             if r.subnet != want:
                 raise UserError(
                     f"storage: trial {r.trial} (budget {search.label}, generation {g}, index {r.slot[2]}) holds {r.subnet}, "
-                    f"but this search proposes {want} there: the study was made by other settings or code; use another --study or --out"
+                    f"but this search proposes {want} there: the study was made by other settings or code; use another --study "
+                    "or --out"
                 )
         strategy.tell(search.proposal, [r.loss for r in recs], [r.latency for r in recs])
         search.proposal = None

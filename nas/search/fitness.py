@@ -46,13 +46,18 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
     meta = payload.get("meta", {})
     missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
     if missing:
-        raise UserError(f"{supernet_path}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); "
-                        "pass --val-data FILE")
+        raise UserError(
+            f"{supernet_path}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); "
+            "pass --val-data FILE"
+        )
     from supernet.data import prepare_corpus
 
     cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
     corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
-    return corpus.val, f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})"
+    return (
+        corpus.val,
+        f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})",
+    )
 
 
 class InheritedLoss:
@@ -79,7 +84,9 @@ class InheritedLoss:
         if len(tokens) < seq_len + 1:
             raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
         if len(tokens) and int(tokens.max()) >= space.vocab_size:
-            raise UserError(f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})")
+            raise UserError(
+                f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})"
+            )
         from supernet.heldout import HeldOut
 
         rng = np.random.default_rng(seed)
@@ -92,4 +99,6 @@ class InheritedLoss:
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
-        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64)
+        return np.array(
+            [self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
+        )

@@ -75,7 +75,8 @@ def open_storage(url: str, attempts: int = 20):
         return optuna.storages.InMemoryStorage()
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        # WAL + synchronous=NORMAL: a commit is not an fsync (a killed process loses nothing; a power cut may lose the last trials).
+        # WAL + synchronous=NORMAL: a commit is not an fsync (a killed process loses nothing; a power cut may lose
+        # the last trials).
         kwargs["engine_kwargs"] = {"creator": _sqlite_creator(url)}
     for attempt in range(attempts):
         try:
@@ -274,7 +275,9 @@ class TrialStore:
     are failed; None: other hosts' trials are never failed (SQLite, memory).  :meth:`close` stops the heartbeat.
     """
 
-    def __init__(self, study, space: Space, owner: str | None = None, *, heartbeat_s: float | None = None, grace_s: float = GRACE_S):
+    def __init__(
+        self, study, space: Space, owner: str | None = None, *, heartbeat_s: float | None = None, grace_s: float = GRACE_S
+    ):
         self.study, self.space = study, space
         self.owner = owner or worker_id()
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s

@@ -159,8 +159,11 @@ class GenerationalStrategy:
             found += seeds
         pool = list(found)
         if len(found) < n and pool:
-            extra = self._draw(lambda: mutate(self.space, pool[int(self.rng.integers(len(pool)))], self.rng, self.config.mutate_prob),
-                               n - len(found), "mutants of the feasible subnets found")
+            extra = self._draw(
+                lambda: mutate(self.space, pool[int(self.rng.integers(len(pool)))], self.rng, self.config.mutate_prob),
+                n - len(found),
+                "mutants of the feasible subnets found",
+            )
             found += extra
         return found
 

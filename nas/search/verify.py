@@ -74,7 +74,9 @@ def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
     out: dict[str, list[Candidate]] = {}
     for s in searches:
         ok = s.constraints.feasible([r.subnet for r in unique]) if unique else np.zeros(0, dtype=bool)
-        feasible = sorted((r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)), key=lambda r: (r.loss, r.latency, r.trial))
+        feasible = sorted(
+            (r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)), key=lambda r: (r.loss, r.latency, r.trial)
+        )
         out[s.label] = [Candidate(r.subnet, r.loss, r.latency, r.params, r.trial) for r in feasible[:k]]
     return out
 
@@ -88,7 +90,9 @@ def budget_of(search, workload: str | None = None) -> float | None:
                  if hasattr(c, "latency") and (workload is None or getattr(c, "workload", "") in ("", workload))), None)
 
 
-def verify(candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn) -> dict[str, Verdict]:
+def verify(
+    candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn
+) -> dict[str, Verdict]:
     """Time every candidate once (all budgets together), keep per budget the ones whose measured latency holds."""
     subnets = list(dict.fromkeys(c.subnet for cands in candidates.values() for c in cands))
     timed = measure(subnets) if subnets else {}
@@ -117,7 +121,10 @@ def report(verdicts: Mapping[str, Verdict], device: str) -> str:
         if not v.checks:
             lines.append(f"{v.label:<10} {'-':>4}  no feasible candidate to verify")
         elif chosen is None:
-            lines.append(f"{v.label:<10}       none of the top {len(v.checks)} holds on the device: widen --verify-top, refit the predictor on this device, or relax the budget")
+            lines.append(
+                f"{v.label:<10}       none of the top {len(v.checks)} holds on the device: widen --verify-top, refit the "
+                "predictor on this device, or relax the budget"
+            )
     return "\n".join(lines)
 
 
@@ -129,10 +136,22 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
         chosen = v.chosen
         entries = []
         for c in v.checks:
-            row = {"budget": v.label, "budget_ms": v.budget_ms, "rank": c.rank, "trial": c.candidate.trial, "loss_bpb": c.candidate.loss,
-                   "predicted_ms": c.candidate.predicted_ms, "measured_ms": c.measured_ms, "error_pct": round(c.error_pct, 3),
-                   "holds": c.holds, "kept": c is chosen, "flags": ";".join(c.flags), "params": c.candidate.params,
-                   "key": c.candidate.subnet.key, "subnet": str(c.candidate.subnet)}
+            row = {
+                "budget": v.label,
+                "budget_ms": v.budget_ms,
+                "rank": c.rank,
+                "trial": c.candidate.trial,
+                "loss_bpb": c.candidate.loss,
+                "predicted_ms": c.candidate.predicted_ms,
+                "measured_ms": c.measured_ms,
+                "error_pct": round(c.error_pct, 3),
+                "holds": c.holds,
+                "kept": c is chosen,
+                "flags": ";".join(c.flags),
+                "params": c.candidate.params,
+                "key": c.candidate.subnet.key,
+                "subnet": str(c.candidate.subnet),
+            }
             rows.append(row)
             entries.append({**row, "subnet": c.candidate.subnet.to_dict()})
         doc["budgets"][v.label] = {"budget_ms": v.budget_ms, "checks": entries,
@@ -140,8 +159,10 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
         if chosen is not None:
             path = out / f"verified_{v.label}.yaml"
             path.write_text(
-                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under {v.label}\n"
-                f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted {chosen.candidate.predicted_ms:.4f} ms), "
+                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under "
+                f"{v.label}\n"
+                f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted "
+                f"{chosen.candidate.predicted_ms:.4f} ms), "
                 f"validation loss {chosen.candidate.loss:.6f} bits/byte, rank {chosen.rank}, trial {chosen.candidate.trial}\n"
                 f"# space {space.name} (hash {space.hash})\n" + chosen.candidate.subnet.to_yaml()
             )
@@ -157,7 +178,9 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
 # --------------------------------------------------------------------------- the command's side
 
 
-def device_measure(device, supernet, workload, settings, *, seed: int = 0, baseline_ms: float | None = None, progress=None) -> MeasureFn:
+def device_measure(
+    device, supernet, workload, settings, *, seed: int = 0, baseline_ms: float | None = None, progress=None
+) -> MeasureFn:
     """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol
     (drift correction anchored to ``baseline_ms``, the predictor's campaign, when given)."""
     from latency.protocol import measure
