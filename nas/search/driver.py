@@ -176,14 +176,15 @@ def run_search(
 
 def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
     """Claim the picked slots, drop the ones another worker claimed first, evaluate and complete the rest."""
-    claims = []
+    wanted = []
     for g, k, i in pick:
         search = searches[k]
         subnet = search.proposal[i]
         slot: Slot = (search.label, g, i)
         known = snap.losses.get(subnet, cache.get(subnet))
-        number = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None)
-        claims.append((slot, subnet, number, known))
+        wanted.append((slot, subnet, float(latency([subnet])[0]), params(subnet), known))
+    numbers = store.claim_all([(slot, subnet, ms, n, known is not None) for slot, subnet, ms, n, known in wanted])
+    claims = [(slot, subnet, number, known) for (slot, subnet, _, _, known), number in zip(wanted, numbers)]
     after = store.snapshot()
     mine = []
     for slot, subnet, number, known in claims:

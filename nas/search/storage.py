@@ -34,7 +34,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from search_spaces import Space, Subnet, UserError
 
@@ -334,20 +334,35 @@ class TrialStore:
 
     def claim(self, slot: Slot, subnet: Subnet, latency: float, params: int, cached: bool) -> int:
         """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its number."""
+        return self.claim_all([(slot, subnet, latency, params, cached)])[0]
+
+    def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
+        """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
         optuna = _optuna()
-        values, dists = subnet_params(self.space, subnet)
-        name = f"{self.owner}#{next(self._claims)}"
-        self.study.add_trial(optuna.trial.create_trial(
-            state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists,
-            user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
-                        "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
-            system_attrs={SLOT: list(slot), OWNER: self.owner, CLAIM: name},
-        ))
+        names = []
+        for slot, subnet, latency, params, cached in claims:
+            values, dists = subnet_params(self.space, subnet)
+            names.append(f"{self.owner}#{next(self._claims)}")
+            self.study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists,
+                user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
+                            "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
+                system_attrs={SLOT: list(slot), OWNER: self.owner, CLAIM: names[-1]},
+            ))
+        # add_trial returns nothing: find each trial by its claim name, among the running ones (newest first; one
+        # already failed by another worker is among all trials)
+        found: dict[str, int] = {}
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        for t in itertools.chain(reversed(running), reversed(self.study.get_trials(deepcopy=False))):  # newest first
-            if t.system_attrs.get(CLAIM) == name:
-                return t.number
-        raise AssertionError(f"storage: the trial of claim {name} was added but is not found")
+        for trials in (running, None):
+            if len(found) == len(names):
+                break
+            for t in reversed(trials if trials is not None else self.study.get_trials(deepcopy=False)):
+                name = t.system_attrs.get(CLAIM)
+                if name in names:
+                    found.setdefault(name, t.number)
+        missing = [n for n in names if n not in found]
+        assert not missing, f"storage: the trials of claims {missing} were added but are not found"
+        return [found[n] for n in names]
 
     def finish(self, number: int, loss: float) -> bool:
         """Complete the trial with ``loss``; False when it had been failed meanwhile (the slot went to another)."""
