@@ -120,19 +120,8 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
         if p.checkpoint.exists():
             cli(["train-supernet", "--out", str(p.supernet), "--resume", "--max-time", plan.train_time, *thread_args])
         else:
-            cli(
-                [
-                    "train-supernet",
-                    SPACE,
-                    "--out",
-                    str(p.supernet),
-                    "--max-time",
-                    plan.train_time,
-                    "--seed",
-                    str(seed),
-                    *thread_args,
-                ]
-            )
+            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed),
+                 *thread_args])
 
     stage("train the supernet", train)
 

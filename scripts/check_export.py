@@ -62,15 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings(
             warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2
         )
-        m = measure_model(
-            device,
-            load_model(result.out),
-            workload,
-            settings,
-            onnx_path=result.onnx_path,
-            predicted_ms=predicted["predicted_ms"],
-            baseline_ms=predictor.reference_ms,
-        )
+        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path,
+                          predicted_ms=predicted["predicted_ms"], baseline_ms=predictor.reference_ms)
     except UserError as e:
         print(f"check_export: error: {e}", file=sys.stderr)
         return 2

@@ -351,28 +351,9 @@ def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, ca
     sub = Subnet(64, 2, (2, 1), (128, 128), ("softmax", "linear"))
     (tmp_path / "s.yaml").write_text(sub.to_yaml())
     pred = fake_predictor(supernet.space, tmp_path / "pred", device="onnxruntime")
-    code = script.main(
-        [
-            "--supernet",
-            str(ckpt),
-            "--subnet",
-            str(tmp_path / "s.yaml"),
-            "--predictor",
-            str(pred),
-            "--out",
-            str(tmp_path / "o"),
-            "--threads",
-            "1",
-            "--warmup",
-            "1",
-            "--repeats",
-            "2",
-            "--rounds",
-            "1",
-            "--min-sample-ms",
-            "1",
-        ]
-    )
+    code = script.main(["--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--predictor", str(pred),
+                        "--out", str(tmp_path / "o"), "--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1",
+                        "--min-sample-ms", "1"])
     out = capsys.readouterr().out
     assert "fused attention   1 ONNX Attention nodes for 1 softmax-family layers (opset 23): OK" in out
     assert "parity            max |onnxruntime - torch|" in out and "model.onnx" in out
