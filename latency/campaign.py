@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
-import torch
 
 from search_spaces import Space, Subnet, Workload
 
@@ -75,7 +74,10 @@ def run_campaign(
             )
             if table.baseline_ms is None:
                 table.set_baseline(m.baseline_ms)
-            rows = [format_row(s.key, pass_, s.to_json(), table_features(space, s, workload), m.results[s.key], workload.label) for s in chunk]
+            rows = [
+                format_row(s.key, pass_, s.to_json(), table_features(space, s, workload), m.results[s.key], workload.label)
+                for s in chunk
+            ]
             table.append(rows, pass_)
             del models
     return sum(len(v) for v in todo.values())

@@ -43,7 +43,11 @@ def available() -> list[str]:
     from . import devices
 
     # arm (a bundle run on the board) and its runner are not in-process timing devices
-    return sorted(m.name for m in pkgutil.iter_modules(devices.__path__) if not m.name.startswith("_") and m.name not in ("arm", "bundle_main"))
+    return sorted(
+        m.name
+        for m in pkgutil.iter_modules(devices.__path__)
+        if not m.name.startswith("_") and m.name not in ("arm", "bundle_main")
+    )
 
 
 def get_device(name: str, **options: Any) -> Device:

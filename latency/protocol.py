@@ -92,5 +92,7 @@ def measure(
     assert models, "measure() needs at least one model"
     runners = {k: device.prepare(m, workload) for k, m in models.items()}
     ref = device.prepare(reference if reference is not None else reference_model(next(iter(models.values())).config), workload)
-    results, baseline = run_protocol(runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress)
+    results, baseline = run_protocol(
+        runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress
+    )
     return Measurement(results, baseline)

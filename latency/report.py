@@ -8,8 +8,15 @@ import numpy as np
 from scipy.stats import kendalltau
 
 
+def latency_error_pct(measured_ms: float, predicted_ms: float) -> float:
+    """The latency error, one sign everywhere (export, verify, the demo, scripts): (measured - predicted) / predicted,
+    in percent.  Positive: the device is slower than predicted (a budget met by the predictor may be broken)."""
+    return 100.0 * (measured_ms - predicted_ms) / predicted_ms
+
+
 def agreement(pred: np.ndarray, measured: np.ndarray) -> dict[str, float]:
-    """RMSE (ms), MAPE, share within +-5% and +-10% of measured, Kendall tau."""
+    """RMSE (ms), MAPE, share within +-5% and +-10% of measured, Kendall tau (unsigned fit metrics of a predictor;
+    a single model's signed error is :func:`latency_error_pct`)."""
     pred, measured = np.asarray(pred, dtype=np.float64), np.asarray(measured, dtype=np.float64)
     rel = np.abs(pred - measured) / measured
     tau = kendalltau(pred, measured).statistic if len(pred) > 1 else float("nan")
@@ -33,7 +40,9 @@ def format_row(label: str, m: dict[str, float]) -> str:
     )
 
 
-def plot(path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None) -> Path:
+def plot(
+    path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None
+) -> Path:
     """Predicted vs measured (log-log) with the +-10% band; optionally re-measured vs measured beside it."""
     import matplotlib
 

@@ -25,7 +25,9 @@ def campaign_subnets(space: Space, n: int, seed: int) -> list[Subnet]:
         s = space.sample(rng)
         out.setdefault(s.key, s)
     if len(out) < n:
-        raise UserError(f"--samples: drew only {len(out)} distinct subnets of space {space.name!r} in {100 * n} tries; ask for fewer")
+        raise UserError(
+            f"--samples: drew only {len(out)} distinct subnets of space {space.name!r} in {100 * n} tries; ask for fewer"
+        )
     return list(out.values())[:n]
 
 

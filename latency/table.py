@@ -90,7 +90,10 @@ def read_meta(path: Path) -> dict:
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"{side}: not a readable JSON sidecar: {e}") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise UserError(f"{side}: not a timing-table sidecar of this tool (format {meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})")
+        raise UserError(
+            f"{side}: not a timing-table sidecar of this tool (format "
+            f"{meta.get('format') if isinstance(meta, dict) else None!r}, expected {FORMAT!r})"
+        )
     if meta.get("version") != VERSION:
         raise UserError(f"{side}: version {meta.get('version')!r}, this tool reads version {VERSION}")
     for k in ("fingerprint", "space", "space_hash", "workload", "protocol", "columns"):
@@ -115,7 +118,9 @@ def _number(path: Path, line: int, column: str, text: str | None, positive: bool
     except (TypeError, ValueError):
         raise UserError(f"{path}: line {line}: column {column!r}: {text!r} is not a number") from None
     if not math.isfinite(value) or (positive and value <= 0):
-        raise UserError(f"{path}: line {line}: column {column!r}: {text!r} is not a {'positive ' if positive else ''}finite number")
+        raise UserError(
+            f"{path}: line {line}: column {column!r}: {text!r} is not a {'positive ' if positive else ''}finite number"
+        )
     return value
 
 
@@ -160,7 +165,8 @@ def read_timings(path: str | Path) -> Timings:
     for line, rec in _records(path, ["key", "pass", "subnet", "median_ms", "iqr_ms", "flags"]):
         if rec.get("workload", workload.label) != workload.label:  # tables written before the column have none
             raise UserError(
-                f"{path}: line {line}: column 'workload': a row of {rec['workload']!r}, but the table's sidecar says {workload.label!r}: "
+                f"{path}: line {line}: column 'workload': a row of {rec['workload']!r}, but the table's sidecar says "
+                f"{workload.label!r}: "
                 "a table holds one workload (rows of several were mixed into this file); fit one predictor per workload"
             )
         if rec["pass"] not in PASSES:
@@ -244,7 +250,10 @@ class TimingTable:
             )
         for key in ("protocol", "seed"):
             if stored.get(key) != self.meta.get(key):
-                raise UserError(f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another --out")
+                raise UserError(
+                    f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another "
+                    "--out"
+                )
         for row in read_timings(self.path).rows:
             self.done[row.pass_].add(row.key)
         self.meta["baseline_ms"] = stored.get("baseline_ms")

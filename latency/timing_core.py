@@ -58,7 +58,12 @@ def check_clock(clock: str, threads: object) -> None:
     if clock not in CLOCKS:
         raise ValueError(f"--clock: {clock!r} is not one of {', '.join(CLOCKS)}")
     if clock == "cpu" and threads != 1:
-        raise ValueError(f"--clock cpu needs --threads 1 (got {threads}): a thread's CPU time is the latency only when that one thread does all the work")
+        raise ValueError(
+            f"--clock cpu needs --threads 1 (got {threads}): a thread's CPU time is the latency only when that one thread does "
+            "all the work"
+        )
+
+
 Progress = Callable[[int, int, str], None]
 
 REFERENCE = "<reference>"
@@ -124,7 +129,9 @@ class Visit:
     ref_ms: float  # the reference before the samples (median of ref_samples)
     load: float
     ref_after_ms: float | None = None  # one reference sample right after
-    sample_refs: list[float] | None = None  # paired: per sample, the reference level beside it (geometric mean of the two around it)
+    sample_refs: list[float] | None = (
+        None  # paired: per sample, the reference level beside it (geometric mean of the two around it)
+    )
 
 
 @dataclass
@@ -175,7 +182,9 @@ def disturbed(visit: Visit, tolerance: float) -> bool:
     return changed or spread
 
 
-def summarise(visits: list[Visit], calls: int, baseline_ms: float, settings: Settings, cores: int, still_disturbed: bool) -> Result:
+def summarise(
+    visits: list[Visit], calls: int, baseline_ms: float, settings: Settings, cores: int, still_disturbed: bool
+) -> Result:
     """Combine one model's kept visits into its :class:`Result`."""
     def corrected_samples(v: Visit) -> list[float]:
         if not settings.correct_drift:
@@ -307,7 +316,9 @@ def run_protocol(
 # --------------------------------------------------------------------------- table rows and sidecar (writing)
 
 
-def format_row(key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result, workload: str = "") -> dict[str, str]:
+def format_row(
+    key: str, pass_: str, subnet_json: str, features: dict[str, float], result: Result, workload: str = ""
+) -> dict[str, str]:
     row = {"key": key, "pass": pass_, "workload": workload, "subnet": subnet_json}
     row.update({name: repr(float(v)) if isinstance(v, float) else str(v) for name, v in features.items()})
     row.update(

@@ -3,20 +3,102 @@
 Each subcommand module defines ``NAME``, ``HELP``, ``EXAMPLE``, ``add_arguments(parser)``
 and ``run(args) -> int``.  Heavy imports stay inside ``run`` so ``nas --help`` is fast.
 A :class:`search_spaces.UserError` becomes its message on stderr and exit status 2.
+
+Output: results (tables, summaries, paths written) go to stdout, printed by the command modules.
+Notes and warnings go through :mod:`logging` (``logging.getLogger(__name__)`` in every module),
+set up here once per command: one line each on stderr, ``nas COMMAND: message``, written through
+tqdm so progress bars stay whole.  ``-q`` keeps warnings and errors only (and hides the progress
+bars), ``-v`` adds debug detail.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
 import sys
+from collections.abc import Iterator
 
 from search_spaces.errors import UserError
 
 from . import __version__
 
 # The subcommands that exist, in the order --help lists them.
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "finetune", "generate"]
+COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "finetune",
+            "generate"]
+
+
+# The loggers of this project's packages; the handler below is attached to these only, so other
+# libraries' logging (Optuna, torch) keeps its own settings.
+PACKAGES = ("nas", "latency", "supernet", "search_spaces")
+
+
+class _StderrHandler(logging.Handler):
+    """One line per record on the current ``sys.stderr``, through ``tqdm.write`` (bars are redrawn below it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never raise into the caller
+            self.handleError(record)
+
+
+class _Formatter(logging.Formatter):
+    def __init__(self, command: str):
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
+        return f"nas {self.command}: {level}{record.getMessage()}"
+
+
+def log_level(verbose: int, quiet: int) -> int:
+    """``-q``: warnings and errors only; default: notes (INFO); ``-v``: debug detail."""
+    return logging.WARNING if quiet > verbose else logging.DEBUG if verbose > quiet else logging.INFO
+
+
+@contextlib.contextmanager
+def logging_to_stderr(command: str, level: int = logging.INFO) -> Iterator[None]:
+    """Route this project's log records to stderr while ``command`` runs; restore the previous set-up after
+    (``nas demo`` runs other commands inside its own)."""
+    handler = _StderrHandler()
+    handler.setFormatter(_Formatter(command))
+    saved = []
+    for name in PACKAGES:
+        logger = logging.getLogger(name)
+        ours = [h for h in logger.handlers if isinstance(h, _StderrHandler)]
+        saved.append((logger, logger.level, ours))
+        for h in ours:
+            logger.removeHandler(h)
+        logger.addHandler(handler)
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old_level, ours in saved:
+            logger.removeHandler(handler)
+            for h in ours:
+                logger.addHandler(h)
+            logger.setLevel(old_level)
+
+
+def show_progress() -> bool:
+    """Whether progress bars are wanted: notes are shown (no ``-q``)."""
+    return logging.getLogger("nas").isEnabledFor(logging.INFO)
+
+
+def _output_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("output")
+    g.add_argument("-v", "--verbose", action="count", default=0, help="more detail in the notes on stderr")
+    g.add_argument(
+        "-q", "--quiet", action="count", default=0, help="no notes or progress bars on stderr, only warnings and errors"
+    )
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    common = _output_flags()
     for name in COMMANDS:
         module = importlib.import_module(f"nas.commands.{name.replace('-', '_')}")
         p = sub.add_parser(
@@ -34,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
             description=module.HELP,
             epilog=f"example:\n  {module.EXAMPLE}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
+            parents=[common],
         )
         module.add_arguments(p)
         p.set_defaults(run=module.run)
@@ -47,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.run(args) or 0)
+        with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
+            return int(args.run(args) or 0)
     except UserError as e:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)
         return 2

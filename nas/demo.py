@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -57,6 +58,8 @@ QUICK = replace(
     generations=4, val_windows=16, compare_windows=16, compare_repeats=6, compare_rounds=2, sample_tokens=80,
 )
 
+log = logging.getLogger(__name__)
+
 SPACE = "tiny"
 PROMPT = b"def "
 
@@ -72,32 +75,40 @@ class Paths:
         self.summary, self.comparison = root / "summary.json", root / "comparison.csv"
 
 
-def cli(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
-    """Run one ``nas`` command in-process; a failure stops the demo with that command's message."""
-    from nas.cli import main
+RunCommand = Callable[[list[str]], int]  # runs one `nas` command in-process (argv without "nas"): its exit status
 
-    print(f"\n$ nas {' '.join(argv)}", flush=True)
-    code = main(argv)
+
+def run_stage_command(run_command: RunCommand, argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
+    """Run one ``nas`` command; a failure stops the demo with that command's message."""
+    log.info("$ nas %s", " ".join(argv))
+    code = run_command(argv)
     if code == 130:
         raise KeyboardInterrupt
     if code not in ok:
         raise UserError(f"`nas {argv[0]}` failed (exit {code}); fix the cause above and run the demo again to resume")
 
 
-def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0, say: Callable[[str], None] = print) -> dict:
-    """All stages into ``out``; returns the summary (also written to ``out/summary.json``)."""
+def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0) -> dict:
+    """All stages into ``out``; returns the summary (also written to ``out/summary.json``; :func:`render_summary` shows it).
+
+    ``run_command(argv) -> exit status`` runs one documented ``nas`` command (the CLI passes its own
+    ``main``), so every stage is the command a user would type.  Progress notes go to this module's logger.
+    """
     p = Paths(Path(out))
     p.root.mkdir(parents=True, exist_ok=True)
     thread_args = ["--threads", str(threads)] if threads else []
     timings: dict[str, float] = {}
 
+    def cli(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
+        run_stage_command(run_command, argv, ok)
+
     def stage(name: str, fn: Callable[[], None]) -> None:
         """Run ``fn`` unless a marker says it finished; an interrupted stage's own command resumes it."""
         marker = p.root / ".done" / name.replace(" ", "-")
         if marker.exists():
-            say(f"== {name}: finished in an earlier run, skipped")
+            log.info("== %s: finished in an earlier run, skipped", name)
             return
-        say(f"== {name}")
+        log.info("== %s", name)
         t0 = time.perf_counter()
         fn()
         timings[name] = time.perf_counter() - t0
@@ -109,7 +120,8 @@ def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, 
         if p.checkpoint.exists():
             cli(["train-supernet", "--out", str(p.supernet), "--resume", "--max-time", plan.train_time, *thread_args])
         else:
-            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed), *thread_args])
+            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed),
+                 *thread_args])
 
     stage("train the supernet", train)
 
@@ -119,15 +131,18 @@ def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, 
                "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
                "--out", str(p.timings)]  # fmt: skip
     stage("measure latency", lambda: cli(measure))
-    stage("fit the latency predictor", lambda: cli(["fit-predictor", str(p.timings), "--out", str(p.predictor), "--seed", str(seed)]))
+    stage(
+        "fit the latency predictor",
+        lambda: cli(["fit-predictor", str(p.timings), "--out", str(p.predictor), "--seed", str(seed)]),
+    )
 
     # 3. search under the 40th percentile of what was measured
     budget_ms = budget_from_table(p.timings, plan.percentile)
-    say(f"budget: {budget_ms:.3f} ms, the {plan.percentile:g}th percentile of the {plan.samples} measured subnets")
+    log.info("budget: %.3f ms, the %gth percentile of the %d measured subnets", budget_ms, plan.percentile, plan.samples)
     # 5% below the budget by the predictor (a guard band for its error), then held to the budget on the device
-    search = ["search", str(p.checkpoint), "--predictor", str(p.predictor), "--budget", f"{budget_ms:.3f}ms", "--margin", str(plan.margin_pct),
-              "--population", str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations),
-              "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
+    search = ["search", str(p.checkpoint), "--predictor", str(p.predictor), "--budget", f"{budget_ms:.3f}ms",
+              "--margin", str(plan.margin_pct), "--population", str(plan.population), "--parents", str(plan.parents),
+              "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
               "--val-windows", str(plan.val_windows), "--seed", str(seed), "--out", str(p.search), "--device", "cpu",
               # then time the top candidates with ONNX Runtime and keep the best whose measured latency holds
               "--verify", "onnxruntime", "--verify-top", "5", "--verify-threads", "1", "--verify-clock", "cpu"]  # fmt: skip
@@ -140,15 +155,14 @@ def run_demo(out: str | Path, plan: Plan = FULL, *, threads: int | None = None, 
     stage("export", lambda: cli(["export", "--supernet", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model)]))
 
     # 5. the export and the hand-scaled baselines, measured side by side, scored on fresh windows
-    say("== measure the export beside uniform baselines")
+    log.info("== measure the export beside uniform baselines")
     t0 = time.perf_counter()
-    summary = compare(p, plan, budget_ms, seed=seed, say=say)
+    summary = compare(p, plan, budget_ms, seed=seed)
     timings["compare"] = time.perf_counter() - t0
     earlier = {m.name.replace("-", " "): float(m.read_text()) for m in (p.root / ".done").glob("*")}
     summary["stage_seconds"] = {k: round(v, 1) for k, v in {**earlier, **timings}.items()}
     summary["plan"] = asdict(plan)
     p.summary.write_text(json.dumps(summary, indent=2) + "\n")
-    say(render_summary(summary, p))
     return summary
 
 
@@ -180,10 +194,8 @@ def uniform_subnets(space) -> list[Subnet]:
     return [s for e, d, h, f, a in grid if (s := Subnet(e, d, (h,) * d, (f,) * d, (a,) * d)) in space]
 
 
-def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[[str], None]) -> dict:
+def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     """Time the exported subnet and the best uniform subnet per attention type side by side; score all on fresh windows."""
-    import argparse
-
     import torch
 
     from latency.device import get_device
@@ -191,8 +203,9 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     from latency.table import read_timings
     from latency.timing_core import Settings
     from latency.protocol import measure
-    from nas.commands.search import validation_tokens
+    from latency.report import latency_error_pct
     from nas.search import InheritedLoss
+    from nas.search.fitness import validation_tokens
     from supernet.artifact import load_model, read_card
     from supernet.checkpoint import load_supernet
     from supernet.generate import generate
@@ -201,7 +214,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     space = supernet.space
     predictor = load_predictor(p.predictor)
     found = Subnet.from_dict(read_card(p.model)["subnet"])
-    tokens, _ = validation_tokens(argparse.Namespace(val_data=None, supernet=str(p.checkpoint), data_cache=None), payload)
+    tokens, _ = validation_tokens(p.checkpoint, payload)
     search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0)  # the search's windows
     fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000)  # never seen by the search
 
@@ -214,14 +227,16 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
         if feasible:
             losses = search_fit(feasible)
             baselines[attention] = feasible[int(np.argmin(losses))]
-    say(f"baselines: the best uniform subnet per attention type under {budget_ms:.3f} ms (predicted), "
-        f"{len(baselines)} of {len(space.attention)} types have one")
+    log.info("baselines: the best uniform subnet per attention type under %.3f ms (predicted), %d of %d types have one",
+             budget_ms, len(baselines), len(space.attention))
 
     candidates = {"found": found, **{f"uniform {a}": s for a, s in baselines.items()}}
     table = read_timings(p.timings)
     fp = table.fingerprint
     device = get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "wall"))
-    settings = Settings(warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms)
+    settings = Settings(
+        warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms
+    )
     models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
     m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
     losses = fresh_fit(list(candidates.values()))
@@ -239,14 +254,18 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, say: Callable[
     return {
         "budget_ms": budget_ms,
         "found": {**me, "subnet": found.to_dict()},
-        "error_pct": 100.0 * (me["measured_ms"] - me["predicted_ms"]) / me["predicted_ms"],
+        "error_pct": latency_error_pct(me["measured_ms"], me["predicted_ms"]),
         "within_budget": me["measured_ms"] <= budget_ms,
         "baselines": rows[1:],
         "beats_baselines": verdict,
         "baselines_at_or_below_found_latency": len(beaten),
         "sample": (PROMPT + sample).decode("utf-8", errors="replace"),
-        "files": {"pareto_png": str(p.search / "pareto.png"), "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
-                  "model": str(p.model), "comparison_csv": str(p.comparison)},
+        "files": {
+            "pareto_png": str(p.search / "pareto.png"),
+            "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
+            "model": str(p.model),
+            "comparison_csv": str(p.comparison),
+        },
     }
 
 
@@ -273,7 +292,10 @@ def render_summary(s: dict, p: Paths) -> str:
         f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}",
     ]
     for r in [f] + s["baselines"]:
-        lines.append(f"{'*' if r is f else ' ':2}{r['name']:22} {r['params']:>9,} {r['bpb']:>9.4f} {r['predicted_ms']:>8.3f}ms {r['measured_ms']:>7.3f}ms")
+        lines.append(
+            f"{'*' if r is f else ' ':2}{r['name']:22} {r['params']:>9,} {r['bpb']:>9.4f} {r['predicted_ms']:>8.3f}ms "
+            f"{r['measured_ms']:>7.3f}ms"
+        )
     n = s["baselines_at_or_below_found_latency"]
     lines.append("")
     if n == 0:

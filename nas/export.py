@@ -22,6 +22,7 @@ from supernet.elastic import SuperTransformer, extract
 from supernet.model import Transformer
 
 ONNX_FILE = "model.onnx"
+STEP_FILE = "step.onnx"  # the decode step graph, written when a decode workload is timed on ONNX Runtime
 PARITY_TOL = 1e-4
 PROGRAM_TOL = 1e-5
 FORMATS = ("torch", "onnx")
@@ -133,7 +134,10 @@ def write_model(
             raise UserError(f"{path}: the torch.export program differs from the eager model by {gap:.3g} (max abs) at lengths "
                             f"{', '.join(map(str, lengths))}, over the {PROGRAM_TOL:g} limit; the program was not kept")
         result.program_path, result.program_parity = path, gap
-        update_card(out, torch_program={"file": PROGRAM, "parity_max_abs": gap, "lengths_checked": list(lengths), "torch": torch.__version__})
+        update_card(
+            out,
+            torch_program={"file": PROGRAM, "parity_max_abs": gap, "lengths_checked": list(lengths), "torch": torch.__version__},
+        )
     if "onnx" not in formats:
         return result
     opset, notes = choose_opset(target_ort)
@@ -148,7 +152,9 @@ def write_model(
         )
     result.onnx_path, result.parity = path, parity
     result.op_counts = dict(op_counts(path))
-    update_card(out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts, "notes": notes})
+    update_card(
+        out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts, "notes": notes}
+    )
     return result
 
 
@@ -194,7 +200,9 @@ class Scoring:
     batch_size: int = 16
 
 
-def validation_bpb(model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens") -> dict[str, Any]:
+def validation_bpb(
+    model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens"
+) -> dict[str, Any]:
     """Bits per byte of ``model`` on fixed held-out windows: the number ``nas search`` reports as the subnet's loss."""
     from nas.search.fitness import InheritedLoss
 
@@ -217,17 +225,63 @@ def predicted_latency(predictor, space: Space, subnet: Subnet, source: str) -> d
         "predicted_ms": float(predictor.predict([subnet])[0]),
         "predictor": source,
         "model": predictor.name,
-        "workload": {"name": w.name, "batch_size": w.batch_size, "seq_len": w.seq_len},
+        "workload": w.record(),
         "device": {k: fp[k] for k in ("device", "runtime", "threads", "clock", "cpu_model", "onnxruntime", "torch") if k in fp},
     }
 
 
-class _FileDevice:
-    """A device that times ``target`` from its exported ONNX file (ONNX Runtime, CPU provider) and
-    every other model (the protocol's reference) as the wrapped device does."""
+def workload_text(workload: Workload) -> str:
+    """What a timed call runs: ``prefill 1x256`` (batch x tokens) or ``decode 1x1@255`` (one token at context 255)."""
+    return f"{workload.name} {workload.label.split(':', 1)[1]}"
 
-    def __init__(self, device, target: Transformer, onnx_path: Path):
-        self.device, self.target, self.onnx_path = device, target, onnx_path
+
+def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 0, tokens: int = 8) -> tuple[Path, float]:
+    """Write ``model``'s decode step graph to ``out/step.onnx`` and check it against torch: (path, max abs).
+
+    The check feeds ``tokens`` seeded tokens through the step graph one at a time and compares the
+    logits with the model's forward pass; over :data:`PARITY_TOL` the file is removed and a
+    :class:`UserError` says so.  The card lists the file (checksum) and the parity.
+    """
+    from supernet.onnx_decode import export_decode_onnx, onnx_decode_logits
+    from supernet.onnx_export import onnx_session
+
+    out = Path(out)
+    model = model.eval().cpu()
+    path = export_decode_onnx(model, out / STEP_FILE, opset=opset)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, model.config.vocab_size, (2, min(tokens, model.config.max_seq_len)), generator=g)  # (B, T)
+    with torch.no_grad():
+        want = model(x).numpy()  # (B, T, V)
+    got = onnx_decode_logits(onnx_session(path, threads=1), x.numpy())  # (B, T, V)
+    gap = float(np.abs(got - want).max())
+    if not gap <= PARITY_TOL:  # also catches NaN
+        path.unlink(missing_ok=True)
+        raise UserError(
+            f"{path}: the decode step graph differs from torch by {gap:.3g} (max abs, fp32) over {x.shape[1]} tokens, "
+            f"over the {PARITY_TOL:g} limit; the step graph was not kept"
+        )
+    update_card(out, files=[STEP_FILE], decode_step={"file": STEP_FILE, "opset": opset, "parity_max_abs": gap})
+    return path, gap
+
+
+def onnx_opset(path: Path) -> int:
+    """The default-domain opset of an ONNX file."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False)
+    return next(o.version for o in graph.opset_import if o.domain in ("", "ai.onnx"))
+
+
+class _FileDevice:
+    """A device that times ``target`` from its exported ONNX files (ONNX Runtime, CPU provider) and
+    every other model (the protocol's reference) as the wrapped device does.
+
+    A prefill workload runs ``model.onnx`` on seeded tokens; a decode workload runs the decode step
+    graph ``step_path`` on inputs of ``context`` tokens seen (:func:`supernet.onnx_decode.decode_feed`).
+    """
+
+    def __init__(self, device, target: Transformer, onnx_path: Path, step_path: Path | None = None, seed: int = 0):
+        self.device, self.target, self.onnx_path, self.step_path, self.seed = device, target, onnx_path, step_path, seed
         self.name = device.name
 
     def fingerprint(self) -> dict:
@@ -239,8 +293,17 @@ class _FileDevice:
         from latency.timing_core import ort_runner, prefill_tokens
         from supernet.onnx_export import onnx_session
 
+        if workload.kind == "decode":
+            from supernet.onnx_decode import decode_feed
+
+            assert self.step_path is not None, "a decode workload is timed on the decode step graph"
+            session = onnx_session(self.step_path, threads=self.device.threads)
+            feed = decode_feed(session, workload.batch_size, workload.context, np.random.default_rng(self.seed))
+            return ort_runner(session, feed, self.device.clock)
         session = onnx_session(self.onnx_path, threads=self.device.threads)
-        return ort_runner(session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock)
+        return ort_runner(
+            session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock
+        )
 
 
 def measure_model(
@@ -258,28 +321,38 @@ def measure_model(
 ) -> dict[str, Any]:
     """Time ``model`` on ``device`` with the measurement protocol; compare with prediction and budget.
 
-    On ``onnxruntime`` (CPU provider) with ``onnx_path`` the exported file itself is timed;
-    elsewhere the static model is handed to the device.  ``baseline_ms`` (a predictor's
+    On ``onnxruntime`` (CPU provider) with ``onnx_path`` the exported files themselves are timed:
+    ``model.onnx`` for a prefill workload; for a decode workload the decode step graph, exported
+    beside it as ``step.onnx`` (same opset, parity-checked, listed in the card; :func:`export_step`).
+    Elsewhere the static model is handed to the device.  ``baseline_ms`` (a predictor's
     ``reference_ms``) anchors the drift correction to the timing campaign the predictor learned
     from, so measured and predicted are in the same units on a machine whose speed drifts.
+    The error is :func:`latency.report.latency_error_pct`: (measured - predicted) / predicted.
     """
     from latency.protocol import measure
+    from latency.report import latency_error_pct
 
     timed = "static model"
     if onnx_path is not None and device.name == "onnxruntime" and getattr(device, "provider", "cpu") == "cpu":
-        device, timed = _FileDevice(device, model, onnx_path), onnx_path.name
-    result = measure(device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results["model"]
+        step_path = None
+        if workload.kind == "decode":
+            step_path, _ = export_step(model, onnx_path.parent, opset=onnx_opset(onnx_path), seed=seed)
+        device = _FileDevice(device, model, onnx_path, step_path, seed=seed)
+        timed = (step_path or onnx_path).name
+    result = measure(
+        device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress
+    ).results["model"]
     entry: dict[str, Any] = {
         "device": device.fingerprint(),
         "timed": timed,
-        "workload": {"name": workload.name, "batch_size": workload.batch_size, "seq_len": workload.seq_len},
+        "workload": workload.record(),
         "settings": settings.to_dict(),
         "median_ms": result.median_ms,
         "iqr_ms": result.iqr_ms,
         "flags": list(result.flags),
         "anchored_to_reference_ms": baseline_ms,
         "predicted_ms": predicted_ms,
-        "error_pct": None if predicted_ms is None else 100.0 * (predicted_ms - result.median_ms) / result.median_ms,
+        "error_pct": None if predicted_ms is None else latency_error_pct(result.median_ms, predicted_ms),
         "budget_ms": budget_ms,
         "over_budget": None if budget_ms is None else bool(result.median_ms > budget_ms),
     }

@@ -233,7 +233,6 @@ def run_bench(args, progress=None) -> list[Row]:
         for device_name in args.devices.split(","):
             device = torch.device(device_name)
             for mode in args.modes.split(","):
-                backward = mode == "fwdbwd"
                 for spec in specs:
                     too_slow = False
                     for t in lengths:
@@ -252,7 +251,9 @@ def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: tor
     b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
     make = attention_case if row.scope == "attention" else block_case
     try:
-        result = time_it(make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t)), device, args.reps, args.max_seconds)
+        result = time_it(
+            make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t)), device, args.reps, args.max_seconds
+        )
     except torch.OutOfMemoryError:
         row.status = "oom"
         if device.type == "cuda":
@@ -290,7 +291,11 @@ def plot(rows: list[Row], path: Path) -> None:
     colors = plt.get_cmap("tab20")
     for ax, (scope, device, mode) in zip(axes[0], panels):
         for n, kind in enumerate(kinds):
-            pts = [(r.seq_len, r.ms) for r in rows if (r.scope, r.device, r.mode, r.type) == (scope, device, mode, kind) and r.status == "ok"]
+            pts = [
+                (r.seq_len, r.ms)
+                for r in rows
+                if (r.scope, r.device, r.mode, r.type) == (scope, device, mode, kind) and r.status == "ok"
+            ]
             if pts:
                 style = "-" if get(kind).fused_onnx else "--"  # softmax family solid
                 ax.plot(*zip(*pts), marker="o", ms=3, label=kind, linestyle=style, color=colors(n % 20))
@@ -306,11 +311,18 @@ def plot(rows: list[Row], path: Path) -> None:
 def speedup_check(rows: list[Row], window: str = "local:64", t: int = 4096, need: float = 3.0) -> list[str]:
     lines = []
     for mode in ("fwd", "fwdbwd"):
-        cell = {r.type: r for r in rows if (r.scope, r.device, r.mode, r.seq_len) == ("attention", "cpu", mode, t) and r.status == "ok"}
+        cell = {
+            r.type: r
+            for r in rows
+            if (r.scope, r.device, r.mode, r.seq_len) == ("attention", "cpu", mode, t) and r.status == "ok"
+        }
         if "softmax" in cell and window in cell:
             x = cell["softmax"].ms / cell[window].ms
             verdict = "PASS" if x >= need else "FAIL"
-            lines.append(f"CPU {mode:7s} T={t}: softmax {cell['softmax'].ms:9.1f} ms, {window} {cell[window].ms:8.1f} ms -> {x:5.2f}x  [{verdict} >= {need}x]")
+            lines.append(
+                f"CPU {mode:7s} T={t}: softmax {cell['softmax'].ms:9.1f} ms, {window} {cell[window].ms:8.1f} ms -> {x:5.2f}x  "
+                f"[{verdict} >= {need}x]"
+            )
     return lines
 
 
@@ -318,7 +330,10 @@ def summary(rows: list[Row]) -> str:
     out = [f"{'scope':9s} {'dev':4s} {'mode':6s} {'type':18s} {'T':>6s} {'ms':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'peak MB':>8s}"]
     for r in rows:
         if r.status == "ok":
-            out.append(f"{r.scope:9s} {r.device:4s} {r.mode:6s} {r.type:18s} {r.seq_len:6d} {r.ms:10.2f} {r.tflops:8.3f} {r.gbps:7.1f} {r.peak_mb:8.1f}")
+            out.append(
+                f"{r.scope:9s} {r.device:4s} {r.mode:6s} {r.type:18s} {r.seq_len:6d} {r.ms:10.2f} {r.tflops:8.3f} {r.gbps:7.1f} "
+                f"{r.peak_mb:8.1f}"
+            )
         else:
             out.append(f"{r.scope:9s} {r.device:4s} {r.mode:6s} {r.type:18s} {r.seq_len:6d} {r.status:>10s}")
     return "\n".join(out)
@@ -330,13 +345,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help="comma-separated sequence lengths")
     p.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default="fwd,fwdbwd")
-    p.add_argument("--scopes", default="attention,block", help="attention (the mixing alone) and/or block (a whole Transformer block)")
+    p.add_argument(
+        "--scopes", default="attention,block", help="attention (the mixing alone) and/or block (a whole Transformer block)"
+    )
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer")
+    p.add_argument(
+        "--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
     args = p.parse_args(argv)
@@ -350,7 +369,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    n_cells = len(args.scopes.split(",")) * len(args.devices.split(",")) * len(args.modes.split(",")) * len(args.types.split(",")) * len(args.lengths.split(","))
+    n_cells = (
+        len(args.scopes.split(","))
+        * len(args.devices.split(","))
+        * len(args.modes.split(","))
+        * len(args.types.split(","))
+        * len(args.lengths.split(","))
+    )
     bar = tqdm(total=n_cells, unit="cell", dynamic_ncols=True)
 
     def progress(label: str) -> None:  # called after each cell

@@ -61,7 +61,8 @@ def graph_pair(model, workload, directory: Path, threads: int):
 
 
 def timer(session, feed, clock: str, min_ms: float):
-    """``sample() -> ms per call`` of back-to-back ``session.run`` calls lasting at least ``min_ms`` (the protocol's runner and calibration)."""
+    """``sample() -> ms per call`` of back-to-back ``session.run`` calls lasting at least ``min_ms`` (the protocol's runner
+    and calibration)."""
     runner = ort_runner(session, feed, clock)
     calls = calibrate(runner, Settings(warmup=1, min_sample_ms=min_ms))
     return lambda: runner(calls) / calls * 1e3
@@ -108,8 +109,9 @@ def main(argv=None) -> None:
                     ratios[i].append(statistics.fmean(got["stitched"]) / statistics.fmean(got["whole"]))
             for i, subnet in enumerate(subnets):
                 s, w = min(ms[i, "stitched"]), min(ms[i, "whole"])
-                rows.append({"workload": workload.name, "subnet": str(subnet), "stitched_ms": round(s, 5), "whole_ms": round(w, 5),
-                             "ratio": round(statistics.median(ratios[i]), 4), "parity": parity[i]})  # fmt: skip
+                rows.append({"workload": workload.name, "subnet": str(subnet), "stitched_ms": round(s, 5),
+                             "whole_ms": round(w, 5), "ratio": round(statistics.median(ratios[i]), 4),
+                             "parity": parity[i]})  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".csv"), "w", newline="") as f:
@@ -123,9 +125,14 @@ def main(argv=None) -> None:
     for name in names:
         ratios = [r["ratio"] for r in rows if r["workload"] == name]
         worst = max(r["parity"] for r in rows if r["workload"] == name)
-        summary[name] = {"median_ratio": statistics.median(ratios), "min_ratio": min(ratios), "max_ratio": max(ratios), "max_parity": worst}
-        print(f"{name}: stitched / whole median {summary[name]['median_ratio']:.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
-              f" over {len(ratios)} subnets; parity {worst:.2e}")  # fmt: skip
+        summary[name] = {
+            "median_ratio": statistics.median(ratios),
+            "min_ratio": min(ratios),
+            "max_ratio": max(ratios),
+            "max_parity": worst,
+        }
+        print(f"{name}: stitched / whole median {summary[name]['median_ratio']:.3f} "
+              f"(min {min(ratios):.3f}, max {max(ratios):.3f}) over {len(ratios)} subnets; parity {worst:.2e}")  # fmt: skip
     meta = {"args": vars(args), "clock": clock, "torch": torch.__version__, "python": platform.python_version(),
             "load": os.getloadavg()[0], "summary": summary}  # fmt: skip
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))

@@ -12,8 +12,8 @@ measures that agreement for three ways of reading one protocol run (:func:`laten
 
 Passes alternate ``visit, paired, visit, paired`` (``none`` is read from the ``visit`` passes: their raw
 figures), all with the same rounds, samples, seed and reference baseline (measured once, as a campaign
-does), so the three see the same machine over the same minutes.  Per setting: the share of subnets whose two figures agree within ±5% / ±10%, and Kendall tau
-between the two passes.  Writes ``<out>.json``.
+does), so the three see the same machine over the same minutes.  Per setting: the share of subnets whose
+two figures agree within ±5% / ±10%, and Kendall tau between the two passes.  Writes ``<out>.json``.
 """
 
 from __future__ import annotations
@@ -88,7 +88,13 @@ def main(argv=None) -> None:
         print(f"{name:<10} {s['within_5']:>6.0%} {s['within_10']:>6.0%} {s['tau']:>6.3f}  {lo:.3f} - {hi:.3f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"args": vars(args), "load": os.getloadavg()[0], "fingerprint": device.fingerprint(), "summary": summary, "figures": figures}
+    meta = {
+        "args": vars(args),
+        "load": os.getloadavg()[0],
+        "fingerprint": device.fingerprint(),
+        "summary": summary,
+        "figures": figures,
+    }
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     print(f"wrote {out.with_suffix('.json')}")
 

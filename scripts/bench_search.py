@@ -40,7 +40,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--val-data", help="held-out bytes (default: the checkpoint's validation split)")
     p.add_argument("--budget", default="8ms", help="latency budget of the comparison (default 8ms)")
     p.add_argument("--seeds", type=int, default=5)
-    p.add_argument("--population", type=int, default=50, help="comparison sizes (default 50 / 10 / 20 / 20 / 10: 410 evaluations)")
+    p.add_argument(
+        "--population", type=int, default=50, help="comparison sizes (default 50 / 10 / 20 / 20 / 10: 410 evaluations)"
+    )
     p.add_argument("--parents", type=int, default=10)
     p.add_argument("--mutations", type=int, default=20)
     p.add_argument("--crossovers", type=int, default=20)
@@ -66,8 +68,10 @@ def setup(args):
         notes.append(f"supernet {args.supernet} (step {payload.get('state', {}).get('step', '?')})")
     else:
         model, payload = SuperTransformer(load_space("tiny"), torch.Generator().manual_seed(0)).eval(), {"meta": {}}
-        notes.append("supernet: UNTRAINED tiny supernet (random weights): losses are near 8 bits and the comparison measures nothing "
-                     "but the machinery; pass --supernet for meaningful figures")
+        notes.append(
+            "supernet: UNTRAINED tiny supernet (random weights): losses are near 8 bits and the comparison measures nothing "
+            "but the machinery; pass --supernet for meaningful figures"
+        )
     space = model.space
     if args.val_data:
         tokens = np.fromfile(args.val_data, dtype=np.uint8)
@@ -81,7 +85,9 @@ def setup(args):
     else:
         import json as json_pkg
 
-        tokens = np.frombuffer(b"".join(p.read_bytes() for p in sorted(Path(json_pkg.__file__).parent.glob("*.py"))), dtype=np.uint8)
+        tokens = np.frombuffer(
+            b"".join(p.read_bytes() for p in sorted(Path(json_pkg.__file__).parent.glob("*.py"))), dtype=np.uint8
+        )
         notes.append(f"held-out bytes: this Python's json package sources ({len(tokens):,} bytes)")
     if args.predictor:
         from latency.predictors import load_predictor
@@ -133,7 +139,9 @@ def compare(args, space, model, fitness, latency) -> dict:
         wins += best_e < best_r
         print(f"{seed:>4} {n:>6} {best_e:>10.4f} {best_r:>10.4f} {hv_e:>9.4f} {hv_r:>9.4f}  "
               f"{'evolution' if best_e < best_r else 'random' if best_r < best_e else 'tie'}  ({time.perf_counter() - t0:.0f}s)")
-        rows.append({"seed": seed, "evaluations": n, "evolution": best_e, "random": best_r, "hv_evolution": hv_e, "hv_random": hv_r})
+        rows.append(
+            {"seed": seed, "evaluations": n, "evolution": best_e, "random": best_r, "hv_evolution": hv_e, "hv_random": hv_r}
+        )
     print(f"evolution reaches a lower validation loss than random search in {wins} of {args.seeds} seeds")
     return {"budget_ms": budget, "config": config.to_dict(), "seeds": rows, "evolution_wins": wins}
 
@@ -143,19 +151,37 @@ def time_default(args, space, model, fitness, latency) -> dict:
     budget = S.parse_budget(args.budget)
     with tempfile.TemporaryDirectory() as tmp:
         url = S.default_storage(tmp)
-        print(f"\n== default search: evolution {config.population} x {config.generations} generations "
-              f"({config.evaluations} evaluations at most), budget {S.format_ms(budget)}, SQLite storage, {torch.get_num_threads()} threads")
+        print(
+            f"\n== default search: evolution {config.population} x {config.generations} generations "
+            f"({config.evaluations} evaluations at most), budget {S.format_ms(budget)}, SQLite storage, "
+            f"{torch.get_num_threads()} threads"
+        )
         t0, c0 = time.perf_counter(), time.process_time()
         result = search(space, model, fitness, latency, "evolution", config, budget, 0, url=url)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     best = result.best[S.format_ms(budget)]
-    print(f"default search: {result.evaluations} evaluations in {seconds:.1f} s wall ({seconds / 60:.1f} min, "
-          f"{1000 * seconds / max(result.evaluations, 1):.0f} ms each); best loss {best.loss:.4f} at {best.latency:.3f} ms: {best.subnet}")
+    print(
+        f"default search: {result.evaluations} evaluations in {seconds:.1f} s wall ({seconds / 60:.1f} min, "
+        f"{1000 * seconds / max(result.evaluations, 1):.0f} ms each); best loss {best.loss:.4f} at {best.latency:.3f} ms: "
+        f"{best.subnet}"
+    )
     n = torch.get_num_threads()
-    idle = f"about {cpu / 60:.1f} min on one idle core" if n == 1 else f"between {cpu / n / 60:.1f} and {cpu / 60:.1f} min on {n} idle cores"
-    print(f"default search: {cpu:.1f} s of CPU time with {n} torch thread(s): {idle} (on a busy machine the wall time overstates; "
-          f"several threads there also spin while waiting, so --threads 1 measures best)")
-    return {"seconds": seconds, "cpu_seconds": cpu, "evaluations": result.evaluations, "best_loss": best.loss, "best_latency_ms": best.latency}
+    idle = (
+        f"about {cpu / 60:.1f} min on one idle core"
+        if n == 1
+        else f"between {cpu / n / 60:.1f} and {cpu / 60:.1f} min on {n} idle cores"
+    )
+    print(
+        f"default search: {cpu:.1f} s of CPU time with {n} torch thread(s): {idle} (on a busy machine the wall time overstates; "
+        f"several threads there also spin while waiting, so --threads 1 measures best)"
+    )
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "evaluations": result.evaluations,
+        "best_loss": best.loss,
+        "best_latency_ms": best.latency,
+    }
 
 
 def main() -> int:

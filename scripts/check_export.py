@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from latency.device import get_device
     from latency.predictors import load_predictor
     from latency.timing_core import Settings
-    from nas.export import export_subnet, measure_model, predicted_latency
+    from nas.export import export_subnet, measure_model, predicted_latency, workload_text
     from search_spaces import Subnet, UserError, parse_attention
     from supernet import load_model
     from supernet.attention.registry import get as attention_type
@@ -51,15 +51,19 @@ def main(argv: list[str] | None = None) -> int:
         fp = predictor.fingerprint or {}
         if fp.get("device") != args.device:
             print(f"note: the predictor was fitted on {fp.get('device')!r}, measuring on {args.device!r}", file=sys.stderr)
-        threads = args.threads if args.threads is not None else (fp.get("threads") if isinstance(fp.get("threads"), int) else None)
+        threads = (
+            args.threads if args.threads is not None else (fp.get("threads") if isinstance(fp.get("threads"), int) else None)
+        )
         clock = args.clock or fp.get("clock")
         device = get_device(args.device, threads=threads, clock=clock)
         result = export_subnet(supernet, subnet, args.out, formats=("onnx",))
         softmax_layers = sum(attention_type(parse_attention(a)).fused_onnx for a in subnet.attention)
         workload = space.workload(predicted["workload"]["name"])
-        settings = Settings(warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2)
-        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path, predicted_ms=predicted["predicted_ms"],
-                          baseline_ms=predictor.reference_ms)
+        settings = Settings(
+            warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2
+        )
+        m = measure_model(device, load_model(result.out), workload, settings, onnx_path=result.onnx_path,
+                          predicted_ms=predicted["predicted_ms"], baseline_ms=predictor.reference_ms)
     except UserError as e:
         print(f"check_export: error: {e}", file=sys.stderr)
         return 2
@@ -70,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fused attention   {result.attention_nodes} ONNX Attention nodes for {softmax_layers} softmax-family layers "
           f"(opset {result.opset}): {'OK' if fused_ok else 'MISMATCH'}")
     print(f"parity            max |onnxruntime - torch| = {result.parity:.2e} (limit 1e-4): OK")
-    print(f"latency           measured {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, {m['timed']}, {workload.name} "
-          f"{workload.batch_size}x{workload.seq_len}, threads {threads or 'default'}, clock {clock or 'wall'})"
+    print(f"latency           measured {m['median_ms']:.3f} ms (IQR {m['iqr_ms']:.3f}, {m['timed']}, {workload_text(workload)}, "
+          f"threads {threads or 'default'}, clock {clock or 'wall'})"
           + (f" flags {','.join(m['flags'])}" if m["flags"] else ""))
     print(f"                  predicted {m['predicted_ms']:.3f} ms -> error {m['error_pct']:+.1f}% "
           f"({'within' if within else 'OUTSIDE'} +-{args.tolerance:g}%)")

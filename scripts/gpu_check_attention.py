@@ -151,7 +151,9 @@ def main(argv=None) -> int:
                 results.append({"type": str(spec), "T": t, "dtype": dt, "path": path.__name__, "ok": ok, **errs,
                                 "seconds": time.perf_counter() - start})  # fmt: skip
                 err_text = " ".join(f"{k}={v:.1e}" for k, v in errs.items())
-                print(f"{str(spec):18s} {t:5d} {dt:5s} {path.__name__[:6]:6s} {'ok' if ok else 'FAIL':4s}  {err_text}", flush=True)
+                print(
+                    f"{str(spec):18s} {t:5d} {dt:5s} {path.__name__[:6]:6s} {'ok' if ok else 'FAIL':4s}  {err_text}", flush=True
+                )
     cache_ok, cache_msg = compile_cache_check(device)
     failed += not cache_ok
     print(f"compile cache: {'ok' if cache_ok else 'FAIL'}: {cache_msg}")
@@ -163,7 +165,11 @@ def main(argv=None) -> int:
             print(f"{r['type']:18s} {r['T']:6d} {r['path']:18s} {r['fwd_ms']:8.2f} {r['fwdbwd_ms']:11.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"torch": torch.__version__, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "argv": sys.argv}
+    meta = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "argv": sys.argv,
+    }
     out.write_text(json.dumps({"meta": meta, "parity": results, "compile_cache": cache_msg, "timings": bench_rows}, indent=2))
     print(f"{failed} check(s) failed; wrote {out}")
     return 1 if failed else 0

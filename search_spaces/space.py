@@ -215,7 +215,11 @@ class Workload:
     @property
     def label(self) -> str:
         """Compact and unique per shape: ``prefill:1x256``, ``decode:1x1@255`` (a timing table's rows carry it)."""
-        return f"{self.name}:{self.batch_size}x{self.seq_len}" if self.kind == "prefill" else f"{self.name}:{self.batch_size}x1@{self.context}"
+        return (
+            f"{self.name}:{self.batch_size}x{self.seq_len}"
+            if self.kind == "prefill"
+            else f"{self.name}:{self.batch_size}x1@{self.context}"
+        )
 
     def __str__(self) -> str:
         return f"{self.name} ({self.kind} {self.shape})"
@@ -229,7 +233,13 @@ class Workload:
 
     def record(self) -> dict[str, Any]:
         """What files store: name, kind and shape (read back by :meth:`from_record`)."""
-        return {"name": self.name, "kind": self.kind, "batch_size": self.batch_size, "seq_len": self.seq_len, "context": self.context}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "context": self.context,
+        }
 
     @classmethod
     def from_record(cls, data: Any, where: str = "workload") -> "Workload":
@@ -286,7 +296,9 @@ class Space:
         for w in self.workloads:
             if w.name == name:
                 return w
-        raise UserError(f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})")
+        raise UserError(
+            f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})"
+        )
 
     # -- members ------------------------------------------------------------------
 
@@ -376,7 +388,9 @@ class Space:
         vec = np.asarray(vec, dtype=np.float64)
         n_att = len(self.attention)
         if vec.shape != (2 + self.max_depth * (3 + n_att),):
-            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({2 + self.max_depth * (3 + n_att)},)")
+            raise SubnetError(
+                f"feature vector has shape {vec.shape}, space {self.name!r} expects ({2 + self.max_depth * (3 + n_att)},)"
+            )
         depth = int(round(vec[1]))
         heads, ffn, att = [], [], []
         for i in range(depth):
@@ -598,8 +612,11 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
             if kind == "prefill" and n > max_seq:
                 c.error(f"{path}.seq_len", f"{n} exceeds max_seq_len {max_seq}")
             if kind == "decode" and n >= max_seq and positions == "learned":
-                c.error(f"{path}.context", f"{n} leaves no position for the new token: learned positions end at max_seq_len {max_seq} "
-                                           f"(give at most {max_seq - 1}, or use positions: rope)")
+                c.error(
+                    f"{path}.context",
+                    f"{n} leaves no position for the new token: learned positions end at max_seq_len {max_seq} "
+                    f"(give at most {max_seq - 1}, or use positions: rope)",
+                )
         if bs is not None and n is not None:
             out.append(Workload(wname, bs, n, "prefill") if kind == "prefill" else Workload(wname, bs, kind="decode", context=n))
     return out
@@ -618,7 +635,11 @@ def describe(space: Space) -> str:
         f"  attention     {', '.join(space.attention)}   (per layer)",
     ]
     for w in space.workloads:
-        what = f"batch {w.batch_size} x {w.seq_len} tokens" if w.kind == "prefill" else f"batch {w.batch_size} x 1 new token at context {w.context}"
+        what = (
+            f"batch {w.batch_size} x {w.seq_len} tokens"
+            if w.kind == "prefill"
+            else f"batch {w.batch_size} x 1 new token at context {w.context}"
+        )
         lines.append(f"  latency       {w.name}: {w.kind}, {what}")
     n = space.size()
     lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})")

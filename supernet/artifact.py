@@ -122,7 +122,10 @@ def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = 
         raise UserError(f"{path}: missing (the model card lists it)")
     actual = sha256_file(path)
     if actual != expected:
-        raise UserError(f"{path}: checksum {actual[:12]}... does not match the model card ({expected[:12]}...): the file was modified or replaced")
+        raise UserError(
+            f"{path}: checksum {actual[:12]}... does not match the model card ({expected[:12]}...): the file was modified or "
+            "replaced"
+        )
     return path
 
 
@@ -210,8 +213,12 @@ def check_program(path: str | Path) -> None:
                 entries = json.loads(z.read(name)).get("config", {})
                 pickled = sorted(k for k, v in entries.items() if v.get("use_pickle", True))
                 if pickled:
-                    raise UserError(f"{path}: holds pickled entries ({', '.join(pickled[:3])}); loading them could run code, refused")
-            objects = [n for n in names if "/data/constants/" in n and n.rsplit("/", 1)[-1].startswith(("custom_obj", "torchbind"))]
+                    raise UserError(
+                        f"{path}: holds pickled entries ({', '.join(pickled[:3])}); loading them could run code, refused"
+                    )
+            objects = [
+                n for n in names if "/data/constants/" in n and n.rsplit("/", 1)[-1].startswith(("custom_obj", "torchbind"))
+            ]
             if objects:
                 raise UserError(f"{path}: holds script/custom objects ({objects[0]}); loading them could run code, refused")
             for name in (n for n in names if "/sample_inputs/" in n):
@@ -221,7 +228,9 @@ def check_program(path: str | Path) -> None:
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - torch.load refusing a pickle, a truncated member, ...
-        raise UserError(f"{path}: an entry needs more than weights to load ({type(e).__name__}: {str(e).splitlines()[0][:160]}); refused") from None
+        raise UserError(
+            f"{path}: an entry needs more than weights to load ({type(e).__name__}: {str(e).splitlines()[0][:160]}); refused"
+        ) from None
     if not configs:
         raise UserError(f"{path}: not a torch.export archive (no weights or constants config)")
 

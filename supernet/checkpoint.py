@@ -69,7 +69,10 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
-        raise UserError(f"{path}: not a readable supernet checkpoint (truncated or foreign file): {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+        raise UserError(
+            f"{path}: not a readable supernet checkpoint (truncated or foreign file): {type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200]}"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UserError(f"{path}: not a supernet checkpoint of this tool (no '{FORMAT}' format marker)")
     if payload.get("version") != VERSION:
@@ -79,7 +82,9 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
     except UserError as e:
         raise UserError(f"{path}: the space stored in the checkpoint is invalid: {e}") from None
     if payload["space"].hash != payload.get("space_hash"):
-        raise UserError(f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})")
+        raise UserError(
+            f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})"
+        )
     # the models must agree (arch_hash); the latency workloads a space lists may differ
     if space is not None and space.arch_hash != payload["space"].arch_hash:
         raise UserError(
@@ -89,7 +94,9 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
     return payload
 
 
-def load_supernet(path: str | Path, space: Space | None = None, device: str | torch.device = "cpu") -> tuple[SuperTransformer, dict[str, Any]]:
+def load_supernet(
+    path: str | Path, space: Space | None = None, device: str | torch.device = "cpu"
+) -> tuple[SuperTransformer, dict[str, Any]]:
     """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
     model = SuperTransformer(payload["space"])

@@ -106,7 +106,9 @@ def _is_text(path: Path) -> bool:
 def _walk(directory: Path, exclude: Path | None) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(directory):
         here = Path(dirpath)
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and (exclude is None or (here / d).resolve() != exclude))
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith(".") and (exclude is None or (here / d).resolve() != exclude)
+        )
         for name in sorted(filenames):
             if not name.startswith("."):
                 yield here / name
@@ -322,7 +324,9 @@ def windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[np.nd
     return w[:, :-1], w[:, 1:]
 
 
-def batches(tokens: np.ndarray, batch_size: int, seq_len: int, generator: np.random.Generator) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def batches(
+    tokens: np.ndarray, batch_size: int, seq_len: int, generator: np.random.Generator
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Endless random batches from ``tokens`` drawn with ``generator``."""
     check_length(tokens, seq_len, "tokens")
     while True:
@@ -331,4 +335,7 @@ def batches(tokens: np.ndarray, batch_size: int, seq_len: int, generator: np.ran
 
 def check_length(tokens: np.ndarray, seq_len: int, what: str) -> None:
     if len(tokens) < seq_len + 1:
-        raise UserError(f"the {what} split has {len(tokens)} bytes, fewer than one window of --seq-len {seq_len} + 1; give more data or a shorter --seq-len")
+        raise UserError(
+            f"the {what} split has {len(tokens)} bytes, fewer than one window of --seq-len {seq_len} + 1; give more data or a "
+            "shorter --seq-len"
+        )

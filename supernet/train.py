@@ -217,7 +217,13 @@ class SandwichObjective:
         return {self.space.largest(), self.space.smallest()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "sandwich", "n_random": self.n_random, "distill": self.distill, "seed": self.seed, "n_eval_random": self.n_eval_random}
+        return {
+            "kind": "sandwich",
+            "n_random": self.n_random,
+            "distill": self.distill,
+            "seed": self.seed,
+            "n_eval_random": self.n_eval_random,
+        }
 
 
 @dataclass(frozen=True)
@@ -435,7 +441,9 @@ class Trainer:
         self.say = report if (report is not None and dist.is_main) else (lambda text: None)
         self.meta = {**(meta or {}), "seed": config.seed, "train_config": config.to_dict(), "objective": objective.to_dict(),
                      "world_size": dist.world, "torch": str(torch.__version__)}
-        self.optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2))
+        self.optimizer = torch.optim.AdamW(
+            param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2)
+        )
         self.schedule = WarmupCosine.from_config(config)
         self.step, self.elapsed, self.tokens = 0, 0.0, 0
         self.evals: list[dict] = []
@@ -486,7 +494,11 @@ class Trainer:
         stop, self.elapsed = self.dist.agree(interrupted or reached_steps or reached_time, self.elapsed, self.device)
         if not stop:
             return ""
-        return "interrupted" if interrupted or not (reached_steps or reached_time) else ("max_steps" if reached_steps else "max_time")
+        return (
+            "interrupted"
+            if interrupted or not (reached_steps or reached_time)
+            else ("max_steps" if reached_steps else "max_time")
+        )
 
     def batch(self) -> tuple[Tensor, Tensor]:
         """This rank's share of step ``step``'s windows: x, y (b, T)."""
@@ -582,7 +594,15 @@ def train(
             window_tokens += config.batch_size * config.seq_len
             rate = window_tokens / max(now - window_t, 1e-9)
             if t.step % config.log_interval == 0 or t.step == config.max_steps:
-                t.log.write("train", step=t.step, lr=lr, loss=losses, tokens=t.tokens, tokens_per_s=round(rate, 1), elapsed=round(t.elapsed, 3))
+                t.log.write(
+                    "train",
+                    step=t.step,
+                    lr=lr,
+                    loss=losses,
+                    tokens=t.tokens,
+                    tokens_per_s=round(rate, 1),
+                    elapsed=round(t.elapsed, 3),
+                )
                 window_t, window_tokens = now, 0
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
@@ -704,10 +724,14 @@ class StaticCheckpointer:
         try:
             payload = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-            raise UserError(f"{path}: not a readable fine-tuning checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}") from None
+            raise UserError(
+                f"{path}: not a readable fine-tuning checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            ) from None
         if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
             raise UserError(f"{path}: not a fine-tuning checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
         if payload.get("space_hash") != self.space.hash or payload.get("subnet") != self.subnet.to_dict():
-            raise UserError(f"{path}: written for another model (space hash {payload.get('space_hash')}, subnet {payload.get('subnet')}); "
-                            f"this run fine-tunes {self.subnet} of space hash {self.space.hash}")
+            raise UserError(
+                f"{path}: written for another model (space hash {payload.get('space_hash')}, subnet {payload.get('subnet')}); "
+                f"this run fine-tunes {self.subnet} of space hash {self.space.hash}"
+            )
         return payload

@@ -1,3 +1,4 @@
+import logging
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ def test_help_lists_exactly_the_built_subcommands():
         assert name in out.stdout
         sub = nas(name, "--help")
         assert sub.returncode == 0 and "example:" in sub.stdout and f"nas {name}" in sub.stdout
+        assert "-v, --verbose" in sub.stdout and "-q, --quiet" in sub.stdout  # set up once in nas.cli, for every command
 
 
 def test_space_prints_choices_size_and_param_counts(capsys):
@@ -50,3 +52,30 @@ def test_user_errors_are_one_line_exit_2():
     out = nas("space", "tiny", "--sample", "-1")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip() == "nas space: error: --sample: -1 is negative; give a count >= 0"
+
+
+def test_notes_go_through_logging_to_stderr_and_quiet_keeps_warnings(capsys):
+    from nas.cli import PACKAGES, log_level, logging_to_stderr
+
+    log = logging.getLogger("nas.search.verify")
+    with logging_to_stderr("search", log_level(verbose=0, quiet=0)):
+        log.debug("detail")
+        log.info("a note")
+        log.warning("a warning")
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["nas search: a note", "nas search: warning: a warning"] and captured.out == ""
+    with logging_to_stderr("search", log_level(verbose=0, quiet=1)):
+        log.info("a note")
+        log.warning("a warning")
+    assert capsys.readouterr().err.splitlines() == ["nas search: warning: a warning"]
+    with logging_to_stderr("search", log_level(verbose=1, quiet=0)):
+        log.debug("detail")
+    assert capsys.readouterr().err.splitlines() == ["nas search: detail"]
+    # nas demo runs commands inside its own: the inner command's prefix while it runs, one line per note, then the outer's again
+    with logging_to_stderr("demo"):
+        with logging_to_stderr("export"):
+            logging.getLogger("supernet.x").info("inner")
+        logging.getLogger("latency.x").info("outer")
+    assert capsys.readouterr().err.splitlines() == ["nas export: inner", "nas demo: outer"]
+    assert not any(logging.getLogger(name).handlers for name in PACKAGES)  # nothing left behind
+

@@ -84,7 +84,9 @@ def test_old_onnxruntime_falls_back_with_a_note(supernet, tmp_path):
         choose_opset("1.10")
     with pytest.raises(UserError, match="not a version"):
         choose_opset("latest")
-    result = export_subnet(supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20", formats=("onnx",))
+    result = export_subnet(
+        supernet, Subnet(64, 1, (2,), (128,), ("softmax",)), tmp_path / "old", target_ort="1.20", formats=("onnx",)
+    )
     assert result.opset == 18 and result.attention_nodes == 0 and result.parity <= 1e-4
 
 
@@ -102,10 +104,41 @@ def test_generate_is_seeded(exported):
 def test_export_cli(supernet, tmp_path, capsys):
     ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
     (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "torch", "--no-eval"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--supernet",
+                str(ckpt),
+                "--subnet",
+                str(tmp_path / "s.yaml"),
+                "--out",
+                str(tmp_path / "o"),
+                "--format",
+                "torch",
+                "--no-eval",
+            ]
+        )
+        == 0
+    )
     assert "parameters" in capsys.readouterr().out
     assert not (tmp_path / "o" / "model.onnx").exists() and (tmp_path / "o" / "model.safetensors").exists()
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"), "--format", "tflite"]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "--supernet",
+                str(ckpt),
+                "--subnet",
+                str(tmp_path / "s.yaml"),
+                "--out",
+                str(tmp_path / "o"),
+                "--format",
+                "tflite",
+            ]
+        )
+        == 2
+    )
     assert "--format: 'tflite'" in capsys.readouterr().err
     (tmp_path / "big.yaml").write_text(Subnet(256, 1, (1,), (128,), ("softmax",)).to_yaml())
     assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "o2")]) == 2
@@ -126,7 +159,9 @@ def static_model(types, seed=0):
 
     n = len(types)
     sub = Subnet(64, n, (2,) * n, (128,) * n, tuple(types))
-    return Transformer(TransformerConfig(256, 256, 32, "rope", 64, sub.layers), generator=torch.Generator().manual_seed(seed)).eval()
+    return Transformer(
+        TransformerConfig(256, 256, 32, "rope", 64, sub.layers), generator=torch.Generator().manual_seed(seed)
+    ).eval()
 
 
 @pytest.mark.parametrize("types", [ALL_TYPES[0:4], ALL_TYPES[4:8], ALL_TYPES[8:12]], ids=["dense", "sparse", "linear"])
@@ -226,7 +261,7 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     assert main(args) == 0  # over budget: a warning, exit 0 without --strict
     captured = capsys.readouterr()
     warnings = [line for line in captured.err.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "over the budget 50ms" in warnings[0]
+    assert len(warnings) == 1 and warnings[0].startswith("nas export: warning: ") and "over the budget 50ms" in warnings[0]
     card = read_card(out)
     from nas.export import Scoring, validation_bpb
     from nas.search.fitness import InheritedLoss
@@ -243,10 +278,13 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     m = card["measured"]
     assert m["median_ms"] == pytest.approx(fake_ms, rel=1e-6) and m["over_budget"] and m["budget_ms"] == 50.0
     assert m["predicted_ms"] == card["latency"]["predicted_ms"] and card["latency"]["workload"]["name"] == "prefill"
-    assert m["error_pct"] == pytest.approx(100 * (m["predicted_ms"] - m["median_ms"]) / m["median_ms"])
+    # one sign everywhere: (measured - predicted) / predicted; the device is 1000x slower than predicted, so about +99900%
+    assert m["error_pct"] == pytest.approx(100 * (m["median_ms"] - m["predicted_ms"]) / m["predicted_ms"]) and m["error_pct"] > 0
+    assert f"prediction error {m['error_pct']:+.1f}%" in captured.out and m["error_pct"] == pytest.approx(99900, rel=0.01)
     assert f"{m['median_ms']:.3f} ms" in captured.out and "OVER" in captured.out
-    assert main(args + ["--strict"]) == 1
-    capsys.readouterr()
+    assert main(args + ["--strict", "-q"]) == 1
+    quiet = capsys.readouterr().err.splitlines()  # -q: no notes, no progress bars; the warning stays
+    assert len(quiet) == 1 and quiet[0].startswith("nas export: warning: measured latency") and "over the budget 50ms" in quiet[0]
     no_measure = [a for a in args if a not in ("--measure", "fake")]
     assert main(no_measure) == 2 and "--budget: needs --measure" in capsys.readouterr().err
     assert main(args + ["--workload", "decode"]) == 2
@@ -266,6 +304,42 @@ def test_measure_times_the_exported_onnx_file(exported):
 
 
 
+def test_export_measure_times_the_decode_step_at_the_workloads_context(supernet, tiny, tmp_path, capsys, monkeypatch):
+    """--workload decode on onnxruntime: the decode step graph is timed on one new token with 255 tokens seen
+    (not model.onnx on a (1, 0) batch), and the printed line names the context."""
+    import latency.devices.onnxruntime  # noqa: F401 - binds its own ort_runner before the patch below (the reference's)
+    import latency.timing_core as tc
+
+    fed = []
+    real = tc.ort_runner
+
+    def recording(session, feed, clock):
+        fed.append(({i.name for i in session.get_inputs()}, {k: v.copy() for k, v in feed.items()}))
+        return real(session, feed, clock)
+
+    monkeypatch.setattr(tc, "ort_runner", recording)
+    ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
+    (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
+    out = tmp_path / "o"
+    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "onnx",
+                 "--no-eval", "--measure", "onnxruntime", "--workload", "decode", "--threads", "1",
+                 "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert len(fed) == 1  # the exported model, from its file; the reference goes through the device
+    names, feed = fed[0]
+    context = tiny.workload("decode").context
+    assert "tokens" not in names and {"token", "position"} <= names == set(feed)
+    assert feed["token"].shape == (1, 1) and feed["position"].tolist() == [context]
+    assert feed["past.0.k"].shape == (1, SUBNET.heads[0], context, tiny.head_dim)  # layer 0: softmax, a growing cache
+    assert all(a.shape[0] == 1 for name, a in feed.items() if name.startswith("past."))
+    card = read_card(out)
+    m = card["measured"]
+    assert m["timed"] == "step.onnx" and m["workload"]["kind"] == "decode" and m["workload"]["context"] == context
+    assert "step.onnx" in card["files"] and card["decode_step"]["parity_max_abs"] <= 1e-4
+    measured = [line for line in printed.splitlines() if line.strip().startswith("measured")]
+    assert len(measured) == 1 and f"on onnxruntime, step.onnx, decode 1x1@{context}" in measured[0] and "seq_len" not in printed
+
+
 def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, capsys):
     import importlib.util
     from pathlib import Path
@@ -277,8 +351,9 @@ def test_check_export_script_prints_the_done_when_figures(supernet, tmp_path, ca
     sub = Subnet(64, 2, (2, 1), (128, 128), ("softmax", "linear"))
     (tmp_path / "s.yaml").write_text(sub.to_yaml())
     pred = fake_predictor(supernet.space, tmp_path / "pred", device="onnxruntime")
-    code = script.main(["--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--predictor", str(pred), "--out", str(tmp_path / "o"),
-                        "--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"])
+    code = script.main(["--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--predictor", str(pred),
+                        "--out", str(tmp_path / "o"), "--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1",
+                        "--min-sample-ms", "1"])
     out = capsys.readouterr().out
     assert "fused attention   1 ONNX Attention nodes for 1 softmax-family layers (opset 23): OK" in out
     assert "parity            max |onnxruntime - torch|" in out and "model.onnx" in out

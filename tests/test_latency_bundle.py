@@ -17,7 +17,7 @@ from latency.onnx_graphs import cached_graph, with_weights
 from latency.sampling import campaign_subnets, retest_subset
 from latency.table import read_timings
 from latency.timing_core import Settings, ort_session
-from search_spaces import LayerChoice, Subnet
+from search_spaces import LayerChoice
 from supernet import SuperTransformer
 from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx, op_counts
@@ -48,7 +48,9 @@ def clean_python():
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
         pip = subprocess.run([py, "-m", "pip", "install", "-q", "numpy", "onnxruntime"], capture_output=True, text=True)
         if pip.returncode != 0:
-            pytest.skip(f"pip could not install numpy and onnxruntime into a clean venv (no registry?): {pip.stderr.strip()[-300:]}")
+            pytest.skip(
+                f"pip could not install numpy and onnxruntime into a clean venv (no registry?): {pip.stderr.strip()[-300:]}"
+            )
     assert subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0, "the clean venv must not see torch"
     return py
 
@@ -136,7 +138,9 @@ def test_bundle_round_trip_in_a_clean_venv(tmp_path, clean_python, workload):
     assert t.workload == space.workload(workload) and all(r.median_ms > 0 for r in t.rows)
     import onnxruntime
 
-    venv_ort = subprocess.run([str(clean_python), "-c", "import onnxruntime; print(onnxruntime.__version__)"], capture_output=True, text=True)
+    venv_ort = subprocess.run(
+        [str(clean_python), "-c", "import onnxruntime; print(onnxruntime.__version__)"], capture_output=True, text=True
+    )
     assert t.fingerprint["onnxruntime"] == venv_ort.stdout.strip() and t.fingerprint["threads"] == 1 and onnxruntime
     again = run()  # resuming a finished table measures nothing
     assert again.returncode == 0 and "5 of 5 already measured" in again.stdout
@@ -158,7 +162,10 @@ def test_ssh_device_drives_the_bundle_remotely(tmp_path, clean_python):
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "ssh").write_text('#!/bin/sh\nshift\nexec sh -c "$*"\n')
-    (fake / "scp").write_text('#!/bin/sh\nfor a in "$@"; do last="$a"; done\nfor a in "$@"; do [ "$a" = "$last" ] || cp "${a#*@host:}" "${last#*@host:}"; done\n')
+    (fake / "scp").write_text(
+        '#!/bin/sh\nfor a in "$@"; do last="$a"; done\nfor a in "$@"; do [ "$a" = "$last" ] || cp "${a#*@host:}" '
+        '"${last#*@host:}"; done\n'
+    )
     (fake / "python3").symlink_to(clean_python)
     for f in ("ssh", "scp"):
         (fake / f).chmod(0o755)

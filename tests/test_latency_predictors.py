@@ -25,7 +25,9 @@ def synthetic_ms(space, subnets):
     """A latency that is exactly constant + per-layer costs (the additive model's family)."""
     w = space.workload()
     x, names = subnet_matrix("additive", space, w, subnets)
-    cost = np.array([1e-6 if "mix" in n else 2e-9 if ("proj" in n or "mlp" in n) else 5e-3 if "count" in n else 1e-8 for n in names])
+    cost = np.array(
+        [1e-6 if "mix" in n else 2e-9 if ("proj" in n or "mlp" in n) else 5e-3 if "count" in n else 1e-8 for n in names]
+    )
     return 0.5 + x @ cost
 
 
@@ -117,7 +119,21 @@ def test_fit_predictor_on_a_plain_csv_and_predict_cli(tiny, tmp_path, capsys):
     a, b = rng.uniform(1, 10, 80), rng.uniform(1, 5, 80)
     ms = 0.3 + 0.8 * a + 1.5 * b
     (tmp_path / "plain.csv").write_text("a,b,ms\n" + "".join(f"{p},{q},{r}\n" for p, q, r in zip(a, b, ms)))
-    assert main(["fit-predictor", str(tmp_path / "plain.csv"), "--target", "ms", "--out", str(tmp_path / "pp"), "--models", "additive,gbt"]) == 0
+    assert (
+        main(
+            [
+                "fit-predictor",
+                str(tmp_path / "plain.csv"),
+                "--target",
+                "ms",
+                "--out",
+                str(tmp_path / "pp"),
+                "--models",
+                "additive,gbt",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "chosen: additive" in out and "test-retest: not available" in out
     plain = load_predictor(tmp_path / "pp")

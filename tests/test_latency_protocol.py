@@ -76,14 +76,18 @@ def test_a_machine_slow_to_the_end_is_drift_and_an_unsteady_one_is_flagged():
     # 2x slower from 80% of the run on, to the end: drift; the reference corrects it, nothing is redone.
     slow = FakeClock(slow=[(clock.now * 0.8, 1e9, 2.0)])
     runners = {k: slow.runner(k, c) for k, c in COSTS.items()}
-    results, _ = run_protocol(runners, slow.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 3.5, cores=2)
+    results, _ = run_protocol(
+        runners, slow.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 3.5, cores=2
+    )
     for k, c in COSTS.items():
         assert results[k].median_ms == pytest.approx(c * 1000, rel=0.02) and FLAG_INTERFERENCE not in results[k].flags
         assert FLAG_LOAD in results[k].flags  # the load average exceeded the cores
     # A machine that keeps changing speed under every visit: retried, then flagged.
     unsteady = FakeClock(slow=[(t, t + 0.013, 2.0) for t in np.arange(0.0, 60.0, 0.029)])
     runners = {k: unsteady.runner(k, c) for k, c in COSTS.items()}
-    results, _ = run_protocol(runners, unsteady.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 0.0, cores=2)
+    results, _ = run_protocol(
+        runners, unsteady.runner("ref", 0.005), Settings(**FAST), np.random.default_rng(0), load=lambda: 0.0, cores=2
+    )
     assert any(FLAG_INTERFERENCE in r.flags for r in results.values())
 
 

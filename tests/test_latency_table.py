@@ -95,7 +95,11 @@ def corrupt(path, line, column, value):
         ("median_ms", "fast", r"line 3: column 'median_ms': 'fast' is not a number"),
         ("median_ms", "-2", r"line 3: column 'median_ms': '-2' is not a positive finite number"),
         ("subnet", "{not json", r"line 3: column 'subnet': not a subnet"),
-        ("subnet", '{"embed_dim": 100, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"]}', r"line 3: subnet is not in space 'tiny': embed_dim: 100"),
+        (
+            "subnet",
+            '{"embed_dim": 100, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"]}',
+            r"line 3: subnet is not in space 'tiny': embed_dim: 100",
+        ),
         ("key", "0123456789abcdef", r"line 3: column 'key': '0123456789abcdef' is not the subnet's key"),
         ("pass", "again", r"line 3: column 'pass': 'again' is not one of measure, retest"),
     ],

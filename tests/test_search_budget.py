@@ -13,7 +13,16 @@ FORMS = "50ms, 0.05s, 800us"
 
 @pytest.mark.parametrize(
     "text, ms",
-    [("50ms", 50.0), ("0.05s", 50.0), ("800us", 0.8), ("800µs", 0.8), (" 12.5 ms ", 12.5), ("1e-3s", 1.0), ("2s", 2000.0), (".5ms", 0.5)],
+    [
+        ("50ms", 50.0),
+        ("0.05s", 50.0),
+        ("800us", 0.8),
+        ("800µs", 0.8),
+        (" 12.5 ms ", 12.5),
+        ("1e-3s", 1.0),
+        ("2s", 2000.0),
+        (".5ms", 0.5),
+    ],
 )
 def test_budget_units(text, ms):
     assert parse_budget(text) == pytest.approx(ms)
@@ -58,15 +67,24 @@ def test_budget_labels():
 
 def test_param_counts():
     assert parse_count("1500000") == 1_500_000 and parse_count("1.5M") == 1_500_000 and parse_count("800k") == 800_000
-    for bad, why in (("1.5q", "is not a count"), ("-3", "greater than zero"), ("0", "greater than zero"), ("1.5", "whole number")):
+    for bad, why in (
+        ("1.5q", "is not a count"),
+        ("-3", "greater than zero"),
+        ("0", "greater than zero"),
+        ("1.5", "whole number"),
+    ):
         with pytest.raises(UserError, match=why):
             parse_count(bad)
 
 
 def test_cli_refuses_bad_budgets_in_one_line_before_loading_anything():
     for budget, why in (("50", "has no unit"), ("-5ms", "must be greater than zero"), ("20ms,soon", "'soon' is not a latency")):
-        out = subprocess.run([sys.executable, "-m", "nas", "search", "missing.pt", "--predictor", "missing.json", "--budget", budget],
-                             capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, "-m", "nas", "search", "missing.pt", "--predictor", "missing.json", "--budget", budget],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         assert out.returncode == 2, out.stderr
         assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
         assert out.stderr.startswith("nas search: error: --budget:") and why in out.stderr and FORMS in out.stderr

@@ -186,7 +186,11 @@ def test_search_cli_with_a_real_predictor_file(tmp_path, tiny, supernet, capsys)
     assert main(args + ["--budget", "6ms"]) == 0
     best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
     assert load_predictor(pred).predict([best])[0] <= 6.0
-    assert "additive predictor predictor.json" in capsys.readouterr().err
+    first = capsys.readouterr()
+    assert "nas search: " in first.err and "additive predictor predictor.json" in first.err  # the notes, through logging
+    assert main(args + ["--budget", "6ms", "-q"]) == 0  # the finished study again, quietly: the same table, no notes
+    quiet = capsys.readouterr()
+    assert quiet.out == first.out and quiet.err == ""
 
     other = fit_real_predictor(load_space("base"), tmp_path / "base-pred")
     assert main(args + ["--budget", "6ms", "--predictor", str(other)]) == 2

@@ -19,6 +19,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pytest
 
 from nas.search import (
@@ -37,6 +38,7 @@ from nas.search import (
     run_search,
     strategy_rng,
 )
+from nas.search.storage import ended
 from search_spaces import UserError, load_space
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,8 +102,6 @@ def start_worker(url: str, study: str, seed: int, sleep: float, hang_after: int 
 
 
 def trials(url: str, study: str):
-    import optuna
-
     return optuna.load_study(study_name=study, storage=open_storage(url)).get_trials(deepcopy=False)
 
 
@@ -155,8 +155,9 @@ def test_killed_and_resumed_search_ends_like_an_uninterrupted_one(tmp_path, refe
     resumed = synthetic_search(url, "s", seed=3)  # the same command again
     assert outcome(resumed) == reference
     after = {t.number: t for t in trials(url, "s")}
+    why = ended(optuna.load_study(study_name="s", storage=open_storage(url)))
     for n in left_running:  # recovered: failed with the reason, and their slots redone by new trials
-        assert after[n].state.name == "FAIL" and "died" in after[n].user_attrs["failed_because"]
+        assert after[n].state.name == "FAIL" and why[n]["state"] == "FAIL" and "died" in why[n]["why"]
     assert not any(t.state.name == "RUNNING" for t in after.values())
     assert resumed.claimed_here == slots - sum(t.state.name == "COMPLETE" for t in before)
 
@@ -249,19 +250,25 @@ def test_two_workers_on_postgresql(postgres_url, reference):
 
 
 def test_trials_of_a_worker_on_another_host_are_failed_by_heartbeat(postgres_url):
-    from nas.search.storage import worker_id, worker_is_dead
+    from nas.search.storage import ALIVE, heartbeat_interval, worker_id, worker_is_dead
 
+    assert (
+        heartbeat_interval(postgres_url) and heartbeat_interval("sqlite:///x.db") is None and heartbeat_interval("memory") is None
+    )
     space = load_space("tiny")
-    storage = open_storage(postgres_url, heartbeat_s=1, grace_s=1)
-    study = open_study(storage, "heartbeat", {})
-    elsewhere = TrialStore(study, space, owner="some-other-host:123:456")
-    elsewhere.claim(("50ms", 0, 0), space.smallest(), 1.0, 100, cached=False)
-    here = TrialStore(study, space)
-    assert not worker_is_dead("some-other-host:123:456") and not worker_is_dead(worker_id())
-    assert here.recover() == []  # its heartbeat is fresh
-    time.sleep(2.5)
-    assert here.recover() == [0]
-    assert study.trials[0].state.name == "FAIL" and here.snapshot().owner_of(("50ms", 0, 0)) is None
+    study = open_study(open_storage(postgres_url), "heartbeat", {})
+    silent = TrialStore(study, space, owner="some-other-host:123:456")  # no heartbeat: killed, or cut off
+    silent.claim(("50ms", 0, 0), space.smallest(), 1.0, 100, cached=False)
+    with TrialStore(study, space, owner="third-host:7:8", heartbeat_s=0.2) as beating:  # alive, beating every 0.2 s
+        beating.claim(("50ms", 0, 1), space.largest(), 1.0, 100, cached=False)
+        with TrialStore(study, space, heartbeat_s=1, grace_s=1) as here:
+            assert ALIVE + here.owner in study.user_attrs  # its first beat is written at once
+            assert not worker_is_dead("some-other-host:123:456") and not worker_is_dead(worker_id())
+            assert here.recover() == []  # nothing heard from the silent one for a whole grace period yet
+            time.sleep(2.5)
+            assert here.recover() == [0]  # the silent worker's trial; the beating one's stays
+    assert study.trials[0].state.name == "FAIL" and study.trials[1].state.name == "RUNNING"
+    assert "no heartbeat" in ended(study)[0]["why"] and here.snapshot().owner_of(("50ms", 0, 0)) is None
 
 
 def test_dead_worker_on_this_host_is_recognised_at_once():
@@ -273,7 +280,8 @@ def test_dead_worker_on_this_host_is_recognised_at_once():
     assert gone.startswith(socket.gethostname() + ":") and worker_is_dead(gone)
     assert not worker_is_dead(worker_id())
     host, pid, start = worker_id().rsplit(":", 2)
-    assert worker_is_dead(f"{host}:{pid}:{int(start) + 1}")  # same pid, other start time: a reused pid
+    assert worker_is_dead(f"{host}:{pid}:{float(start) + 1:.2f}")  # same pid, other start time: a reused pid
+    assert not worker_is_dead(f"other-{host}:{pid}:{float(start) + 1:.2f}")  # another host: only its heartbeat tells
 
 
 if __name__ == "__main__":

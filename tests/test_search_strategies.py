@@ -79,7 +79,10 @@ def test_mutation_and_crossover_stay_in_the_space(tiny):
         assert child.embed_dim in (a.embed_dim, b.embed_dim) and child.depth in (a.depth, b.depth)
         for i, layer in enumerate(child.layers):
             assert layer in [p.layers[i] for p in (a, b) if i < p.depth] or any(
-                getattr(layer, g) == getattr(p.layers[i], g) for p in (a, b) if i < p.depth for g in ("heads", "ffn_dim", "attention")
+                getattr(layer, g) == getattr(p.layers[i], g)
+                for p in (a, b)
+                if i < p.depth
+                for g in ("heads", "ffn_dim", "attention")
             )
     assert mutate(tiny, parents[0], rng, 0.0) == parents[0]
     assert crossover(tiny, parents[0], parents[0], rng) == parents[0]
@@ -124,7 +127,7 @@ def test_evolution_beats_random_search_at_equal_evaluations(tiny, proxy):
         evo = run_direct(make(Evolution, tiny, cons, seed, config=longer), proxy)
         rnd = run_direct(make(RandomSearch, tiny, cons, seed, config=longer), proxy)
         n = min(len(evo), len(rnd))
-        wins += min(l for _, l, _ in evo[:n]) < min(l for _, l, _ in rnd[:n])
+        wins += min(loss for _, loss, _ in evo[:n]) < min(loss for _, loss, _ in rnd[:n])
     assert wins >= 4
 
 
@@ -133,7 +136,7 @@ def test_nsga2_keeps_a_non_dominated_population_front(tiny, proxy):
     strategy = make(NSGA2, tiny, cons, seed=0)
     seen = run_direct(strategy, proxy)
     pts = np.array([[e.loss, e.latency] for e in strategy.population])
-    all_pts = np.array([[l, t] for _, l, t in seen])
+    all_pts = np.array([[loss, t] for _, loss, t in seen])
     front = {tuple(p) for p in all_pts[pareto_front(all_pts)]}
     population = {tuple(p) for p in pts}
     assert len(strategy.population) == SMALL.population
@@ -180,7 +183,9 @@ def test_infeasible_budget_names_the_smallest_reachable_latency(tiny, proxy):
 
 def test_infeasible_params_and_joint_constraints(tiny, proxy, params):
     smallest = min(params(s) for s in lightest_subnets(tiny))  # (a type without keys is lighter than softmax)
-    with pytest.raises(UserError, match=f"--max-params .* is infeasible: the smallest subnet of space 'tiny' has {smallest:,} parameters"):
+    with pytest.raises(
+        UserError, match=f"--max-params .* is infeasible: the smallest subnet of space 'tiny' has {smallest:,} parameters"
+    ):
         feasible_seeds(tiny, Constraints((ParamLimit(smallest - 1, params),)), np.random.default_rng(0))
     # each alone is satisfiable, together they are not: the fastest latency, and at least 4 layers
     fastest = float(proxy(lightest_subnets(tiny)).min())

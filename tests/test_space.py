@@ -156,12 +156,24 @@ def test_membership_errors_name_the_field(tiny):
 @pytest.mark.parametrize(
     "data, message",
     [
-        ({"embed_dim": 64, "depth": 2, "heads": [1], "ffn_dim": [128, 128], "attention": ["softmax"] * 2}, "heads: has 1 entries but depth is 2"),
-        ({"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"], "dropout": 0}, "unknown key 'dropout'"),
+        (
+            {"embed_dim": 64, "depth": 2, "heads": [1], "ffn_dim": [128, 128], "attention": ["softmax"] * 2},
+            "heads: has 1 entries but depth is 2",
+        ),
+        (
+            {"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"], "dropout": 0},
+            "unknown key 'dropout'",
+        ),
         ({"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128]}, "missing key 'attention'"),
-        ({"embed_dim": 0, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"]}, "embed_dim: 0 is not a positive integer"),
+        (
+            {"embed_dim": 0, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax"]},
+            "embed_dim: 0 is not a positive integer",
+        ),
         ({"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["sparse"]}, "'sparse' is not one of"),
-        ({"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax "]}, "write 'softmax', not 'softmax '"),
+        (
+            {"embed_dim": 64, "depth": 1, "heads": [1], "ffn_dim": [128], "attention": ["softmax "]},
+            "write 'softmax', not 'softmax '",
+        ),
     ],
 )
 def test_malformed_subnets(data, message):

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from nas.cli import main
-from search_spaces import Subnet, UserError, parse_space
+from search_spaces import UserError, parse_space
 from supernet import SuperTransformer, extract
 from supernet.checkpoint import save_checkpoint
 from supernet.data import prepare_corpus
@@ -129,7 +129,9 @@ def test_sandwich_plan_and_distillation(micro):
     loss_same, ce_same = obj.loss(1, teacher.clone(), y, memo)
     assert torch.allclose(loss_same, 0.5 * ce_same, atol=1e-6)
     loss1, ce1 = obj.loss(1, student, y, memo)
-    kl = torch.nn.functional.kl_div(student.log_softmax(-1).flatten(0, 1), teacher.log_softmax(-1).flatten(0, 1), log_target=True, reduction="batchmean")
+    kl = torch.nn.functional.kl_div(
+        student.log_softmax(-1).flatten(0, 1), teacher.log_softmax(-1).flatten(0, 1), log_target=True, reduction="batchmean"
+    )
     assert torch.allclose(loss1, 0.5 * ce1 + 0.5 * kl, atol=1e-6)
     with pytest.raises(UserError, match="--distill: 1.5 is not between 0 and 1"):
         SandwichObjective(micro, distill=1.5)
@@ -253,7 +255,9 @@ def test_max_time_bounds_a_run(micro, docs, tmp_path):
 
 
 def nas(*args, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "nas", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "nas", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs
+    )
 
 
 def test_cli_sigint_saves_a_checkpoint_and_resume_continues(space_file, docs, tmp_path, capsys):

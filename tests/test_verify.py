@@ -30,23 +30,40 @@ def test_a_candidate_over_budget_is_dropped_and_the_next_one_returned():
     v = verdicts["10ms"]
     assert [ch.holds for ch in v.checks] == [False, True, True] and v.chosen.candidate == b and v.chosen.rank == 2
     assert verdicts["20ms"].chosen.candidate == a
-    assert v.checks[0].error_pct == pytest.approx(100 * (9.0 - 12.0) / 12.0)
+    assert v.checks[0].error_pct == pytest.approx(100 * (12.0 - 9.0) / 9.0)  # (measured - predicted) / predicted: slower is +
     text = report(verdicts, "fake")
-    assert "DROPPED" in text and "KEPT" in text
+    assert "DROPPED" in text and "KEPT" in text and " +33.3%  DROPPED" in text
     none = verify({"5ms": [a, b]}, {"5ms": 5.0}, measure)["5ms"]
     assert none.chosen is None and "none of the top 2 holds" in report({"5ms": none}, "fake")
+
+
+def test_latency_error_has_one_sign_everywhere():
+    """error = (measured - predicted) / predicted: a device slower than predicted is a positive error."""
+    from latency.report import latency_error_pct
+    from nas.search.verify import Check
+
+    assert latency_error_pct(12.0, 10.0) == pytest.approx(20.0) and latency_error_pct(8.0, 10.0) == pytest.approx(-20.0)
+    assert Check(1, cand(64, 1.0, 10.0, 0), 12.0, [], False).error_pct == pytest.approx(20.0)
 
 
 def test_top_candidates_are_feasible_and_in_order_of_fitness():
     from nas.search.storage import Record
 
     def rec(trial, width, loss, ms, ffn=128):
-        return Record(trial, trial, ("x", 0, trial), Subnet(width, 1, (1,), (ffn,), ("softmax",)), loss, ms, width, False, "me")
+        return Record(trial, ("x", 0, trial), Subnet(width, 1, (1,), (ffn,), ("softmax",)), loss, ms, width, False, "me")
 
     # the best is infeasible; trial 3 repeats trial 1's subnet (counted once)
-    records = [rec(0, 128, 1.0, 30.0), rec(1, 96, 1.2, 9.0), rec(2, 64, 1.5, 5.0), rec(3, 96, 1.2, 9.0), rec(4, 64, 1.1, 5.5, ffn=256)]
+    records = [
+        rec(0, 128, 1.0, 30.0),
+        rec(1, 96, 1.2, 9.0),
+        rec(2, 64, 1.5, 5.0),
+        rec(3, 96, 1.2, 9.0),
+        rec(4, 64, 1.1, 5.5, ffn=256),
+    ]
     feasible = lambda subnets: np.array([s.embed_dim < 128 for s in subnets])  # noqa: E731
-    search = SimpleNamespace(label="10ms", constraints=SimpleNamespace(feasible=feasible, items=(SimpleNamespace(latency=None, limit=10.0),)))
+    search = SimpleNamespace(
+        label="10ms", constraints=SimpleNamespace(feasible=feasible, items=(SimpleNamespace(latency=None, limit=10.0),))
+    )
     top = top_candidates([search], records, 2)["10ms"]
     assert [(c.trial, c.loss) for c in top] == [(4, 1.1), (1, 1.2)]
     assert all(c.subnet.embed_dim < 128 for c in top) and budget_of(search) == 10.0
@@ -58,11 +75,17 @@ def test_verify_with_a_fake_device_end_to_end(tiny, tmp_path):
     from tests.test_export import SlowFakeDevice
 
     supernet = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval()
-    subs = [Subnet(128, 1, (2,), (256,), ("softmax",)), Subnet(96, 1, (2,), (256,), ("softmax",)), Subnet(64, 1, (2,), (256,), ("softmax",))]
+    subs = [
+        Subnet(128, 1, (2,), (256,), ("softmax",)),
+        Subnet(96, 1, (2,), (256,), ("softmax",)),
+        Subnet(64, 1, (2,), (256,), ("softmax",)),
+    ]
     fake_ms = [0.2 + 1e-6 * supernet.num_params(s) * 256 / 16 for s in subs]  # the fake device's cost
     cands = [Candidate(s, 1.0 + i / 10, ms, supernet.num_params(s), i) for i, (s, ms) in enumerate(zip(subs, fake_ms))]
     budget = max(fake_ms) * 1.01  # all hold by the predictor
-    measure = device_measure(SlowFakeDevice((128,), factor=50.0), supernet, tiny.workload(), Settings(warmup=1, repeats=2, rounds=2))
+    measure = device_measure(
+        SlowFakeDevice((128,), factor=50.0), supernet, tiny.workload(), Settings(warmup=1, repeats=2, rounds=2)
+    )
     verdicts = verify({"b": cands}, {"b": budget}, measure)
     v = verdicts["b"]
     assert not v.checks[0].holds and v.checks[0].measured_ms == pytest.approx(50 * fake_ms[0], rel=1e-6)
@@ -112,7 +135,9 @@ def test_search_cli_verify_drops_the_best_when_the_device_says_it_is_too_slow(ti
     assert "DROPPED" in out and "KEPT" in out and "verify.csv" in out
 
 
-def test_search_margin_keeps_the_prediction_below_the_budget_and_verify_holds_the_device_to_the_budget(tiny, tmp_path, monkeypatch):
+def test_search_margin_keeps_the_prediction_below_the_budget_and_verify_holds_the_device_to_the_budget(
+    tiny, tmp_path, monkeypatch
+):
     """--margin 20: the search's best is predicted <= 80% of the budget; verification compares with the budget itself."""
     import latency.device
     from nas.cli import main

@@ -60,7 +60,11 @@ def one_layer(space, attention):
 
 
 def test_workloads_have_a_kind_a_shape_and_a_record(families, tiny):
-    assert [(w.name, w.kind) for w in families.workloads] == [("prefill", "prefill"), ("decode", "decode"), ("wide-decode", "decode")]
+    assert [(w.name, w.kind) for w in families.workloads] == [
+        ("prefill", "prefill"),
+        ("decode", "decode"),
+        ("wide-decode", "decode"),
+    ]
     wide = families.workload("wide-decode")
     assert (wide.batch_size, wide.context, wide.tokens, wide.seq_len) == (2, 200, 1, 0)
     assert str(wide) == "wide-decode (decode 2x1 at context 200)" and wide.label == "wide-decode:2x1@200"
@@ -160,9 +164,16 @@ def test_onnxruntime_times_a_decode_step_of_each_family(families, tmp_path, monk
     run = get_device("onnxruntime", threads=1).prepare(model, w)
     assert run(2) > 0 and run(2) > 0
     graph, _, layout = cached_decode_graph(model)  # cached: no second export
-    mine, theirs = decode_inputs(layout, w.batch_size, w.context), decode_feed(str(graph), w.batch_size, w.context, np.random.default_rng(0))
+    mine, theirs = (
+        decode_inputs(layout, w.batch_size, w.context),
+        decode_feed(str(graph), w.batch_size, w.context, np.random.default_rng(0)),
+    )
     assert {k: (v.shape, v.dtype) for k, v in mine.items()} == {k: (v.shape, v.dtype) for k, v in theirs.items()}
-    assert mine["past.0.k"].shape == (2, 2, 200, 8) and mine["past.1.k"].shape == (2, 2, 8, 8) and mine["past.2.s"].shape == (2, 2, 8, 8)
+    assert (
+        mine["past.0.k"].shape == (2, 2, 200, 8)
+        and mine["past.1.k"].shape == (2, 2, 8, 8)
+        and mine["past.2.s"].shape == (2, 2, 8, 8)
+    )
     assert mine["position"].tolist() == [200]
 
 
@@ -188,7 +199,9 @@ def test_tables_record_their_workload_and_refuse_a_mix(tiny, tmp_path, capsys):
     assert {r["workload"] for r in csv.DictReader(open(path))} == {"decode:1x1@255"}
     assert "cache_bytes" in t.meta["columns"]
 
-    with pytest.raises(UserError, match=r"it holds timings of workload decode \(decode 1x1 at context 255\), this run measures prefill"):
+    with pytest.raises(
+        UserError, match=r"it holds timings of workload decode \(decode 1x1 at context 255\), this run measures prefill"
+    ):
         decode_campaign(tiny, path, tiny.workload("prefill"))
 
     lines = path.read_text().splitlines()
@@ -215,7 +228,10 @@ def test_a_predictor_refuses_another_workload(tiny, tmp_path, capsys):
     pred = load_predictor(fit_predictor(tiny, tiny.workload("decode"), tmp_path / "dec"))
     assert pred.workload == "decode" and pred.workload_spec == tiny.workload("decode")
     pred.check_workload(tiny.workload("decode"))
-    with pytest.raises(UserError, match=r"asks for workload prefill \(prefill 1x256\), but this predictor was fitted on timings of workload decode"):
+    with pytest.raises(
+        UserError,
+        match=r"asks for workload prefill \(prefill 1x256\), but this predictor was fitted on timings of workload decode",
+    ):
         pred.check_workload(tiny.workload("prefill"))
     subnet = tmp_path / "s.yaml"
     subnet.write_text(tiny.smallest().to_yaml())

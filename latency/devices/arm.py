@@ -102,7 +102,9 @@ def write_bundle(
     for pass_, subnets in passes.items():
         for s in subnets:
             feats = table_features(space, s, workload)
-            models.append({"key": s.key, "pass": pass_, "subnet": s.to_json(), "features": feats, **add_graph(supernet.extract(s))})
+            models.append(
+                {"key": s.key, "pass": pass_, "subnet": s.to_json(), "features": feats, **add_graph(supernet.extract(s))}
+            )
             if progress is not None:
                 progress(len(models), total, s.key)
     manifest = {
@@ -124,7 +126,11 @@ def write_bundle(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with tarfile.open(tmp, "w:gz") as tar:
-        for name, text in (("runner.py", runner_source()), ("manifest.json", json.dumps(manifest, indent=1)), ("README.txt", readme)):
+        for name, text in (
+            ("runner.py", runner_source()),
+            ("manifest.json", json.dumps(manifest, indent=1)),
+            ("README.txt", readme),
+        ):
             _add_text(tar, f"{ROOT}/{name}", text)
         for name, graph in sorted(graphs.items()):
             tar.add(graph, arcname=f"{ROOT}/models/{name}")
@@ -149,7 +155,15 @@ def parse_target(target: str) -> str:
     return host
 
 
-def run_remote(target: str, bundle: Path, out: Path, *, threads: int | None = None, clock: str | None = None, workdir: str = "/tmp/nas-latency") -> None:
+def run_remote(
+    target: str,
+    bundle: Path,
+    out: Path,
+    *,
+    threads: int | None = None,
+    clock: str | None = None,
+    workdir: str = "/tmp/nas-latency",
+) -> None:
     """Copy ``bundle`` to the host, run its runner there (resuming ``out`` if it exists), fetch ``out`` back."""
     host = parse_target(target)
     ssh = shlex.split(os.environ.get("NAS_SSH", "ssh"))

@@ -56,10 +56,17 @@ def done_keys(path: str) -> set:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.")
-    p.add_argument("--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists")
+    p.add_argument(
+        "--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists"
+    )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (default: its own choice)")
     p.add_argument("--provider", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--clock", choices=list(CLOCKS), default="wall", help="wall (default) or cpu: the thread's CPU time, for a shared machine (needs --threads 1)")
+    p.add_argument(
+        "--clock",
+        choices=list(CLOCKS),
+        default="wall",
+        help="wall (default) or cpu: the thread's CPU time, for a shared machine (needs --threads 1)",
+    )
     p.add_argument("--memory-mb", type=float, default=1024, help="weights held in memory at once (models are timed in groups)")
     args = p.parse_args(argv)
     try:
@@ -88,7 +95,9 @@ def main(argv=None) -> int:
         diff = sorted(k for k in set(stored["fingerprint"]) | set(meta["fingerprint"])
                       if k not in INFORMATIONAL and stored["fingerprint"].get(k) != meta["fingerprint"].get(k))
         if diff:
-            print(f"error: {args.out} was measured with another fingerprint ({', '.join(diff)}); use another --out", file=sys.stderr)
+            print(
+                f"error: {args.out} was measured with another fingerprint ({', '.join(diff)}); use another --out", file=sys.stderr
+            )
             return 2
         meta["baseline_ms"] = stored.get("baseline_ms")
     else:
@@ -100,14 +109,21 @@ def main(argv=None) -> int:
 
     def feed_of(entry: dict) -> dict:
         """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
-        return decode_inputs(entry["inputs"], workload["batch_size"], workload["context"]) if workload.get("kind") == "decode" else tokens
+        return (
+            decode_inputs(entry["inputs"], workload["batch_size"], workload["context"])
+            if workload.get("kind") == "decode"
+            else tokens
+        )
 
     ref = manifest["reference"]
     ref_session = ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider)
     ref_runner = ort_runner(ref_session, feed_of(ref), args.clock)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
-    print(f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}", flush=True)
+    print(
+        f"{len(manifest['models']) - len(todo)} of {len(manifest['models'])} already measured in {args.out}; timing {len(todo)}",
+        flush=True,
+    )
 
     groups, size = [], args.memory_mb + 1
     for m in todo:
@@ -132,12 +148,18 @@ def main(argv=None) -> int:
             print(f"\r{n}/{total} visits, ETA {eta / 60:.1f} min ", end="", flush=True)
 
         rng = np.random.default_rng([manifest["seed"], 7, g_index])
-        results, baseline = run_protocol(runners, ref_runner, settings, rng, baseline_ms=meta.get("baseline_ms"), progress=progress)
+        results, baseline = run_protocol(
+            runners, ref_runner, settings, rng, baseline_ms=meta.get("baseline_ms"), progress=progress
+        )
         if meta.get("baseline_ms") is None:
             meta["baseline_ms"] = baseline
             write_json(side, meta)
-        rows = [format_row(m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]], manifest["workload_label"])
-                for m in group]
+        rows = [
+            format_row(
+                m["key"], m["pass"], m["subnet"], m["features"], results[m["key"] + "/" + m["pass"]], manifest["workload_label"]
+            )
+            for m in group
+        ]
         append_rows(args.out, meta["columns"], rows)
         finished += len(group) * settings.rounds
     print(f"\nwrote {args.out} and {side}")

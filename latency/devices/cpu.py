@@ -55,7 +55,14 @@ class CPU:
         torch.set_num_threads(self.threads)  # process-wide: this process times one device
 
     def fingerprint(self) -> dict:
-        return {**host_fingerprint(), "device": "cpu", "runtime": "torch-eager", "torch": torch.__version__, "threads": self.threads, "clock": self.clock}
+        return {
+            **host_fingerprint(),
+            "device": "cpu",
+            "runtime": "torch-eager",
+            "torch": torch.__version__,
+            "threads": self.threads,
+            "clock": self.clock,
+        }
 
     def prepare(self, model, workload: Workload) -> Runner:
         model = model.eval()

@@ -30,8 +30,13 @@ def gpu_fingerprint(index: int = 0) -> dict:
         ).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         driver = "unknown"
-    return {"gpu": props.name, "gpu_memory_gb": round(props.total_memory / 2**30, 1), "gpu_capability": f"{props.major}.{props.minor}",
-            "driver": driver, "cuda": torch.version.cuda}
+    return {
+        "gpu": props.name,
+        "gpu_memory_gb": round(props.total_memory / 2**30, 1),
+        "gpu_capability": f"{props.major}.{props.minor}",
+        "driver": driver,
+        "cuda": torch.version.cuda,
+    }
 
 
 class CUDA:
@@ -41,7 +46,9 @@ class CUDA:
         if runtime not in RUNTIMES:
             raise UserError(f"--runtime: {runtime!r} is not one of {', '.join(RUNTIMES)}")
         if not torch.cuda.is_available():
-            raise UserError(f"--device cuda: no CUDA GPU is visible to torch {torch.__version__} (torch.cuda.is_available() is False)")
+            raise UserError(
+                f"--device cuda: no CUDA GPU is visible to torch {torch.__version__} (torch.cuda.is_available() is False)"
+            )
         if not 0 <= gpu < torch.cuda.device_count():
             raise UserError(f"--gpu: {gpu} is not a GPU index (this machine has {torch.cuda.device_count()})")
         self.runtime, self.gpu = runtime, gpu

@@ -46,8 +46,19 @@ class OnnxRuntime:
 
         from supernet.onnx_export import DEFAULT_OPSET
 
-        fp = {**host_fingerprint(), "device": "onnxruntime", "runtime": f"onnxruntime-{self.provider}", "onnxruntime": self.ort.__version__}
-        fp.update(threads=self.threads or "default", clock=self.clock, opset=DEFAULT_OPSET, exporter_torch=torch.__version__, graph_optimization="all")
+        fp = {
+            **host_fingerprint(),
+            "device": "onnxruntime",
+            "runtime": f"onnxruntime-{self.provider}",
+            "onnxruntime": self.ort.__version__,
+        }
+        fp.update(
+            threads=self.threads or "default",
+            clock=self.clock,
+            opset=DEFAULT_OPSET,
+            exporter_torch=torch.__version__,
+            graph_optimization="all",
+        )
         if self.provider == "cuda":
             from .cuda import gpu_fingerprint
 

@@ -31,7 +31,11 @@ class MLP:
         ly = np.log(y)
         self.y_mean, self.y_scale = float(ly.mean()), float(ly.std() or 1.0)
         net = MLPRegressor(
-            hidden_layer_sizes=(self.hidden,) * self.layers, solver="lbfgs", alpha=self.alpha, max_iter=self.max_iter, random_state=seed,
+            hidden_layer_sizes=(self.hidden,) * self.layers,
+            solver="lbfgs",
+            alpha=self.alpha,
+            max_iter=self.max_iter,
+            random_state=seed,
         )
         with warnings.catch_warnings(), threadpool_limits(1):  # small matrices: threads only wait on each other
             warnings.simplefilter("ignore", ConvergenceWarning)

@@ -36,7 +36,10 @@ def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence
     if kind == "additive":
         rows = [F.additive_terms(space, s, workload) for s in subnets]
     else:
-        rows = [{**dict(zip(space.feature_names(), space.encode(s).tolist())), **F.summary_features(space, s, workload)} for s in subnets]
+        rows = [
+            {**dict(zip(space.feature_names(), space.encode(s).tolist())), **F.summary_features(space, s, workload)}
+            for s in subnets
+        ]
     return F.matrix(rows)
 
 
@@ -128,7 +131,9 @@ def load_predictor(path: str | Path) -> Predictor:
     doc_path, arr_path = folder / "predictor.json", folder / "arrays.npz"
     for p in (doc_path, arr_path):
         if not p.exists():
-            raise UserError(f"{path}: not a predictor ({p.name} missing; `nas fit-predictor --out DIR` writes predictor.json and arrays.npz)")
+            raise UserError(
+                f"{path}: not a predictor ({p.name} missing; `nas fit-predictor --out DIR` writes predictor.json and arrays.npz)"
+            )
     try:
         doc = json.loads(doc_path.read_text())
         with np.load(arr_path, allow_pickle=False) as z:
@@ -148,5 +153,13 @@ def load_predictor(path: str | Path) -> Predictor:
             raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
     workload = Workload.from_record(doc["workload"], f"{doc_path}: workload") if doc.get("workload") else None
     regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
-    return Predictor(doc["model"], regressor, space, workload, doc.get("fingerprint") or {}, doc.get("columns"), doc.get("metrics") or {},
-                     doc.get("reference_ms"))
+    return Predictor(
+        doc["model"],
+        regressor,
+        space,
+        workload,
+        doc.get("fingerprint") or {},
+        doc.get("columns"),
+        doc.get("metrics") or {},
+        doc.get("reference_ms"),
+    )

@@ -5,13 +5,17 @@ predicted latency (``--predictor``) and, with ``--measure DEVICE``, its measured
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from nas.commands.search import add_scoring_arguments
 
+log = logging.getLogger(__name__)
+
 NAME = "export"
-HELP = "extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model (parity-checked)"
-EXAMPLE = "nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat --measure onnxruntime --budget 50ms"
+HELP = ("extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model "
+        "(parity-checked)")
+EXAMPLE = ("nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat "
+           "--measure onnxruntime --budget 50ms")
 
 # One model, measured once: more samples and rounds than a campaign's defaults (measure-latency: 10 / 30 / 5).
 PROTOCOL_DEFAULTS = {"warmup": 20, "repeats": 60, "rounds": 10, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 2}
@@ -21,25 +25,61 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None
     """The measurement protocol's flags (``--warmup`` ...), with one model's defaults."""
     d = PROTOCOL_DEFAULTS
     g = p.add_argument_group("measurement protocol")
-    g.add_argument(f"--{prefix}warmup", dest="warmup", type=int, default=d["warmup"], help=f"untimed calls before timing (default {d['warmup']})")
-    g.add_argument(f"--{prefix}repeats", dest="repeats", type=int, default=d["repeats"], help=f"timed samples, spread over the rounds (default {d['repeats']})")
-    g.add_argument(f"--{prefix}rounds", dest="rounds", type=int, default=d["rounds"], help=f"interleaved rounds with the reference model (default {d['rounds']})")
+    g.add_argument(
+        f"--{prefix}warmup",
+        dest="warmup",
+        type=int,
+        default=d["warmup"],
+        help=f"untimed calls before timing (default {d['warmup']})",
+    )
+    g.add_argument(
+        f"--{prefix}repeats",
+        dest="repeats",
+        type=int,
+        default=d["repeats"],
+        help=f"timed samples, spread over the rounds (default {d['repeats']})",
+    )
+    g.add_argument(
+        f"--{prefix}rounds",
+        dest="rounds",
+        type=int,
+        default=d["rounds"],
+        help=f"interleaved rounds with the reference model (default {d['rounds']})",
+    )
     g.add_argument(f"--{prefix}min-sample-ms", dest="min_sample_ms", type=float, default=d["min_sample_ms"],
                    help=f"a sample times back-to-back calls for at least this long (default {d['min_sample_ms']:g})")
     g.add_argument(f"--{prefix}tolerance", dest="tolerance", type=float, default=d["tolerance"],
                    help=f"reference change across a visit that marks it disturbed (default {d['tolerance']})")
     g.add_argument(f"--{prefix}max-retries", dest="max_retries", type=int, default=d["max_retries"],
                    help=f"re-measure passes for disturbed visits (default {d['max_retries']})")
-    g.add_argument(f"--{prefix}combine", dest="combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
-    g.add_argument(f"--{prefix}no-drift-correction", dest="no_drift_correction", action="store_true", help="do not rescale by the reference model")
-    g.add_argument(f"--{prefix}paired", dest="paired", action="store_true", help="a reference sample after every sample (fast machine swings)")
+    g.add_argument(
+        f"--{prefix}combine",
+        dest="combine",
+        choices=["median", "min"],
+        default="median",
+        help="round medians -> one figure (default median)",
+    )
+    g.add_argument(
+        f"--{prefix}no-drift-correction",
+        dest="no_drift_correction",
+        action="store_true",
+        help="do not rescale by the reference model",
+    )
+    g.add_argument(
+        f"--{prefix}paired",
+        dest="paired",
+        action="store_true",
+        help="a reference sample after every sample (fast machine swings)",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--supernet", required=True, help="supernet checkpoint written by `nas train-supernet`")
     p.add_argument("--subnet", required=True, help="subnet YAML or JSON (e.g. the best subnet `nas search` wrote)")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--format", default="torch,onnx", help="comma-separated: torch (safetensors + card always, and model.pt2), onnx")
+    p.add_argument(
+        "--format", default="torch,onnx", help="comma-separated: torch (safetensors + card always, and model.pt2), onnx"
+    )
     p.add_argument(
         "--target-ort",
         default=None,
@@ -51,8 +91,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scoring_arguments(v)
     v.add_argument("--no-eval", action="store_true", help="do not score the model (the card's validation entry stays empty)")
     m = p.add_argument_group("latency")
-    m.add_argument("--predictor", metavar="P", help="latency predictor (nas fit-predictor): its estimate and workload go into the card")
-    m.add_argument("--measure", metavar="DEVICE", help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)")
+    m.add_argument(
+        "--predictor", metavar="P", help="latency predictor (nas fit-predictor): its estimate and workload go into the card"
+    )
+    m.add_argument(
+        "--measure",
+        metavar="DEVICE",
+        help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)",
+    )
     m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
     m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else prefill)")
     m.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads")
@@ -76,10 +122,12 @@ def choose_workload(space, name: str | None, predicted: dict | None):
 
 
 def measurement_bar(desc: str):
-    """A tqdm bar over the protocol's visits: (bar, callback)."""
+    """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
     from tqdm import tqdm
 
-    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False)
+    from nas.cli import show_progress
+
+    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False, disable=not show_progress())
 
     def update(done: int, total: int, info: str) -> None:
         bar.total, bar.n = total, done
@@ -91,9 +139,18 @@ def measurement_bar(desc: str):
 def run(args: argparse.Namespace) -> int:
     from nas.commands.measure_latency import settings_from
     from nas.commands.search import validation_tokens
-    from nas.export import Scoring, choose_opset, export_subnet, measure_model, parse_formats, predicted_latency, validation_bpb
+    from nas.export import (
+        Scoring,
+        choose_opset,
+        export_subnet,
+        measure_model,
+        parse_formats,
+        predicted_latency,
+        validation_bpb,
+        workload_text,
+    )
     from nas.search.budget import format_ms, parse_budget
-    from search_spaces import Subnet, UserError
+    from search_spaces import Subnet, UserError, Workload
     from supernet.artifact import update_card
     from supernet.checkpoint import load_supernet
 
@@ -132,18 +189,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"  parameters        {result.parameters:,}")
     print(f"  torch             {result.out / 'model.safetensors'}  (load: supernet.load_model({str(result.out)!r}))")
     if result.program_path:
-        print(f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = {result.program_parity:.1e})")
+        print(
+            f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = "
+            f"{result.program_parity:.1e})"
+        )
     if result.onnx_path:
         print(f"  onnx              {result.onnx_path}  (opset {result.opset}, {result.attention_nodes} fused Attention nodes)")
         print(f"  parity            max |onnxruntime - torch| = {result.parity:.2e}")
     if validation:
-        print(f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x {validation['seq_len']} tokens of the {validation['source']})")
+        print(
+            f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x "
+            f"{validation['seq_len']} tokens of the {validation['source']})"
+        )
     if predicted:
-        w = predicted["workload"]
-        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {w['name']} {w['batch_size']}x{w['seq_len']}, "
+        w = Workload.from_record(predicted["workload"], "the predictor's workload")
+        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
               f"{predicted['device'].get('device', 'unknown device')})")
     for note in result.notes:
-        print(f"  note: {note}")
+        log.warning("%s", note)
     if not args.measure:
         return 0
 
@@ -158,16 +221,24 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     update_card(result.out, measured=measured)
-    print(f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, {measured['timed']}, "
-          f"{workload.name} {workload.batch_size}x{workload.seq_len}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else ""))
+    print(
+        f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, "
+        f"{measured['timed']}, "
+        f"{workload_text(workload)}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else "")
+    )
     if predicted:
         print(f"  predicted         {predicted['predicted_ms']:.3f} ms  -> prediction error {measured['error_pct']:+.1f}%")
     if budget is not None:
         print(f"  budget            {format_ms(budget)}: " + ("OVER" if measured["over_budget"] else "holds"))
         if measured["over_budget"]:
             also = f" (predicted {predicted['predicted_ms']:.3f} ms)" if predicted else ""
-            print(f"nas export: warning: measured latency {measured['median_ms']:.3f} ms on {args.measure} is over the budget "
-                  f"{format_ms(budget)}{also}", file=sys.stderr)
+            log.warning(
+                "measured latency %.3f ms on %s is over the budget %s%s",
+                measured["median_ms"],
+                args.measure,
+                format_ms(budget),
+                also,
+            )
             return 1 if args.strict else 0
     return 0
 

@@ -10,12 +10,16 @@ EXAMPLE = "nas fit-predictor runs/lat-cpu.csv --out runs/pred-cpu"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("timings", help="a timing table from `nas measure-latency` (CSV + .json sidecar), or a plain CSV with --target")
+    p.add_argument(
+        "timings", help="a timing table from `nas measure-latency` (CSV + .json sidecar), or a plain CSV with --target"
+    )
     p.add_argument("--out", required=True, help="folder for predictor.json + arrays.npz, the PNG and report.txt")
     p.add_argument("--target", help="fit a plain CSV: this column is the latency, every other column a numeric feature")
     p.add_argument("--models", default="mlp,gbt,additive", help="models to compare (default mlp,gbt,additive)")
     p.add_argument("--folds", type=int, default=5, help="cross-validation folds on the training split (default 5)")
-    p.add_argument("--test-fraction", type=float, default=0.2, help="held-out share when the table has no re-measured subnets (default 0.2)")
+    p.add_argument(
+        "--test-fraction", type=float, default=0.2, help="held-out share when the table has no re-measured subnets (default 0.2)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for splits and model fitting (default 0)")
 
 
@@ -68,11 +72,17 @@ def run(args: argparse.Namespace) -> int:
         names = subnet_matrix("additive", t.space, t.workload, subnets[:1])[1]
         space, workload, fingerprint, reference_ms = t.space, t.workload, t.fingerprint, t.meta.get("baseline_ms")
         fp = t.fingerprint
-        say(f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload}; {fp.get('device')} / {fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}")
+        say(
+            f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload}; {fp.get('device')} / "
+            f"{fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}"
+        )
         if forced is not None:
             retest = (np.array([second[k].median_ms for k, m in zip(keys, test) if m]), y[test])
         flagged = sum(1 for k in keys if measured[k].flags)
-        say(f"flags: {flagged} of {len(keys)} subnets flagged ({', '.join(sorted({f for k in keys for f in measured[k].flags})) or 'none'})")
+        say(
+            f"flags: {flagged} of {len(keys)} subnets flagged "
+            f"({', '.join(sorted({f for k in keys for f in measured[k].flags})) or 'none'})"
+        )
 
     split = "the re-measured subnets" if retest is not None else f"a seeded {args.test_fraction:.0%}"
     say(f"held out: {int(test.sum())} ({split}); cross-validation: {args.folds}-fold on the other {int((~test).sum())}")
@@ -92,10 +102,19 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if sel.best == "additive":
         sel.final.names = names  # so its costs read by name
-    predictor = Predictor(sel.best, sel.final, space, workload, fingerprint, names if space is None else None, metrics, reference_ms)
+    predictor = Predictor(
+        sel.best, sel.final, space, workload, fingerprint, names if space is None else None, metrics, reference_ms
+    )
     path = predictor.save(out)
-    title = f"{sel.best} on {Path(args.timings).name}: held-out within ±10% {sel.test['within_10']:.0%}, tau {sel.test['kendall_tau']:.3f}"
-    png = plot(out / "predicted_vs_measured.png", y[test], sel.test_pred, title, retest=None if retest is None else (retest[1], retest[0]))
+    title = (f"{sel.best} on {Path(args.timings).name}: held-out within ±10% {sel.test['within_10']:.0%}, "
+             f"tau {sel.test['kendall_tau']:.3f}")
+    png = plot(
+        out / "predicted_vs_measured.png",
+        y[test],
+        sel.test_pred,
+        title,
+        retest=None if retest is None else (retest[1], retest[0]),
+    )
     if sel.best == "additive" and space is not None:
         say("additive costs (ms per unit): " + ", ".join(f"{k}={v:.3g}" for k, v in sel.final.costs().items() if v))
     say(f"saved {path} (+ arrays.npz; refit on all {len(y)} rows), {png}")

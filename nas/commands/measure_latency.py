@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
+
+log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
 HELP = "time sampled subnets of a space on a device (cpu, cuda, onnxruntime, arm bundle, ssh://host) into a CSV timing table"
@@ -14,27 +17,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", required=True, help="cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host")
     p.add_argument("--out", help="timing table CSV (a .json sidecar is written beside it); an existing one is resumed")
     p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
-    p.add_argument("--samples", type=int, default=300, help="subnets to time, always including the largest and smallest (default 300)")
+    p.add_argument(
+        "--samples", type=int, default=300, help="subnets to time, always including the largest and smallest (default 300)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
                    "(one new token at a context), as the space's latency section names them (default: its first)")
     p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
-    p.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)")
+    p.add_argument(
+        "--clock",
+        help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)",
+    )
     p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
     g = p.add_argument_group("protocol")
     g.add_argument("--warmup", type=int, default=10, help="untimed calls per subnet before timing (default 10)")
     g.add_argument("--repeats", type=int, default=30, help="timed samples per subnet, spread over the rounds (default 30)")
     g.add_argument("--rounds", type=int, default=5, help="interleaved rounds in shuffled order (default 5)")
-    g.add_argument("--min-sample-ms", type=float, default=30.0, help="a sample times back-to-back calls for at least this long (default 30)")
-    g.add_argument("--tolerance", type=float, default=0.15, help="reference change across a visit that marks it disturbed and re-measured (default 0.15)")
+    g.add_argument(
+        "--min-sample-ms", type=float, default=30.0, help="a sample times back-to-back calls for at least this long (default 30)"
+    )
+    g.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.15,
+        help="reference change across a visit that marks it disturbed and re-measured (default 0.15)",
+    )
     g.add_argument("--max-retries", type=int, default=1, help="re-measure passes for disturbed visits (default 1)")
     g.add_argument("--combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
-    g.add_argument("--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit")
-    g.add_argument("--paired", action="store_true", help="time the reference after every sample and rescale each sample by the two "
-                   "around it: cancels fast machine-speed swings (shared hosts), twice the timing cost")
-    g.add_argument("--retest", type=float, default=0.2, help="share of subnets timed a second time, at the end, for test-retest agreement (default 0.2)")
-    g.add_argument("--memory-mb", type=float, default=2048, help="weights held at once; subnets are timed in interleaved groups this size (default 2048)")
+    g.add_argument(
+        "--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit"
+    )
+    g.add_argument(
+        "--paired",
+        action="store_true",
+        help="time the reference after every sample and rescale each sample by the two "
+        "around it: cancels fast machine-speed swings (shared hosts), twice the timing cost",
+    )
+    g.add_argument(
+        "--retest",
+        type=float,
+        default=0.2,
+        help="share of subnets timed a second time, at the end, for test-retest agreement (default 0.2)",
+    )
+    g.add_argument(
+        "--memory-mb",
+        type=float,
+        default=2048,
+        help="weights held at once; subnets are timed in interleaved groups this size (default 2048)",
+    )
 
 
 def settings_from(args: argparse.Namespace):
@@ -43,8 +74,14 @@ def settings_from(args: argparse.Namespace):
 
     try:
         return Settings(
-            warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, tolerance=args.tolerance,
-            max_retries=args.max_retries, combine=args.combine, correct_drift=not args.no_drift_correction,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            rounds=args.rounds,
+            min_sample_ms=args.min_sample_ms,
+            tolerance=args.tolerance,
+            max_retries=args.max_retries,
+            combine=args.combine,
+            correct_drift=not args.no_drift_correction,
             paired=args.paired,
         )
     except ValueError as e:
@@ -57,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from latency.sampling import campaign_subnets, retest_subset
+    from nas.cli import show_progress
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
@@ -66,11 +104,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     subnets = campaign_subnets(space, args.samples, args.seed)
     passes = {"measure": subnets, "retest": retest_subset(subnets, args.retest, args.seed)}
-    print(f"{space.name} ({space.hash}): {len(subnets)} subnets (+{len(passes['retest'])} re-measured), "
-          f"workload {workload}")
+    log.info(
+        "%s (%s): %d subnets (+%d re-measured), workload %s",
+        space.name,
+        space.hash,
+        len(subnets),
+        len(passes["retest"]),
+        workload,
+    )
 
     def bar(desc: str):
-        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True)
+        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
 
         def update(done: int, total: int, info: str) -> None:
             b.total = total
@@ -114,9 +158,13 @@ def run(args: argparse.Namespace) -> int:
     table = TimingTable(args.out, make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names))
     already = sum(len(v) for v in table.done.values())
     if already:
-        print(f"resuming {args.out}: {already} rows already measured")
+        log.info("resuming %s: %d rows already measured", args.out, already)
     b, update = bar(f"{args.device}")
     n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
     b.close()
-    print(f"measured {n} subnets into {args.out} (baseline reference {table.baseline_ms:.3f} ms)" if n else f"{args.out}: nothing left to measure")
+    print(
+        f"measured {n} subnets into {args.out} (baseline reference {table.baseline_ms:.3f} ms)"
+        if n
+        else f"{args.out}: nothing left to measure"
+    )
     return 0

@@ -13,7 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --sample` prints)")
     p.add_argument("--predictor", required=True, help="a folder written by `nas fit-predictor --out`")
     p.add_argument("--space", help="refuse unless the predictor was fitted on this space (YAML file or shipped name)")
-    p.add_argument("--workload", help="refuse unless the predictor was fitted at this workload of its space (prefill, decode, ...)")
+    p.add_argument(
+        "--workload", help="refuse unless the predictor was fitted at this workload of its space (prefill, decode, ...)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -22,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
 
     predictor = load_predictor(args.predictor)
     if predictor.space is None:
-        raise UserError(f"{args.predictor}: fitted on a plain feature table (columns {', '.join(predictor.columns or [])}), not on subnets")
+        raise UserError(
+            f"{args.predictor}: fitted on a plain feature table (columns {', '.join(predictor.columns or [])}), not on subnets"
+        )
     if args.space:
         predictor.check_space(load_space(args.space))
     if args.workload:

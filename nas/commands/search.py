@@ -14,9 +14,11 @@ import argparse
 import functools
 import hashlib
 import json
+import logging
 import re
-import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 NAME = "search"
 HELP = "search the subnet with the lowest validation loss under latency / size budgets"
@@ -50,8 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--crossovers", type=int, default=50, help="children by crossover per generation (default 50)")
     g.add_argument("--generations", type=int, default=30, help="generations in all, the random one included (default 30)")
     g.add_argument("--mutate-prob", type=float, default=0.3, help="probability that mutation redraws a gene (default 0.3)")
-    g.add_argument("--selection", default="top", choices=("top", "tournament"), help="parents: the best ones, or tournament winners")
-    g.add_argument("--tournament-size", type=int, default=10, help="entrants per tournament with --selection tournament (default 10)")
+    g.add_argument(
+        "--selection", default="top", choices=("top", "tournament"), help="parents: the best ones, or tournament winners"
+    )
+    g.add_argument(
+        "--tournament-size", type=int, default=10, help="entrants per tournament with --selection tournament (default 10)"
+    )
     g.add_argument("--aging", action="store_true", help="regularized evolution: the oldest members leave the population")
     g.add_argument("--max-tries", type=int, default=100, help="redraw rounds for children that break a constraint (default 100)")
     g.add_argument("--seed", type=int, default=0, help="the search's seed (default 0): same seed, same search")
@@ -66,20 +72,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--batch", type=int, default=8, help="subnets a worker claims and evaluates at once (default 8)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = p.add_argument_group("verification on the device (nas/search/verify.py)")
-    v.add_argument("--verify", metavar="DEVICE", help="after the search, time the top candidates of each budget on DEVICE (cpu, cuda, "
-                   "onnxruntime) and keep the best whose measured latency holds: verified_<budget>.yaml, verify.csv, verify.json")
-    v.add_argument("--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)")
+    v.add_argument(
+        "--verify",
+        metavar="DEVICE",
+        help="after the search, time the top candidates of each budget on DEVICE (cpu, cuda, "
+        "onnxruntime) and keep the best whose measured latency holds: verified_<budget>.yaml, verify.csv, verify.json",
+    )
+    v.add_argument(
+        "--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)"
+    )
     v.add_argument("--verify-threads", type=int, metavar="N", help="intra-op threads of the verification device")
     v.add_argument("--verify-clock", metavar="CLOCK", help="wall (default) or cpu (needs --verify-threads 1)")
 
 
 def add_scoring_arguments(group) -> None:
     """The held-out scoring flags, shared with ``nas export`` so its card scores a model as the search did."""
-    group.add_argument("--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)")
-    group.add_argument("--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)")
+    group.add_argument(
+        "--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)"
+    )
+    group.add_argument(
+        "--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)"
+    )
     group.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
     group.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
-    group.add_argument("--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)")
+    group.add_argument(
+        "--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)"
+    )
 
 
 def file_digest(path: Path) -> str:
@@ -90,32 +108,18 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
 
 
-def validation_tokens(args, payload):
-    """The held-out tokens: ``--val-data`` bytes, else the checkpoint's own validation split."""
-    import numpy as np
+def validation_tokens(args: argparse.Namespace, payload):
+    """The held-out tokens of the scoring flags (``--val-data``, ``--data-cache``; shared with ``nas export``)."""
+    from nas.search.fitness import validation_tokens as load
 
-    from search_spaces import UserError
-
-    if args.val_data:
-        path = Path(args.val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
-        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
-    meta = payload.get("meta", {})
-    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
-    if missing:
-        raise UserError(f"{args.supernet}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); pass --val-data FILE")
-    from supernet.data import prepare_corpus
-
-    cache = Path(args.data_cache) if args.data_cache else Path(args.supernet).resolve().parent
-    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
-    return corpus.val, f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})"
+    return load(args.supernet, payload, val_data=args.val_data, data_cache=args.data_cache)
 
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nas import search as S
+    from nas.cli import show_progress
     from search_spaces import UserError
 
     if args.budget:  # the syntax, before loading anything (the default workload comes from the predictors)
@@ -148,8 +152,10 @@ def run(args: argparse.Namespace) -> int:
     budgets = S.parse_workload_budgets(args.budget, primary) if args.budget else {}
     for name in budgets:
         if name not in latencies:
-            raise UserError(f"--budget: a budget on workload {name!r}, but no --predictor is fitted at it "
-                            f"(the predictors are at {', '.join(latencies)}); fit one on `nas measure-latency --workload {name}` timings")
+            raise UserError(
+                f"--budget: a budget on workload {name!r}, but no --predictor is fitted at it "
+                f"(the predictors are at {', '.join(latencies)}); fit one on `nas measure-latency --workload {name}` timings"
+            )
     plans = [
         (S.plan_label(plan, named), S.Constraints(tuple(
             S.LatencyBudget(ms * (1 - args.margin / 100), latencies[name], latencies[name].name, workload=name if named else "",
@@ -187,29 +193,58 @@ def run(args: argparse.Namespace) -> int:
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
     storage = S.open_storage(url)
     study = S.open_study(storage, study_name, identity)
-    store = S.TrialStore(study, space)
+    store = S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url))  # a database server: heartbeats for other hosts
 
     searches = [
-        S.BudgetSearch(label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label]))
+        S.BudgetSearch(
+            label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label])
+        )
         for label, cons in plans
     ]
     shown = _safe_url(url)
-    print(f"nas search: {args.strategy} on space {space.name} ({space.size():,} subnets), {config.evaluations:,} evaluations per budget "
-          f"at most; fitness: {fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source} on {device}; "
-          f"latency: {'; '.join(f'{n}: {lat.name}' for n, lat in latencies.items()) if named else latency.name}", file=sys.stderr)
-    print(f"nas search: study {study_name!r} in {shown}  (run the same command again to resume, or in parallel to add a worker)", file=sys.stderr)
-    with _ProgressBar(config.generations, disable=args.no_progress) as bar:
+    log.info(
+        "%s on space %s (%s subnets), %s evaluations per budget at most; fitness: %s x %s tokens of the %s on %s; latency: %s",
+        args.strategy,
+        space.name,
+        f"{space.size():,}",
+        f"{config.evaluations:,}",
+        fitness.description["windows"],
+        fitness.description["seq_len"],
+        val_source,
+        device,
+        "; ".join(f"{n}: {lat.name}" for n, lat in latencies.items()) if named else latency.name,
+    )
+    log.info("study %r in %s  (run the same command again to resume, or in parallel to add a worker)", study_name, shown)
+    with store, _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
         result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
 
-    report = write_outputs(out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary)
+    report = write_outputs(
+        out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary
+    )
     print(report)
     for label, notes in result.notes.items():
         for note in notes[-3:]:
-            print(f"note ({label}): {note}", file=sys.stderr)
-    from nas.search.verify import run_verify
-
-    verified = run_verify(args, model, searches, result, out, latencies[primary].path) if args.verify else True
+            log.info("note (%s): %s", label, note)
+    verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and all(r is not None for r in result.best.values()) else 1
+
+
+def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str) -> bool:
+    """``--verify``: time the top candidates on the device (nas.search.verify), print the table; True when every budget holds."""
+    from latency.timing_core import Settings
+    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
+    from nas.search.verify import VerifySettings, report, run_verify
+
+    settings = VerifySettings(device=args.verify, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
+                              threads=args.verify_threads, clock=args.verify_clock, seed=args.seed)
+    bar, update = measurement_bar(f"verifying on {args.verify}")
+    try:
+        verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update)
+    finally:
+        bar.close()
+    print(report(verification.verdicts, verification.device))
+    print(f"wrote {', '.join(p.name for p in verification.files)} to {out}")
+    return verification.holds
 
 
 def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
@@ -227,7 +262,9 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
         predictor.check_space(space)
         name = predictor.workload or "prefill"
         if name in paths:
-            raise UserError(f"--predictor: {paths[name]} and {path} are both fitted at workload {name!r}; give one predictor per workload")
+            raise UserError(
+                f"--predictor: {paths[name]} and {path} are both fitted at workload {name!r}; give one predictor per workload"
+            )
         spec = getattr(predictor, "workload_spec", None)
         ours = {w.name: w for w in space.workloads}.get(name)
         if spec is not None and ours is not None and spec != ours:
@@ -251,7 +288,8 @@ def describe_predictor(path: str, predictor) -> str:
     where = f" on {fp['cpu_model']}" if fp.get("cpu_model") and device != "cuda" else ""
     spec = getattr(predictor, "workload_spec", None)
     at = f" at {spec}" if spec is not None else ""
-    return f"{device}{f' ({details})' if details else ''}{where}, {getattr(predictor, 'name', 'latency')} predictor {Path(path).name}{at}"
+    name = getattr(predictor, "name", "latency")
+    return f"{device}{f' ({details})' if details else ''}{where}, {name} predictor {Path(path).name}{at}"
 
 
 def _safe_url(url: str) -> str:
@@ -286,7 +324,13 @@ class _ProgressBar:
                 self.bar.update(self.bar.total - self.bar.n)
                 self.bar.close()
             self.gen = p.generation
-            self.bar = tqdm(total=p.total, initial=p.done, desc=f"gen {p.generation + 1}/{self.generations}", unit="subnet", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=p.total,
+                initial=p.done,
+                desc=f"gen {p.generation + 1}/{self.generations}",
+                unit="subnet",
+                dynamic_ncols=True,
+            )
         self.bar.total = p.total
         self.bar.update(p.done - self.bar.n)
         best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
@@ -313,9 +357,18 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     finite = np.all(np.isfinite(points), axis=1)
     front = set(np.flatnonzero(finite)[pareto_front(points[finite])].tolist()) if finite.any() else set()
     rows = [
-        {"trial": r.trial, "budget": r.slot[0], "generation": r.slot[1], "loss_bpb": f"{r.loss:.6f}", "latency_ms": f"{r.latency:.6f}",
-         "params": r.params, "on_front": int(i in front), "key": r.subnet.key, "subnet": str(r.subnet),
-         **{f"latency_{name}_ms": f"{ms[i]:.6f}" for name, ms in by_workload.items()}}
+        {
+            "trial": r.trial,
+            "budget": r.slot[0],
+            "generation": r.slot[1],
+            "loss_bpb": f"{r.loss:.6f}",
+            "latency_ms": f"{r.latency:.6f}",
+            "params": r.params,
+            "on_front": int(i in front),
+            "key": r.subnet.key,
+            "subnet": str(r.subnet),
+            **{f"latency_{name}_ms": f"{ms[i]:.6f}" for name, ms in by_workload.items()},
+        }
         for i, r in enumerate(unique)
     ]
     extra = [f"latency_{name}_ms" for name in latencies]
@@ -346,7 +399,10 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     wl = max([10] + [len(s.label) for s in searches])
     lines = [f"{'budget':<{wl}} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
-    ref = (float(points[finite, 0].max()) if finite.any() else 0.0, max(budgets_ms) if budgets_ms else float(points[finite, 1].max(initial=0)))
+    ref = (
+        float(points[finite, 0].max()) if finite.any() else 0.0,
+        max(budgets_ms) if budgets_ms else float(points[finite, 1].max(initial=0)),
+    )
     for s in searches:
         r = result.best[s.label]
         n = len(result.by_budget.get(s.label, []))
@@ -359,7 +415,8 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
             predicted = ", ".join(f"{name} {ms:.4f} ms" for name, ms in each.items()) if each else f"{r.latency:.4f} ms"
             (out / f"best_{s.label}.yaml").write_text(
                 f"# nas search: best subnet under {s.constraints}\n"
-                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {predicted}, {r.params:,} parameters\n"
+                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {predicted}, {r.params:,} "
+                "parameters\n"
                 f"# space {space.name} (hash {space.hash}), strategy {identity['strategy']}, seed {identity['seed']}, "
                 f"trial {r.trial} of study {study} in {storage}\n" + r.subnet.to_yaml()
             )

@@ -10,8 +10,11 @@ continues a run exactly.  Under ``torchrun`` it trains data-parallel (DDP).
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
@@ -29,7 +32,12 @@ CONFIG_FLAGS = {
     "--beta1": ("beta1", float, "X", "AdamW beta1 (default {default})"),
     "--beta2": ("beta2", float, "X", "AdamW beta2 (default {default})"),
     "--grad-clip": ("grad_clip", float, "X", "clip the gradient norm to this, 0 = off (default {default})"),
-    "--max-steps": ("max_steps", int, "N", "total steps and the schedule's length (default {default} unless --max-time is given)"),
+    "--max-steps": (
+        "max_steps",
+        int,
+        "N",
+        "total steps and the schedule's length (default {default} unless --max-time is given)",
+    ),
     "--eval-interval": ("eval_interval", int, "N", "validate every N steps and at the end (default {default})"),
     "--eval-batches": ("eval_batches", int, "N", "validation batches per subnet (default {default})"),
     "--ckpt-interval": ("ckpt_interval", int, "N", "write latest.pt every N steps (default {default})"),
@@ -37,12 +45,27 @@ CONFIG_FLAGS = {
     "--seed": ("seed", int, "S", "seed of the initial weights, the batches and the sampled subnets (default {default})"),
 }
 OBJECTIVE_FLAGS = {
-    "--random-subnets": ("n_random", int, "N", "uniformly sampled subnets per step besides the largest and smallest (default {default})"),
-    "--distill": ("distill", float, "W", "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})"),
+    "--random-subnets": (
+        "n_random",
+        int,
+        "N",
+        "uniformly sampled subnets per step besides the largest and smallest (default {default})",
+    ),
+    "--distill": (
+        "distill",
+        float,
+        "W",
+        "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})",
+    ),
 }
 DATA_FLAGS = {
     "--data-seed": ("data_seed", int, "S", "seed of the train/validation split by document (default {default})"),
-    "--val-fraction": ("val_fraction", float, "F", "share of the bytes (whole documents) held out for validation (default {default})"),
+    "--val-fraction": (
+        "val_fraction",
+        float,
+        "F",
+        "share of the bytes (whole documents) held out for validation (default {default})",
+    ),
 }
 DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 # The defaults of TrainConfig and SandwichObjective, for --help without importing torch (a test keeps them equal).
@@ -54,7 +77,9 @@ HELP_DEFAULTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("space", nargs="?", help="search-space YAML or shipped name (tiny, base); with --resume it comes from the checkpoint")
+    p.add_argument(
+        "space", nargs="?", help="search-space YAML or shipped name (tiny, base); with --resume it comes from the checkpoint"
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="run directory: checkpoints, log.jsonl, corpus cache")
     p.add_argument(
         "--data",
@@ -62,13 +87,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a text file, a directory of text files, or a glob ('corpus/**/*.txt'); "
         "default: the running Python's standard library sources and help topics",
     )
-    p.add_argument("--max-time", type=parse_duration, metavar="T", help="stop after T of training in total (600, 90s, 10m, 1.5h); "
-                   "without --max-steps the schedule follows the clock")
+    p.add_argument(
+        "--max-time",
+        type=parse_duration,
+        metavar="T",
+        help="stop after T of training in total (600, 90s, 10m, 1.5h); without --max-steps the schedule follows the clock",
+    )
     for flags in (CONFIG_FLAGS, OBJECTIVE_FLAGS, DATA_FLAGS):
         for flag, (dest, kind, metavar, text) in flags.items():
             p.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=HELP_DEFAULTS[dest]))
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the passes of the largest and smallest subnet (the random ones run eagerly)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu (fp32)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        default=None,
+        help="torch.compile the passes of the largest and smallest subnet (the random ones run eagerly)",
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="default: cuda when available (bf16 autocast), else cpu (fp32)",
+    )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly")
 
@@ -139,15 +178,17 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
 
 
 def _bytes_bar(text: str):
-    """A progress callback that opens a byte-count tqdm bar on its first call."""
+    """A progress callback that opens a byte-count tqdm bar on its first call (none with ``-q``)."""
     from tqdm import tqdm
+
+    from nas.cli import show_progress
 
     bar = None
 
     def update(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False)
+            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False, disable=not show_progress())
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -156,8 +197,10 @@ def _bytes_bar(text: str):
 
 
 def _step_bar(config, start_step: int, start_elapsed: float):
-    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA."""
+    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
     from tqdm import tqdm
+
+    from nas.cli import show_progress
 
     by_time = config.max_steps is None
     bar = tqdm(
@@ -166,6 +209,7 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         unit="s" if by_time else "step",
         desc="train-supernet",
         dynamic_ncols=True,
+        disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
     )
 
@@ -173,7 +217,9 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
         bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
         loss = " ".join(f"{v:.3f}" for v in (info.losses.get("largest"), info.losses.get("smallest")) if v is not None)
-        bar.set_postfix_str(f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
+        bar.set_postfix_str(
+            f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False
+        )
 
     return bar, update
 
@@ -242,10 +288,18 @@ def run(args: argparse.Namespace) -> int:
         if dist.is_main:
             sizes = corpus.meta["sizes"]
             what = "the Python standard library (PSF licence)" if data["data"] is None else data["data"]
-            print(f"corpus: {what}: {sizes['train']:,} training bytes ({sizes['train_docs']} docs), "
-                  f"{sizes['val']:,} validation bytes ({sizes['val_docs']} docs), hash {corpus.hash[:16]}")
-            print(f"space {space.name}: {model.num_params(space.largest()):,} parameters in the largest subnet; "
-                  f"batch {config.batch_size} x {config.seq_len} bytes on {device}" + (f" x {dist.world} ranks" if dist.enabled else ""))
+            log.info(
+                "corpus: %s: %s training bytes (%d docs), %s validation bytes (%d docs), hash %s",
+                what,
+                f"{sizes['train']:,}",
+                sizes["train_docs"],
+                f"{sizes['val']:,}",
+                sizes["val_docs"],
+                corpus.hash[:16],
+            )
+            log.info("space %s: %s parameters in the largest subnet; batch %d x %d bytes on %s%s", space.name,
+                     f"{model.num_params(space.largest()):,}", config.batch_size, config.seq_len, device,
+                     f" x {dist.world} ranks" if dist.enabled else "")
         bar, update = (None, None)
         if dist.is_main:
             state = stored_ckpt["state"] if stored_ckpt else {}
@@ -255,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
                 model, objective, corpus.train, corpus.val, config,
                 out=out, checkpointer=SupernetCheckpointer(space), meta=meta,
                 resume=stored_ckpt if stored_ckpt is not None else False,
-                dist=dist, progress=update, report=bar.write if bar is not None else None,
+                dist=dist, progress=update, report=log.info if dist.is_main else None,
             )
         finally:
             if bar is not None:
@@ -265,9 +319,15 @@ def run(args: argparse.Namespace) -> int:
     if not dist.is_main:
         return 0
     if result.stopped == "interrupted":
-        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} --resume")
+        print(
+            f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
+            "--resume"
+        )
         return 130
-    print(f"trained {result.step} steps ({result.tokens:,} tokens) in {_format_time(result.elapsed)}; stopped by --{result.stopped.replace('_', '-')}")
+    print(
+        f"trained {result.step} steps ({result.tokens:,} tokens) in {_format_time(result.elapsed)}; stopped by "
+        f"--{result.stopped.replace('_', '-')}"
+    )
     if result.evals:
         last = result.evals[-1]
         print(f"validation bits/byte at step {last['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last["bpb"].items()))

@@ -17,7 +17,7 @@ from .nsga2 import NSGA2
 from .operators import crossover, draw, mutate
 from .pareto import hypervolume, non_dominated_sort, pareto_front
 from .random_search import RandomSearch
-from .storage import Record, TrialStore, config_hash, default_storage, open_storage, open_study
+from .storage import Record, TrialStore, config_hash, default_storage, heartbeat_interval, open_storage, open_study
 from .strategy import SearchConfig, Strategy
 
 STRATEGIES = {"evolution": Evolution, "random": RandomSearch, "nsga2": NSGA2}
@@ -47,6 +47,7 @@ __all__ = [
     "config_hash",
     "crossover",
     "default_storage",
+    "heartbeat_interval",
     "draw",
     "feasible_seeds",
     "format_ms",

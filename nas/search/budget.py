@@ -72,8 +72,10 @@ def parse_workload_budgets(text: str, default: str | None, flag: str = "--budget
         m = _WORKLOAD.match(part)
         name, value = (m.group(1), m.group(2)) if m else (default, part)
         if name is None:
-            raise UserError(f"{flag}: {part.strip()!r} does not say its workload, and there is no default: write NAME:{part.strip()} "
-                            "(e.g. decode:5ms) or give --workload NAME")
+            raise UserError(
+                f"{flag}: {part.strip()!r} does not say its workload, and there is no default: write NAME:{part.strip()} "
+                "(e.g. decode:5ms) or give --workload NAME"
+            )
         out.setdefault(name, []).append(parse_budget(value, f"{flag} (workload {name})" if m else flag))
     for name, values in out.items():
         labels = [format_ms(b) for b in values]

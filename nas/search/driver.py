@@ -100,7 +100,8 @@ def _advance(search: BudgetSearch, snap: Snapshot) -> None:
             if r.subnet != want:
                 raise UserError(
                     f"storage: trial {r.trial} (budget {search.label}, generation {g}, index {r.slot[2]}) holds {r.subnet}, "
-                    f"but this search proposes {want} there: the study was made by other settings or code; use another --study or --out"
+                    f"but this search proposes {want} there: the study was made by other settings or code; use another --study "
+                    "or --out"
                 )
         strategy.tell(search.proposal, [r.loss for r in recs], [r.latency for r in recs])
         search.proposal = None
@@ -175,34 +176,34 @@ def run_search(
 
 def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
     """Claim the picked slots, drop the ones another worker claimed first, evaluate and complete the rest."""
-    claims = []
+    wanted = []
     for g, k, i in pick:
         search = searches[k]
         subnet = search.proposal[i]
         slot: Slot = (search.label, g, i)
         known = snap.losses.get(subnet, cache.get(subnet))
-        trial_id = store.claim(slot, subnet, float(latency([subnet])[0]), params(subnet), known is not None)
-        claims.append((slot, subnet, trial_id, known))
+        wanted.append((slot, subnet, float(latency([subnet])[0]), params(subnet), known))
+    numbers = store.claim_all([(slot, subnet, ms, n, known is not None) for slot, subnet, ms, n, known in wanted])
+    claims = [(slot, subnet, number, known) for (slot, subnet, _, _, known), number in zip(wanted, numbers)]
     after = store.snapshot()
     mine = []
-    for slot, subnet, trial_id, known in claims:
+    for slot, subnet, number, known in claims:
         owner = after.owner_of(slot)
-        if owner != trial_id:
-            store.drop(trial_id, f"slot {slot} was claimed first by trial id {owner}")
+        if owner != number:
+            store.drop(number, f"slot {slot} was claimed first by trial {owner}")
         else:
-            mine.append((subnet, trial_id, known if known is not None else after.losses.get(subnet)))
+            mine.append((subnet, number, known if known is not None else after.losses.get(subnet)))
     todo = list(dict.fromkeys(s for s, _, known in mine if known is None and s not in cache))
     if todo:
         try:
             cache.update(zip(todo, np.asarray(fitness(todo), dtype=np.float64).tolist()))
         except BaseException as e:  # interrupted or broken: give the slots back at once
-            for _, trial_id, _ in mine:
-                store.fail(trial_id, f"evaluation stopped: {type(e).__name__}")
+            for _, number, _ in mine:
+                store.fail(number, f"evaluation stopped: {type(e).__name__}")
             raise
-        store.heartbeat([tid for _, tid, _ in mine])
-    for subnet, trial_id, known in mine:
+    for subnet, number, known in mine:
         loss = known if known is not None else cache[subnet]
-        store.finish(trial_id, loss if np.isfinite(loss) else float("inf"))
+        store.finish(number, loss if np.isfinite(loss) else float("inf"))
     return len(mine)
 
 

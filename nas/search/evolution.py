@@ -56,10 +56,14 @@ class Evolution(GenerationalStrategy):
             return parents[int(i)], parents[int(j)]
 
         mutants = self._draw(lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), cfg.mutations, "mutations")
-        crosses = self._draw(lambda: crossover(space, *two_parents(), rng), cfg.crossovers, "crossovers", note=len(mutants) < cfg.mutations)
+        crosses = self._draw(
+            lambda: crossover(space, *two_parents(), rng), cfg.crossovers, "crossovers", note=len(mutants) < cfg.mutations
+        )
         short = cfg.children - len(mutants) - len(crosses)
         if short > 0 and len(mutants) == cfg.mutations:  # converged parents cross into subnets already seen: mutate instead
-            mutants += self._draw(lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), short, "mutations in place of crossovers")
+            mutants += self._draw(
+                lambda: mutate(space, one_parent(), rng, cfg.mutate_prob), short, "mutations in place of crossovers"
+            )
         return mutants + crosses
 
     def _update(self, batch: list[Evaluated]) -> None:

@@ -10,7 +10,8 @@ windows score every subnet, so differences between subnets are not sampling nois
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -30,6 +31,33 @@ def pick_device(name: str = "auto") -> str:
     if name != "cpu" and not name.startswith("cuda"):
         raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     return name
+
+
+def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_data: str | Path | None = None,
+                      data_cache: str | Path | None = None) -> tuple[np.ndarray, str]:
+    """The held-out tokens and where they come from: ``val_data`` bytes (``--val-data``), else the validation
+    split of the data the checkpoint at ``supernet_path`` (loaded as ``payload``) was trained on, encoded in
+    ``data_cache`` (``--data-cache``; default: the checkpoint's directory)."""
+    if val_data:
+        path = Path(val_data)
+        if not path.is_file():
+            raise UserError(f"--val-data: {path}: no such file")
+        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
+    meta = payload.get("meta", {})
+    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
+    if missing:
+        raise UserError(
+            f"{supernet_path}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); "
+            "pass --val-data FILE"
+        )
+    from supernet.data import prepare_corpus
+
+    cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
+    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
+    return (
+        corpus.val,
+        f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})",
+    )
 
 
 class InheritedLoss:
@@ -56,7 +84,9 @@ class InheritedLoss:
         if len(tokens) < seq_len + 1:
             raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
         if len(tokens) and int(tokens.max()) >= space.vocab_size:
-            raise UserError(f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})")
+            raise UserError(
+                f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})"
+            )
         from supernet.heldout import HeldOut
 
         rng = np.random.default_rng(seed)
@@ -69,4 +99,6 @@ class InheritedLoss:
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
-        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64)
+        return np.array(
+            [self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
+        )

@@ -60,7 +60,8 @@ class DrawStats:
     def explain(self, what: str, max_tries: int) -> str:
         return (
             f"{what}: found {self.found} of {self.wanted} in {max_tries} redraw rounds "
-            f"({self.proposed} proposed: {self.infeasible} broke a constraint, {self.repeated} repeated a subnet already evaluated or tried)"
+            f"({self.proposed} proposed: {self.infeasible} broke a constraint, {self.repeated} repeated a subnet already "
+            "evaluated or tried)"
         )
 
 

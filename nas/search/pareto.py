@@ -92,7 +92,9 @@ def write_csv(path: str | Path, rows: list[dict], fields: Sequence[str] = CSV_FI
     return path
 
 
-def plot_png(path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str) -> Path:
+def plot_png(
+    path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str
+) -> Path:
     """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget."""
     import matplotlib
 
@@ -105,7 +107,16 @@ def plot_png(path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], 
     ax.scatter(points[finite, 1], points[finite, 0], s=6, alpha=0.35, color="tab:gray", label=f"evaluated ({finite.sum()})")
     front = points[pareto_front(points[finite])] if finite.any() else points[:0]
     if len(front):
-        ax.step(front[:, 1], front[:, 0], where="post", color="tab:blue", lw=1.5, marker="o", ms=3, label=f"Pareto front ({len(front)})")
+        ax.step(
+            front[:, 1],
+            front[:, 0],
+            where="post",
+            color="tab:blue",
+            lw=1.5,
+            marker="o",
+            ms=3,
+            label=f"Pareto front ({len(front)})",
+        )
     for i, b in enumerate(budgets_ms):
         ax.axvline(b, color="tab:red", ls="--", lw=1, label="budget" if i == 0 else None)
     for label, (loss, ms) in best.items():

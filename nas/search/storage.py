@@ -5,33 +5,42 @@ categorical, so dashboards show them), its validation loss as the value, and use
 ``subnet`` (JSON), ``latency_ms``, ``params``, ``budget``, ``generation`` and ``cached``
 (the loss was reused from an earlier trial of the same subnet); each one a database row, so few.
 System attrs: ``nas:slot`` = [budget, generation, index], the place of the subnet in the
-search, and ``nas:owner`` = host:pid:start-time of the worker that claimed it.
+search, ``nas:owner`` = host:pid:start-time of the worker that claimed it and ``nas:claim``,
+that claim's own name (it finds the new trial's number).
 
-A worker *claims* a slot by creating a RUNNING trial for it (one transaction, parameters
-and attrs included); the lowest-numbered live trial of a slot owns it, a later one is
-PRUNED unevaluated.  Trials left RUNNING by a dead worker are failed (so the slot is open
-again): at once when the worker ran on this host (its pid is gone), else by Optuna's
-heartbeat (RDB storages) after ``GRACE_S`` seconds.  The study's settings live in its
-user attr ``nas:config``; opening it with other settings is refused.
+Only Optuna's public API is used: a worker *claims* a slot by adding a RUNNING trial for it
+(``study.add_trial(optuna.trial.create_trial(state=RUNNING, ...))``: one transaction, parameters
+and attrs included) and ends it with ``study.tell(number, ...)``.  The lowest-numbered live
+trial of a slot owns it; a later one is PRUNED unevaluated.  Trials left RUNNING by a dead
+worker are failed, so the slot is open again: at once when the worker ran on this host (its
+process is gone or its pid was reused: psutil, so Linux and macOS alike), and on a database
+server, when its heartbeat stops.  A worker's heartbeat is the study user attr
+``nas:alive:<owner>``, rewritten every ``HEARTBEAT_S`` seconds by a thread while it runs; a
+worker is dead once another has seen that attr unchanged for ``GRACE_S`` seconds of its own
+clock (no clocks are compared across hosts).  Why a trial was failed or dropped is the study
+user attr ``nas:ended:<number>`` (:func:`ended`).  The study's settings live in its user attr
+``nas:config``; opening it with other settings is refused.
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
+import itertools
 import json
 import os
 import socket
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from search_spaces import Space, Subnet, UserError
 
-SLOT, OWNER, CONFIG = "nas:slot", "nas:owner", "nas:config"
-HEARTBEAT_S, GRACE_S = 10, 60
+SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
+ALIVE, ENDED = "nas:alive:", "nas:ended:"  # study user attr prefixes: a worker's heartbeat, why a trial ended early
+HEARTBEAT_S, GRACE_S = 10.0, 60.0
 Slot = tuple[str, int, int]  # (budget label, generation, index)
 
 
@@ -47,12 +56,17 @@ def default_storage(out_dir: str | Path) -> str:
     return f"sqlite:///{Path(out_dir).resolve() / 'search.db'}"
 
 
-def open_storage(url: str, heartbeat_s: int | None = HEARTBEAT_S, grace_s: int = GRACE_S, attempts: int = 20):
+def heartbeat_interval(url: str) -> float | None:
+    """Seconds between a worker's heartbeats on storage ``url``: ``HEARTBEAT_S`` on a database server, where
+    workers may run on several hosts; None for SQLite (one host: a dead worker is found by its process) and memory."""
+    return None if url == "memory" or url.startswith("sqlite") else HEARTBEAT_S
+
+
+def open_storage(url: str, attempts: int = 20):
     """An Optuna storage for ``url`` (any SQLAlchemy database URL Optuna takes; ``memory``: in-process).
 
     SQLite waits up to 60 s for a lock instead of 5.  Creating the tables races when several
-    workers open a fresh database at once; that is retried.  Database servers get Optuna's
-    heartbeat (every ``heartbeat_s``; a RUNNING trial silent for ``grace_s`` belongs to a dead worker).
+    workers open a fresh database at once; that is retried.
     """
     optuna = _optuna()
     from sqlalchemy.exc import SQLAlchemyError
@@ -61,21 +75,19 @@ def open_storage(url: str, heartbeat_s: int | None = HEARTBEAT_S, grace_s: int =
         return optuna.storages.InMemoryStorage()
     kwargs: dict[str, Any] = {}
     if url.startswith("sqlite"):
-        # One host: dead workers are found by pid, no heartbeat needed.  WAL + synchronous=NORMAL:
-        # a commit is not an fsync (a killed process loses nothing; a power cut may lose the last trials).
+        # WAL + synchronous=NORMAL: a commit is not an fsync (a killed process loses nothing; a power cut may lose
+        # the last trials).
         kwargs["engine_kwargs"] = {"creator": _sqlite_creator(url)}
-        heartbeat_s = None
-    if heartbeat_s:
-        kwargs.update(heartbeat_interval=heartbeat_s, grace_period=grace_s)
     for attempt in range(attempts):
         try:
-            return optuna.storages.get_storage(optuna.storages.RDBStorage(url, **kwargs))
+            return optuna.storages.RDBStorage(url, **kwargs)
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             if attempt == attempts - 1 or not _is_race(e):
                 raise UserError(f"--storage: cannot open {url!r}: {str(e).splitlines()[0][:300]}") from None
             time.sleep(0.05 * (attempt + 1))
         except (ValueError, ImportError, ModuleNotFoundError) as e:
             raise UserError(f"--storage: cannot open {url!r}: {e}") from None
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _sqlite_creator(url: str):
@@ -137,16 +149,25 @@ def open_study(storage, name: str, config: dict, attempts: int = 20):
 # --------------------------------------------------------------------------- workers
 
 
-def _start_time(pid: int) -> str | None:
+def _process_start(pid: int) -> str | None:
+    """The start time of live process ``pid`` (a reused pid has another), None when there is none
+    (or only its zombie), ``"?"`` when it lives but may not be inspected."""
+    import psutil
+
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return f"{process.create_time():.2f}"
+    except psutil.NoSuchProcess:
         return None
+    except psutil.AccessDenied:
+        return "?"
 
 
 def worker_id() -> str:
     """``host:pid:start`` of this process; the start time tells a reused pid apart."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid()) or '?'}"
+    return f"{socket.gethostname()}:{os.getpid()}:{_process_start(os.getpid()) or '?'}"
 
 
 def worker_is_dead(owner: str) -> bool:
@@ -158,16 +179,40 @@ def worker_is_dead(owner: str) -> bool:
         return False
     if host != socket.gethostname():
         return False
-    now = _start_time(pid)
-    if now is not None:
-        return start != "?" and now != start
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    now = _process_start(pid)
+    if now is None:
         return True
-    except PermissionError:
-        return False
-    return False
+    return "?" not in (now, start) and now != start
+
+
+def ended(study) -> dict[int, dict[str, str]]:
+    """Why trials were failed or dropped: trial number -> {"state", "why", "by"} (the ``nas:ended:<number>`` attrs)."""
+    return {int(k[len(ENDED):]): v for k, v in study.user_attrs.items() if k.startswith(ENDED)}
+
+
+class _Heartbeat:
+    """Rewrites the study user attr ``nas:alive:<owner>`` every ``interval`` seconds from a daemon thread."""
+
+    def __init__(self, study, owner: str, interval: float):
+        self.study, self.key, self.interval = study, ALIVE + owner, interval
+        self.stop = threading.Event()
+        self.beat()  # before the first claim, so others see it at once
+        self.thread = threading.Thread(target=self._run, name=f"nas heartbeat {owner}", daemon=True)
+        self.thread.start()
+
+    def beat(self) -> None:
+        self.study.set_user_attr(self.key, round(time.time(), 3))
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 - a lost connection: try again at the next beat
+                continue
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
 
 
 # --------------------------------------------------------------------------- trials
@@ -192,7 +237,6 @@ class Record:
     """One finished evaluation, as read back from storage."""
 
     trial: int  # number
-    trial_id: int
     slot: Slot
     subnet: Subnet
     loss: float
@@ -207,36 +251,62 @@ class Snapshot:
     """What storage holds; ``complete`` and ``losses`` only grow, later snapshots extend the same dicts."""
 
     complete: dict[Slot, Record] = field(default_factory=dict)  # the owning (lowest-numbered) COMPLETE trial per slot
-    running: dict[Slot, list[tuple[int, str]]] = field(default_factory=dict)  # slot -> [(trial id, owner)], ascending
+    running: dict[Slot, list[tuple[int, str]]] = field(default_factory=dict)  # slot -> [(trial number, owner)], ascending
     losses: dict[Subnet, float] = field(default_factory=dict)  # every subnet with a finished loss
 
     def owner_of(self, slot: Slot) -> int | None:
-        """Trial id that owns ``slot``: the complete one, else the first running one (ids grow with numbers)."""
+        """Number of the trial that owns ``slot``: the complete one, else the first running one."""
         if slot in self.complete:
-            return self.complete[slot].trial_id
+            return self.complete[slot].trial
         claims = self.running.get(slot)
         return claims[0][0] if claims else None
 
 
-class TrialStore:
-    """Reads the search's trials (parsing each finished one once) and claims / finishes / recovers slots."""
+def _slot(t) -> Slot | None:
+    slot = t.system_attrs.get(SLOT)
+    return None if slot is None else (str(slot[0]), int(slot[1]), int(slot[2]))
 
-    def __init__(self, study, space: Space, owner: str | None = None):
+
+class TrialStore:
+    """Reads the search's trials (parsing each finished one once) and claims / finishes / recovers slots.
+
+    ``heartbeat_s`` (a database server shared by hosts: :func:`heartbeat_interval`): this worker's heartbeat
+    interval, and RUNNING trials of workers on other hosts whose heartbeat stays unchanged for ``grace_s``
+    are failed; None: other hosts' trials are never failed (SQLite, memory).  :meth:`close` stops the heartbeat.
+    """
+
+    def __init__(
+        self, study, space: Space, owner: str | None = None, *, heartbeat_s: float | None = None, grace_s: float = GRACE_S
+    ):
         self.study, self.space = study, space
-        self.storage = study._storage  # noqa: SLF001 - Optuna exposes no public handle for create_new_trial
         self.owner = owner or worker_id()
+        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        self._claims = itertools.count()  # names this worker's claims: owner#n
         self._complete: dict[Slot, Record] = {}  # grows as trials finish; shared by the snapshots
         self._losses: dict[Subnet, float] = {}
         self._scanned = 0  # trials (by number) looked at so far
         self._unfinished: set[int] = set()  # of those, the ones not finished when last looked at
+        self._heard: dict[str, tuple[Any, float]] = {}  # owner -> (its heartbeat value, when this worker first saw it)
+        self._heartbeat = _Heartbeat(study, self.owner, heartbeat_s) if heartbeat_s else None
+
+    def close(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.close()
+            self._heartbeat = None
+
+    def __enter__(self) -> "TrialStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _record(self, t) -> Record | None:
-        slot = t.system_attrs.get(SLOT)
+        slot = _slot(t)
         if t.state.name != "COMPLETE" or slot is None:
             return None
         u = t.user_attrs
-        return Record(t.number, t._trial_id, (str(slot[0]), int(slot[1]), int(slot[2])), Subnet.from_json(u["subnet"]),  # noqa: SLF001
-                      float(t.value), float(u["latency_ms"]), int(u["params"]), bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
+        return Record(t.number, slot, Subnet.from_json(u["subnet"]), float(t.value), float(u["latency_ms"]), int(u["params"]),
+                      bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
 
     def snapshot(self) -> Snapshot:
         """The trials now: finished ones are read once and kept (they never change), running ones afresh."""
@@ -257,68 +327,98 @@ class TrialStore:
                 self._losses.setdefault(rec.subnet, rec.loss)
         for n in sorted(self._unfinished):
             t = trials[n]
-            slot = t.system_attrs.get(SLOT)
+            slot = _slot(t)
             if t.state.name == "RUNNING" and slot is not None:
-                running.setdefault((str(slot[0]), int(slot[1]), int(slot[2])), []).append((t._trial_id, t.system_attrs.get(OWNER, "")))  # noqa: SLF001
+                running.setdefault(slot, []).append((t.number, t.system_attrs.get(OWNER, "")))
         return Snapshot(complete=self._complete, running=running, losses=self._losses)
 
     def claim(self, slot: Slot, subnet: Subnet, latency: float, params: int, cached: bool) -> int:
-        """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its trial id."""
+        """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its number."""
+        return self.claim_all([(slot, subnet, latency, params, cached)])[0]
+
+    def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
+        """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
         optuna = _optuna()
-        values, dists = subnet_params(self.space, subnet)
-        template = optuna.trial.FrozenTrial(
-            number=-1, state=optuna.trial.TrialState.RUNNING, value=None,
-            datetime_start=datetime.datetime.now(), datetime_complete=None,
-            params=values, distributions=dists,
-            user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
-                        "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
-            system_attrs={SLOT: list(slot), OWNER: self.owner}, intermediate_values={}, trial_id=-1,
-        )
-        trial_id = self.storage.create_new_trial(self.study._study_id, template_trial=template)  # noqa: SLF001
-        self.heartbeat([trial_id])
-        return trial_id
+        names = []
+        for slot, subnet, latency, params, cached in claims:
+            values, dists = subnet_params(self.space, subnet)
+            names.append(f"{self.owner}#{next(self._claims)}")
+            self.study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists,
+                user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
+                            "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
+                system_attrs={SLOT: list(slot), OWNER: self.owner, CLAIM: names[-1]},
+            ))
+        # add_trial returns nothing: find each trial by its claim name, among the running ones (newest first; one
+        # already failed by another worker is among all trials)
+        found: dict[str, int] = {}
+        running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        for trials in (running, None):
+            if len(found) == len(names):
+                break
+            for t in reversed(trials if trials is not None else self.study.get_trials(deepcopy=False)):
+                name = t.system_attrs.get(CLAIM)
+                if name in names:
+                    found.setdefault(name, t.number)
+        missing = [n for n in names if n not in found]
+        assert not missing, f"storage: the trials of claims {missing} were added but are not found"
+        return [found[n] for n in names]
 
-    def heartbeat(self, trial_ids) -> None:
-        if hasattr(self.storage, "record_heartbeat") and self.storage.get_heartbeat_interval():
-            for tid in trial_ids:
-                self.storage.record_heartbeat(tid)
-
-    def finish(self, trial_id: int, loss: float) -> bool:
+    def finish(self, number: int, loss: float) -> bool:
         """Complete the trial with ``loss``; False when it had been failed meanwhile (the slot went to another)."""
-        optuna = _optuna()
-        try:
-            return self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState.COMPLETE, [float(loss)])
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
-            return False
+        return self._tell(number, values=float(loss))
 
-    def drop(self, trial_id: int, reason: str) -> None:
+    def drop(self, number: int, reason: str) -> None:
         """PRUNE a claim that lost its slot to a lower-numbered trial (it was never evaluated)."""
-        self._end(trial_id, "PRUNED", "dropped", reason)
+        self._end(number, "PRUNED", reason)
 
-    def fail(self, trial_id: int, reason: str) -> None:
-        self._end(trial_id, "FAIL", "failed_because", reason)
+    def fail(self, number: int, reason: str) -> bool:
+        """FAIL a RUNNING trial (its worker died, or its evaluation stopped); False when it had ended meanwhile."""
+        return self._end(number, "FAIL", reason)
 
-    def _end(self, trial_id: int, state: str, attr: str, reason: str) -> None:
+    def _tell(self, number: int, values: float | None = None, state: str | None = None) -> bool:
         optuna = _optuna()
         try:
-            self.storage.set_trial_user_attr(trial_id, attr, reason)
-            self.storage.set_trial_state_values(trial_id, optuna.trial.TrialState[state])
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
-            pass  # finished meanwhile (another worker recovered it): nothing to do
+            self.study.tell(number, values, state=None if state is None else optuna.trial.TrialState[state])
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return False  # another worker ended it between the read and the write
+        except ValueError as e:
+            if "Cannot tell a" not in str(e):  # "Cannot tell a FAIL trial": it had ended before
+                raise
+            return False
+        return True
+
+    def _end(self, number: int, state: str, reason: str) -> bool:
+        if not self._tell(number, state=state):
+            return False  # finished meanwhile (another worker recovered it): nothing to do
+        self.study.set_user_attr(f"{ENDED}{number}", {"state": state, "why": reason, "by": self.owner})
+        return True
+
+    def _silent(self, owner: str, beat: Any, now: float) -> bool:
+        """Whether ``owner``'s heartbeat value has stayed ``beat`` for ``grace_s`` seconds, by this worker's clock."""
+        seen = self._heard.get(owner)
+        if seen is None or seen[0] != beat:
+            self._heard[owner] = (beat, now)
+            return False
+        return now - seen[1] >= self.grace_s
 
     def recover(self) -> list[int]:
-        """Fail the RUNNING trials of dead workers (this host: pid gone; elsewhere: heartbeat); their numbers."""
+        """Fail the RUNNING trials of dead workers (this host: process gone; elsewhere: heartbeat silent); their numbers."""
         optuna = _optuna()
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        others = [(t, t.system_attrs.get(OWNER, "")) for t in running]
+        others = [(t, owner) for t, owner in others if owner != self.owner]
+        here = socket.gethostname()
+        beats = self.study.user_attrs if self.heartbeat_s and any(o.rsplit(":", 2)[0] != here for _, o in others) else {}
+        now = time.monotonic()
         failed = []
-        for t in running:
-            owner = t.system_attrs.get(OWNER, "")
-            if owner != self.owner and worker_is_dead(owner):
-                self.fail(t._trial_id, f"worker {owner} died")  # noqa: SLF001
+        for t, owner in others:
+            if worker_is_dead(owner):
+                why = f"worker {owner} died"
+            elif self.heartbeat_s and owner.rsplit(":", 2)[0] != here and self._silent(owner, beats.get(ALIVE + owner), now):
+                why = f"worker {owner} sent no heartbeat for {self.grace_s:g} s"
+            else:
+                continue
+            if self.fail(t.number, why):
                 failed.append(t.number)
-        if running and getattr(self.storage, "get_heartbeat_interval", lambda: None)():
-            optuna.storages.fail_stale_trials(self.study)
-            was_running = {t.number for t in running} - set(failed)
-            now_failed = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-            failed += sorted(t.number for t in now_failed if t.number in was_running)
         return failed

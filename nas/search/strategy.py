@@ -135,7 +135,7 @@ class GenerationalStrategy:
     def tell(self, subnets: Sequence[Subnet], losses: Sequence[float], latencies: Sequence[float]) -> None:
         assert self._asked is not None and list(subnets) == self._asked, "tell() must answer the last ask()"
         assert len(losses) == len(subnets) == len(latencies)
-        batch = [Evaluated(s, _finite(l), float(t)) for s, l, t in zip(subnets, losses, latencies)]
+        batch = [Evaluated(s, _finite(loss), float(t)) for s, loss, t in zip(subnets, losses, latencies)]
         self.history += batch
         self._update(batch)
         self._asked = None
@@ -159,8 +159,11 @@ class GenerationalStrategy:
             found += seeds
         pool = list(found)
         if len(found) < n and pool:
-            extra = self._draw(lambda: mutate(self.space, pool[int(self.rng.integers(len(pool)))], self.rng, self.config.mutate_prob),
-                               n - len(found), "mutants of the feasible subnets found")
+            extra = self._draw(
+                lambda: mutate(self.space, pool[int(self.rng.integers(len(pool)))], self.rng, self.config.mutate_prob),
+                n - len(found),
+                "mutants of the feasible subnets found",
+            )
             found += extra
         return found
 

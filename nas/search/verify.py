@@ -6,22 +6,26 @@ measured latency breaks the budget is dropped, and the best one that holds is th
 verified subnet.  HAT's users set 200 ms and measured 270 ms: this is the check that catches it.
 
 :func:`verify` is the decision, pure: candidates, a ``measure`` callable and the budgets in,
-verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, models, files).
+verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, models, files), with
+:class:`VerifySettings` built from its flags; the command prints :func:`report` of its outcome.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
-import sys
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from latency.report import latency_error_pct
+from latency.timing_core import Settings
 from search_spaces import Subnet, UserError
+
+log = logging.getLogger(__name__)
 
 # subnets -> {subnet: (measured ms, protocol flags)}; one call times them all, interleaved.
 MeasureFn = Callable[[Sequence[Subnet]], Mapping[Subnet, tuple[float, list[str]]]]
@@ -46,8 +50,8 @@ class Check:
 
     @property
     def error_pct(self) -> float:
-        """(predicted - measured) / measured, in percent."""
-        return 100.0 * (self.candidate.predicted_ms - self.measured_ms) / self.measured_ms
+        """(measured - predicted) / predicted, in percent (:func:`latency.report.latency_error_pct`)."""
+        return latency_error_pct(self.measured_ms, self.candidate.predicted_ms)
 
 
 @dataclass
@@ -70,7 +74,9 @@ def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
     out: dict[str, list[Candidate]] = {}
     for s in searches:
         ok = s.constraints.feasible([r.subnet for r in unique]) if unique else np.zeros(0, dtype=bool)
-        feasible = sorted((r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)), key=lambda r: (r.loss, r.latency, r.trial))
+        feasible = sorted(
+            (r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)), key=lambda r: (r.loss, r.latency, r.trial)
+        )
         out[s.label] = [Candidate(r.subnet, r.loss, r.latency, r.params, r.trial) for r in feasible[:k]]
     return out
 
@@ -84,7 +90,9 @@ def budget_of(search, workload: str | None = None) -> float | None:
                  if hasattr(c, "latency") and (workload is None or getattr(c, "workload", "") in ("", workload))), None)
 
 
-def verify(candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn) -> dict[str, Verdict]:
+def verify(
+    candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn
+) -> dict[str, Verdict]:
     """Time every candidate once (all budgets together), keep per budget the ones whose measured latency holds."""
     subnets = list(dict.fromkeys(c.subnet for cands in candidates.values() for c in cands))
     timed = measure(subnets) if subnets else {}
@@ -113,7 +121,10 @@ def report(verdicts: Mapping[str, Verdict], device: str) -> str:
         if not v.checks:
             lines.append(f"{v.label:<10} {'-':>4}  no feasible candidate to verify")
         elif chosen is None:
-            lines.append(f"{v.label:<10}       none of the top {len(v.checks)} holds on the device: widen --verify-top, refit the predictor on this device, or relax the budget")
+            lines.append(
+                f"{v.label:<10}       none of the top {len(v.checks)} holds on the device: widen --verify-top, refit the "
+                "predictor on this device, or relax the budget"
+            )
     return "\n".join(lines)
 
 
@@ -125,10 +136,22 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
         chosen = v.chosen
         entries = []
         for c in v.checks:
-            row = {"budget": v.label, "budget_ms": v.budget_ms, "rank": c.rank, "trial": c.candidate.trial, "loss_bpb": c.candidate.loss,
-                   "predicted_ms": c.candidate.predicted_ms, "measured_ms": c.measured_ms, "error_pct": round(c.error_pct, 3),
-                   "holds": c.holds, "kept": c is chosen, "flags": ";".join(c.flags), "params": c.candidate.params,
-                   "key": c.candidate.subnet.key, "subnet": str(c.candidate.subnet)}
+            row = {
+                "budget": v.label,
+                "budget_ms": v.budget_ms,
+                "rank": c.rank,
+                "trial": c.candidate.trial,
+                "loss_bpb": c.candidate.loss,
+                "predicted_ms": c.candidate.predicted_ms,
+                "measured_ms": c.measured_ms,
+                "error_pct": round(c.error_pct, 3),
+                "holds": c.holds,
+                "kept": c is chosen,
+                "flags": ";".join(c.flags),
+                "params": c.candidate.params,
+                "key": c.candidate.subnet.key,
+                "subnet": str(c.candidate.subnet),
+            }
             rows.append(row)
             entries.append({**row, "subnet": c.candidate.subnet.to_dict()})
         doc["budgets"][v.label] = {"budget_ms": v.budget_ms, "checks": entries,
@@ -136,8 +159,10 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
         if chosen is not None:
             path = out / f"verified_{v.label}.yaml"
             path.write_text(
-                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under {v.label}\n"
-                f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted {chosen.candidate.predicted_ms:.4f} ms), "
+                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under "
+                f"{v.label}\n"
+                f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted "
+                f"{chosen.candidate.predicted_ms:.4f} ms), "
                 f"validation loss {chosen.candidate.loss:.6f} bits/byte, rank {chosen.rank}, trial {chosen.candidate.trial}\n"
                 f"# space {space.name} (hash {space.hash})\n" + chosen.candidate.subnet.to_yaml()
             )
@@ -153,7 +178,9 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
 # --------------------------------------------------------------------------- the command's side
 
 
-def device_measure(device, supernet, workload, settings, *, seed: int = 0, baseline_ms: float | None = None, progress=None) -> MeasureFn:
+def device_measure(
+    device, supernet, workload, settings, *, seed: int = 0, baseline_ms: float | None = None, progress=None
+) -> MeasureFn:
     """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol
     (drift correction anchored to ``baseline_ms``, the predictor's campaign, when given)."""
     from latency.protocol import measure
@@ -167,32 +194,52 @@ def device_measure(device, supernet, workload, settings, *, seed: int = 0, basel
     return run
 
 
-def run_verify(args: argparse.Namespace, supernet, searches, result, out: Path, predictor_path: str) -> bool:
-    """Verify the finished search of ``nas search``; print the table; True when every budget has a subnet that holds.
+@dataclass(frozen=True)
+class VerifySettings:
+    """What ``nas search --verify`` does after the search (built from its flags by the command)."""
+
+    device: str  # --verify: cpu, cuda, onnxruntime, ...
+    protocol: Settings  # the measurement protocol (one model measured once: nas export's defaults)
+    top: int = 3  # --verify-top: candidates per budget, in order of fitness
+    threads: int | None = None  # --verify-threads
+    clock: str | None = None  # --verify-clock
+    seed: int = 0  # the search's --seed: the order of the timed visits
+
+
+@dataclass
+class Verification:
+    """The outcome of :func:`run_verify`: the verdicts, what was timed where, the files written."""
+
+    verdicts: dict[str, Verdict]
+    device: str  # "onnxruntime (prefill 1x256)"
+    files: list[Path]
+
+    @property
+    def holds(self) -> bool:
+        """Every budget has a candidate whose measured latency holds."""
+        return all(v.chosen is not None for v in self.verdicts.values())
+
+
+def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, predictor_path: str,
+               progress: Callable[[int, int, str], None] | None = None) -> Verification:
+    """Verify a finished search on the device: time the top candidates, decide, write the files.
 
     The device times the workload of ``predictor_path``, the search's primary predictor (budgets on other
-    workloads are not checked).
+    workloads are not checked); the drift correction is anchored to that predictor's campaign.
     """
     from latency.device import get_device
     from latency.predictors import load_predictor
-    from latency.timing_core import Settings
-    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
+    from nas.export import workload_text
 
     predictor = load_predictor(predictor_path)
     workload = predictor.workload_spec or supernet.space.workload("prefill")
-    device = get_device(args.verify, threads=args.verify_threads, clock=args.verify_clock)
+    device = get_device(settings.device, threads=settings.threads, clock=settings.clock)
     fp_device = (predictor.fingerprint or {}).get("device")
     if fp_device and fp_device != device.name:
-        print(f"nas search: note: the predictor was fitted on {fp_device!r}, verifying on {device.name!r}: expect large errors", file=sys.stderr)
-    settings = Settings(**PROTOCOL_DEFAULTS)
-    candidates = top_candidates(searches, result.records, args.verify_top)
-    bar, update = measurement_bar(f"verifying on {args.verify}")
-    try:
-        verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
-                          device_measure(device, supernet, workload, settings, seed=args.seed, baseline_ms=predictor.reference_ms, progress=update))
-    finally:
-        bar.close()
-    print(report(verdicts, f"{device.name} ({workload.name} {workload.batch_size}x{workload.seq_len})"))
-    files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings), supernet.space)
-    print(f"wrote {', '.join(p.name for p in files)} to {out}")
-    return all(v.chosen is not None for v in verdicts.values())
+        log.warning("the predictor was fitted on %r, verifying on %r: expect large errors", fp_device, device.name)
+    candidates = top_candidates(searches, result.records, settings.top)
+    verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
+                      device_measure(device, supernet, workload, settings.protocol, seed=settings.seed,
+                                     baseline_ms=predictor.reference_ms, progress=progress))
+    files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings.protocol), supernet.space)
+    return Verification(verdicts, f"{device.name} ({workload_text(workload)})", files)
