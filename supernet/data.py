@@ -2,10 +2,12 @@
 
 A token is a byte (vocabulary 256).  :func:`prepare_corpus` turns ``--data`` (a text
 file, a directory of text files, a glob, or ``None`` for the embedded default corpus)
-into two ``np.uint8`` memmaps, ``train`` and ``val``.  The split is by document: the
-documents are shuffled with ``seed`` and the first ones, up to ``val_fraction`` of the
-bytes, go to validation.  Every document ends with :data:`DOC_SEPARATOR` (NUL, which
-no text file contains: files with a NUL byte are skipped as binary).
+into three ``np.uint8`` memmaps, ``train``, ``val`` and ``test``.  The split is by
+document: the documents are shuffled with ``seed``, the first ones, up to ``val_fraction``
+of the bytes, go to validation (what training evaluates and the search scores on), the next
+ones, up to ``test_fraction``, to test (what no search, hurdle or training ever sees: the
+final comparisons), the rest to training.  Every document ends with :data:`DOC_SEPARATOR`
+(NUL, which no text file contains: files with a NUL byte are skipped as binary).
 
 The encoded corpus is cached under ``cache_dir/corpus/<key>/``, the key being a hash of
 the inputs (each file's path, size and modification time, the seed and the fraction),
@@ -35,7 +37,8 @@ import numpy as np
 
 from search_spaces import UserError
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: a test split
+TEST_FRACTION = 0.05
 DOC_SEPARATOR = b"\x00"
 DEFAULT_CORPUS = "python-stdlib"
 DEFAULT_LICENCE = "PSF-2.0 (Python Software Foundation License; the LICENSE.txt of the standard library)"
@@ -65,8 +68,9 @@ class Document:
 class Corpus:
     train: np.ndarray  # (N_train,) uint8 memmap
     val: np.ndarray  # (N_val,) uint8 memmap
+    test: np.ndarray  # (N_test,) uint8 memmap; empty when the corpus had too few documents
     meta: dict
-    path: Path  # the cache directory holding train.bin, val.bin, meta.json
+    path: Path  # the cache directory holding train.bin, val.bin, test.bin, meta.json
 
     @property
     def hash(self) -> str:
@@ -163,18 +167,26 @@ def find_documents(data: str | None, exclude: Path | None = None) -> tuple[list[
 # --------------------------------------------------------------------------- split
 
 
-def split_documents(docs: list[Document], seed: int, val_fraction: float) -> tuple[list[int], list[int]]:
-    """Indices of train and validation documents: a seeded shuffle, validation first up to ``val_fraction`` of the bytes."""
-    order = np.random.default_rng(seed).permutation(len(docs))
+def split_documents(
+    docs: list[Document], seed: int, val_fraction: float, test_fraction: float = 0.0
+) -> tuple[list[int], list[int], list[int]]:
+    """Indices of train, validation and test documents: a seeded shuffle, validation first up to
+    ``val_fraction`` of the bytes, then test up to ``test_fraction`` (none when fewer than three
+    documents), the rest training (at least one document each for training and validation)."""
+    order = [int(i) for i in np.random.default_rng(seed).permutation(len(docs))]
     total = sum(d.size for d in docs)
-    val, acc = [], 0
-    for i in order:
-        if acc >= val_fraction * total or len(val) == len(docs) - 1:
-            break
-        val.append(int(i))
-        acc += docs[i].size
-    val_set = set(val)
-    return [int(i) for i in order if int(i) not in val_set], val
+
+    def take(start: int, fraction: float, keep: int) -> int:
+        """The end of the run of ``order`` from ``start`` that reaches ``fraction`` of the bytes, leaving ``keep``."""
+        end, acc = start, 0
+        while end < len(order) - keep and acc < fraction * total:
+            acc += docs[order[end]].size
+            end += 1
+        return end
+
+    v = take(0, val_fraction, 1)
+    t = take(v, test_fraction, 1) if test_fraction > 0 and len(docs) >= 3 else v
+    return order[t:], order[:v], order[v:t]
 
 
 def chunk_document(doc: Document, n_chunks: int = SINGLE_DOC_CHUNKS) -> list[Document]:
@@ -194,9 +206,12 @@ def chunk_document(doc: Document, n_chunks: int = SINGLE_DOC_CHUNKS) -> list[Doc
 # --------------------------------------------------------------------------- cache
 
 
-def cache_key(docs: list[Document], data: str | None, seed: int, val_fraction: float) -> str:
+def cache_key(
+    docs: list[Document], data: str | None, seed: int, val_fraction: float, test_fraction: float = TEST_FRACTION
+) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps({"format": CACHE_FORMAT, "data": data, "seed": seed, "val_fraction": val_fraction}).encode())
+    fields = {"format": CACHE_FORMAT, "data": data, "seed": seed, "val_fraction": val_fraction, "test_fraction": test_fraction}
+    h.update(json.dumps(fields).encode())
     if data is None:
         h.update(sys.version.encode())
     for d in docs:
@@ -223,11 +238,22 @@ def _load(directory: Path) -> Corpus | None:
         meta = json.loads((directory / "meta.json").read_text())
         train = np.memmap(directory / "train.bin", dtype=np.uint8, mode="r")
         val = np.memmap(directory / "val.bin", dtype=np.uint8, mode="r")
+        test = _map(directory / "test.bin")
     except (OSError, ValueError):
         return None
-    if meta.get("format") != CACHE_FORMAT or meta["sizes"]["train"] != len(train) or meta["sizes"]["val"] != len(val):
+    sizes = meta.get("sizes", {})
+    if meta.get("format") != CACHE_FORMAT or (sizes.get("train"), sizes.get("val"), sizes.get("test")) != (
+        len(train),
+        len(val),
+        len(test),
+    ):
         return None
-    return Corpus(train, val, meta, directory)
+    return Corpus(train, val, test, meta, directory)
+
+
+def _map(path: Path) -> np.ndarray:
+    """A memmap of the file, or an empty array for an empty file (numpy cannot map zero bytes)."""
+    return np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, dtype=np.uint8)
 
 
 def prepare_corpus(
@@ -236,14 +262,17 @@ def prepare_corpus(
     seed: int = 0,
     val_fraction: float = 0.05,
     progress: Progress | None = None,
+    test_fraction: float = TEST_FRACTION,
 ) -> Corpus:
     """Encode ``data`` once into ``cache_dir/corpus/<key>/`` and map it; later calls only map it."""
     if not 0.0 < val_fraction < 1.0:
         raise UserError(f"--val-fraction: {val_fraction} is not between 0 and 1 (exclusive)")
+    if not 0.0 <= test_fraction < 1.0 - val_fraction:
+        raise UserError(f"test fraction {test_fraction}: expected 0 <= it < 1 - val_fraction ({1.0 - val_fraction:g})")
     cache_root = Path(cache_dir) / "corpus"
     docs, skipped = find_documents(data, exclude=cache_root.resolve())
     docs = [d for d in docs if d.size]
-    key = cache_key(docs, absolute_data(data), seed, val_fraction)
+    key = cache_key(docs, absolute_data(data), seed, val_fraction, test_fraction)
     target = cache_root / key
     cached = _load(target)
     if cached is not None:
@@ -254,7 +283,7 @@ def prepare_corpus(
         docs, unit = chunk_document(docs[0]), "chunk"
     if len(docs) < 2:
         raise UserError(f"--data {data}: {docs[0].name} is too small to split into training and validation parts")
-    train_idx, val_idx = split_documents(docs, seed, val_fraction)
+    train_idx, val_idx, test_idx = split_documents(docs, seed, val_fraction, test_fraction)
     total = sum(d.size for d in docs)
     done = 0
 
@@ -272,6 +301,7 @@ def prepare_corpus(
         digest = hashlib.sha256()
         n_train = _write(docs, train_idx, tmp / "train.bin", digest, tick)
         n_val = _write(docs, val_idx, tmp / "val.bin", digest, tick)
+        n_test = _write(docs, test_idx, tmp / "test.bin", digest, tick)
         meta = {
             "format": CACHE_FORMAT,
             "corpus": DEFAULT_CORPUS if data is None else "user",
@@ -281,10 +311,22 @@ def prepare_corpus(
             "hash": digest.hexdigest(),
             "seed": seed,
             "val_fraction": val_fraction,
+            "test_fraction": test_fraction,
             "split_unit": unit,
             "separator": DOC_SEPARATOR.hex(),
-            "sizes": {"train": n_train, "val": n_val, "train_docs": len(train_idx), "val_docs": len(val_idx)},
-            "files": {"train": [docs[i].name for i in train_idx], "val": [docs[i].name for i in val_idx]},
+            "sizes": {
+                "train": n_train,
+                "val": n_val,
+                "test": n_test,
+                "train_docs": len(train_idx),
+                "val_docs": len(val_idx),
+                "test_docs": len(test_idx),
+            },  # fmt: skip
+            "files": {
+                "train": [docs[i].name for i in train_idx],
+                "val": [docs[i].name for i in val_idx],
+                "test": [docs[i].name for i in test_idx],
+            },  # fmt: skip
             "skipped": skipped,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))

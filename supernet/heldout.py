@@ -52,17 +52,26 @@ class HeldOut:
 
         Runs in eval mode without gradients; bf16 autocast on CUDA unless ``mixed_precision`` is off.
         """
+        return float(self.window_bits(model, subnet, batch_size, mixed_precision).mean())
+
+    @torch.no_grad()
+    def window_bits(
+        self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True
+    ) -> np.ndarray:
+        """Mean bits per token of each window, (W,) float64: the windows are the units of a standard error, and two
+        models scored on the same windows are compared window by window (paired)."""
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()
-        total = torch.zeros((), dtype=torch.float64, device=device)
+        sums = []
         amp = autocast(device) if mixed_precision else nullcontext()
         try:
             for i in range(0, len(self.x), batch_size):
                 x, y = self.x[i : i + batch_size].to(device), self.y[i : i + batch_size].to(device)  # (B, T)
                 with amp:
                     logits = run_model(model, x, subnet)  # (B, T, V)
-                total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum")
+                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)  # (B, T)
+                sums.append(ce.double().sum(1).cpu())
         finally:
             model.train(was_training)
-        return total.item() / self.tokens / LN2
+        return (torch.cat(sums) / self.seq_len / LN2).numpy()

@@ -29,15 +29,17 @@ def test_directory_split_by_document_is_seeded_and_cached(tmp_path, monkeypatch)
     (src / ".hidden.txt").write_text("hidden\n")
     corpus = prepare_corpus(str(src), tmp_path / "run", seed=3, val_fraction=0.2)
 
-    # By document: every validation document is whole and absent from training.
-    train_docs, val_docs = docs_of(corpus.train), docs_of(corpus.val)
+    # By document: every validation and test document is whole and in one split only.
+    train_docs, val_docs, test_docs = docs_of(corpus.train), docs_of(corpus.val), docs_of(corpus.test)
     originals = {p.read_bytes() for p in src.glob("doc*.txt")}
-    assert set(train_docs) | set(val_docs) == originals and not set(train_docs) & set(val_docs)
-    assert len(train_docs) + len(val_docs) == 12 and 1 <= len(val_docs) <= 4
+    assert set(train_docs) | set(val_docs) | set(test_docs) == originals
+    assert not set(train_docs) & set(val_docs) and not set(test_docs) & (set(train_docs) | set(val_docs))
+    assert len(train_docs) + len(val_docs) + len(test_docs) == 12 and 1 <= len(val_docs) <= 4 and 1 <= len(test_docs) <= 2
     assert corpus.train.dtype == np.uint8 and isinstance(corpus.train, np.memmap)
     meta = corpus.meta
-    assert meta["sizes"]["train"] == len(corpus.train) and meta["sizes"]["val"] == len(corpus.val)
-    assert sorted(meta["files"]["train"] + meta["files"]["val"]) == [f"doc{i:02d}.txt" for i in range(12)]
+    assert [meta["sizes"][k] for k in ("train", "val", "test")] == [len(corpus.train), len(corpus.val), len(corpus.test)]
+    names = meta["files"]["train"] + meta["files"]["val"] + meta["files"]["test"]
+    assert sorted(names) == [f"doc{i:02d}.txt" for i in range(12)] and meta["test_fraction"] == 0.05
     assert meta["skipped"] == [str(src / "image.bin")] and meta["seed"] == 3 and len(meta["hash"]) == 64
 
     # Same inputs, same split and hash; a second call maps the cache without re-encoding.
@@ -66,23 +68,24 @@ def test_glob_and_single_file(tmp_path):
     src = write_docs(tmp_path / "docs", n=6)
     (src / "notes.md").write_text("# not matched\n")
     corpus = prepare_corpus(str(src / "*.txt"), tmp_path / "run", val_fraction=0.3)
-    assert len(corpus.meta["files"]["train"]) + len(corpus.meta["files"]["val"]) == 6
+    assert sum(len(corpus.meta["files"][k]) for k in ("train", "val", "test")) == 6
 
     # One file is cut at line ends into chunks so that it can still be split.
     single = tmp_path / "one.txt"
     single.write_text("".join(f"line {i} of a single long document\n" for i in range(20000)))
     corpus = prepare_corpus(str(single), tmp_path / "run", val_fraction=0.1)
     assert corpus.meta["split_unit"] == "chunk" and corpus.meta["sizes"]["val_docs"] >= 2
-    pieces = docs_of(corpus.train) + docs_of(corpus.val)
+    pieces = docs_of(corpus.train) + docs_of(corpus.val) + docs_of(corpus.test)
     assert all(p.endswith(b"\n") for p in pieces)
     assert sum(map(len, pieces)) == single.stat().st_size
-    assert 0.09 < len(corpus.val) / (len(corpus.train) + len(corpus.val)) < 0.12
+    total = len(corpus.train) + len(corpus.val) + len(corpus.test)
+    assert 0.09 < len(corpus.val) / total < 0.12 and 0.04 < len(corpus.test) / total < 0.07
 
 
 def test_default_corpus_is_the_stdlib_without_tests(tmp_path):
     corpus = prepare_corpus(None, tmp_path)
     meta = corpus.meta
-    files = meta["files"]["train"] + meta["files"]["val"]
+    files = meta["files"]["train"] + meta["files"]["val"] + meta["files"]["test"]
     assert meta["corpus"] == "python-stdlib" and "PSF" in meta["licence"]
     assert "os.py" in files and "json/decoder.py" in files
     assert any(f.startswith("pydoc_data/topics.py#") for f in files)

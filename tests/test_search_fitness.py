@@ -40,6 +40,27 @@ def test_inherited_loss_equals_the_extracted_models_loss(tiny, supernet):
     assert 7.0 < got.mean() < 9.5  # an untrained byte model is near log2(256) = 8 bits
 
 
+def test_separability_reports_the_standard_error_and_paired_differences(tiny, supernet):
+    from nas.search.fitness import separability, separability_text
+
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 256, size=4000).astype(np.uint8)
+    fitness = InheritedLoss(supernet, tokens, seq_len=32, windows=12, batch_size=5, seed=2)
+    subnets = [tiny.largest(), tiny.smallest(), tiny.sample(rng)]
+    sep = separability(fitness, subnets)
+    per = np.stack([fitness.heldout.window_bits(supernet, s) for s in subnets])  # (3, 12) per-window bits
+    assert sep["windows"] == 12 and sep["tokens"] == 12 * 32
+    assert np.allclose(sep["means"], fitness(subnets), atol=1e-9)  # the windows' mean is the fitness
+    assert sep["se"] == pytest.approx(np.median(per.std(1, ddof=1) / np.sqrt(12)))
+    d = per[1] - per[0]
+    assert sep["vs_first"][0]["diff"] == pytest.approx(d.mean()) and sep["vs_first"][0]["se"] == pytest.approx(
+        d.std(ddof=1) / np.sqrt(12)
+    )
+    assert sep["spread"] == pytest.approx(per.mean(1).max() - per.mean(1).min())
+    text = separability_text("3ms", sep)
+    assert text.startswith("3ms: fitness on 12 windows (384 tokens)") and "paired SE" in text
+
+
 def test_fitness_checks_its_input(supernet):
     with pytest.raises(UserError, match="fewer than one window"):
         InheritedLoss(supernet, np.zeros(10, np.uint8), seq_len=32)
@@ -97,9 +118,32 @@ def run_dir(tmp_path, tiny, supernet, monkeypatch):
 
 
 def search_args(tmp, ckpt, *extra):
-    return ["search", str(ckpt), "--predictor", str(tmp / "pred.json"), "--val-data", str(tmp / "val.txt"),
-            "--val-windows", "2", "--seq-len", "32", "--population", "8", "--parents", "3", "--mutations", "4",
-            "--crossovers", "4", "--generations", "3", "--out", str(tmp / "out"), "--no-progress", *extra]
+    return [
+        "search",
+        str(ckpt),
+        "--predictor",
+        str(tmp / "pred.json"),
+        "--val-data",
+        str(tmp / "val.txt"),
+        "--val-windows",
+        "2",
+        "--seq-len",
+        "32",
+        "--population",
+        "8",
+        "--parents",
+        "3",
+        "--mutations",
+        "4",
+        "--crossovers",
+        "4",
+        "--generations",
+        "3",
+        "--out",
+        str(tmp / "out"),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_search_cli_end_to_end_and_resume(run_dir, capsys, tiny):
@@ -109,6 +153,10 @@ def test_search_cli_end_to_end_and_resume(run_dir, capsys, tiny):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["budget", "loss", "(bpb)", "latency", "params", "evals", "subnet"]
     summary = json.loads((tmp / "out" / "search.json").read_text())
+    for label in ("3ms", "6ms"):  # the fitness's standard error beside the spread of the budget's top candidates
+        sep = summary["separability"][label]
+        assert sep["means"][0] == pytest.approx(summary["budgets"][label]["best"]["loss_bpb"], abs=1e-9) and sep["se"] > 0
+        assert f"{label}: fitness on {sep['windows']} windows" in out
     proxy = AnalyticLatency(tiny)
     for label, limit in (("3ms", 3.0), ("6ms", 6.0)):
         best = Subnet.load(tmp / "out" / f"best_{label}.yaml")
@@ -137,8 +185,10 @@ def test_search_cli_refuses_an_infeasible_budget_with_the_smallest_latency(run_d
     fastest = AnalyticLatency(tiny).predict(lightest_subnets(tiny)).min()
     assert main(search_args(tmp, ckpt, "--budget", "20us,50ms")) == 2
     err = capsys.readouterr().err
-    assert err.startswith("nas search: error: --budget 0.02ms is infeasible on cpu (torch-eager, threads 1) on Fake CPU, "
-                          "analytic predictor pred.json: the smallest latency")
+    assert err.startswith(
+        "nas search: error: --budget 0.02ms is infeasible on cpu (torch-eager, threads 1) on Fake CPU, "
+        "analytic predictor pred.json: the smallest latency"
+    )
     assert f"reaches is {fastest:.6g}ms" in err and "50ms" not in err
 
 
@@ -180,9 +230,31 @@ def test_search_cli_with_a_real_predictor_file(tmp_path, tiny, supernet, capsys)
     ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
     (tmp_path / "val.txt").write_bytes(b"import os\nprint(os.getcwd())\n" * 40)
     pred = fit_real_predictor(tiny, tmp_path / "pred")
-    args = ["search", str(ckpt), "--predictor", str(pred), "--val-data", str(tmp_path / "val.txt"), "--val-windows", "2",
-            "--seq-len", "32", "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3",
-            "--generations", "2", "--out", str(tmp_path / "out"), "--no-progress"]
+    args = [
+        "search",
+        str(ckpt),
+        "--predictor",
+        str(pred),
+        "--val-data",
+        str(tmp_path / "val.txt"),
+        "--val-windows",
+        "2",
+        "--seq-len",
+        "32",
+        "--population",
+        "6",
+        "--parents",
+        "2",
+        "--mutations",
+        "3",
+        "--crossovers",
+        "3",
+        "--generations",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+        "--no-progress",
+    ]
     assert main(args + ["--budget", "6ms"]) == 0
     best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
     assert load_predictor(pred).predict([best])[0] <= 6.0

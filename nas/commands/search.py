@@ -222,11 +222,37 @@ def run(args: argparse.Namespace) -> int:
         out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary
     )
     print(report)
+    separation = report_separability(fitness, searches, result, out)
+    for line in separation:
+        print(line)
     for label, notes in result.notes.items():
         for note in notes[-3:]:
             log.info("note (%s): %s", label, note)
     verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and all(r is not None for r in result.best.values()) else 1
+
+
+def report_separability(fitness, searches, result, out: Path, top: int = 5) -> list[str]:
+    """Per budget: the standard error of the fitness beside the spread of its top candidates (also in search.json)."""
+    import numpy as np
+
+    from nas.search.fitness import separability, separability_text
+
+    lines, found = [], {}
+    for s in searches:
+        records = sorted((r for r in result.records if np.isfinite(r.loss)), key=lambda r: r.loss)
+        candidates = list(dict.fromkeys(r.subnet for r in records))
+        feasible = s.constraints.feasible(candidates) if candidates else []
+        subnets = [c for c, ok in zip(candidates, feasible) if ok][:top]  # the budget's best, as best_per_budget ranks them
+        if subnets:
+            found[s.label] = separability(fitness, subnets)
+            lines.append(separability_text(s.label, found[s.label]))
+    path = out / "search.json"
+    if found and path.exists():
+        data = json.loads(path.read_text())
+        data["separability"] = found
+        path.write_text(json.dumps(data, indent=1))
+    return lines
 
 
 def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str) -> bool:

@@ -102,3 +102,42 @@ class InheritedLoss:
         return np.array(
             [self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
         )
+
+
+def separability(fitness: InheritedLoss, subnets: Sequence[Subnet]) -> dict[str, Any]:
+    """Can the fitness tell these candidates (best first) apart?  Scores each on every window again and
+    returns the standard error of one candidate's estimate (windows as the unit), the spread of their
+    means, and for each the paired difference from the first with its standard error (the same windows
+    score every candidate, so differences are estimated window by window)."""
+    per = np.stack([fitness.heldout.window_bits(fitness.model, s, fitness.batch_size, mixed_precision=False) for s in subnets])
+    w = per.shape[1]
+    means = per.mean(1)
+    se = per.std(1, ddof=1) / np.sqrt(w) if w > 1 else np.full(len(subnets), np.nan)
+    diffs = per[1:] - per[:1]
+    paired = diffs.std(1, ddof=1) / np.sqrt(w) if w > 1 else np.full(len(diffs), np.nan)
+    return {
+        "windows": int(w),
+        "tokens": int(fitness.heldout.tokens),
+        "means": means.tolist(),
+        "se": float(np.median(se)),
+        "spread": float(means.max() - means.min()) if len(means) else 0.0,
+        "vs_first": [{"diff": float(d.mean()), "se": float(p)} for d, p in zip(diffs, paired)],
+    }
+
+
+def separability_text(label: str, sep: dict[str, Any]) -> str:
+    """One paragraph for the terminal: is the top of this budget's ranking more than noise?"""
+    if not sep["vs_first"]:
+        return f"{label}: one candidate; nothing to separate"
+    second = sep["vs_first"][0]
+    z = second["diff"] / second["se"] if second["se"] > 0 else float("inf")
+    verdict = (
+        "the best is ahead of the second by more than 2 paired standard errors"
+        if z > 2
+        else "the best and the second are within 2 paired standard errors: more --val-windows would tell them apart"
+    )
+    return (
+        f"{label}: fitness on {sep['windows']} windows ({sep['tokens']:,} tokens): "
+        f"a candidate's estimate +-{sep['se']:.4f} bits (SE); top {len(sep['means'])} spread {sep['spread']:.4f}; "
+        f"#2 - #1 = {second['diff']:+.4f} +- {second['se']:.4f} (paired SE): {verdict}"
+    )
