@@ -396,6 +396,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     if result.stopped == "interrupted":
         raise TrainingInterrupted(result.step, result.checkpoint)
 
+    log.info("scoring the model at step %d and writing %s (%s)", result.step, out,
+             ", ".join(("safetensors", *s.formats)))
     student = student.cpu().eval()
     after = validation_bpb(student, space, corpus.val, s.scoring, where)
     card = {

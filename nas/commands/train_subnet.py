@@ -177,9 +177,10 @@ def step_bar(desc: str):
 
     def update(info) -> None:
         if "bar" not in state:  # StepInfo carries max_steps and max_time, as a TrainConfig does
-            state["bar"], state["update"] = _step_bar(info, info.step - 1, info.elapsed)
-            state["bar"].set_description(desc)
+            state["bar"], state["update"] = _step_bar(info, info.step - 1, info.elapsed, desc)
         state["update"](info)
+        if info.max_steps is not None and info.step >= info.max_steps:
+            state["bar"].close()  # the last step: what follows (scoring, export) is not training
 
     def close() -> None:
         if "bar" in state:

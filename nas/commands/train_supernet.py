@@ -196,7 +196,7 @@ def _bytes_bar(text: str):
     return update
 
 
-def _step_bar(config, start_step: int, start_elapsed: float):
+def _step_bar(config, start_step: int, start_elapsed: float, desc: str = "train-supernet"):
     """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
     from tqdm import tqdm
 
@@ -207,7 +207,7 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         total=config.max_time if by_time else config.max_steps,
         initial=start_elapsed if by_time else start_step,
         unit="s" if by_time else "step",
-        desc="train-supernet",
+        desc=desc,
         dynamic_ncols=True,
         disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
