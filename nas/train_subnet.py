@@ -262,7 +262,8 @@ def stored_settings(out: str | Path) -> SubnetTraining:
     payload = read_static_checkpoint(latest)
     meta = payload["meta"]
     if "settings" not in meta or "train_config" not in meta:
-        raise UserError(f"{latest}: not a checkpoint of `nas train-subnet` or `nas finetune` (its meta has no settings)")
+        raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
+                        "run in another --out")
     r = meta["settings"]
     return SubnetTraining(
         space=payload["space_obj"], subnet=payload["subnet_obj"], out=Path(out), init=r["init"], tokens=r["tokens"],
@@ -341,7 +342,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
             raise UserError(f"--resume: {latest} trains {their_subnet} of space {theirs.name!r} (arch hash {theirs.arch_hash}), "
                             f"not {subnet} of space {space.name!r} (arch hash {space.arch_hash})")
         if "settings" not in stored["meta"]:
-            raise UserError(f"{latest}: not a checkpoint of `nas train-subnet` or `nas finetune` (its meta has no settings)")
+            raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
+                            "run in another --out")
         problems = _resume_problems(record, config, stored["meta"])
         if problems:
             raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "

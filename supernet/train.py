@@ -689,7 +689,7 @@ class DistillObjective:
         return {"kind": "distill", "distill": self.distill}
 
 
-STATIC_FORMAT = "nas-finetune-checkpoint"
+STATIC_FORMAT = "nas-finetune-checkpoint"  # the marker keeps its first name: earlier fine-tuning checkpoints still read
 
 
 @dataclass(frozen=True)
