@@ -2,9 +2,9 @@
 a parity check, and what the card reports about it (bits per byte, predicted / measured latency).
 
 ``export_subnet`` is the library entry point behind ``nas export``; ``write_model`` writes the
-artifacts of any static model (also used by ``nas finetune``); ``validation_bpb`` scores a
-static model exactly as the search scores a subnet; ``predicted_latency`` and ``measure_model``
-fill the card's latency entries.
+artifacts of any static model (also used by ``nas train-subnet`` and ``nas finetune``);
+``validation_bpb`` scores a static model exactly as the search scores a subnet;
+``predicted_latency`` and ``measure_model`` fill the card's latency entries.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ which passes run (which subnets) and what each pass's loss is:
 * :class:`SandwichObjective` trains a :class:`~supernet.SuperTransformer` by the
   sandwich rule (largest, smallest and N uniformly sampled subnets, gradients
   accumulated) with in-place distillation from the largest subnet;
-* :class:`PlainObjective` trains one static model (fine-tuning an extracted subnet).
+* :class:`PlainObjective` trains one static model (a subnet on its own, or fine-tuning an extracted one).
 
 Every random choice of a step is drawn from a generator seeded by ``(seed, stream,
 step)``, so step ``k`` sees the same batch and the same subnets on every rank and
@@ -228,7 +228,7 @@ class SandwichObjective:
 
 @dataclass(frozen=True)
 class PlainObjective:
-    """One pass of one static model, cross-entropy on the data (fine-tuning an extracted subnet)."""
+    """One pass of one static model, cross-entropy on the data."""
 
     def plan(self, step: int) -> Plan:
         return [("model", None)]
@@ -633,7 +633,7 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-# --------------------------------------------------------------------------- fine-tuning a static model
+# --------------------------------------------------------------------------- training a static model
 
 
 class Distilled(nn.Module):
@@ -689,12 +689,13 @@ class DistillObjective:
         return {"kind": "distill", "distill": self.distill}
 
 
-STATIC_FORMAT = "nas-finetune-checkpoint"
+STATIC_FORMAT = "nas-finetune-checkpoint"  # the marker keeps its first name: earlier fine-tuning checkpoints still read
 
 
 @dataclass(frozen=True)
 class StaticCheckpointer:
-    """Checkpoints of a fine-tuned static model: atomic, ``weights_only``, checked against its space and subnet."""
+    """Checkpoints of a trained static model (``nas train-subnet``, ``nas finetune``): atomic, ``weights_only``,
+    checked against its space and subnet."""
 
     space: Space
     subnet: Subnet
@@ -715,23 +716,44 @@ class StaticCheckpointer:
         try:
             with os.fdopen(fd, "wb") as f:
                 torch.save(payload, f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
 
     def load(self, path: Path) -> dict[str, Any]:
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-            raise UserError(
-                f"{path}: not a readable fine-tuning checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            ) from None
-        if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
-            raise UserError(f"{path}: not a fine-tuning checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
-        if payload.get("space_hash") != self.space.hash or payload.get("subnet") != self.subnet.to_dict():
+        payload = read_static_checkpoint(path)
+        if payload["space_hash"] != self.space.hash or payload["subnet"] != self.subnet.to_dict():
             raise UserError(
                 f"{path}: written for another model (space hash {payload.get('space_hash')}, subnet {payload.get('subnet')}); "
-                f"this run fine-tunes {self.subnet} of space hash {self.space.hash}"
+                f"this run trains {self.subnet} of space hash {self.space.hash}"
             )
         return payload
+
+
+def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A static model's training checkpoint (:class:`StaticCheckpointer`), with ``space_obj`` (its
+    :class:`~search_spaces.Space`) and ``subnet_obj`` (its :class:`~search_spaces.Subnet`) parsed and checked."""
+    from search_spaces import parse_space
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such checkpoint file")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
+        raise UserError(
+            f"{path}: not a readable training checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
+        raise UserError(f"{path}: not a training checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
+    try:
+        space = parse_space(payload["space"], where=f"{path.name}[space]", source=str(path))
+        subnet = Subnet.from_dict(payload["subnet"], where=f"{path.name}[subnet]")
+    except KeyError as e:
+        raise UserError(f"{path}: training checkpoint without {e}") from None
+    if space.hash != payload.get("space_hash"):
+        raise UserError(f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({space.hash})")
+    return {**payload, "space_obj": space, "subnet_obj": space.check(subnet)}

@@ -44,7 +44,7 @@ def test_finetune_interrupted_and_resumed_equals_uninterrupted(setup, capsys, mo
     assert main(args(root, root / "straight", "--supernet", str(ckpt), "--distill", "0.5")) == 0
     out = capsys.readouterr().out
     card = read_card(root / "straight")
-    f = card["finetune"]
+    f = card["training"]
     assert f["steps"] == 6 and f["distill"] == 0.5 and f["bits_per_byte_after"] < f["bits_per_byte_before"]
     assert f"{f['bits_per_byte_before']:.4f} -> {f['bits_per_byte_after']:.4f}" in out
     assert card["validation"]["bits_per_byte"] == f["bits_per_byte_after"] and "model.pt2" in card["files"]
@@ -52,15 +52,15 @@ def test_finetune_interrupted_and_resumed_equals_uninterrupted(setup, capsys, mo
     # Ctrl-C at step 3 (the step finishes, latest.pt is written), then --resume to the end.
     real_bar = ft._progress_bar
 
-    def interrupting_bar(config, step, elapsed):
-        bar, update = real_bar(config, step, elapsed)
+    def interrupting_bar():
+        close, update = real_bar()
 
         def hook(info):
             update(info)
             if info.step == 3:
                 os.kill(os.getpid(), signal.SIGINT)
 
-        return bar, hook
+        return close, hook
 
     monkeypatch.setattr(ft, "_progress_bar", interrupting_bar)
     assert main(args(root, root / "resumed", "--supernet", str(ckpt), "--distill", "0.5")) == 130
@@ -74,14 +74,14 @@ def test_finetune_interrupted_and_resumed_equals_uninterrupted(setup, capsys, mo
     a, b = load_model(root / "straight"), load_model(root / "resumed")
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), name
-    assert read_card(root / "resumed")["finetune"]["bits_per_byte_after"] == f["bits_per_byte_after"]
+    assert read_card(root / "resumed")["training"]["bits_per_byte_after"] == f["bits_per_byte_after"]
 
 
 def test_finetune_without_teacher_and_refusals(setup, capsys):
     root, ckpt = setup
     assert main(args(root, root / "plain", "--max-steps", "2")) == 0
     card = read_card(root / "plain")
-    assert card["finetune"]["teacher"] is None and card["finetune"]["steps"] == 2
+    assert card["training"]["teacher"] is None and card["training"]["steps"] == 2
     assert load_model(root / "plain").subnet == SUBNET
     capsys.readouterr()
     assert main(args(root, root / "x", "--distill", "0.3")) == 2

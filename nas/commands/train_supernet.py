@@ -196,7 +196,7 @@ def _bytes_bar(text: str):
     return update
 
 
-def _step_bar(config, start_step: int, start_elapsed: float):
+def _step_bar(config, start_step: int, start_elapsed: float, desc: str = "train-supernet"):
     """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
     from tqdm import tqdm
 
@@ -207,7 +207,7 @@ def _step_bar(config, start_step: int, start_elapsed: float):
         total=config.max_time if by_time else config.max_steps,
         initial=start_elapsed if by_time else start_step,
         unit="s" if by_time else "step",
-        desc="train-supernet",
+        desc=desc,
         dynamic_ncols=True,
         disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
@@ -216,10 +216,11 @@ def _step_bar(config, start_step: int, start_elapsed: float):
     def update(info) -> None:
         # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
         bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
-        loss = " ".join(f"{v:.3f}" for v in (info.losses.get("largest"), info.losses.get("smallest")) if v is not None)
-        bar.set_postfix_str(
-            f"step {info.step} loss(L/S) {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False
-        )
+        if "largest" in info.losses:  # the sandwich rule: the largest and smallest subnet's losses
+            loss = "loss(L/S) " + " ".join(f"{info.losses[k]:.3f}" for k in ("largest", "smallest") if k in info.losses)
+        else:
+            loss = "loss " + " ".join(f"{v:.3f}" for v in info.losses.values())
+        bar.set_postfix_str(f"step {info.step} {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
 
     return bar, update
 

@@ -107,8 +107,8 @@ def format_ms(ms: float) -> str:
     return f"{ms:.6g}ms"
 
 
-def parse_count(text: str, flag: str = "--max-params") -> int:
-    """A positive count such as ``1500000``, ``1.5M`` or ``800k``."""
+def parse_count(text: str, flag: str = "--max-params", what: str = "parameters") -> int:
+    """A positive count of ``what`` such as ``1500000``, ``1.5M`` or ``800k`` (k, M, G: powers of 1000)."""
     m = _COUNT.match(str(text))
     suffix = m.group(2).lower() if m else ""
     if not m or suffix not in COUNT_SUFFIXES:
@@ -117,5 +117,5 @@ def parse_count(text: str, flag: str = "--max-params") -> int:
     if not math.isfinite(value) or value <= 0:
         raise UserError(f"{flag}: {text!r} must be greater than zero; write {COUNT_FORMS}")
     if value != int(value):
-        raise UserError(f"{flag}: {text!r} is not a whole number of parameters; write {COUNT_FORMS}")
+        raise UserError(f"{flag}: {text!r} is not a whole number of {what}; write {COUNT_FORMS}")
     return int(value)

@@ -1,0 +1,248 @@
+"""``nas train-subnet``: train one subnet on its own, from scratch or from inherited weights, on a token budget.
+
+The same trainer, corpus, schedule, atomic checkpoints and exact ``--resume`` as ``nas
+train-supernet``, on one static model (:func:`nas.train_subnet.train_subnet`).  ``--tokens 20M``
+trains exactly ``20M // (batch x seq_len)`` steps, and step ``k`` always draws the same windows
+(seeded by ``--seed`` and ``k``), so models trained with one budget and seed see the same bytes.
+``--out DIR`` becomes a model folder in ``nas export``'s format; ``DIR/train/`` holds the run's
+checkpoints, ``log.jsonl`` and the corpus cache.
+
+This module also holds the training flags that ``nas finetune`` shares (:func:`add_training_arguments`,
+:func:`training_config`, :func:`resumed`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+NAME = "train-subnet"
+HELP = ("train one subnet on its own (from scratch, inherited supernet weights or an exported model) on a token budget; "
+        "resumable; writes a model folder as nas export does")
+EXAMPLE = "nas train-subnet runs/search/best_30ms.yaml --space tiny --out runs/found --init scratch --tokens 20M"
+
+TOKEN_FORMS = "a whole number of tokens, optionally with a suffix K, M or G (powers of 1000): 20M, 500k, 1.5G"
+
+
+def _config_flags() -> dict:
+    """train-supernet's flag table (flag -> (field, type, metavar, help)), worded for one model in one process."""
+    from nas.commands.train_supernet import CONFIG_FLAGS
+
+    return {**CONFIG_FLAGS, "--batch-size": ("batch_size", int, "N", "windows per step (default {default})"),
+            "--seed": ("seed", int, "S", "seed of the batches and of initial weights drawn from scratch (default {default})")}
+
+
+def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: str) -> None:
+    """The flags of one static model's training run, shared by ``nas train-subnet`` and ``nas finetune``.
+
+    ``defaults`` overrides TrainConfig's defaults (by field name) in the help and in :func:`training_config`;
+    ``formats`` is the default of ``--format``.  Every flag defaults to None ("not given"), so a
+    resumed run keeps its stored value unless the flag is given.
+    """
+    from nas.commands.train_supernet import DATA_FLAGS, HELP_DEFAULTS, parse_duration
+
+    shown = {**HELP_DEFAULTS, **defaults}
+    g = p.add_argument_group("training (the trainer, corpus and schedule of nas train-supernet)")
+    g.add_argument("--data", metavar="PATH", help="a text file, a directory of text files, or a glob; default: the running "
+                   "Python's standard library sources and help topics (as train-supernet)")
+    for flag, (dest, kind, metavar, text) in DATA_FLAGS.items():
+        g.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=shown[dest]))
+    g.add_argument("--tokens", metavar="N", help="token budget: exactly N // (batch-size x seq-len) steps, the same windows "
+                   "for every model of one seed (20M, 500k; instead of --max-steps)")
+    g.add_argument("--max-time", type=parse_duration, metavar="T",
+                   help="stop after T of training in total (600, 90s, 10m, 1.5h); alone, the schedule follows the clock")
+    for flag, (dest, kind, metavar, text) in _config_flags().items():
+        g.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=text.format(default=shown[dest]))
+    g.add_argument("--format", metavar="LIST", help=f"comma-separated: torch (safetensors + card always, and model.pt2), "
+                   f"onnx (model.onnx, parity-checked) (default {formats})")
+    g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
+                   "installed one)")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt); "
+                   "only the bounds and outputs may change")
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    import torch
+
+    from search_spaces import UserError
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UserError(f"--threads: {args.threads} is not a positive integer")
+        torch.set_num_threads(args.threads)
+
+
+def _given_config(args: argparse.Namespace) -> dict:
+    given = {dest: getattr(args, dest) for dest, *_ in _config_flags().values() if getattr(args, dest) is not None}
+    if args.max_time is not None:
+        given["max_time"] = args.max_time
+    return given
+
+
+def _tokens(args: argparse.Namespace) -> int | None:
+    from nas.search.budget import parse_count
+    from search_spaces import UserError
+
+    if args.tokens is None:
+        return None
+    if args.max_steps is not None:
+        raise UserError(f"--tokens {args.tokens} and --max-steps {args.max_steps}: give one (a token budget sets the steps)")
+    try:
+        return parse_count(args.tokens, "--tokens", "tokens")
+    except UserError:
+        raise UserError(f"--tokens: {args.tokens!r} is not a token budget; write {TOKEN_FORMS}") from None
+
+
+def _device(name: str | None) -> str:
+    import torch
+
+    if name in (None, "auto"):
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def training_config(args: argparse.Namespace, defaults: dict, space):
+    """The TrainConfig of a new run: TrainConfig's defaults < ``defaults`` < the flags given.
+
+    ``--seq-len`` defaults to the space's ``max_seq_len`` where that is shorter.  ``--max-time``
+    without ``--max-steps`` or ``--tokens`` makes the run time-bound (the schedule follows the clock).
+    """
+    from supernet.train import TrainConfig
+
+    given = _given_config(args)
+    values = {**defaults, **given}
+    if "seq_len" not in given:
+        values["seq_len"] = min(values.get("seq_len", TrainConfig.seq_len), space.max_seq_len)
+    if "max_time" in given and "max_steps" not in given and args.tokens is None:
+        values["max_steps"] = None
+    return TrainConfig.from_dict(values)
+
+
+def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, distill_from: str | None, defaults: dict,
+                 formats: str):
+    """The :class:`nas.train_subnet.SubnetTraining` of a new run from the training flags."""
+    from nas.export import parse_formats
+    from nas.train_subnet import SubnetTraining
+
+    tokens = _tokens(args)
+    distill = (0.5 if args.distill is None else args.distill) if distill_from else (args.distill or 0.0)
+    return SubnetTraining(
+        space=space, subnet=subnet, out=out, init=init, tokens=tokens, config=training_config(args, defaults, space),
+        data=args.data, distill_from=distill_from, distill=distill, formats=parse_formats(args.format or formats),
+        device=_device(args.device), data_seed=0 if args.data_seed is None else args.data_seed,
+        val_fraction=0.05 if args.val_fraction is None else args.val_fraction, target_ort=args.target_ort,
+    )
+
+
+def resumed(args: argparse.Namespace, stored, **changes):
+    """The stored settings of a run (:func:`nas.train_subnet.stored_settings`) with the flags given on top.
+
+    The library refuses what a resumed run may not change, naming each flag; here ``--tokens`` and
+    ``--max-steps`` replace each other (both set the run's length).
+    """
+    from dataclasses import replace
+
+    from nas.export import parse_formats
+    from supernet.train import TrainConfig
+
+    given = _given_config(args)
+    tokens = _tokens(args)
+    if tokens is None and "max_steps" not in given:
+        tokens = stored.tokens
+    config = {**stored.config.to_dict(), **given}
+    if "max_time" in given and "max_steps" not in given and tokens is None and stored.config.max_steps is None:
+        config["max_steps"] = None
+    data = {k: getattr(args, k) for k in ("data", "data_seed", "val_fraction") if getattr(args, k) is not None}
+    if args.distill is not None:
+        data["distill"] = args.distill
+    if args.format is not None:
+        data["formats"] = parse_formats(args.format)
+    if args.device is not None:
+        data["device"] = _device(args.device)
+    if args.target_ort is not None:
+        data["target_ort"] = args.target_ort
+    return replace(stored, tokens=tokens, config=TrainConfig.from_dict(config), resume=True, **data, **changes)
+
+
+def step_bar(desc: str):
+    """(close, update): a tqdm bar over steps (or seconds) that opens on the first step (hidden with ``-q``)."""
+    from nas.commands.train_supernet import _step_bar
+
+    state: dict = {}
+
+    def update(info) -> None:
+        if "bar" not in state:  # StepInfo carries max_steps and max_time, as a TrainConfig does
+            state["bar"], state["update"] = _step_bar(info, info.step - 1, info.elapsed, desc)
+        state["update"](info)
+        if info.max_steps is not None and info.step >= info.max_steps:
+            state["bar"].close()  # the last step: what follows (scoring, export) is not training
+
+    def close() -> None:
+        if "bar" in state:
+            state["bar"].close()
+
+    return close, update
+
+
+def report(result) -> None:
+    """The summary lines of a finished run (stdout)."""
+    from supernet.artifact import read_card
+
+    card = read_card(result.out)
+    files = ", ".join(name for name in card["files"] if name != "model.safetensors")
+    print(f"trained {result.steps:,} steps ({result.tokens:,} tokens) in {result.seconds:.0f} s; validation bits/byte "
+          f"{result.val_bpb_before:.4f} -> {result.val_bpb:.4f}")
+    print(f"wrote {result.out} (load: supernet.load_model({str(result.out)!r})" + (f"; also {files}" if files else "")
+          + f"); checkpoints and log in {result.out / 'train'}")
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("subnet", nargs="?", metavar="SUBNET", help="subnet YAML or JSON (e.g. best_30ms.yaml of nas search); "
+                   "with --resume it comes from the run")
+    p.add_argument("--space", help="search-space YAML or shipped name (tiny, base, long); with --resume it comes from the run")
+    p.add_argument("--out", required=True, metavar="DIR", help="the model folder to write; DIR/train holds the run's state")
+    p.add_argument("--init", metavar="FROM", help="scratch (default: weights drawn from --seed), supernet:CKPT (the subnet's "
+                   "inherited weights, extracted) or model:DIR (an exported model of this subnet)")
+    p.add_argument("--distill-from", metavar="supernet:CKPT",
+                   help="distil from this supernet's largest subnet (its soft targets weigh --distill)")
+    p.add_argument("--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with "
+                   "--distill-from)")
+    add_training_arguments(p, {}, "torch,onnx")
+
+
+def run(args: argparse.Namespace) -> int:
+    from nas.train_subnet import TrainingInterrupted, check_subnet, stored_settings, train_subnet
+    from search_spaces import Subnet, UserError, load_space
+
+    set_threads(args)
+    out = Path(args.out)
+    space = load_space(args.space) if args.space else None
+    subnet = Subnet.load(args.subnet) if args.subnet else None
+    if space is not None and subnet is not None:
+        check_subnet(space, subnet, where=str(args.subnet))
+    changes = {k: v for k, v in (("space", space), ("subnet", subnet), ("init", args.init), ("distill_from", args.distill_from))
+               if v is not None}
+    if args.resume:
+        settings = resumed(args, stored_settings(out), **changes)
+    elif space is None or subnet is None:
+        raise UserError("give the subnet (SUBNET.yaml) and --space SPACE, or --resume to continue the run in --out")
+    else:
+        settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
+    close, update = step_bar(NAME)
+    try:
+        result = train_subnet(settings, progress=update)
+    except TrainingInterrupted as e:
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out {out} --resume")
+        return 130
+    finally:
+        close()
+    report(result)
+    return 0

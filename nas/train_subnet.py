@@ -1,0 +1,419 @@
+"""Train one subnet on its own: from scratch, from the supernet's inherited weights, or from an exported model.
+
+:func:`train_subnet` is the library entry point behind ``nas train-subnet`` and ``nas finetune``.
+It runs the trainer of ``nas train-supernet`` (:func:`supernet.train.train`: AdamW, warm-up +
+cosine, atomic checkpoints, exact resume, SIGINT saves) on one static model, on the same corpus
+(:func:`supernet.data.prepare_corpus`), and writes the result as a model folder in ``nas export``'s
+format (:func:`nas.export.write_model`: safetensors + card, ``model.pt2``, ``model.onnx`` with parity).
+
+A token budget makes comparisons fair: ``tokens`` trains exactly ``tokens // (batch_size * seq_len)``
+steps, and step ``k`` draws its windows from ``default_rng([seed, 0, k])``, so two models trained
+with the same budget, seed and corpus see exactly the same bytes in the same order.
+
+Layout of ``out``: the model folder (``model.safetensors``, ``subnet.yaml``, ``model_card.json``,
+``model.pt2``, ``model.onnx``) and ``out/train/`` with ``latest.pt`` (every ``ckpt_interval`` steps,
+on SIGINT / SIGTERM and at the end), ``final.pt``, ``log.jsonl`` and the corpus cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from search_spaces import Space, Subnet, UserError
+from supernet.train import StepInfo, TrainConfig
+
+from .export import FORMATS, ONNX_FILE, Scoring
+
+log = logging.getLogger(__name__)
+
+RUN_DIR = "train"  # out / RUN_DIR holds the run's state
+LATEST = "latest.pt"
+INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
+# The settings a resumed run may change besides TrainConfig.RESUMABLE: bounds, outputs and where things run.
+RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
+# Settings fields -> the flag that sets them, for messages.
+FLAGS = {"init": "--init", "data": "--data", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
+         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup"}
+
+
+@dataclass(frozen=True)
+class SubnetTraining:
+    """What one training run of one subnet does.
+
+    ``init``: ``"scratch"`` (weights drawn from ``config.seed``), ``"supernet:PATH"`` (the subnet's
+    weights extracted from a supernet checkpoint of the same space) or ``"model:DIR"`` (an exported
+    model of this subnet).  ``tokens``, when given, replaces ``config.max_steps`` with exactly
+    ``tokens // (batch_size * seq_len)`` steps (``config.max_time`` still bounds the run if set).
+    ``distill_from="supernet:PATH"`` adds ``distill * KL(largest subnet || model)`` to the loss.
+    ``resume`` continues ``out/train/latest.pt`` exactly; the stored settings must agree with these
+    except the bounds and outputs (``TrainConfig.RESUMABLE`` and :data:`RESUMABLE`).
+    """
+
+    space: Space
+    subnet: Subnet
+    out: Path
+    init: str = "scratch"
+    tokens: int | None = None
+    config: TrainConfig = TrainConfig()
+    data: str | None = None
+    distill_from: str | None = None
+    distill: float = 0.0
+    formats: tuple[str, ...] = FORMATS
+    resume: bool = False
+    device: str = "cpu"
+    # optional extras
+    data_seed: int = 0  # seed of the train/validation split by document (as train-supernet's --data-seed)
+    val_fraction: float = 0.05  # share of the bytes held out (as train-supernet's --val-fraction)
+    scoring: Scoring = Scoring()  # the held-out windows of the final bits/byte (the search's defaults)
+    corpus_dir: Path | None = None  # where the encoded corpus is cached (default out/train): runs may share one
+    target_ort: str | None = None  # the ONNX Runtime that will run model.onnx (default: the installed one)
+
+
+@dataclass(frozen=True)
+class SubnetTrainingResult:
+    out: Path
+    steps: int
+    tokens: int  # tokens trained on: steps * batch_size * seq_len
+    val_bpb: float  # validation bits/byte of the final model (the card's figure)
+    seconds: float  # training time over all resumptions (evaluations and checkpoints included)
+    val_bpb_before: float = math.nan  # the same figure for the initial model
+    stopped: str = "max_steps"  # "max_steps" or "max_time"
+    parameters: int = 0
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT / SIGTERM stopped the run after a whole step; its state is in ``checkpoint`` (continue with resume=True)."""
+
+    def __init__(self, step: int, checkpoint: Path):
+        super().__init__(f"interrupted at step {step}; saved {checkpoint}")
+        self.step, self.checkpoint = step, checkpoint
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_subnet(space: Space, subnet: Subnet, where: str = "subnet") -> Subnet:
+    """``subnet`` if it is in ``space``; else one line naming every field that is not."""
+    problems = space.problems(subnet)
+    if problems:
+        raise UserError(f"{where}: not in space {space.name!r} ({space.source}): " + "; ".join(problems))
+    return subnet
+
+
+def parse_source(text: str | None, flag: str, kinds: tuple[str, ...]) -> tuple[str, Path | None]:
+    """``scratch`` -> ("scratch", None); ``supernet:PATH`` / ``model:DIR`` -> (kind, absolute path)."""
+    if text == "scratch" and "scratch" in kinds:
+        return "scratch", None
+    kind, _, path = str(text).partition(":")
+    if kind in kinds and kind != "scratch" and path:
+        return kind, Path(path).expanduser().resolve()
+    forms = ", ".join("scratch" if k == "scratch" else f"{k}:{'DIR' if k == 'model' else 'CKPT'}" for k in kinds)
+    raise UserError(f"{flag}: {text!r} is not one of {forms}")
+
+
+def source_text(kind: str, path: Path | None) -> str:
+    return kind if path is None else f"{kind}:{path}"
+
+
+def step_tokens(config: TrainConfig) -> int:
+    """Tokens one step trains on."""
+    return config.batch_size * config.seq_len
+
+
+def effective_config(settings: SubnetTraining) -> TrainConfig:
+    """``settings.config`` with the token budget turned into ``max_steps``; a budget below one step is refused."""
+    config = settings.config
+    if config.seq_len > settings.space.max_seq_len:
+        raise UserError(f"--seq-len: {config.seq_len} exceeds the space's max_seq_len {settings.space.max_seq_len}")
+    if settings.tokens is None:
+        return config
+    per_step = step_tokens(config)
+    steps = settings.tokens // per_step
+    if steps < 1:
+        raise UserError(f"--tokens: {settings.tokens:,} is below one step of {config.batch_size} x {config.seq_len} = "
+                        f"{per_step:,} tokens (--batch-size x --seq-len); give at least {per_step:,}")
+    return replace(config, max_steps=steps)
+
+
+def _check_settings(s: SubnetTraining) -> None:
+    if not 0.0 <= s.distill <= 1.0:
+        raise UserError(f"--distill: {s.distill} is not between 0 and 1")
+    if s.distill > 0 and not s.distill_from:
+        raise UserError(f"--distill: {s.distill} needs a teacher (--distill-from supernet:CKPT)")
+    if s.distill_from and s.distill == 0:
+        raise UserError(f"--distill-from {s.distill_from}: the teacher would have no weight; give --distill W > 0")
+    bad = [f for f in s.formats if f not in FORMATS]
+    if bad:
+        raise UserError(f"--format: {', '.join(bad)}; expected a comma-separated list of {', '.join(FORMATS)}")
+    if str(s.device).startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {s.device}: CUDA is not available on this machine")
+
+
+def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]:
+    """The run's settings besides its TrainConfig, as stored in every checkpoint and in the card."""
+    from supernet.data import absolute_data
+
+    return {
+        "init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
+        "val_fraction": s.val_fraction, "distill_from": teacher, "distill": s.distill if teacher else 0.0,
+        "formats": list(s.formats), "device": str(s.device), "target_ort": s.target_ort,
+        "scoring": {"windows": s.scoring.windows, "seq_len": s.scoring.seq_len, "seed": s.scoring.seed,
+                    "batch_size": s.scoring.batch_size},
+        "corpus_dir": None if s.corpus_dir is None else str(Path(s.corpus_dir).resolve()),
+    }
+
+
+def _resume_problems(record: dict, config: TrainConfig, stored_meta: dict) -> list[str]:
+    before = stored_meta["settings"]
+    problems = [f"{FLAGS.get(k, k)} {record[k]} differs from the run's {before.get(k)}"
+                for k in record if k not in RESUMABLE and record[k] != before.get(k)]
+    stored_config = stored_meta["train_config"]
+    for name, value in config.to_dict().items():
+        if name not in TrainConfig.RESUMABLE and value != stored_config.get(name):
+            flag = FLAGS.get(name, "--" + name.replace("_", "-"))
+            problems.append(f"{flag} {value} differs from the run's {stored_config.get(name)}")
+    return problems
+
+
+# --------------------------------------------------------------------------- where the weights come from
+
+
+def _digest(kind: str, path: Path) -> str:
+    """What identifies a source: the sha256 of a supernet checkpoint, or of an exported model's weights."""
+    from supernet.artifact import WEIGHTS, read_card, sha256_file
+
+    return read_card(path)["files"].get(WEIGHTS, "") if kind == "model" else sha256_file(path)
+
+
+def _load_supernet(path: Path, space: Space, flag: str):
+    from supernet.checkpoint import load_supernet
+
+    supernet, payload = load_supernet(path)
+    theirs = supernet.space
+    if theirs.arch_hash != space.arch_hash:
+        raise UserError(f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on "
+                        f"space {space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    return supernet, payload
+
+
+def _initial(kind: str, path: Path | None, space: Space, subnet: Subnet, seed: int):
+    """(the initial static model, the card fields it passes on, the source's digest)."""
+    from supernet import Transformer, TransformerConfig, extract
+
+    if kind == "scratch":
+        return Transformer(TransformerConfig.from_subnet(space, subnet), generator=torch.Generator().manual_seed(seed)), {}, None
+    if kind == "supernet":
+        supernet, payload = _load_supernet(path, space, "--init")
+        source = {"source": {"supernet": str(path), "step": payload["meta"].get("step"), "space_hash": supernet.space.hash}}
+        return extract(supernet, subnet), source, _digest(kind, path)
+    from supernet.artifact import card_space, read_card
+    from supernet.artifact import load_model as load_exported
+
+    card = read_card(path)
+    theirs = card_space(path, card)
+    if theirs.arch_hash != space.arch_hash:
+        raise UserError(f"--init model:{path}: a model of space {theirs.name!r} (arch hash {theirs.arch_hash}), not of "
+                        f"space {space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    model = load_exported(path)
+    if model.subnet != subnet:
+        raise UserError(f"--init model:{path}: holds {model.subnet}, not the subnet to train ({subnet})")
+    return model, {k: card[k] for k in ("source", "latency") if k in card}, _digest(kind, path)
+
+
+def initial_model(settings: SubnetTraining):
+    """The static model a run of ``settings`` starts from, before any step (on the CPU, train mode)."""
+    subnet = check_subnet(settings.space, settings.subnet)
+    kind, path = parse_source(settings.init, "--init", ("scratch", "supernet", "model"))
+    return _initial(kind, path, settings.space, subnet, settings.config.seed)[0].train()
+
+
+def _teacher(path: Path, space: Space):
+    from supernet import extract
+
+    supernet, _ = _load_supernet(path, space, "--distill-from")
+    return extract(supernet, space.largest()).eval()
+
+
+# --------------------------------------------------------------------------- runs on disk
+
+
+def run_dir(out: str | Path) -> Path:
+    return Path(out) / RUN_DIR
+
+
+def resumable(out: str | Path) -> bool:
+    """Whether ``out`` holds a run to continue (``train_subnet`` with ``resume=True``)."""
+    return (run_dir(out) / LATEST).is_file()
+
+
+def stored_settings(out: str | Path) -> SubnetTraining:
+    """The settings of the run in ``out`` (from ``out/train/latest.pt``), with ``resume=True``."""
+    from supernet.train import read_static_checkpoint
+
+    latest = run_dir(out) / LATEST
+    if not latest.is_file():
+        raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
+    payload = read_static_checkpoint(latest)
+    meta = payload["meta"]
+    if "settings" not in meta or "train_config" not in meta:
+        raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
+                        "run in another --out")
+    r = meta["settings"]
+    return SubnetTraining(
+        space=payload["space_obj"], subnet=payload["subnet_obj"], out=Path(out), init=r["init"], tokens=r["tokens"],
+        config=TrainConfig.from_dict(meta["train_config"]), data=r["data"], distill_from=r["distill_from"],
+        distill=r["distill"], formats=tuple(r["formats"]), resume=True, device=r["device"], data_seed=r["data_seed"],
+        val_fraction=r["val_fraction"], scoring=Scoring(**r["scoring"]),
+        corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]), target_ort=r["target_ort"],
+    )
+
+
+def _finished(out: Path, stored: dict, config: TrainConfig, formats: tuple[str, ...]) -> SubnetTrainingResult | None:
+    """The result of a run that already reached its bound and wrote its model (a rerun of a finished run), else None."""
+    from supernet.artifact import PROGRAM, WEIGHTS, read_card, verify_file
+
+    state, meta = stored["state"], stored["meta"]
+    if meta.get("stopped") in (None, "interrupted"):
+        return None
+    step, elapsed = state.get("step", -1), state.get("elapsed", 0.0)
+    if not ((config.max_steps is not None and step >= config.max_steps) or
+            (config.max_time is not None and elapsed >= config.max_time)):
+        return None
+    try:
+        card = read_card(out)
+        verify_file(out, WEIGHTS, card)
+    except UserError:
+        return None
+    done = card.get("training", {})
+    wanted = {WEIGHTS} | ({PROGRAM} if "torch" in formats else set()) | ({ONNX_FILE} if "onnx" in formats else set())
+    if done.get("steps") != step or done.get("run_started") != meta.get("run_started") or not wanted <= set(card["files"]):
+        return None
+    return SubnetTrainingResult(out, step, done["tokens"], done["bits_per_byte_after"], done["seconds"],
+                                done["bits_per_byte_before"], done["stopped"], card["parameters"])
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] | None = None) -> SubnetTrainingResult:
+    """Train ``settings.subnet`` as its own model and write it to ``settings.out`` (see the module docstring).
+
+    Every check of the settings runs before anything is written.  ``progress`` is called after
+    every step with a :class:`supernet.train.StepInfo`.  SIGINT / SIGTERM end the step, save
+    ``out/train/latest.pt`` and raise :class:`TrainingInterrupted`.  Rerunning a finished run
+    with ``resume=True`` and the same bounds returns its result without training again.
+    """
+    import time
+
+    from nas import __version__
+    from supernet import Transformer, TransformerConfig
+    from supernet.artifact import CARD
+    from supernet.data import check_corpus, prepare_corpus
+    from supernet.train import Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train
+
+    from .export import validation_bpb, write_model
+
+    s = settings
+    out, space = Path(s.out), s.space
+    subnet = check_subnet(space, s.subnet)
+    config = effective_config(s)
+    kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
+    teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
+    _check_settings(s)
+    init, teacher_text = source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None
+    record = _record(s, init, teacher_text)
+    if kind == "model" and path.resolve() == out.resolve():
+        raise UserError(f"--out {out}: is the source model directory; choose a new directory")
+    state_dir = run_dir(out)
+    latest = state_dir / LATEST
+    stored = None
+    if s.resume:
+        if not latest.is_file():
+            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
+        stored = read_static_checkpoint(latest)
+        theirs, their_subnet = stored["space_obj"], stored["subnet_obj"]
+        if theirs.arch_hash != space.arch_hash or their_subnet != subnet:
+            raise UserError(f"--resume: {latest} trains {their_subnet} of space {theirs.name!r} (arch hash {theirs.arch_hash}), "
+                            f"not {subnet} of space {space.name!r} (arch hash {space.arch_hash})")
+        if "settings" not in stored["meta"]:
+            raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
+                            "run in another --out")
+        problems = _resume_problems(record, config, stored["meta"])
+        if problems:
+            raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
+                            "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
+                            "--log-interval, --format, --device)")
+        if path is not None and path.exists() and _digest(kind, path) != stored["meta"]["init_sha256"]:
+            raise UserError(f"--init {init}: not the {'model' if kind == 'model' else 'checkpoint'} this run started from "
+                            f"(its weights changed since; the run's sha256 {stored['meta']['init_sha256'][:12]}...)")
+        finished = _finished(out, stored, config, s.formats)
+        if finished is not None:
+            log.info("%s: the run already reached step %d and wrote its model", out, finished.steps)
+            return finished
+    elif latest.exists():
+        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
+                        "or choose another --out")
+    elif (out / CARD).exists():
+        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
+
+    if stored is None:
+        student, passed_on, digest = _initial(kind, path, space, subnet, config.seed)
+    else:  # the checkpoint holds the weights; the source need not exist any more
+        student = Transformer(TransformerConfig.from_subnet(space, subnet), generator=torch.Generator().manual_seed(config.seed))
+        passed_on, digest = stored["meta"]["passed_on"], stored["meta"]["init_sha256"]
+    teacher = _teacher(teacher_path, space) if teacher_path is not None else None
+
+    corpus_dir = state_dir if s.corpus_dir is None else Path(s.corpus_dir)
+    corpus = prepare_corpus(record["data"], corpus_dir, s.data_seed, s.val_fraction)
+    if stored is not None:
+        check_corpus(corpus, stored["meta"]["corpus_hash"], str(latest))
+    where = f"validation split of {record['data'] or 'the default corpus'} (seed {s.data_seed}, fraction {s.val_fraction})"
+    before = stored["meta"]["bpb_before"] if stored is not None else validation_bpb(student, space, corpus.val, s.scoring, where)
+
+    device = torch.device(s.device)
+    model = Distilled(student.to(device).train(), teacher.to(device) if teacher is not None else None)
+    objective = DistillObjective(model, s.distill) if teacher is not None else PlainObjective()
+    meta = {
+        "settings": record, "init_sha256": digest, "passed_on": passed_on, "corpus_hash": corpus.hash, "bpb_before": before,
+        "space_hash": space.hash, "arch_hash": space.arch_hash, "nas": __version__,
+        "run_started": stored["meta"]["run_started"] if stored is not None else round(time.time(), 3),
+    }
+    if stored is None:
+        bounds = [f"{config.max_steps:,} steps of {config.batch_size} x {config.seq_len} tokens"] if config.max_steps else []
+        if s.tokens is not None and s.tokens % step_tokens(config):
+            bounds[0] += f" (--tokens {s.tokens:,}: the last {s.tokens % step_tokens(config):,} make no whole step)"
+        bounds += [f"at most {config.max_time:g} s"] if config.max_time else []
+        teaching = f"; distilled from the largest subnet of {teacher_path} (weight {s.distill})" if teacher is not None else ""
+        log.info("training %s (%s parameters) from %s: %.4f bits/byte before; %s%s", subnet, f"{student.num_params():,}",
+                 init, before["bits_per_byte"], ", ".join(bounds), teaching)
+    result = train(model, objective, corpus.train, corpus.val, config, out=state_dir,
+                   checkpointer=StaticCheckpointer(space, subnet), meta=meta, resume=stored if stored is not None else False,
+                   progress=progress, report=log.info)
+    if result.stopped == "interrupted":
+        raise TrainingInterrupted(result.step, result.checkpoint)
+
+    log.info("scoring the model at step %d and writing %s (%s)", result.step, out,
+             ", ".join(("safetensors", *s.formats)))
+    student = student.cpu().eval()
+    after = validation_bpb(student, space, corpus.val, s.scoring, where)
+    card = {
+        **passed_on,
+        "validation": after,
+        "training": {
+            **record, "init_sha256": digest, "token_budget": s.tokens, "steps": result.step, "tokens": result.tokens,
+            "seconds": round(result.elapsed, 1), "stopped": result.stopped, "seed": config.seed,
+            "train_config": config.to_dict(), "corpus_hash": corpus.hash, "corpus": corpus.meta.get("corpus"),
+            "space_hash": space.hash, "arch_hash": space.arch_hash, "teacher": teacher_text,
+            "bits_per_byte_before": before["bits_per_byte"], "bits_per_byte_after": after["bits_per_byte"],
+            "run_started": meta["run_started"], "versions": {"nas": __version__, "torch": str(torch.__version__)},
+        },
+    }
+    write_model(student, space, out, formats=s.formats, target_ort=s.target_ort, card=card, seed=config.seed)
+    return SubnetTrainingResult(out, result.step, result.tokens, after["bits_per_byte"], result.elapsed,
+                                before["bits_per_byte"], result.stopped, student.num_params())
