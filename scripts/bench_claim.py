@@ -361,7 +361,8 @@ def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan:
         cmd = [sys.executable, "-m", "nas.cli", "train-subnet", str(spec), "--space", str(args.space), "--out", str(d / "model"),
                "--init", "scratch", "--tokens", str(tokens), "--seq-len", str(space.workload().seq_len),
                "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--warmup", str(plan.retrain_warmup),
-               "--seed", str(args.seed), "--threads", "1", "-q"]  # fmt: skip
+               "--seed", str(args.seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4",
+               "--ckpt-interval", "50", "-q"]  # fmt: skip
         if (d / "model" / "train" / "latest.pt").exists():
             cmd.append("--resume")
         log.info("retrain %s %s", key, subnet)
