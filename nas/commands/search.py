@@ -5,7 +5,9 @@ windows; latency comes from a fitted predictor.  Every evaluation is an Optuna t
 ``--storage`` (default: ``OUT/search.db``): run the same command again to resume after a
 kill, or start it several times (even on several machines, with a database server) to search
 with several workers.  Writes ``best_<budget>.yaml`` per budget, ``pareto.csv``,
-``pareto.png`` and ``search.json`` to ``--out``.
+``pareto.png`` and ``search.json`` to ``--out``.  ``--hurdles ROUNDS`` then trains the top
+candidates of each budget in rounds with progressive dynamic hurdles (nas/search/hurdles.py),
+in the same storage: ``hurdles_<budget>.yaml``, ``hurdles.csv``, ``search.json``'s ``hurdles``.
 """
 
 from __future__ import annotations
