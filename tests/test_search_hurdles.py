@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,74 @@ def test_candidates_are_the_top_k_feasible_by_inherited_loss(tiny):
                           key=lambda kv: kv[1])
         assert [(c.subnet, c.inherited) for c in cands] == feasible[:4] and [c.rank for c in cands] == [1, 2, 3, 4]
         assert cands[0].subnet == result.best[s.label].subnet
+
+
+# --------------------------------------------------------------------------- the real trainer's adapter
+
+
+def stub_train_subnet(calls: list):
+    """A stand-in ``nas.train_subnet`` with the agreed API that trains nothing: the model folder holds the weights of
+    ``init`` (the supernet's slice, or the previous folder's), written as ``nas export`` does."""
+    from dataclasses import dataclass
+    from typing import Any
+
+    from supernet import extract, load_model
+    from supernet.artifact import save_model
+    from supernet.checkpoint import load_supernet
+    from supernet.train import TrainConfig
+
+    @dataclass(frozen=True)
+    class SubnetTraining:
+        space: Any
+        subnet: Subnet
+        out: Path
+        init: str = "scratch"
+        tokens: int | None = None
+        config: TrainConfig = TrainConfig()
+        data: str | None = None
+        distill_from: str | None = None
+        distill: float = 0.0
+        formats: tuple[str, ...] = ("torch", "onnx")
+        resume: bool = False
+        device: str = "cpu"
+
+    def train_subnet(settings, progress=None):
+        calls.append(settings)
+        kind, source = settings.init.split(":", 1)
+        model = extract(load_supernet(source)[0], settings.subnet) if kind == "supernet" else load_model(source)
+        save_model(model, settings.out, settings.space)
+        steps = settings.tokens // (settings.config.batch_size * settings.config.seq_len)
+        return types.SimpleNamespace(out=Path(settings.out), steps=steps, tokens=settings.tokens, val_bpb=0.0, seconds=0.0)
+
+    module = types.ModuleType("nas.train_subnet")
+    module.SubnetTraining, module.train_subnet = SubnetTraining, train_subnet
+    return module
+
+
+def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_windows(
+        tiny, supernet, tmp_path, monkeypatch):  # noqa: F811
+    from nas.search import InheritedLoss, SubnetTrainer
+    from supernet.checkpoint import save_checkpoint
+
+    calls = []
+    monkeypatch.setitem(sys.modules, "nas.train_subnet", stub_train_subnet(calls))
+    ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
+    tokens = np.random.default_rng(0).integers(0, 256, size=3000).astype(np.uint8)
+    fitness = InheritedLoss(supernet, tokens, seq_len=32, windows=5, batch_size=2, seed=1)
+    trainer = SubnetTrainer(space=tiny, supernet=ckpt, tokens=2048, seq_len=32, heldout=fitness.heldout, seed=7,
+                            data="/corpus", eval_batch=2)
+    subnet = tiny.sample(np.random.default_rng(3))
+    first = trainer.train(subnet, 0, None, tmp_path / "round0", resume=False)
+    # untrained (the stub), so the folder's model scores exactly what the search scored with inherited weights
+    assert trainer.score(first) == pytest.approx(float(fitness([subnet])[0]), abs=1e-6)
+    second = trainer.train(subnet, 1, first, tmp_path / "round1", resume=True)
+    assert second == tmp_path / "round1"
+    a, b = calls
+    assert (a.init, b.init) == (f"supernet:{ckpt}", f"model:{first}") and (a.resume, b.resume) == (False, True)
+    assert a.subnet == subnet and a.space is tiny and a.out == tmp_path / "round0" and a.formats == ("torch",)
+    assert a.tokens == 2048 and a.data == "/corpus" and a.device == "cpu" and a.distill == 0.0
+    assert a.config.batch_size * a.config.seq_len * a.config.max_steps == 2048 and a.config.seq_len == 32
+    assert a.config.seed != b.config.seed and a.config.to_dict() | {"seed": 0} == b.config.to_dict() | {"seed": 0}
 
 
 # --------------------------------------------------------------------------- resume and workers
