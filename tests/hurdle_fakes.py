@@ -6,7 +6,8 @@ hurdles have something to decide).  A training runs ``tokens // step_tokens`` st
 checkpoint ``train/latest.pt`` (JSON here) every ``ckpt_every`` steps, and appends what each call did
 to ``train/log.jsonl`` (``start`` with the step it started from, ``end``), so tests can see a killed
 training continue from its checkpoint and no training run twice.  With ``hang_after`` the process
-writes ``marker`` and hangs after that many steps (all its trainings together): kill it there.
+writes ``marker`` and hangs after that many steps (all its trainings together): kill it there; with
+``stop_after`` the training saves its checkpoint and raises ``TrainingStopped`` there (as Ctrl-C would).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 import zlib
 from pathlib import Path
 
+from nas.search.hurdles import TrainingStopped
 from search_spaces import Subnet
 
 from .test_search_storage import synthetic_loss
@@ -39,9 +41,9 @@ def log_of(folder: Path) -> list[dict]:
 
 class FakeTrainer:
     def __init__(self, tokens: int, *, step_tokens: int = STEP_TOKENS, sleep: float = 0.0, ckpt_every: int = 2,
-                 hang_after: int | None = None, marker: Path | None = None, **_context):
+                 hang_after: int | None = None, marker: Path | None = None, stop_after: int | None = None, **_context):
         self.tokens, self.step_tokens, self.sleep, self.ckpt_every = tokens, step_tokens, sleep, ckpt_every
-        self.hang_after, self.marker = hang_after, marker
+        self.hang_after, self.marker, self.stop_after = hang_after, marker, stop_after
         self.description = {"trainer": "fake", "tokens": tokens, "step_tokens": step_tokens}
         self.steps_done = 0  # by this process, every training together
         self.calls: list[tuple[str, int, bool]] = []  # (subnet key, round, resume)
@@ -74,6 +76,10 @@ class FakeTrainer:
             if self.hang_after is not None and self.steps_done >= self.hang_after:
                 self.marker.write_text(f"{subnet.key} round {round} step {step}")
                 time.sleep(600)
+            if self.stop_after is not None and self.steps_done >= self.stop_after and step < steps:  # as Ctrl-C does
+                self._write(state / "latest.pt", {"step": step, "start_tokens": start_tokens})
+                self._log(state, {"event": "stopped", "step": step, "pid": os.getpid()})
+                raise TrainingStopped(f"{subnet} round {round}: stopped at step {step} of {steps}")
         tokens = start_tokens + steps * self.step_tokens
         self._write(out / MODEL, {"key": subnet.key, "subnet": subnet.to_dict(), "tokens": tokens})
         self._log(state, {"event": "end", "step": step, "pid": os.getpid()})

@@ -22,7 +22,7 @@ import pytest
 
 from nas.cli import main
 from nas.search import HurdleConfig, TrialStore, hurdle_candidates, open_storage, open_study, replay, run_hurdles, run_search
-from nas.search.hurdles import DONE, HURDLE, Candidate
+from nas.search.hurdles import DONE, HURDLE, Candidate, TrainingStopped
 from nas.search.storage import ended
 from search_spaces import Subnet, load_space
 
@@ -200,6 +200,10 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     assert a.tokens == 2048 and a.data == "/corpus" and a.device == "cpu" and a.distill == 0.0
     assert a.config.batch_size * a.config.seq_len * a.config.max_steps == 2048 and a.config.seq_len == 32
     assert a.config.seed != b.config.seed and a.config.to_dict() | {"seed": 0} == b.config.to_dict() | {"seed": 0}
+    short = types.SimpleNamespace(out=tmp_path / "round0", steps=a.config.max_steps - 1, tokens=0, val_bpb=0.0, seconds=0.0)
+    monkeypatch.setattr(sys.modules["nas.train_subnet"], "train_subnet", lambda settings, progress=None: short)
+    with pytest.raises(TrainingStopped, match="stopped at step 3 of 4"):  # interrupted: not a finished training
+        trainer.train(subnet, 0, None, tmp_path / "round0", resume=True)
 
 
 # --------------------------------------------------------------------------- resume and workers
@@ -318,10 +322,11 @@ class Made:
 
     def __init__(self):
         self.trainers: list[FakeTrainer] = []
+        self.options: dict = {}  # for the next trainers: sleep, stop_after, ...
 
     def __call__(self):
         def make(**context):
-            self.trainers.append(FakeTrainer(**context))
+            self.trainers.append(FakeTrainer(**context, **self.options))
             return self.trainers[-1]
 
         return make
@@ -374,6 +379,22 @@ def test_search_cli_with_hurdles_writes_the_table_and_the_best_and_resumes(run_d
     assert main(base + ["--hurdles", "3"]) == 0
     calls = fake_trainer.trainers[-1].calls
     assert calls and {r for _, r, _ in calls} == {2}
+
+
+def test_an_interrupted_training_exits_130_and_the_rerun_continues_it(run_dir, fake_trainer, capsys):  # noqa: F811
+    tmp, ckpt, _ = run_dir
+    args = search_args(tmp, ckpt, "--budget", "6ms", "--hurdles", "2", "--hurdle-candidates", "3", "--hurdle-tokens", "1k")
+    fake_trainer.options = {"stop_after": 14}  # the 2nd training, at step 4 of 10
+    assert main(args) == 130
+    out = capsys.readouterr().out
+    assert "hurdles interrupted: " in out and "stopped at step 4 of 10; its checkpoint is kept" in out
+    stopped = next(p for p in (tmp / "out" / "hurdles").glob("*/*/round0") if any(e["event"] == "stopped" for e in log_of(p)))
+    fake_trainer.options = {}
+    assert main(args) == 0
+    capsys.readouterr()
+    assert [(e["event"], e["step"]) for e in log_of(stopped)] == [("start", 0), ("stopped", 4), ("start", 4), ("end", 10)]
+    assert fake_trainer.trainers[-1].calls[0][2] is True  # resumed first, then the rest
+    assert (tmp / "out" / "hurdles_6ms.yaml").exists()
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -246,6 +246,8 @@ def run(args: argparse.Namespace) -> int:
                                    seq_len=args.seq_len, heldout=fitness.heldout, seed=args.seed,
                                    data=payload.get("meta", {}).get("data"), device=device, eval_batch=args.eval_batch)
             trained = hurdle_stage(args, hurdles, trainer, searches, result, store, out, space)
+            if trained is None:
+                return 130
     verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and trained and all(r is not None for r in result.best.values()) else 1
 
@@ -264,9 +266,9 @@ def trainer_factory():
     return SubnetTrainer
 
 
-def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, store, out: Path, space) -> bool:
+def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, store, out: Path, space) -> bool | None:
     """``--hurdles``: train the top candidates in rounds (nas.search.hurdles), write and print the outcome; True when
-    every budget has a best after hurdles."""
+    every budget has a best after hurdles, None when a training was interrupted."""
     from nas.cli import show_progress
     from nas.search import hurdles as H
 
@@ -274,8 +276,12 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, s
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
     log.info("hurdles: %d rounds of %s tokens for the top %d of each budget; trained models in %s",
              hurdles.rounds, f"{hurdles.tokens:,}", hurdles.candidates, models)
-    with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
-        outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
+    try:
+        with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
+            outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
+    except H.TrainingStopped as e:
+        print(f"hurdles interrupted: {e}; its checkpoint is kept: run the same command again to continue")
+        return None
     doc = H.write_files(out, outcome, space, args.seed)
     summary = json.loads((out / "search.json").read_text())
     summary["hurdles"] = doc

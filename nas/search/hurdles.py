@@ -109,6 +109,11 @@ def training_seed(seed: int, round: int) -> int:
 # --------------------------------------------------------------------------- the trainer
 
 
+class TrainingStopped(Exception):
+    """A training returned before its token budget (interrupted, e.g. by Ctrl-C): its checkpoint is kept, and
+    running the stage again continues it."""
+
+
 class CandidateTrainer(Protocol):
     """Trains one candidate for one round, then scores it.
 
@@ -117,6 +122,7 @@ class CandidateTrainer(Protocol):
     ``out`` is a fresh folder, or with ``resume`` one holding the killed run's ``out/train/latest.pt`` to
     continue exactly.  ``tokens`` is the token budget of one round; ``description`` is everything besides the
     subnet and the round that decides a result (it names the settings' folder and trials: change it, retrain).
+    ``train`` raises :class:`TrainingStopped` when it returns before the whole budget is trained.
     """
 
     tokens: int
@@ -167,7 +173,10 @@ class SubnetTrainer:
             space=self.space, subnet=subnet, out=out, init=f"supernet:{self.supernet}" if init is None else f"model:{init}",
             tokens=self.tokens, config=self.config(round), data=self.data, formats=("torch",), resume=resume, device=self.device,
         )
-        return Path(train_subnet(settings).out)
+        result = train_subnet(settings)
+        if result.steps < settings.config.max_steps:
+            raise TrainingStopped(f"{subnet} round {round}: stopped at step {result.steps} of {settings.config.max_steps}")
+        return Path(result.out)
 
     def score(self, folder: Path) -> float:
         from supernet import load_model
