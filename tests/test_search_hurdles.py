@@ -93,6 +93,8 @@ def test_replay_stops_at_the_first_missing_training_and_handles_a_diverged_one(f
     assert [r.verdict for r in b.rows] == ["stopped", "kept", "stopped", "stopped", "kept"]
     assert b.rows[0].bpb == float("inf") and b.rows[0].hurdle == mean
     assert [r.candidate.rank for r in b.ranking()] == [5, 2, 3, 4, 1]
+    every = replay("x", five[:2], 3, {(five[0].subnet.key, 0): float("nan"), (five[1].subnet.key, 0): float("inf")})
+    assert every.done and [r.verdict for r in every.rows] == ["stopped"] * 2 and every.best is None  # no best to report
 
 
 def test_the_stage_trains_only_the_survivors_and_shares_trainings_between_budgets(five, tiny, tmp_path):

@@ -34,9 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,8 +235,9 @@ class BudgetHurdles:
 
     @property
     def best(self) -> Row | None:
+        """The first of the ranking, once done; None without candidates, or when every training diverged."""
         ranking = self.ranking() if self.done else []
-        return ranking[0] if ranking else None
+        return ranking[0] if ranking and np.isfinite(ranking[0].bpb) else None
 
 
 def replay(label: str, candidates: Sequence[Candidate], rounds: int, scores: Mapping[Training, float]) -> BudgetHurdles:
@@ -251,10 +250,12 @@ def replay(label: str, candidates: Sequence[Candidate], rounds: int, scores: Map
     out = BudgetHurdles(label, list(candidates), rounds)
     cohort = list(candidates)
     for r in range(rounds):
+        if not cohort:  # no candidate, or every one diverged
+            break
         out.round = r
         known = {c.rank: scores.get((c.subnet.key, r)) for c in cohort}
         out.waiting = [c for c in cohort if known[c.rank] is None]
-        if out.waiting or not cohort:
+        if out.waiting:
             return out
         values = np.array([_finite(known[c.rank]) for c in cohort])
         finite = values[np.isfinite(values)]
@@ -450,7 +451,7 @@ def _trained_bpb(trainer: CandidateTrainer, subnet: Subnet, round: int, init: Pa
     done = folder / DONE
     if done.is_file():  # its worker died between the scoring and the trial's completion
         stored = json.loads(done.read_text())
-        assert (stored["key"], stored["round"], stored["settings"]) == (subnet.key, round, trainer.description), done
+        assert (stored["key"], stored["round"], stored["settings"]) == (subnet.key, round, _plain(trainer.description)), done
         return float(stored["bits_per_byte"])
     if init is not None and not (init / DONE).is_file():
         raise UserError(f"hurdles: the weights of round {round - 1} of {subnet} are not in {init}; workers on several hosts "
@@ -463,17 +464,16 @@ def _trained_bpb(trainer: CandidateTrainer, subnet: Subnet, round: int, init: Pa
     trained = Path(trainer.train(subnet, round, init, folder, resume))
     assert trained.resolve() == folder.resolve(), (trained, folder)
     bpb = float(trainer.score(folder))
-    _write_json_atomic(done, {"subnet": subnet.to_dict(), "key": subnet.key, "round": round, "bits_per_byte": bpb,
-                              "tokens": trainer.tokens * (round + 1), "settings": trainer.description})
+    from supernet.artifact import write_json_atomic
+
+    write_json_atomic(done, {"subnet": subnet.to_dict(), "key": subnet.key, "round": round, "bits_per_byte": bpb,
+                             "tokens": trainer.tokens * (round + 1), "settings": trainer.description})
     return bpb
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+def _plain(data: Any) -> Any:
+    """``data`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(data))
 
 
 # --------------------------------------------------------------------------- reporting
