@@ -164,6 +164,9 @@ def stub_train_subnet(calls: list):
         formats: tuple[str, ...] = ("torch", "onnx")
         resume: bool = False
         device: str = "cpu"
+        data_seed: int = 0  # the branch's optional extras
+        val_fraction: float = 0.05
+        corpus_dir: Path | None = None
 
     def train_subnet(settings, progress=None):
         calls.append(settings)
@@ -189,7 +192,7 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     tokens = np.random.default_rng(0).integers(0, 256, size=3000).astype(np.uint8)
     fitness = InheritedLoss(supernet, tokens, seq_len=32, windows=5, batch_size=2, seed=1)
     trainer = SubnetTrainer(space=tiny, supernet=ckpt, tokens=2048, seq_len=32, heldout=fitness.heldout, seed=7,
-                            data="/corpus", eval_batch=2)
+                            data="/corpus", data_seed=3, val_fraction=0.25, corpus_dir=tmp_path, eval_batch=2)
     subnet = tiny.sample(np.random.default_rng(3))
     first = trainer.train(subnet, 0, None, tmp_path / "round0", resume=False)
     # untrained (the stub), so the folder's model scores exactly what the search scored with inherited weights
@@ -200,6 +203,7 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     assert (a.init, b.init) == (f"supernet:{ckpt}", f"model:{first}") and (a.resume, b.resume) == (False, True)
     assert a.subnet == subnet and a.space is tiny and a.out == tmp_path / "round0" and a.formats == ("torch",)
     assert a.tokens == 2048 and a.data == "/corpus" and a.device == "cpu" and a.distill == 0.0
+    assert (a.data_seed, a.val_fraction, a.corpus_dir) == (3, 0.25, tmp_path)  # the supernet's split and corpus cache
     assert a.config.batch_size * a.config.seq_len * a.config.max_steps == 2048 and a.config.seq_len == 32
     assert a.config.seed != b.config.seed and a.config.to_dict() | {"seed": 0} == b.config.to_dict() | {"seed": 0}
     short = types.SimpleNamespace(out=tmp_path / "round0", steps=a.config.max_steps - 1, tokens=0, val_bpb=0.0, seconds=0.0)

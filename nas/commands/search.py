@@ -242,9 +242,13 @@ def run(args: argparse.Namespace) -> int:
                 log.info("note (%s): %s", label, note)
         trained = True
         if hurdles:
+            meta = payload.get("meta", {})
+            corpus = {"data": meta["data"], "data_seed": meta["data_seed"], "val_fraction": meta["val_fraction"],
+                      "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
+                if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
             trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens,
-                                   seq_len=args.seq_len, heldout=fitness.heldout, seed=args.seed,
-                                   data=payload.get("meta", {}).get("data"), device=device, eval_batch=args.eval_batch)
+                                   seq_len=args.seq_len, heldout=fitness.heldout, seed=args.seed, device=device,
+                                   eval_batch=args.eval_batch, **corpus)
             trained = hurdle_stage(args, hurdles, trainer, searches, result, store, out, space)
             if trained is None:
                 return 130
@@ -279,8 +283,8 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, s
     try:
         with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
             outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
-    except H.TrainingStopped as e:
-        print(f"hurdles interrupted: {e}; its checkpoint is kept: run the same command again to continue")
+    except (H.TrainingStopped, KeyboardInterrupt) as e:  # nas.train_subnet's TrainingInterrupted is a KeyboardInterrupt
+        print(f"hurdles interrupted: {e or 'Ctrl-C'}; its checkpoint is kept: run the same command again to continue")
         return None
     doc = H.write_files(out, outcome, space, args.seed)
     summary = json.loads((out / "search.json").read_text())

@@ -138,6 +138,9 @@ class SubnetTrainer:
     Round 0 starts from ``supernet:CKPT``, round r from ``model:<round r-1's folder>``; each round runs its
     own schedule over exactly ``tokens // (batch x seq_len)`` steps (``training_seed(seed, round)``).
     ``score`` is the bits/byte of the folder's model on ``heldout``, the search's fitness windows.
+    ``data``, ``data_seed``, ``val_fraction``: the supernet's corpus and split (its checkpoint's record), so the
+    trainings never see the validation split the search scores on; ``corpus_dir``: where that corpus is cached
+    (the search's ``--data-cache``), so no training encodes it again.  None: ``train_subnet``'s defaults.
     """
 
     space: Space
@@ -147,13 +150,16 @@ class SubnetTrainer:
     heldout: Any  # supernet.heldout.HeldOut of the search's fitness
     seed: int = 0
     data: str | None = None
+    data_seed: int | None = None
+    val_fraction: float | None = None
+    corpus_dir: Path | None = None
     device: str = "cpu"
     eval_batch: int = 16
     description: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         self.description = {"trainer": "train_subnet", "tokens": self.tokens, "train": self.config(0).to_dict() | {"seed": None},
-                            "seed": self.seed, "data": self.data}
+                            "seed": self.seed, "data": self.data, "data_seed": self.data_seed, "val_fraction": self.val_fraction}
 
     def config(self, round: int):
         """The round's TrainConfig: fine-tuning rates (as ``nas finetune``), a short warm-up, a few checkpoints."""
@@ -167,9 +173,12 @@ class SubnetTrainer:
     def train(self, subnet: Subnet, round: int, init: Path | None, out: Path, resume: bool) -> Path:
         from nas.train_subnet import SubnetTraining, train_subnet
 
+        split = {k: v for k, v in (("data_seed", self.data_seed), ("val_fraction", self.val_fraction),
+                                   ("corpus_dir", self.corpus_dir)) if v is not None}
         settings = SubnetTraining(
             space=self.space, subnet=subnet, out=out, init=f"supernet:{self.supernet}" if init is None else f"model:{init}",
             tokens=self.tokens, config=self.config(round), data=self.data, formats=("torch",), resume=resume, device=self.device,
+            **split,
         )
         result = train_subnet(settings)
         if result.steps < settings.config.max_steps:
