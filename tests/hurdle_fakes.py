@@ -19,7 +19,7 @@ import time
 import zlib
 from pathlib import Path
 
-from nas.search.hurdles import TrainingStopped
+from nas.search.hurdles import TRAIN_BATCH, TrainingStopped
 from search_spaces import Subnet
 
 from .test_search_storage import synthetic_loss
@@ -41,7 +41,10 @@ def log_of(folder: Path) -> list[dict]:
 
 class FakeTrainer:
     def __init__(self, tokens: int, *, step_tokens: int = STEP_TOKENS, sleep: float = 0.0, ckpt_every: int = 2,
-                 hang_after: int | None = None, marker: Path | None = None, stop_after: int | None = None, **_context):
+                 hang_after: int | None = None, marker: Path | None = None, stop_after: int | None = None,
+                 seq_len: int | None = None, **_context):
+        if seq_len is not None:  # made by nas search (trainer_factory's arguments): the real trainer's steps
+            step_tokens = TRAIN_BATCH * seq_len
         self.tokens, self.step_tokens, self.sleep, self.ckpt_every = tokens, step_tokens, sleep, ckpt_every
         self.hang_after, self.marker, self.stop_after = hang_after, marker, stop_after
         self.description = {"trainer": "fake", "tokens": tokens, "step_tokens": step_tokens}

@@ -93,7 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
                    help="candidates per budget, the best by the search's fitness (default 8)")
     h.add_argument("--hurdle-tokens", default="1M", metavar="N",
-                   help="training tokens per round (500k, 2M; at least one step: 16 windows of --seq-len tokens; default 1M)")
+                   help="training tokens per round (500k, 2M; rounded down to whole steps of 16 windows of --seq-len tokens, at "
+                        "least one; default 1M)")
 
 
 def add_scoring_arguments(group) -> None:

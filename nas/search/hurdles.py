@@ -63,14 +63,15 @@ class HurdleConfig:
 
     rounds: int
     candidates: int = 8
-    tokens: int = 1_000_000  # training tokens per round
+    tokens: int = 999_424  # training tokens per round, whole steps (1M rounded down to steps of 16 x 128)
 
 
 def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int) -> HurdleConfig | None:
     """Check the hurdle flags (every problem at once, each naming its flag); None when ``rounds`` is 0 (off).
 
-    ``step_tokens``: tokens of one training step (the smallest ``--hurdle-tokens``); ``evaluations``: the most
-    subnets the search evaluates per budget (the most candidates there can be).
+    ``step_tokens``: tokens of one training step (the smallest ``--hurdle-tokens``; the tokens are rounded down to
+    whole steps, which is what a round trains on); ``evaluations``: the most subnets the search evaluates per budget
+    (the most candidates there can be).
     """
     from .budget import COUNT_FORMS, parse_count
 
@@ -96,7 +97,13 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
                         f"{step_tokens // TRAIN_BATCH} tokens = {step_tokens:,} tokens); write {COUNT_FORMS}")
     if problems:
         raise UserError("\n".join(problems))
-    return HurdleConfig(rounds, k, n) if rounds else None
+    if not rounds:
+        return None
+    whole = n // step_tokens * step_tokens
+    if whole != n:
+        log.info("--hurdle-tokens %s: %s tokens per round, %d whole steps of %s", tokens, f"{whole:,}", whole // step_tokens,
+                 f"{step_tokens:,}")
+    return HurdleConfig(rounds, k, whole)
 
 
 def training_seed(seed: int, round: int) -> int:
