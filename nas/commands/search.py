@@ -230,29 +230,28 @@ def run(args: argparse.Namespace) -> int:
         "; ".join(f"{n}: {lat.name}" for n, lat in latencies.items()) if named else latency.name,
     )
     log.info("study %r in %s  (run the same command again to resume, or in parallel to add a worker)", study_name, shown)
-    with store:
-        with _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
-            result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
+    with store, _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
+        result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
 
-        report = write_outputs(
-            out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary
-        )
-        print(report)
-        for label, notes in result.notes.items():
-            for note in notes[-3:]:
-                log.info("note (%s): %s", label, note)
-        trained = True
-        if hurdles:
-            meta = payload.get("meta", {})
-            corpus = {"data": meta["data"], "data_seed": meta["data_seed"], "val_fraction": meta["val_fraction"],
-                      "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
-                if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
-            trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens,
-                                   seq_len=args.seq_len, heldout=fitness.heldout, seed=args.seed, device=device,
-                                   eval_batch=args.eval_batch, **corpus)
+    report = write_outputs(
+        out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary
+    )
+    print(report)
+    for label, notes in result.notes.items():
+        for note in notes[-3:]:
+            log.info("note (%s): %s", label, note)
+    trained = True
+    if hurdles:
+        meta = payload.get("meta", {})
+        corpus = {"data": meta["data"], "data_seed": meta["data_seed"], "val_fraction": meta["val_fraction"],
+                  "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
+            if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
+        trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens, seq_len=args.seq_len,
+                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch, **corpus)
+        with S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url)) as store:  # this worker again, beating
             trained = hurdle_stage(args, hurdles, trainer, searches, result, store, out, space)
-            if trained is None:
-                return 130
+        if trained is None:
+            return 130
     verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
     return 0 if verified and trained and all(r is not None for r in result.best.values()) else 1
 

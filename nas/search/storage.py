@@ -46,6 +46,7 @@ SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
 ALIVE, ENDED = "nas:alive:", "nas:ended:"  # study user attr prefixes: a worker's heartbeat, why a trial ended early
 HEARTBEAT_S, GRACE_S = 10.0, 60.0
 Slot = tuple[str, int, int]  # (budget label, generation, index)
+_CLAIMS = itertools.count()  # the claim numbers of this process
 
 
 def _optuna():
@@ -285,7 +286,7 @@ class TrialStore:
         self.study, self.space = study, space
         self.owner = owner or worker_id()
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
-        self._claims = itertools.count()  # names this worker's claims: owner#n
+        self._claims = _CLAIMS  # names this worker's claims: owner#n, unique in the process (stores of one study share names)
         self._complete: dict[Slot, Record] = {}  # grows as trials finish; shared by the snapshots
         self._losses: dict[Subnet, float] = {}
         self._scanned = 0  # trials (by number) looked at so far
