@@ -28,7 +28,7 @@ from search_spaces import Subnet, load_space
 
 from .hurdle_fakes import MODEL, FakeTrainer, TableTrainer, fake_bpb, log_of
 from .test_search_fitness import run_dir, search_args, supernet  # noqa: F401 - fixtures of the CLI tests
-from .test_search_storage import CONFIG, params_of, searches_for, synthetic_fitness
+from .test_search_storage import CONFIG, params_of, postgres_url, searches_for, synthetic_fitness  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 HURDLES = HurdleConfig(rounds=3, candidates=4, tokens=500)  # 5 fake steps per training, a checkpoint every 2
@@ -302,8 +302,7 @@ def test_killed_during_a_training_and_rerun_ends_like_an_uninterrupted_stage(tmp
     assert len(complete) == len({tuple(c) for c in complete}) == len(folders(root))
 
 
-def test_two_workers_share_the_trainings_without_training_one_twice(tmp_path, reference):
-    url, root = f"sqlite:///{tmp_path / 'two.db'}", tmp_path / "models"
+def two_workers(url: str, root: Path, reference):
     workers = [start_worker(url, "s", root, sleep=0.05) for _ in range(2)]
     for w in workers:
         out, err = w.communicate(timeout=300)
@@ -318,6 +317,14 @@ def test_two_workers_share_the_trainings_without_training_one_twice(tmp_path, re
         assert [(e["event"], e["step"]) for e in log_of(folder)] == [("start", 0), ("end", 5)], folder
     joined, trainer = search_and_hurdles(url, "s", root)
     assert joined.trained_here == 0 and trainer.calls == [] and table(joined) == reference[0]
+
+
+def test_two_workers_share_the_trainings_without_training_one_twice(tmp_path, reference):
+    two_workers(f"sqlite:///{tmp_path / 'two.db'}", tmp_path / "models", reference)
+
+
+def test_two_workers_share_the_trainings_on_postgresql(postgres_url, tmp_path, reference):  # noqa: F811
+    two_workers(postgres_url, tmp_path / "models", reference)
 
 
 # --------------------------------------------------------------------------- the CLI
