@@ -5,7 +5,9 @@ windows; latency comes from a fitted predictor.  Every evaluation is an Optuna t
 ``--storage`` (default: ``OUT/search.db``): run the same command again to resume after a
 kill, or start it several times (even on several machines, with a database server) to search
 with several workers.  Writes ``best_<budget>.yaml`` per budget, ``pareto.csv``,
-``pareto.png`` and ``search.json`` to ``--out``.
+``pareto.png`` and ``search.json`` to ``--out``.  ``--hurdles ROUNDS`` then trains the top
+candidates of each budget in rounds with progressive dynamic hurdles (nas/search/hurdles.py),
+in the same storage: ``hurdles_<budget>.yaml``, ``hurdles.csv``, ``search.json``'s ``hurdles``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     v.add_argument("--verify-threads", type=int, metavar="N", help="intra-op threads of the verification device")
     v.add_argument("--verify-clock", metavar="CLOCK", help="wall (default) or cpu (needs --verify-threads 1)")
+    h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
+    h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
+                   help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "
+                        "from inherited weights); after each round those worse than the round's mean stop; the best by trained "
+                        "bits/byte: hurdles_<budget>.yaml, hurdles.csv (default 0: off)")
+    h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
+                   help="candidates per budget, the best by the search's fitness (default 8)")
+    h.add_argument("--hurdle-tokens", default="1M", metavar="N",
+                   help="training tokens per round (500k, 2M; rounded down to whole steps of 16 windows of --seq-len tokens, at "
+                        "least one; default 1M)")
 
 
 def add_scoring_arguments(group) -> None:
@@ -132,6 +144,9 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.batch < 1:
         raise UserError(f"--batch: {args.batch} is not a positive integer")
+    hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
+                              step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations)
+    make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
 
     from latency.predictors import load_predictor
@@ -228,8 +243,62 @@ def run(args: argparse.Namespace) -> int:
     for label, notes in result.notes.items():
         for note in notes[-3:]:
             log.info("note (%s): %s", label, note)
+    trained = True
+    if hurdles:
+        meta = payload.get("meta", {})
+        corpus = {"data": meta["data"], "data_seed": meta["data_seed"], "val_fraction": meta["val_fraction"],
+                  "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
+            if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
+        trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens, seq_len=args.seq_len,
+                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch, **corpus)
+        with S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url)) as store:  # this worker again, beating
+            trained = hurdle_stage(args, hurdles, trainer, searches, result, store, out, space)
+        if trained is None:
+            return 130
     verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
-    return 0 if verified and all(r is not None for r in result.best.values()) else 1
+    return 0 if verified and trained and all(r is not None for r in result.best.values()) else 1
+
+
+def trainer_factory():
+    """The maker of the hurdle stage's trainer (:class:`nas.search.hurdles.SubnetTrainer`), checked before any work:
+    it needs ``nas.train_subnet``.  Tests replace this function with one that returns a fake trainer's maker."""
+    import importlib.util
+
+    from nas.search.hurdles import SubnetTrainer
+    from search_spaces import UserError
+
+    if importlib.util.find_spec("nas.train_subnet") is None:
+        raise UserError("--hurdles: needs nas.train_subnet (the library behind `nas train-subnet`), which this installation "
+                        "lacks; update nas-transformers, or leave --hurdles out")
+    return SubnetTrainer
+
+
+def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, store, out: Path, space) -> bool | None:
+    """``--hurdles``: train the top candidates in rounds (nas.search.hurdles), write and print the outcome; True when
+    every budget has a best after hurdles, None when a training was interrupted."""
+    from nas.cli import show_progress
+    from nas.search import hurdles as H
+
+    cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates)
+    models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
+    log.info("hurdles: %d rounds of %s tokens for the top %d of each budget; trained models in %s",
+             hurdles.rounds, f"{hurdles.tokens:,}", hurdles.candidates, models)
+    try:
+        with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
+            outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
+    except (H.TrainingStopped, KeyboardInterrupt) as e:  # nas.train_subnet's TrainingInterrupted is a KeyboardInterrupt
+        print(f"hurdles interrupted: {e or 'Ctrl-C'}; its checkpoint is kept: run the same command again to continue")
+        return None
+    doc = H.write_files(out, outcome, space, args.seed)
+    summary = json.loads((out / "search.json").read_text())
+    summary["hurdles"] = doc
+    (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(H.report(outcome))
+    print(f"wrote {out}/hurdles_*.yaml, hurdles.csv, search.json (hurdles); trained models in {out / 'hurdles' / outcome.tag}")
+    for label, notes in outcome.notes.items():
+        for note in notes:
+            log.info("note (%s, hurdles): %s", label, note)
+    return all(b.best is not None for b in outcome.budgets.values())
 
 
 def report_separability(fitness, searches, result, out: Path, top: int = 5) -> list[str]:
@@ -361,6 +430,33 @@ class _ProgressBar:
         self.bar.update(p.done - self.bar.n)
         best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
         self.bar.set_postfix_str(f"best {best or '-'}" + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.refresh()
+
+
+class _HurdleBar:
+    """One tqdm bar over the hurdle trainings (its total grows as rounds open)."""
+
+    def __init__(self, rounds: int, disable: bool):
+        self.rounds, self.disable, self.bar = rounds, disable, None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+    def __call__(self, p) -> None:
+        from tqdm import tqdm
+
+        if self.disable:
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=p.total, initial=p.done, desc="hurdles", unit="training", dynamic_ncols=True)
+        self.bar.total = p.total
+        self.bar.update(p.done - self.bar.n)
+        rounds = "  ".join(f"{label}: round {r + 1}/{self.rounds}" for label, r in p.rounds.items())
+        self.bar.set_postfix_str(rounds + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
         self.bar.refresh()
 
 

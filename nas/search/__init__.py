@@ -5,6 +5,8 @@ HAT / Evolved Transformer, optional aging), :class:`RandomSearch`, :class:`NSGA2
 :func:`run_search` is the one loop; it keeps every evaluation in an Optuna storage
 (:mod:`.storage`), so a search resumes after a kill and several workers cooperate.
 Fitness (:mod:`.fitness`) and constraints (:mod:`.constraints`) are passed in.
+:func:`run_hurdles` (:mod:`.hurdles`) then trains the top candidates in rounds (progressive dynamic
+hurdles), in the same storage.
 """
 
 from .budget import budget_plans, format_ms, parse_budget, parse_budgets, parse_count, parse_workload_budgets, plan_label
@@ -13,6 +15,17 @@ from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit
 from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
 from .evolution import Evolution
 from .fitness import InheritedLoss, pick_device
+from .hurdles import (
+    TRAIN_BATCH,
+    CandidateTrainer,
+    HurdleConfig,
+    HurdleOutcome,
+    SubnetTrainer,
+    hurdle_candidates,
+    hurdle_config,
+    replay,
+    run_hurdles,
+)
 from .nsga2 import NSGA2
 from .operators import crossover, draw, mutate
 from .pareto import hypervolume, non_dominated_sort, pareto_front
@@ -25,13 +38,17 @@ STRATEGIES = {"evolution": Evolution, "random": RandomSearch, "nsga2": NSGA2}
 __all__ = [
     "NSGA2",
     "STRATEGIES",
+    "TRAIN_BATCH",
     "AnalyticLatency",
     "BatchCache",
     "BudgetSearch",
     "CachedFitness",
     "CachedLatency",
+    "CandidateTrainer",
     "Constraints",
     "Evolution",
+    "HurdleConfig",
+    "HurdleOutcome",
     "InheritedLoss",
     "LatencyBudget",
     "ParamLimit",
@@ -41,6 +58,7 @@ __all__ = [
     "SearchConfig",
     "SearchResult",
     "Strategy",
+    "SubnetTrainer",
     "TrialStore",
     "best_per_budget",
     "budget_plans",
@@ -51,6 +69,8 @@ __all__ = [
     "draw",
     "feasible_seeds",
     "format_ms",
+    "hurdle_candidates",
+    "hurdle_config",
     "hypervolume",
     "mutate",
     "non_dominated_sort",
@@ -62,6 +82,8 @@ __all__ = [
     "parse_count",
     "parse_workload_budgets",
     "plan_label",
+    "replay",
+    "run_hurdles",
     "pareto_front",
     "pick_device",
     "run_search",

@@ -20,6 +20,10 @@ worker is dead once another has seen that attr unchanged for ``GRACE_S`` seconds
 clock (no clocks are compared across hosts).  Why a trial was failed or dropped is the study
 user attr ``nas:ended:<number>`` (:func:`ended`).  The study's settings live in its user attr
 ``nas:config``; opening it with other settings is refused.
+
+The hurdle stage (:mod:`.hurdles`) keeps its trainings in the same study, claimed the same way
+(:meth:`TrialStore.add_running`): those trials carry ``nas:hurdle`` instead of ``nas:slot``, so the
+search's snapshot ignores them, and :meth:`TrialStore.recover` fails them like any other.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
 ALIVE, ENDED = "nas:alive:", "nas:ended:"  # study user attr prefixes: a worker's heartbeat, why a trial ended early
 HEARTBEAT_S, GRACE_S = 10.0, 60.0
 Slot = tuple[str, int, int]  # (budget label, generation, index)
+_CLAIMS = itertools.count()  # the claim numbers of this process
 
 
 def _optuna():
@@ -281,7 +286,7 @@ class TrialStore:
         self.study, self.space = study, space
         self.owner = owner or worker_id()
         self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
-        self._claims = itertools.count()  # names this worker's claims: owner#n
+        self._claims = _CLAIMS  # names this worker's claims: owner#n, unique in the process (stores of one study share names)
         self._complete: dict[Slot, Record] = {}  # grows as trials finish; shared by the snapshots
         self._losses: dict[Subnet, float] = {}
         self._scanned = 0  # trials (by number) looked at so far
@@ -338,16 +343,24 @@ class TrialStore:
 
     def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
         """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
+        return self.add_running([
+            (subnet, {"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params), "budget": slot[0],
+                      "generation": slot[1], "cached": bool(cached)}, {SLOT: list(slot)})
+            for slot, subnet, latency, params, cached in claims
+        ])
+
+    def add_running(self, claims: Sequence[tuple[Subnet, dict[str, Any], dict[str, Any]]]) -> list[int]:
+        """A RUNNING trial of this worker per ``(subnet, user attrs, system attrs)`` (the subnet as parameters, the
+        owner and claim name added), one transaction each; their numbers, in order.  What the trials are for is in
+        their system attrs: ``nas:slot`` (the search's) or ``nas:hurdle`` (:mod:`.hurdles`'s trainings)."""
         optuna = _optuna()
         names = []
-        for slot, subnet, latency, params, cached in claims:
+        for subnet, user_attrs, system_attrs in claims:
             values, dists = subnet_params(self.space, subnet)
             names.append(f"{self.owner}#{next(self._claims)}")
             self.study.add_trial(optuna.trial.create_trial(
-                state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists,
-                user_attrs={"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params),
-                            "budget": slot[0], "generation": slot[1], "cached": bool(cached)},
-                system_attrs={SLOT: list(slot), OWNER: self.owner, CLAIM: names[-1]},
+                state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists, user_attrs=user_attrs,
+                system_attrs={**system_attrs, OWNER: self.owner, CLAIM: names[-1]},
             ))
         # add_trial returns nothing: find each trial by its claim name, among the running ones (newest first; one
         # already failed by another worker is among all trials)
