@@ -353,7 +353,7 @@ def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan:
 
     def one(key: str, subnet: Subnet) -> None:
         d = root / key
-        if (d / "model" / "card.json").exists() and (d / "model" / "model.onnx").exists():
+        if (d / "model" / "model_card.json").exists() and (d / "model" / "model.onnx").exists():
             return
         d.mkdir(parents=True, exist_ok=True)
         spec = d / "subnet.yaml"
@@ -413,7 +413,7 @@ def measure_and_score(space, ckpt: Path, models: dict[str, Subnet], root: Path, 
                 "iqr_ms": m.results[key].iqr_ms,
                 "test_bpb": test.bits(statics[key], mixed_precision=False),
                 "inherited_test_bpb": test.bits(supernet, s, mixed_precision=False),
-                "card": str(root / key / "model" / "card.json"),
+                "card": str(root / key / "model" / "model_card.json"),
             }
     return {"test": {"windows": len(starts), "seq_len": seq, "tokens": test.tokens, "bytes_in_split": int(len(corpus.test))},
             "models": out}  # fmt: skip

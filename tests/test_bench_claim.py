@@ -28,7 +28,7 @@ def test_bench_claim_quick_runs_end_to_end_and_resumes(tmp_path):
     assert (run / "claim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(claim["verdicts"]) >= 1 and all("beats_all" in v for v in claim["verdicts"].values())
     # every retrained model: the same token budget, a measured export, test bits/byte with retrained and inherited weights
-    cards = [json.loads(p.read_text()) for p in (run / "retrain").glob("*/model/card.json")]
+    cards = [json.loads(p.read_text()) for p in (run / "retrain").glob("*/model/model_card.json")]
     assert len(cards) == len(rows) >= 3
     assert len({c["training"]["tokens"] for c in cards}) == 1 and cards[0]["training"]["tokens"] >= 4000
     for r in rows:
