@@ -74,12 +74,12 @@ class Plan:
     val_windows: int = 32  # fitness windows (each as long as the prefill)
     hurdles: int = 2  # rounds
     hurdle_candidates: int = 4
-    hurdle_tokens: str = "200K"  # per round
+    hurdle_tokens: str = "300K"  # per round
     baseline_checks: int = 2  # largest uniform models per (budget, type) timed on the device
-    tokens: str = "2M"  # the retraining budget of every model
-    retrain_batch: int = 8
+    tokens: str = "1.5M"  # the retraining budget of every model
+    retrain_batch: int = 4
     retrain_lr: float = 3e-3
-    retrain_warmup: int = 50
+    retrain_warmup: int = 30
     jobs: int = 2  # retrainings at a time (one thread each)
     test_windows: int = 64
     compare_repeats: int = 7
@@ -102,11 +102,6 @@ def parse_tokens(text: str) -> int:
     return int(float(text[:-1] if mult > 1 else text) * mult)
 
 
-def labels_of(budgets: list[float]) -> list[str]:
-    """The search's budget labels (as ``nas search`` names them: ``3.250ms``)."""
-    return [f"{b:.3f}ms" for b in budgets]
-
-
 class _FilesDevice:
     """Times each model from its own exported ``model.onnx`` (ONNX Runtime, CPU), the reference as the wrapped device does."""
 
@@ -123,7 +118,9 @@ class _FilesDevice:
         from supernet.onnx_export import onnx_session
 
         session = onnx_session(self.files[id(model)], threads=self.device.threads)
-        return ort_runner(session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock)
+        return ort_runner(
+            session, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len), self.device.clock
+        )
 
 
 def attention_share(space, threads: int = 1, runs: int = 5) -> dict:
@@ -206,6 +203,7 @@ def run(args, plan: Plan) -> dict:
     # 1. supernet
     ckpt = Path(args.supernet) if args.supernet else out / "supernet" / "latest.pt"
     if not args.supernet:
+
         def train() -> None:
             common = ["--max-time", plan.train_time, "--threads", str(args.threads)]
             if ckpt.exists():
@@ -227,8 +225,10 @@ def run(args, plan: Plan) -> dict:
 
     # 3. budgets
     budgets = [budget_from_table(timings, p) for p in PERCENTILES]
-    labels = labels_of(budgets)
-    log.info("budgets: %s (the %s percentiles of the measured latencies)", ", ".join(labels), "/".join(f"{p:g}th" for p in PERCENTILES))
+    labels = [f"{b:.3f}ms" for b in budgets]  # as given to --budget; the search's own labels come from search.json below
+    log.info(
+        "budgets: %s (the %s percentiles of the measured latencies)", ", ".join(labels), "/".join(f"{p:g}th" for p in PERCENTILES)
+    )
 
     # 4. search, then the same search with hurdles
     search_dir = out / "search"
@@ -240,8 +240,11 @@ def run(args, plan: Plan) -> dict:
     stage("search", lambda: cli(search, ok=(0, 1)))
     hurdle_flags = ["--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates),
                     "--hurdle-tokens", plan.hurdle_tokens]  # fmt: skip
-    stage("search with hurdles", lambda: cli([*search, *hurdle_flags], ok=(0, 1)))
+    no_verify = search[: search.index("--verify")]  # the search's candidates were verified above
+    stage("search with hurdles", lambda: cli([*no_verify, *hurdle_flags], ok=(0, 1)))
     summary = json.loads((search_dir / "search.json").read_text())
+    labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given
+    assert len(labels) == len(budgets), (labels, budgets)
     found, found_h = {}, {}
     for label in labels:
         verified = search_dir / f"verified_{label}.yaml"
@@ -255,8 +258,12 @@ def run(args, plan: Plan) -> dict:
 
     # 5. baselines: the largest uniform model per (budget, type) under the budget by the predictor, checked on the device
     baselines_file = out / "baselines.json"
-    stage("pick baselines", lambda: baselines_file.write_text(json.dumps(
-        pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed), indent=1)))
+    stage(
+        "pick baselines",
+        lambda: baselines_file.write_text(
+            json.dumps(pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed), indent=1)
+        ),
+    )
     picked = json.loads(baselines_file.read_text())
     baselines = {(e["budget"], e["attention"]): Subnet.from_dict(e["subnet"]) for e in picked}
 
@@ -279,12 +286,18 @@ def run(args, plan: Plan) -> dict:
     add(f"uniform {space.attention[0]} (largest)", max(softmax, key=lambda s: (params_of(space, s), s.key)))
     retrain_dir = out / "retrain"
     tokens = parse_tokens(plan.tokens)
-    log.info("retraining %d models from scratch, %s tokens each (%d at a time, one thread each)", len(models), f"{tokens:,}", plan.jobs)
+    log.info(
+        "retraining %d models from scratch, %s tokens each (%d at a time, one thread each)", len(models), f"{tokens:,}", plan.jobs
+    )
     stage("retrain", lambda: retrain_all(space, models, retrain_dir, tokens, plan, args))
 
     # 7. time every retrained export side by side; 8. score on the test split
-    stage("measure and score", lambda: (out / "measured.json").write_text(json.dumps(
-        measure_and_score(space, ckpt, models, retrain_dir, timings, plan, args.seed), indent=1)))
+    stage(
+        "measure and score",
+        lambda: (out / "measured.json").write_text(
+            json.dumps(measure_and_score(space, ckpt, models, retrain_dir, timings, plan, args.seed), indent=1)
+        ),
+    )
     measured = json.loads((out / "measured.json").read_text())
     share_file = out / "attention_share.json"
     stage("attention share", lambda: share_file.write_text(json.dumps(attention_share(space), indent=1)))
@@ -320,7 +333,9 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     shortlist: dict[tuple[str, str], list[Subnet]] = {}
     for b, label in zip(budgets, labels):
         for attention in space.attention:
-            fits = sorted((s for s in uniform if s.attention[0] == attention and predicted[s] <= b), key=lambda s: (-size[s], s.key))
+            fits = sorted(
+                (s for s in uniform if s.attention[0] == attention and predicted[s] <= b), key=lambda s: (-size[s], s.key)
+            )
             if fits:
                 shortlist[(label, attention)] = fits[: plan.baseline_checks]
     distinct = list(dict.fromkeys(s for ss in shortlist.values() for s in ss))
@@ -393,7 +408,9 @@ def measure_and_score(space, ckpt: Path, models: dict[str, Subnet], root: Path, 
     table = read_timings(timings)
     fp = table.fingerprint
     device = _FilesDevice(get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "cpu")), files)
-    settings = Settings(warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms)
+    settings = Settings(
+        warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms
+    )
     m = measure(device, statics, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
 
     supernet, payload = load_supernet(ckpt, device="cpu")
@@ -443,33 +460,53 @@ def report(space, labels, budgets, models, roles, measured, share, plan: Plan, t
             lines.append(f"\nbudget {label}: the search found nothing")
             continue
         me = mine[0]
-        base = [r for r in rows if any(x.startswith("uniform") and x.endswith(f"@{label}") for x in r["roles"].split(";"))]
+        base = [
+            r
+            for r in rows
+            if r is not me and any(x.startswith("uniform") and x.endswith(f"@{label}") for x in r["roles"].split(";"))
+        ]
         at_or_below = [r for r in base if r["measured_ms"] <= me["measured_ms"]]
         best = min(at_or_below, key=lambda r: r["test_bpb"]) if at_or_below else None
         ok = all(me["test_bpb"] < r["test_bpb"] for r in at_or_below)
         verdicts[label] = {"found": me["key"], "found_bpb": me["test_bpb"], "found_ms": me["measured_ms"],
                            "baselines_at_or_below": len(at_or_below), "beats_all": ok,
                            "best_baseline": best["key"] if best else None}  # fmt: skip
-        lines.append(f"\nbudget {label} ({budget:.3f} ms):")
+        pct = PERCENTILES[labels.index(label)]
+        lines.append(f"\nbudget {label} (the {pct:g}th percentile of the measured latencies):")
         lines.append(f"  {'model':34} {'test bpb':>9} {'measured':>10} {'inherited':>9}  subnet")
         for r in [me] + sorted(base, key=lambda r: r["measured_ms"]):
             tag = "found" if r is me else next(x for x in r["roles"].split(";") if x.endswith(f"@{label}")).split("@")[0]
-            lines.append(f"  {tag:34} {r['test_bpb']:>9.4f} {r['measured_ms']:>8.3f}ms {r['inherited_test_bpb']:>9.4f}  {r['subnet']}")
+            lines.append(
+                f"  {tag:34} {r['test_bpb']:>9.4f} {r['measured_ms']:>8.3f}ms {r['inherited_test_bpb']:>9.4f}  {r['subnet']}"
+            )
         if best is None:
             lines.append("  no uniform baseline measured at or below the found model's latency")
         else:
-            lines.append(f"  found vs the {len(at_or_below)} baselines at equal or lower measured latency: "
-                         + ("LOWER bits/byte than all" if ok else f"NOT lower than all (best: {best['roles']}, {best['test_bpb']:.4f})"))
+            lines.append(
+                f"  found vs the {len(at_or_below)} baselines at equal or lower measured latency: "
+                + ("LOWER bits/byte than all" if ok else f"NOT lower than all (best: {best['roles']}, {best['test_bpb']:.4f})")
+            )
         hurdled = [r for r in rows if f"found+hurdles@{label}" in r["roles"].split(";")]
         if hurdled:
             h = hurdled[0]
             same = h["key"] == me["key"]
             verdicts[label]["hurdles"] = {"changed": not same, "bpb": h["test_bpb"], "delta": h["test_bpb"] - me["test_bpb"]}
-            lines.append("  hurdles: " + ("kept the same winner" if same else
-                         f"another winner, {h['test_bpb']:.4f} bits/byte ({h['test_bpb'] - me['test_bpb']:+.4f}), {h['measured_ms']:.3f} ms"))
+            lines.append(
+                "  hurdles: "
+                + (
+                    "kept the same winner"
+                    if same
+                    else f"another winner, {h['test_bpb']:.4f} bits/byte ({h['test_bpb'] - me['test_bpb']:+.4f}), "
+                    f"{h['measured_ms']:.3f} ms"
+                )
+            )
     # speedup over uniform softmax at equal or better bpb
     soft = space.attention[0]
-    curve = [(r["measured_ms"], r["test_bpb"]) for r in rows if r["attention"] == soft and any(x.startswith(f"uniform {soft}") for x in r["roles"].split(";"))]
+    curve = [
+        (r["measured_ms"], r["test_bpb"])
+        for r in rows
+        if r["attention"] == soft and any(x.startswith(f"uniform {soft}") for x in r["roles"].split(";"))
+    ]
     speedups = {}
     lines.append(f"\nspeedup over uniform {soft} at equal or better bits/byte (its {len(curve)} retrained baselines):")
     for label in labels:
@@ -478,8 +515,14 @@ def report(space, labels, budgets, models, roles, measured, share, plan: Plan, t
         me = by_key[verdicts[label]["found"]]
         lat, how = interpolate_latency(curve, me["test_bpb"]) if curve else (None, "no softmax baselines")
         speedups[label] = None if lat is None else lat / me["measured_ms"]
-        lines.append(f"  {label}: " + (f"{speedups[label]:.2f}x ({how}: {soft} at {lat:.3f} ms vs found {me['measured_ms']:.3f} ms)"
-                                        if lat is not None else how))
+        lines.append(
+            f"  {label}: "
+            + (
+                f"{speedups[label]:.2f}x ({how}: {soft} at {lat:.3f} ms vs found {me['measured_ms']:.3f} ms)"
+                if lat is not None
+                else how
+            )
+        )
     inh, ret = [r["inherited_test_bpb"] for r in rows], [r["test_bpb"] for r in rows]
     tau = float(kendalltau(inh, ret).statistic) if len(rows) > 2 else float("nan")
     lines.append(f"\nKendall tau, inherited vs retrained test bits/byte over {len(rows)} models: {tau:.3f}")
@@ -502,7 +545,11 @@ def plot(rows, labels, budgets, soft: str, path: Path) -> None:
     types = sorted({r["attention"] for r in rows if "uniform" in r["roles"]})
     cmap = plt.get_cmap("tab20")
     for i, t in enumerate(types):
-        pts = [(r["measured_ms"], r["test_bpb"]) for r in rows if r["attention"] == t and "uniform" in r["roles"] and "found" not in r["roles"]]
+        pts = [
+            (r["measured_ms"], r["test_bpb"])
+            for r in rows
+            if r["attention"] == t and "uniform" in r["roles"] and "found" not in r["roles"]
+        ]
         if pts:
             ax.scatter(*zip(*pts), marker="o", s=30, color=cmap(i % 20), label=f"uniform {t}")
     for role, marker, name in (("found@", "*", "found"), ("found+hurdles@", "D", "found + hurdles")):
@@ -511,7 +558,11 @@ def plot(rows, labels, budgets, soft: str, path: Path) -> None:
             ax.scatter(*zip(*pts), marker=marker, s=160 if marker == "*" else 60, color="black", label=name, zorder=3)
     for b in budgets:
         ax.axvline(b, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel="measured latency, ms (ONNX Runtime, 1 thread)", ylabel="test bits/byte (retrained)", title="found vs hand-scaled, retrained")
+    ax.set(
+        xlabel="measured latency, ms (ONNX Runtime, 1 thread)",
+        ylabel="test bits/byte (retrained)",
+        title="found vs hand-scaled, retrained",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
@@ -525,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--space", default="long", help="space name or YAML (default long)")
     p.add_argument("--supernet", help="a trained supernet checkpoint of the space (skips training)")
     p.add_argument("--quick", action="store_true", help="the whole path in minutes (tiny budgets; for the test)")
-    p.add_argument("--tokens", help="retraining tokens per model (default: the plan's, 2M; quick 4K)")
+    p.add_argument("--tokens", help="retraining tokens per model (default: the plan's, 1.5M; quick 4K)")
     p.add_argument("--train-time", help="supernet training time (default 30m)")
     p.add_argument("--threads", type=int, default=2, help="threads for supernet training (default 2)")
     p.add_argument("--seed", type=int, default=0)
