@@ -43,3 +43,9 @@ def test_bench_claim_quick_runs_end_to_end_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-4000:]
     assert again.stderr.count("finished in an earlier run, skipped") >= 8
     assert json.loads((run / "claim.json").read_text())["rows"] == claim["rows"]
+
+    # reporting that run with another token budget is refused (the cards say what each model was trained on)
+    other = subprocess.run([*cmd, "--tokens", "8K"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert other.returncode == 2, other.stderr[-2000:]
+    assert "models there were retrained on 4,000 tokens each, not 8,000: give --tokens 4000" in other.stderr
+    assert json.loads((run / "claim.json").read_text())["rows"] == claim["rows"]
