@@ -63,27 +63,30 @@ def log_level(verbose: int, quiet: int) -> int:
 
 @contextlib.contextmanager
 def logging_to_stderr(command: str, level: int = logging.INFO) -> Iterator[None]:
-    """Route this project's log records to stderr while ``command`` runs; restore the previous set-up after
-    (``nas demo`` runs other commands inside its own)."""
+    """Route this project's log records to stderr while ``command`` runs, and to nowhere else (a script that runs
+    commands in-process under its own root handler would print every note twice); restore the previous set-up
+    after (``nas demo`` runs other commands inside its own)."""
     handler = _StderrHandler()
     handler.setFormatter(_Formatter(command))
     saved = []
     for name in PACKAGES:
         logger = logging.getLogger(name)
         ours = [h for h in logger.handlers if isinstance(h, _StderrHandler)]
-        saved.append((logger, logger.level, ours))
+        saved.append((logger, logger.level, logger.propagate, ours))
         for h in ours:
             logger.removeHandler(h)
         logger.addHandler(handler)
         logger.setLevel(level)
+        logger.propagate = False
     try:
         yield
     finally:
-        for logger, old_level, ours in saved:
+        for logger, old_level, old_propagate, ours in saved:
             logger.removeHandler(handler)
             for h in ours:
                 logger.addHandler(h)
             logger.setLevel(old_level)
+            logger.propagate = old_propagate
 
 
 def show_progress() -> bool:

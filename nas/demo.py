@@ -78,14 +78,40 @@ class Paths:
 RunCommand = Callable[[list[str]], int]  # runs one `nas` command in-process (argv without "nas"): its exit status
 
 
-def run_stage_command(run_command: RunCommand, argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
-    """Run one ``nas`` command; a failure stops the demo with that command's message."""
+def run_stage_command(run_command: RunCommand, argv: list[str], ok: tuple[int, ...] = (0,), *, rerun: str = "the demo") -> None:
+    """Run one ``nas`` command; a failure stops the run with that command's message."""
     log.info("$ nas %s", " ".join(argv))
     code = run_command(argv)
     if code == 130:
         raise KeyboardInterrupt
     if code not in ok:
-        raise UserError(f"`nas {argv[0]}` failed (exit {code}); fix the cause above and run the demo again to resume")
+        raise UserError(f"`nas {argv[0]}` failed (exit {code}); fix the cause above and run {rerun} again to resume")
+
+
+class Stages:
+    """Resumable stages of a run folder: a stage whose marker (``root/.done/NAME``, holding its seconds) exists is skipped."""
+
+    def __init__(self, root: Path, logger: logging.Logger = log):
+        self.done, self.log = root / ".done", logger
+        self.seconds: dict[str, float] = {}  # stages run by this process
+
+    def __call__(self, name: str, fn: Callable[[], object]) -> None:
+        """Run ``fn`` unless a marker says it finished; an interrupted stage's own command resumes it."""
+        marker = self.done / name.replace(" ", "-")
+        if marker.exists():
+            self.log.info("== %s: finished in an earlier run, skipped", name)
+            return
+        self.log.info("== %s", name)
+        t0 = time.perf_counter()
+        fn()
+        self.seconds[name] = time.perf_counter() - t0
+        marker.parent.mkdir(exist_ok=True)
+        marker.write_text(f"{self.seconds[name]:.1f}\n")
+
+    def all_seconds(self) -> dict[str, float]:
+        """Seconds of every finished stage, earlier runs' (from the markers) and this one's, rounded."""
+        earlier = {m.name.replace("-", " "): float(m.read_text()) for m in self.done.glob("*")}
+        return {k: round(v, 1) for k, v in {**earlier, **self.seconds}.items()}
 
 
 def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0) -> dict:
@@ -97,23 +123,10 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     p = Paths(Path(out))
     p.root.mkdir(parents=True, exist_ok=True)
     thread_args = ["--threads", str(threads)] if threads else []
-    timings: dict[str, float] = {}
+    stage = Stages(p.root)
 
     def cli(argv: list[str], ok: tuple[int, ...] = (0,)) -> None:
         run_stage_command(run_command, argv, ok)
-
-    def stage(name: str, fn: Callable[[], None]) -> None:
-        """Run ``fn`` unless a marker says it finished; an interrupted stage's own command resumes it."""
-        marker = p.root / ".done" / name.replace(" ", "-")
-        if marker.exists():
-            log.info("== %s: finished in an earlier run, skipped", name)
-            return
-        log.info("== %s", name)
-        t0 = time.perf_counter()
-        fn()
-        timings[name] = time.perf_counter() - t0
-        marker.parent.mkdir(exist_ok=True)
-        marker.write_text(f"{timings[name]:.1f}\n")
 
     # 1. the supernet
     def train() -> None:
@@ -158,9 +171,8 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     log.info("== measure the export beside uniform baselines")
     t0 = time.perf_counter()
     summary = compare(p, plan, budget_ms, seed=seed)
-    timings["compare"] = time.perf_counter() - t0
-    earlier = {m.name.replace("-", " "): float(m.read_text()) for m in (p.root / ".done").glob("*")}
-    summary["stage_seconds"] = {k: round(v, 1) for k, v in {**earlier, **timings}.items()}
+    stage.seconds["compare"] = time.perf_counter() - t0
+    summary["stage_seconds"] = stage.all_seconds()
     summary["plan"] = asdict(plan)
     p.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -48,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nas.demo import budget_from_table, run_stage_command, uniform_subnets  # noqa: E402
+from nas.demo import Stages, budget_from_table, run_stage_command, uniform_subnets  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_claim")
@@ -185,22 +185,10 @@ def run(args, plan: Plan) -> dict:
     space = load_space(args.space)
     w = space.workload()
     seq = w.seq_len
-    stage_times: dict[str, float] = {}
+    stage = Stages(out, log)
 
     def cli(argv: list[str], ok=(0,)) -> None:
-        run_stage_command(nas_main, argv, ok)
-
-    def stage(name: str, fn) -> None:
-        marker = out / ".done" / name.replace(" ", "-")
-        if marker.exists():
-            log.info("== %s: finished in an earlier run, skipped", name)
-            return
-        log.info("== %s", name)
-        t0 = time.perf_counter()
-        fn()
-        stage_times[name] = time.perf_counter() - t0
-        marker.parent.mkdir(exist_ok=True)
-        marker.write_text(f"{stage_times[name]:.1f}\n")
+        run_stage_command(nas_main, argv, ok, rerun="the benchmark")
 
     # 1. supernet
     ckpt = Path(args.supernet) if args.supernet else out / "supernet" / "latest.pt"
@@ -306,8 +294,7 @@ def run(args, plan: Plan) -> dict:
     stage("attention share", lambda: share_file.write_text(json.dumps(attention_share(space), indent=1)))
 
     result = report(space, labels, budgets, models, roles, measured, json.loads(share_file.read_text()), plan, tokens, out)
-    earlier = {m.name.replace("-", " "): float(m.read_text()) for m in (out / ".done").glob("*")}
-    result["stage_seconds"] = {k: round(v, 1) for k, v in {**earlier, **stage_times}.items()}
+    result["stage_seconds"] = stage.all_seconds()
     result["wall_seconds_this_run"] = round(time.perf_counter() - t_start, 1)
     result["plan"] = asdict(plan)
     (out / "claim.json").write_text(json.dumps(result, indent=1))

@@ -79,3 +79,26 @@ def test_notes_go_through_logging_to_stderr_and_quiet_keeps_warnings(capsys):
     assert capsys.readouterr().err.splitlines() == ["nas export: inner", "nas demo: outer"]
     assert not any(logging.getLogger(name).handlers for name in PACKAGES)  # nothing left behind
 
+
+
+def test_a_script_with_its_own_root_handler_sees_each_note_once(capsys):
+    """bench_claim runs commands in-process under ``logging.basicConfig``: the notes must not reach its root handler too."""
+    from nas.cli import PACKAGES, logging_to_stderr
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    root_handler = Collect()
+    logging.getLogger().addHandler(root_handler)
+    try:
+        with logging_to_stderr("search"):
+            logging.getLogger("nas.search").info("a note")
+        logging.getLogger("nas.search").warning("after the command")  # the script's own set-up again
+    finally:
+        logging.getLogger().removeHandler(root_handler)
+    assert capsys.readouterr().err.splitlines() == ["nas search: a note"]
+    assert seen == ["after the command"]
+    assert all(logging.getLogger(name).propagate for name in PACKAGES)
