@@ -136,6 +136,50 @@ def test_candidates_are_the_top_k_feasible_by_inherited_loss(tiny):
         assert cands[0].subnet == result.best[s.label].subnet
 
 
+def test_per_type_adds_each_attention_types_best_to_the_top_k(tiny):
+    """--hurdle-per-type 1: the top 3, plus the lowest-loss feasible subnet of every type not among them, ranked by loss."""
+    from nas.search.hurdles import attention_type
+
+    searches, latency = searches_for(tiny, seed=3)
+    store = TrialStore(open_study(open_storage("memory"), "s", {}), tiny)
+    result = run_search(searches, synthetic_fitness(), latency, params_of, store, batch=4)
+    plain, typed = hurdle_candidates(searches, result.records, 3), hurdle_candidates(searches, result.records, 3, per_type=1)
+    for s in searches:
+        feasible = sorted({r.subnet: r.loss for r in result.records if s.constraints.violations(r.subnet) == []}.items(),
+                          key=lambda kv: (kv[1], kv[0].key))
+        best_of_type: dict[str, Subnet] = {}
+        for subnet, _ in feasible:
+            best_of_type.setdefault(attention_type(subnet), subnet)
+        expected = {subnet for subnet, _ in feasible[:3]} | set(best_of_type.values())
+        cands = typed[s.label]
+        assert {c.subnet for c in cands} == expected and len(cands) == len(expected)
+        assert len(best_of_type) >= 3 and len(cands) > 3  # the search met several types: some were added
+        assert [c.rank for c in cands] == list(range(1, len(cands) + 1))
+        assert [c.inherited for c in cands] == sorted(c.inherited for c in cands)
+        assert [c.subnet for c in plain[s.label]] == [subnet for subnet, _ in feasible[:3]]
+
+
+def test_attention_type_is_the_majority_kind_ties_to_the_lower_layer():
+    from nas.search.hurdles import attention_type
+
+    def net(*attention):
+        n = len(attention)
+        return Subnet(embed_dim=64, depth=n, heads=(2,) * n, ffn_dim=(128,) * n, attention=attention)
+
+    assert attention_type(net("lsra:7", "softmax", "lsra:5")) == "lsra"
+    assert attention_type(net("softmax", "convmod:7")) == "softmax"
+    assert attention_type(net("hydra",)) == "hydra"
+
+
+def test_hurdle_per_type_must_be_a_count():
+    from nas.search import hurdle_config
+    from search_spaces import UserError
+
+    with pytest.raises(UserError, match=r"--hurdle-per-type: -1 is not a count >= 0"):
+        hurdle_config(2, 4, "1M", step_tokens=2048, evaluations=100, per_type=-1)
+    assert hurdle_config(2, 4, "1M", step_tokens=2048, evaluations=100, per_type=2).per_type == 2
+
+
 # --------------------------------------------------------------------------- the real trainer's adapter
 
 

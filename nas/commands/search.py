@@ -92,6 +92,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "bits/byte: hurdles_<budget>.yaml, hurdles.csv (default 0: off)")
     h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
                    help="candidates per budget, the best by the search's fitness (default 8)")
+    h.add_argument("--hurdle-per-type", type=int, default=0, metavar="N",
+                   help="also train the best N candidates of each attention type (the type most of a subnet's layers use) "
+                        "that are not among the top K: inherited weights can misjudge a whole type (default 0: off)")
     h.add_argument("--hurdle-tokens", default="1M", metavar="N",
                    help="training tokens per round (500k, 2M; rounded down to whole steps of 16 windows of --seq-len tokens, at "
                         "least one; default 1M)")
@@ -145,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise UserError(f"--batch: {args.batch} is not a positive integer")
     hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
-                              step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations)
+                              step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations,
+                              per_type=args.hurdle_per_type)
     make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
 
@@ -279,10 +283,11 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, s
     from nas.cli import show_progress
     from nas.search import hurdles as H
 
-    cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates)
+    cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates, hurdles.per_type)
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
-    log.info("hurdles: %d rounds of %s tokens for the top %d of each budget; trained models in %s",
-             hurdles.rounds, f"{hurdles.tokens:,}", hurdles.candidates, models)
+    per_type = f" and the best {hurdles.per_type} of each attention type" if hurdles.per_type else ""
+    log.info("hurdles: %d rounds of %s tokens for the top %d of each budget%s; trained models in %s",
+             hurdles.rounds, f"{hurdles.tokens:,}", hurdles.candidates, per_type, models)
     try:
         with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
             outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)

@@ -64,9 +64,11 @@ class HurdleConfig:
     rounds: int
     candidates: int = 8
     tokens: int = 999_424  # training tokens per round, whole steps (1M rounded down to steps of 16 x 128)
+    per_type: int = 0  # --hurdle-per-type: also the best N of each attention type (:func:`hurdle_candidates`)
 
 
-def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int) -> HurdleConfig | None:
+def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int,
+                  per_type: int = 0) -> HurdleConfig | None:
     """Check the hurdle flags (every problem at once, each naming its flag); None when ``rounds`` is 0 (off).
 
     ``step_tokens``: tokens of one training step (the smallest ``--hurdle-tokens``; the tokens are rounded down to
@@ -87,6 +89,8 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     elif rounds and k > evaluations:
         problems.append(f"--hurdle-candidates: {k} is more than the {evaluations} subnets the search evaluates per budget "
                         "(--population + (--generations - 1) x (--mutations + --crossovers))")
+    if not isinstance(per_type, int) or per_type < 0:
+        problems.append(f"--hurdle-per-type: {per_type!r} is not a count >= 0 (0: the top --hurdle-candidates only)")
     n = 0
     try:
         n = parse_count(tokens, "--hurdle-tokens")
@@ -103,7 +107,7 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     if whole != n:
         log.info("--hurdle-tokens %s: %s tokens per round, %d whole steps of %s", tokens, f"{whole:,}", whole // step_tokens,
                  f"{step_tokens:,}")
-    return HurdleConfig(rounds, k, whole)
+    return HurdleConfig(rounds, k, whole, per_type)
 
 
 def training_seed(seed: int, round: int) -> int:
@@ -288,16 +292,38 @@ def _finite(value: float) -> float:
     return value if np.isfinite(value) else math.inf
 
 
-def hurdle_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
+def attention_type(subnet: Subnet) -> str:
+    """The attention type most of ``subnet``'s layers use (its kind, parameters aside: ``lsra:7`` is ``lsra``);
+    a tie goes to the type of the lower layer."""
+    kinds = [a.split(":")[0] for a in subnet.attention]
+    return max(dict.fromkeys(kinds), key=kinds.count)
+
+
+def hurdle_candidates(searches, records, k: int, per_type: int = 0) -> dict[str, list[Candidate]]:
     """Per budget: the ``k`` lowest-loss distinct subnets that meet its constraints (ties by subnet key, so the
-    choice does not depend on trial numbers, which differ between a resumed and an uninterrupted search)."""
+    choice does not depend on trial numbers, which differ between a resumed and an uninterrupted search).
+
+    ``per_type`` > 0 adds the ``per_type`` lowest-loss feasible subnets of each attention type
+    (:func:`attention_type`) not already among them: inherited weights can misjudge a whole type (shared
+    projections trained mostly for the others), and a type the search ranks low then still gets real training.
+    The cohort is ranked by inherited loss, numbered from 1.
+    """
     unique = list({r.subnet: r for r in records}.values())
     out: dict[str, list[Candidate]] = {}
     for s in searches:
         ok = s.constraints.feasible([r.subnet for r in unique]) if unique else np.zeros(0, dtype=bool)
         feasible = sorted((r for r, good in zip(unique, ok) if good and np.isfinite(r.loss)),
                           key=lambda r: (r.loss, r.subnet.key))
-        out[s.label] = [Candidate(i, r.subnet, r.loss, r.latency, r.params) for i, r in enumerate(feasible[:k], 1)]
+        chosen = feasible[:k]
+        if per_type:
+            taken: dict[str, int] = {}
+            for r in feasible:
+                kind = attention_type(r.subnet)
+                taken[kind] = taken.get(kind, 0) + 1
+                if taken[kind] <= per_type and r not in chosen:
+                    chosen.append(r)
+            chosen.sort(key=lambda r: (r.loss, r.subnet.key))
+        out[s.label] = [Candidate(i, r.subnet, r.loss, r.latency, r.params) for i, r in enumerate(chosen, 1)]
     return out
 
 
