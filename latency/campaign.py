@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from search_spaces import Space, Subnet, Workload
+from search_spaces import Space, Subnet, UserError, Workload
 
 from .device import Device
 from .features import params, table_features
@@ -39,6 +39,23 @@ def chunks(subnets: list[Subnet], space: Space, memory_mb: float) -> list[list[S
         out[-1].append(s)
         used += mb
     return [c for c in out if c]
+
+
+def check_memory(space: Space, chunk: list[Subnet]) -> None:
+    """Refuse, before allocating, a chunk whose fp32 weights need more memory than the machine has free."""
+    import os
+
+    need = sum(params(space, s) for s in chunk) * 4
+    try:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on every platform
+        return
+    if need > free:
+        big = max(chunk, key=lambda s: params(space, s))
+        raise UserError(
+            f"the weights of {len(chunk)} subnet(s) need {need / 2**20:,.0f} MB, {free / 2**20:,.0f} MB of memory are free "
+            f"(the largest: {big}, {params(space, big):,} parameters); lower --memory-mb or time a space of smaller models"
+        )
 
 
 def run_campaign(
@@ -81,6 +98,8 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
                                                         "seed": chunk_seed})
             if journal.entries:
                 log.info("%s: resuming %d visits of an interrupted chunk", table.journal_path, len(journal.entries))
+            if materialize:
+                check_memory(space, chunk)
             models = {s.key: timing_model(space, s, materialize=materialize) for s in chunk}
             last = 0
 

@@ -386,3 +386,27 @@ def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, 
     assert io_failure(e.value, args).startswith(f"{full_disk / 'latest.pt'}: No space left on device: the disk is full")
     # no temporary or half file left behind (the empty folders made, and the empty database SQLite opened, stay)
     assert [p.name for p in full_disk.rglob("*") if p.is_file() and p.name not in ("filler", "search.db")] == []
+
+
+# --------------------------------------------------------------------------- sizes checked before allocation, temporary files
+
+
+def test_a_huge_subnet_is_refused_before_allocation_and_dead_runs_temporary_folders_are_swept(tmp_path, capsys):
+    import tempfile
+
+    from latency.timing_core import TEMP_PREFIX, sweep_temp_dirs
+
+    huge = space_file(tmp_path, "huge", embed="[65536]", depth="[256]")
+    Path(huge).write_text(Path(huge).read_text().replace("ffn_dim: [64]", "ffn_dim: [262144]"))
+    line = one_error(capsys, ["measure-latency", "-q", huge, "--device", "cpu", "--samples", "2", "--retest", "0",
+                              "--out", str(tmp_path / "t.csv")])
+    assert line.startswith("nas measure-latency: error: the weights of 1 subnet(s) need 33,563,329 MB, ")
+    assert line.endswith("(the largest: d65536 L256 [256x 2h/262144/softmax], 8,798,425,210,880 parameters); lower "
+                         "--memory-mb or time a space of smaller models")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{int(dead.stdout)}-"))  # what a kill -9 of that process leaves
+    (stale / "model.weights").write_bytes(b"\0" * 1024)
+    mine = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-"))
+    sweep_temp_dirs()
+    assert not stale.exists() and mine.exists()
+    mine.rmdir()
