@@ -29,7 +29,7 @@ import yaml
 
 from search_spaces import Space, Subnet, UserError, parse_space
 
-from .files import atomic_write, atomic_write_json, check_parts, remove_stale, sha256_file
+from .files import atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file
 from .model import Transformer, TransformerConfig
 
 FORMAT = "nas-exported-model"
@@ -108,19 +108,10 @@ def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = 
     """Check ``name`` against the checksum in the card (a tampered or swapped file is refused)."""
     model_dir = Path(model_dir)
     card = card or read_card(model_dir)
-    path = model_dir / name
     expected = card.get("files", {}).get(name)
     if expected is None:
         raise UserError(f"{model_dir / CARD}: lists no checksum for {name}")
-    if not path.is_file():
-        raise UserError(f"{path}: missing (the model card lists it)")
-    actual = sha256_file(path)
-    if actual != expected:
-        raise UserError(
-            f"{path}: checksum {actual[:12]}... does not match the model card ({expected[:12]}...): the file was modified or "
-            "replaced"
-        )
-    return path
+    return check_part(model_dir, name, expected, "the model card")
 
 
 def card_space(model_dir: str | Path, card: dict[str, Any] | None = None) -> Space:

@@ -73,18 +73,24 @@ def checksums(folder: Path, names: Iterable[str]) -> dict[str, str]:
     return {name: sha256_file(folder / name) for name in names}
 
 
+def check_part(folder: Path, name: str, expected: str, manifest: str) -> Path:
+    """``folder/name`` is there and its sha256 is ``expected`` (what ``manifest``, a phrase naming it, lists)."""
+    path = folder / name
+    if not path.is_file():
+        raise UserError(f"{path}: missing ({manifest} lists it)")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise UserError(
+            f"{path}: checksum {actual[:12]}... does not match {manifest} ({expected[:12]}...): the file was modified or "
+            "replaced, or comes from another run; write the folder again"
+        )
+    return path
+
+
 def check_parts(folder: Path, files: dict[str, str], manifest: Path, known: Iterable[str] = ()) -> None:
     """Every part the manifest lists is there with its checksum; no part of the ``known`` set lies there unlisted."""
     for name, expected in files.items():
-        path = folder / name
-        if not path.is_file():
-            raise UserError(f"{path}: missing (its manifest {manifest.name} lists it)")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise UserError(
-                f"{path}: checksum {actual[:12]}... does not match {manifest.name} ({expected[:12]}...): the file was modified "
-                "or replaced, or comes from another run; write the folder again"
-            )
+        check_part(folder, name, expected, manifest.name)
     stale = sorted(n for n in known if n not in files and (folder / n).exists())
     if stale:
         raise UserError(

@@ -24,14 +24,11 @@ import numpy as np
 import pytest
 import torch
 
-from latency.campaign import run_campaign
 from latency.features import table_features
 from latency.predictors import Predictor, load_predictor
 from latency.predictors.additive import Additive
 from latency.predictors.predictor import subnet_matrix
-from latency.sampling import campaign_subnets, retest_subset
 from latency.table import TimingTable, make_meta, read_timings
-from latency.timing_core import Settings
 from nas.checks import io_failure
 from nas.cli import build_parser, main
 from search_spaces import Subnet, UserError
@@ -40,8 +37,9 @@ from supernet.checkpoint import save_checkpoint
 
 from .conftest import ROOT
 from .latency_fakes import FakeDevice
+from .test_latency_table import SETTINGS
+from .test_latency_table import campaign as latency_table_campaign
 
-SETTINGS = Settings(warmup=1, repeats=4, rounds=2, min_sample_ms=1.0, ref_samples=1)
 SUBNET = Subnet(64, 1, (1,), (128,), ("softmax",))
 
 SPACE = """\
@@ -198,14 +196,8 @@ def test_reexport_removes_the_previous_runs_outputs_and_stale_parts_are_refused(
 
 
 def campaign(tiny, path, device=None, progress=None, memory_mb=2048.0, n=8):
-    device = device or FakeDevice()
-    w = tiny.workload()
-    subnets = campaign_subnets(tiny, n, seed=0)
-    passes = {"measure": subnets, "retest": retest_subset(subnets, 0.25, seed=0)}
-    names = list(table_features(tiny, subnets[0], w))
-    table = TimingTable(path, make_meta(device.fingerprint(), tiny, w, SETTINGS.to_dict(), 0, names))
-    run_campaign(device, tiny, w, passes, table, SETTINGS, seed=0, memory_mb=memory_mb, progress=progress)
-    return table
+    """test_latency_table's campaign (8 subnets + 2 re-measured on the fake device), by default in one chunk."""
+    return latency_table_campaign(tiny, path, device=device, n=n, progress=progress, memory_mb=memory_mb)
 
 
 def rows(path):
@@ -410,3 +402,40 @@ def test_a_huge_subnet_is_refused_before_allocation_and_dead_runs_temporary_fold
     sweep_temp_dirs()
     assert not stale.exists() and mine.exists()
     mine.rmdir()
+
+
+KILLED_EXPORT = """
+import sys
+sys.path.insert(0, {root!r})
+from nas.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def test_kill_9_during_an_export_leaves_a_folder_that_loads_whole_or_is_refused_and_a_rerun_is_whole(files, tmp_path):
+    from safetensors.torch import load_file
+
+    whole, out = tmp_path / "whole", tmp_path / "o"
+    argv = ["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval", "--format", "torch,onnx"]
+    assert main(argv + ["--out", str(whole)]) == 0
+    other = tmp_path / "s2.yaml"
+    other.write_text(Subnet(96, 2, (2, 1), (256, 128), ("softmax", "linear")).to_yaml())
+    assert main(argv[:5] + [str(other), *argv[6:], "--out", str(out)]) == 0  # an earlier export of another subnet there
+    script = KILLED_EXPORT.format(root=str(ROOT), argv=argv + ["--out", str(out)])
+    rng = np.random.default_rng(3)
+    for _ in range(1):
+        p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+        time.sleep(float(rng.uniform(3.0, 8.0)))  # imports take about 3 s; the export itself a few seconds
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        try:  # never the previous subnet's files under the new card, nor a half file that loads
+            model = load_model(out)
+        except UserError:
+            continue
+        assert model.subnet == SUBNET
+    assert main(argv + ["--out", str(out)]) == 0
+    assert load_model(out).subnet == SUBNET
+    card, expected = (json.loads((d / "model_card.json").read_text())["files"] for d in (out, whole))
+    assert sorted(card) == sorted(expected) and all(card[n] == expected[n] for n in ("model.safetensors", "model.onnx"))
+    assert all(torch.equal(a, b) for a, b in zip(load_file(out / "model.safetensors").values(),
+                                                 load_file(whole / "model.safetensors").values()))
