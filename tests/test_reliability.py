@@ -343,20 +343,22 @@ def full_disk(tmp_path):
                                            capture_output=True).returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root); the OSError-shim tests cover the write sites")
     try:
-        try:
-            with open(mnt / "filler", "wb", buffering=0) as f:
-                while True:
-                    f.write(b"\0" * 4096)
-        except OSError:
-            pass
+        fill(mnt / "filler")
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, files, tiny, tmp_path, capsys):
-    import optuna
+def fill(path: Path) -> None:
+    try:
+        with open(path, "wb", buffering=0) as f:
+            while True:
+                f.write(b"\0" * 4096)
+    except OSError:
+        pass
 
+
+def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, files, tiny, tmp_path, capsys):
     assert one_error(capsys, ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "2", "--out",
                               str(full_disk / "t.csv")]).startswith(
         f"nas measure-latency: error: {full_disk / 't.csv.json'}: No space left on device: the disk is full")
@@ -367,17 +369,34 @@ def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, 
     line = one_error(capsys, ["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
                               "--out", str(full_disk / "e")])
     assert line.startswith(f"nas export: error: {full_disk / 'e'}: No space left on device: the exported model needs about ")
-    args = build_parser().parse_args(["search", files["ckpt"], "--predictor", "p", "--budget", "1ms", "--out", str(full_disk)])
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with pytest.raises(Exception) as e:
-        optuna.create_study(storage=f"sqlite:///{full_disk / 'search.db'}", study_name="s")
-    assert io_failure(e.value, args).startswith(f"{full_disk / 'search.db'}: ")
+    val = tmp_path / "val.txt"
+    val.write_text((Path(json.__file__).read_text() * 3)[:60000])
+    line = one_error(capsys, ["search", "-q", files["ckpt"], "--predictor", files["pred"], "--budget", "2ms", "--population", "4",
+                              "--parents", "2", "--mutations", "2", "--crossovers", "2", "--generations", "2", "--val-data",
+                              str(val), "--val-windows", "2", "--seq-len", "32", "--out", str(full_disk / "s")])
+    assert line == (f"nas search: error: --storage: cannot open 'sqlite:///{full_disk / 's' / 'search.db'}': "
+                    "(sqlite3.OperationalError) database or disk is full")  # a full disk later in the search: see the README
     args = build_parser().parse_args(["train-supernet", "tiny", "--out", str(full_disk)])
     with pytest.raises(Exception) as e:
         save_checkpoint(full_disk / "latest.pt", SuperTransformer(tiny), {}, step=1)
     assert io_failure(e.value, args).startswith(f"{full_disk / 'latest.pt'}: No space left on device: the disk is full")
     # no temporary or half file left behind (the empty folders made, and the empty database SQLite opened, stay)
     assert [p.name for p in full_disk.rglob("*") if p.is_file() and p.name not in ("filler", "search.db")] == []
+    subprocess.run(["mount", "-o", "remount,ro", str(full_disk)], check=True)
+    assert one_error(capsys, ["fit-predictor", str(table), "--out", str(full_disk / "p2")]) == (
+        f"nas fit-predictor: error: --out: {full_disk / 'p2'}: {full_disk} is not writable (read-only or no permission); "
+        "write elsewhere")
+    # a disk that fills during a search: the storage opens, later trials cannot be written
+    subprocess.run(["mount", "-o", "remount,rw,size=4m", str(full_disk)], check=True)
+    search = ["search", "-q", files["ckpt"], "--predictor", files["pred"], "--budget", "2ms", "--population", "4",
+              "--parents", "2", "--mutations", "2", "--crossovers", "2", "--val-data", str(val), "--val-windows", "2",
+              "--seq-len", "32", "--out", str(full_disk / "s2")]
+    assert main(search + ["--generations", "1"]) == 0
+    fill(full_disk / "filler2")
+    capsys.readouterr()
+    assert one_error(capsys, search + ["--generations", "3"]) == (
+        f"nas search: error: {full_disk / 's2' / 'search.db'}: No space left on device: the disk is full: free some space or "
+        "write elsewhere (--out); what was written before is kept")
 
 
 # --------------------------------------------------------------------------- sizes checked before allocation, temporary files
