@@ -59,6 +59,27 @@ def atomic_write_json(path: str | Path, data: Any, **dump: Any) -> Path:
     return atomic_write(path, json.dumps(data, indent=2, **dump) + "\n")
 
 
+def atomic_write_csv(path: str | Path, fields: list[str], rows: Iterable[dict]) -> Path:
+    """A CSV (header + ``rows``), written whole or not at all."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields))
+    w.writeheader()
+    w.writerows(rows)
+    return atomic_write(path, buf.getvalue())
+
+
+def atomic_savefig(fig, path: str | Path) -> Path:
+    """A Matplotlib figure saved (format from the suffix) whole or not at all."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png")
+    return atomic_write(path, buf.getvalue())
+
+
 def check_room(folder: Path, need: int, what: str) -> None:
     """Raise ``OSError(ENOSPC)`` naming ``folder`` before writing ``need`` bytes there when the disk has less free:
     some writers (ONNX's protobuf) abort the whole process on a full disk instead of raising."""

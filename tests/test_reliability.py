@@ -212,7 +212,7 @@ def whole(tiny, tmp_path_factory):
     return rows(path)
 
 
-def test_ctrl_c_in_one_chunk_keeps_the_visits_done(tiny, tmp_path, whole):
+def test_ctrl_c_in_one_chunk_keeps_the_visits_done(tiny, tmp_path):
     """The default --memory-mb holds tiny's campaign in one chunk: an interrupt keeps its visits (the journal)."""
     path = tmp_path / "t.csv"
 
