@@ -86,6 +86,10 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
         return 0
     ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
     materialize = getattr(device, "needs_weights", True)  # ONNX Runtime draws its own: no torch weights needed
+    if materialize:  # every chunk checked before the first is built: a huge subnet is refused before anything is timed
+        for subnets in todo.values():
+            for chunk in chunks(subnets, space, memory_mb):
+                check_memory(space, chunk)
     visits = 0  # visits made so far (retries of disturbed visits add to the planned total)
     for p_index, (pass_, subnets) in enumerate(passes.items()):
         # chunks of the whole pass (not of what is left), so a resumed campaign has the chunks and seeds of an uninterrupted one
@@ -98,8 +102,6 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
                                                         "seed": chunk_seed})
             if journal.entries:
                 log.info("%s: resuming %d visits of an interrupted chunk", table.journal_path, len(journal.entries))
-            if materialize:
-                check_memory(space, chunk)
             models = {s.key: timing_model(space, s, materialize=materialize) for s in chunk}
             last = 0
 

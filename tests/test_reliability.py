@@ -414,6 +414,7 @@ def test_a_huge_subnet_is_refused_before_allocation_and_dead_runs_temporary_fold
     assert line.startswith("nas measure-latency: error: the weights of 1 subnet(s) need 33,563,329 MB, ")
     assert line.endswith("(the largest: d65536 L256 [256x 2h/262144/softmax], 8,798,425,210,880 parameters); lower "
                          "--memory-mb or time a space of smaller models")
+    assert not (tmp_path / "t.csv.visits").exists() and not (tmp_path / "t.csv").exists()  # refused before timing anything
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{int(dead.stdout)}-"))  # what a kill -9 of that process leaves
     (stale / "model.weights").write_bytes(b"\0" * 1024)
