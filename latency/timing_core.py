@@ -398,14 +398,14 @@ def read_lines(path: str) -> tuple[list[str], str | None]:
         data = f.read()
     cut = data.rfind(b"\n") + 1
     tail = data[cut:].decode("utf-8", "replace") if cut < len(data) else None
-    return data[:cut].decode("utf-8").splitlines(), tail
+    return data[:cut].decode("utf-8").split("\n")[:-1], tail
 
 
 class Journal:
     """What a measurement has done so far, one JSON line per entry, each appended whole and fsynced, so a
     run killed part-way (kill -9, Ctrl-C, a full disk) resumes without redoing it.
 
-    The first line is the ``tag`` (what is being measured: keys, seed, baseline); a journal of another
+    The first line is the ``tag`` (what is being measured: pass, chunk, keys, seed); a journal of another
     tag is started afresh.  :func:`run_protocol` stores the calibration, the baseline and every visit as
     it finishes and, resumed, replays them instead of timing again."""
 
@@ -415,7 +415,10 @@ class Journal:
         lines, self.torn = read_lines(path) if os.path.exists(path) else ([], None)
         if lines and lines[0] == header:
             for line in lines[1:]:
-                entry = json.loads(line)
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # damaged past here (not by our appends): what came before is kept
+                    break
                 self.entries[entry["k"]] = entry["v"]
         else:
             if os.path.exists(path):

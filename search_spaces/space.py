@@ -650,5 +650,5 @@ def describe(space: Space) -> str:
         )
         lines.append(f"  latency       {w.name}: {w.kind}, {what}")
     n = space.size()
-    lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})" if n < 10**18 else f"  subnets       ~10^{math.log10(n):.1f}")
+    lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})" if n < 10**60 else f"  subnets       ~10^{math.log10(n):.1f}")
     return "\n".join(lines)
