@@ -12,7 +12,7 @@ import torch
 from search_spaces import LayerChoice, Space, Subnet, Workload
 
 from .device import Device
-from .timing_core import Progress, Result, Settings, run_protocol
+from .timing_core import Journal, Progress, Result, Settings, run_protocol
 
 
 def timing_model(space: Space, subnet: Subnet, *, materialize: bool = True):
@@ -81,18 +81,19 @@ def measure(
     reference=None,
     baseline_ms: float | None = None,
     progress: Progress | None = None,
+    journal: Journal | None = None,
 ) -> Measurement:
     """Time each static model in ``models`` (key -> :class:`supernet.Transformer`) at ``workload``.
 
     ``reference`` (default :func:`reference_model` of the first model's config) is timed beside
     every visit to correct drift and detect interference; ``baseline_ms`` chains calls of one
     campaign to one anchor. Returns per-key :class:`~latency.timing_core.Result` (median ms, IQR,
-    repeats, flags).
+    repeats, flags).  ``journal`` keeps every visit as it finishes (see :func:`~latency.timing_core.run_protocol`).
     """
     assert models, "measure() needs at least one model"
     runners = {k: device.prepare(m, workload) for k, m in models.items()}
     ref = device.prepare(reference if reference is not None else reference_model(next(iter(models.values())).config), workload)
     results, baseline = run_protocol(
-        runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress
+        runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress, journal=journal
     )
     return Measurement(results, baseline)

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import kendalltau
 
+from supernet.files import atomic_savefig
+
 
 def latency_error_pct(measured_ms: float, predicted_ms: float) -> float:
     """The latency error, one sign everywhere (export, verify, the demo, scripts): (measured - predicted) / predicted,
@@ -72,6 +74,6 @@ def plot(
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path)
+    atomic_savefig(fig, path)
     plt.close(fig)
     return path

@@ -12,8 +12,12 @@ Reading validates every row and names the line of the first problem.
 from __future__ import annotations
 
 import csv
+import io
 import json
+import logging
 import math
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +26,9 @@ import yaml
 from search_spaces import Space, Subnet, UserError, Workload, parse_space
 
 from .device import fingerprint_mismatch
-from .timing_core import FORMAT, HEAD_COLUMNS, TIMING_COLUMNS, VERSION, append_rows, sidecar_path, write_json
+from .timing_core import FORMAT, HEAD_COLUMNS, TIMING_COLUMNS, VERSION, append_rows, read_lines, sidecar_path, write_json
+
+log = logging.getLogger(__name__)
 
 PASSES = ("measure", "retest")
 
@@ -125,12 +131,18 @@ def _number(path: Path, line: int, column: str, text: str | None, positive: bool
 
 
 def _records(path: Path, required: list[str]):
-    """(line, dict) per data row; errors name the line (ragged rows, missing columns)."""
+    """(line, dict) per data row; errors name the line (ragged rows, missing columns).  A torn last line (an
+    append cut short by a crash: no newline at its end) is left out with a note."""
     try:
-        f = open(path, newline="")
+        lines, torn = read_lines(str(path))
     except OSError as e:
         raise UserError(f"{path}: cannot read: {e.strerror}") from None
-    with f:
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); a timing table is a UTF-8 CSV") from None
+    if torn is not None:
+        log.warning("%s: line %d is torn (%d bytes without a newline: a write cut short); left out", path, len(lines) + 1,
+                    len(torn))
+    with io.StringIO("".join(line + "\n" for line in lines), newline="") as f:
         reader = csv.reader(f)
         try:
             header = next(reader)
@@ -197,8 +209,11 @@ def read_plain(path: str | Path, target: str) -> tuple[list[str], list[list[floa
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
-    with open(path, newline="") as f:
-        header = next(csv.reader(f), None)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), None)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); expected a UTF-8 CSV") from None
     if not header:
         raise UserError(f"{path}: empty file (expected a header line)")
     if target not in header:
@@ -218,18 +233,87 @@ def read_plain(path: str | Path, target: str) -> tuple[list[str], list[list[floa
 # --------------------------------------------------------------------------- writing (resume)
 
 
+def lock_file(path: Path, busy: str):
+    """Hold an exclusive ``flock`` on ``path`` (created if missing; it records the holder's pid and host) and return
+    its open file; :class:`UserError` ``busy`` (with the holder) when another process holds it.  The system releases
+    the lock when the holder's process ends, however it ends; :func:`unlock_file` removes the file."""
+    import fcntl
+
+    for _ in range(100):
+        f = open(path, "a+b", buffering=0)  # unbuffered: a failed write cannot fail again at close
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().decode("utf-8", "replace").strip() or "unknown"
+            f.close()
+            raise UserError(f"{busy} ({holder}); wait for it to end or use another --out") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a file its holder removed while we waited to lock it
+            break
+        f.close()
+    f.seek(0)
+    f.truncate()
+    try:
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    except OSError:  # a full disk: the lock holds all the same, the holder is just not named
+        pass
+    return f
+
+
+def unlock_file(f) -> None:
+    """Remove the lock file, then release it (in this order: a waiter that locks the removed file sees it is gone)."""
+    Path(f.name).unlink(missing_ok=True)
+    f.close()
+
+
 class TimingTable:
-    """A table being written: opened fresh, or resumed after checking its sidecar against ``meta``."""
+    """A table being written: opened fresh, or resumed after checking its sidecar against ``meta``.
+
+    One writer at a time: the table is locked (``TABLE.csv.lock``, an ``flock`` the system releases when
+    the holder dies, so a killed run never keeps it) from here until :meth:`close`, which removes the file;
+    a second writer is refused with one line.  Resuming cuts a torn last line (a write a crash cut short) off the file,
+    with a note, so the rerun appends after the last whole row."""
 
     def __init__(self, path: str | Path, meta: dict):
         self.path = Path(path)
         self.meta = meta
         self.done: dict[str, set[str]] = {p: set() for p in PASSES}
-        if self.path.exists() and self.path.stat().st_size > 0:
-            self._resume()
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_json(sidecar_path(str(self.path)), self.meta)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = lock_file(Path(str(self.path) + ".lock"), f"{self.path}: another measure-latency is writing this table")
+        try:
+            if self.path.exists() and self.path.stat().st_size > 0:
+                self._drop_torn_line()
+            if self.path.exists() and self.path.stat().st_size > 0:
+                self._resume()
+            else:
+                write_json(sidecar_path(str(self.path)), self.meta)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def journal_path(self) -> Path:
+        """The visits of the chunk being measured (see :mod:`latency.campaign`)."""
+        return Path(str(self.path) + ".visits")
+
+    def close(self) -> None:
+        """Release the lock (the object stays readable: ``done``, ``baseline_ms``)."""
+        if self._lock is not None:
+            unlock_file(self._lock)
+            self._lock = None
+
+    def _drop_torn_line(self) -> None:
+        data = self.path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            lines = data[:keep].count(b"\n")
+            os.truncate(self.path, keep)
+            log.warning("%s: dropped line %d, torn by an interrupted write (%d bytes without a newline); it is measured again",
+                        self.path, lines + 1, len(data) - keep)
 
     def _resume(self) -> None:
         stored = read_meta(self.path)

@@ -34,6 +34,8 @@ The protocol, built for shared and noisy machines:
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import json
 import math
 import os
@@ -251,27 +253,49 @@ def run_protocol(
     load: Callable[[], float] = _loadavg,
     cores: int | None = None,
     progress: Progress | None = None,
+    journal: "Journal | None" = None,
 ) -> tuple[dict[str, Result], float]:
     """Time every runner by the protocol above; return ``({key: Result}, baseline_ms)``.
 
     ``baseline_ms`` anchors the drift correction; pass the one an earlier call returned so
-    that chunks of one campaign (and a resumed campaign) share it.
+    that chunks of one campaign (and a resumed campaign) share it.  ``journal`` (a :class:`Journal`)
+    receives the calibration, the baseline and every visit as it finishes; what it already holds (a
+    killed run's) is replayed, not timed again, so the resumed run concludes as if never stopped.
     """
     cores = cores or os.cpu_count() or 1
     keys = list(runners)
-    ref_calls = calibrate(reference, settings)
+
+    def remembered(name: str, compute: Callable[[], object]):
+        if journal is None:
+            return compute()
+        value = journal.get(name)
+        if value is None:
+            value = compute()
+            journal.put(name, value)
+        return value
+
+    ref_calls = remembered("ref_calls", lambda: calibrate(reference, settings))
 
     def ref_ms() -> float:
         return float(np.median([_per_call_ms(reference, ref_calls) for _ in range(settings.ref_samples)]))
 
     if baseline_ms is None:
-        baseline_ms = float(np.median([ref_ms() for _ in range(5)]))
-    calls = {k: calibrate(runners[k], settings) for k in keys}
+        baseline_ms = remembered("baseline_ms", lambda: float(np.median([ref_ms() for _ in range(5)])))
+    calls = {k: remembered(f"calls {k}", lambda k=k: calibrate(runners[k], settings)) for k in keys}
     total = len(keys) * settings.rounds
     done = 0
+    made = dict.fromkeys(keys, 0)  # visits of each key so far (retries included): a visit's name in the journal
 
     def visit(key: str, rnd: int) -> Visit:
         nonlocal done
+        made[key] += 1
+        v = Visit(**remembered(f"visit {key} {made[key]}", lambda: asdict(time_visit(key, rnd))))
+        done += 1
+        if progress is not None:
+            progress(done, total, key)
+        return v
+
+    def time_visit(key: str, rnd: int) -> Visit:
         ref = ref_ms()
         runners[key](1)  # untimed: the first call after another model ran meets cold caches
         if settings.paired:  # ref, s1, r1, s2, r2, ...: each sample between two reference samples
@@ -280,14 +304,9 @@ def run_protocol(
                 samples.append(_per_call_ms(runners[key], calls[key]))
                 refs.append(_per_call_ms(reference, ref_calls))
             pairs = [math.sqrt(a * b) for a, b in zip(refs, refs[1:])]
-            v = Visit(rnd, samples, ref, load(), refs[-1], pairs)
-        else:
-            samples = [_per_call_ms(runners[key], calls[key]) for _ in range(settings.per_round)]
-            v = Visit(rnd, samples, ref, load(), _per_call_ms(reference, ref_calls))
-        done += 1
-        if progress is not None:
-            progress(done, total, key)
-        return v
+            return Visit(rnd, samples, ref, load(), refs[-1], pairs)
+        samples = [_per_call_ms(runners[key], calls[key]) for _ in range(settings.per_round)]
+        return Visit(rnd, samples, ref, load(), _per_call_ms(reference, ref_calls))
 
     visits: dict[str, list[Visit]] = {k: [] for k in keys}
     for rnd in range(settings.rounds):
@@ -337,17 +356,85 @@ def format_row(
 
 
 def append_rows(path: str, columns: list[str], rows: list[dict[str, str]]) -> None:
-    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new), then fsync.
-    Keys not in ``columns`` are left out (a table written before a column existed keeps its header)."""
+    """Append ``rows`` to the CSV at ``path`` (writing the header first if the file is new) atomically, then fsync.
+
+    The rows are formatted first and written by one append; if the write fails part-way (a full disk),
+    the file is cut back to its size before, so a table never holds half a row (a kill -9 cannot tear
+    one ``write``; a power cut can, and :func:`read_lines` drops a torn last line on resume).  Keys not
+    in ``columns`` are left out (a table written before a column existed keeps its header)."""
     new = not os.path.exists(path) or os.path.getsize(path) == 0
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-        if new:
-            writer.writeheader()
-        for row in rows:
-            writer.writerow(row)
-        f.flush()
-        os.fsync(f.fileno())
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
+    if new:
+        writer.writeheader()
+    for row in rows:
+        writer.writerow(row)
+    append_bytes(path, buf.getvalue().encode("utf-8"))
+
+
+def append_bytes(path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` whole or not at all (cut back to the old size on a failed write), then fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as e:
+            os.ftruncate(fd, before)
+            if isinstance(e, OSError) and not e.filename:
+                e.filename = path  # name the file in the one-line error
+            raise
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: str) -> tuple[list[str], str | None]:
+    """The complete lines of a text file and its torn tail (the bytes after the last newline, or None):
+    an append that a crash cut short leaves a last line without its newline."""
+    with open(path, "rb") as f:
+        data = f.read()
+    cut = data.rfind(b"\n") + 1
+    tail = data[cut:].decode("utf-8", "replace") if cut < len(data) else None
+    return data[:cut].decode("utf-8").split("\n")[:-1], tail
+
+
+class Journal:
+    """What a measurement has done so far, one JSON line per entry, each appended whole and fsynced, so a
+    run killed part-way (kill -9, Ctrl-C, a full disk) resumes without redoing it.
+
+    The first line is the ``tag`` (what is being measured: pass, chunk, keys, seed); a journal of another
+    tag is started afresh.  :func:`run_protocol` stores the calibration, the baseline and every visit as
+    it finishes and, resumed, replays them instead of timing again."""
+
+    def __init__(self, path: str, tag: dict):
+        self.path, self.entries = path, {}
+        header = json.dumps({"tag": tag}, sort_keys=True)
+        lines, self.torn = read_lines(path) if os.path.exists(path) else ([], None)
+        if lines and lines[0] == header:
+            for line in lines[1:]:
+                try:
+                    entry = json.loads(line)
+                except json.JSONDecodeError:  # damaged past here (not by our appends): what came before is kept
+                    break
+                self.entries[entry["k"]] = entry["v"]
+        else:
+            if os.path.exists(path):
+                os.remove(path)
+            append_bytes(path, (header + "\n").encode("utf-8"))
+
+    def get(self, name: str):
+        return self.entries.get(name)
+
+    def put(self, name: str, value) -> None:
+        append_bytes(self.path, (json.dumps({"k": name, "v": value}) + "\n").encode("utf-8"))
+        self.entries[name] = value
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
 
 
 def sidecar_path(csv_path: str) -> str:
@@ -355,11 +442,21 @@ def sidecar_path(csv_path: str) -> str:
 
 
 def write_json(path: str, data: dict) -> None:
+    """Write ``data`` to ``path`` whole or not at all (beside it, fsync, rename; the temporary file goes on failure)."""
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=True)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and not e.filename:
+            e.filename = path  # name the file in the one-line error
+        raise
 
 
 def host_facts() -> dict:
@@ -467,11 +564,44 @@ def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, 
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
-    tmp = tempfile.mkdtemp(prefix="nas-onnx-")
+    need = sum(int(t["nbytes"]) for t in tensors)
+    sweep_temp_dirs()
+    tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
     try:
+        free = shutil.disk_usage(tmp).free
+        if need + (64 << 20) > free:  # checked before writing: a huge model is refused, not written until the disk fills
+            raise OSError(errno.ENOSPC, f"the random weights of this model need {need / 2**20:,.0f} MB, "
+                          f"{free / 2**20:,.0f} MB are free (set TMPDIR to a larger disk, or time smaller subnets)", tmp)
         local = os.path.join(tmp, os.path.basename(graph))
         shutil.copyfile(graph, local)
         materialize_weights(os.path.join(tmp, os.path.splitext(os.path.basename(graph))[0] + ".weights"), tensors, seed)
         return ort.InferenceSession(local, options, providers=providers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+TEMP_PREFIX = "nas-onnx-"  # + the pid of the process that owns the folder
+
+
+def sweep_temp_dirs() -> None:
+    """Remove the weight folders of :func:`ort_session` left behind by processes that are gone (a kill -9 skips
+    the ``finally`` that removes them); folders of live processes are left alone."""
+    root = tempfile.gettempdir()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True

@@ -135,9 +135,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
+            from .checks import check_flags
+
+            check_flags(args)
             return int(args.run(args) or 0)
     except UserError as e:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a file system failure (full disk, read-only, a file where a folder goes): one line, exit 2
+        from .checks import io_failure
+
+        line = io_failure(e, args)
+        if line is None:
+            raise
+        print(f"nas {args.command}: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"nas {args.command}: interrupted", file=sys.stderr)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from search_spaces import Space, Subnet, UserError, Workload
+from supernet.files import check_room
 from supernet.artifact import PROGRAM, export_program, load_program, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
 from supernet.model import Transformer
@@ -123,6 +124,9 @@ def write_model(
 
     out = Path(out)
     model = model.eval().cpu()
+    out.mkdir(parents=True, exist_ok=True)
+    # each form holds the weights once (fp32); checked before writing: ONNX's writer aborts the process on a full disk
+    check_room(out, model.num_params() * 4 * (1 + len(formats)) + (16 << 20), "the exported model")
     save_model(model, out, space, card)
     result = ExportResult(out=out, subnet=model.subnet, parameters=model.num_params())
     tokens = parity_tokens(space, seed)

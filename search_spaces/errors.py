@@ -20,3 +20,9 @@ class SpaceError(UserError):
 
 class SubnetError(UserError):
     """A subnet is malformed or not a member of the space it is used with."""
+
+
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first non-empty line of an exception's message (a library's error may have none: an empty file)."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    return lines[0][:limit] if lines else "no message"

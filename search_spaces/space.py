@@ -24,6 +24,7 @@ import yaml
 
 from .attention import AttentionSpec, parse_attention, spec_problems
 from .errors import SpaceError, SubnetError, UserError
+from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
 TASKS = ("causal-lm",)
@@ -128,19 +129,13 @@ class Subnet:
 
     @classmethod
     def from_yaml(cls, text: str, where: str = "subnet") -> "Subnet":
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise SubnetError(f"{where}: not valid YAML: {e}") from None
+        data = load_yaml(text, where, SubnetError)
         return cls.from_dict(data, where)
 
     @classmethod
     def load(cls, path: str | Path) -> "Subnet":
         path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise SubnetError(f"{path}: cannot read subnet file: {e.strerror}") from None
+        text = read_text(path, "subnet file", SubnetError)
         if path.suffix == ".json":
             try:
                 return cls.from_dict(json.loads(text), path.name)
@@ -432,6 +427,22 @@ class Space:
 # --------------------------------------------------------------------------- loading
 
 
+# Upper bounds of a space's sizes (the schema's): far above any model trained here, low enough that a typo
+# (``embed_dim: [64, 1000000000]``) is refused at load instead of filling the memory or the disk later.
+# Every refusal names the field, the value and the limit.
+LIMITS = {
+    "vocab_size": 1 << 20,
+    "max_seq_len": 1 << 20,
+    "head_dim": 1024,
+    "embed_dim": 65536,
+    "depth": 256,
+    "layers.heads": 256,
+    "layers.ffn_dim": 262144,
+    "batch_size": 65536,
+    "context": 1 << 20,
+}
+
+
 def _is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -463,6 +474,11 @@ class _Checker:
         if not _is_int(value) or value < 1:
             self.error(path, f"{value!r} is not a positive integer")
             return None
+        field = re.sub(r"\[\d+\]$", "", path)
+        limit = LIMITS.get(field if field in LIMITS else field.rsplit(".", 1)[-1])
+        if limit is not None and value > limit:
+            self.error(path, f"{value} is above the limit of {limit:,} for {field}")
+            return None
         return int(value)
 
     def choice(self, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
@@ -491,10 +507,7 @@ class _Checker:
 def load_space(source: str | Path) -> Space:
     """Load and validate a space from a YAML path, or by name (``tiny``, ``base``) from the shipped ones."""
     path = resolve_space_path(source)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise SpaceError([f"{path}: cannot read search space: {e.strerror}"]) from None
+    text = read_text(path, "search space", SpaceError)
     return parse_space(text, where=path.name, source=str(path))
 
 
@@ -511,12 +524,7 @@ def resolve_space_path(source: str | Path) -> Path:
 
 def parse_space(text: str, where: str = "<string>", source: str = "<string>") -> Space:
     """Validate YAML text as a space; raise :class:`SpaceError` with every problem found."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise SpaceError([f"{where}: {at}not valid YAML ({getattr(e, 'problem', None) or e})"]) from None
+    data = load_yaml(text, where, SpaceError)
     c = _Checker(where)
     top = c.keys(
         "",
@@ -642,5 +650,5 @@ def describe(space: Space) -> str:
         )
         lines.append(f"  latency       {w.name}: {w.kind}, {what}")
     n = space.size()
-    lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})")
+    lines.append(f"  subnets       {n:,} (~10^{math.log10(n):.1f})" if n < 10**60 else f"  subnets       ~10^{math.log10(n):.1f}")
     return "\n".join(lines)

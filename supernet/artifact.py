@@ -18,7 +18,6 @@ back to ``torch.load(weights_only=False)`` for pickled entries, which can run co
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -30,6 +29,7 @@ import yaml
 
 from search_spaces import Space, Subnet, UserError, parse_space
 
+from .files import atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file
 from .model import Transformer, TransformerConfig
 
 FORMAT = "nas-exported-model"
@@ -41,20 +41,13 @@ PROGRAM = "model.pt2"
 MAX_BATCH = 4096
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+# Every file an export run writes (the card last); a run removes them all before writing its own, and loading
+# refuses one that lies in the folder without a checksum in the card (left by an earlier or interrupted run).
+OUTPUTS = (WEIGHTS, PROGRAM, "model.onnx", "model.onnx.data", "step.onnx", "step.onnx.data")
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic_write_json(path, data, sort_keys=False)
 
 
 def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None) -> Path:
@@ -63,10 +56,11 @@ def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    remove_stale(out, (CARD, SUBNET, *OUTPUTS))  # the card first: a folder is never described by an older card
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(out / WEIGHTS), metadata={"format": FORMAT})
     subnet = model.subnet
-    (out / SUBNET).write_text(subnet.to_yaml())
+    atomic_write(out / SUBNET, subnet.to_yaml())
     full = {
         "format": FORMAT,
         "version": VERSION,
@@ -114,19 +108,10 @@ def verify_file(model_dir: str | Path, name: str, card: dict[str, Any] | None = 
     """Check ``name`` against the checksum in the card (a tampered or swapped file is refused)."""
     model_dir = Path(model_dir)
     card = card or read_card(model_dir)
-    path = model_dir / name
     expected = card.get("files", {}).get(name)
     if expected is None:
         raise UserError(f"{model_dir / CARD}: lists no checksum for {name}")
-    if not path.is_file():
-        raise UserError(f"{path}: missing (the model card lists it)")
-    actual = sha256_file(path)
-    if actual != expected:
-        raise UserError(
-            f"{path}: checksum {actual[:12]}... does not match the model card ({expected[:12]}...): the file was modified or "
-            "replaced"
-        )
-    return path
+    return check_part(model_dir, name, expected, "the model card")
 
 
 def card_space(model_dir: str | Path, card: dict[str, Any] | None = None) -> Space:
@@ -146,6 +131,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Tra
     model_dir = Path(model_dir)
     card = read_card(model_dir)
     weights = verify_file(model_dir, WEIGHTS, card)
+    check_parts(model_dir, card.get("files") or {}, model_dir / CARD, OUTPUTS)
     space = card_space(model_dir, card)
     try:
         subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")

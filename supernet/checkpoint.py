@@ -11,8 +11,6 @@ it was trained on that space.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,8 +19,10 @@ import torch
 import yaml
 
 from search_spaces import Space, UserError, parse_space
+from search_spaces.errors import first_line
 
 from .elastic import SuperTransformer
+from .files import atomic_write
 
 FORMAT = "nas-supernet-checkpoint"
 VERSION = 1
@@ -46,17 +46,7 @@ def save_checkpoint(path: str | Path, model: SuperTransformer, state: dict[str, 
         "state": state or {},
         "meta": meta,
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write(path, lambda f: torch.save(payload, f))
 
 
 def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, Any]:
@@ -69,10 +59,7 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
-        raise UserError(
-            f"{path}: not a readable supernet checkpoint (truncated or foreign file): {type(e).__name__}: "
-            f"{str(e).splitlines()[0][:200]}"
-        ) from None
+        raise UserError(f"{path}: not a readable supernet checkpoint {load_problem(path, e)}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UserError(f"{path}: not a supernet checkpoint of this tool (no '{FORMAT}' format marker)")
     if payload.get("version") != VERSION:
@@ -92,6 +79,18 @@ def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, A
             f"not on {space.name!r} (hash {space.hash}) from {space.source}"
         )
     return payload
+
+
+def load_problem(path: Path, e: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` refused ``path``, in our words (torch's own message suggests
+    ``weights_only=False``, which would run the file's code: not advice to quote)."""
+    size = path.stat().st_size
+    if size == 0:
+        return "(the file is empty: 0 bytes, a copy or a save that did not finish)"
+    text = str(e)
+    if "Weights only load failed" in text or "weights_only" in text:
+        return "(it holds objects that need code to load, a pickle: refused, loading runs no code)"
+    return f"(truncated or foreign file): {type(e).__name__}: {first_line(e)}"
 
 
 def load_supernet(

@@ -701,10 +701,9 @@ class StaticCheckpointer:
     subnet: Subnet
 
     def save(self, path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any]) -> None:
-        import os
-        import tempfile
-
         import yaml
+
+        from .files import atomic_write
 
         payload = {
             "format": STATIC_FORMAT, "version": 1, "space": yaml.safe_dump(self.space.to_dict(), sort_keys=False),
@@ -712,16 +711,7 @@ class StaticCheckpointer:
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "state": state, "meta": meta,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                torch.save(payload, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write(path, lambda f: torch.save(payload, f))
 
     def load(self, path: Path) -> dict[str, Any]:
         payload = read_static_checkpoint(path)
@@ -744,9 +734,9 @@ def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-        raise UserError(
-            f"{path}: not a readable training checkpoint: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        ) from None
+        from .checkpoint import load_problem
+
+        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
     if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
         raise UserError(f"{path}: not a training checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
     try:

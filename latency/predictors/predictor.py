@@ -7,6 +7,7 @@ computes its own features; one fitted on a plain CSV carries its column names in
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ import numpy as np
 import yaml
 
 from search_spaces import Space, Subnet, UserError, Workload, parse_space
+from search_spaces.errors import first_line
+from supernet.files import atomic_write, check_parts, checksums, remove_stale
 
 from .. import features as F
 from .additive import Additive
@@ -119,8 +122,13 @@ class Predictor:
             "metrics": self.metrics,
             "reference_ms": self.reference_ms,
         }
-        np.savez(directory / "arrays.npz", **arrays)
-        (directory / "predictor.json").write_text(json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
+        # the manifest (predictor.json, with the checksum of arrays.npz) goes last; an older one is removed first
+        remove_stale(directory, ("predictor.json",))
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        atomic_write(directory / "arrays.npz", buf.getvalue())
+        doc["files"] = checksums(directory, ["arrays.npz"])
+        atomic_write(directory / "predictor.json", json.dumps(doc, indent=2, sort_keys=True, default=float) + "\n")
         return directory / "predictor.json"
 
 
@@ -136,10 +144,15 @@ def load_predictor(path: str | Path) -> Predictor:
             )
     try:
         doc = json.loads(doc_path.read_text())
+    except (json.JSONDecodeError, ValueError, OSError) as e:
+        raise UserError(f"{doc_path}: unreadable predictor file: {e}") from None
+    if isinstance(doc, dict) and isinstance(doc.get("files"), dict):  # written before checksums were kept: no check
+        check_parts(folder, doc["files"], doc_path)
+    try:
         with np.load(arr_path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (json.JSONDecodeError, ValueError, OSError) as e:
-        raise UserError(f"{folder}: unreadable predictor files: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a truncated zip, a member that is not an array, a pickle refused
+        raise UserError(f"{arr_path}: not a readable array file ({type(e).__name__}: {first_line(e)})") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise UserError(f"{doc_path}: not a latency predictor of this tool (no {FORMAT!r} format marker)")
     if doc.get("version") != VERSION:
@@ -152,7 +165,13 @@ def load_predictor(path: str | Path) -> Predictor:
         if space.hash != doc.get("space_hash"):
             raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
     workload = Workload.from_record(doc["workload"], f"{doc_path}: workload") if doc.get("workload") else None
-    regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
+    try:
+        regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
+    except Exception as e:  # noqa: BLE001 - arrays of another model kind or shape
+        raise UserError(
+            f"{arr_path}: does not hold the arrays of the {doc['model']} model that {doc_path.name} describes "
+            f"({type(e).__name__}: {first_line(e)}); fit the predictor again"
+        ) from None
     return Predictor(
         doc["model"],
         regressor,

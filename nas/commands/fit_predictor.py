@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from latency.report import HEADER, agreement, format_row, plot
     from latency.table import read_plain, read_timings
     from search_spaces import UserError
+    from supernet.files import atomic_write
 
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
     bad = [k for k in kinds if k not in MODELS]
@@ -118,5 +119,5 @@ def run(args: argparse.Namespace) -> int:
     if sel.best == "additive" and space is not None:
         say("additive costs (ms per unit): " + ", ".join(f"{k}={v:.3g}" for k, v in sel.final.costs().items() if v))
     say(f"saved {path} (+ arrays.npz; refit on all {len(y)} rows), {png}")
-    (out / "report.txt").write_text("\n".join(lines) + "\n")
+    atomic_write(out / "report.txt", "\n".join(lines) + "\n")
     return 0

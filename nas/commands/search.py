@@ -294,10 +294,12 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, s
     except (H.TrainingStopped, KeyboardInterrupt) as e:  # nas.train_subnet's TrainingInterrupted is a KeyboardInterrupt
         print(f"hurdles interrupted: {e or 'Ctrl-C'}; its checkpoint is kept: run the same command again to continue")
         return None
+    from supernet.files import atomic_write
+
     doc = H.write_files(out, outcome, space, args.seed)
     summary = json.loads((out / "search.json").read_text())
     summary["hurdles"] = doc
-    (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(out / "search.json", json.dumps(summary, indent=2) + "\n")
     print(H.report(outcome))
     print(f"wrote {out}/hurdles_*.yaml, hurdles.csv, search.json (hurdles); trained models in {out / 'hurdles' / outcome.tag}")
     for label, notes in outcome.notes.items():
@@ -323,9 +325,11 @@ def report_separability(fitness, searches, result, out: Path, top: int = 5) -> l
             lines.append(separability_text(s.label, found[s.label]))
     path = out / "search.json"
     if found and path.exists():
+        from supernet.files import atomic_write
+
         data = json.loads(path.read_text())
         data["separability"] = found
-        path.write_text(json.dumps(data, indent=1))
+        atomic_write(path, json.dumps(data, indent=1))
     return lines
 
 
@@ -476,6 +480,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
 
     from nas.search import hypervolume, pareto_front
     from nas.search.pareto import CSV_FIELDS, plot_png, write_csv
+    from supernet.files import atomic_write
 
     latencies = latencies or {}
     unique = list({r.subnet: r for r in reversed(result.records)}.values())[::-1]
@@ -540,7 +545,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
         else:
             each = {name: float(by_workload[name][index[r.subnet]]) for name in latencies}
             predicted = ", ".join(f"{name} {ms:.4f} ms" for name, ms in each.items()) if each else f"{r.latency:.4f} ms"
-            (out / f"best_{s.label}.yaml").write_text(
+            atomic_write(out / f"best_{s.label}.yaml",
                 f"# nas search: best subnet under {s.constraints}\n"
                 f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {predicted}, {r.params:,} "
                 "parameters\n"
@@ -555,6 +560,6 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
             lines.append(f"{s.label:<{wl}} {r.loss:>10.4f} {r.latency:>8.3f}ms {r.params:>11,} {n:>6}  {r.subnet}{also}")
         summary["budgets"][s.label] = entry
     summary["hypervolume"] = {"value": hypervolume(points[finite], ref), "reference": ref}
-    (out / "search.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write(out / "search.json", json.dumps(summary, indent=2) + "\n")
     lines.append(f"wrote {out}/best_*.yaml, pareto.csv, pareto.png, search.json ({result.evaluations} evaluations in storage)")
     return "\n".join(lines)

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from search_spaces import Space, Subnet, UserError
+from supernet.files import atomic_write, atomic_write_csv
 
 from .storage import OWNER, TrialStore, config_hash
 
@@ -549,8 +550,6 @@ def report(outcome: HurdleOutcome) -> str:
 
 def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int) -> dict[str, Any]:
     """``hurdles.csv`` and ``hurdles_<budget>.yaml`` (the best after hurdles) per budget; the ``search.json`` entry."""
-    import csv
-
     c = outcome.config
     rows, doc = [], {"rounds": c.rounds, "candidates": c.candidates, "tokens_per_round": c.tokens, "tag": outcome.tag,
                      "models": str(outcome.root / outcome.tag), "budgets": {}}
@@ -569,7 +568,8 @@ def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int) -> d
                  "ranking": [{"candidate": r.candidate.rank, "round": r.round, "trained_bpb": r.bpb} for r in b.ranking()]}
         if best is not None:
             name = f"hurdles_{label}.yaml"
-            (out / name).write_text(
+            atomic_write(
+                out / name,
                 f"# nas search --hurdles: best of the top {len(b.candidates)} candidates under {label} after progressive "
                 "dynamic hurdles\n"
                 f"# trained {best.bpb:.6f} bits/byte at round {best.round} ({best.round + 1} x {c.tokens:,} tokens) "
@@ -584,8 +584,6 @@ def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int) -> d
         doc["budgets"][label] = entry
     fields = ["budget", "candidate", "round", "tokens", "inherited_bpb", "trained_bpb", "hurdle_bpb", "verdict", "latency_ms",
               "params", "key", "subnet", "model"]
-    with open(out / "hurdles.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows)
+    atomic_write_csv(out / "hurdles.csv", fields, ({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()}
+                                                   for r in rows))
     return doc

@@ -6,12 +6,13 @@ validation loss, column 1 the latency in ms.
 
 from __future__ import annotations
 
-import csv
 import textwrap
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from supernet.files import atomic_savefig, atomic_write_csv
 
 
 def dominates(a: np.ndarray, b: np.ndarray) -> bool:
@@ -83,13 +84,7 @@ CSV_FIELDS = ["trial", "budget", "generation", "loss_bpb", "latency_ms", "params
 
 def write_csv(path: str | Path, rows: list[dict], fields: Sequence[str] = CSV_FIELDS) -> Path:
     """Every evaluated point, one row each (``on_front`` marks the Pareto front); ``fields``: the columns."""
-    path = Path(path)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields))
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: row.get(k, "") for k in fields})
-    return path
+    return atomic_write_csv(path, list(fields), ({k: row.get(k, "") for k in fields} for row in rows))
 
 
 def plot_png(
@@ -128,6 +123,6 @@ def plot_png(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
-    fig.savefig(path)
+    atomic_savefig(fig, path)
     plt.close(fig)
     return Path(path)

@@ -12,7 +12,6 @@ verdicts out.  :func:`run_verify` is the glue ``nas search`` calls (device, mode
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -24,6 +23,7 @@ import numpy as np
 from latency.report import latency_error_pct
 from latency.timing_core import Settings
 from search_spaces import Subnet, UserError
+from supernet.files import atomic_write, atomic_write_csv
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
                                    "verified": None if chosen is None else f"verified_{v.label}.yaml"}
         if chosen is not None:
             path = out / f"verified_{v.label}.yaml"
-            path.write_text(
+            atomic_write(
+                path,
                 f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under "
                 f"{v.label}\n"
                 f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted "
@@ -167,11 +168,8 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
                 f"# space {space.name} (hash {space.hash})\n" + chosen.candidate.subnet.to_yaml()
             )
             written.append(path)
-    (out / "verify.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    with open(out / "verify.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["budget"])
-        w.writeheader()
-        w.writerows(rows)
+    atomic_write(out / "verify.json", json.dumps(doc, indent=2, default=str) + "\n")
+    atomic_write_csv(out / "verify.csv", list(rows[0]) if rows else ["budget"], rows)
     return [out / "verify.json", out / "verify.csv", *written]
 
 

@@ -1,0 +1,126 @@
+"""Writing files so that a crash, a kill or a full disk never leaves a half file, and checking that
+an artifact folder is one whole.
+
+* :func:`atomic_write` writes beside the target, fsyncs and renames over it: the target is the old
+  file or the new one, never a mix; a failed write (a full disk) removes its temporary file.
+* An artifact folder (an exported model, a predictor) lists the sha256 of each of its parts in its
+  manifest (the model card, ``predictor.json``), written last.  :func:`checksums` makes that list,
+  :func:`check_parts` checks it at load, and refuses a part the manifest does not list (an output of
+  an earlier run, or of a run killed before it wrote its manifest); :func:`remove_stale` removes
+  the outputs a run is about to write before it writes any, so a rerun into a folder never leaves
+  the previous run's files beside the new ones.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterable
+
+from search_spaces import UserError
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
+    """Write ``data`` (bytes, text, or a function that writes into a binary file) to ``path`` whole or not
+    at all: a temporary file beside it, fsync, rename over the target; removed again if anything fails."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and not e.filename:
+            e.filename = str(path)  # name the file in the one-line error
+        raise
+    return path
+
+
+def atomic_write_json(path: str | Path, data: Any, **dump: Any) -> Path:
+    return atomic_write(path, json.dumps(data, indent=2, **dump) + "\n")
+
+
+def atomic_write_csv(path: str | Path, fields: list[str], rows: Iterable[dict]) -> Path:
+    """A CSV (header + ``rows``), written whole or not at all."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(fields))
+    w.writeheader()
+    w.writerows(rows)
+    return atomic_write(path, buf.getvalue())
+
+
+def atomic_savefig(fig, path: str | Path) -> Path:
+    """A Matplotlib figure saved (format from the suffix) whole or not at all."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png")
+    return atomic_write(path, buf.getvalue())
+
+
+def check_room(folder: Path, need: int, what: str) -> None:
+    """Raise ``OSError(ENOSPC)`` naming ``folder`` before writing ``need`` bytes there when the disk has less free:
+    some writers (ONNX's protobuf) abort the whole process on a full disk instead of raising."""
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise OSError(errno.ENOSPC, f"No space left on device: {what} needs about {need / 2**20:,.1f} MB, "
+                                    f"{free / 2**20:,.1f} MB are free", str(folder))
+
+
+def checksums(folder: Path, names: Iterable[str]) -> dict[str, str]:
+    """``{name: sha256}`` of the parts ``names`` of ``folder`` (the manifest's ``files``)."""
+    return {name: sha256_file(folder / name) for name in names}
+
+
+def check_part(folder: Path, name: str, expected: str, manifest: str) -> Path:
+    """``folder/name`` is there and its sha256 is ``expected`` (what ``manifest``, a phrase naming it, lists)."""
+    path = folder / name
+    if not path.is_file():
+        raise UserError(f"{path}: missing ({manifest} lists it)")
+    actual = sha256_file(path)
+    if actual != expected:
+        raise UserError(
+            f"{path}: checksum {actual[:12]}... does not match {manifest} ({expected[:12]}...): the file was modified or "
+            "replaced, or comes from another run; write the folder again"
+        )
+    return path
+
+
+def check_parts(folder: Path, files: dict[str, str], manifest: Path, known: Iterable[str] = ()) -> None:
+    """Every part the manifest lists is there with its checksum; no part of the ``known`` set lies there unlisted."""
+    for name, expected in files.items():
+        check_part(folder, name, expected, manifest.name)
+    stale = sorted(n for n in known if n not in files and (folder / n).exists())
+    if stale:
+        raise UserError(
+            f"{folder / stale[0]}: not listed in {manifest.name} (left by another run, or by a run that was interrupted): "
+            "write the folder again, or remove the file"
+        )
+
+
+def remove_stale(folder: Path, names: Iterable[str]) -> None:
+    """Remove the outputs ``names`` of an earlier run from ``folder`` before a run writes its own."""
+    for name in names:
+        (folder / name).unlink(missing_ok=True)
