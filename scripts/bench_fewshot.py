@@ -1,0 +1,264 @@
+"""Few-shot latency predictors: a new device from 20 timed subnets and the predictors of the other devices.
+
+    python scripts/bench_fewshot.py --out runs/bench_fewshot              # about 15 minutes on an idle 2-core CPU
+    python scripts/bench_fewshot.py --out runs/fewshot-quick --quick      # smoke run: torch and onnxruntime at 1 thread, prefill
+
+Devices on this machine that differ for real: torch ``cpu`` and ``onnxruntime``, each at 1 thread (the
+thread's CPU clock) and 2 threads (wall clock); workloads ``prefill`` (1x256) and ``decode`` (one token
+at context 255, ``--paired``) of ``tiny.yaml``.  (INT8 is not in: it does not exist yet.)  Every stage
+is the documented command, and every table and predictor is kept in ``--out``: run it again to resume.
+
+Per workload and device:
+1. ``nas measure-latency tiny --samples 100`` (+20% re-measured): the full campaign (the held-out set);
+2. ``nas measure-latency tiny --samples 20 --for-transfer``: the new device's few rows;
+3. ``nas fit-predictor full.csv``: the device as a source for the others.
+
+Per target device (sources = the other devices of its workload): ``nas fit-predictor few.csv --from ...``,
+scored on the target's full campaign (less the subnets of few.csv): Kendall tau, share within ±10%, MAPE;
+beside it a predictor fit from scratch on the same 20 rows (the models and cross-validation of
+``nas fit-predictor`` without ``--from``), and the learning curve: from-scratch fits on n rows drawn from
+the full campaign (``--reps`` draws each), scored with the transfer on the same remaining rows.  "Rows to
+match": the fewest n whose mean tau and mean share within ±10% both reach the transfer's.  Writes
+``fewshot.json``, ``fewshot.csv`` and ``learning_curve.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from latency.predictors import load_predictor  # noqa: E402
+from latency.predictors.predictor import MODELS, subnet_matrix  # noqa: E402
+from latency.predictors.select import cross_validate  # noqa: E402
+from latency.report import agreement  # noqa: E402
+from latency.table import read_timings  # noqa: E402
+from nas.cli import main as nas  # noqa: E402
+
+TARGET_TAU, TARGET_WITHIN_10 = 0.9, 0.85
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    tag: str
+    flags: tuple[str, ...]  # nas measure-latency flags
+
+
+DEVICES = {
+    "cpu1": DeviceSpec("cpu1", ("--device", "cpu", "--threads", "1", "--clock", "cpu")),
+    "cpu2": DeviceSpec("cpu2", ("--device", "cpu", "--threads", "2")),
+    "ort1": DeviceSpec("ort1", ("--device", "onnxruntime", "--threads", "1", "--clock", "cpu")),
+    "ort2": DeviceSpec("ort2", ("--device", "onnxruntime", "--threads", "2")),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    full: int = 100  # subnets of the full campaign (the held-out set), + retest re-measured
+    few: int = 20  # the new device's rows
+    retest: float = 0.2
+    warmup: int = 5
+    repeats: int = 9
+    rounds: int = 3
+    min_sample_ms: float = 10.0
+    curve: tuple[int, ...] = (10, 20, 30, 40, 60, 80)  # rows of the from-scratch learning curve
+    reps: int = 3  # draws per point of the curve
+    models: str = "mlp,gbt,additive"  # from-scratch models (those of nas fit-predictor)
+
+
+QUICK = Plan(full=16, few=8, warmup=1, repeats=2, rounds=1, min_sample_ms=2.0, curve=(6, 10), reps=2, models="gbt,additive")
+
+
+def run_nas(argv: list[str], log: Path) -> None:
+    """One documented command, in this process; its report appended to ``log``; a refusal stops the benchmark."""
+    with open(log, "a") as f, contextlib.redirect_stdout(f):
+        print(f"$ nas {' '.join(argv)}")
+        rc = nas(argv)
+    if rc != 0:
+        raise SystemExit(f"bench_fewshot: `nas {' '.join(argv)}` exited {rc} (its report: {log})")
+
+
+def measure(out: Path, workload: str, device: DeviceSpec, plan: Plan, few: bool, log: Path) -> Path:
+    table = out / workload / f"{device.tag}-{'few' if few else 'full'}.csv"
+    argv = ["measure-latency", "tiny", *device.flags, "--workload", workload, "--out", str(table), "-q"]
+    argv += ["--samples", str(plan.few if few else plan.full), "--retest", str(plan.retest)]
+    argv += ["--warmup", str(plan.warmup), "--repeats", str(plan.repeats), "--rounds", str(plan.rounds)]
+    argv += ["--min-sample-ms", str(plan.min_sample_ms)] + (["--paired"] if workload == "decode" else [])
+    argv += ["--for-transfer", "--seed", "1"] if few else ["--seed", "0"]
+    run_nas(argv, log)  # resumes a table already there; returns at once when it is complete
+    return table
+
+
+def fit(table: Path, folder: Path, log: Path, sources: list[Path] = ()) -> Path:
+    if not (folder / "predictor.json").exists():
+        run_nas(["fit-predictor", str(table), "--out", str(folder), *[a for s in sources for a in ("--from", str(s))]], log)
+    return folder
+
+
+def scratch(views: dict[str, np.ndarray], y: np.ndarray, rows: np.ndarray, seed: int = 0):
+    """What `nas fit-predictor` does without --from, on ``rows`` only: the lowest cross-validated MAPE, refit on them."""
+    folds = min(5, len(rows))
+    best = min(views, key=lambda k: cross_validate(k, views[k][rows], y[rows], folds, seed)["mape"])
+    model = MODELS[best]().fit(views[best][rows], y[rows], seed)
+    return best, lambda where: model.predict(views[best][where])
+
+
+def score_target(out: Path, workload: str, tag: str, tags: list[str], plan: Plan, log: Path) -> dict:
+    base = out / workload
+    sources = [base / f"pred-{t}" for t in tags if t != tag]
+    transfer = load_predictor(fit(base / f"{tag}-few.csv", base / f"transfer-{tag}", log, sources))
+    full, few = read_timings(base / f"{tag}-full.csv"), read_timings(base / f"{tag}-few.csv")
+    measured, again, few_rows = full.passes("measure"), full.passes("retest"), few.passes("measure")
+    keys = list(measured)
+    subnets = [measured[k].subnet for k in keys]
+    y = np.array([measured[k].median_ms for k in keys])
+    outside = np.array([k not in few_rows for k in keys])  # the held-out rows: the full campaign less the few rows
+    t_pred = transfer.predict(subnets)
+
+    kinds = plan.models.split(",")
+    few_subnets = [r.subnet for r in few_rows.values()]
+    both = subnets + few_subnets
+    views = {k: subnet_matrix(k, full.space, full.workload, both)[0] for k in kinds}
+    y_both = np.concatenate([y, [r.median_ms for r in few_rows.values()]])
+    own = np.arange(len(keys), len(both))  # the few rows, as rows of `views`
+    chosen_20, predict_20 = scratch(views, y_both, own)
+    held = np.flatnonzero(outside)
+    result = {
+        "workload": workload, "target": tag, "sources": [s.name for s in sources],
+        "chosen": transfer.metrics.get("chosen"), "few_rows": len(few_rows), "held_out": int(outside.sum()),
+        "transfer": agreement(t_pred[outside], y[outside]),
+        "scratch_same_rows": {**agreement(predict_20(held), y[outside]), "model": chosen_20},
+    }
+    if len(again) >= 2:
+        pairs = [k for k in keys if k in again]
+        first, second = (np.array([table[k].median_ms for k in pairs]) for table in (measured, again))
+        result["test_retest"] = agreement(second, first)
+
+    curve = []
+    for n in plan.curve:
+        if n >= len(held) - 2:
+            break
+        s_runs, t_runs = [], []
+        for rep in range(plan.reps):
+            drawn = np.random.default_rng([n, rep]).choice(held, size=n, replace=False)
+            rest = np.setdiff1d(held, drawn)
+            _, predict = scratch(views, y_both, drawn, seed=rep)
+            s_runs.append(agreement(predict(rest), y[rest]))
+            t_runs.append(agreement(t_pred[rest], y[rest]))
+        mean = {m: float(np.mean([r[m] for r in s_runs])) for m in ("kendall_tau", "within_10", "mape")}
+        t_mean = {m: float(np.mean([r[m] for r in t_runs])) for m in ("kendall_tau", "within_10", "mape")}
+        curve.append({"rows": n, "scratch": mean, "transfer": t_mean})
+    match = next((c["rows"] for c in curve if c["scratch"]["kendall_tau"] >= c["transfer"]["kendall_tau"]
+                  and c["scratch"]["within_10"] >= c["transfer"]["within_10"]), None)
+    result["curve"], result["rows_to_match"] = curve, match
+    result["rows_to_match_text"] = str(match) if match is not None else f"> {curve[-1]['rows'] if curve else 0}"
+    tr = result["transfer"]
+    result["met"] = bool(tr["kendall_tau"] >= TARGET_TAU and tr["within_10"] >= TARGET_WITHIN_10)
+    return result
+
+
+def plot(results: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in results}, key=["prefill", "decode"].index)
+    fig, axes = plt.subplots(len(workloads), 2, figsize=(11, 4 * len(workloads)), dpi=110, squeeze=False)
+    for row, workload in zip(axes, workloads):
+        for i, r in enumerate(x for x in results if x["workload"] == workload):
+            colour = f"C{i}"
+            for ax, metric in zip(row, ("kendall_tau", "within_10")):
+                rows = [c["rows"] for c in r["curve"]]
+                ax.plot(rows, [c["scratch"][metric] for c in r["curve"]], "o-", color=colour, label=f"{r['target']} from scratch")
+                ax.axhline(r["transfer"][metric], color=colour, ls="--", lw=1)
+                ax.plot([r["few_rows"]], [r["transfer"][metric]], "*", ms=14, color=colour,
+                        label=f"{r['target']} transfer ({r['few_rows']} rows)")
+        for ax, metric, goal in zip(row, ("Kendall tau", "share within ±10%"), (TARGET_TAU, TARGET_WITHIN_10)):
+            ax.axhline(goal, color="black", lw=0.8, ls=":")
+            ax.set_xlabel("rows of the target device timed")
+            ax.set_ylabel(f"{metric} on held-out rows")
+            ax.set_title(f"{workload}: {metric}", fontsize=10)
+        row[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="runs/bench_fewshot", help="tables, predictors and results (rerun to resume)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: tiny campaigns and protocol, 1 thread, prefill only")
+    ap.add_argument("--devices", help=f"comma-separated, of {', '.join(DEVICES)} (default: all; --quick: cpu1,ort1)")
+    ap.add_argument("--workloads", help="comma-separated, of prefill, decode (default: both; --quick: prefill)")
+    ap.add_argument("--full", type=int, help="subnets of each full campaign (default 100; --quick 16)")
+    ap.add_argument("--few", type=int, help="rows of the target device (default 20; --quick 8)")
+    args = ap.parse_args(argv)
+    plan = QUICK if args.quick else Plan()
+    plan = replace(plan, full=args.full or plan.full, few=args.few or plan.few)
+    tags = (args.devices or ("cpu1,ort1" if args.quick else ",".join(DEVICES))).split(",")
+    workloads = (args.workloads or ("prefill" if args.quick else "prefill,decode")).split(",")
+    bad = [t for t in tags if t not in DEVICES] + [w for w in workloads if w not in ("prefill", "decode")]
+    if bad or len(tags) < 2:
+        ap.error(f"--devices / --workloads: {', '.join(bad) or 'give at least 2 devices'} (devices: {', '.join(DEVICES)})")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "commands.log"
+    start = time.time()
+    for workload in workloads:
+        (out / workload).mkdir(exist_ok=True)
+        for tag in tags:
+            t0 = time.time()
+            full = measure(out, workload, DEVICES[tag], plan, few=False, log=log)
+            measure(out, workload, DEVICES[tag], plan, few=True, log=log)
+            fit(full, out / workload / f"pred-{tag}", log)
+            print(f"{workload} {tag}: campaigns and source predictor ready ({time.time() - t0:.0f} s)", file=sys.stderr)
+    results = [score_target(out, w, t, tags, plan, log) for w in workloads for t in tags]
+
+    print(f"few-shot transfer on tiny.yaml: {plan.few} rows of the target (--for-transfer), sources = the other devices of "
+          f"the workload; scored on the target's full campaign of {plan.full} (less the few rows); goal tau >= {TARGET_TAU}, "
+          f">= {TARGET_WITHIN_10:.0%} within ±10%")
+    head = (f"{'workload':<9}{'target':<7}{'chosen':<34}{'tau':>6}{'±10%':>7}{'MAPE':>7}  |{'scratch':>9}{'tau':>6}"
+            f"{'±10%':>7}  |{'rows to match':>14}  |{'retest tau':>11}{'±10%':>7}  goal")
+    print(head)
+    for r in results:
+        t, s, c = r["transfer"], r["scratch_same_rows"], r.get("test_retest")
+        ceiling = f"{c['kendall_tau']:>11.3f}{c['within_10']:>7.0%}" if c else f"{'n/a':>11}{'':>7}"
+        print(f"{r['workload']:<9}{r['target']:<7}{r['chosen']:<34.34}{t['kendall_tau']:>6.3f}{t['within_10']:>7.0%}"
+              f"{t['mape']:>7.1%}  |{s['model']:>9}{s['kendall_tau']:>6.3f}{s['within_10']:>7.0%}  |"
+              f"{r['rows_to_match_text']:>14}  |{ceiling}  {'met' if r['met'] else 'MISSED'}")
+    print("learning curve (from scratch, mean of the draws; transfer on the same rows):")
+    for r in results:
+        points = ", ".join(f"{c['rows']}: tau {c['scratch']['kendall_tau']:.3f} / {c['scratch']['within_10']:.0%}"
+                           for c in r["curve"])
+        print(f"  {r['workload']} {r['target']}: {points}")
+    png = plot(results, out / "learning_curve.png")
+    with open(out / "fewshot.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["workload", "target", "chosen", "tau", "within_10", "mape", "scratch_model", "scratch_tau",
+                    "scratch_within_10", "rows_to_match", "retest_tau", "retest_within_10", "met"])
+        for r in results:
+            t, s, c = r["transfer"], r["scratch_same_rows"], r.get("test_retest") or {}
+            w.writerow([r["workload"], r["target"], r["chosen"], t["kendall_tau"], t["within_10"], t["mape"], s["model"],
+                        s["kendall_tau"], s["within_10"], r["rows_to_match_text"], c.get("kendall_tau"), c.get("within_10"),
+                        r["met"]])
+    doc = {"plan": asdict(plan), "devices": tags, "workloads": workloads, "load": os.getloadavg()[0],
+           "seconds": time.time() - start, "results": results}
+    (out / "fewshot.json").write_text(json.dumps(doc, indent=2, default=list) + "\n")
+    print(f"wrote {out / 'fewshot.json'}, {out / 'fewshot.csv'}, {png} ({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
