@@ -110,6 +110,10 @@ def test_transfer_from_twenty_rows_meets_the_targets_and_beats_a_fit_from_scratc
     y_few = device_ms(tiny, w, few, TARGET, noise=0.02, seed=1)
     y_held = device_ms(tiny, w, held, TARGET, noise=0.02, seed=2)
 
+    mlp = sources[1]  # a learned source is read as a per-layer sum too (fitted to its predictions), so `terms` can rescale it
+    truth = device_ms(tiny, w, held, {"mix": 2.0})  # the mlp source's own device
+    read, itself = (agreement(p, truth) for p in (mlp.terms.predict(x_held[:, mlp.terms_index]), mlp.predict(x_held)))
+    assert mlp.kind == "mlp" and read["mape"] <= itself["mape"]  # the reading is as close to that device as the mlp itself
     model = fit_transfer(sources, x_few, y_few, scratch_columns(tiny, names))
     got = agreement(model.predict(x_held), y_held)
     assert model.method == "terms" and model.label.startswith(f"terms {folders[0]} lam=")  # factors differ by term: terms win
@@ -130,18 +134,18 @@ def test_every_method_saves_and_loads_to_the_same_predictions(tiny, tmp_path):
     x, names = subnet_matrix("transfer", tiny, w, few)
     y = device_ms(tiny, w, few, TARGET)
     add, gbt = load_sources([str(paths["additive"]), str(paths["gbt"])], tiny, w, names, "few.csv")
-    models = [fit_scale(gbt, x, y), fit_sources([add, gbt], x, y), fit_terms(add, x, y, 0.01),
+    models = [fit_scale(gbt, x, y), fit_sources([add, gbt], x, y), fit_terms(add, x, y, 0.01), fit_terms(gbt, x, y, 0.01),
               fit_scratch(scratch_columns(tiny, names), x, y)]
     held = campaign_subnets(tiny, 30, seed=9)
-    for model in models:
-        Predictor("transfer", model, tiny, w, {"device": "new"}).save(tmp_path / model.method)
-        loaded = load_predictor(tmp_path / model.method)
+    for i, model in enumerate(models):
+        Predictor("transfer", model, tiny, w, {"device": "new"}).save(tmp_path / f"m{i}")
+        loaded = load_predictor(tmp_path / f"m{i}")
         assert loaded.name == "transfer" and loaded.regressor.label == model.label
         assert np.array_equal(loaded.predict(held), model.predict(subnet_matrix("transfer", tiny, w, held)[0]))
-        with np.load(tmp_path / model.method / "arrays.npz", allow_pickle=False) as z:
+        with np.load(tmp_path / f"m{i}" / "arrays.npz", allow_pickle=False) as z:
             assert all(z[k].dtype != object for k in z.files)
     # a transferred predictor is itself a source (its sources travel inside it)
-    (nested,) = load_sources([str(tmp_path / "sources")], tiny, w, names, "few.csv")
+    (nested,) = load_sources([str(tmp_path / "m1")], tiny, w, names, "few.csv")
     assert nested.kind == "transfer" and np.array_equal(nested.predict(x), models[1].predict(x))
 
 

@@ -7,9 +7,11 @@ cross-validation chooses among small models that reuse them:
 * ``scale``: one source's predictions times one factor (the geometric mean of measured / predicted);
 * ``sources``: a non-negative combination of every source's predictions plus a constant (the
   per-layer additive model with the sources' predictions as its columns);
-* ``terms``: an additive source's own sum (its constant and each per-layer cost), every term rescaled
-  on its own and pulled toward one common factor by a ridge of strength ``lam`` (one candidate per
-  source and strength): the new device's cost of a term is the source's times that term's factor;
+* ``terms``: a source's per-layer sum (its constant and each per-layer cost), every term rescaled on
+  its own and pulled toward one common factor by a ridge of strength ``lam`` (one candidate per source
+  and strength): the new device's cost of a term is the source's times that term's factor.  An additive
+  source is its own sum; an MLP or boosted-trees source of subnets is first read as one (the additive
+  model fitted to its predictions on a seeded pool of the space's subnets);
 * ``scratch``: the additive model on the few rows alone, so the choice shows when the sources do not help.
 
 Every candidate ends as one :class:`Transfer`: a non-negative additive head on either the sources'
@@ -35,7 +37,7 @@ from .mlp import MLP
 from .select import Selection
 
 MIN_ROWS = 5  # the fewest measured rows a transfer fits from (one held out, leave-one-out on the others)
-RIDGES = (1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # strengths of the pull of each term's factor toward the common one (``terms``)
+RIDGES = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # strengths of the pull of each term's factor toward the common one (``terms``)
 BASE = {"mlp": MLP, "gbt": GBT, "additive": Additive}
 
 
@@ -47,9 +49,13 @@ class Source:
     kind: str  # its model: mlp, gbt, additive or transfer
     regressor: object
     index: np.ndarray  # (d_source,) column indices into the input matrix
+    terms: Additive | None = None  # its per-layer sum (``terms`` candidates): itself if additive, else read from it
+    terms_index: np.ndarray | None = None  # the columns ``terms`` reads
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        return self.regressor.predict(x[:, self.index])
+        # a learned source far outside its rows can overflow (an MLP's exp): keep it finite, leave-one-out judges it
+        with np.errstate(over="ignore"):
+            return np.clip(self.regressor.predict(x[:, self.index]), 1e-9, 1e9)
 
 
 class Transfer:
@@ -132,12 +138,11 @@ def term_factors(contrib: np.ndarray, y: np.ndarray, lam: float) -> np.ndarray:
 
 
 def fit_terms(source: Source, x: np.ndarray, y: np.ndarray, lam: float) -> Transfer:
-    """Rescale each term of an additive source (its constant first) by its own factor, ridge-pulled to a common one."""
-    model = source.regressor
-    cols = x[:, source.index]
-    contrib = Additive._with_const(cols) * model.coef  # (n, 1 + d): each term's milliseconds on the source device
+    """Rescale each term of a source's per-layer sum (its constant first) by its own factor, ridge-pulled to a common one."""
+    model = source.terms
+    contrib = Additive._with_const(x[:, source.terms_index]) * model.coef  # (n, 1 + d): each term's ms on the source device
     head = additive_head(model.coef * term_factors(contrib, y, lam), model.names)
-    return Transfer("terms", f"terms {source.label} lam={lam:g}", head, index=source.index)
+    return Transfer("terms", f"terms {source.label} lam={lam:g}", head, index=source.terms_index)
 
 
 def fit_scratch(index: np.ndarray, x: np.ndarray, y: np.ndarray) -> Transfer:
@@ -151,7 +156,7 @@ def candidates(
     out = []
     for s in sources:
         out.append((f"scale {s.label}", lambda x, y, s=s: fit_scale(s, x, y)))
-        if s.kind == "additive":
+        if s.terms is not None:
             for lam in RIDGES:
                 out.append((f"terms {s.label} lam={lam:g}", lambda x, y, s=s, lam=lam: fit_terms(s, x, y, lam)))
     if n_rows >= len(sources) + 3:  # a constant and one weight per source, with rows to spare
@@ -264,8 +269,25 @@ def load_sources(
                 f"{where}: reads column(s) {', '.join(missing)} that {table} lacks; "
                 "a source must read only columns the new table has"
             )
-        out.append(Source(str(path), p.name, p.regressor, np.array([view_names.index(n) for n in needed])))
+        source = Source(str(path), p.name, p.regressor, np.array([view_names.index(n) for n in needed]))
+        if p.name == "additive":
+            source.terms, source.terms_index = p.regressor, source.index
+        elif p.space is not None:
+            source.terms, source.terms_index = read_as_terms(source, space, workload)
+        out.append(source)
     return out
+
+
+def read_as_terms(source: Source, space: Space, workload: Workload, pool: int = 400) -> tuple[Additive, np.ndarray]:
+    """A learned source of subnets as a per-layer sum: the additive model fitted to its predictions on ``pool``
+    seeded uniform subnets of the space (the columns it reads: the additive terms of the view)."""
+    from ..sampling import campaign_subnets
+    from .predictor import subnet_matrix
+
+    x, names = subnet_matrix(Transfer.kind, space, workload, campaign_subnets(space, min(pool, space.size()), seed=0))
+    cols = scratch_columns(space, names)
+    terms = Additive([names[i][len("sum:"):] for i in cols]).fit(x[:, cols], source.predict(x))
+    return terms, cols
 
 
 def scratch_columns(space: Space | None, view_names: list[str]) -> np.ndarray:
