@@ -49,7 +49,8 @@ def transfer_subnets(space: Space, workload: Workload, n: int, seed: int, pool: 
 
     if n < 2:
         raise UserError(f"--samples: {n} is too few; a campaign always includes the largest and the smallest subnet (give >= 2)")
-    drawn = campaign_subnets(space, min(space.size(), pool * n), seed)  # raises where the space holds fewer than n
+    # raises where the space holds fewer than n; at most half a small space, which uniform draws find in their tries
+    drawn = campaign_subnets(space, min(pool * n, max(n, space.size() // 2)), seed)
     if n >= len(drawn) or n == 2:
         return drawn[:n]
     x, _ = matrix([additive_terms(space, s, workload) for s in drawn])  # (pool, terms)

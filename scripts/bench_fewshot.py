@@ -54,7 +54,7 @@ from latency.sampling import campaign_subnets, retest_subset, transfer_subnets  
 from latency.table import TimingTable, make_meta, read_timings  # noqa: E402
 from latency.timing_core import Settings, sidecar_path  # noqa: E402
 from nas.cli import main as nas  # noqa: E402
-from search_spaces import load_space  # noqa: E402
+from search_spaces import Space, load_space  # noqa: E402
 
 TARGET_TAU, TARGET_WITHIN_10 = 0.9, 0.85
 
@@ -78,7 +78,7 @@ class Plan:
     min_sample_ms: float = 10.0
     curve: tuple[int, ...] = (10, 20, 30, 40, 60, 80)  # rows of the from-scratch learning curve
     reps: int = 3  # draws per point of the curve
-    models: str = "mlp,gbt,additive"  # from-scratch models (those of nas fit-predictor)
+    models: str = "mlp,gbt,additive"  # the models of the sources and of the fits from scratch (nas fit-predictor's)
 
 
 QUICK = Plan(full=16, few=8, warmup=1, repeats=2, rounds=1, min_sample_ms=2.0, curve=(6, 10), reps=2, models="gbt,additive")
@@ -93,10 +93,9 @@ def run_nas(argv: list[str], log: Path) -> None:
         raise SystemExit(f"bench_fewshot: `nas {' '.join(argv)}` exited {rc} (its report: {log})")
 
 
-def measure(out: Path, workload: str, tag: str, plan: Plan) -> tuple[Path, Path]:
+def measure(out: Path, space: Space, workload: str, tag: str, plan: Plan) -> tuple[Path, Path]:
     """One campaign per device: the ``--for-transfer`` subnets and the full campaign's, interleaved in the same rounds
     (one drift baseline), then split into ``TAG-few.csv`` and ``TAG-full.csv`` (each with the campaign's sidecar)."""
-    space = load_space("tiny")
     w = space.workload(workload)
     few = transfer_subnets(space, w, plan.few, seed=1)  # what `nas measure-latency --samples 20 --for-transfer` times
     full = [s for s in campaign_subnets(space, plan.full + plan.few, seed=0) if s not in few][: plan.full]
@@ -124,9 +123,11 @@ def measure(out: Path, workload: str, tag: str, plan: Plan) -> tuple[Path, Path]
     return paths[0], paths[1]
 
 
-def fit(table: Path, folder: Path, log: Path, sources: list[Path] = ()) -> Path:
+def fit(table: Path, folder: Path, log: Path, sources: list[Path] = (), models: str | None = None) -> Path:
+    """``nas fit-predictor`` (``--from`` each source; else ``--models``), unless ``folder`` already holds its predictor."""
     if not (folder / "predictor.json").exists():
-        run_nas(["fit-predictor", str(table), "--out", str(folder), *[a for s in sources for a in ("--from", str(s))]], log)
+        flags = [a for s in sources for a in ("--from", str(s))] or ["--models", models or Plan.models]
+        run_nas(["fit-predictor", str(table), "--out", str(folder), *flags], log)
     return folder
 
 
@@ -228,20 +229,26 @@ def plot(results: list[dict], path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="runs/bench_fewshot", help="tables, predictors and results (rerun to resume)")
+    ap.add_argument("--space", default="tiny", help="the search space (default tiny; the tests give a smaller one)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: tiny campaigns and protocol, 1 thread, prefill only")
     ap.add_argument("--devices", help=f"comma-separated, of {', '.join(DEVICES)} (default: all; --quick: cpu1,ort1)")
     ap.add_argument("--workloads", help="comma-separated, of prefill, decode (default: both; --quick: prefill)")
-    ap.add_argument("--jobs", type=int, default=2, help="processes for the learning curve's fits (default 2: the cores)")
+    ap.add_argument("--jobs", type=int, help="processes for the learning curve's fits (default 2, the cores; --quick 1)")
     ap.add_argument("--full", type=int, help="subnets of each full campaign (default 100; --quick 16)")
     ap.add_argument("--few", type=int, help="rows of the target device (default 20; --quick 8)")
     args = ap.parse_args(argv)
     plan = QUICK if args.quick else Plan()
     plan = replace(plan, full=args.full or plan.full, few=args.few or plan.few)
+    jobs = args.jobs or (1 if args.quick else 2)
     tags = (args.devices or ("cpu1,ort1" if args.quick else ",".join(DEVICES))).split(",")
     workloads = (args.workloads or ("prefill" if args.quick else "prefill,decode")).split(",")
     bad = [t for t in tags if t not in DEVICES] + [w for w in workloads if w not in ("prefill", "decode")]
     if bad or len(tags) < 2:
         ap.error(f"--devices / --workloads: {', '.join(bad) or 'give at least 2 devices'} (devices: {', '.join(DEVICES)})")
+    space = load_space(args.space)
+    missing = [w for w in workloads if w not in [x.name for x in space.workloads]]
+    if missing:
+        ap.error(f"--workloads: space {space.name!r} has no workload {', '.join(missing)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "commands.log"
@@ -250,13 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         (out / workload).mkdir(exist_ok=True)
         for tag in tags:
             t0 = time.time()
-            _, full = measure(out, workload, tag, plan)
-            fit(full, out / workload / f"pred-{tag}", log)
+            _, full = measure(out, space, workload, tag, plan)
+            fit(full, out / workload / f"pred-{tag}", log, models=plan.models)
             print(f"{workload} {tag}: campaigns and source predictor ready ({time.time() - t0:.0f} s)", file=sys.stderr)
-    results = [score_target(out, w, t, tags, plan, log, args.jobs) for w in workloads for t in tags]
+    results = [score_target(out, w, t, tags, plan, log, jobs) for w in workloads for t in tags]
 
-    print(f"few-shot transfer on tiny.yaml: {plan.few} rows of the target (--for-transfer), sources = the other devices of "
-          f"the workload; scored on the target's full campaign of {plan.full} (uniform draws, in the same rounds); "
+    print(f"few-shot transfer on space {space.name}: {plan.few} rows of the target (--for-transfer), sources = the other "
+          f"devices of the workload; scored on the target's full campaign of {plan.full} (uniform draws, in the same rounds); "
           f"goal tau >= {TARGET_TAU}, >= {TARGET_WITHIN_10:.0%} within ±10%")
     head = (f"{'workload':<9}{'target':<7}{'chosen':<34}{'tau':>6}{'±10%':>7}{'MAPE':>7}  |{'scratch':>9}{'tau':>6}"
             f"{'±10%':>7}  |{'rows to match':>14}  |{'retest tau':>11}{'±10%':>7}  goal")

@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(600)
 def test_bench_fewshot_quick_runs_end_to_end_and_resumes(tmp_path):
     env = {**os.environ, "NAS_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, str(ROOT / "scripts" / "bench_fewshot.py"), "--quick", "--out", str(tmp_path / "run")]
+    space = ROOT / "tests" / "fixtures" / "claim_quick.yaml"  # 3 attention types: few ONNX parts to export in a fresh cache
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_fewshot.py"), "--quick", "--space", str(space),
+           "--out", str(tmp_path / "run")]
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-4000:]
     run = tmp_path / "run"
