@@ -228,6 +228,8 @@ def test_bad_sources_and_too_few_rows_are_refused_in_one_line(tiny, tmp_path, ca
     assert err.endswith(f"--from: {good} given twice; name each source predictor once")
     err = refusal(base + ["--from", str(good), "--models", "gbt"], capsys)
     assert err.endswith("--models: not used with --from (a transfer chooses among its own candidates by leave-one-out)")
+    err = refusal(base + ["--from", str(good), "--folds", "3"], capsys)
+    assert err.endswith("--folds: not used with --from (a transfer cross-validates leave-one-out: its rows are few)")
 
     (tmp_path / "ab.csv").write_text("a,b,ms\n" + "".join(f"{i},{i % 3},{1 + i}\n" for i in range(12)))
     (tmp_path / "cd.csv").write_text("c,d,ms\n" + "".join(f"{i},{i % 3},{1 + i}\n" for i in range(6)))

@@ -11,6 +11,7 @@ EXAMPLE = (
     "  nas fit-predictor runs/lat-board.csv --from runs/pred-cpu --from runs/pred-ort --out runs/pred-board   # few-shot"
 )
 DEFAULT_MODELS = "mlp,gbt,additive"
+DEFAULT_FOLDS = 5
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--for-transfer`) from predictors of other devices of the same space and workload (or plain tables with "
         "these columns); leave-one-out chooses how (scale, sources, terms, scratch)",
     )
-    p.add_argument("--folds", type=int, default=5, help="cross-validation folds on the training split (default 5)")
+    p.add_argument(
+        "--folds", type=int, default=DEFAULT_FOLDS, help=f"cross-validation folds on the training split (default {DEFAULT_FOLDS})"
+    )
     p.add_argument(
         "--test-fraction", type=float, default=0.2, help="held-out share when the table has no re-measured subnets (default 0.2)"
     )
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sources and args.models != DEFAULT_MODELS:
         raise UserError("--models: not used with --from (a transfer chooses among its own candidates by leave-one-out)")
+    if args.sources and args.folds != DEFAULT_FOLDS:
+        raise UserError("--folds: not used with --from (a transfer cross-validates leave-one-out: its rows are few)")
     min_rows = MIN_ROWS if args.sources else 10
     fitting = f"a transfer (--from) needs at least {MIN_ROWS}" if args.sources else "fitting needs at least 10"
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
