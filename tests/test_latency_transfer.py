@@ -158,7 +158,8 @@ def test_fit_predictor_from_sources_reports_like_a_normal_fit(tiny, tmp_path, ca
     write_table(tmp_path / "few.csv", tiny, w, few, ms, again, device="new")
     assert main(["fit-predictor", str(tmp_path / "few.csv"), "--from", str(src), "--out", str(tmp_path / "p")]) == 0
     out = capsys.readouterr().out
-    assert f"source {src}: additive" in out and "cross-validation: leave-one-out on the other 16" in out
+    assert f"source {src}: additive" in out
+    assert "scored by the chosen method refitted on the other 16; cross-validation: leave-one-out on all 20" in out
     assert "cv scale" in out and "cv terms" in out and "cv scratch additive" in out
     chosen = next(line for line in out.splitlines() if line.startswith("chosen: "))
     assert "(lowest leave-one-out MAPE)" in chosen

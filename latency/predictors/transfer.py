@@ -206,10 +206,12 @@ def select_transfer(
     scratch_index: np.ndarray | None = None,
     on_candidate: Callable[[str, dict], None] | None = None,
 ) -> Selection:
-    """As :func:`latency.predictors.select.select`: choose on the training rows (leave-one-out), report the choice
-    fitted on them on the held-out rows, and refit it on every row."""
+    """As :func:`latency.predictors.select.select`, but with rows too few to spare: choose by leave-one-out on *every*
+    row (each row is held out once: an honest estimate per candidate), report the choice fitted without the rows of
+    ``test_mask`` on them, and refit it on every row.  (Choosing on 16 of 20 rows instead picked worse methods on
+    real timings: ``scripts/bench_fewshot.py``.)"""
     train = ~test_mask
-    best, cv, fit = choose(sources, x[train], y[train], scratch_index, on_candidate)
+    best, cv, fit = choose(sources, x, y, scratch_index, on_candidate)
     pred = fit(x[train], y[train]).predict(x[test_mask])
     return Selection(best, cv, agreement(pred, y[test_mask]), pred, fit(x, y))
 

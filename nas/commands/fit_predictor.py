@@ -117,8 +117,11 @@ def run(args: argparse.Namespace) -> int:
         say(text)
 
     split = "the re-measured subnets" if retest is not None else f"a seeded {args.test_fraction:.0%}"
-    cv = "leave-one-out" if args.sources else f"{args.folds}-fold"
-    say(f"held out: {int(test.sum())} ({split}); cross-validation: {cv} on the other {int((~test).sum())}")
+    if sources:  # few rows: every row in the choice, the held-out ones scored by the choice refitted without them
+        say(f"held out: {int(test.sum())} ({split}), scored by the chosen method refitted on the other {int((~test).sum())}; "
+            f"cross-validation: leave-one-out on all {len(y)}")
+    else:
+        say(f"held out: {int(test.sum())} ({split}); cross-validation: {args.folds}-fold on the other {int((~test).sum())}")
     if sources:
         for s in sources:
             say(f"source {s.label}: {s.kind}")
