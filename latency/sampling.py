@@ -1,10 +1,12 @@
-"""Which subnets a measurement campaign times: the largest, the smallest, then distinct uniform samples."""
+"""Which subnets a measurement campaign times: the largest, the smallest, then distinct uniform samples
+(:func:`campaign_subnets`), or, for a few-shot transfer, subnets spread over the latency features
+(:func:`transfer_subnets`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from search_spaces import Space, Subnet, UserError
+from search_spaces import Space, Subnet, UserError, Workload
 
 
 def campaign_subnets(space: Space, n: int, seed: int) -> list[Subnet]:
@@ -29,6 +31,38 @@ def campaign_subnets(space: Space, n: int, seed: int) -> list[Subnet]:
             f"--samples: drew only {len(out)} distinct subnets of space {space.name!r} in {100 * n} tries; ask for fewer"
         )
     return list(out.values())[:n]
+
+
+def transfer_subnets(space: Space, workload: Workload, n: int, seed: int, pool: int = 40) -> list[Subnet]:
+    """``n`` distinct subnets spread over what latency is made of, for a few-shot transfer (``--for-transfer``).
+
+    The largest and the smallest, then, of a seeded pool of ``pool * n`` uniform draws
+    (:func:`campaign_subnets`), the member nearest each of ``n - 2`` k-means centres (scikit-learn,
+    seeded) in the standardised per-layer additive terms at ``workload`` (each attention type's layer
+    count and token mixing, projections, MLP, cache).  Few rows then cover every term a transfer
+    rescales, from the smallest to the largest, in proportion to how the space's subnets fill them.
+    """
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_limits
+
+    from .features import additive_terms, matrix
+
+    if n < 2:
+        raise UserError(f"--samples: {n} is too few; a campaign always includes the largest and the smallest subnet (give >= 2)")
+    # raises where the space holds fewer than n; at most half a small space, which uniform draws find in their tries
+    drawn = campaign_subnets(space, min(pool * n, max(n, space.size() // 2)), seed)
+    if n >= len(drawn) or n == 2:
+        return drawn[:n]
+    x, _ = matrix([additive_terms(space, s, workload) for s in drawn])  # (pool, terms)
+    std = x.std(axis=0)
+    z = (x - x.mean(axis=0)) / np.where(std > 0, std, 1.0)
+    with threadpool_limits(1):  # small matrices: threads only wait on each other
+        centres = KMeans(n_clusters=n - 2, n_init=4, random_state=seed).fit(z[2:]).cluster_centers_  # (n - 2, terms)
+    taken = {0, 1}  # the largest and the smallest
+    for c in centres:
+        order = np.argsort(((z - c) ** 2).sum(axis=1), kind="stable")
+        taken.add(int(next(i for i in order if i not in taken)))
+    return [drawn[i] for i in sorted(taken)]
 
 
 def retest_subset(subnets: list[Subnet], fraction: float, seed: int) -> list[Subnet]:

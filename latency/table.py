@@ -204,8 +204,11 @@ def read_timings(path: str | Path) -> Timings:
     return Timings(path, meta, space, workload, rows)
 
 
-def read_plain(path: str | Path, target: str) -> tuple[list[str], list[list[float]], list[float]]:
-    """A plain CSV of numeric columns: (feature names, rows, target values); errors name the line."""
+def read_plain(
+    path: str | Path, target: str, min_rows: int = 10, needs: str = "fitting needs at least 10"
+) -> tuple[list[str], list[list[float]], list[float]]:
+    """A plain CSV of numeric columns: (feature names, rows, target values); errors name the line; fewer than
+    ``min_rows`` rows is refused with ``needs`` (what the caller fits)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such file")
@@ -225,8 +228,8 @@ def read_plain(path: str | Path, target: str) -> tuple[list[str], list[list[floa
     for line, rec in _records(path, [target]):
         y.append(_number(path, line, target, rec[target], positive=True))
         x.append([_number(path, line, c, rec[c]) for c in names])
-    if len(y) < 10:
-        raise UserError(f"{path}: {len(y)} rows; fitting needs at least 10")
+    if len(y) < min_rows:
+        raise UserError(f"{path}: {len(y)} rows; {needs}")
     return names, x, y
 
 
@@ -332,7 +335,7 @@ class TimingTable:
                 f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
                 "use another --out):\n  " + "\n  ".join(diff)
             )
-        for key in ("protocol", "seed"):
+        for key in ("protocol", "seed", "sampling"):  # sampling: absent for uniform draws, "transfer" for --for-transfer
             if stored.get(key) != self.meta.get(key):
                 raise UserError(
                     f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another "

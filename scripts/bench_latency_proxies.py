@@ -35,6 +35,9 @@ def main() -> int:
 
     t = read_timings(args.timings)
     predictor = load_predictor(args.predictor)
+    if predictor.name not in MODELS:
+        p.error(f"--predictor: {args.predictor} is a {predictor.name} predictor (few-shot, from other devices' predictors); "
+                f"this compares a model refitted on the table: give one fitted from scratch ({', '.join(MODELS)})")
     predictor.check_space(t.space)
     measured, second = t.passes("measure"), t.passes("retest")
     keys = list(measured)

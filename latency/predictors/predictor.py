@@ -51,7 +51,7 @@ def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence
 
 @dataclass
 class Predictor:
-    name: str  # the model kind: "mlp", "gbt" or "additive"
+    name: str  # the model kind: "mlp", "gbt", "additive" or "transfer" (few-shot, from other devices' predictors)
     regressor: Regressor
     space: Space | None  # None: fitted on a plain feature table
     workload_spec: Workload | None
@@ -157,8 +157,11 @@ def load_predictor(path: str | Path) -> Predictor:
         raise UserError(f"{doc_path}: not a latency predictor of this tool (no {FORMAT!r} format marker)")
     if doc.get("version") != VERSION:
         raise UserError(f"{doc_path}: predictor version {doc.get('version')!r}, this tool reads version {VERSION}")
-    if doc.get("model") not in MODELS:
-        raise UserError(f"{doc_path}: model {doc.get('model')!r} is not one of {', '.join(MODELS)}")
+    from .transfer import Transfer  # here, not at the top: transfer.py builds on this module
+
+    loaders = {**MODELS, Transfer.kind: Transfer}
+    if doc.get("model") not in loaders:
+        raise UserError(f"{doc_path}: model {doc.get('model')!r} is not one of {', '.join(loaders)}")
     space = None
     if doc.get("space") is not None:
         space = parse_space(yaml.safe_dump(doc["space"]), where=f"{doc_path.name}[space]", source=str(doc_path))
@@ -166,7 +169,7 @@ def load_predictor(path: str | Path) -> Predictor:
             raise UserError(f"{doc_path}: stored space hash {doc.get('space_hash')} does not match its space ({space.hash})")
     workload = Workload.from_record(doc["workload"], f"{doc_path}: workload") if doc.get("workload") else None
     try:
-        regressor = MODELS[doc["model"]].from_state(doc["model_state"], arrays)
+        regressor = loaders[doc["model"]].from_state(doc["model_state"], arrays)
     except Exception as e:  # noqa: BLE001 - arrays of another model kind or shape
         raise UserError(
             f"{arr_path}: does not hold the arrays of the {doc['model']} model that {doc_path.name} describes "

@@ -18,7 +18,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="timing table CSV (a .json sidecar is written beside it); an existing one is resumed")
     p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
     p.add_argument(
-        "--samples", type=int, default=300, help="subnets to time, always including the largest and smallest (default 300)"
+        "--samples",
+        type=int,
+        help="subnets to time, always including the largest and smallest (default 300; 20 with --for-transfer)",
+    )
+    p.add_argument(
+        "--for-transfer",
+        action="store_true",
+        help="pick the subnets that inform a few-shot transfer most (spread over the latency features by k-means, not "
+        "uniform draws); for `nas fit-predictor T.csv --from PRED_DIR` on a new device (default --samples 20)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
@@ -93,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from latency.sampling import campaign_subnets, retest_subset
+    from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
     from nas.cli import show_progress
     from search_spaces import UserError, load_space
 
@@ -102,7 +110,11 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
-    subnets = campaign_subnets(space, args.samples, args.seed)
+    samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
+    if args.for_transfer:
+        subnets = transfer_subnets(space, workload, samples, args.seed)
+    else:
+        subnets = campaign_subnets(space, samples, args.seed)
     passes = {"measure": subnets, "retest": retest_subset(subnets, args.retest, args.seed)}
     log.info(
         "%s (%s): %d subnets (+%d re-measured), workload %s",
@@ -155,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
     device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
     names = list(table_features(space, space.smallest(), workload))
-    table = TimingTable(args.out, make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names))
+    meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
+    if args.for_transfer:
+        meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them
+    table = TimingTable(args.out, meta)
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
