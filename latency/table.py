@@ -26,6 +26,7 @@ import yaml
 from search_spaces import Space, Subnet, UserError, Workload, parse_space
 
 from .device import fingerprint_mismatch
+from .quantize import precision_of
 from .timing_core import FORMAT, HEAD_COLUMNS, TIMING_COLUMNS, VERSION, append_rows, read_lines, sidecar_path, write_json
 
 log = logging.getLogger(__name__)
@@ -329,6 +330,10 @@ class TimingTable:
         if theirs != mine:
             raise UserError(f"{where} it holds timings of workload {theirs}, this run measures {mine}; "
                             f"use --workload {theirs.name} to add to it, or another --out")
+        theirs_p, mine_p = precision_of(stored["fingerprint"]), precision_of(self.meta["fingerprint"])
+        if theirs_p != mine_p:
+            raise UserError(f"{where} it holds timings at precision {theirs_p}, this run measures {mine_p}; a table holds one "
+                            f"precision: use --precision {theirs_p} to add to it, or another --out")
         diff = fingerprint_mismatch(stored["fingerprint"], self.meta["fingerprint"])
         if diff:
             raise UserError(

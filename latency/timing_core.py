@@ -549,11 +549,13 @@ def ort_runner(session, feed: dict, clock: str) -> Runner:
     return run
 
 
-def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0):
+def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0,
+                transform=None):
     """An ONNX Runtime session (all graph optimizations) of a weight-stripped ``graph``, random weights.
 
     The graph is copied into a temporary folder beside its freshly drawn weights (its external
-    data ``<stem>.weights``), opened, and the folder removed.
+    data ``<stem>.weights``), opened, and the folder removed.  ``transform(path, folder) -> path``
+    rewrites the graph with its weights before it is opened (an INT8 precision: :mod:`latency.quantize`).
     """
     import onnxruntime as ort
 
@@ -575,6 +577,8 @@ def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, 
         local = os.path.join(tmp, os.path.basename(graph))
         shutil.copyfile(graph, local)
         materialize_weights(os.path.join(tmp, os.path.splitext(os.path.basename(graph))[0] + ".weights"), tensors, seed)
+        if transform is not None:
+            local = transform(local, tmp)
         return ort.InferenceSession(local, options, providers=providers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -324,6 +324,7 @@ def measure_model(
     seed: int = 0,
     baseline_ms: float | None = None,
     progress: Callable[[int, int, str], None] | None = None,
+    step_transform: Callable[[Path], Path] | None = None,
 ) -> dict[str, Any]:
     """Time ``model`` on ``device`` with the measurement protocol; compare with prediction and budget.
 
@@ -343,6 +344,8 @@ def measure_model(
         step_path = None
         if workload.kind == "decode":
             step_path, _ = export_step(model, onnx_path.parent, opset=onnx_opset(onnx_path), seed=seed)
+            if step_transform is not None:  # e.g. the step graph quantized as the model was (nas export --precision)
+                step_path = step_transform(step_path)
         device = _FileDevice(device, model, onnx_path, step_path, seed=seed)
         timed = (step_path or onnx_path).name
     result = measure(

@@ -4,7 +4,11 @@ graph optimizations; ``provider`` ``cpu`` (default) or ``cuda`` when onnxruntime
 A ``decode`` workload runs the decode-step graph (:func:`latency.onnx_graphs.cached_decode_graph`,
 stitched from generic parts, the inputs and outputs of :mod:`supernet.onnx_decode`: token, position
 and the past states in; logits and the present states out, as a generation loop runs it) on inputs
-of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call."""
+of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call.
+
+``precision`` ``int8-dynamic`` / ``int8-static`` (:mod:`latency.quantize`) quantizes the graph, with its weights,
+the way an export is quantized (ONNX Runtime's basic optimizations, then its quantizer; the static ranges are
+calibrated on the timed input itself: timing does not depend on the values) before the session opens it."""
 
 from __future__ import annotations
 
@@ -21,9 +25,13 @@ class OnnxRuntime:
     name = "onnxruntime"
     needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session
 
-    def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall"):
+    def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall", precision: str = "fp32"):
         import onnxruntime as ort
 
+        from ..quantize import check_device, check_precision
+
+        precision = check_precision(precision)
+        check_device(precision, "onnxruntime", provider)
         if provider not in PROVIDERS:
             raise UserError(f"--provider: {provider!r} is not one of {', '.join(PROVIDERS)}")
         if provider == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -39,7 +47,7 @@ class OnnxRuntime:
             raise UserError(str(e)) from None
         if clock == "cpu" and provider != "cpu":
             raise UserError("--clock cpu: only with --provider cpu (a GPU's work is not this thread's CPU time)")
-        self.threads, self.provider, self.clock, self.ort = threads, provider, clock, ort
+        self.threads, self.provider, self.clock, self.ort, self.precision = threads, provider, clock, ort, precision
 
     def fingerprint(self) -> dict:
         import torch
@@ -59,6 +67,8 @@ class OnnxRuntime:
             exporter_torch=torch.__version__,
             graph_optimization="all",
         )
+        if self.precision != "fp32":  # absent at fp32: tables measured before precisions existed stay comparable
+            fp["precision"] = self.precision
         if self.provider == "cuda":
             from .cuda import gpu_fingerprint
 
@@ -66,14 +76,25 @@ class OnnxRuntime:
         return fp
 
     def prepare(self, model, workload: Workload) -> Runner:
-        if workload.kind == "decode":
-            graph, tensors, layout = cached_decode_graph(model)
-            feed = decode_inputs(layout, workload.batch_size, workload.context)
-        else:
-            graph, tensors = cached_graph(model)
-            feed = prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len)
-        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider)
+        graph, tensors, feed = timing_graph(model, workload)
+        quantize = None
+        if self.precision != "fp32":
+            from ..quantize import quantized_copy
+
+            def quantize(path: str, folder: str) -> str:
+                return quantized_copy(path, folder, self.precision, [feed])
+
+        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider, transform=quantize)
         return ort_runner(session, feed, self.clock)
+
+
+def timing_graph(model, workload: Workload) -> tuple:
+    """(weight-stripped graph, its weight layout, the input fed at every call) of ``model`` at ``workload``."""
+    if workload.kind == "decode":
+        graph, tensors, layout = cached_decode_graph(model)
+        return graph, tensors, decode_inputs(layout, workload.batch_size, workload.context)
+    graph, tensors = cached_graph(model)
+    return graph, tensors, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len)
 
 
 DEVICE = OnnxRuntime

@@ -67,6 +67,13 @@ class Predictor:
         return self.space.hash if self.space is not None else None
 
     @property
+    def precision(self) -> str:
+        """The precision of the timings it was fitted on (``fp32`` for tables measured before precisions existed)."""
+        from ..quantize import precision_of
+
+        return precision_of(self.fingerprint)
+
+    @property
     def workload(self) -> str | None:
         return self.workload_spec.name if self.workload_spec is not None else None
 

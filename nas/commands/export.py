@@ -159,6 +159,13 @@ def run(args: argparse.Namespace) -> int:
     if budget is not None and not args.measure:
         raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
     settings = settings_from(args) if args.measure else None
+    from latency.quantize import check_device, check_precision
+
+    precision = check_precision(args.precision)
+    if precision != "fp32" and "onnx" not in formats:
+        raise UserError(f"--precision {precision}: quantizes the ONNX model; --format must include onnx")
+    if args.measure:
+        check_device(precision, args.measure, args.provider)
     if args.measure and args.measure == "onnxruntime" and "onnx" in formats:
         choose_opset(args.target_ort)  # fail early on a bad --target-ort
     supernet, payload = load_supernet(args.supernet)
@@ -169,21 +176,33 @@ def run(args: argparse.Namespace) -> int:
         from latency.predictors import load_predictor
 
         predictor = load_predictor(args.predictor)
+        from nas.commands.search import check_predictor_precision
+
+        check_predictor_precision(predictor, args.predictor, precision)
         predicted, reference_ms = predicted_latency(predictor, space, subnet, str(args.predictor)), predictor.reference_ms
     workload = choose_workload(space, args.workload, predicted) if args.measure else None
     device = None
     if args.measure:
         from latency.device import get_device
 
-        device = get_device(args.measure, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
+        device = get_device(args.measure, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
+                            precision=None if precision == "fp32" else precision)
     card = {"source": {"supernet": str(args.supernet), "step": payload["meta"].get("step"), "space_hash": space.hash}}
     validation = None
-    if not args.no_eval:
+    if not args.no_eval or precision != "fp32":  # INT8: calibration windows from the same held-out tokens
         tokens, where = validation_tokens(args, payload)
         scoring = Scoring(windows=args.val_windows, seq_len=args.seq_len, seed=args.val_seed)
+    if not args.no_eval:
         validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where)
     card.update(validation=validation, latency=predicted)
     result = export_subnet(supernet, subnet, args.out, formats=formats, target_ort=args.target_ort, card=card, seed=args.seed)
+
+    quantized = None
+    if precision != "fp32":
+        from nas.precision import export_quantized
+
+        quantized = export_quantized(_extract(supernet, subnet), space, result.onnx_path, precision, tokens, scoring, where)
+        update_card(result.out, files=[quantized["file"]], quantized=quantized)
 
     print(f"exported {subnet}")
     print(f"  parameters        {result.parameters:,}")
@@ -196,6 +215,12 @@ def run(args: argparse.Namespace) -> int:
     if result.onnx_path:
         print(f"  onnx              {result.onnx_path}  (opset {result.opset}, {result.attention_nodes} fused Attention nodes)")
         print(f"  parity            max |onnxruntime - torch| = {result.parity:.2e}")
+    if quantized:
+        b, kept = quantized["bits_per_byte"], quantized["kept_fp32"]
+        print(f"  {precision:<17} {result.out / quantized['file']}  ({quantized['quantized_matmuls']} MatMuls INT8, "
+              f"{len(kept)} kept fp32 by the {quantized['max_error']:g} error rule)")
+        print(f"  onnxruntime bpb   fp32 {b['fp32_onnxruntime']:.4f}, {precision} {b['int8_onnxruntime']:.4f} "
+              f"({b['int8_onnxruntime'] - b['fp32_onnxruntime']:+.4f}; torch estimate {b['int8_torch_estimate']:.4f})")
     if validation:
         print(
             f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x "
@@ -215,7 +240,18 @@ def run(args: argparse.Namespace) -> int:
     model = load_model(result.out)
     bar, update = measurement_bar(f"measuring on {args.measure}")
     try:
-        measured = measure_model(device, model, workload, settings, onnx_path=result.onnx_path, budget_ms=budget, seed=args.seed,
+        timed, step_transform = result.onnx_path, None
+        if quantized:  # INT8: the quantized files themselves (a decode step graph quantized as the model was)
+            from nas.precision import quantize_step
+
+            def step_transform(step):
+                path, entry = quantize_step(step, precision, tokens, min(args.seq_len, space.max_seq_len), where)
+                update_card(result.out, files=[path.name], quantized_step=entry)
+                return path
+
+            timed = result.out / quantized["file"]
+        measured = measure_model(device, model, workload, settings, onnx_path=timed, budget_ms=budget, seed=args.seed,
+                                 step_transform=step_transform,
                                  baseline_ms=reference_ms,
                                  predicted_ms=predicted["predicted_ms"] if predicted else None, progress=update)
     finally:

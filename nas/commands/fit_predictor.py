@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         fp = t.fingerprint
         intro.append(
             f"{args.timings}: {len(y)} subnets of space {space.name} ({space.hash}), workload {workload}; {fp.get('device')} / "
-            f"{fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')}"
+            f"{fp.get('runtime')} / {fp.get('cpu_model')} / threads {fp.get('threads')} / {fp.get('precision', 'fp32')}"
         )
         if forced is not None:
             retest = (np.array([second[k].median_ms for k, m in zip(keys, test) if m]), y[test])

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
+    p.add_argument("--precision", help="fp32 (default), int8-dynamic or int8-static: onnxruntime (cpu) times the graphs "
+                   "quantized as an export is (onnxruntime.quantization); recorded in the table, which holds one precision")
     g = p.add_argument_group("protocol")
     g.add_argument("--warmup", type=int, default=10, help="untimed calls per subnet before timing (default 10)")
     g.add_argument("--repeats", type=int, default=30, help="timed samples per subnet, spread over the rounds (default 30)")
@@ -108,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     space = load_space(args.space)
     workload = space.workload(args.workload)
     settings = settings_from(args)
+    from latency.quantize import check_device, check_precision
+
+    precision = check_precision(args.precision)
+    check_device(precision, args.device, args.provider)
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
@@ -165,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
-    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock)
+    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
+                        precision=None if precision == "fp32" else precision)
     names = list(table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:

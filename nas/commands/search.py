@@ -113,6 +113,11 @@ def add_scoring_arguments(group) -> None:
     group.add_argument(
         "--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)"
     )
+    group.add_argument(
+        "--precision", default="fp32", help="fp32 (default), int8-dynamic or int8-static: the bits/byte of the model quantized "
+        "by ONNX Runtime (search: simulated in torch, calibrated on held-out windows; export: the quantized ONNX beside "
+        "model.onnx); the --predictor must be fitted on timings at the same precision"
+    )
 
 
 def file_digest(path: Path) -> str:
@@ -152,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
                               per_type=args.hurdle_per_type)
     make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
+    from latency.quantize import check_precision
+
+    precision = check_precision(args.precision)
+    if hurdles and precision != "fp32":
+        raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
 
     from latency.predictors import load_predictor
     from supernet.checkpoint import load_supernet
@@ -161,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     latencies, primary = workload_latencies(args, space, load_predictor)
     tokens, val_source = validation_tokens(args, payload)
     fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-                              seed=args.val_seed, device=device, where=val_source)
+                              seed=args.val_seed, device=device, where=val_source, precision=precision)
 
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
@@ -364,6 +374,7 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
     for path in args.predictor:
         predictor = load_predictor(path)
         predictor.check_space(space)
+        check_predictor_precision(predictor, path, getattr(args, "precision", None) or "fp32")
         name = predictor.workload or "prefill"
         if name in paths:
             raise UserError(
@@ -382,6 +393,18 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
         raise UserError(f"--workload {primary}: no --predictor is fitted at it (they are at {have}); "
                         f"fit one on `nas measure-latency --workload {primary}` timings and pass it with --predictor")
     return latencies, primary
+
+
+def check_predictor_precision(predictor, path, precision: str) -> None:
+    """Refuse a predictor fitted on timings at another precision than ``--precision``, naming both."""
+    from latency.quantize import precision_of
+    from search_spaces import UserError
+
+    theirs = precision_of(getattr(predictor, "fingerprint", None) or {})
+    if theirs != precision:
+        raise UserError(f"--predictor {path}: fitted on timings at precision {theirs}, but --precision is {precision}; "
+                        f"measure at {precision} (nas measure-latency --device onnxruntime --precision {precision}) "
+                        "and fit a predictor on them")
 
 
 def describe_predictor(path: str, predictor) -> str:

@@ -74,6 +74,7 @@ class InheritedLoss:
         seed: int = 0,
         device: str = "cpu",
         where: str = "validation tokens",
+        precision: str = "fp32",
     ):
         tokens = np.asarray(tokens).reshape(-1)
         space = supernet.space
@@ -87,6 +88,8 @@ class InheritedLoss:
             raise UserError(
                 f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})"
             )
+        import torch
+
         from supernet.heldout import HeldOut
 
         rng = np.random.default_rng(seed)
@@ -96,11 +99,30 @@ class InheritedLoss:
         self.heldout = HeldOut(tokens, starts, seq_len)
         self.batch_size = batch_size
         self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens}
+        self.precision, self.calibration = precision, None
+        if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
+            from latency.quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds
+
+            feeds = calibration_feeds(tokens, seq_len, CALIBRATION_WINDOWS, seed=seed + 1, where=where)
+            self.calibration = [torch.from_numpy(f["tokens"]).to(device) for f in feeds]
+            self.max_error = MAX_ERROR
+            self.description.update(precision=precision, calibration={"windows": len(feeds), "seed": seed + 1,
+                                                                      "max_error": MAX_ERROR})
+
+    def scorer(self, subnet: Subnet):
+        """The model that scores ``subnet``: the supernet, or at an INT8 precision the supernet with ONNX Runtime's
+        quantization simulated on its linear layers (ranges and the per-layer rule calibrated for this subnet)."""
+        if self.calibration is None:
+            return self.model
+        from supernet.quantized import Simulated, calibrate
+
+        plan = calibrate(lambda x: self.model(x, subnet), self.calibration, self.precision, self.max_error)
+        return Simulated(self.model, plan)
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
         return np.array(
-            [self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
+            [self.heldout.bits(self.scorer(s), s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
         )
 
 
@@ -109,7 +131,8 @@ def separability(fitness: InheritedLoss, subnets: Sequence[Subnet]) -> dict[str,
     returns the standard error of one candidate's estimate (windows as the unit), the spread of their
     means, and for each the paired difference from the first with its standard error (the same windows
     score every candidate, so differences are estimated window by window)."""
-    per = np.stack([fitness.heldout.window_bits(fitness.model, s, fitness.batch_size, mixed_precision=False) for s in subnets])
+    held, bs = fitness.heldout, fitness.batch_size
+    per = np.stack([held.window_bits(fitness.scorer(s), s, bs, mixed_precision=False) for s in subnets])
     w = per.shape[1]
     means = per.mean(1)
     se = per.std(1, ddof=1) / np.sqrt(w) if w > 1 else np.full(len(subnets), np.nan)

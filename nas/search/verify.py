@@ -231,7 +231,12 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
 
     predictor = load_predictor(predictor_path)
     workload = predictor.workload_spec or supernet.space.workload("prefill")
-    device = get_device(settings.device, threads=settings.threads, clock=settings.clock)
+    from latency.quantize import check_device, precision_of
+
+    precision = precision_of(predictor.fingerprint or {})  # the device times the models at the predictor's precision
+    check_device(precision, settings.device)
+    device = get_device(settings.device, threads=settings.threads, clock=settings.clock,
+                        precision=None if precision == "fp32" else precision)
     fp_device = (predictor.fingerprint or {}).get("device")
     if fp_device and fp_device != device.name:
         log.warning("the predictor was fitted on %r, verifying on %r: expect large errors", fp_device, device.name)

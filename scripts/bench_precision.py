@@ -1,0 +1,239 @@
+"""INT8 against fp32 on this CPU: latency ratios per attention type and width, the largest base.yaml subnet, and
+(with a trained supernet) the bits/byte change and the torch estimate's agreement with ONNX Runtime's INT8 models.
+
+    python scripts/bench_precision.py --threads 1                                   # latency only (no supernet)
+    python scripts/bench_precision.py --threads 1 --supernet runs/tiny/latest.pt    # + bits/byte and agreement
+
+1. **Per type and width** (``--space``, default tiny): for each attention type of the space and the smallest and
+   largest embedding width, a uniform subnet (the space's depth, heads and FFN at their largest, every layer that
+   type) is timed at each of the space's workloads (prefill and decode) as ``nas measure-latency --device
+   onnxruntime --precision P`` times it (the stitched timing graph, quantized by :mod:`latency.quantize`) at fp32,
+   int8-dynamic and int8-static.  ``--rounds`` rounds visit the three sessions in a fresh random order each; a
+   round's ratio is INT8 / fp32 of that round, the figure the median over rounds (below 1: INT8 is faster).
+2. **The largest base.yaml subnet** at its prefill workload, the same way (the issue's 1.5x target: fp32 / INT8).
+3. With ``--supernet``: each uniform subnet's held-out bits/byte in fp32 (ONNX Runtime) and as ONNX Runtime's real
+   INT8 model (:func:`nas.precision.agreement`), and the agreement of the torch estimate (the search's INT8 fitness)
+   with the real INT8 bits/byte over ``--agreement`` sampled subnets: Kendall tau and mean absolute difference.
+
+4. With ``--search-budget B --predictor-int8 P8 --predictor-fp32 P32`` (and ``--supernet``): the issue's question, does
+   searching at INT8 find a better model than searching at fp32 and quantizing the winner?  Both searches run
+   (``nas search``, ``--population`` x ``--generations``) under the budget B, each with its predictor; both winners
+   are exported at P8's precision (``nas export --precision --measure onnxruntime``), timed as INT8 and scored as
+   ONNX Runtime's INT8 models on the search's held-out windows; prints both and the difference.
+Writes ``<out>.csv`` (one row per type, width, workload) and ``<out>.json`` (everything, with the load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_latency_graphs import timer  # noqa: E402
+from latency.devices.onnxruntime import timing_graph  # noqa: E402
+from latency.protocol import timing_model  # noqa: E402
+from latency.quantize import PRECISIONS, quantized_copy  # noqa: E402
+from latency.timing_core import ort_session  # noqa: E402
+from nas.export import workload_text  # noqa: E402
+from search_spaces import Subnet, load_space  # noqa: E402
+
+
+def sessions(space, subnet: Subnet, workload, threads: int) -> tuple[dict, dict]:
+    """``{precision: session}`` of ``subnet``'s timing graph at ``workload``, as the onnxruntime device builds them."""
+    graph, tensors, feed = timing_graph(timing_model(space, subnet, materialize=False), workload)
+    out = {}
+    for p in PRECISIONS:
+        quantize = None if p == "fp32" else (lambda path, folder, p=p: quantized_copy(path, folder, p, [feed]))
+        out[p] = ort_session(str(graph), tensors, threads=threads, transform=quantize)
+    return out, feed
+
+
+def ratios(space, subnet: Subnet, workload, args, rng: random.Random) -> dict:
+    """fp32 ms (fastest sample) and the median INT8 / fp32 ratio of each INT8 precision over interleaved rounds."""
+    clock = "cpu" if args.threads == 1 else "wall"
+    sess, feed = sessions(space, subnet, workload, args.threads)
+    timers = {p: timer(s, feed, clock, args.min_sample_ms) for p, s in sess.items()}
+    ms = {p: [] for p in PRECISIONS}
+    per_round = {p: [] for p in PRECISIONS[1:]}
+    for _ in range(args.rounds):
+        got = {p: timers[p]() for p in rng.sample(list(PRECISIONS), len(PRECISIONS))}
+        for p, v in got.items():
+            ms[p].append(v)
+        for p in PRECISIONS[1:]:
+            per_round[p].append(got[p] / got["fp32"])
+    return {"fp32_ms": min(ms["fp32"]), **{f"{p}_ms": min(ms[p]) for p in PRECISIONS[1:]},
+            **{f"{p}_ratio": statistics.median(per_round[p]) for p in PRECISIONS[1:]}}
+
+
+def uniform(space, attention: str, width: int) -> Subnet:
+    d = max(space.depth)
+    return Subnet(width, d, (max(space.heads),) * d, (max(space.ffn_dim),) * d, (attention,) * d)
+
+
+def quality(args, space, subnets: dict) -> dict:
+    """Bits/byte fp32 vs real INT8 per uniform subnet, and the estimate's agreement on sampled subnets."""
+    from nas.precision import agreement
+    from nas.search.fitness import InheritedLoss, validation_tokens
+    from supernet.checkpoint import load_supernet
+
+    supernet, payload = load_supernet(args.supernet)
+    if supernet.space.arch_hash != space.arch_hash:
+        raise SystemExit(f"--supernet {args.supernet}: a supernet of space {supernet.space.name!r}, not {space.name!r}")
+    tokens, where = validation_tokens(args.supernet, payload, val_data=args.val_data)
+    out = {}
+    for precision in PRECISIONS[1:]:
+        fit = InheritedLoss(supernet, tokens, seq_len=args.seq_len, windows=args.val_windows, precision=precision, where=where)
+        a = agreement(supernet, fit, list(subnets.values()))
+        out[precision] = {"uniform": {k: {"fp32": float(f), "int8": float(r), "estimate": float(e)}
+                                      for k, f, r, e in zip(subnets, a.fp32, a.real, a.estimate)}}
+        print(f"{precision}: held-out bits/byte, fp32 (torch) -> INT8 (ONNX Runtime's quantized model), torch estimate")
+        for k, v in out[precision]["uniform"].items():
+            print(f"  {k:<22} {v['fp32']:.4f} -> {v['int8']:.4f} ({v['int8'] - v['fp32']:+.4f}), estimate {v['estimate']:.4f}")
+        rng = np.random.default_rng(args.seed)
+        sample = list(dict.fromkeys(space.sample(rng) for _ in range(args.agreement)))
+        b = agreement(supernet, fit, sample, progress=None)
+        out[precision]["agreement"] = b.summary()
+        print(f"{precision}: torch estimate vs ONNX Runtime's INT8 model over {len(sample)} subnets: Kendall tau "
+              f"{b.kendall_tau:.3f}, mean |difference| {b.mean_abs_diff:.4f} bits/byte (max "
+              f"{b.summary()['max_abs_diff_bpb']:.4f}); INT8 - fp32 {b.summary()['mean_int8_minus_fp32_bpb']:+.4f} on average")
+    return out
+
+
+def search_comparison(args) -> dict:
+    """Search at INT8 (``--predictor-int8``, INT8 fitness) against search at fp32 (``--predictor-fp32``) then quantize,
+    both under ``--search-budget``; each winner exported at ``--precision``, timed as INT8 on ONNX Runtime and scored
+    as ONNX Runtime's INT8 model on the search's held-out windows."""
+    import contextlib
+    import io
+
+    from latency.predictors import load_predictor
+    from latency.quantize import precision_of
+    from nas.cli import main as cli
+
+    def nas(argv: list[str]) -> int:  # the commands' own reports stay out of the benchmark's
+        with contextlib.redirect_stdout(io.StringIO()):
+            return cli(argv)
+    from supernet.artifact import read_card
+
+    precision = precision_of(load_predictor(args.predictor_int8).fingerprint)
+    if precision == "fp32":
+        raise SystemExit(f"--predictor-int8 {args.predictor_int8}: fitted on fp32 timings; measure with --precision int8-...")
+    out, budget, rows = Path(args.out).with_suffix(""), args.search_budget, {}
+    scoring = ["--val-windows", str(args.val_windows), "--seq-len", str(args.seq_len)]
+    scoring += ["--val-data", args.val_data] if args.val_data else []
+    parents = max(2, args.population // 5)  # HAT's proportions (125: 25 parents, 50 mutations, 50 crossovers)
+    children = (args.population - parents) // 2
+    runs = (("searched at INT8", args.predictor_int8, precision), ("fp32 search, quantized", args.predictor_fp32, "fp32"))
+    for name, predictor, at in runs:
+        folder = out / ("search-int8" if at != "fp32" else "search-fp32")
+        code = nas(["search", args.supernet, "--predictor", predictor, "--precision", at, "--budget", budget,
+                    "--population", str(args.population), "--parents", str(parents), "--mutations", str(children),
+                    "--crossovers", str(args.population - parents - children), "--generations", str(args.generations),
+                    "--out", str(folder),
+                    "-q", *scoring])
+        if code != 0:
+            raise SystemExit(f"nas search ({name}) exited with {code}")
+        best = next(folder.glob("best_*.yaml"))  # one budget: one file
+        model = folder.with_name(folder.name + "-export")
+        code = nas(["export", "--supernet", args.supernet, "--subnet", str(best), "--out", str(model),
+                    "--format", "onnx", "--precision", precision, "--measure", "onnxruntime", "--threads", str(args.threads),
+                    "--predictor", args.predictor_int8, "--budget", budget, "-q", *scoring])
+        if code != 0:
+            raise SystemExit(f"nas export ({name}) exited with {code}")
+        card = read_card(model)
+        rows[name] = {"subnet": str(Subnet.load(best)),
+                      "int8_bpb": card["quantized"]["bits_per_byte"]["int8_onnxruntime"],
+                      "fp32_bpb": card["quantized"]["bits_per_byte"]["fp32_onnxruntime"],
+                      "measured_ms": card["measured"]["median_ms"], "over_budget": card["measured"]["over_budget"]}
+    print(f"search at {precision} vs fp32 search then quantized, budget {budget} ({precision} on ONNX Runtime):")
+    print(f"  {'':<24} {'INT8 bpb':>9} {'fp32 bpb':>9} {'INT8 ms':>9}  budget  subnet")
+    for name, r in rows.items():
+        print(f"  {name:<24} {r['int8_bpb']:>9.4f} {r['fp32_bpb']:>9.4f} {r['measured_ms']:>9.3f}  "
+              f"{'OVER ' if r['over_budget'] else 'holds'}   {r['subnet']}")
+    a, b = rows["searched at INT8"], rows["fp32 search, quantized"]
+    verdict = "no worse" if a["int8_bpb"] <= b["int8_bpb"] else "WORSE"
+    print(f"  searching at {precision} is {verdict} ({a['int8_bpb'] - b['int8_bpb']:+.4f} bits/byte as INT8)")
+    return {"precision": precision, "budget": budget, "rows": rows, "verdict": verdict}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--space", default="tiny")
+    ap.add_argument("--types", help="comma-separated attention types (default: all of the space's)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--min-sample-ms", type=float, default=40.0)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-base", action="store_true", help="skip the largest base.yaml subnet")
+    ap.add_argument("--supernet", help="a trained supernet of --space: bits/byte change and the estimate's agreement")
+    ap.add_argument("--agreement", type=int, default=24, help="sampled subnets for the agreement (default 24)")
+    ap.add_argument("--val-data", help="held-out bytes (default: the supernet's validation split)")
+    ap.add_argument("--val-windows", type=int, default=16)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--search-budget", help="with --supernet, --predictor-int8 and --predictor-fp32: search at INT8 against "
+                    "fp32 search then quantize under this budget (e.g. 2ms)")
+    ap.add_argument("--predictor-int8", help="a predictor fitted on `nas measure-latency --precision int8-...` timings")
+    ap.add_argument("--predictor-fp32", help="a predictor fitted on fp32 timings of the same space and workload")
+    ap.add_argument("--population", type=int, default=40, help="search population (default 40)")
+    ap.add_argument("--generations", type=int, default=10, help="search generations (default 10)")
+    ap.add_argument("--out", default="runs/bench_precision")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    rng = random.Random(args.seed)
+    space = load_space(args.space)
+    types = args.types.split(",") if args.types else [str(a) for a in space.attention]
+    widths = sorted({min(space.embed_dim), max(space.embed_dim)})
+    subnets = {(t, w): uniform(space, t, w) for t in types for w in widths}
+    rows = []
+    for (typ, width), subnet in tqdm(subnets.items(), desc="types x widths", unit="subnet"):
+        for workload in space.workloads:
+            rows.append({"space": space.name, "attention": typ, "width": width, "workload": workload_text(workload),
+                         **ratios(space, subnet, workload, args, rng)})
+    print(f"{'attention':<16} {'width':>5} {'workload':<18} {'fp32 ms':>9} {'dyn/fp32':>9} {'static/fp32':>11}")
+    for r in rows:
+        print(f"{r['attention']:<16} {r['width']:>5} {r['workload']:<18} {r['fp32_ms']:>9.3f} "
+              f"{r['int8-dynamic_ratio']:>9.3f} {r['int8-static_ratio']:>11.3f}")
+    summary = {"rows": rows}
+    if not args.no_base:
+        base = load_space("base")
+        big = base.largest()
+        r = ratios(base, big, base.workload("prefill"), args, rng)
+        best = min(PRECISIONS[1:], key=lambda p: r[f"{p}_ratio"])
+        summary["base_largest"] = {"subnet": str(big), "workload": workload_text(base.workload("prefill")), **r, "best": best,
+                                   "speedup": 1 / r[f"{best}_ratio"]}
+        print(f"base largest {big} at {workload_text(base.workload('prefill'))}: fp32 {r['fp32_ms']:.2f} ms, int8-dynamic "
+              f"{r['int8-dynamic_ms']:.2f} ms ({1 / r['int8-dynamic_ratio']:.2f}x), int8-static {r['int8-static_ms']:.2f} ms "
+              f"({1 / r['int8-static_ratio']:.2f}x); best {best}: {1 / r[f'{best}_ratio']:.2f}x (target 1.5x)")
+    if args.supernet:
+        summary["quality"] = quality(args, space, {f"{t} {w}": s for (t, w), s in subnets.items()})
+    if args.search_budget:
+        if not (args.supernet and args.predictor_int8 and args.predictor_fp32):
+            raise SystemExit("--search-budget: needs --supernet, --predictor-int8 and --predictor-fp32")
+        summary["search"] = search_comparison(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    meta = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
+            "load": os.getloadavg()[0], **summary}
+    out.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str))
+    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.json')} (load average {os.getloadavg()[0]:.2f})")
+
+
+if __name__ == "__main__":
+    main()

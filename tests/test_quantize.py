@@ -1,0 +1,106 @@
+"""INT8 precisions through onnxruntime.quantization: the simulated scheme equals ONNX Runtime's, the per-layer rule."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from latency.quantize import calibration_feeds, check_device, check_precision, quantize_model, simulate_matmul
+from search_spaces import UserError
+from supernet.quantized import activation_range, quantize_activation, quantize_weight
+
+
+def two_layer_model(path, w1: np.ndarray, w2: np.ndarray | None = None):
+    """x (B, T, K) -> MatMul(w1) [-> Relu -> MatMul(w2)] -> y, weights as initializers."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h" if w2 is not None else "y"], name="first")]
+    if w2 is not None:
+        nodes += [helper.make_node("Relu", ["h"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["y"], name="second")]
+    last = w1 if w2 is None else w2
+    graph = helper.make_graph(
+        nodes, "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", w1.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", last.shape[1]])],
+        [numpy_helper.from_array(w, n) for w, n in ((w1, "w1"), (w2, "w2")) if w is not None])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    return path
+
+
+def run(path, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((32, 48)).astype(np.float32) * 0.1, rng.standard_normal((48, 16)).astype(np.float32) * 0.1)
+
+
+def test_the_simulated_scheme_is_onnxruntimes(tmp_path, weights):
+    w1, w2 = weights
+    rng = np.random.default_rng(1)
+    feeds = [{"x": rng.standard_normal((2, 8, 32)).astype(np.float32)} for _ in range(3)]
+    src = two_layer_model(tmp_path / "m.onnx", w1, w2)
+    one = two_layer_model(tmp_path / "one.onnx", w1)  # the first layer alone
+    x = feeds[0]["x"]
+    for precision in ("int8-dynamic", "int8-static"):
+        report = quantize_model(one, tmp_path / f"{precision}.onnx", precision, feeds, max_error=None)
+        assert report.quantized == ["first"] and not report.kept_fp32
+        got = run(tmp_path / f"{precision}.onnx", x)
+        fp32, t = x @ w1, torch.from_numpy
+        ranges = activation_range(t(x))
+        if precision == "int8-static":  # ranges over all calibration feeds, the output quantized too
+            ranges = activation_range(t(np.concatenate([f["x"].reshape(-1) for f in feeds])))
+        want = quantize_activation(t(x), *ranges) @ quantize_weight(t(w1))
+        if precision == "int8-static":
+            want = quantize_activation(want, *activation_range(t(np.concatenate([(f["x"] @ w1).reshape(-1) for f in feeds]))))
+        want = want.numpy()
+        assert np.abs(got - fp32).max() > 1e-3  # it is quantized ...
+        assert np.abs(got - want).max() <= 1e-5  # ... exactly the way the simulation says
+    # the whole two-layer model: quantized, close to fp32
+    report = quantize_model(src, tmp_path / "both.onnx", "int8-static", feeds)
+    assert report.quantized == ["first", "second"] and not report.kept_fp32
+    assert set(report.errors) == {"first", "second"} and max(report.errors.values()) < 0.05
+    y, y32 = run(tmp_path / "both.onnx", x), run(src, x)
+    assert 0 < np.abs(y - y32).max() < 0.05 * np.abs(y32).max()
+
+
+def test_a_layer_with_an_outlier_channel_stays_fp32(tmp_path, weights):
+    w1, w2 = weights
+    w1 = w1.copy()
+    w1[3, 5] = 40.0  # one outlier weight stretches the per-tensor scale: every other weight rounds to 0 or +-1 ...
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.standard_normal((2, 8, 32)).astype(np.float32)} for _ in range(3)]
+    for f in feeds:
+        f["x"][..., 3] = 0.0  # ... on an input channel that is silent here, so the outlier adds nothing to the output
+    src = two_layer_model(tmp_path / "m.onnx", w1, w2)
+    report = quantize_model(src, tmp_path / "q.onnx", "int8-dynamic", feeds, max_error=0.1)
+    assert report.errors["first"] > 0.1 >= report.errors["second"]
+    assert report.kept_fp32 == ["first"] and report.quantized == ["second"]
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node]
+    assert ops.count("MatMulInteger") == 1 and ops.count("MatMul") == 1
+    assert report.record()["kept_fp32"] == ["first"]
+    # the error the rule reads is the simulated one on the node's own fp32 inputs
+    inputs = [f["x"] for f in feeds]
+    assert report.errors["first"] == pytest.approx(simulate_matmul(inputs, w1, "int8-dynamic"))
+
+
+def test_bad_input_lines():
+    with pytest.raises(UserError, match=r"^--precision: 'int4' is not one of fp32, int8-dynamic, int8-static$"):
+        check_precision("int4")
+    assert check_precision(None) == "fp32"
+    with pytest.raises(UserError, match=r"^--precision int8-static: --device cpu runs fp32 only; int8-static runs on "
+                                        r"--device onnxruntime \(--provider cpu"):
+        check_device("int8-static", "cpu")
+    with pytest.raises(UserError, match=r"--device onnxruntime --provider cuda runs fp32 only"):
+        check_device("int8-dynamic", "onnxruntime", "cuda")
+    check_device("int8-dynamic", "onnxruntime", "cpu")
+    check_device("fp32", "cuda")
+    with pytest.raises(UserError, match=r"^validation tokens: 100 tokens are too short to calibrate the workload: one "
+                                        r"calibration input is 1 x 256 tokens"):
+        calibration_feeds(np.zeros(100, dtype=np.uint8), 256, where="validation tokens")
+    feeds = calibration_feeds(np.arange(1000) % 256, 64, windows=3, seed=5)
+    assert [f["tokens"].shape for f in feeds] == [(1, 64)] * 3
+    again = calibration_feeds(np.arange(1000) % 256, 64, 3, 5)
+    assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(feeds, again))
