@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from latency.predictors.predictor import MODELS, Predictor, subnet_matrix
     from latency.predictors.select import holdout, select
     from latency.report import HEADER, agreement, format_row, plot
+    from latency.sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
     from latency.table import read_plain, read_timings
     from search_spaces import UserError
 
@@ -60,13 +61,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         t = read_timings(args.timings)
         measured = t.passes("measure")
-        if len(measured) < 10:
-            raise UserError(f"{args.timings}: {len(measured)} measured subnets; fitting needs at least 10")
+        if len(measured) < MIN_FIT_SUBNETS:
+            raise UserError(f"{args.timings}: {len(measured)} measured subnets; fitting needs at least {MIN_FIT_SUBNETS}")
         keys = list(measured)
         subnets = [measured[k].subnet for k in keys]
         y = np.array([measured[k].median_ms for k in keys])
         second = t.passes("retest")
-        forced = np.array([k in second for k in keys]) if sum(k in second for k in keys) >= 5 else None
+        forced = np.array([k in second for k in keys]) if sum(k in second for k in keys) >= MIN_RETEST_SUBNETS else None
         test = holdout(len(y), args.test_fraction, args.seed, forced)
         views = {k: subnet_matrix(k, t.space, t.workload, subnets)[0] for k in kinds}
         names = subnet_matrix("additive", t.space, t.workload, subnets[:1])[1]
