@@ -16,7 +16,8 @@
 ``run_remote`` drives the same bundle over ssh (``--device ssh://user@host``): copy, run,
 fetch the table back (resuming a partial one, also after a dropped connection).  ``$NAS_SSH`` /
 ``$NAS_SCP`` replace the ``ssh`` / ``scp`` commands (``ssh -F CONFIG``, local stand-ins in tests);
-``$NAS_REMOTE_DIR`` the folder on the host (default ``/tmp/nas-latency``).
+``$NAS_REMOTE_DIR`` the folder on the host (default ``/tmp/nas-latency``), ``$NAS_REMOTE_PYTHON`` the
+interpreter there (default ``python3`` as the login shell finds it; e.g. ``~/venv/bin/python``).
 """
 
 from __future__ import annotations
@@ -251,7 +252,8 @@ def run_remote(
     call(scp + [str(bundle), f"{host}:{remote}/bundle.tar.gz"], "copying the bundle")
     if out.exists():  # the local table is the truth: it holds every row fetched so far
         call(scp + [str(out), sidecar_path(str(out)), f"{host}:{remote}/"], "copying the partial table")
-    run = f"cd {shlex.quote(remote)} && tar xzf bundle.tar.gz && python3 {ROOT}/runner.py --out {shlex.quote(out.name)}"
+    python = os.environ.get("NAS_REMOTE_PYTHON", "python3")
+    run = f"cd {shlex.quote(remote)} && tar xzf bundle.tar.gz && {python} {ROOT}/runner.py --out {shlex.quote(out.name)}"
     if threads:
         run += f" --threads {int(threads)}"
     if clock:
