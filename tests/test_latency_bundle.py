@@ -168,3 +168,37 @@ def test_ssh_device_drives_the_bundle_remotely(tmp_path, clean_python):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_arm_bundle_warns_below_what_a_fit_needs_and_says_so_in_its_readme(tmp_path, capsys):
+    from nas.cli import main
+
+    (tmp_path / "micro.yaml").write_text(MICRO)
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "arm", "--bundle", str(tmp_path / "b.tar.gz"),
+            "--samples", "3", "--retest", "0.5"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "--samples 3: nas fit-predictor needs at least 10 measured subnets and will refuse this table" in err
+    assert "2 re-timed subnets (--retest share of --samples): the test-retest agreement needs at least 5" in err
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        readme = tar.extractfile("nas-latency-bundle/README.txt").read().decode()
+    assert "It times 3 subnets, then re-times 2 of them" in readme and "Python >= 3.10" in readme
+    assert "A fit needs at least 10 measured subnets" in readme and "its table will not make a predictor" in readme
+    from latency.sampling import campaign_shortfalls
+
+    assert campaign_shortfalls(10, 5) == [] and len(campaign_shortfalls(9, 5)) == len(campaign_shortfalls(10, 4)) == 1
+
+
+def test_runner_refuses_an_older_python_in_one_line(tmp_path, clean_python, monkeypatch):
+    """The preamble runs before numpy is imported; with the floor raised past this Python it refuses to run."""
+    import latency.devices.arm as arm
+
+    monkeypatch.setattr(arm, "MIN_PYTHON", (3, 99))
+    (tmp_path / "runner.py").write_text(arm.runner_source())
+    done = subprocess.run([str(clean_python), "-I", str(tmp_path / "runner.py")], capture_output=True, text=True)
+    version = subprocess.run([str(clean_python), "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True).stdout.strip()
+    assert done.returncode == 2 and done.stderr == (
+        "error: this runner needs Python >= 3.99 (onnxruntime >= 1.23 has no wheels for older Pythons); "
+        f"this is Python {version}\n"
+    )
