@@ -267,5 +267,7 @@ def run_remote(
             fetch()
         except UserError:
             raise failed from None
+        if not out.exists():
+            raise failed from None
         raise UserError(f"{failed}; the rows measured so far are in {out}: run the same command again to resume") from None
     fetch()
