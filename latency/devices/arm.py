@@ -202,11 +202,11 @@ def parse_target(target: str) -> str:
 def campaign_id(bundle: Path) -> str:
     """A short digest of the bundle's manifest: the same campaign (space, workload, protocol, seed, subnets) gets the
     same remote folder, so a rerun resumes there; another campaign never mixes into its table."""
-    with tarfile.open(bundle) as tar:
-        member = tar.extractfile(f"{ROOT}/manifest.json")
-        if member is None:
-            raise UserError(f"{bundle}: no {ROOT}/manifest.json inside; not a latency bundle")
-        return hashlib.sha256(member.read()).hexdigest()[:12]
+    try:
+        with tarfile.open(bundle) as tar:
+            return hashlib.sha256(tar.extractfile(f"{ROOT}/manifest.json").read()).hexdigest()[:12]
+    except (OSError, KeyError, AttributeError, tarfile.TarError):
+        raise UserError(f"{bundle}: no readable {ROOT}/manifest.json inside; not a latency bundle") from None
 
 
 def run_remote(
