@@ -72,3 +72,25 @@ def retest_subset(subnets: list[Subnet], fraction: float, seed: int) -> list[Sub
     rng = np.random.default_rng([seed, 1])
     k = min(len(subnets), max(2, round(fraction * len(subnets))))
     return [subnets[i] for i in sorted(rng.choice(len(subnets), size=k, replace=False))]
+
+
+# What ``nas fit-predictor`` needs of a timing table: it refuses fewer measured subnets, and reports
+# test-retest agreement only with at least this many re-timed ones.
+MIN_FIT_SUBNETS = 10
+MIN_RETEST_SUBNETS = 5
+
+
+def campaign_shortfalls(measured: int, retested: int) -> list[str]:
+    """What a campaign of ``measured`` subnets (+``retested`` re-timed) will lack when fitted; empty if nothing."""
+    out = []
+    if measured < MIN_FIT_SUBNETS:
+        out.append(
+            f"--samples {measured}: nas fit-predictor needs at least {MIN_FIT_SUBNETS} measured subnets and will refuse "
+            "this table (100 or more make a predictor worth trusting)"
+        )
+    if retested < MIN_RETEST_SUBNETS:
+        out.append(
+            f"{retested} re-timed subnets (--retest share of --samples): the test-retest agreement needs at least "
+            f"{MIN_RETEST_SUBNETS}, so the fit will report none"
+        )
+    return out

@@ -1,3 +1,5 @@
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,3 +18,21 @@ def tiny():
     from search_spaces import load_space
 
     return load_space("tiny")
+
+
+VENV = Path(os.environ.get("NAS_TEST_VENV", Path.home() / ".cache" / "nas-transformers" / "test-venv-ort"))
+
+
+@pytest.fixture(scope="session")
+def clean_python():
+    """A venv with only numpy and onnxruntime (built once, kept in ~/.cache); skip if pip cannot reach them."""
+    py = VENV / "bin" / "python"
+    if not (py.exists() and subprocess.run([py, "-c", "import numpy, onnxruntime"], capture_output=True).returncode == 0):
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+        pip = subprocess.run([py, "-m", "pip", "install", "-q", "numpy", "onnxruntime"], capture_output=True, text=True)
+        if pip.returncode != 0:
+            pytest.skip(
+                f"pip could not install numpy and onnxruntime into a clean venv (no registry?): {pip.stderr.strip()[-300:]}"
+            )
+    assert subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0, "the clean venv must not see torch"
+    return py

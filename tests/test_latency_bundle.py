@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +24,6 @@ from supernet.onnx_export import export_onnx, op_counts
 from .latency_fakes import MICRO, micro_space
 
 SETTINGS = Settings(warmup=1, repeats=2, rounds=2, min_sample_ms=1.0, ref_samples=1, max_retries=0)
-VENV = Path(os.environ.get("NAS_TEST_VENV", Path.home() / ".cache" / "nas-transformers" / "test-venv-ort"))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,21 +36,6 @@ def graph_cache(tmp_path_factory):
         del os.environ["NAS_CACHE"]
     else:
         os.environ["NAS_CACHE"] = old
-
-
-@pytest.fixture(scope="module")
-def clean_python():
-    """A venv with only numpy and onnxruntime (built once, kept in ~/.cache); skip if pip cannot reach them."""
-    py = VENV / "bin" / "python"
-    if not (py.exists() and subprocess.run([py, "-c", "import numpy, onnxruntime"], capture_output=True).returncode == 0):
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-        pip = subprocess.run([py, "-m", "pip", "install", "-q", "numpy", "onnxruntime"], capture_output=True, text=True)
-        if pip.returncode != 0:
-            pytest.skip(
-                f"pip could not install numpy and onnxruntime into a clean venv (no registry?): {pip.stderr.strip()[-300:]}"
-            )
-    assert subprocess.run([py, "-c", "import torch"], capture_output=True).returncode != 0, "the clean venv must not see torch"
-    return py
 
 
 def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_path):
@@ -166,8 +149,9 @@ def test_ssh_device_drives_the_bundle_remotely(tmp_path, clean_python):
         '#!/bin/sh\nfor a in "$@"; do last="$a"; done\nfor a in "$@"; do [ "$a" = "$last" ] || cp "${a#*@host:}" '
         '"${last#*@host:}"; done\n'
     )
-    (fake / "python3").symlink_to(clean_python)
-    for f in ("ssh", "scp"):
+    # a script, not a symlink: a venv's interpreter reached through a link outside its folder runs as the base one
+    (fake / "python3").write_text(f'#!/bin/sh\nexec "{clean_python}" "$@"\n')
+    for f in ("ssh", "scp", "python3"):
         (fake / f).chmod(0o755)
     env = {"NAS_SSH": str(fake / "ssh"), "NAS_SCP": str(fake / "scp"), "PATH": f"{fake}:{os.environ['PATH']}"}
     old = {k: os.environ.get(k) for k in env}
@@ -184,3 +168,37 @@ def test_ssh_device_drives_the_bundle_remotely(tmp_path, clean_python):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_arm_bundle_warns_below_what_a_fit_needs_and_says_so_in_its_readme(tmp_path, capsys):
+    from nas.cli import main
+
+    (tmp_path / "micro.yaml").write_text(MICRO)
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "arm", "--bundle", str(tmp_path / "b.tar.gz"),
+            "--samples", "3", "--retest", "0.5"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "--samples 3: nas fit-predictor needs at least 10 measured subnets and will refuse this table" in err
+    assert "2 re-timed subnets (--retest share of --samples): the test-retest agreement needs at least 5" in err
+    with tarfile.open(tmp_path / "b.tar.gz") as tar:
+        readme = tar.extractfile("nas-latency-bundle/README.txt").read().decode()
+    assert "It times 3 subnets, then re-times 2 of them" in readme and "Python >= 3.10" in readme
+    assert "A fit needs at least 10 measured subnets" in readme and "its table will not make a predictor" in readme
+    from latency.sampling import campaign_shortfalls
+
+    assert campaign_shortfalls(10, 5) == [] and len(campaign_shortfalls(9, 5)) == len(campaign_shortfalls(10, 4)) == 1
+
+
+def test_runner_refuses_an_older_python_in_one_line(tmp_path, clean_python, monkeypatch):
+    """The preamble runs before numpy is imported; with the floor raised past this Python it refuses to run."""
+    import latency.devices.arm as arm
+
+    monkeypatch.setattr(arm, "MIN_PYTHON", (3, 99))
+    (tmp_path / "runner.py").write_text(arm.runner_source())
+    done = subprocess.run([str(clean_python), "-I", str(tmp_path / "runner.py")], capture_output=True, text=True)
+    version = subprocess.run([str(clean_python), "-c", "import platform; print(platform.python_version())"],
+                             capture_output=True, text=True).stdout.strip()
+    assert done.returncode == 2 and done.stderr == (
+        "error: this runner needs Python >= 3.99 (onnxruntime >= 1.23 has no wheels for older Pythons); "
+        f"this is Python {version}\n"
+    )

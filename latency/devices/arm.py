@@ -3,7 +3,8 @@
 ``write_bundle`` packs, into one ``.tar.gz``:
 
 * ``runner.py``: :mod:`latency.timing_core` + ``bundle_main.py`` in one file; needs only
-  Python 3.9+, numpy and onnxruntime (>= :data:`MIN_ONNXRUNTIME`, for opset-23 ``Attention``);
+  Python >= :data:`MIN_PYTHON` (onnxruntime >= 1.23 has no wheels for 3.9 on aarch64), numpy and
+  onnxruntime (>= :data:`MIN_ONNXRUNTIME`, for opset-23 ``Attention``), and checks all three first;
 * ``manifest.json``: the space, workload, protocol, seed, and per subnet its key, pass, features
   and weight layout (and, for a decode workload, the step graph's input layout, from which the
   runner draws the inputs of ``context`` tokens seen); the table sidecar the runner completes
@@ -13,14 +14,18 @@
 * ``README.txt``: how to run it.
 
 ``run_remote`` drives the same bundle over ssh (``--device ssh://user@host``): copy, run,
-fetch the table back (resuming a partial one).  ``$NAS_SSH`` / ``$NAS_SCP`` replace the
-``ssh`` / ``scp`` commands (tests use local stand-ins).
+fetch the table back (resuming a partial one, also after a dropped connection).  ``$NAS_SSH`` /
+``$NAS_SCP`` replace the ``ssh`` / ``scp`` commands (``ssh -F CONFIG``, local stand-ins in tests);
+``$NAS_REMOTE_DIR`` the folder on the host (default ``/tmp/nas-latency``), ``$NAS_REMOTE_PYTHON`` the
+interpreter there (default ``python3`` as the login shell finds it; e.g. ``~/venv/bin/python``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -36,17 +41,49 @@ from search_spaces import Space, Subnet, UserError, Workload
 from ..features import table_features
 from ..onnx_graphs import cached_decode_graph, cached_graph
 from ..protocol import reference_model
+from ..sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
 from ..table import make_meta
 from ..timing_core import Settings, sidecar_path
 
+log = logging.getLogger(__name__)
+
 MIN_ONNXRUNTIME = "1.23.0"
+MIN_PYTHON = (3, 10)
 ROOT = "nas-latency-bundle"
 HERE = Path(__file__).resolve().parent
 
 
+# Runs before anything else in runner.py (numpy is imported at the top of timing_core): the board's
+# Python and packages are checked first, each shortfall one line and exit status 2.
+PREAMBLE = """
+import sys as _sys
+
+def _refuse(text):
+    print("error: " + text, file=_sys.stderr)
+    _sys.exit(2)
+
+if _sys.version_info < {py}:
+    _refuse("this runner needs Python >= {py_text} (onnxruntime >= 1.23 has no wheels for older Pythons); this is Python "
+            + _sys.version.split()[0])
+_missing = []
+for _name in ("numpy", "onnxruntime"):
+    try:
+        __import__(_name)
+    except ImportError:
+        _missing.append(_name)
+if _missing:
+    _refuse(" and ".join(_missing) + (" is" if len(_missing) == 1 else " are") + " not installed for " + _sys.executable
+            + ": pip install numpy 'onnxruntime>={ort}'")
+"""
+
+
 def runner_source() -> str:
-    """``timing_core.py`` then ``bundle_main.py`` (minus its imports of the former): one runnable file."""
+    """``timing_core.py`` (after the preamble) then ``bundle_main.py`` (minus its imports of the former): one runnable file."""
     core = (HERE.parent / "timing_core.py").read_text()
+    future = "from __future__ import annotations\n"
+    assert future in core, "timing_core.py must start with its future import"
+    preamble = PREAMBLE.format(py=MIN_PYTHON, py_text=".".join(map(str, MIN_PYTHON)), ort=MIN_ONNXRUNTIME)
+    core = core.replace(future, future + preamble, 1)
     main = (HERE / "bundle_main.py").read_text().splitlines()
     main = [ln for ln in main if not ln.startswith(("from __future__", "from latency.timing_core import"))]
     return core + "\n\n# " + "-" * 75 + " runner (latency/devices/bundle_main.py)\n" + "\n".join(main) + "\n"
@@ -54,14 +91,17 @@ def runner_source() -> str:
 
 README = """\
 Latency bundle: {n} ONNX graphs of subnets of space {space} (hash {hash}), workload {workload}.
+It times {measured} subnets, then re-times {retested} of them (test-retest).
 
-On the board (Python 3.9+):
+On the board (Python >= {py}; onnxruntime >= 1.23 has no wheels for older Pythons):
     python3 -m venv venv && . venv/bin/activate
     pip install numpy 'onnxruntime>={ort}'
     python3 runner.py                 # or: --threads N, --out NAME.csv
 It writes timings.csv and timings.csv.json (the board's fingerprint); running it again
 resumes. Copy both files back and fit a predictor on the host:
     nas fit-predictor timings.csv --out predictor-board
+A fit needs at least {min_fit} measured subnets (fewer are refused) and 100 or more to be
+worth trusting; the test-retest agreement needs at least {min_retest} re-timed ones.{shortfall}
 Protocol: {protocol}
 """
 
@@ -119,9 +159,13 @@ def write_bundle(
         "reference": reference,
         "models": models,
     }
+    measured, retested = len(passes.get("measure", [])), len(passes.get("retest", []))
+    short = measured < MIN_FIT_SUBNETS or retested < MIN_RETEST_SUBNETS
     readme = README.format(
-        n=len(graphs), space=space.name, hash=space.hash, workload=str(workload),
-        ort=MIN_ONNXRUNTIME, protocol=json.dumps(settings.to_dict()),
+        n=len(graphs), space=space.name, hash=space.hash, workload=str(workload), measured=measured, retested=retested,
+        py=".".join(map(str, MIN_PYTHON)), ort=MIN_ONNXRUNTIME, protocol=json.dumps(settings.to_dict()),
+        min_fit=MIN_FIT_SUBNETS, min_retest=MIN_RETEST_SUBNETS,
+        shortfall="\nThis bundle has fewer: it proves the path, its table will not make a predictor." if short else "",
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -155,6 +199,16 @@ def parse_target(target: str) -> str:
     return host
 
 
+def campaign_id(bundle: Path) -> str:
+    """A short digest of the bundle's manifest: the same campaign (space, workload, protocol, seed, subnets) gets the
+    same remote folder, so a rerun resumes there; another campaign never mixes into its table."""
+    try:
+        with tarfile.open(bundle) as tar:
+            return hashlib.sha256(tar.extractfile(f"{ROOT}/manifest.json").read()).hexdigest()[:12]
+    except (OSError, KeyError, AttributeError, tarfile.TarError):
+        raise UserError(f"{bundle}: no readable {ROOT}/manifest.json inside; not a latency bundle") from None
+
+
 def run_remote(
     target: str,
     bundle: Path,
@@ -162,28 +216,58 @@ def run_remote(
     *,
     threads: int | None = None,
     clock: str | None = None,
-    workdir: str = "/tmp/nas-latency",
+    memory_mb: float | None = None,
+    workdir: str | None = None,
 ) -> None:
-    """Copy ``bundle`` to the host, run its runner there (resuming ``out`` if it exists), fetch ``out`` back."""
+    """Copy ``bundle`` to the host, run its runner there (resuming ``out`` if it exists), fetch ``out`` back.
+
+    ``ssh`` runs in batch mode (key or agent login; a password prompt or an unknown host key fails at
+    once). A run that fails midway (a dropped connection, a killed process) still fetches the rows
+    measured so far, when the host can be reached, so the same command resumes.
+    """
     host = parse_target(target)
-    ssh = shlex.split(os.environ.get("NAS_SSH", "ssh"))
-    scp = shlex.split(os.environ.get("NAS_SCP", "scp"))
-    remote = f"{workdir}/{bundle.name.split('.')[0]}"
+    ssh = shlex.split(os.environ.get("NAS_SSH", "ssh -o BatchMode=yes -o ConnectTimeout=30"))
+    scp = shlex.split(os.environ.get("NAS_SCP", "scp -q -o BatchMode=yes -o ConnectTimeout=30"))
+    workdir = workdir or os.environ.get("NAS_REMOTE_DIR", "/tmp/nas-latency")
+    remote = f"{workdir}/{out.stem}-{campaign_id(bundle)}"
 
     def call(cmd: list[str], what: str) -> None:
-        done = subprocess.run(cmd)
-        if done.returncode != 0:
-            raise UserError(f"--device {target}: {what} failed (exit {done.returncode}): {' '.join(map(shlex.quote, cmd))}")
+        done = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+        said = [ln.strip() for ln in done.stderr.splitlines() if ln.strip()]
+        if done.returncode == 0:
+            if said:
+                log.info("%s: %s", what, " / ".join(said))
+            return
+        why = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+        if done.returncode == 255 and cmd[: len(ssh)] == ssh:  # ssh's own failure: the host, the key, the network
+            raise UserError(f"--device {target}: ssh could not reach {host} ({what}): {said[-1] if said else why}")
+        raise UserError(f"--device {target}: {what} failed ({why}): {said[-1] if said else ' '.join(map(shlex.quote, cmd))}")
+
+    def fetch() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        call(scp + [f"{host}:{remote}/{out.name}", f"{host}:{remote}/{out.name}.json", str(out.parent) + "/"],
+             "fetching the table")
 
     call(ssh + [host, f"mkdir -p {shlex.quote(remote)}"], "creating the remote folder")
     call(scp + [str(bundle), f"{host}:{remote}/bundle.tar.gz"], "copying the bundle")
-    if out.exists():
+    if out.exists():  # the local table is the truth: it holds every row fetched so far
         call(scp + [str(out), sidecar_path(str(out)), f"{host}:{remote}/"], "copying the partial table")
-    run = f"cd {shlex.quote(remote)} && tar xzf bundle.tar.gz && python3 {ROOT}/runner.py --out {shlex.quote(out.name)}"
+    python = os.environ.get("NAS_REMOTE_PYTHON", "python3")
+    run = f"cd {shlex.quote(remote)} && tar xzf bundle.tar.gz && {python} {ROOT}/runner.py --out {shlex.quote(out.name)}"
     if threads:
         run += f" --threads {int(threads)}"
     if clock:
         run += f" --clock {shlex.quote(clock)}"
-    call(ssh + [host, run], "running the bundle")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    call(scp + [f"{host}:{remote}/{out.name}", f"{host}:{remote}/{out.name}.json", str(out.parent) + "/"], "fetching the table")
+    if memory_mb:
+        run += f" --memory-mb {float(memory_mb):g}"
+    try:
+        call(ssh + [host, run], "running the bundle")
+    except UserError as failed:
+        try:
+            fetch()
+        except UserError:
+            raise failed from None
+        if not out.exists():
+            raise failed from None
+        raise UserError(f"{failed}; the rows measured so far are in {out}: run the same command again to resume") from None
+    fetch()

@@ -1,10 +1,12 @@
 """Runner of a latency bundle: times its ONNX graphs with ONNX Runtime and writes a timing table.
 
 In the bundle, ``runner.py`` is :mod:`latency.timing_core` followed by this file (the import
-below is replaced by that text), so it needs only Python 3.9+, numpy and onnxruntime.
+below is replaced by that text, after a preamble that checks Python >= 3.10, numpy and onnxruntime),
+so it needs only those.
 
     python runner.py                  # -> timings.csv + timings.csv.json in the current folder
     python runner.py --threads 4 --out board.csv
+    python runner.py --parity out.npz # no timing: every graph's outputs, to compare two machines or runtimes
 
 Running it again with the same --out resumes. Give the CSV (and its .json) to
 ``nas fit-predictor``.
@@ -54,6 +56,23 @@ def done_keys(path: str) -> set:
         return {(r["key"], r["pass"]) for r in csv.DictReader(f)}
 
 
+def write_parity(path: str, entries: list, feed_of, threads, provider: str) -> None:
+    """``path`` (.npz): each distinct graph's outputs, as ``<graph file>:<output index>``, on its timing inputs."""
+    arrays = {}
+    for entry in entries:
+        name = os.path.basename(entry["graph"])
+        if any(k.startswith(name + ":") for k in arrays):
+            continue
+        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=threads, provider=provider)
+        for i, value in enumerate(session.run(None, feed_of(entry))):
+            arrays[f"{name}:{i}"] = value
+        del session
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.")
     p.add_argument(
@@ -68,6 +87,8 @@ def main(argv=None) -> int:
         help="wall (default) or cpu: the thread's CPU time, for a shared machine (needs --threads 1)",
     )
     p.add_argument("--memory-mb", type=float, default=1024, help="weights held in memory at once (models are timed in groups)")
+    p.add_argument("--parity", metavar="FILE.npz", help="instead of timing: write every graph's outputs (on the timing inputs, "
+                   "with the seeded weights) to FILE.npz, to compare with another machine or runtime")
     args = p.parse_args(argv)
     try:
         check_clock(args.clock, args.threads)
@@ -86,6 +107,23 @@ def main(argv=None) -> int:
               f"pip install 'onnxruntime>={manifest['min_onnxruntime']}'", file=sys.stderr)
         return 2
 
+    settings = Settings.from_dict(manifest["meta"]["protocol"])
+    workload = manifest["meta"]["workload"]
+    tokens = prefill_tokens(manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
+
+    def feed_of(entry: dict) -> dict:
+        """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
+        return (
+            decode_inputs(entry["inputs"], workload["batch_size"], workload["context"])
+            if workload.get("kind") == "decode"
+            else tokens
+        )
+
+    if args.parity:  # outputs only, no timing, no table
+        write_parity(args.parity, [manifest["reference"]] + manifest["models"], feed_of, args.threads, args.provider)
+        print(f"wrote {args.parity}")
+        return 0
+
     meta = dict(manifest["meta"])
     meta["fingerprint"] = {**meta["fingerprint"], **fingerprint(ort, manifest, args.threads, args.provider, args.clock)}
     side = sidecar_path(args.out)
@@ -102,18 +140,6 @@ def main(argv=None) -> int:
         meta["baseline_ms"] = stored.get("baseline_ms")
     else:
         write_json(side, meta)
-
-    settings = Settings.from_dict(meta["protocol"])
-    workload = meta["workload"]
-    tokens = prefill_tokens(meta["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
-
-    def feed_of(entry: dict) -> dict:
-        """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
-        return (
-            decode_inputs(entry["inputs"], workload["batch_size"], workload["context"])
-            if workload.get("kind") == "decode"
-            else tokens
-        )
 
     ref = manifest["reference"]
     ref_session = ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider)

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from latency.predictors.select import holdout, select
     from latency.predictors.transfer import MIN_ROWS, load_sources, scratch_columns, select_transfer
     from latency.report import HEADER, agreement, format_row, plot
+    from latency.sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
     from latency.table import read_plain, read_timings
     from search_spaces import UserError
     from supernet.files import atomic_write
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--models: not used with --from (a transfer chooses among its own candidates by leave-one-out)")
     if args.sources and args.folds != DEFAULT_FOLDS:
         raise UserError("--folds: not used with --from (a transfer cross-validates leave-one-out: its rows are few)")
-    min_rows = MIN_ROWS if args.sources else 10
-    fitting = f"a transfer (--from) needs at least {MIN_ROWS}" if args.sources else "fitting needs at least 10"
+    min_rows = MIN_ROWS if args.sources else MIN_FIT_SUBNETS
+    fitting = f"a transfer (--from) needs at least {MIN_ROWS}" if args.sources else f"fitting needs at least {MIN_FIT_SUBNETS}"
     kinds = [k.strip() for k in args.models.split(",") if k.strip()]
     bad = [k for k in kinds if k not in MODELS]
     if bad or not kinds:
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         subnets = [measured[k].subnet for k in keys]
         y = np.array([measured[k].median_ms for k in keys])
         second = t.passes("retest")
-        forced = np.array([k in second for k in keys]) if sum(k in second for k in keys) >= 5 else None
+        forced = np.array([k in second for k in keys]) if sum(k in second for k in keys) >= MIN_RETEST_SUBNETS else None
         test = holdout(len(y), args.test_fraction, args.seed, forced)
         views = {} if args.sources else {k: subnet_matrix(k, t.space, t.workload, subnets)[0] for k in kinds}
         if args.sources:

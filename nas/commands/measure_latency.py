@@ -146,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
         import tempfile
 
         from latency.devices.arm import run_remote, write_bundle
+        from latency.sampling import campaign_shortfalls
 
+        for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
+            log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
         if args.device == "arm" and not args.bundle:
             raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
         if args.device != "arm" and not args.out:
@@ -160,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` there "
                   "(README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor timings.csv`")
             return 0
-        run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock)
+        run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock, memory_mb=args.memory_mb)
         print(f"fetched {args.out}")
         return 0
 
