@@ -5,7 +5,8 @@
 
 Devices on this machine that differ for real: torch ``cpu`` and ``onnxruntime``, each at 1 thread (the
 thread's CPU clock) and 2 threads (wall clock); workloads ``prefill`` (1x256) and ``decode`` (one token
-at context 255, ``--paired``) of ``tiny.yaml``.  (INT8 is not in: it does not exist yet.)  Every table
+at context 255, ``--paired``) of ``tiny.yaml``; and ``onnxruntime`` at 1 thread with INT8 models
+(``--precision int8-dynamic``: integer GEMMs change the balance of projections and attention).  Every table
 and predictor is kept in ``--out``: run it again to resume.
 
 Per workload and device, one timing campaign (the protocol of ``nas measure-latency``, one drift baseline):
@@ -59,11 +60,12 @@ from search_spaces import Space, load_space  # noqa: E402
 TARGET_TAU, TARGET_WITHIN_10 = 0.9, 0.85
 
 
-DEVICES = {  # tag -> (device, threads, clock): what `nas measure-latency --device D --threads N --clock C` builds
-    "cpu1": ("cpu", 1, "cpu"),
-    "cpu2": ("cpu", 2, "wall"),
-    "ort1": ("onnxruntime", 1, "cpu"),
-    "ort2": ("onnxruntime", 2, "wall"),
+DEVICES = {  # tag -> (device, threads, clock, options): `nas measure-latency --device D --threads N --clock C [--precision P]`
+    "cpu1": ("cpu", 1, "cpu", {}),
+    "cpu2": ("cpu", 2, "wall", {}),
+    "ort1": ("onnxruntime", 1, "cpu", {}),
+    "ort2": ("onnxruntime", 2, "wall", {}),
+    "ort1-int8": ("onnxruntime", 1, "cpu", {"precision": "int8-dynamic"}),
 }
 
 
@@ -99,8 +101,8 @@ def measure(out: Path, space: Space, workload: str, tag: str, plan: Plan) -> tup
     w = space.workload(workload)
     few = transfer_subnets(space, w, plan.few, seed=1)  # what `nas measure-latency --samples 20 --for-transfer` times
     full = [s for s in campaign_subnets(space, plan.full + plan.few, seed=0) if s not in few][: plan.full]
-    name, threads, clock = DEVICES[tag]
-    device = get_device(name, threads=threads, clock=clock)
+    name, threads, clock, options = DEVICES[tag]
+    device = get_device(name, threads=threads, clock=clock, **options)
     settings = Settings(warmup=plan.warmup, repeats=plan.repeats, rounds=plan.rounds, min_sample_ms=plan.min_sample_ms,
                         paired=workload == "decode")  # decode: the reading README's protocol section advises
     both = out / workload / f"{tag}-campaign.csv"
@@ -265,13 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"few-shot transfer on space {space.name}: {plan.few} rows of the target (--for-transfer), sources = the other "
           f"devices of the workload; scored on the target's full campaign of {plan.full} (uniform draws, in the same rounds); "
           f"goal tau >= {TARGET_TAU}, >= {TARGET_WITHIN_10:.0%} within ±10%")
-    head = (f"{'workload':<9}{'target':<7}{'chosen':<34}{'tau':>6}{'±10%':>7}{'MAPE':>7}  |{'scratch':>9}{'tau':>6}"
-            f"{'±10%':>7}  |{'rows to match':>14}  |{'retest tau':>11}{'±10%':>7}  goal")
+    head = (f"{'workload':<9}{'target':<11}{'chosen (sources by tag)':<34}{'tau':>6}{'±10%':>7}{'MAPE':>7}  |"
+            f"{'scratch':>9}{'tau':>6}{'±10%':>7}  |{'rows to match':>14}  |{'retest tau':>11}{'±10%':>7}  goal")
     print(head)
     for r in results:
         t, s, c = r["transfer"], r["scratch_same_rows"], r.get("test_retest")
         ceiling = f"{c['kendall_tau']:>11.3f}{c['within_10']:>7.0%}" if c else f"{'n/a':>11}{'':>7}"
-        print(f"{r['workload']:<9}{r['target']:<7}{r['chosen']:<34.34}{t['kendall_tau']:>6.3f}{t['within_10']:>7.0%}"
+        chosen = str(r["chosen"]).replace(f"{out / r['workload']}{os.sep}pred-", "")  # a source by its device's tag
+        print(f"{r['workload']:<9}{r['target']:<11}{chosen:<34.34}{t['kendall_tau']:>6.3f}{t['within_10']:>7.0%}"
               f"{t['mape']:>7.1%}  |{s['model']:>9}{s['kendall_tau']:>6.3f}{s['within_10']:>7.0%}  |"
               f"{r['rows_to_match_text']:>14}  |{ceiling}  {'met' if r['met'] else 'MISSED'}")
     print("learning curve (from scratch, mean of the draws; transfer on the same rows):")
