@@ -1,6 +1,6 @@
 """Few-shot latency predictors: a new device from 20 timed subnets and the predictors of the other devices.
 
-    python scripts/bench_fewshot.py --out runs/bench_fewshot              # about 15 minutes on an idle 2-core CPU
+    python scripts/bench_fewshot.py --out runs/bench_fewshot              # 11 minutes on an idle 2-core CPU
     python scripts/bench_fewshot.py --out runs/fewshot-quick --quick      # smoke run: torch and onnxruntime at 1 thread, prefill
 
 Devices on this machine that differ for real: torch ``cpu`` and ``onnxruntime``, each at 1 thread (the
