@@ -20,7 +20,6 @@ writes ``<out>.csv`` and ``<out>.json``.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ from latency.protocol import timing_model  # noqa: E402
 from latency.sampling import campaign_subnets  # noqa: E402
 from latency.timing_core import Settings, calibrate, decode_inputs, ort_runner, prefill_tokens  # noqa: E402
 from search_spaces import load_space  # noqa: E402
+from supernet.files import atomic_write_csv  # noqa: E402
 from supernet.onnx_decode import export_decode_onnx  # noqa: E402
 from supernet.onnx_export import export_onnx, onnx_session  # noqa: E402
 
@@ -114,10 +114,7 @@ def main(argv=None) -> None:
                              "parity": parity[i]})  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    atomic_write_csv(out.with_suffix(".csv"), list(rows[0]), rows)
     summary = {}
     print(f"{'workload':<10} {'stitched ms':>11} {'whole ms':>9} {'ratio':>6}  subnet")
     for r in rows:

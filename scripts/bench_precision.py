@@ -26,7 +26,6 @@ Writes ``<out>.csv`` (one row per type, width, workload) and ``<out>.json`` (eve
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import platform
@@ -49,6 +48,7 @@ from latency.quantize import PRECISIONS, quantized_copy  # noqa: E402
 from latency.timing_core import ort_session  # noqa: E402
 from nas.export import workload_text  # noqa: E402
 from search_spaces import Subnet, load_space  # noqa: E402
+from supernet.files import atomic_write_csv  # noqa: E402
 
 
 def sessions(space, subnet: Subnet, workload, threads: int) -> tuple[dict, dict]:
@@ -225,10 +225,7 @@ def main(argv=None) -> None:
         summary["search"] = search_comparison(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.with_suffix(".csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    atomic_write_csv(out.with_suffix(".csv"), list(rows[0]), rows)
     meta = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
             "load": os.getloadavg()[0], **summary}
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str))
