@@ -15,6 +15,8 @@ from search_spaces.attention import parse_attention
 from supernet import SuperTransformer, extract, prefill
 from supernet.attention import AttentionType, attend, attend_reference, get, register, unregister
 
+from tests.test_train import one_thread  # noqa: F401  (autouse)
+
 from .conftest import ROOT
 
 BIDIRECTIONAL = ["softmax", "gqa:2", "local:5", "linear", "relu-linear", "cosformer:64", "performer:16"]
@@ -28,14 +30,6 @@ depth: [1, 2]
 layers: {{heads: [2, 4], ffn_dim: [16, 32], attention: [{attention}]}}
 latency: {{prefill: {{batch_size: 1, seq_len: 48}}}}
 """
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- the space layer
