@@ -8,9 +8,10 @@ fills itself on first use from the ``nas_transformers.attention`` entry points (
 declares ``supernet.attention``; another package can add its own types the same way).
 
 What the space layer reads of a type (:class:`TypeSignature`): its name, parameter names, one
-line of documentation, and ``problems(spec, max_seq_len, heads)``: why a spelling does not fit a
-space (a window longer than ``max_seq_len``, a grouped-query count that does not divide a heads
-choice, ...).
+line of documentation, its ``forms`` (``causal`` for a decoder task, ``bidirectional`` for an
+encoder task: a space is refused when a type lacks the form its task needs) and
+``problems(spec, max_seq_len, heads)``: why a spelling does not fit a space (a window longer than
+``max_seq_len``, a grouped-query count that does not divide a heads choice, ...).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 ENTRY_POINTS = "nas_transformers.attention"
+FORMS = ("causal", "bidirectional")  # causal: query i sees keys j <= i; bidirectional: every key
 
 
 class TypeSignature(Protocol):
@@ -27,6 +29,7 @@ class TypeSignature(Protocol):
     name: str
     params: tuple[str, ...]
     doc: str
+    forms: tuple[str, ...]  # a subset of FORMS
 
     def problems(self, spec: "AttentionSpec", max_seq_len: int, heads: tuple[int, ...]) -> list[str]: ...
 
@@ -108,6 +111,12 @@ def parse_attention(text: object) -> AttentionSpec:
             raise ValueError(f"{text!r}: {pname} must be a positive integer (form {form})")
         params.append(int(value))
     return AttentionSpec(name, tuple(params))
+
+
+def has_form(spec: AttentionSpec, form: str) -> bool:
+    """Whether ``spec``'s type has the ``form`` (``causal`` or ``bidirectional``) of attention."""
+    assert form in FORMS, form
+    return form in types()[spec.kind].forms
 
 
 def spec_problems(spec: AttentionSpec, max_seq_len: int, heads: tuple[int, ...]) -> list[str]:

@@ -22,12 +22,14 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from .attention import AttentionSpec, parse_attention, spec_problems
+from .attention import AttentionSpec, has_form, parse_attention, spec_problems
 from .errors import SpaceError, SubnetError, UserError
 from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
-TASKS = ("causal-lm",)
+TASKS = ("causal-lm", "masked-lm")
+# The attention form a task's model runs: a decoder LM sees the past only, a masked-LM encoder the whole sequence.
+TASK_FORMS = {"causal-lm": "causal", "masked-lm": "bidirectional"}
 POSITIONS = ("learned", "rope")
 
 
@@ -267,6 +269,11 @@ class Space:
     source: str = field(default="<memory>", compare=False)
 
     # -- shape facts --------------------------------------------------------------
+
+    @property
+    def causal(self) -> bool:
+        """Whether the task's attention is causal (``causal-lm``) rather than bidirectional (``masked-lm``)."""
+        return TASK_FORMS[self.task] == "causal"
 
     @property
     def max_depth(self) -> int:
@@ -566,11 +573,13 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
                 if max_seq is not None:
                     for problem in spec_problems(spec, max_seq, heads or ()):
                         c.error(f"layers.attention[{i}]", problem)
+                if task is not None and not has_form(spec, TASK_FORMS[task]):
+                    c.error(f"layers.attention[{i}]", f"{spec} has no {TASK_FORMS[task]} form, which task {task} needs")
                 specs.append(str(spec))
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    workloads = _workloads(c, top["latency"], max_seq, positions) if "latency" in top else []
+    workloads = _workloads(c, top["latency"], max_seq, positions, task) if "latency" in top else []
 
     if c.errors:
         raise SpaceError(c.errors)
@@ -591,7 +600,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
     )
 
 
-def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None) -> list[Workload]:
+def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None, task: str | None) -> list[Workload]:
     """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len) or
     ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
 
@@ -611,6 +620,10 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
         if kind not in WORKLOAD_KINDS and isinstance(wdata, dict):
             c.error(f"{path}.kind", f"{kind!r} is not one of {', '.join(WORKLOAD_KINDS)}" if kind is not None else
                     f"missing (the name {wname!r} is not a kind; give kind: {' or '.join(WORKLOAD_KINDS)})")
+            continue
+        if kind == "decode" and task is not None and TASK_FORMS[task] != "causal":
+            c.error(path, f"a decode workload needs a causal task, not {task} (an encoder reads the whole sequence at once: "
+                          "give a prefill workload)")
             continue
         size = "context" if kind == "decode" else "seq_len"
         w = c.keys(path, wdata, required=("batch_size", size), optional=("kind",))

@@ -100,6 +100,8 @@ def prefill(model: Transformer, idx: Tensor, *, capacity: int | None = None) -> 
 
     ``capacity``: slots of the growing key/value caches (default T + SPARE; they double when full).
     """
+    if not model.config.causal:
+        raise UserError("this model is a bidirectional encoder (task masked-lm): it has no decoding cache")
     check_tokens(idx, model.config.vocab_size, model.config.max_seq_len)
     b, t = idx.shape
     positions = torch.arange(t, device=idx.device)

@@ -193,8 +193,11 @@ class ElasticBlock(nn.Module):
         fc1, fc2 = linear_slice(self.mlp.fc1, e, f), linear_slice(self.mlp.fc2, f, e)
         return BlockWeights(norm_slice(self.ln1, e), q, k, v, o, norm_slice(self.ln2, e), fc1, fc2, mix)
 
-    def forward(self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None):
-        return block(x, self.weights(x.shape[-1], layer), layer.attention_spec, self.attn.head_dim, rope, cache)
+    def forward(
+        self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None,
+        causal: bool = True,
+    ):
+        return block(x, self.weights(x.shape[-1], layer), layer.attention_spec, self.attn.head_dim, rope, cache, causal)
 
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
         return (
@@ -239,7 +242,7 @@ class SuperTransformer(nn.Module):
         x = embed(idx, tok, embedding_slice(self.pos_emb, e) if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk, layer in zip(self.blocks, subnet.layers):
-            x, _ = blk(x, layer, rope)
+            x, _ = blk(x, layer, rope, causal=self.space.causal)
         return lm_head(x, norm_slice(self.ln_f, e), tok)  # (B, T, vocab), tied head
 
     def num_params(self, subnet: Subnet) -> int:

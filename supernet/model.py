@@ -146,13 +146,16 @@ def block(
     head_dim: int,
     rope: tuple[Tensor, Tensor] | None,
     cache: Prefill | Step | None = None,
+    causal: bool = True,
 ) -> tuple[Tensor, State | None]:
     """One pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)).  x (B, T, E) -> (B, T, E).
 
     ``rope``: cos, sin (T, head_dim/2) at the positions of x (None: learned positions).  ``cache``:
     None (a forward pass), :class:`Prefill` (a prompt: also returns the layer's decoding state)
-    or :class:`Step` (one token given the state: returns the next state).
+    or :class:`Step` (one token given the state: returns the next state).  ``causal``: the task's
+    attention form (False: an encoder, every token sees every other; no decoding then).
     """
+    assert causal or cache is None, "an encoder (bidirectional attention) does not decode"
     typ = get(spec)
     b, t, e = x.shape
     h = F.layer_norm(x, (e,), *w.ln1)
@@ -166,7 +169,7 @@ def block(
     if isinstance(cache, Step):
         y, state = typ.step(spec, cache.state, q, k, v, w.mix, cache.position, cache.length)  # (B, H, 1, hd)
     else:
-        y = attend(q, k, v, spec, w.mix)  # (B, H, T, hd)
+        y = attend(q, k, v, spec, w.mix, causal)  # (B, H, T, hd)
         if isinstance(cache, Prefill):
             state = typ.prefill_state(spec, q, k, v, w.mix, cache.capacity)
     x = x + F.linear(y.transpose(1, 2).reshape(b, t, -1), *w.o)  # (B, T, E)
@@ -205,11 +208,13 @@ class TransformerConfig:
     positions: str  # "rope" or "learned"
     embed_dim: int
     layers: tuple[LayerChoice, ...]
+    causal: bool = True  # the task's attention form: a causal LM (True) or a masked-LM encoder (False)
 
     @classmethod
     def from_subnet(cls, space: Space, subnet: Subnet) -> "TransformerConfig":
         space.check(subnet)
-        return cls(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers)
+        return cls(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
+                   space.causal)  # fmt: skip
 
     @property
     def subnet(self) -> Subnet:
@@ -274,13 +279,14 @@ class Block(nn.Module):
                             _pair(self.mlp.fc1), _pair(self.mlp.fc2), dict(a.mix))  # fmt: skip
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None, causal: bool = True
     ) -> tuple[Tensor, State | None]:
-        return block(x, self.weights(), self.attn.spec, self.attn.head_dim, rope, cache)
+        return block(x, self.weights(), self.attn.spec, self.attn.head_dim, rope, cache, causal)
 
 
 class Transformer(nn.Module):
-    """Decoder-only causal LM; the LM head is tied to the token embedding."""
+    """Decoder-only causal LM (or, with ``config.causal`` False, a bidirectional encoder predicting
+    every position's token: the masked-LM task); the LM head is tied to the token embedding."""
 
     def __init__(self, config: TransformerConfig, generator: torch.Generator | None = None):
         super().__init__()
@@ -307,7 +313,7 @@ class Transformer(nn.Module):
         x = embed(idx, self.tok_emb.weight, self.pos_emb.weight if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk in self.blocks:
-            x, _ = blk(x, rope)
+            x, _ = blk(x, rope, causal=self.config.causal)
         return lm_head(x, _pair(self.ln_f), self.tok_emb.weight)  # (B, T, vocab)
 
     def num_params(self) -> int:

@@ -6,14 +6,17 @@ Q/K/V/O projections, rotary positions and the MLP belong to the block
 (:func:`supernet.model.block`), which every model, decode step and ONNX graph calls; everything
 that differs between types is a method here, in this order:
 
-* **spelling** (``name``, ``params``, ``doc``) and ``problems``: the space layer validates
-  spellings against them (:mod:`search_spaces.attention`);
+* **spelling** (``name``, ``params``, ``doc``), ``forms`` and ``problems``: the space layer validates
+  spellings against them (:mod:`search_spaces.attention`); ``forms`` says which of the causal
+  (decoder) and bidirectional (encoder) forms the type has;
 * **shape**: ``heads`` (how many key / value heads the projections give, e.g. ``gqa``),
   ``rotary_heads`` (leading heads that get rotary positions), ``weights`` (the type's own
   weights, e.g. a convolution kernel: sliced elastically like every other weight);
 * **math**: ``reference`` (plain and obviously right: the tests hold every path to it),
   ``forward`` (the CPU fast path), ``forward_cuda``, ``forward_onnx`` (what the ONNX exporter
-  traces: opset-23 ``Attention`` for the softmax family where ``fused_onnx``);
+  traces: opset-23 ``Attention`` for the softmax family where ``fused_onnx``); the bidirectional
+  form (every query sees every key, for an encoder task) has its own ``bidirectional_reference``
+  and fast path ``bidirectional``;
 * **decoding**: ``state`` (what a layer keeps per sequence: named tensors, see
   :class:`StateSpec`), ``prefill_state`` (that state after a prompt) and ``step`` (one new token);
 * **cost**: ``prefill_flops`` and ``decode_flops`` of the token mixing; the bytes a decode step
@@ -70,6 +73,7 @@ class AttentionType:
     params: tuple[str, ...] = ()
     doc: str = ""
     fused_onnx: bool = False  # exports as one opset-23 Attention node
+    forms: tuple[str, ...] = ("causal",)  # of search_spaces.attention.FORMS; "bidirectional" needs the two methods below
 
     # ------------------------------------------------------------------ spelling and shape
 
@@ -113,7 +117,17 @@ class AttentionType:
         """What ``torch.onnx.export`` / ``torch.export`` trace: no data-dependent Python branches on the length."""
         return self.forward(q, k, v, spec, w)
 
-    def path(self, device_type: str, exporting: bool = False) -> Callable[..., Tensor]:
+    def bidirectional_reference(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """The encoder form, plain and obviously right: query i may see every key j (before and after it)."""
+        raise NotImplementedError(f"{self.name} has no bidirectional form")
+
+    def bidirectional(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """The encoder form's fast path (every device, and what the ONNX exporter traces)."""
+        return self.bidirectional_reference(q, k, v, spec, w)
+
+    def path(self, device_type: str, exporting: bool = False, causal: bool = True) -> Callable[..., Tensor]:
+        if not causal:
+            return self.bidirectional
         if exporting:
             return self.forward_onnx
         return self.forward_cuda if device_type == "cuda" else self.forward

@@ -6,6 +6,9 @@ definition the full forward, the decode step and the ONNX graphs all use).  The 
 device, and the ONNX export) is :func:`causal_linear_chunked`, O(T * C * F) in chunks of C tokens;
 the reference writes out the (T, T) matrix.  Decoding carries the running state
 s = sum_j phi_k(j) v_j^T and z = sum_j phi_k(j), in fp32.
+
+The bidirectional form (an encoder) sums over every j, not j <= i: no prefix sums, one
+(F, Dv) state per sequence, :func:`bidirectional_linear`; its reference writes out the unmasked (T, T) matrix.
 """
 
 from __future__ import annotations
@@ -36,6 +39,19 @@ def kernel_reference(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
     """Written-out causal kernel attention of features fq, fk (B, H, T, F) and v (B, H, T, Dv)."""
     a = (fq @ fk.transpose(-2, -1)) * causal_mask(fq.shape[-2], fq.device)  # (B, H, T, T)
     return (a @ v) / (a.sum(-1, keepdim=True) + LINEAR_EPS)
+
+
+def bidirectional_kernel_reference(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
+    """Written-out bidirectional kernel attention: every query sees every key. (B, H, T, F) x2, (B, H, T, Dv)."""
+    a = fq @ fk.transpose(-2, -1)  # (B, H, T, T)
+    return (a @ v) / (a.sum(-1, keepdim=True) + LINEAR_EPS)
+
+
+def bidirectional_linear(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
+    """The same in O(T F Dv): phi(q) (sum_j phi(k_j) v_j^T) / (phi(q) . sum_j phi(k_j) + eps)."""
+    s = fk.transpose(-2, -1) @ v  # (B, H, F, Dv)
+    den = fq @ fk.sum(2).unsqueeze(-1)  # (B, H, T, 1)
+    return (fq @ s) / (den + LINEAR_EPS)  # (B, H, T, Dv)
 
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
@@ -100,6 +116,8 @@ def recurrent_step(fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor) -> t
 class KernelType(AttentionType):
     """A linear-attention type, given its feature map."""
 
+    forms = ("causal", "bidirectional")
+
     def features(self, q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:
         """(phi(q), phi(k)) for tokens at positions ``start``, ``start + 1``, ... (B, H, T, D) -> (B, H, T, F)."""
         raise NotImplementedError
@@ -115,6 +133,12 @@ class KernelType(AttentionType):
         # Features and running sums in fp32 whatever the input: prefix sums over thousands of
         # tokens (and exp features) lose too much in bf16 / fp16.
         return causal_linear_chunked(*self.features(q.float(), k.float(), spec), v.float()).to(v.dtype)
+
+    def bidirectional_reference(self, q, k, v, spec, w):
+        return bidirectional_kernel_reference(*self.features(q, k, spec), v)
+
+    def bidirectional(self, q, k, v, spec, w):
+        return bidirectional_linear(*self.features(q.float(), k.float(), spec), v.float()).to(v.dtype)
 
     def state(self, spec, heads, head_dim):
         f = self.feature_dim(spec, head_dim)
@@ -198,10 +222,18 @@ class CosFormer(KernelType):
         return spec.param("M")  # keys more than M back get negative weights
 
     def reference(self, q, k, v, spec, w):
+        return self._from_definition(q, k, v, spec, causal=True)
+
+    def bidirectional_reference(self, q, k, v, spec, w):
+        return self._from_definition(q, k, v, spec, causal=False)
+
+    def _from_definition(self, q, k, v, spec, causal: bool):
         # Directly from the definition, not via the cos/sin decomposition the fast path uses.
         i = torch.arange(q.shape[-2], device=q.device, dtype=q.dtype)
-        weight = torch.cos((math.pi / 2 / spec.param("M")) * (i[:, None] - i[None, :]))  # (T, T)
-        a = (F.relu(q) @ F.relu(k).transpose(-2, -1)) * weight * causal_mask(q.shape[-2], q.device)
+        weight = torch.cos((math.pi / 2 / spec.param("M")) * (i[:, None] - i[None, :]))  # (T, T), symmetric
+        a = (F.relu(q) @ F.relu(k).transpose(-2, -1)) * weight  # (B, H, T, T)
+        if causal:
+            a = a * causal_mask(q.shape[-2], q.device)
         return (a @ v) / (a.sum(-1, keepdim=True) + LINEAR_EPS)
 
 

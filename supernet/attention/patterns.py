@@ -77,6 +77,10 @@ class PatternType(AttentionType):
         """The first tokens every later query sees beside its window (Longformer's global keys)."""
         return 0
 
+    def bidirectional_pattern(self, i: Tensor, j: Tensor, spec: AttentionSpec) -> Tensor:
+        """Which keys query i sees in the encoder form (a type with ``bidirectional`` in ``forms`` gives it)."""
+        raise NotImplementedError(f"{self.name} has no bidirectional form")
+
     def row_mask(self, spec: AttentionSpec, pos: Tensor, j: Tensor) -> Tensor | None:
         """Which of the keys at positions ``j`` the query at ``pos`` sees (None: all of them)."""
         return self.pattern(pos, j, spec)
@@ -91,6 +95,14 @@ class PatternType(AttentionType):
 
     def forward_cuda(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
         return flex_attend(q, k, v, spec, self.pattern)
+
+    def bidirectional_reference(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        return masked_softmax_reference(q, k, v, dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device))
+
+    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """One SDPA under the dense (T, T) mask of the pattern (an opset-23 ``Attention`` node when exported)."""
+        mask = dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped(q, k))
 
     # decoding
     def state(self, spec: AttentionSpec, heads: int, head_dim: int) -> dict[str, StateSpec]:

@@ -46,13 +46,20 @@ def exporting() -> bool:
     return torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
 
 
-def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None) -> Tensor:
-    """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``."""
-    return REGISTRY[spec.kind].path(q.device.type, exporting())(q, k, v, spec, w or {})
+def attend(
+    q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True
+) -> Tensor:
+    """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``.
+
+    ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one."""
+    return REGISTRY[spec.kind].path(q.device.type, exporting(), causal)(q, k, v, spec, w or {})
 
 
-def attend_reference(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None) -> Tensor:
-    return REGISTRY[spec.kind].reference(q, k, v, spec, w or {})
+def attend_reference(
+    q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True
+) -> Tensor:
+    typ = REGISTRY[spec.kind]
+    return (typ.reference if causal else typ.bidirectional_reference)(q, k, v, spec, w or {})
 
 
 def kv_heads(spec: AttentionSpec | str, heads: int) -> tuple[int, int]:

@@ -1,9 +1,10 @@
-"""Full causal softmax attention, and grouped-query attention (``gqa:G``).
+"""Full causal softmax attention, and grouped-query attention (``gqa:G``); both also bidirectional.
 
 Both run ``scaled_dot_product_attention`` on every device (CPU flash kernel; CUDA Flash /
 memory-efficient kernels); SDPA exports to one opset-23 ``Attention`` node (for gqa with
 fewer key/value heads than queries, the op's native grouped-query form).  Decoding keeps a
-growing key/value cache (gqa only its key/value heads).
+growing key/value cache (gqa only its key/value heads).  The bidirectional form (an encoder) is
+the same SDPA without the causal mask (an ``Attention`` node without the causal flag).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from .registry import register
 class Softmax(PatternType):
     name = "softmax"
     doc = "full causal softmax attention"
+    forms = ("causal", "bidirectional")
 
     def pattern(self, i, j, spec):
         return causal(i, j)
@@ -33,6 +35,12 @@ class Softmax(PatternType):
 
     forward_onnx = forward
     forward_cuda = forward
+
+    def bidirectional_pattern(self, i, j, spec):
+        return (i >= 0) & (j >= 0)  # every key
+
+    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=grouped(q, k))
 
 
 class GroupedQuery(Softmax):

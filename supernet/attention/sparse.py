@@ -83,11 +83,15 @@ def _causal_window(w: int):
 class Local(BlockSparse):
     name = "local"
     params = ("W",)
-    doc = "causal sliding window: each token attends to itself and the W-1 tokens before it"
+    doc = "causal sliding window: each token attends to itself and the W-1 tokens before it (bidirectional: and after it)"
+    forms = ("causal", "bidirectional")
 
     def pattern(self, i, j, spec):
         d = i - j
         return (d >= 0) & (d < spec.param("W"))
+
+    def bidirectional_pattern(self, i, j, spec):
+        return (i - j).abs() < spec.param("W")  # symmetric: W-1 tokens on each side and itself
 
     def window(self, spec):
         return spec.param("W")
