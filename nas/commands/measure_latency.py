@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
+    space.require_causal("measure-latency")
     workload = space.workload(args.workload)
     settings = settings_from(args)
     from latency.quantize import check_device, check_precision

@@ -244,6 +244,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     latest = out / "latest.pt"
     space = load_space(args.space) if args.space else None
+    if space is not None:
+        space.require_causal("train-supernet")
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")
