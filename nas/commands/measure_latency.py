@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from latency.quantize import check_device, check_precision
     from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
     from nas.cli import show_progress
     from search_spaces import UserError, load_space
@@ -111,8 +112,6 @@ def run(args: argparse.Namespace) -> int:
     space.require_causal("measure-latency")
     workload = space.workload(args.workload)
     settings = settings_from(args)
-    from latency.quantize import check_device, check_precision
-
     precision = check_precision(args.precision)
     check_device(precision, args.device, args.provider)
     if not 0 <= args.retest <= 1:
