@@ -47,6 +47,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import Space, Subnet, UserError
+from supernet.artifact import CARD as MODEL_CARD
 from supernet.files import atomic_write, atomic_write_json, remove_stale, sha256_file
 from supernet.model import Transformer, TransformerConfig
 from supernet.train import StepInfo, TrainConfig
@@ -175,8 +176,6 @@ def text_bytes(texts: list[str] | tuple[str, ...], seq_len: int) -> list[bytes]:
 
 def check_encoder(model_dir: Path, space: Space) -> None:
     """Refuse a model that is not a byte-level encoder (task masked-lm)."""
-    from supernet.artifact import CARD as MODEL_CARD
-
     if space.causal:
         raise UserError(f"{model_dir / MODEL_CARD}: a {space.task} model (space {space.name!r}: causal attention); "
                         "--task classify needs an encoder (a model of a task: masked-lm space)")
@@ -350,8 +349,9 @@ def load_encoder(model_dir: Path) -> tuple[Transformer, Space, dict[str, Any]]:
 
 
 def _state(model: Classifier, optimizer: torch.optim.Optimizer, s: ClassifyTraining, step: int, elapsed: float,
-           before: dict[str, float], data_sha: str, stopped: str | None) -> dict[str, Any]:
-    return {"format": CKPT_FORMAT, "version": VERSION, "settings": s.record(), "data_sha256": data_sha,
+           before: dict[str, float], sha256: dict[str, str], stopped: str | None) -> dict[str, Any]:
+    """The checkpoint's payload (tensors, numbers, strings: it loads with ``weights_only=True``)."""
+    return {"format": CKPT_FORMAT, "version": VERSION, "settings": s.record(), **sha256,
             "model": {k: v.detach().cpu() for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict(),
             "rng": torch.get_rng_state(), "step": step, "elapsed": elapsed, "before": before, "stopped": stopped}
 
@@ -385,6 +385,10 @@ def finetune_classifier(
         raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, or "
                         "choose another --out")
     encoder, space, card = load_encoder(model_dir)
+    model_sha = sha256_file(model_dir / MODEL_CARD)  # the card holds the weights' checksum
+    if stored is not None and stored["model_sha256"] != model_sha:
+        raise UserError(f"{model_dir / MODEL_CARD}: changed since the run started (sha256 {model_sha[:12]}..., the run's "
+                        f"{stored['model_sha256'][:12]}...); a resumed run fine-tunes the same model")
     data = read_labelled_csv(s.data, s.text_column, s.label_column)
     if stored is not None and stored["data_sha256"] != data.sha256:
         raise UserError(f"{data.path}: changed since the run started (sha256 {data.sha256[:12]}..., the run's "
@@ -424,7 +428,8 @@ def finetune_classifier(
         return None
 
     def save(stopped: str | None) -> None:
-        _save(latest, _state(model, optimizer, s, step, elapsed, before, data.sha256, stopped))
+        sha256 = {"data_sha256": data.sha256, "model_sha256": model_sha}
+        _save(latest, _state(model, optimizer, s, step, elapsed, before, sha256, stopped))
 
     model.train()
     seen, started = 0, elapsed  # bytes trained on in this process, for the progress bar's rate
@@ -467,7 +472,7 @@ def finetune_classifier(
                            f"train_test_split(test_size={s.val_fraction}, random_state={s.data_seed})"},
             "data": {"file": str(data.path.resolve()), "sha256": data.sha256, "rows": len(data.texts),
                      "train_rows": int(len(train_rows)), "text_column": data.text_column, "label_column": data.label_column},
-            "source_model": {"dir": str(model_dir.resolve()), "card_sha256": sha256_file(model_dir / "model_card.json"),
+            "source_model": {"dir": str(model_dir.resolve()), "card_sha256": model_sha,
                              "space": space.name, "subnet": card["subnet"]},
             "training": {"steps": step, "stopped": stopped, "seconds": elapsed, "config": config.to_dict(),
                          "data_seed": s.data_seed, "val_fraction": s.val_fraction, "torch": str(torch.__version__)}}

@@ -3,8 +3,6 @@ not change a prediction; interrupted + resumed equals uninterrupted; each bad in
 
 import csv
 import json
-import os
-import signal
 
 import numpy as np
 import pytest
@@ -19,6 +17,7 @@ from supernet import SuperTransformer, load_model
 from supernet.files import sha256_file
 from supernet.model import Transformer, TransformerConfig
 
+from tests.test_finetune import interrupting_bar
 from tests.test_train import one_thread  # noqa: F401  (autouse: micro models, one thread)
 
 ENCODER = Subnet(64, 2, (2, 2), (128, 128), ("softmax", "linear"))
@@ -138,18 +137,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, capsys, monkeypatch
     steps = ["--max-steps", "8", "--ckpt-interval", "3", "--eval-interval", "4", "--batch-size", "8"]
     assert finetune(root, root / "straight", *steps) == 0
     real_bar = ft._progress_bar
-
-    def interrupting_bar():
-        close, update = real_bar()
-
-        def hook(info):
-            update(info)
-            if info.step == 5:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        return close, hook
-
-    monkeypatch.setattr(ft, "_progress_bar", interrupting_bar)
+    monkeypatch.setattr(ft, "_progress_bar", interrupting_bar(real_bar, 5))  # Ctrl-C after step 5
     capsys.readouterr()
     assert finetune(root, root / "resumed", *steps) == 130
     assert "interrupted at step 5" in capsys.readouterr().out
@@ -166,6 +154,17 @@ def test_interrupted_and_resumed_equals_uninterrupted(setup, capsys, monkeypatch
         assert torch.equal(a[name], b[name]), name
     ca, cb = (json.loads((root / d / CARD).read_text())["validation"] for d in ("straight", "resumed"))
     assert ca == cb
+    # a data file that changed under a run is refused on resume
+    (root / "copy.csv").write_bytes((root / "topics.csv").read_bytes())
+    monkeypatch.setattr(ft, "_progress_bar", interrupting_bar(real_bar, 1))
+    assert finetune(root, root / "changed", *steps, data="copy.csv") == 130
+    with open(root / "copy.csv", "a") as f:
+        f.write("one more goal,sport\n")
+    capsys.readouterr()
+    assert finetune(root, root / "changed", *steps, "--resume", data="copy.csv") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nas finetune: error: {root / 'copy.csv'}: changed since the run started (sha256 ")
+    assert err.endswith("a resumed run trains on the same rows\n")
     # the fine-tuned encoder differs from the source model (the whole encoder is trained, not only the head)
     source = load_model(root / "encoder").state_dict()
     assert not torch.equal(a["encoder.tok_emb.weight"], source["tok_emb.weight"])
