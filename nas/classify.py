@@ -174,13 +174,13 @@ def text_bytes(texts: list[str] | tuple[str, ...], seq_len: int) -> list[bytes]:
 # --------------------------------------------------------------------------- the model
 
 
-def check_encoder(model_dir: Path, space: Space) -> None:
-    """Refuse a model that is not a byte-level encoder (task masked-lm)."""
+def check_encoder(card: Path, space: Space) -> None:
+    """Refuse a model that is not a byte-level encoder (task masked-lm); ``card`` names the file in the message."""
     if space.causal:
-        raise UserError(f"{model_dir / MODEL_CARD}: a {space.task} model (space {space.name!r}: causal attention); "
+        raise UserError(f"{card}: a {space.task} model (space {space.name!r}: causal attention); "
                         "--task classify needs an encoder (a model of a task: masked-lm space)")
     if space.vocab_size < 256:
-        raise UserError(f"{model_dir / MODEL_CARD}: vocab_size {space.vocab_size}; --task classify reads texts as bytes "
+        raise UserError(f"{card}: vocab_size {space.vocab_size}; --task classify reads texts as bytes "
                         "(vocab_size 256 or more)")
 
 
@@ -344,7 +344,7 @@ def load_encoder(model_dir: Path) -> tuple[Transformer, Space, dict[str, Any]]:
 
     card = read_card(model_dir)
     space = card_space(model_dir, card)
-    check_encoder(model_dir, space)
+    check_encoder(model_dir / MODEL_CARD, space)
     return load_model(model_dir), space, card
 
 
@@ -503,6 +503,7 @@ def write_classifier(model: Classifier, space: Space, classes: tuple[str, ...], 
 
 def load_classifier(folder: str | Path, device: str = "cpu") -> tuple[Classifier, tuple[str, ...], dict[str, Any]]:
     """(classifier in eval mode, class names, card) of a folder written by :func:`finetune_classifier`."""
+    import yaml
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -526,9 +527,11 @@ def load_classifier(folder: str | Path, device: str = "cpu") -> tuple[Classifier
         if name not in files:
             raise UserError(f"{path}: lists no checksum for {name}")
         check_part(folder, name, files[name], "the classifier card")
-    import yaml
-
+    missing = [k for k in ("space", "subnet", "seq_len") if k not in card]
+    if missing:
+        raise UserError(f"{path}: missing field {missing[0]!r}")
     space = parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(path))
+    check_encoder(path, space)
     subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
     classes = tuple(json.loads((folder / LABELS).read_text()))
     model = Classifier(Transformer(TransformerConfig.from_subnet(space, subnet)), len(classes))

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nas.classify import CARD, WEIGHTS, Classifier, load_classifier, read_labelled_csv, split_rows, text_bytes
+from nas.classify import (CARD, WEIGHTS, Classifier, load_classifier, read_labelled_csv, split_rows, text_bytes,
+                          write_classifier)
 from nas.cli import main
 from nas.export import export_subnet
 from search_spaces import Subnet, load_space
@@ -231,3 +232,11 @@ def test_refusals_outside_the_csv(setup, tmp_path, capsys):
                                        "a classifier written by `nas finetune --task classify`\n")
     assert main(["classify", "--model", str(root / "encoder")]) == 2
     assert "give the texts to classify as arguments or --data FILE.csv" in capsys.readouterr().err
+    # a classifier folder whose label list was edited after writing is refused (the card holds its checksum)
+    model = Classifier(load_model(root / "encoder"), 2, generator=torch.Generator().manual_seed(0))
+    write_classifier(model, load_space("encoder-tiny"), ("neg", "pos"), tmp_path / "clf", {"seq_len": 256})
+    assert main(["classify", "--model", str(tmp_path / "clf"), "fine"]) == 0
+    assert capsys.readouterr().out.strip() in ("neg", "pos")
+    (tmp_path / "clf" / "labels.json").write_text('["pos", "neg"]')
+    assert main(["classify", "--model", str(tmp_path / "clf"), "fine"]) == 2
+    assert capsys.readouterr().err.startswith(f"nas classify: error: {tmp_path / 'clf' / 'labels.json'}: checksum ")
