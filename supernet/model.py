@@ -308,13 +308,17 @@ class Transformer(nn.Module):
 
     def forward(self, idx: Tensor) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab)."""
+        return lm_head(self.hidden(idx), _pair(self.ln_f), self.tok_emb.weight)  # (B, T, vocab)
+
+    def hidden(self, idx: Tensor) -> Tensor:
+        """idx (B, T) token ids -> the last block's output (B, T, E), before the final norm (a classifier pools it)."""
         check_tokens(idx, self.config.vocab_size, self.config.max_seq_len)
         t = idx.shape[1]
         x = embed(idx, self.tok_emb.weight, self.pos_emb.weight if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk in self.blocks:
             x, _ = blk(x, rope, causal=self.config.causal)
-        return lm_head(x, _pair(self.ln_f), self.tok_emb.weight)  # (B, T, vocab)
+        return x
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

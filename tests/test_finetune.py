@@ -31,6 +31,22 @@ def setup(tiny, tmp_path_factory):
     return root, ckpt
 
 
+def interrupting_bar(real_bar, step):
+    """A progress bar factory like ``real_bar`` whose hook sends this process SIGINT after ``step`` (Ctrl-C)."""
+
+    def bar():
+        close, update = real_bar()
+
+        def hook(info):
+            update(info)
+            if info.step == step:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        return close, hook
+
+    return bar
+
+
 def args(root, out, *extra):
     return ["finetune", "--model", str(root / "model"), "--out", str(out), "--data", str(root / "docs"), "--batch-size", "4",
             "--seq-len", "64", "--max-steps", "6", "--ckpt-interval", "2", "--eval-interval", "3", "--eval-batches", "2",
@@ -51,18 +67,7 @@ def test_finetune_interrupted_and_resumed_equals_uninterrupted(setup, capsys, mo
 
     # Ctrl-C at step 3 (the step finishes, latest.pt is written), then --resume to the end.
     real_bar = ft._progress_bar
-
-    def interrupting_bar():
-        close, update = real_bar()
-
-        def hook(info):
-            update(info)
-            if info.step == 3:
-                os.kill(os.getpid(), signal.SIGINT)
-
-        return close, hook
-
-    monkeypatch.setattr(ft, "_progress_bar", interrupting_bar)
+    monkeypatch.setattr(ft, "_progress_bar", interrupting_bar(real_bar, 3))
     assert main(args(root, root / "resumed", "--supernet", str(ckpt), "--distill", "0.5")) == 130
     assert "--resume" in capsys.readouterr().out
     monkeypatch.setattr(ft, "_progress_bar", real_bar)

@@ -7,6 +7,11 @@ tenth of the learning rates, a short warm-up.  ``--out DIR2`` becomes a new mode
 layout as ``nas export``, card with bits per byte before and after); its ``train/`` folder holds
 ``latest.pt`` (every ``--ckpt-interval`` steps, on Ctrl-C and at the end), ``log.jsonl`` and the
 corpus cache.  ``--resume`` continues a killed or interrupted run exactly.
+
+``--task classify`` fine-tunes an exported *encoder* (a model of a ``task: masked-lm`` space) for text
+classification instead: ``--data`` is then a UTF-8 CSV with a text and a label column, a mean-pooled
+linear head goes on the encoder, and ``--out`` gets the classifier (:mod:`nas.classify`; ``nas classify``
+runs it).  Without ``--task`` the command fine-tunes the language model as above.
 """
 
 from __future__ import annotations
@@ -41,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with --supernet)"
     )
+    c = p.add_argument_group("classification (--task classify)")
+    c.add_argument("--task", metavar="TASK", help="classify: fine-tune an exported encoder (task masked-lm) with a pooled head "
+                   "on a labelled CSV (--data); its defaults: lr 1e-3, min-lr 1e-4, warm-up 20, 300 steps, batch 16, "
+                   "weight decay 0.01, seq-len the model's max_seq_len, val-fraction 0.2.  Default: language-model "
+                   "fine-tuning")
+    c.add_argument("--text-column", metavar="NAME", help="the CSV column of the texts (default text)")
+    c.add_argument("--label-column", metavar="NAME", help="the CSV column of the labels (default label)")
     add_training_arguments(p, DEFAULTS, FORMATS)
 
 
@@ -56,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces import Subnet, UserError
     from supernet.artifact import card_space, read_card
 
+    if args.task is not None:
+        return _run_classify(args)
+    for flag in ("text_column", "label_column"):
+        if getattr(args, flag) is not None:
+            raise UserError(f"--{flag.replace('_', '-')}: only with --task classify")
     if args.distill is not None and not args.supernet:
         raise UserError("--distill: needs --supernet CKPT (the teacher is the supernet's largest subnet)")
     set_threads(args)
@@ -85,4 +102,84 @@ def run(args: argparse.Namespace) -> int:
     finally:
         close()
     report(result)
+    return 0
+
+
+# --------------------------------------------------------------------------- --task classify
+
+TASKS = ("classify",)
+# Flags of language-model fine-tuning that --task classify does not use.
+NOT_FOR_CLASSIFY = {"supernet": "--supernet", "distill": "--distill", "tokens": "--tokens", "format": "--format",
+                    "target_ort": "--target-ort", "eval_batches": "--eval-batches"}
+
+
+def _classify_flags() -> dict[str, str]:
+    """Settings field -> flag, for the library's messages."""
+    from nas.commands.train_supernet import CONFIG_FLAGS
+
+    flags = {dest: flag for flag, (dest, *_) in CONFIG_FLAGS.items()}
+    return {**flags, "model": "--model", "data": "--data", "text_column": "--text-column", "label_column": "--label-column",
+            "data_seed": "--data-seed", "val_fraction": "--val-fraction"}
+
+
+def _classify_settings(args: argparse.Namespace):
+    """The :class:`nas.classify.ClassifyTraining` of the flags (over the stored run's settings with --resume)."""
+    from dataclasses import replace
+
+    from nas.classify import DEFAULTS as CLASSIFY_DEFAULTS
+    from nas.classify import VAL_FRACTION, ClassifyTraining, stored_settings
+    from nas.commands.train_subnet import _device, _given_config
+    from search_spaces import UserError
+    from supernet.artifact import card_space
+    from supernet.train import TrainConfig
+
+    out = Path(args.out)
+    given = _given_config(args)
+    fields = {k: getattr(args, k) for k in ("text_column", "label_column", "data_seed", "val_fraction")
+              if getattr(args, k) is not None}
+    if args.resume:
+        stored = stored_settings(out)
+        return replace(stored, model=Path(args.model), data=Path(args.data) if args.data else stored.data,
+                       config=TrainConfig.from_dict({**stored.config.to_dict(), **given}),
+                       device=_device(args.device) if args.device else stored.device, **fields)
+    if not args.data:
+        raise UserError("--data: --task classify needs a labelled CSV (--data FILE.csv with a text and a label column)")
+    values = {**CLASSIFY_DEFAULTS, **given}
+    if "seq_len" not in given:
+        values["seq_len"] = card_space(Path(args.model)).max_seq_len
+    if "max_time" in given and "max_steps" not in given:
+        values["max_steps"] = None
+    fields.setdefault("val_fraction", VAL_FRACTION)
+    return ClassifyTraining(model=Path(args.model), data=Path(args.data), out=out, config=TrainConfig.from_dict(values),
+                            device=_device(args.device), **fields)
+
+
+def _run_classify(args: argparse.Namespace) -> int:
+    from nas.classify import ClassifyInterrupted, finetune_classifier
+    from nas.commands.train_subnet import set_threads
+    from search_spaces import UserError
+
+    if args.task not in TASKS:
+        raise UserError(f"--task: {args.task!r} is not one of {', '.join(TASKS)} (leave --task out to fine-tune the "
+                        "language model)")
+    for dest, flag in NOT_FOR_CLASSIFY.items():
+        if getattr(args, dest) is not None:
+            raise UserError(f"{flag}: not used by --task classify (it fine-tunes on --data's labelled rows, no teacher, "
+                            "writes safetensors)")
+    set_threads(args)
+    settings = _classify_settings(args)
+    close, update = _progress_bar()
+    try:
+        r = finetune_classifier(settings, progress=update, flags=_classify_flags())
+    except ClassifyInterrupted as e:
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --task classify --model "
+              f"{args.model} --out {args.out} --resume")
+        return 130
+    finally:
+        close()
+    b, a = r.before, r.after
+    print(f"validation ({r.val_rows} rows, {len(r.classes)} classes; {r.train_rows} rows trained on): accuracy "
+          f"{b['accuracy']:.4f} -> {a['accuracy']:.4f}, macro-F1 {b['macro_f1']:.4f} -> {a['macro_f1']:.4f}")
+    print(f"trained {r.steps:,} steps in {r.seconds:.0f} s; wrote {r.out} (classifier.safetensors, labels.json, "
+          f"classifier_card.json; run it: nas classify --model {r.out} \"TEXT\"); checkpoints and log in {r.out / 'train'}")
     return 0
