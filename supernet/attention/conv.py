@@ -111,7 +111,7 @@ class ConvMod(ConvType):
     def rotary_heads(self, spec, heads):
         return 0
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         return {"dw": (heads * head_dim, spec.param("K"))}
 
     def reference(self, q, k, v, spec, w):
@@ -160,7 +160,7 @@ class LongShortRange(ConvType):
     def rotary_heads(self, spec, heads):
         return _split(heads)[0]
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         conv = _split(heads)[1]
         return {"dw": (conv * head_dim, spec.param("K"))} if conv else {}
 
@@ -236,7 +236,7 @@ class MultiScaleLinear(ConvType):
         "causal depthwise convolutions (kernel K)"
     )
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         shape = (heads * head_dim, spec.param("K"))
         return {"dw_q": shape, "dw_k": shape, "dw_v": shape}
 
