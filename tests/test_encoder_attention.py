@@ -251,3 +251,28 @@ def test_linformer_costs_far_less_than_softmax_at_4k():
     softmax = get("softmax").bidirectional_flops(parse_attention("softmax"), 1, t, 12, 64)
     ratio = softmax / get(s).bidirectional_flops(s, 1, t, 12, 64)
     assert math.isclose(ratio, 4 * t * t / (8 * 256 * t))  # T^2 pairs against 2 K T
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def test_bench_times_the_bidirectional_forms_and_prints_the_encoder_check(tmp_path, capsys):
+    import csv
+
+    from scripts.bench_attention import Row, encoder_check, main
+
+    argv = ["--form", "bidirectional", "--types", "softmax,linformer:8,additive,xca", "--lengths", "24", "--heads", "2",
+            "--head-dim", "8", "--reps", "1", "--threads", "1", "--out", str(tmp_path / "b")]  # fmt: skip
+    assert main(argv) == 0
+    rows = list(csv.DictReader((tmp_path / "b.csv").open()))
+    assert {(r["scope"], r["mode"]) for r in rows} == {(s, m) for s in ("attention", "block") for m in ("fwd", "fwdbwd")}
+    assert all(r["status"] == "ok" for r in rows) and len(rows) == 16
+    # the encoder check: each target type against bidirectional softmax at 4k, forward
+    cells = [Row("attention", "cpu", "fp32", kind, 4096, 1, 12, 64, "fwd", "ok", ms=ms)
+             for kind, ms in (("softmax", 100.0), ("linformer:256", 8.0), ("xca", 12.5), ("additive", 10.0))]  # fmt: skip
+    lines = encoder_check(cells)
+    assert [line.split("->")[1].split()[0] for line in lines] == ["12.50x", "8.00x", "10.00x"]
+    assert [line.endswith(v) for line, v in zip(lines, ("[PASS >= 10.0x]", "[FAIL >= 10.0x]", "[PASS >= 10.0x]"))] == [True] * 3
+    with pytest.raises(SystemExit):
+        main(["--form", "bidirectional", "--types", "hydra"])
+    assert "--types: hydra has no bidirectional form (--form bidirectional)" in capsys.readouterr().err

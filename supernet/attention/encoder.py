@@ -136,7 +136,7 @@ class Additive(EncoderType):
         qn, vn = _l2(q, -1), _l2(v, -1)
         alpha = torch.softmax(qn @ (w["wa"][None, :, :, None] / math.sqrt(q.shape[-1])), dim=2)  # (B, H, T, 1)
         g = alpha.transpose(-2, -1) @ qn  # (B, H, 1, D)
-        return (g * vn) @ w["proj"].transpose(-2, -1) + qn  # (B, H, T, D)
+        return ((g * vn) @ w["proj"].transpose(-2, -1)).add_(qn)  # (B, H, T, D); the matmul's output is not saved
 
     def bidirectional_flops(self, spec, batch, t, heads, head_dim):
         # per token and head: normalise q and v (3 D each), q^ . w_a (2 D), the pooling sum (2 D),
@@ -165,8 +165,11 @@ class CrossCovariance(EncoderType):
         return torch.einsum("bhce,bhte->bhtc", attn, v)  # out[t, c] = sum_e attn[c, e] v[t, e]
 
     def bidirectional(self, q, k, v, spec, w):
-        qn, kn = _l2(q, 2), _l2(k, 2)
-        attn = torch.softmax((qn.transpose(-2, -1) @ kn) * w["temperature"][:, None, None], dim=-1)  # (B, H, D, D)
+        # q^T k first, then divide the (D, D) result by the channel norms: no normalised (T, D) copies
+        nq = torch.linalg.vector_norm(q, dim=2).clamp(min=NORM_EPS)  # (B, H, D)
+        nk = torch.linalg.vector_norm(k, dim=2).clamp(min=NORM_EPS)
+        scale = w["temperature"][:, None, None] / (nq[..., :, None] * nk[..., None, :])  # (B, H, D, D)
+        attn = torch.softmax((q.transpose(-2, -1) @ k) * scale, dim=-1)  # (B, H, D, D)
         return v @ attn.transpose(-2, -1)  # (B, H, T, D)
 
     def bidirectional_flops(self, spec, batch, t, heads, head_dim):
