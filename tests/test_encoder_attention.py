@@ -274,5 +274,5 @@ def test_bench_times_the_bidirectional_forms_and_prints_the_encoder_check(tmp_pa
     assert [line.split("->")[1].split()[0] for line in lines] == ["12.50x", "8.00x", "10.00x"]
     assert [line.endswith(v) for line, v in zip(lines, ("[PASS >= 10.0x]", "[FAIL >= 10.0x]", "[PASS >= 10.0x]"))] == [True] * 3
     with pytest.raises(SystemExit):
-        main(["--form", "bidirectional", "--types", "hydra"])
-    assert "--types: hydra has no bidirectional form (--form bidirectional)" in capsys.readouterr().err
+        main(["--form", "bidirectional", "--types", "convmod:3"])
+    assert "--types: convmod:3 has no bidirectional form (--form bidirectional)" in capsys.readouterr().err

@@ -15,8 +15,8 @@ that differs between types is a method here, in this order:
 * **math**: ``reference`` (plain and obviously right: the tests hold every path to it),
   ``forward`` (the CPU fast path), ``forward_cuda``, ``forward_onnx`` (what the ONNX exporter
   traces: opset-23 ``Attention`` for the softmax family where ``fused_onnx``); the bidirectional
-  form (every query sees every key, for an encoder task) has its own ``bidirectional_reference``
-  and fast path ``bidirectional``;
+  form (every query sees every key, for an encoder task) has its own ``bidirectional_reference``,
+  fast path ``bidirectional`` and traced form ``bidirectional_onnx``;
 * **decoding**: ``state`` (what a layer keeps per sequence: named tensors, see
   :class:`StateSpec`), ``prefill_state`` (that state after a prompt) and ``step`` (one new token);
 * **cost**: ``prefill_flops`` and ``decode_flops`` of the token mixing (``bidirectional_flops`` for the
@@ -127,12 +127,16 @@ class AttentionType:
         raise NotImplementedError(f"{self.name} has no bidirectional form")
 
     def bidirectional(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
-        """The encoder form's fast path (every device, and what the ONNX exporter traces)."""
+        """The encoder form's fast path (every device)."""
         return self.bidirectional_reference(q, k, v, spec, w)
+
+    def bidirectional_onnx(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """What the ONNX exporter traces of the encoder form (no data-dependent branches on the length)."""
+        return self.bidirectional(q, k, v, spec, w)
 
     def path(self, device_type: str, exporting: bool = False, causal: bool = True) -> Callable[..., Tensor]:
         if not causal:
-            return self.bidirectional
+            return self.bidirectional_onnx if exporting else self.bidirectional
         if exporting:
             return self.forward_onnx
         return self.forward_cuda if device_type == "cuda" else self.forward

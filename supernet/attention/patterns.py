@@ -99,10 +99,14 @@ class PatternType(AttentionType):
     def bidirectional_reference(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
         return masked_softmax_reference(q, k, v, dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device))
 
-    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+    def bidirectional_onnx(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
         """One SDPA under the dense (T, T) mask of the pattern (an opset-23 ``Attention`` node when exported)."""
         mask = dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped(q, k))
+
+    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """The fast path: the dense-mask SDPA unless the type has a sparse one (:mod:`.sparse`)."""
+        return self.bidirectional_onnx(q, k, v, spec, w)
 
     # decoding
     def state(self, spec: AttentionSpec, heads: int, head_dim: int) -> dict[str, StateSpec]:
