@@ -55,7 +55,8 @@ DEFAULT_TYPES = (
     "linear,relu-linear,cosformer:16384,performer:64,hydra,sima,lsra:7,msla:5,convmod:7"
 )
 BIDIRECTIONAL_TYPES = (
-    "softmax,gqa:4,local:64,linear,relu-linear,cosformer:16384,performer:64,linformer:256,additive,xca"
+    "softmax,gqa:4,local:64,dilated:64:4,longformer:64:16,bigbird:64:16:2,linear,relu-linear,cosformer:16384,"
+    "performer:64,hydra,sima,msla:5,linformer:256,additive,xca"
 )
 ENCODER_TARGET = ("linformer:256", "xca", "additive")  # each >= 10x bidirectional softmax, CPU fp32 fwd at 4k
 DEFAULT_LENGTHS = "512,1024,2048,4096,8192,16384"

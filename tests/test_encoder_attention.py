@@ -276,3 +276,17 @@ def test_bench_times_the_bidirectional_forms_and_prints_the_encoder_check(tmp_pa
     with pytest.raises(SystemExit):
         main(["--form", "bidirectional", "--types", "convmod:3"])
     assert "--types: convmod:3 has no bidirectional form (--form bidirectional)" in capsys.readouterr().err
+
+
+def test_nothing_decodes_an_encoder_with_encoder_only_types(tmp_path):
+    from search_spaces import UserError
+    from supernet import prefill
+    from supernet.onnx_decode import export_decode_onnx
+
+    config = TransformerConfig(64, 32, 8, "rope", 16, tuple(LayerChoice(2, 16, a) for a in ENCODER_ONLY), causal=False)
+    model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
+    with pytest.raises(UserError, match="bidirectional encoder \\(task masked-lm\\): it has no decoding cache"):
+        prefill(model, torch.zeros(1, 4, dtype=torch.long))
+    with pytest.raises(UserError, match="bidirectional encoder \\(task masked-lm\\): it has no decode step to export"):
+        export_decode_onnx(model, tmp_path / "d.onnx")
+    assert not (tmp_path / "d.onnx").exists()
