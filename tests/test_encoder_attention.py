@@ -11,28 +11,14 @@ import torch
 from search_spaces import LayerChoice, SpaceError, Subnet, parse_space
 from search_spaces.attention import parse_attention
 from supernet import SuperTransformer, Transformer, TransformerConfig, extract
-from supernet.attention import attend, attend_reference, get, kv_heads
+from supernet.attention import attend, attend_reference, get
 from supernet.onnx_export import export_onnx, onnx_parity, op_counts
 
+from tests.test_attention_types import mix, qkv
+from tests.test_bidirectional import ENCODER
 from tests.test_train import one_thread  # noqa: F401  (autouse)
 
 ENCODER_ONLY = ["linformer:8", "additive", "xca"]
-MAX_LEN = 80
-
-
-def qkv(spec, t, b=2, h=3, d=8, seed=0, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    hk, hv = kv_heads(spec, h)
-    q = torch.randn(b, h, t, d, generator=g)
-    k = torch.randn(b, hk, t, d, generator=g) if hk else None
-    v = torch.randn(b, hv, t, d, generator=g)
-    return [x.requires_grad_(requires_grad) if x is not None else None for x in (q, k, v)]
-
-
-def mix(spec, h=3, d=8, seed=5, requires_grad=False):
-    g = torch.Generator().manual_seed(seed)
-    shapes = get(spec).weights(spec, h, d, max_seq_len=MAX_LEN)
-    return {n: (torch.randn(*s, generator=g) * 0.5).requires_grad_(requires_grad) for n, s in shapes.items()}
 
 
 def test_types_are_encoder_only_and_registered():
@@ -119,22 +105,9 @@ def test_every_query_sees_every_token(spec):
 # --------------------------------------------------------------------------- the space layer
 
 
-SPACE = """
-task: {task}
-vocab_size: 64
-max_seq_len: 48
-head_dim: 8
-positions: {positions}
-embed_dim: [16, 24]
-depth: [1, 2]
-layers: {{heads: [1, 2, 4], ffn_dim: [16, 32], attention: [{attention}]}}
-latency: {{prefill: {{batch_size: 1, seq_len: 48}}}}
-"""
-
-
 @pytest.mark.parametrize("spec", ENCODER_ONLY)
 def test_causal_space_with_an_encoder_only_type_is_refused_naming_layer_and_type(spec):
-    text = SPACE.format(task="causal-lm", positions="rope", attention=f"softmax, '{spec}'")
+    text = ENCODER.format(attention=f"softmax, '{spec}'").replace("task: masked-lm", "task: causal-lm")
     with pytest.raises(SpaceError) as info:
         parse_space(text, where="dec.yaml")
     assert info.value.errors == [f"dec.yaml: layers.attention[1]: {spec} has no causal form, which task causal-lm needs"]
@@ -142,7 +115,7 @@ def test_causal_space_with_an_encoder_only_type_is_refused_naming_layer_and_type
 
 def test_linformer_longer_than_the_sequences_is_refused():
     with pytest.raises(SpaceError) as info:
-        parse_space(SPACE.format(task="masked-lm", positions="rope", attention="'linformer:64'"), where="enc.yaml")
+        parse_space(ENCODER.format(attention="'linformer:64'"), where="enc.yaml")
     assert info.value.errors == [
         "enc.yaml: layers.attention[0]: linformer:64: K=64 exceeds max_seq_len 48 (projecting to more rows than tokens)"
     ]
@@ -154,7 +127,7 @@ def test_linformer_longer_than_the_sequences_is_refused():
 @pytest.fixture(scope="module")
 def encoder():
     types = ["softmax", "linformer:4", "linformer:8", "additive", "xca"]
-    space = parse_space(SPACE.format(task="masked-lm", positions="rope", attention=", ".join(f"'{a}'" for a in types)))
+    space = parse_space(ENCODER.format(attention=", ".join(f"'{a}'" for a in types)))
     return space, SuperTransformer(space, torch.Generator().manual_seed(0)).eval()
 
 
