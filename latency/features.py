@@ -53,12 +53,13 @@ def cache_bytes(space: Space, subnet: Subnet, workload: Workload) -> float:
     return float(sum(layer_cache_bytes(layer.attention, w.context, layer.heads, hd, w.batch_size) for layer in subnet.layers))
 
 
-def mixing_flops(attention: str, workload: Workload, heads: int, hd: int) -> float:
-    """FLOPs of one layer's token mixing at ``workload`` (prefill: every token; decode: the new token's)."""
+def mixing_flops(attention: str, workload: Workload, heads: int, hd: int, causal: bool = True) -> float:
+    """FLOPs of one layer's token mixing at ``workload`` (prefill: every token; decode: the new token's),
+    in the task's form (``causal`` False: the bidirectional form of an encoder)."""
     spec = parse_attention(attention)
     typ = get(spec)
     if workload.kind == "prefill":
-        return typ.prefill_flops(spec, workload.batch_size, workload.seq_len, heads, hd)
+        return typ.mixing_flops(spec, workload.batch_size, workload.seq_len, heads, hd, causal)
     return typ.decode_flops(spec, workload.batch_size, workload.context, heads, hd)
 
 
@@ -75,7 +76,7 @@ def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     total = 2.0 * b * t * e * space.vocab_size  # tied LM head
     for layer in subnet.layers:
         total += projection_flops(layer.attention, b * t, e, layer.heads, hd) + 2.0 * b * t * 2 * e * layer.ffn_dim  # MLP
-        total += mixing_flops(layer.attention, workload, layer.heads, hd)
+        total += mixing_flops(layer.attention, workload, layer.heads, hd, space.causal)
     return total
 
 
@@ -97,7 +98,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
         a = layer.heads * hd
         out[f"layer[{layer.attention}]:count"] += 1.0
         out[f"layer[{layer.attention}]:mix"] += (
-            mixing_flops(layer.attention, workload, layer.heads, hd) / hd
+            mixing_flops(layer.attention, workload, layer.heads, hd, space.causal) / hd
         )  # per head_dim: the scale of the others
         out["layer:embed"] += bt * e  # layer norms, residual adds
         out["layer:proj"] += bt * e * a  # q, k, v, o projections

@@ -2,6 +2,7 @@
 
     python scripts/bench_attention.py                       # every type, 512 ... 16k, CPU (and CUDA if present)
     python scripts/bench_attention.py --types softmax,local:64 --lengths 4096 --modes fwd,fwdbwd
+    python scripts/bench_attention.py --form bidirectional   # the encoder forms (every type that has one)
 
 For each cell it records the median time over ``--reps`` runs (after a warm-up), the useful
 TFLOP/s (softmax family: 4*D FLOPs per allowed (query, key) pair per head; linear family:
@@ -17,6 +18,10 @@ arguments) and ``<out>.png``; prints a summary and the CPU check of the issue: `
 at least 3x faster than ``softmax`` at 4k tokens, forward and forward+backward.  A cell whose
 warm-up run alone takes longer than ``--max-seconds`` is recorded as skipped, and so are the
 longer lengths of that type (times only grow with the length).
+
+``--form bidirectional`` times the encoder forms (every query sees every key) of the types that have
+one, and prints the encoder check of issue 17 instead: ``linformer:256``, ``xca`` and ``additive`` each
+at least 10x faster than bidirectional ``softmax`` at 4k tokens, forward.
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ DEFAULT_TYPES = (
     "softmax,gqa:4,local:64,dilated:64:4,strided:64,fixed:64,longformer:64:16,bigbird:64:16:2,"
     "linear,relu-linear,cosformer:16384,performer:64,hydra,sima,lsra:7,msla:5,convmod:7"
 )
+BIDIRECTIONAL_TYPES = (
+    "softmax,gqa:4,local:64,dilated:64:4,longformer:64:16,bigbird:64:16:2,linear,relu-linear,cosformer:16384,"
+    "performer:64,hydra,sima,msla:5,linformer:256,additive,xca"
+)
+ENCODER_TARGET = ("linformer:256", "xca", "additive")  # each >= 10x bidirectional softmax, CPU fp32 fwd at 4k
 DEFAULT_LENGTHS = "512,1024,2048,4096,8192,16384"
 BACKWARD_FACTOR = 2.5  # backward FLOPs / forward FLOPs (five matmuls against two)
 
@@ -76,9 +86,9 @@ class Row:
 # --------------------------------------------------------------------------- work models
 
 
-def attention_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
-    """The type's own count of its token mixing (the latency features use the same)."""
-    fwd = get(spec).prefill_flops(spec, b, t, h, d)
+def attention_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool, causal: bool = True) -> float:
+    """The type's own count of its token mixing in the form timed (the latency features use the same)."""
+    fwd = get(spec).mixing_flops(spec, b, t, h, d, causal)
     return fwd * (1 + BACKWARD_FACTOR if backward else 1)
 
 
@@ -87,10 +97,10 @@ def attention_bytes(b: int, h: int, hkv: int, t: int, d: int, itemsize: int, bac
     return once * (2 if backward else 1)
 
 
-def block_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool) -> float:
+def block_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool, causal: bool = True) -> float:
     e = h * d
     linear = projection_flops(str(spec), b * t, e, h, d) + 2.0 * b * t * e * 4 * e * 2  # q, k, v, o; MLP up and down
-    fwd = linear + attention_flops(spec, b, h, t, d, False)
+    fwd = linear + attention_flops(spec, b, h, t, d, False, causal)
     return fwd * (1 + BACKWARD_FACTOR) if backward else fwd
 
 
@@ -170,18 +180,19 @@ def time_it(run, device: torch.device, reps: int, max_seconds: float) -> tuple[l
     return times, peak.mb
 
 
-def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen):
+def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen, causal=True):
     hk, hv = kv_heads(spec, h)
     q = torch.randn(b, h, t, d, generator=gen).to(device, dtype)
     k = torch.randn(b, hk, t, d, generator=gen).to(device, dtype) if hk else None
     v = torch.randn(b, hv, t, d, generator=gen).to(device, dtype)
-    w = {n: (0.02 * torch.randn(*s, generator=gen)).to(device, dtype) for n, s in get(spec).weights(spec, h, d).items()}
+    shapes = get(spec).weights(spec, h, d, max_seq_len=t)
+    w = {n: (0.02 * torch.randn(*s, generator=gen)).to(device, dtype) for n, s in shapes.items()}
     inputs = [x for x in (q, k, v, *w.values()) if x is not None]
     if not backward:
 
         def run():
             with torch.no_grad():
-                attend(q, k, v, spec, w)
+                attend(q, k, v, spec, w, causal)
 
         return run
     for x in inputs:
@@ -191,14 +202,14 @@ def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, 
     def run():
         for x in inputs:
             x.grad = None
-        attend(q, k, v, spec, w).backward(grad)
+        attend(q, k, v, spec, w, causal).backward(grad)
 
     return run
 
 
-def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen):
+def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen, causal=True):
     e = h * d
-    block = Block(e, d, LayerChoice(h, 4 * e, str(spec))).to(device, dtype)
+    block = Block(e, d, LayerChoice(h, 4 * e, str(spec)), max_seq_len=t).to(device, dtype)
     cos, sin = (x.to(device) for x in rope_tables(t, d))
     x = torch.randn(b, t, e, generator=gen).to(device, dtype)
     if not backward:
@@ -206,7 +217,7 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
 
         def run():
             with torch.no_grad():
-                block(x, (cos, sin))[0]
+                block(x, (cos, sin), causal=causal)[0]
 
         return run
     x.requires_grad_(True)
@@ -215,7 +226,7 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
     def run():
         block.zero_grad(set_to_none=True)
         x.grad = None
-        block(x, (cos, sin))[0].backward(grad)
+        block(x, (cos, sin), causal=causal)[0].backward(grad)
 
     return run
 
@@ -250,10 +261,10 @@ def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: tor
     """Fill ``row`` with the timings, throughput and peak memory of one cell (or mark it skipped / oom)."""
     b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
     make = attention_case if row.scope == "attention" else block_case
+    causal = args.form == "causal"
     try:
-        result = time_it(
-            make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t)), device, args.reps, args.max_seconds
-        )
+        case = make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t), causal)
+        result = time_it(case, device, args.reps, args.max_seconds)
     except torch.OutOfMemoryError:
         row.status = "oom"
         if device.type == "cuda":
@@ -264,7 +275,7 @@ def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: tor
     times, peak = result
     row.status, row.reps = "ok", len(times)
     row.ms, row.ms_min, row.peak_mb = statistics.median(times), min(times), peak
-    flops = (attention_flops if row.scope == "attention" else block_flops)(spec, b, h, t, d, backward)
+    flops = (attention_flops if row.scope == "attention" else block_flops)(spec, b, h, t, d, backward, causal)
     row.tflops = flops / (row.ms * 1e-3) / 1e12
     if row.scope == "attention":
         itemsize = torch.finfo(dtype).bits // 8
@@ -326,6 +337,23 @@ def speedup_check(rows: list[Row], window: str = "local:64", t: int = 4096, need
     return lines
 
 
+def encoder_check(rows: list[Row], t: int = 4096, need: float = 10.0) -> list[str]:
+    """Issue 17's CPU target: each of :data:`ENCODER_TARGET` at least ``need`` x faster than bidirectional
+    softmax at ``t`` tokens, forward (run with ``--threads 1`` for the target's one thread)."""
+    where = ("attention", "cpu", "fwd", t)
+    cell = {r.type: r for r in rows if (r.scope, r.device, r.mode, r.seq_len) == where and r.status == "ok"}
+    if "softmax" not in cell:
+        return []
+    base, lines = cell["softmax"].ms, []
+    for kind in (k for k in ENCODER_TARGET if k in cell):
+        x = base / cell[kind].ms
+        lines.append(
+            f"CPU fwd     T={t} bidirectional: softmax {base:9.1f} ms, {kind} {cell[kind].ms:8.1f} ms -> {x:6.2f}x  "
+            f"[{'PASS' if x >= need else 'FAIL'} >= {need}x]"
+        )
+    return lines
+
+
 def summary(rows: list[Row]) -> str:
     out = [f"{'scope':9s} {'dev':4s} {'mode':6s} {'type':18s} {'T':>6s} {'ms':>10s} {'TFLOP/s':>8s} {'GB/s':>7s} {'peak MB':>8s}"]
     for r in rows:
@@ -341,7 +369,11 @@ def summary(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--types", default=DEFAULT_TYPES, help="comma-separated attention types (default: one of each)")
+    p.add_argument("--types", default=None, help="comma-separated attention types (default: one of each with the --form)")
+    p.add_argument(
+        "--form", choices=("causal", "bidirectional"), default="causal",
+        help="the causal (decoder) or bidirectional (encoder) form of each type",
+    )
     p.add_argument("--lengths", default=DEFAULT_LENGTHS, help="comma-separated sequence lengths")
     p.add_argument("--devices", default="cpu,cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--modes", default="fwd,fwdbwd")
@@ -359,11 +391,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
     args = p.parse_args(argv)
+    if args.types is None:
+        args.types = DEFAULT_TYPES if args.form == "causal" else BIDIRECTIONAL_TYPES
     try:
         for s in args.types.split(","):
             parse_attention(s)
     except ValueError as e:
         p.error(f"--types: {e}")
+    no_form = [s for s in args.types.split(",") if args.form not in get(s).forms]
+    if no_form:
+        p.error(f"--types: {', '.join(no_form)} ha{'s' if len(no_form) == 1 else 've'} no {args.form} form (--form {args.form})")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -407,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))
     plot(rows, out.with_suffix(".png"))
     print(summary(rows))
-    print("\n".join(speedup_check(rows)))
+    print("\n".join(speedup_check(rows) if args.form == "causal" else encoder_check(rows)))
     print(f"wrote {out.with_suffix('.csv')}, {out.with_suffix('.json')}, {out.with_suffix('.png')}")
     return 0
 

@@ -110,7 +110,7 @@ def _max_shapes(space: Space) -> dict[str, dict[str, tuple[int, ...]]]:
         spec = parse_attention(attention)
         typ = get(spec)
         for h in space.heads:
-            for name, shape in typ.weights(spec, h, space.head_dim).items():
+            for name, shape in typ.weights(spec, h, space.head_dim, max_seq_len=space.max_seq_len).items():
                 have = out.setdefault(typ.name, {}).get(name, shape)
                 assert len(have) == len(shape), f"{typ.name}.{name}: shapes of different ranks {have}, {shape}"
                 out[typ.name][name] = tuple(max(a, b) for a, b in zip(have, shape))
@@ -129,10 +129,13 @@ class ElasticAttention(nn.Module):
     """Q/K/V/O projections at max size (``heads`` x head_dim of them are active) and each attention
     kind's own weights at max size (``mix.<kind>``)."""
 
-    def __init__(self, max_embed_dim: int, max_heads: int, head_dim: int, mix_shapes: dict[str, dict[str, tuple[int, ...]]]):
+    def __init__(
+        self, max_embed_dim: int, max_heads: int, head_dim: int, mix_shapes: dict[str, dict[str, tuple[int, ...]]],
+        max_seq_len: int | None = None,
+    ):
         super().__init__()
         width = max_heads * head_dim
-        self.head_dim = head_dim
+        self.head_dim, self.max_seq_len = head_dim, max_seq_len
         self.q = nn.Linear(max_embed_dim, width)
         self.k = nn.Linear(max_embed_dim, width)
         self.v = nn.Linear(max_embed_dim, width)
@@ -147,7 +150,8 @@ class ElasticAttention(nn.Module):
         spec, hd = layer.attention_spec, self.head_dim
         typ, a = get(spec), layer.heads * hd
         hk, hv = typ.heads(spec, layer.heads)
-        mix = {n: leading_slice(self.mix[typ.name].w[n], s) for n, s in typ.weights(spec, layer.heads, hd).items()}
+        shapes = typ.weights(spec, layer.heads, hd, max_seq_len=self.max_seq_len)
+        mix = {n: leading_slice(self.mix[typ.name].w[n], s) for n, s in shapes.items()}
         k = linear_slice(self.k, e, hk * hd) if hk else None
         return linear_slice(self.q, e, a), k, linear_slice(self.v, e, hv * hd), linear_slice(self.o, a, e), mix
 
@@ -182,7 +186,7 @@ class ElasticBlock(nn.Module):
         super().__init__()
         e = space.max_embed_dim
         self.ln1 = ElasticLayerNorm(e)
-        self.attn = ElasticAttention(e, space.max_heads, space.head_dim, mix_shapes)
+        self.attn = ElasticAttention(e, space.max_heads, space.head_dim, mix_shapes, space.max_seq_len)
         self.ln2 = ElasticLayerNorm(e)
         self.mlp = ElasticMLP(e, space.max_ffn_dim)
 

@@ -103,7 +103,8 @@ class BlockWeights:
 
 
 def block_weight_shapes(
-    typ: AttentionType, spec: AttentionSpec, embed_dim: int, heads: int, ffn_dim: int, head_dim: int
+    typ: AttentionType, spec: AttentionSpec, embed_dim: int, heads: int, ffn_dim: int, head_dim: int,
+    max_seq_len: int | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """The shapes of a block's weights by state-dict name (what :meth:`BlockWeights.named` holds)."""
     e, a, (hk, hv) = embed_dim, heads * head_dim, typ.heads(spec, heads)
@@ -113,7 +114,7 @@ def block_weight_shapes(
     shapes.update({"attn.v.weight": (hv * head_dim, e), "attn.v.bias": (hv * head_dim,), "attn.o.weight": (e, a),
                    "attn.o.bias": (e,), "ln2.weight": (e,), "ln2.bias": (e,), "mlp.fc1.weight": (ffn_dim, e),
                    "mlp.fc1.bias": (ffn_dim,), "mlp.fc2.weight": (e, ffn_dim), "mlp.fc2.bias": (e,)})  # fmt: skip
-    shapes.update({f"attn.mix.{n}": s for n, s in typ.weights(spec, heads, head_dim).items()})
+    shapes.update({f"attn.mix.{n}": s for n, s in typ.weights(spec, heads, head_dim, max_seq_len=max_seq_len).items()})
     return shapes
 
 
@@ -237,7 +238,7 @@ def _pair(m: nn.Linear | nn.LayerNorm | None) -> Pair | None:
 class Attention(nn.Module):
     """The projections of one layer (q; k and v with the type's key / value heads; o) and the type's own weights."""
 
-    def __init__(self, embed_dim: int, heads: int, head_dim: int, attention: str):
+    def __init__(self, embed_dim: int, heads: int, head_dim: int, attention: str, max_seq_len: int | None = None):
         super().__init__()
         width = heads * head_dim
         self.heads, self.head_dim = heads, head_dim
@@ -248,7 +249,7 @@ class Attention(nn.Module):
         self.k = nn.Linear(embed_dim, hk * head_dim) if hk else None
         self.v = nn.Linear(embed_dim, hv * head_dim)
         self.o = nn.Linear(width, embed_dim)
-        shapes = self.typ.weights(self.spec, heads, head_dim)
+        shapes = self.typ.weights(self.spec, heads, head_dim, max_seq_len=max_seq_len)
         self.mix = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in shapes.items()})
 
     def mix_params(self):
@@ -266,10 +267,10 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm block of one fixed shape; its forward is :func:`block` with its own weights."""
 
-    def __init__(self, embed_dim: int, head_dim: int, layer: LayerChoice):
+    def __init__(self, embed_dim: int, head_dim: int, layer: LayerChoice, max_seq_len: int | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(embed_dim)
-        self.attn = Attention(embed_dim, layer.heads, head_dim, layer.attention)
+        self.attn = Attention(embed_dim, layer.heads, head_dim, layer.attention, max_seq_len)
         self.ln2 = nn.LayerNorm(embed_dim)
         self.mlp = MLP(embed_dim, layer.ffn_dim)
 
@@ -294,7 +295,7 @@ class Transformer(nn.Module):
         e = config.embed_dim
         self.tok_emb = nn.Embedding(config.vocab_size, e)
         self.pos_emb = nn.Embedding(config.max_seq_len, e) if config.positions == "learned" else None
-        self.blocks = nn.ModuleList(Block(e, config.head_dim, layer) for layer in config.layers)
+        self.blocks = nn.ModuleList(Block(e, config.head_dim, layer, config.max_seq_len) for layer in config.layers)
         self.ln_f = nn.LayerNorm(e)
         if config.positions == "rope":
             cos, sin = rope_tables(config.max_seq_len, config.head_dim)

@@ -78,6 +78,8 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
     """Write the decode step of ``model`` to ``path`` (dynamic batch and past length); return the path."""
     import onnx
 
+    if not model.config.causal:
+        raise UserError("this model is a bidirectional encoder (task masked-lm): it has no decode step to export")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()

@@ -41,10 +41,10 @@ def qkv(spec, t, b=2, h=4, d=16, seed=0, requires_grad=False):
     return [x.requires_grad_(requires_grad) if x is not None else None for x in (q, k, v)]
 
 
-def mix(spec, h=4, d=16, seed=5, requires_grad=False):
+def mix(spec, h=4, d=16, seed=5, requires_grad=False, max_seq_len=200):
     """The type's own weights (name -> tensor) for h heads of d, away from any special value."""
     g = torch.Generator().manual_seed(seed)
-    shapes = REGISTRY[spec.kind].weights(spec, h, d)
+    shapes = REGISTRY[spec.kind].weights(spec, h, d, max_seq_len=max_seq_len)
     return {n: (torch.randn(*shape, generator=g) * 0.5).requires_grad_(requires_grad) for n, shape in shapes.items()}
 
 

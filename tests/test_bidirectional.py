@@ -44,16 +44,19 @@ def test_encoder_tiny_is_a_masked_lm_space_of_bidirectional_types():
 
 
 def test_types_declare_their_forms():
-    for name in ("softmax", "gqa:2", "local:8", "linear", "relu-linear", "cosformer:64", "performer:16"):
+    for name in ("softmax", "gqa:2", "local:8", "linear", "relu-linear", "cosformer:64", "performer:16", "dilated:4:2",
+                 "longformer:4:2", "bigbird:4:2:1", "hydra", "sima", "msla:3"):  # fmt: skip
         assert get(name).forms == ("causal", "bidirectional"), name
-    for name in ("strided:4", "dilated:4:2", "longformer:4:2", "hydra", "sima", "lsra:3", "msla:3", "convmod:3"):
+    for name in ("strided:4", "fixed:4", "lsra:3", "convmod:3"):
         assert get(name).forms == ("causal",), name
+    for name in ("linformer:8", "additive", "xca"):
+        assert get(name).forms == ("bidirectional",), name
 
 
 def test_masked_lm_space_with_a_causal_only_type_is_refused_naming_layer_and_type():
     with pytest.raises(SpaceError) as info:
-        parse_space(ENCODER.format(attention="softmax, 'hydra'"), where="enc.yaml")
-    assert info.value.errors == ["enc.yaml: layers.attention[1]: hydra has no bidirectional form, which task masked-lm needs"]
+        parse_space(ENCODER.format(attention="softmax, 'convmod:3'"), where="enc.yaml")
+    assert info.value.errors == ["enc.yaml: layers.attention[1]: convmod:3 has no bidirectional form, which task masked-lm needs"]
 
 
 class EncoderOnly(AttentionType):

@@ -30,7 +30,7 @@ class GatedDecay(AttentionType):
     def heads(self, spec, heads):
         return 0, heads  # no keys
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         return {"scale": (heads * head_dim,)}
 
     def init_weight(self, name, weight, generator):

@@ -15,11 +15,12 @@ that differs between types is a method here, in this order:
 * **math**: ``reference`` (plain and obviously right: the tests hold every path to it),
   ``forward`` (the CPU fast path), ``forward_cuda``, ``forward_onnx`` (what the ONNX exporter
   traces: opset-23 ``Attention`` for the softmax family where ``fused_onnx``); the bidirectional
-  form (every query sees every key, for an encoder task) has its own ``bidirectional_reference``
-  and fast path ``bidirectional``;
+  form (every query sees every key, for an encoder task) has its own ``bidirectional_reference``,
+  fast path ``bidirectional`` and traced form ``bidirectional_onnx``;
 * **decoding**: ``state`` (what a layer keeps per sequence: named tensors, see
   :class:`StateSpec`), ``prefill_state`` (that state after a prompt) and ``step`` (one new token);
-* **cost**: ``prefill_flops`` and ``decode_flops`` of the token mixing; the bytes a decode step
+* **cost**: ``prefill_flops`` and ``decode_flops`` of the token mixing (``bidirectional_flops`` for the
+  encoder form; ``mixing_flops`` picks by the task's form); the bytes a decode step
   reads come from ``state`` (:func:`state_bytes`).  Latency features, the search's analytic
   proxy and the benchmarks read these, never the type's name;
 * ``position_limit``: a position past which the type's definition changes (cosFormer's horizon).
@@ -89,9 +90,13 @@ class AttentionType:
         """How many leading query (and key) heads get rotary positions in a rope model."""
         return heads
 
-    def weights(self, spec: AttentionSpec, heads: int, head_dim: int) -> dict[str, tuple[int, ...]]:
+    def weights(
+        self, spec: AttentionSpec, heads: int, head_dim: int, max_seq_len: int | None = None
+    ) -> dict[str, tuple[int, ...]]:
         """The type's own weights of a layer: name -> shape.  Elastic like every weight: the
-        supernet keeps the largest shape over the space and a layer uses the leading slice."""
+        supernet keeps the largest shape over the space and a layer uses the leading slice.
+        ``max_seq_len``: the model's longest sequence, for a weight that spans the sequence
+        (Linformer's projections, which a layer over T tokens uses the leading T columns of)."""
         return {}
 
     def init_weight(self, name: str, weight: Tensor, generator: torch.Generator | None) -> None:
@@ -122,12 +127,16 @@ class AttentionType:
         raise NotImplementedError(f"{self.name} has no bidirectional form")
 
     def bidirectional(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
-        """The encoder form's fast path (every device, and what the ONNX exporter traces)."""
+        """The encoder form's fast path (every device)."""
         return self.bidirectional_reference(q, k, v, spec, w)
+
+    def bidirectional_onnx(self, q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """What the ONNX exporter traces of the encoder form (no data-dependent branches on the length)."""
+        return self.bidirectional(q, k, v, spec, w)
 
     def path(self, device_type: str, exporting: bool = False, causal: bool = True) -> Callable[..., Tensor]:
         if not causal:
-            return self.bidirectional
+            return self.bidirectional_onnx if exporting else self.bidirectional
         if exporting:
             return self.forward_onnx
         return self.forward_cuda if device_type == "cuda" else self.forward
@@ -169,6 +178,14 @@ class AttentionType:
     def decode_flops(self, spec: AttentionSpec, batch: int, context: int, heads: int, head_dim: int) -> float:
         """FLOPs of mixing one new token with ``context`` tokens already seen."""
         raise NotImplementedError
+
+    def bidirectional_flops(self, spec: AttentionSpec, batch: int, t: int, heads: int, head_dim: int) -> float:
+        """FLOPs of the bidirectional (encoder) form over ``t`` tokens."""
+        raise NotImplementedError(f"{self.name} has no bidirectional form")
+
+    def mixing_flops(self, spec: AttentionSpec, batch: int, t: int, heads: int, head_dim: int, causal: bool = True) -> float:
+        """FLOPs of the token mixing of the form a task uses: ``prefill_flops`` (causal) or ``bidirectional_flops``."""
+        return (self.prefill_flops if causal else self.bidirectional_flops)(spec, batch, t, heads, head_dim)
 
     def __repr__(self) -> str:
         return f"<attention type {self.name}>"

@@ -70,6 +70,12 @@ class Blocks:
             (rows.new_zeros(before * self.c, rows.shape[-1]), rows)
         )  # cat writes each row once; F.pad fills all first
 
+    def centred_flat(self, x: Tensor, before: int, after: int) -> Tensor:
+        """Like :meth:`flat`, also with ``after`` zero blocks at the end: window w of :func:`windows` then
+        covers the ``before`` blocks ahead of query block w, the block and the ``after`` blocks behind it."""
+        rows = self.padded(x).reshape(-1, x.shape[-1])  # (B*H*N*C, D)
+        return torch.cat((rows.new_zeros(before * self.c, rows.shape[-1]), rows, rows.new_zeros(after * self.c, rows.shape[-1])))
+
     def unblock(self, y: Tensor) -> Tensor:
         """y (B*H*N, C, Dv) -> (B, H, T, Dv)."""
         return y.reshape(self.b, self.h, self.n * self.c, y.shape[-1])[:, :, : self.t]
@@ -149,6 +155,15 @@ def window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: in
     """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf."""
     span = (before + 1) * lay.c
     k_flat, v_flat = lay.flat(k, before), lay.flat(v, before)
+    scores = WindowScores.apply(q_blocks, k_flat, span)  # (BHN, C, span)
+    return Group(_biased(scores, bias, lay, 1.0 / math.sqrt(q_blocks.shape[-1])), lambda p: WindowApply.apply(p, v_flat))
+
+
+def centred_window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, after: int, bias: Tensor) -> Group:
+    """Each block with ``before`` blocks before it and ``after`` behind it (a bidirectional window);
+    bias (N, C, (before+1+after)*C), 0 or -inf, hides what lies outside the row's sequence."""
+    span = (before + 1 + after) * lay.c
+    k_flat, v_flat = lay.centred_flat(k, before, after), lay.centred_flat(v, before, after)
     scores = WindowScores.apply(q_blocks, k_flat, span)  # (BHN, C, span)
     return Group(_biased(scores, bias, lay, 1.0 / math.sqrt(q_blocks.shape[-1])), lambda p: WindowApply.apply(p, v_flat))
 

@@ -23,7 +23,14 @@ from torch import Tensor
 
 from . import cache
 from .base import INIT_STD, AttentionType, StateSpec
-from .linear import CHUNK, causal_linear_chunked, kernel_reference, recurrent_step
+from .linear import (
+    CHUNK,
+    bidirectional_kernel_reference,
+    bidirectional_linear,
+    causal_linear_chunked,
+    kernel_reference,
+    recurrent_step,
+)
 from .patterns import attend_one, causal_mask, masked_softmax_reference
 from .registry import exporting, register
 
@@ -63,6 +70,37 @@ def causal_dwconv(x: Tensor, w: Tensor) -> Tensor:
     k = w.shape[1]
     y = F.conv1d(F.pad(_channels(x), (k - 1, 0)), w.flip(1)[:, None, :], groups=w.shape[0])  # (B, H*D, T)
     return _heads(y, x.shape[1])
+
+
+def centred_offset(s: int) -> int:
+    """The token offset of tap ``s`` of a centred kernel, nearest first: 0, -1, +1, -2, +2, ... (so an
+    elastic kernel's leading taps are still the nearest ones; an even K reaches one more token back)."""
+    return -((s + 1) // 2) if s % 2 else s // 2
+
+
+def centred_conv_reference(x: Tensor, w: Tensor) -> Tensor:
+    """Centred depthwise convolution as K shifted multiply-adds: y_t = sum_s w[:, s] x_{t + offset(s)}, zeros
+    outside the sequence.  x (B, H, T, D), w (H*D, K) -> (B, H, T, D); also the traced (ONNX) form."""
+    b, h, t, d = x.shape
+    taps = w.view(h, d, -1).transpose(1, 2)[None, :, :, None, :]  # (1, H, K, 1, D)
+    out = x * taps[:, :, 0]
+    for s in range(1, w.shape[1]):
+        o = centred_offset(s)
+        ahead = max(o, 0)
+        shifted = F.pad(x, (0, 0, max(-o, 0), ahead))[:, :, ahead : ahead + t]  # x_{t+o}
+        out = out + shifted * taps[:, :, s]
+    return out
+
+
+def centred_dwconv(x: Tensor, w: Tensor) -> Tensor:
+    """The CPU / CUDA path of :func:`centred_conv_reference`: the taps reordered by offset, one grouped conv1d."""
+    if exporting():
+        return centred_conv_reference(x, w)
+    k = w.shape[1]
+    before = -min(centred_offset(s) for s in range(k))
+    by_offset = sorted(range(k), key=centred_offset)  # tap of offset -before, ..., +after
+    y = F.conv1d(F.pad(_channels(x), (before, k - 1 - before)), w[:, by_offset][:, None, :], groups=w.shape[0])
+    return _heads(y, x.shape[1])  # (B, H, T, D)
 
 
 def conv_step(window: Tensor, x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,7 +149,7 @@ class ConvMod(ConvType):
     def rotary_heads(self, spec, heads):
         return 0
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         return {"dw": (heads * head_dim, spec.param("K"))}
 
     def reference(self, q, k, v, spec, w):
@@ -160,7 +198,7 @@ class LongShortRange(ConvType):
     def rotary_heads(self, spec, heads):
         return _split(heads)[0]
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         conv = _split(heads)[1]
         return {"dw": (conv * head_dim, spec.param("K"))} if conv else {}
 
@@ -230,13 +268,17 @@ def _relu_linear(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 class MultiScaleLinear(ConvType):
+    """Bidirectional form: the convolutions centred (:func:`centred_dwconv`, the same kernel weights) and
+    both linear attentions over every token (no prefix sums)."""
+
     name = "msla"
     doc = (
         "EfficientViT multi-scale linear attention: ReLU linear attention of q, k, v plus of their "
         "causal depthwise convolutions (kernel K)"
     )
+    forms = ("causal", "bidirectional")
 
-    def weights(self, spec, heads, head_dim):
+    def weights(self, spec, heads, head_dim, max_seq_len=None):
         shape = (heads * head_dim, spec.param("K"))
         return {"dw_q": shape, "dw_k": shape, "dw_v": shape}
 
@@ -277,6 +319,20 @@ class MultiScaleLinear(ConvType):
 
     def decode_flops(self, spec, batch, context, heads, head_dim):
         return 2 * 4.0 * batch * heads * head_dim * head_dim + 3 * self.conv_flops(batch, 1, heads * head_dim, spec.param("K"))
+
+    def bidirectional_reference(self, q, k, v, spec, w):
+        cq, ck, cv = (centred_conv_reference(x, w[f"dw_{n}"]) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        ref = bidirectional_kernel_reference
+        return ref(F.relu(q), F.relu(k), v) + ref(F.relu(cq), F.relu(ck), cv)
+
+    def bidirectional(self, q, k, v, spec, w):
+        cq, ck, cv = (centred_dwconv(x, w[f"dw_{n}"]) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+        one = lambda q_, k_, v_: bidirectional_linear(F.relu(q_.float()), F.relu(k_.float()), v_.float())  # noqa: E731
+        return (one(q, k, v) + one(cq, ck, cv)).to(v.dtype)
+
+    def bidirectional_flops(self, spec, batch, t, heads, head_dim):
+        linear = 2.0 * batch * heads * t * head_dim * (2 * head_dim + 1)  # one bidirectional relu-linear
+        return 2 * linear + 3 * self.conv_flops(batch, t, heads * head_dim, spec.param("K"))
 
 
 convmod = register(ConvMod())

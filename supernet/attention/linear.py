@@ -161,6 +161,11 @@ class KernelType(AttentionType):
     def decode_flops(self, spec, batch, context, heads, head_dim):
         return 4.0 * batch * heads * self.feature_dim(spec, head_dim) * head_dim  # update the state, then read it
 
+    def bidirectional_flops(self, spec, batch, t, heads, head_dim):
+        # one (F, D) state over every token (2 T F D), read by every query (2 T F D), and the normaliser (2 T F)
+        f = self.feature_dim(spec, head_dim)
+        return 2.0 * batch * heads * t * f * (2 * head_dim + 1)
+
 
 # --------------------------------------------------------------------------- feature maps
 

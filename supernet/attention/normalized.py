@@ -1,4 +1,4 @@
-"""Softmax-free attention with normalised queries and keys: ``hydra`` and ``sima``, causal forms.
+"""Softmax-free attention with normalised queries and keys: ``hydra`` and ``sima``, causal and bidirectional forms.
 
 * ``hydra`` (Hydra attention, Bolya et al. 2022: as many heads as features, the cosine kernel):
   ``out_i = n(q_i) * mean_{j<=i} n(k_j) * v_j`` elementwise, n = L2 normalisation over the head's
@@ -9,6 +9,11 @@
   its channels, and each key channel l1-normalised over the tokens so far (the paper normalises
   over all tokens; causally, over the prefix).  Linear in T: causal linear attention of the
   queries divided by the key norms' prefix sums (:func:`.linear.causal_linear_chunked`).
+
+The bidirectional forms (an encoder) take the same over every token instead of the prefix: Hydra
+``n(q_i) * mean_j n(k_j) * v_j`` (the mean over all T tokens), SimA
+``sum_c q^_i[c] (sum_j k_j[c] v_j) / (sum_j |k_j[c]|)`` (keys l1-normalised per channel over all tokens,
+as in the paper); no prefix sums, O(T D) and O(T D^2).
 
 Both decode with a constant state: Hydra the running sum (H, D), SimA the (D x D) sum of k v^T
 and the key norms (D) per head; in fp32 like the linear family.
@@ -40,6 +45,7 @@ def _counts(t: int, start, device) -> Tensor:
 class Hydra(AttentionType):
     name = "hydra"
     doc = "Hydra attention, causal: n(q) * running mean of n(k) * v per channel (n: L2 normalisation), O(T D)"
+    forms = ("causal", "bidirectional")
 
     def reference(self, q, k, v, spec, w):
         t = q.shape[2]
@@ -67,6 +73,18 @@ class Hydra(AttentionType):
     def decode_flops(self, spec, batch, context, heads, head_dim):
         return 10.0 * batch * heads * head_dim
 
+    def bidirectional_reference(self, q, k, v, spec, w):
+        t = q.shape[2]
+        mean = torch.full((t, t), 1.0 / t, device=q.device)  # (T, T): every token, weight 1/T
+        return (_l2(q) * (mean @ (_l2(k) * v.float()))).to(v.dtype)
+
+    def bidirectional(self, q, k, v, spec, w):
+        return (_l2(q) * (_l2(k) * v.float()).mean(2, keepdim=True)).to(v.dtype)  # (B, H, T, D)
+
+    def bidirectional_flops(self, spec, batch, t, heads, head_dim):
+        # normalise q and k (3 each per channel), k * v, the sum over tokens, the gate by q; the mean's division (D)
+        return 9.0 * batch * heads * t * head_dim + batch * heads * head_dim
+
 
 def _l1(x: Tensor) -> Tensor:
     return x.float() / (x.float().abs().sum(-1, keepdim=True) + NORM_EPS)
@@ -75,6 +93,7 @@ def _l1(x: Tensor) -> Tensor:
 class SimA(AttentionType):
     name = "sima"
     doc = "SimA, causal: l1-normalised queries, keys l1-normalised per channel over the prefix, no softmax, O(T D^2)"
+    forms = ("causal", "bidirectional")
 
     def _queries(self, q: Tensor, k: Tensor) -> Tensor:
         """q^ / (prefix sums of |k| per channel): then out is causal linear attention of these and k, unnormalised."""
@@ -107,6 +126,21 @@ class SimA(AttentionType):
 
     def decode_flops(self, spec, batch, context, heads, head_dim):
         return 4.0 * batch * heads * head_dim * head_dim + 6.0 * batch * heads * head_dim
+
+    def _all_queries(self, q: Tensor, k: Tensor) -> Tensor:
+        """q^ / (sums of |k| per channel over every token): (B, H, T, D)."""
+        return _l1(q) / (k.float().abs().sum(2, keepdim=True) + LINEAR_EPS)
+
+    def bidirectional_reference(self, q, k, v, spec, w):
+        a = self._all_queries(q, k) @ k.float().transpose(-2, -1)  # (B, H, T, T), no mask
+        return (a @ v.float()).to(v.dtype)
+
+    def bidirectional(self, q, k, v, spec, w):
+        return (self._all_queries(q, k) @ (k.float().transpose(-2, -1) @ v.float())).to(v.dtype)  # k^T v: (B, H, D, D)
+
+    def bidirectional_flops(self, spec, batch, t, heads, head_dim):
+        # k^T v and q^ (k^T v) (2 T D^2 each); l1 norms of q (3 T D), |k| summed (2 T D), the division (T D)
+        return 4.0 * batch * heads * t * head_dim * head_dim + 6.0 * batch * heads * t * head_dim
 
 
 hydra = register(Hydra())

@@ -99,10 +99,14 @@ class PatternType(AttentionType):
     def bidirectional_reference(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
         return masked_softmax_reference(q, k, v, dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device))
 
-    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+    def bidirectional_onnx(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
         """One SDPA under the dense (T, T) mask of the pattern (an opset-23 ``Attention`` node when exported)."""
         mask = dense_mask(self.bidirectional_pattern, spec, q.shape[-2], q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped(q, k))
+
+    def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w: Weights) -> Tensor:
+        """The fast path: the dense-mask SDPA unless the type has a sparse one (:mod:`.sparse`)."""
+        return self.bidirectional_onnx(q, k, v, spec, w)
 
     # decoding
     def state(self, spec: AttentionSpec, heads: int, head_dim: int) -> dict[str, StateSpec]:
@@ -147,6 +151,9 @@ class PatternType(AttentionType):
     def prefill_flops(self, spec, batch, t, heads, head_dim):
         return 4.0 * batch * heads * attended_pairs(self, spec, t) * head_dim  # scores and weighted sum over the pairs
 
+    def bidirectional_flops(self, spec, batch, t, heads, head_dim):
+        return 4.0 * batch * heads * attended_pairs(self, spec, t, bidirectional=True) * head_dim
+
     def decode_flops(self, spec, batch, context, heads, head_dim):
         span = self.window(spec)
         keys = context + 1 if span is None else span + self.global_tokens(spec)  # a growing cache: every past key, masked
@@ -160,8 +167,10 @@ def attend_one(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> 
 
 
 @lru_cache(maxsize=1024)
-def attended_pairs(typ: PatternType, spec: AttentionSpec, t: int) -> int:
-    """How many (query, key) pairs a layer of this type scores at length ``t`` (the pattern's non-zeros)."""
+def attended_pairs(typ: PatternType, spec: AttentionSpec, t: int, bidirectional: bool = False) -> int:
+    """How many (query, key) pairs a layer of this type scores at length ``t`` (the pattern's non-zeros;
+    ``bidirectional``: of the encoder form's pattern)."""
+    pattern = typ.bidirectional_pattern if bidirectional else typ.pattern
     j = torch.arange(t)
     rows = max(1, 2**22 // t)  # count in row chunks: never a (t, t) tensor, even at 16k tokens
-    return sum(int(typ.pattern(j[s : s + rows, None], j[None, :], spec).sum()) for s in range(0, t, rows))
+    return sum(int(pattern(j[s : s + rows, None], j[None, :], spec).sum()) for s in range(0, t, rows))

@@ -42,6 +42,8 @@ class Softmax(PatternType):
     def bidirectional(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, w) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=grouped(q, k))
 
+    bidirectional_onnx = bidirectional  # one Attention node without a mask or the causal flag
+
 
 class GroupedQuery(Softmax):
     """Elastic like the rest: a gqa layer uses the leading ``kv_heads * head_dim`` rows of K and V."""

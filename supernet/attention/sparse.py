@@ -19,7 +19,16 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from .blocks import Blocks, as_bias, attend_groups, column_group, gathered_group, shared_group, window_group
+from .blocks import (
+    Blocks,
+    as_bias,
+    attend_groups,
+    centred_window_group,
+    column_group,
+    gathered_group,
+    shared_group,
+    window_group,
+)
 from .patterns import PatternType
 from .registry import register
 
@@ -68,6 +77,25 @@ def _cached(typ: BlockSparse, spec: AttentionSpec, t: int, b_h: tuple[int, int],
     return typ.plan(spec, t, b_h, device, dtype)
 
 
+@lru_cache(maxsize=128)
+def _cached_bidirectional(
+    typ: BlockSparse, spec: AttentionSpec, t: int, b_h: tuple[int, int], device: torch.device, dtype: torch.dtype
+):
+    """The same for the bidirectional form's plan."""
+    return typ.bidirectional_plan(spec, t, b_h, device, dtype)
+
+
+def _centred_window(lay: Blocks, w: int, device, dtype) -> tuple[int, Tensor]:
+    """The symmetric window |i - j| < W on the block engine: blocks reached on each side, and the bias
+    (N, C, (2 * reach + 1) * C) that also hides keys past the end (a padded query sees itself)."""
+    reach = -(-(w - 1) // lay.c)
+    blk = torch.arange(lay.n, device=device)[:, None, None]
+    i = blk * lay.c + torch.arange(lay.c, device=device)[None, :, None]  # (N, C, 1) query positions
+    j = (blk - reach) * lay.c + torch.arange((2 * reach + 1) * lay.c, device=device)[None, None, :]  # (N, 1, span) keys
+    allowed = ((i - j).abs() < w) & (j >= 0) & ((j < lay.t) | (j == i))
+    return reach, as_bias(allowed, dtype)
+
+
 def _window_bias(lay: Blocks, before: int, allowed, device, dtype) -> Tensor:
     i, j = _positions(lay, before, device)
     return as_bias(allowed(i, j) & (j >= 0), dtype)  # (N, C, (before+1)*C)
@@ -109,6 +137,16 @@ class Local(BlockSparse):
         lay, before, bias = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
 
+    def bidirectional_plan(self, spec, t, b_h, device, dtype):
+        lay = Blocks(*b_h, t, _block_size(spec.param("W")))
+        return (lay, *_centred_window(lay, spec.param("W"), device, dtype))
+
+    def bidirectional(self, q, k, v, spec, w):
+        """The symmetric window on the block engine: each block with ceil((W-1)/C) blocks on either side."""
+        b, h, t, _ = q.shape
+        lay, reach, bias = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
+        return attend_groups(lay, [centred_window_group(lay, lay.blocked(q), k, v, reach, reach, bias)])
+
 
 
 # --------------------------------------------------------------------------- dilated:W:D
@@ -131,6 +169,7 @@ class Dilated(PatternType):
     name = "dilated"
     params = ("W", "D")
     doc = "dilated causal window: itself and the W-1 tokens before it at strides of D (i, i-D, ..., i-(W-1)D)"
+    forms = ("causal", "bidirectional")
 
     def pattern(self, i, j, spec):
         w, step = spec.param("W"), spec.param("D")
@@ -150,6 +189,31 @@ class Dilated(PatternType):
         out = local.forward(*(_streams(x, step) for x in (q, k, v)), AttentionSpec("local", (spec.param("W"),)), w)
         return _unstream(out, q.shape[1], step, q.shape[2])  # from (B, H*D, T/D, Dv)
 
+    def bidirectional_pattern(self, i, j, spec):
+        d = (i - j).abs()
+        return (d % spec.param("D") == 0) & (d < spec.param("W") * spec.param("D"))  # i, i +- D, ..., i +- (W-1)D
+
+    def bidirectional(self, q, k, v, spec, w):
+        """The symmetric local:W on each residue stream; streams of m and of m-1 tokens apart (no padding seen)."""
+        b, h, t, _ = q.shape
+        step = spec.param("D")
+        m = -(-t // step)
+        full = t - (m - 1) * step  # streams 0 .. full-1 hold m tokens, the others m-1
+        window = AttentionSpec("local", (spec.param("W"),))
+        qs, ks, vs = (_streams(x, step).view(b, h, step, m, x.shape[-1]) for x in (q, k, v))
+        parts = []
+        for lo, hi, n in ((0, full, m), (full, step, m - 1)):
+            if hi == lo:
+                continue
+            if n == 0:  # streams past the end of a sequence shorter than D
+                parts.append(vs.new_zeros(b, h, hi - lo, m, vs.shape[-1]))
+                continue
+            sub = (x[:, :, lo:hi, :n].reshape(b, h * (hi - lo), n, x.shape[-1]) for x in (qs, ks, vs))
+            y = local.bidirectional(*sub, window, w).view(b, h, hi - lo, n, -1)
+            parts.append(torch.nn.functional.pad(y, (0, 0, 0, m - n)))
+        y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, D, m, Dv)
+        return _unstream(y.reshape(b, h * step, m, -1), h, step, t)
+
 
 
 # --------------------------------------------------------------------------- longformer:W:G, bigbird:W:G:R
@@ -167,9 +231,13 @@ def _global_keys(lay: Blocks, x: Tensor, g: int) -> Tensor:
 
 
 class Longformer(BlockSparse):
+    """Bidirectional form: the symmetric W-window plus the G global tokens, which every token sees and
+    which see every token (Longformer's symmetric global attention)."""
+
     name = "longformer"
     params = ("W", "G")
     doc = "Longformer: the W-token causal window plus the first G tokens (global)"
+    forms = ("causal", "bidirectional")
 
     def pattern(self, i, j, spec):
         return (j <= i) & ((i - j < spec.param("W")) | (j < spec.param("G")))
@@ -196,6 +264,35 @@ class Longformer(BlockSparse):
         ]
         return attend_groups(lay, groups)
 
+    def bidirectional_pattern(self, i, j, spec):
+        g = spec.param("G")
+        return ((i - j).abs() < spec.param("W")) | (j < g) | (i < g)
+
+    def bidirectional_plan(self, spec, t, b_h, device, dtype):
+        lay = Blocks(*b_h, t, _block_size(spec.param("W")))
+        reach, win = _centred_window(lay, spec.param("W"), device, dtype)
+        g = min(spec.param("G"), t)
+        return lay, reach, win, g, _outside_window(lay, torch.arange(g, device=device), spec.param("W"), dtype)
+
+    def bidirectional(self, q, k, v, spec, w):
+        """Window + global keys on the block engine; the G global queries see every key (one SDPA)."""
+        b, h, t, _ = q.shape
+        lay, reach, win, g, glob = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
+        return _global_rows(q, k, v, g, attend_groups(lay, [
+            centred_window_group(lay, lay.blocked(q), k, v, reach, reach, win),
+            shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
+        ]))  # fmt: skip
+
+
+def _outside_window(lay: Blocks, j: Tensor, w: int, dtype) -> Tensor:
+    """Bias (N, C, len(j)) letting each query see the keys at positions ``j`` outside its symmetric window."""
+    i = torch.arange(lay.n * lay.c, device=j.device).view(lay.n, lay.c, 1)
+    return as_bias((i - j).abs() >= w, dtype)
+
+
+def _global_rows(q: Tensor, k: Tensor, v: Tensor, g: int, out: Tensor) -> Tensor:
+    """``out`` (B, H, T, Dv) with its first g rows replaced: the global tokens attend to every key."""
+    return torch.cat((torch.nn.functional.scaled_dot_product_attention(q[:, :, :g], k, v), out[:, :, g:]), dim=2)
 
 
 def bigbird_random_block(block: Tensor, r: int, seed: int = BIGBIRD_SEED) -> Tensor:
@@ -211,9 +308,13 @@ def bigbird_random_block(block: Tensor, r: int, seed: int = BIGBIRD_SEED) -> Ten
 
 
 class BigBird(BlockSparse):
+    """Bidirectional form: Longformer's symmetric window and global tokens, and the random blocks in both
+    directions: block a sees block b when either picked the other (the same generator, symmetrised)."""
+
     name = "bigbird"
     params = ("W", "G", "R")
     doc = "BigBird: W-token window + first G tokens + R random earlier blocks of W tokens (fixed seed)"
+    forms = ("causal", "bidirectional")
 
     def pattern(self, i, j, spec):
         w = spec.param("W")
@@ -250,6 +351,41 @@ class BigBird(BlockSparse):
             gathered_group(lay, qb, k, v, picks, rand),
         ]
         return attend_groups(lay, groups)
+
+    def bidirectional_pattern(self, i, j, spec):
+        w = spec.param("W")
+        bi, bj = i // w, j // w
+        rand = torch.zeros_like(bi == bj)
+        for r in range(spec.param("R")):
+            rand = rand | ((bj == bigbird_random_block(bi, r)) & (bi >= 2)) | ((bi == bigbird_random_block(bj, r)) & (bj >= 2))
+        return longformer.bidirectional_pattern(i, j, spec) | rand
+
+    def bidirectional_plan(self, spec, t, b_h, device, dtype):
+        w, g = spec.param("W"), min(spec.param("G"), t)
+        lay = Blocks(*b_h, t, w)  # blocks of W tokens, as the random pattern is defined
+        reach, win = _centred_window(lay, w, device, dtype)
+        glob = _outside_window(lay, torch.arange(g, device=device), w, dtype)
+        blk = torch.arange(lay.n, device=device)
+        adj = torch.zeros(lay.n, lay.n, dtype=torch.bool, device=device)  # block a sees block b (two or more apart)
+        for r in range(spec.param("R")):
+            adj[blk, bigbird_random_block(blk, r)] |= blk >= 2
+        adj = adj | adj.T
+        count = adj.sum(1)  # (N,) random blocks per query block, padded to the most any block has
+        most = max(int(count.max()), 1)
+        picks = torch.argsort((~adj).to(torch.int8), dim=1, stable=True)[:, :most]  # (N, most): the seen blocks first
+        j = picks[:, :, None] * w + torch.arange(w, device=device)  # (N, most, W) key positions
+        ok = (torch.arange(most, device=device) < count[:, None])[:, :, None] & (j >= g) & (j < t)  # globals: their group
+        return lay, reach, win, g, glob, picks, as_bias(ok.reshape(lay.n, 1, most * w), dtype)
+
+    def bidirectional(self, q, k, v, spec, w):
+        b, h, t, _ = q.shape
+        lay, reach, win, g, glob, picks, rand = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
+        qb = lay.blocked(q)
+        return _global_rows(q, k, v, g, attend_groups(lay, [
+            centred_window_group(lay, qb, k, v, reach, reach, win),
+            shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
+            gathered_group(lay, qb, k, v, picks, rand),
+        ]))  # fmt: skip
 
 
 
