@@ -135,6 +135,11 @@ def check_mask_rate(rate: float) -> float:
     return rate
 
 
+def trained_mask_rate(meta: dict[str, Any]) -> float | None:
+    """The mask rate a supernet checkpoint (its ``meta``) was trained with; None for a causal-lm run."""
+    return (meta.get("objective") or {}).get("mask_rate")
+
+
 def task_for(space: Space, *, seed: int = 0, mask_rate: float | None = None) -> Task:
     """The task of ``space`` (its ``task:`` field); ``mask_rate`` (default 0.15) only for a masked-LM space."""
     if space.task == "masked-lm":

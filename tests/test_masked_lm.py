@@ -211,3 +211,46 @@ def test_cli_train_subnet_trains_an_encoder_and_its_card_says_bits_per_masked_by
     card = json.loads((out / "model_card.json").read_text())
     assert card["validation"]["task"] == "masked-lm" and card["validation"]["metric"] == "bits/masked byte"
     assert card["validation"]["mask_rate"] == 0.15 and card["onnx"]["parity_max_abs"] <= 1e-4
+
+
+# --------------------------------------------------------------------------- search and export
+
+
+def test_search_and_export_an_encoder_score_bits_per_masked_byte(encoder, space_file, docs, tmp_path, capsys):
+    from nas.search.fitness import InheritedLoss
+    from search_spaces import Subnet
+    from supernet.checkpoint import load_supernet
+
+    from .test_workloads import fit_predictor
+
+    run_dir = tmp_path / "sn"
+    assert main(["train-supernet", str(space_file), "--out", str(run_dir), "--data", str(docs), "--batch-size", "4",
+                 "--seq-len", "16", "--max-steps", "3", "--mask-rate", "0.2", "--threads", "1"]) == 0
+    space = load_space(str(space_file))
+    fit_predictor(space, space.workload("prefill"), tmp_path / "pred")
+    (tmp_path / "val.txt").write_bytes((docs / "doc00.txt").read_bytes() * 4)
+    val = ["--val-data", str(tmp_path / "val.txt"), "--val-windows", "3", "--seq-len", "16"]
+    capsys.readouterr()
+    assert main(["search", str(run_dir / "final.pt"), *val, "--predictor", str(tmp_path / "pred"), "--budget", "5ms",
+                 "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3", "--generations", "2",
+                 "--out", str(tmp_path / "search"), "--no-progress"]) == 0
+    best_file = tmp_path / "search" / "best_5ms.yaml"
+    assert "bits/masked byte with inherited weights" in best_file.read_text()
+    best = Subnet.load(best_file)
+    summary = json.loads((tmp_path / "search" / "search.json").read_text())
+    loss = summary["budgets"]["5ms"]["best"]["loss_bpb"]
+    # the search's fitness is bits per masked byte at the trained rate, on fixed masks of the validation seed
+    supernet, _ = load_supernet(run_dir / "final.pt")
+    tokens = np.frombuffer((tmp_path / "val.txt").read_bytes(), dtype=np.uint8)
+    masked = InheritedLoss(supernet, tokens, seq_len=16, windows=3, mask_rate=0.2)
+    assert masked.description["task"] == "masked-lm" and masked.description["mask_rate"] == 0.2
+    assert loss == pytest.approx(float(masked([best])[0]), abs=1e-9)
+    assert loss != pytest.approx(float(InheritedLoss(supernet, tokens, seq_len=16, windows=3, mask_rate=0.5)([best])[0]))
+
+    assert main(["export", "--supernet", str(run_dir / "final.pt"), "--subnet", str(best_file), "--out", str(tmp_path / "model"),
+                 *val, "--format", "onnx"]) == 0
+    assert "bits/masked byte" in capsys.readouterr().out
+    card = json.loads((tmp_path / "model" / "model_card.json").read_text())
+    assert card["validation"]["task"] == "masked-lm" and card["validation"]["metric"] == "bits/masked byte"
+    assert card["validation"]["bits_per_byte"] == pytest.approx(loss, abs=1e-5)  # the extracted model scores as the search
+    assert card["onnx"]["parity_max_abs"] <= 1e-4
