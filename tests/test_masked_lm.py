@@ -120,6 +120,22 @@ def test_heldout_masks_are_fixed_by_the_seed_and_the_extracted_model_agrees(enco
     assert abs(evaluate_bpb(extract(model, subnet), None, TOKENS, 4, 32, 2, seed=1, task=task) - a) < 1e-5
 
 
+def test_encoder_base_is_a_bert_base_scale_encoder_space():
+    from supernet.attention import get
+    from supernet.model import Transformer, TransformerConfig
+
+    space = load_space("encoder-base")
+    largest = space.largest()
+    assert space.task == "masked-lm" and not space.causal and space.max_seq_len == 512 and space.head_dim == 64
+    assert (largest.embed_dim, largest.depth, max(largest.heads), max(largest.ffn_dim)) == (768, 12, 12, 3072)
+    assert [(w.kind, w.batch_size, w.seq_len) for w in space.workloads] == [("prefill", 1, 512)]
+    assert all("bidirectional" in get(a).forms for a in space.attention)
+    with torch.device("meta"):
+        model = Transformer(TransformerConfig.from_subnet(space, largest))
+    # BERT-base's encoder stack: 12 x (4 x 768^2 + 2 x 768 x 3072) weights plus biases, norms and a byte embedding
+    assert 85_000_000 < model.num_params() < 86_000_000 and not model.config.causal
+
+
 # --------------------------------------------------------------------------- training
 
 
