@@ -3,7 +3,6 @@ without the causal flag for the softmax family), the stitched timing graphs comp
 ``nas measure-latency`` times an encoder space on cpu, onnxruntime and as an arm bundle.  (A masked-lm space with a
 decode workload is refused when it loads: tests/test_bidirectional.py.)"""
 
-import os
 import tarfile
 from collections import Counter
 
@@ -19,21 +18,10 @@ from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx, onnx_parity, onnx_session
 
 from .test_masked_lm import ENCODER
+from .test_latency_bundle import graph_cache  # noqa: F401  (autouse: a module-wide ONNX graph cache)
 from .test_train import one_thread  # noqa: F401  (autouse)
 
 LAYERS = (LayerChoice(2, 32, "softmax"), LayerChoice(2, 32, "linear"), LayerChoice(2, 64, "gqa:1"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_cache(tmp_path_factory):
-    """A module-wide ONNX graph cache (the generic parts are exported once)."""
-    old = os.environ.get("NAS_CACHE")
-    os.environ["NAS_CACHE"] = str(tmp_path_factory.mktemp("nas-cache"))
-    yield
-    if old is None:
-        del os.environ["NAS_CACHE"]
-    else:
-        os.environ["NAS_CACHE"] = old
 
 
 def model(causal: bool) -> Transformer:
