@@ -103,3 +103,15 @@ def test_arm_bundle_of_an_encoder_space_holds_bidirectional_graphs(space_file, t
     graphs = list((tmp_path / "board" / "nas-latency-bundle" / "models").glob("*.onnx"))
     flags = [f for g in graphs for f in attention_flags(g)]
     assert graphs and flags and set(flags) == {0}
+
+
+def test_onnx_runtime_scores_masked_windows_as_torch_does(whole):
+    """INT8 searches and exports score the ONNX model on the fitness's windows: for an encoder, per masked byte."""
+    from nas.precision import ort_window_bits
+    from supernet.task import MaskedLM
+
+    tokens = np.frombuffer(bytes(range(256)) * 8, dtype=np.uint8)
+    held = MaskedLM(seed=0).heldout(tokens, np.array([0, 40, 300, 1000, 1500]), 32)
+    torch_bits = held.window_bits(model(causal=False), None, batch_size=2, mixed_precision=False)
+    ort_bits = ort_window_bits(onnx_session(whole, threads=1), held.x.numpy(), held.y.numpy(), batch_size=2)
+    assert np.abs(ort_bits - torch_bits).max() < 1e-4 and 7 < ort_bits.mean() < 9  # untrained: about 8 bits
