@@ -6,11 +6,13 @@ import json
 import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from nas.cli import main
 from search_spaces import UserError, load_space, parse_space
 from supernet import SuperTransformer, extract
 from supernet.data import prepare_corpus
+from supernet.distributed import Dist
 from supernet.masking import IGNORE, MASK_BYTE
 from supernet.task import CAUSAL_LM, MaskedLM, task_for
 from supernet.train import PlainObjective, SandwichObjective, SupernetCheckpointer, TrainConfig, evaluate_bpb, train
@@ -139,14 +141,15 @@ def test_encoder_base_is_a_bert_base_scale_encoder_space():
 # --------------------------------------------------------------------------- training
 
 
-def run(space, docs, out, max_steps, resume=False, progress=None, rate=0.15):
+def run(space, docs, out, max_steps, resume=False, progress=None, rate=0.15, dist=Dist(), batch_size=4):
     corpus = prepare_corpus(str(docs), out, seed=0, val_fraction=0.2)
     model = SuperTransformer(space, generator=torch.Generator().manual_seed(0))
     task = task_for(space, seed=0, mask_rate=rate)
     meta = {"data": str(docs), "data_seed": 0, "val_fraction": 0.2, "corpus_hash": corpus.hash}
+    config = TrainConfig(**{**CONFIG, "batch_size": batch_size}, max_steps=max_steps)
     result = train(
-        model, SandwichObjective(space, seed=0, task=task), corpus.train, corpus.val, TrainConfig(**CONFIG, max_steps=max_steps),
-        out=out, checkpointer=SupernetCheckpointer(space), meta=meta, resume=resume, progress=progress,
+        model, SandwichObjective(space, seed=0, task=task), corpus.train, corpus.val, config,
+        out=out, checkpointer=SupernetCheckpointer(space), meta=meta, resume=resume, progress=progress, dist=dist,
     )
     return model, result
 
@@ -174,6 +177,23 @@ def test_masked_lm_sandwich_training_resumes_exactly(encoder, docs, tmp_path):
     assert straight.evals[-1]["bpb"] == pytest.approx(resumed.evals[-1]["bpb"], abs=1e-6)
     meta = torch.load(tmp_path / "straight" / "final.pt", weights_only=True)["meta"]
     assert meta["objective"]["task"] == "masked-lm" and meta["objective"]["mask_rate"] == 0.15
+
+
+def _rank(rank, world, docs, out, store):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    model, _ = run(parse_space(ENCODER), docs, out / f"rank{rank}", max_steps=3, batch_size=8, dist=Dist(rank, world, rank))
+    torch.save(model.state_dict(), out / f"weights{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_over_gloo_train_the_encoder_as_one_process(encoder, docs, tmp_path):
+    """Each rank masks its rows of the global batch: two ranks of 4 windows compute what one process does with 8."""
+    mp.spawn(_rank, args=(2, docs, tmp_path, tmp_path / "store"), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"weights{r}.pt", weights_only=True) for r in (0, 1))
+    assert max_diff(r0, r1) == 0.0
+    single, _ = run(encoder, docs, tmp_path / "single", max_steps=3, batch_size=8)
+    assert max_diff(r0, single.state_dict()) <= 1e-5
 
 
 def test_masked_lm_training_learns_and_a_static_model_trains_on_the_same_task(encoder, docs, tmp_path):
