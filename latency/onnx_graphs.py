@@ -92,12 +92,13 @@ class _Embed(torch.nn.Module):
 class _Block(torch.nn.Module):
     """:func:`supernet.model.block` with its weights as inputs (``names``: their state-dict names, in order)."""
 
-    def __init__(self, attention: str, head_dim: int, max_seq_len: int, rope: bool, names: list[str]):
+    def __init__(self, attention: str, head_dim: int, max_seq_len: int, rope: bool, names: list[str], causal: bool = True):
         super().__init__()
         from search_spaces import parse_attention
         from supernet.model import rope_tables
 
         self.spec, self.head_dim, self.rope, self.names = parse_attention(attention), head_dim, rope, names
+        self.causal = causal
         if rope:
             cos, sin = rope_tables(max_seq_len, head_dim)
             self.register_buffer("rope_cos", cos)
@@ -108,7 +109,8 @@ class _Block(torch.nn.Module):
 
         t = x.shape[1]
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.rope else None
-        return block(x, BlockWeights.from_named(dict(zip(self.names, weights))), self.spec, self.head_dim, rope)[0]  # (B, T, E)
+        w = BlockWeights.from_named(dict(zip(self.names, weights)))
+        return block(x, w, self.spec, self.head_dim, rope, causal=self.causal)[0]  # (B, T, E)
 
 
 class _Head(torch.nn.Module):
@@ -202,7 +204,9 @@ def _weights(names: list[str]) -> dict[str, str]:
 
 def _shared(model) -> dict:
     c = model.config
-    return {"vocab": c.vocab_size, "max_seq_len": c.max_seq_len, "head_dim": c.head_dim, "positions": c.positions}
+    # an encoder's parts are bidirectional; "causal" is left out of a causal model's keys (its cached parts stay valid)
+    form = {} if c.causal else {"causal": False}
+    return {"vocab": c.vocab_size, "max_seq_len": c.max_seq_len, "head_dim": c.head_dim, "positions": c.positions, **form}
 
 
 def _block_key(model, i: int, part: str) -> dict:
@@ -335,7 +339,7 @@ def _block_part(key: dict, batch, seq, E, F_):
     rope = key["positions"] == "rope"
     if key["part"] == "block":
         x = torch.randn(2, L, e)  # (2, T, E)
-        module = _Block(key["attention"], hd, L, rope, names)
+        module = _Block(key["attention"], hd, L, rope, names, key.get("causal", True))
         return module, (x, *weights), ({0: batch, 1: seq, 2: E}, tuple(wdims)), ["x", *wnames], ["y"]  # forward(x, *weights)
     assert key["part"] == "decode-block", key
     states, past = typ.state(spec, heads, hd), Dim("past", max=1 << 20)

@@ -51,12 +51,14 @@ def fill_weights(model):
 
 
 def reference_config(config):
-    """A fixed, mid-sized model of the same vocabulary and head size: 2 softmax layers, width 8 heads."""
+    """A fixed, mid-sized model of the same vocabulary, head size and attention form (causal or an encoder's):
+    2 softmax layers, width 8 heads."""
     from supernet import TransformerConfig
 
     hd = config.head_dim
     layer = LayerChoice(heads=8, ffn_dim=32 * hd, attention="softmax")
-    return TransformerConfig(config.vocab_size, config.max_seq_len, hd, config.positions, 8 * hd, (layer, layer))
+    return TransformerConfig(config.vocab_size, config.max_seq_len, hd, config.positions, 8 * hd, (layer, layer),
+                             causal=config.causal)
 
 
 def reference_model(config):

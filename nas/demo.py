@@ -114,11 +114,14 @@ class Stages:
         return {k: round(v, 1) for k, v in {**earlier, **self.seconds}.items()}
 
 
-def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0) -> dict:
+def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0,
+             space: str = SPACE, data: str | None = None) -> dict:
     """All stages into ``out``; returns the summary (also written to ``out/summary.json``; :func:`render_summary` shows it).
 
     ``run_command(argv) -> exit status`` runs one documented ``nas`` command (the CLI passes its own
     ``main``), so every stage is the command a user would type.  Progress notes go to this module's logger.
+    ``space`` (a shipped name or a YAML; default tiny) and ``data`` (``--data`` of train-supernet; default its
+    corpus) serve the benchmarks that run the same stages on another space (``scripts/bench_encoder.py``).
     """
     p = Paths(Path(out))
     p.root.mkdir(parents=True, exist_ok=True)
@@ -133,13 +136,13 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
         if p.checkpoint.exists():
             cli(["train-supernet", "--out", str(p.supernet), "--resume", "--max-time", plan.train_time, *thread_args])
         else:
-            cli(["train-supernet", SPACE, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed),
-                 *thread_args])
+            cli(["train-supernet", space, "--out", str(p.supernet), "--max-time", plan.train_time, "--seed", str(seed),
+                 *(["--data", data] if data else []), *thread_args])
 
     stage("train the supernet", train)
 
     # 2. latency: time subnets with ONNX Runtime on this CPU (one thread, the thread's CPU time: steady on a busy machine)
-    measure = ["measure-latency", SPACE, "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
+    measure = ["measure-latency", space, "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
                "--samples", str(plan.samples), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
                "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
                "--out", str(p.timings)]  # fmt: skip
@@ -227,8 +230,12 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     predictor = load_predictor(p.predictor)
     found = Subnet.from_dict(read_card(p.model)["subnet"])
     tokens, _ = validation_tokens(p.checkpoint, payload)
-    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0)  # the search's windows
-    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000)  # never seen by the search
+    from supernet.task import trained_mask_rate
+
+    rate = trained_mask_rate(payload["meta"])  # a masked-lm supernet: bits per masked byte at its training rate
+    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0, mask_rate=rate)  # the search's windows
+    # never seen by the search
+    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000, mask_rate=rate)
 
     # the best uniform subnet of each attention type that the predictor puts under the budget
     uniform = uniform_subnets(space)
@@ -262,7 +269,9 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     me = rows[0]
     beaten = [r for r in rows[1:] if r["measured_ms"] <= me["measured_ms"]]
     verdict = all(me["bpb"] < r["bpb"] for r in beaten)
-    sample = generate(load_model(p.model), PROMPT, plan.sample_tokens, generator=torch.Generator().manual_seed(seed))
+    sample = b""  # an encoder does not generate
+    if space.causal:
+        sample = PROMPT + generate(load_model(p.model), PROMPT, plan.sample_tokens, generator=torch.Generator().manual_seed(seed))
     return {
         "budget_ms": budget_ms,
         "found": {**me, "subnet": found.to_dict()},
@@ -271,7 +280,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
         "baselines": rows[1:],
         "beats_baselines": verdict,
         "baselines_at_or_below_found_latency": len(beaten),
-        "sample": (PROMPT + sample).decode("utf-8", errors="replace"),
+        "sample": sample.decode("utf-8", errors="replace"),
         "files": {
             "pareto_png": str(p.search / "pareto.png"),
             "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),

@@ -24,15 +24,20 @@ LN2 = float(np.log(2.0))
 
 
 def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16) -> np.ndarray:
-    """Mean bits per token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
-    ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches)."""
+    """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
+    ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches); targets equal to
+    ``supernet.masking.IGNORE`` (the unmasked positions of a masked-LM window) are not scored."""
+    from supernet.masking import IGNORE
+
     out = []
     for i in range(0, len(x), batch_size):
         logits = session.run(None, {"tokens": x[i : i + batch_size].astype(np.int64)})[0].astype(np.float64)  # (B, T, V)
         m = logits.max(-1, keepdims=True)
         logz = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[..., 0]  # (B, T)
-        target = np.take_along_axis(logits, y[i : i + batch_size, :, None], -1)[..., 0]  # (B, T)
-        out.append((logz - target).mean(1) / LN2)
+        yb = y[i : i + batch_size]  # (B, T)
+        scored = yb != IGNORE
+        target = np.take_along_axis(logits, np.where(scored, yb, 0)[:, :, None], -1)[..., 0]  # (B, T)
+        out.append(np.where(scored, logz - target, 0.0).sum(1) / scored.sum(1) / LN2)
     return np.concatenate(out)
 
 

@@ -39,7 +39,7 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
 FLAGS = {"init": "--init", "data": "--data", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
-         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup"}
+         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup", "mask_rate": "--mask-rate"}
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,7 @@ class SubnetTraining:
     scoring: Scoring = Scoring()  # the held-out windows of the final bits/byte (the search's defaults)
     corpus_dir: Path | None = None  # where the encoded corpus is cached (default out/train): runs may share one
     target_ort: str | None = None  # the ONNX Runtime that will run model.onnx (default: the installed one)
+    mask_rate: float | None = None  # masked-lm spaces: share of positions masked and scored (default 0.15)
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,9 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
     """The run's settings besides its TrainConfig, as stored in every checkpoint and in the card."""
     from supernet.data import absolute_data
 
+    task = {"mask_rate": s.mask_rate} if s.mask_rate is not None else {}  # absent for causal-lm: older runs resume
     return {
-        "init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
+        **task, "init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
         "val_fraction": s.val_fraction, "distill_from": teacher, "distill": s.distill if teacher else 0.0,
         "formats": list(s.formats), "device": str(s.device), "target_ort": s.target_ort,
         "scoring": {"windows": s.scoring.windows, "seq_len": s.scoring.seq_len, "seed": s.scoring.seed,
@@ -271,6 +273,7 @@ def stored_settings(out: str | Path) -> SubnetTraining:
         distill=r["distill"], formats=tuple(r["formats"]), resume=True, device=r["device"], data_seed=r["data_seed"],
         val_fraction=r["val_fraction"], scoring=Scoring(**r["scoring"]),
         corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]), target_ort=r["target_ort"],
+        mask_rate=r.get("mask_rate"),
     )
 
 
@@ -315,6 +318,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     from supernet import Transformer, TransformerConfig
     from supernet.artifact import CARD
     from supernet.data import check_corpus, prepare_corpus
+    from supernet.task import task_for
     from supernet.train import Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train
 
     from .export import validation_bpb, write_model
@@ -326,6 +330,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
     teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
     _check_settings(s)
+    task = task_for(space, seed=config.seed, mask_rate=s.mask_rate)  # refuses a bad --mask-rate before anything is written
     init, teacher_text = source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None
     record = _record(s, init, teacher_text)
     if kind == "model" and path.resolve() == out.resolve():
@@ -374,11 +379,12 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     if stored is not None:
         check_corpus(corpus, stored["meta"]["corpus_hash"], str(latest))
     where = f"validation split of {record['data'] or 'the default corpus'} (seed {s.data_seed}, fraction {s.val_fraction})"
-    before = stored["meta"]["bpb_before"] if stored is not None else validation_bpb(student, space, corpus.val, s.scoring, where)
+    before = (stored["meta"]["bpb_before"] if stored is not None
+              else validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate))
 
     device = torch.device(s.device)
     model = Distilled(student.to(device).train(), teacher.to(device) if teacher is not None else None)
-    objective = DistillObjective(model, s.distill) if teacher is not None else PlainObjective()
+    objective = DistillObjective(model, s.distill, task) if teacher is not None else PlainObjective(task)
     meta = {
         "settings": record, "init_sha256": digest, "passed_on": passed_on, "corpus_hash": corpus.hash, "bpb_before": before,
         "space_hash": space.hash, "arch_hash": space.arch_hash, "nas": __version__,
@@ -390,8 +396,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
             bounds[0] += f" (--tokens {s.tokens:,}: the last {s.tokens % step_tokens(config):,} make no whole step)"
         bounds += [f"at most {config.max_time:g} s"] if config.max_time else []
         teaching = f"; distilled from the largest subnet of {teacher_path} (weight {s.distill})" if teacher is not None else ""
-        log.info("training %s (%s parameters) from %s: %.4f bits/byte before; %s%s", subnet, f"{student.num_params():,}",
-                 init, before["bits_per_byte"], ", ".join(bounds), teaching)
+        log.info("training %s (%s parameters) from %s: %.4f %s before; %s%s", subnet, f"{student.num_params():,}",
+                 init, before["bits_per_byte"], task.metric, ", ".join(bounds), teaching)
     result = train(model, objective, corpus.train, corpus.val, config, out=state_dir,
                    checkpointer=StaticCheckpointer(space, subnet), meta=meta, resume=stored if stored is not None else False,
                    progress=progress, report=log.info)
@@ -401,7 +407,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     log.info("scoring the model at step %d and writing %s (%s)", result.step, out,
              ", ".join(("safetensors", *s.formats)))
     student = student.cpu().eval()
-    after = validation_bpb(student, space, corpus.val, s.scoring, where)
+    after = validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate)
     card = {
         **passed_on,
         "validation": after,

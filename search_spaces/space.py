@@ -275,15 +275,6 @@ class Space:
         """Whether the task's attention is causal (``causal-lm``) rather than bidirectional (``masked-lm``)."""
         return TASK_FORMS[self.task] == "causal"
 
-    def require_causal(self, command: str) -> None:
-        """Refuse, in one line, to run ``command`` on a space of a task it does not support yet: masked-LM spaces
-        load, validate and sample (``nas space``), but training, timing and everything after are causal-only so far."""
-        if not self.causal:
-            raise UserError(
-                f"{self.source}: task {self.task}: `nas {command}` supports task causal-lm only so far (masked-LM "
-                "training, timing and search are in progress: README \"Bidirectional encoders (in progress)\")"
-            )
-
     @property
     def max_depth(self) -> int:
         return max(self.depth)

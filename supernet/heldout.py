@@ -1,4 +1,4 @@
-"""Held-out scoring: bits per token of a model on fixed windows of a token array.
+"""Held-out scoring: bits per token of a model on fixed windows of a token array (per masked byte for masked-LM).
 
 One implementation serves supernet training's evaluation (``supernet.train.evaluate_bpb``), the
 search's fitness (``nas.search.fitness.InheritedLoss``) and the model card of an export.  The
@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from search_spaces import Subnet
 
 from .data import windows
+from .masking import IGNORE, MaskingSettings, apply_mask, draw_mask
 
 LN2 = math.log(2.0)
 
@@ -34,17 +35,27 @@ def run_model(model: nn.Module, idx: torch.Tensor, subnet: Subnet | None) -> tor
 
 
 class HeldOut:
-    """The windows ``tokens[s : s + seq_len + 1]`` for each start ``s`` in ``starts``."""
+    """The windows ``tokens[s : s + seq_len + 1]`` for each start ``s`` in ``starts``.
 
-    def __init__(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int):
+    With ``masks`` (masked-LM settings and a seeded generator, :meth:`supernet.task.MaskedLM.heldout`) the
+    inputs are the windows ``tokens[s : s + seq_len]`` with fixed masks drawn once here, and only the chosen
+    positions are scored: the bits are per masked byte.
+    """
+
+    def __init__(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int,
+                 masks: tuple[MaskingSettings, torch.Generator] | None = None):
         x, y = windows(np.asarray(tokens).reshape(-1), np.asarray(starts, dtype=np.int64), seq_len)  # (W, T) each
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+        if masks is not None:
+            settings, generator = masks
+            self.x, self.y = apply_mask(self.x, draw_mask(tuple(self.x.shape), settings, generator), settings.mask_byte)
+        self.scored = (self.y != IGNORE).sum(1).double()  # (W,) scored positions per window
         self.seq_len = seq_len
 
     @property
     def tokens(self) -> int:
         """Scored (predicted) tokens."""
-        return self.y.numel()
+        return int(self.scored.sum())
 
     @torch.no_grad()
     def bits(self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True) -> float:
@@ -58,7 +69,7 @@ class HeldOut:
     def window_bits(
         self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True
     ) -> np.ndarray:
-        """Mean bits per token of each window, (W,) float64: the windows are the units of a standard error, and two
+        """Mean bits per scored token of each window, (W,) float64: the windows are the units of a standard error, and two
         models scored on the same windows are compared window by window (paired)."""
         device = next(model.parameters()).device
         was_training = model.training
@@ -70,8 +81,9 @@ class HeldOut:
                 x, y = self.x[i : i + batch_size].to(device), self.y[i : i + batch_size].to(device)  # (B, T)
                 with amp:
                     logits = run_model(model, x, subnet)  # (B, T, V)
-                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none").view(y.shape)  # (B, T)
+                ce = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none", ignore_index=IGNORE)  # (B*T,)
+                ce = ce.view(y.shape)  # (B, T), 0 where not scored
                 sums.append(ce.double().sum(1).cpu())
         finally:
             model.train(was_training)
-        return (torch.cat(sums) / self.seq_len / LN2).numpy()
+        return (torch.cat(sums) / self.scored / LN2).numpy()

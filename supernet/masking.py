@@ -7,13 +7,15 @@ by a uniformly random byte with probability ``random``, and keeps it otherwise (
 :data:`IGNORE` elsewhere: the loss (:func:`masked_loss`) is on the chosen positions only, reported
 as bits per masked byte (:func:`bits_per_masked_byte`).  Every draw comes from the generator passed in.
 
-Not wired into ``train-supernet`` yet (README "Bidirectional encoders (in progress)").
+:class:`supernet.task.MaskedLM` draws the masks of a training step (a generator seeded per step) and of
+the held-out windows (seeded by the run's seed only) with :func:`draw_mask`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -42,20 +44,51 @@ class MaskingSettings:
             raise ValueError(f"mask byte {self.mask_byte}: expected an id in 0..{self.vocab_size - 1}")
 
 
-def mask_tokens(idx: Tensor, settings: MaskingSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """idx (B, T) byte ids -> (inputs (B, T) with the chosen positions corrupted, targets (B, T): the
-    original byte where chosen, :data:`IGNORE` elsewhere)."""
-    b, t = idx.shape
+class Mask(NamedTuple):
+    """Where and how a batch of shape (B, T) is corrupted: each field (B, T)."""
+
+    chosen: Tensor  # bool: scored positions
+    masked: Tensor  # bool: chosen and replaced by the mask byte
+    randomised: Tensor  # bool: chosen and replaced by ``noise``
+    noise: Tensor  # random byte ids
+
+    def rows(self, rows: slice) -> "Mask":
+        """The mask of rows ``rows`` (a rank's share of a global batch)."""
+        return Mask(*(field[rows] for field in self))
+
+    def to(self, device: torch.device) -> "Mask":
+        return Mask(*(field.to(device) for field in self))
+
+
+def draw_mask(
+    shape: tuple[int, int], settings: MaskingSettings, generator: torch.Generator, device: torch.device | None = None,
+    dtype: torch.dtype = torch.long,
+) -> Mask:
+    """Draw the masks of a (B, T) batch; they depend on the shape, the settings and the generator only."""
+    b, t = shape
     n = max(1, round(settings.rate * t))
-    order = torch.rand(b, t, generator=generator, device=idx.device).argsort(dim=1)  # a random permutation per row
-    chosen = torch.zeros(b, t, dtype=torch.bool, device=idx.device).scatter_(1, order[:, :n], True)  # (B, T)
-    u = torch.rand(b, t, generator=generator, device=idx.device)  # which corruption, per position
-    noise = torch.randint(0, settings.vocab_size, (b, t), generator=generator, device=idx.device, dtype=idx.dtype)
+    order = torch.rand(b, t, generator=generator, device=device).argsort(dim=1)  # a random permutation per row
+    chosen = torch.zeros(b, t, dtype=torch.bool, device=device).scatter_(1, order[:, :n], True)  # (B, T)
+    u = torch.rand(b, t, generator=generator, device=device)  # which corruption, per position
+    noise = torch.randint(0, settings.vocab_size, (b, t), generator=generator, device=device, dtype=dtype)
     masked = chosen & (u < settings.replace)
     randomised = chosen & (u >= settings.replace) & (u < settings.replace + settings.random)
-    inputs = torch.where(masked, torch.full_like(idx, settings.mask_byte), torch.where(randomised, noise, idx))
-    targets = torch.where(chosen, idx, torch.full_like(idx, IGNORE))
+    return Mask(chosen, masked, randomised, noise)
+
+
+def apply_mask(idx: Tensor, mask: Mask, mask_byte: int = MASK_BYTE) -> tuple[Tensor, Tensor]:
+    """idx (B, T) byte ids -> (inputs (B, T) with the chosen positions corrupted, targets (B, T): the
+    original byte where chosen, :data:`IGNORE` elsewhere)."""
+    noise = mask.noise.to(idx.dtype)
+    inputs = torch.where(mask.masked, torch.full_like(idx, mask_byte), torch.where(mask.randomised, noise, idx))
+    targets = torch.where(mask.chosen, idx, torch.full_like(idx, IGNORE))
     return inputs, targets
+
+
+def mask_tokens(idx: Tensor, settings: MaskingSettings, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """idx (B, T) byte ids -> (inputs, targets) of :func:`apply_mask`, the masks drawn from ``generator``."""
+    mask = draw_mask(tuple(idx.shape), settings, generator, idx.device, idx.dtype)
+    return apply_mask(idx, mask, settings.mask_byte)
 
 
 def masked_loss(logits: Tensor, targets: Tensor) -> Tensor:

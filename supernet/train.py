@@ -30,15 +30,15 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import Space, Subnet, UserError
 
 from .checkpoint import load_checkpoint, save_checkpoint
-from .data import check_length, windows
+from .data import check_length
 from .distributed import SINGLE, Dist
-from .heldout import HeldOut, autocast, run_model
+from .heldout import autocast, run_model
+from .task import CAUSAL_LM, Task
 
 # Streams of the per-step generators: default_rng([seed, STREAM, step]).
 DATA_STREAM, PLAN_STREAM, EVAL_STREAM = 0, 1, 2
@@ -148,7 +148,7 @@ class Objective(Protocol):
     """Per step: which passes run and what each pass's loss is.
 
     Call order per step: ``plan(step)``; then for each pass ``i`` in order the trainer runs the
-    model on the batch and calls ``loss(i, logits, targets, memo)``, then backpropagates it.
+    model on the batch (``task.batch``) and calls ``loss(i, logits, targets, memo)``, then backpropagates it.
     ``memo`` is a fresh dict per step, for what one pass hands to the next (e.g. soft targets).
     """
 
@@ -166,9 +166,10 @@ class Objective(Protocol):
 
     def to_dict(self) -> dict[str, Any]: ...
 
-
-def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # mean over B*T, nats
+    @property
+    def task(self) -> Task:
+        """What is learned (:mod:`supernet.task`): the batches, the losses and the held-out scoring."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,8 @@ class SandwichObjective:
 
     The largest subnet learns from the data.  Every smaller one learns from
     ``(1 - distill) * CE(data) + distill * KL(largest || it)``, the largest subnet's
-    predictions taken as fixed soft targets.
+    predictions taken as fixed soft targets.  Both terms are over the ``task``'s scored positions (for
+    masked-LM: the chosen ones).
     """
 
     space: Space
@@ -185,6 +187,7 @@ class SandwichObjective:
     distill: float = 0.5
     seed: int = 0
     n_eval_random: int = 3
+    task: Task = CAUSAL_LM
 
     def __post_init__(self) -> None:
         if self.n_random < 0:
@@ -198,14 +201,14 @@ class SandwichObjective:
         return [("largest", self.space.largest()), ("smallest", self.space.smallest()), *random]
 
     def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = cross_entropy(logits, targets)
+        ce = self.task.loss(logits, targets)
         if index == 0:
             memo["teacher"] = logits.detach().float().log_softmax(-1)  # (B, T, V)
             return ce, ce.detach()
         if self.distill == 0.0:
             return ce, ce.detach()
         student = logits.float().log_softmax(-1)  # (B, T, V)
-        kd = F.kl_div(student.flatten(0, 1), memo["teacher"].flatten(0, 1), log_target=True, reduction="batchmean")
+        kd = self.task.kl(student, memo["teacher"], targets)
         return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
@@ -223,6 +226,7 @@ class SandwichObjective:
             "distill": self.distill,
             "seed": self.seed,
             "n_eval_random": self.n_eval_random,
+            **self.task.to_dict(),
         }
 
 
@@ -230,11 +234,13 @@ class SandwichObjective:
 class PlainObjective:
     """One pass of one static model, cross-entropy on the data."""
 
+    task: Task = CAUSAL_LM
+
     def plan(self, step: int) -> Plan:
         return [("model", None)]
 
     def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = cross_entropy(logits, targets)
+        ce = self.task.loss(logits, targets)
         return ce, ce.detach()
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
@@ -244,7 +250,7 @@ class PlainObjective:
         return {None}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "plain"}
+        return {"kind": "plain", **self.task.to_dict()}
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -264,15 +270,17 @@ def evaluate_bpb(
     seq_len: int,
     n_batches: int,
     seed: int,
+    task: Task = CAUSAL_LM,
 ) -> float:
-    """Bits per byte of ``model`` (running ``subnet``; None for a static model) on fixed windows of ``tokens``.
+    """Bits per byte of ``model`` (running ``subnet``; None for a static model) on fixed windows of ``tokens``
+    (bits per masked byte for a masked-LM ``task``).
 
-    The windows depend only on ``seed`` and the sizes, so every subnet and every call sees
+    The windows (and masks) depend only on ``seed`` and the sizes, so every subnet and every call sees
     the same bytes.  Runs in eval mode without gradients (bf16 autocast on CUDA).
     """
     check_length(tokens, seq_len, "validation")
     starts = eval_starts(len(tokens), batch_size, seq_len, n_batches, seed)
-    return HeldOut(tokens, starts, seq_len).bits(model, subnet, batch_size)
+    return task.heldout(tokens, starts, seq_len).bits(model, subnet, batch_size)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -505,8 +513,8 @@ class Trainer:
         c, r, b = self.config, self.dist.rank, self.local_batch
         rng = np.random.default_rng([c.seed, DATA_STREAM, self.step])
         starts = rng.integers(0, len(self.train_tokens) - c.seq_len, size=c.batch_size)  # (B,) the global batch
-        x, y = windows(self.train_tokens, starts[r * b : (r + 1) * b], c.seq_len)
-        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+        x, y = self.objective.task.batch(self.train_tokens, starts, slice(r * b, (r + 1) * b), c.seq_len, self.step)
+        return x.to(self.device), y.to(self.device)
 
     def train_step(self) -> tuple[Plan, dict[str, float], float]:
         """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last)."""
@@ -533,17 +541,20 @@ class Trainer:
         return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr
 
     def evaluate(self) -> None:
-        """Validation bits per byte of the objective's evaluation subnets (rank 0; the others wait)."""
+        """Validation bits per byte (per masked byte) of the objective's evaluation subnets (rank 0; the others wait)."""
         self.evaluated_at = self.step
         if self.dist.is_main:
             c, t0 = self.config, time.perf_counter()
             bpb = {
-                name: evaluate_bpb(self.model, subnet, self.val_tokens, c.batch_size, c.seq_len, c.eval_batches, c.seed)
+                name: evaluate_bpb(
+                    self.model, subnet, self.val_tokens, c.batch_size, c.seq_len, c.eval_batches, c.seed, self.objective.task
+                )
                 for name, subnet in self.objective.eval_subnets().items()
             }
             self.evals.append({"step": self.step, "bpb": bpb})
             self.log.write("eval", step=self.step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
-            self.say(f"step {self.step}: validation bits/byte  " + "  ".join(f"{k} {v:.3f}" for k, v in bpb.items()))
+            scores = "  ".join(f"{k} {v:.3f}" for k, v in bpb.items())
+            self.say(f"step {self.step}: validation {self.objective.task.metric}  {scores}")
         self.dist.barrier()
 
 
@@ -663,6 +674,7 @@ class DistillObjective:
 
     model: Distilled
     distill: float = 0.5
+    task: Task = CAUSAL_LM
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.distill <= 1.0:
@@ -672,11 +684,11 @@ class DistillObjective:
         return [("model", None)]
 
     def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = cross_entropy(logits, targets)
+        ce = self.task.loss(logits, targets)
         teacher = self.model.teacher_logp
         assert teacher is not None and teacher.shape == logits.shape, "the teacher runs in Distilled.forward (training mode)"
         student = logits.float().log_softmax(-1)  # (B, T, V)
-        kd = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+        kd = self.task.kl(student, teacher, targets)
         return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
@@ -686,7 +698,7 @@ class DistillObjective:
         return {None}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "distill", "distill": self.distill}
+        return {"kind": "distill", "distill": self.distill, **self.task.to_dict()}
 
 
 STATIC_FORMAT = "nas-finetune-checkpoint"  # the marker keeps its first name: earlier fine-tuning checkpoints still read

@@ -95,31 +95,6 @@ def test_cli_refuses_a_masked_lm_decode_workload_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 2, proc.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ["train-supernet", "encoder-tiny", "--out", "{tmp}/sn", "--max-steps", "1"],
-    ["train-subnet", "{subnet}", "--space", "encoder-tiny", "--out", "{tmp}/one", "--tokens", "4K"],
-    ["measure-latency", "encoder-tiny", "--device", "onnxruntime", "--samples", "2", "--out", "{tmp}/t.csv"],
-], ids=["train-supernet", "train-subnet", "measure-latency"])
-def test_commands_not_ready_for_masked_lm_refuse_it_in_one_line(tmp_path, argv):
-    """Training a masked-LM space on the causal objective would let every position see its own target: refused."""
-    from nas.cli import main
-
-    subnet = tmp_path / "s.yaml"
-    subnet.write_text(load_space("encoder-tiny").smallest().to_yaml())
-    code = main([a.format(tmp=tmp_path, subnet=subnet) for a in argv])
-    assert code == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing written
-
-
-def test_the_refusal_names_the_space_the_task_and_the_command(capsys):
-    from nas.cli import main
-
-    assert main(["train-supernet", "encoder-tiny", "--out", "/nonexistent-never/x"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("nas train-supernet: error: ") and "encoder-tiny.yaml: task masked-lm: " \
-        "`nas train-supernet` supports task causal-lm only so far" in err[0], err
-
-
 # --------------------------------------------------------------------------- the math
 
 

@@ -193,7 +193,10 @@ def run(args: argparse.Namespace) -> int:
         tokens, where = validation_tokens(args, payload)
         scoring = Scoring(windows=args.val_windows, seq_len=args.seq_len, seed=args.val_seed)
     if not args.no_eval:
-        validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where)
+        from supernet.task import trained_mask_rate
+
+        mask_rate = trained_mask_rate(payload.get("meta", {}))  # masked-lm: bits per masked byte at the training rate
+        validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where, mask_rate)
     card.update(validation=validation, latency=predicted)
     result = export_subnet(supernet, subnet, args.out, formats=formats, target_ort=args.target_ort, card=card, seed=args.seed)
 
@@ -223,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
               f"({b['int8_onnxruntime'] - b['fp32_onnxruntime']:+.4f}; torch estimate {b['int8_torch_estimate']:.4f})")
     if validation:
         print(
-            f"  validation        {validation['bits_per_byte']:.4f} bits/byte ({validation['windows']} x "
+            f"  validation        {validation['bits_per_byte']:.4f} {validation.get('metric', 'bits/byte')} "
+            f"({validation['windows']} x "
             f"{validation['seq_len']} tokens of the {validation['source']})"
         )
     if predicted:

@@ -109,7 +109,6 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
-    space.require_causal("measure-latency")
     workload = space.workload(args.workload)
     settings = settings_from(args)
     precision = check_precision(args.precision)

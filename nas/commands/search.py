@@ -170,8 +170,12 @@ def run(args: argparse.Namespace) -> int:
     space = model.space
     latencies, primary = workload_latencies(args, space, load_predictor)
     tokens, val_source = validation_tokens(args, payload)
+    from supernet.task import trained_mask_rate
+
+    # masked-lm: bits per masked byte at the rate the supernet was trained with, fixed masks of --val-seed
     fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-                              seed=args.val_seed, device=device, where=val_source, precision=precision)
+                              seed=args.val_seed, device=device, where=val_source, precision=precision,
+                              mask_rate=trained_mask_rate(payload.get("meta", {})))
 
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
@@ -551,6 +555,9 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
 
     summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
                "evaluations": result.evaluations, "budgets": {}}
+    from supernet.task import task_for
+
+    metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
     wl = max([10] + [len(s.label) for s in searches])
     lines = [f"{'budget':<{wl}} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
@@ -570,8 +577,8 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
             predicted = ", ".join(f"{name} {ms:.4f} ms" for name, ms in each.items()) if each else f"{r.latency:.4f} ms"
             atomic_write(out / f"best_{s.label}.yaml",
                 f"# nas search: best subnet under {s.constraints}\n"
-                f"# validation loss {r.loss:.6f} bits/byte with inherited weights, predicted latency {predicted}, {r.params:,} "
-                "parameters\n"
+                f"# validation loss {r.loss:.6f} {metric} with inherited weights, predicted latency {predicted}, "
+                f"{r.params:,} parameters\n"
                 f"# space {space.name} (hash {space.hash}), strategy {identity['strategy']}, seed {identity['seed']}, "
                 f"trial {r.trial} of study {study} in {storage}\n" + r.subnet.to_yaml()
             )

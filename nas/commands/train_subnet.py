@@ -136,6 +136,7 @@ def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, 
         data=args.data, distill_from=distill_from, distill=distill, formats=parse_formats(args.format or formats),
         device=_device(args.device), data_seed=0 if args.data_seed is None else args.data_seed,
         val_fraction=0.05 if args.val_fraction is None else args.val_fraction, target_ort=args.target_ort,
+        mask_rate=getattr(args, "mask_rate", None),
     )
 
 
@@ -166,6 +167,8 @@ def resumed(args: argparse.Namespace, stored, **changes):
         data["device"] = _device(args.device)
     if args.target_ort is not None:
         data["target_ort"] = args.target_ort
+    if getattr(args, "mask_rate", None) is not None:
+        data["mask_rate"] = args.mask_rate
     return replace(stored, tokens=tokens, config=TrainConfig.from_dict(config), resume=True, **data, **changes)
 
 
@@ -195,7 +198,8 @@ def report(result) -> None:
 
     card = read_card(result.out)
     files = ", ".join(name for name in card["files"] if name != "model.safetensors")
-    print(f"trained {result.steps:,} steps ({result.tokens:,} tokens) in {result.seconds:.0f} s; validation bits/byte "
+    metric = card.get("validation", {}).get("metric", "bits/byte")
+    print(f"trained {result.steps:,} steps ({result.tokens:,} tokens) in {result.seconds:.0f} s; validation {metric} "
           f"{result.val_bpb_before:.4f} -> {result.val_bpb:.4f}")
     print(f"wrote {result.out} (load: supernet.load_model({str(result.out)!r})" + (f"; also {files}" if files else "")
           + f"); checkpoints and log in {result.out / 'train'}")
@@ -215,6 +219,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="distil from this supernet's largest subnet (its soft targets weigh --distill)")
     p.add_argument("--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with "
                    "--distill-from)")
+    p.add_argument("--mask-rate", type=float, metavar="F", help="masked-lm spaces: share of each window's positions chosen "
+                   "(BERT-style 80/10/10) and scored, strictly between 0 and 1 (default 0.15)")
     add_training_arguments(p, {}, "torch,onnx")
 
 
@@ -225,8 +231,6 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     out = Path(args.out)
     space = load_space(args.space) if args.space else None
-    if space is not None:
-        space.require_causal("train-subnet")
     subnet = Subnet.load(args.subnet) if args.subnet else None
     if space is not None and subnet is not None:
         check_subnet(space, subnet, where=str(args.subnet))

@@ -1,7 +1,9 @@
 """``nas train-supernet``: train a weight-shared SuperTransformer on a byte-level corpus.
 
 Each step follows the sandwich rule (largest, smallest and N random subnets, gradients
-accumulated) with in-place distillation.  ``--out DIR`` holds ``latest.pt`` (every
+accumulated) with in-place distillation.  The space's task decides what is learned
+(:mod:`supernet.task`): next-byte prediction (causal-lm) or BERT-style masked bytes (masked-lm,
+``--mask-rate``; loss, distillation and validation on the chosen positions only).  ``--out DIR`` holds ``latest.pt`` (every
 ``--ckpt-interval`` steps, on Ctrl-C and at the end), ``final.pt`` (when the run reaches
 ``--max-steps`` / ``--max-time``), ``log.jsonl`` and the cached corpus.  ``--resume``
 continues a run exactly.  Under ``torchrun`` it trains data-parallel (DDP).
@@ -57,6 +59,13 @@ OBJECTIVE_FLAGS = {
         "W",
         "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})",
     ),
+    "--mask-rate": (
+        "mask_rate",
+        float,
+        "F",
+        "masked-lm spaces: share of each window's positions chosen (BERT-style 80/10/10) and scored, "
+        "strictly between 0 and 1 (default {default})",
+    ),
 }
 DATA_FLAGS = {
     "--data-seed": ("data_seed", int, "S", "seed of the train/validation split by document (default {default})"),
@@ -72,7 +81,7 @@ DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 HELP_DEFAULTS = {
     "batch_size": 16, "seq_len": 128, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
     "beta2": 0.95, "grad_clip": 1.0, "max_steps": 2000, "eval_interval": 250, "eval_batches": 16, "ckpt_interval": 250,
-    "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, **DATA_DEFAULTS,
+    "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, "mask_rate": 0.15, **DATA_DEFAULTS,
 }
 
 
@@ -172,7 +181,7 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
     config = {**stored["train_config"], **{k: v for k, v in given.items() if k in TrainConfig.RESUMABLE}}
     if "max_time" in given and "max_steps" not in given and stored["train_config"]["max_steps"] is None:
         config["max_steps"] = None
-    objective = {k: stored["objective"][k] for k in ("n_random", "distill")}
+    objective = {k: stored["objective"][k] for k in ("n_random", "distill", "mask_rate") if k in stored["objective"]}
     data = {k: stored[k] for k in ("data", "data_seed", "val_fraction")}
     return config, objective, data
 
@@ -239,13 +248,12 @@ def run(args: argparse.Namespace) -> int:
     from supernet.checkpoint import load_checkpoint
     from supernet.data import check_corpus, prepare_corpus
     from supernet.distributed import init_from_env, shutdown
+    from supernet.task import task_for
     from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train
 
     out = Path(args.out)
     latest = out / "latest.pt"
     space = load_space(args.space) if args.space else None
-    if space is not None:
-        space.require_causal("train-supernet")
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")
@@ -268,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
     config = TrainConfig.from_dict(config_dict)
     if config.seq_len > space.max_seq_len:
         raise UserError(f"--seq-len: {config.seq_len} exceeds the space's max_seq_len {space.max_seq_len}")
+    task = task_for(space, seed=config.seed, mask_rate=objective_dict.pop("mask_rate", None))
 
     dist, device = init_from_env(args.device)
     try:
@@ -279,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
             dist.barrier()
         if stored_ckpt is not None:
             check_corpus(corpus, stored_ckpt["meta"]["corpus_hash"], str(latest))
-        objective = SandwichObjective(space, seed=config.seed, **objective_dict)
+        objective = SandwichObjective(space, seed=config.seed, task=task, **objective_dict)
         model = SuperTransformer(space, generator=torch.Generator().manual_seed(config.seed)).to(device)
         meta = {
             **data,
@@ -333,6 +342,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if result.evals:
         last = result.evals[-1]
-        print(f"validation bits/byte at step {last['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last["bpb"].items()))
+        print(f"validation {task.metric} at step {last['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last["bpb"].items()))
     print(f"checkpoint: {result.checkpoint} (and {latest}); metrics: {out / 'log.jsonl'}")
     return 0
