@@ -165,12 +165,14 @@ class _DecodeBlock(torch.nn.Module):
 # counts static.  A static part is exported per head count.
 
 
-def _head_sizes(typ, spec, heads: int, hd: int) -> dict[str, tuple]:
-    """Every head-dependent size of a layer: key / value heads, the type's weights and states (batch axis left out)."""
+def _head_sizes(typ, spec, heads: int, hd: int, max_seq_len: int | None = None) -> dict[str, tuple]:
+    """Every head-dependent size of a layer: key / value heads, the type's weights and states (batch axis left out;
+    an encoder-only type has no decoding state)."""
     hk, hv = typ.heads(spec, heads)
     out = {"heads:k": (hk,), "heads:v": (hv,)}
-    out.update({f"w:{n}": tuple(s) for n, s in typ.weights(spec, heads, hd).items()})
-    out.update({f"s:{n}": tuple(s.shape) for n, s in typ.state(spec, heads, hd).items()})
+    out.update({f"w:{n}": tuple(s) for n, s in typ.weights(spec, heads, hd, max_seq_len=max_seq_len).items()})
+    if "causal" in typ.forms:
+        out.update({f"s:{n}": tuple(s.shape) for n, s in typ.state(spec, heads, hd).items()})
     return out
 
 
@@ -183,10 +185,10 @@ def _per_head(x, y, hx: int, hy: int) -> int | None:
     return None
 
 
-def generic_in_heads(typ, spec, heads: int, hd: int) -> bool:
+def generic_in_heads(typ, spec, heads: int, hd: int, max_seq_len: int | None = None) -> bool:
     """Whether a part traced at another head count serves this layer (see above)."""
     (a, b), c = FORM_HEADS, heads
-    sa, sb, sc = (_head_sizes(typ, spec, h, hd) for h in (a, b, c))
+    sa, sb, sc = (_head_sizes(typ, spec, h, hd, max_seq_len) for h in (a, b, c))
     if not (sa.keys() == sb.keys() == sc.keys()) or any(len({len(sa[n]), len(sb[n]), len(sc[n])}) != 1 for n in sa):
         return False
     for name in sa:
@@ -214,7 +216,7 @@ def _block_key(model, i: int, part: str) -> dict:
     from supernet.attention import get
 
     attn = model.blocks[i].attn
-    generic = generic_in_heads(get(attn.spec), attn.spec, attn.heads, model.config.head_dim)
+    generic = generic_in_heads(get(attn.spec), attn.spec, attn.heads, model.config.head_dim, model.config.max_seq_len)
     return {**_shared(model), "part": part, "attention": str(attn.spec), "heads": None if generic else attn.heads}
 
 
@@ -224,7 +226,10 @@ def _block_names(model, i: int) -> list[str]:
 
     attn, layer = model.blocks[i].attn, model.config.layers[i]
     return list(
-        block_weight_shapes(attn.typ, attn.spec, model.config.embed_dim, attn.heads, layer.ffn_dim, model.config.head_dim)
+        block_weight_shapes(
+            attn.typ, attn.spec, model.config.embed_dim, attn.heads, layer.ffn_dim, model.config.head_dim,
+            max_seq_len=model.config.max_seq_len,
+        )
     )
 
 
@@ -326,9 +331,9 @@ def _block_part(key: dict, batch, seq, E, F_):
     H, (e2, f2), h2 = Dim("H", min=1, max=4096), PROBE_SIZES, FORM_HEADS[1]
 
     def shapes(e_, h_, f_):
-        return list(block_weight_shapes(typ, spec, e_, h_, f_, hd).values())
+        return list(block_weight_shapes(typ, spec, e_, h_, f_, hd, max_seq_len=L).values())
 
-    names = list(block_weight_shapes(typ, spec, e, heads, f, hd))
+    names = list(block_weight_shapes(typ, spec, e, heads, f, hd, max_seq_len=L))
     wsizes = shapes(e, heads, f)
     probes = [(shapes(e2, heads, f), E, e, e2), (shapes(e, heads, f2), F_, f, f2)]
     if generic:
@@ -338,7 +343,9 @@ def _block_part(key: dict, batch, seq, E, F_):
     wnames = [f"w{j}" for j in range(len(weights))]
     rope = key["positions"] == "rope"
     if key["part"] == "block":
-        x = torch.randn(2, L, e)  # (2, T, E)
+        # (2, T, E) with T below max_seq_len: at T == L the exporter would fix T where a type slices a (., L)
+        # weight to the first T columns (linformer's projections)
+        x = torch.randn(2, max(L - 1, 2), e)
         module = _Block(key["attention"], hd, L, rope, names, key.get("causal", True))
         return module, (x, *weights), ({0: batch, 1: seq, 2: E}, tuple(wdims)), ["x", *wnames], ["y"]  # forward(x, *weights)
     assert key["part"] == "decode-block", key

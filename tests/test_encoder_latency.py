@@ -115,3 +115,21 @@ def test_onnx_runtime_scores_masked_windows_as_torch_does(whole):
     torch_bits = held.window_bits(model(causal=False), None, batch_size=2, mixed_precision=False)
     ort_bits = ort_window_bits(onnx_session(whole, threads=1), held.x.numpy(), held.y.numpy(), batch_size=2)
     assert np.abs(ort_bits - torch_bits).max() < 1e-4 and 7 < ort_bits.mean() < 9  # untrained: about 8 bits
+
+
+@pytest.mark.parametrize(
+    "attention", ["linformer:16", "additive", "xca", "bigbird:4:2:1", "msla:3"],
+)
+def test_stitched_timing_graph_computes_each_encoder_type(attention, tmp_path):
+    """Every encoder-only type and bidirectional form times through its own stitched part (linformer's projections
+    span the sequence: the part is traced with the model's max_seq_len)."""
+    layers = (LayerChoice(2, 32, attention), LayerChoice(1, 32, "softmax"))
+    encoder = Transformer(TransformerConfig(256, 32, 8, "rope", 24, layers, causal=False),
+                          generator=torch.Generator().manual_seed(0)).eval()
+    graph, tensors = cached_graph(encoder, tmp_path)
+    session = onnx_session(with_weights(graph, tensors, encoder, tmp_path / "own"), threads=1)
+    for shape in [(1, 7), (2, 24)]:
+        tokens = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(3))
+        with torch.no_grad():
+            expected = encoder(tokens).numpy()
+        assert np.abs(session.run(None, {"tokens": tokens.numpy()})[0] - expected).max() < 1e-4, shape
