@@ -27,8 +27,9 @@ from .errors import SpaceError, SubnetError, UserError
 from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
-TASKS = ("causal-lm", "masked-lm")
+TASKS = ("causal-lm", "masked-lm", "seq2seq")
 # The attention form a task's model runs: a decoder LM sees the past only, a masked-LM encoder the whole sequence.
+# seq2seq (translation) has both: a bidirectional encoder and a causal decoder (search_spaces.seq2seq, its own format).
 TASK_FORMS = {"causal-lm": "causal", "masked-lm": "bidirectional"}
 POSITIONS = ("learned", "rope")
 
@@ -539,8 +540,14 @@ def resolve_space_path(source: str | Path) -> Path:
 
 
 def parse_space(text: str, where: str = "<string>", source: str = "<string>") -> Space:
-    """Validate YAML text as a space; raise :class:`SpaceError` with every problem found."""
+    """Validate YAML text as a space; raise :class:`SpaceError` with every problem found.
+
+    A ``task: seq2seq`` file is an encoder-decoder space (:mod:`search_spaces.seq2seq`, its own format)."""
     data = load_yaml(text, where, SpaceError)
+    if isinstance(data, dict) and data.get("task") == "seq2seq":
+        from .seq2seq import parse_seq2seq
+
+        return parse_seq2seq(data, where, source)
     c = _Checker(where)
     top = c.keys(
         "",
@@ -654,6 +661,10 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
 
 def describe(space: Space) -> str:
     """A few human lines about the choices (used by ``nas space``)."""
+    if space.task == "seq2seq":
+        from .seq2seq import describe_seq2seq
+
+        return describe_seq2seq(space)
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
         f"  task          {space.task}, vocab {space.vocab_size}, max_seq_len {space.max_seq_len}, "
