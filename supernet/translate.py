@@ -159,6 +159,7 @@ def evaluate_translation(
     max_seq_len: int,
     beam: int = 5,
     limit: int | None = None,
+    max_len: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Translate the pairs of a split whose source fits (the first ``limit`` of them, in order) and score them:
@@ -176,7 +177,7 @@ def evaluate_translation(
         raise UserError(f"no pair of the split has a source of at most {max_seq_len} bytes to translate")
     hyps, refs = [], []
     for n, (src, ref) in enumerate(picked, 1):
-        hyps.append(translate(w, src, max_seq_len, beam).text.decode("utf-8", errors="replace"))
+        hyps.append(translate(w, src, max_seq_len, beam, max_len).text.decode("utf-8", errors="replace"))
         refs.append(ref.decode("utf-8", errors="replace"))
         if progress is not None:
             progress(n, len(picked))
