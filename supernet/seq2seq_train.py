@@ -105,17 +105,17 @@ def eval_batches(pairs: Pairs, batch_size: int, max_len: int, n_batches: int, se
 
 
 @torch.no_grad()
-def heldout_ce(
-    model: Seq2SeqSuperTransformer, subnet: Seq2SeqSubnet, pairs: Pairs, batches: list[np.ndarray]
-) -> float:
-    """Cross-entropy per target byte (nats; EOS counts as a byte) of ``subnet`` with the supernet's weights."""
+def heldout_ce(model: torch.nn.Module, subnet: Seq2SeqSubnet | None, pairs: Pairs, batches: list[np.ndarray]) -> float:
+    """Cross-entropy per target byte (nats; EOS counts as a byte) of ``subnet`` with the supernet's weights (the
+    search's fitness), or of a static model (``subnet`` None)."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for idx in batches:
         src, inp, out = (torch.from_numpy(a).to(device) for a in collate(pairs, idx))
-        total += float(target_ce(model(src, inp, subnet), out, reduction="sum"))
+        logits = model(src, inp) if subnet is None else model(src, inp, subnet)
+        total += float(target_ce(logits, out, reduction="sum"))
         count += int((out != PAD).sum())
     model.train(was)
     return total / count

@@ -41,6 +41,39 @@ def test_train_translate_and_score(trained, capsys):
     assert text.splitlines()[-1].startswith("chrF ") and " BLEU " in text
 
 
+def test_export_then_translate_the_export_and_record_its_quality(trained, capsys):
+    import json
+
+    import torch
+
+    from supernet.seq2seq_artifact import load_seq2seq_model
+    from supernet.seq2seq_train import load_seq2seq_supernet
+
+    root, out = trained
+    (root / "sub2.yaml").write_text(
+        "encoder: {embed_dim: 24, depth: 3, heads: [2, 1, 2], ffn_dim: [32, 16, 32], attention: [linear, softmax, 'local:4']}\n"
+        "decoder: {embed_dim: 16, depth: 2, heads: [1, 2], ffn_dim: [16, 32], attention: [softmax, linear], "
+        "cross_heads: [2, 1], cross_layers: [3, 1]}\n"
+    )
+    export = root / "export"
+    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
+                 "-q"]) == 0  # fmt: skip
+    assert "nats/target byte" in capsys.readouterr().out
+    model, card = load_seq2seq_model(export)
+    supernet, _ = load_seq2seq_supernet(out / "final.pt")
+    src, tgt = torch.randint(0, 256, (2, 9)), torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
+    assert card["task"] == "seq2seq" and card["corpus"]["corpus"] == "user" and card["validation"]["ce_per_target_byte"] > 0
+    assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
+                 "-q"]) == 0  # fmt: skip
+    quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
+    assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
+    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
+                 str(root / "e2"), "--measure", "cpu", "-q"]) == 2  # fmt: skip
+    assert "--measure: not for an encoder-decoder (task seq2seq) model yet" in capsys.readouterr().err
+
+
 def test_resume_of_a_seq2seq_run_needs_no_space_argument(trained, capsys):
     _, out = trained
     capsys.readouterr()
@@ -66,7 +99,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         (["train-supernet", "tiny", "--lang", "de", "--out", str(tmp_path / "r4")],
          "--lang: for a seq2seq (translation) space only; a language model reads --data"),
         (["translate", "--model", str(tmp_path), "hello"],
-         f"--model {tmp_path}: holds no checkpoint (final.pt or latest.pt of `nas train-supernet`)"),
+         f"--model {tmp_path}: holds no checkpoint (final.pt or latest.pt of `nas train-supernet`) and no exported model "
+         "(model_card.json of `nas export`)"),
     ]  # fmt: skip
     for argv, message in cases:
         capsys.readouterr()
