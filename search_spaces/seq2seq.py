@@ -29,20 +29,16 @@ checks and the per-side subnets are the LM ones.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from .attention import has_form, parse_attention, spec_problems
 from .errors import SpaceError, SubnetError, UserError
-from .space import POSITIONS, WORKLOAD_KINDS, Space, Subnet, _Checker, _is_int
-from .yamlio import load_yaml, read_text
+from .space import POSITIONS, WORKLOAD_KINDS, Space, SpaceIdentity, Subnet, SubnetFile, _Checker, _is_int
 
 TASK = "seq2seq"
 VOCAB_SIZE = 259  # 256 bytes + PAD (256), BOS (257), EOS (258): supernet.translation
@@ -55,7 +51,7 @@ TRANSLATE = "translate"
 
 
 @dataclass(frozen=True)
-class Seq2SeqSubnet:
+class Seq2SeqSubnet(SubnetFile):
     """One encoder-decoder architecture: each side an LM :class:`Subnet`, plus per decoder layer the heads of its
     cross-attention and how many of the last encoder layers it attends to."""
 
@@ -93,31 +89,6 @@ class Seq2SeqSubnet:
         encoder = Subnet.from_dict(data["encoder"], f"{where}.encoder")
         decoder = Subnet.from_dict({k: v for k, v in dec.items() if k not in cross}, f"{where}.decoder")
         return cls(encoder, decoder, tuple(cross["cross_heads"]), tuple(cross["cross_layers"]))
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Seq2SeqSubnet":
-        return cls.from_dict(json.loads(text))
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Seq2SeqSubnet":
-        path = Path(path)
-        text = read_text(path, "subnet file", SubnetError)
-        if path.suffix == ".json":
-            try:
-                return cls.from_dict(json.loads(text), path.name)
-            except json.JSONDecodeError as e:
-                raise SubnetError(f"{path.name}: not valid JSON: {e}") from None
-        return cls.from_dict(load_yaml(text, path.name, SubnetError), path.name)
-
-    @property
-    def key(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def __str__(self) -> str:
         cross = ", ".join(f"{h}h/{k}L" for h, k in zip(self.cross_heads, self.cross_layers))
@@ -157,7 +128,7 @@ class TranslateWorkload:
 
 
 @dataclass(frozen=True)
-class Seq2SeqSpace:
+class Seq2SeqSpace(SpaceIdentity):
     """An encoder-decoder search space: each side as an LM space, plus the cross-attention choices."""
 
     name: str
@@ -174,6 +145,7 @@ class Seq2SeqSpace:
     task: str = TASK
 
     causal = False  # the LM commands' check: this is not a decoder-only LM
+    subnet_type = Seq2SeqSubnet  # (class attributes, not fields)
 
     def require_causal(self, command: str) -> None:
         raise UserError(
@@ -184,15 +156,6 @@ class Seq2SeqSpace:
     @property
     def max_cross_heads(self) -> int:
         return max(self.cross_heads)
-
-    def workload(self, name: str | None = None, flag: str = "--workload") -> TranslateWorkload:
-        if name is None:
-            return self.workloads[0]
-        for w in self.workloads:
-            if w.name == name:
-                return w
-        raise UserError(f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: "
-                        f"{', '.join(map(str, self.workloads))})")  # fmt: skip
 
     # -- members ------------------------------------------------------------------
 
@@ -222,17 +185,6 @@ class Seq2SeqSpace:
                 if v not in allowed:
                     out.append(f"decoder.{name}[{i}]: {v!r} is not one of {', '.join(map(str, allowed))}")
         return out
-
-    def __contains__(self, subnet: Seq2SeqSubnet) -> bool:
-        return not self.problems(subnet)
-
-    def check(self, subnet: Seq2SeqSubnet) -> Seq2SeqSubnet:
-        if not isinstance(subnet, Seq2SeqSubnet):
-            raise SubnetError(f"expected an encoder-decoder subnet (Seq2SeqSubnet), got {type(subnet).__name__}")
-        problems = self.problems(subnet)
-        if problems:
-            raise SubnetError(f"subnet is not in space {self.name!r} ({self.source}):\n  " + "\n  ".join(problems))
-        return subnet
 
     def size(self) -> int:
         cross = len(self.cross_heads) * len(self.cross_layers)
@@ -301,15 +253,6 @@ class Seq2SeqSpace:
             "decoder": side(self.decoder, cross),
             "latency": {w.name: w.to_dict() for w in self.workloads},
         }
-
-    @property
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def arch_hash(self) -> str:
-        arch = {k: v for k, v in self.to_dict().items() if k != "latency"}
-        return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # --------------------------------------------------------------------------- loading

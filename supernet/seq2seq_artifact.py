@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
-from search_spaces import UserError
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
+from search_spaces.seq2seq import Seq2SeqSubnet
 
-from .artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, card_space, read_card, verify_file, write_json_atomic
-from .files import atomic_write, check_parts, remove_stale, sha256_file
+from .artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, load_weights, open_export, read_card, write_json_atomic
+from .files import atomic_write, remove_stale, sha256_file
 from .seq2seq import Seq2SeqTransformer
 
 
@@ -53,28 +52,8 @@ def is_seq2seq_export(model_dir: str | Path) -> bool:
 
 
 def load_seq2seq_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Seq2SeqTransformer, dict]:
-    """Load an exported encoder-decoder (eval mode) and its card; checks as :func:`supernet.artifact.load_model`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    card = read_card(model_dir)
-    weights = verify_file(model_dir, WEIGHTS, card)
-    check_parts(model_dir, card.get("files") or {}, model_dir / CARD, OUTPUTS)
-    space = card_space(model_dir, card)
-    if not isinstance(space, Seq2SeqSpace):
-        raise UserError(f"{model_dir / CARD}: a {space.task} model, not an encoder-decoder (task seq2seq)")
-    try:
-        subnet = Seq2SeqSubnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
-    except KeyError as e:
-        raise UserError(f"{model_dir / CARD}: missing field {e}") from None
+    """Load an exported encoder-decoder (eval mode) and its card; the checks of :func:`supernet.artifact.load_model`."""
+    card, weights, space, subnet = open_export(model_dir, Seq2SeqSubnet)
     model = Seq2SeqTransformer(space, subnet)
-    try:
-        state = load_file(str(weights))
-    except SafetensorError as e:
-        raise UserError(f"{weights}: not a readable safetensors file ({e})") from None
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise UserError(f"{weights}: weights do not match the subnet in the model card: {str(e).splitlines()[0]}") from None
+    load_weights(model, weights)
     return model.to(device).eval(), card

@@ -30,7 +30,7 @@ from torch import Tensor
 from search_spaces import UserError
 from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import fill_supernet, load_checkpoint, save_checkpoint
 from .seq2seq import Seq2SeqSuperTransformer
 from .train import (
     EVAL_STREAM,
@@ -242,9 +242,4 @@ def load_seq2seq_supernet(path: str | Path, space: Seq2SeqSpace | None = None, d
     payload = load_checkpoint(path, space)
     if not isinstance(payload["space"], Seq2SeqSpace):
         raise UserError(f"{path}: holds a {payload['space'].task} supernet, not an encoder-decoder (task seq2seq)")
-    model = Seq2SeqSuperTransformer(payload["space"])
-    try:
-        model.load_state_dict(payload["model"])
-    except RuntimeError as e:
-        raise UserError(f"{Path(path)}: weights do not fit the stored space: {str(e).splitlines()[0]}") from None
-    return model.to(device).eval(), payload
+    return fill_supernet(Seq2SeqSuperTransformer(payload["space"]), payload, path, device), payload

@@ -50,5 +50,5 @@ def test_membership_names_the_field(space):
     assert "decoder.cross_layers[1]: 4 is not one of 1, 2, 3" in str(e.value)
     with pytest.raises(SubnetError, match=r"subnet.decoder.cross_layers: expected a tuple of 3 \(decoder depth\)"):
         Seq2SeqSubnet(s.encoder, s.decoder, (2, 2, 2), (1, 2))
-    with pytest.raises(SubnetError, match="expected an encoder-decoder subnet"):
+    with pytest.raises(SubnetError, match="expected a Seq2SeqSubnet, got Subnet"):
         space.check(s.encoder)
