@@ -182,3 +182,28 @@ def evaluate_translation(
         if progress is not None:
             progress(n, len(picked))
     return {**score_translations(hyps, refs), "pairs": len(picked), "skipped": skipped, "hypotheses": hyps}
+
+
+def translate_runner(model, workload, generator: torch.Generator | None = None) -> Callable[[], Tensor]:
+    """A call that runs HAT's ``translate`` workload once on ``model`` (a static encoder-decoder): encode a random
+    source of ``workload.source`` bytes, compute the cross keys / values once, then ``workload.steps`` cached
+    decoder steps at batch ``workload.beam`` (each feeding every beam's most likely byte, with beam search's cache
+    gather; a fixed number of steps, no early stop).  Returns the decoder inputs (beam, steps + 1): what latency
+    devices will time."""
+    w = model.weights()
+    b, n = workload.beam, workload.steps
+    src = torch.randint(0, 256, (1, workload.source), generator=generator).to(w.dec_tok.device)  # (1, S)
+    order = torch.arange(b, device=w.dec_tok.device)
+
+    @torch.no_grad()
+    def run() -> Tensor:
+        mem = encode_memory(w, src).select(torch.zeros(b, dtype=torch.long, device=src.device))
+        dec = _Decoder(w, mem, n + 1, cache=True)
+        prefix = decoder_start(b, src.device)  # (B, 1)
+        for _ in range(n):
+            tok = dec(prefix).argmax(-1, keepdim=True)  # (B, 1)
+            dec.reorder(order)
+            prefix = torch.cat([prefix, tok], dim=1)
+        return prefix
+
+    return run
