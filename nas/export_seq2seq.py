@@ -55,5 +55,6 @@ def export_seq2seq(args: argparse.Namespace) -> int:
     }
     save_seq2seq_model(static, args.out, card)
     print(f"wrote {args.out}: {static.num_params():,} parameters, subnet {subnet}")
+    print(f"not written for an encoder-decoder yet (--format {args.format}): model.pt2, the ONNX encoder and decoder step")
     print(f"validation {ce:.4f} nats/target byte; chrF / BLEU: nas translate --model {args.out} --eval test --beam 5")
     return 0
