@@ -98,6 +98,9 @@ def load_supernet(
 ) -> tuple[SuperTransformer, dict[str, Any]]:
     """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
+    if payload["space"].task == "seq2seq":
+        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; what runs it so far: nas translate, nas export "
+                        "(README \"Translation (encoder-decoder, in progress)\")")  # fmt: skip
     return fill_supernet(SuperTransformer(payload["space"]), payload, path, device), payload
 
 
