@@ -3,15 +3,15 @@
 The command (:mod:`nas.commands.train_supernet`) hands a seq2seq space (or a ``--resume`` of a seq2seq run)
 here.  Same flags and files as the LM run (``latest.pt``, ``final.pt``, ``log.jsonl``, the corpus cache in
 ``--out``), with sentence pairs for data: the system's gettext catalogs of ``--lang`` (default de) or
-``--data pairs.tsv``; ``--batch-size`` counts pairs.  Not yet: ``--compile``, DDP (torchrun), ``--seq-len`` and
+``--data pairs.tsv``; ``--batch-size`` counts pairs.  Not for seq2seq: ``--compile``, ``--seq-len`` and
 ``--val-fraction`` (a pair is bounded by the space's ``max_seq_len``; the split is 80/10/10 by catalog or line).
+Under ``torchrun`` it trains data-parallel (DDP), as the LM run.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,12 @@ def stored_task(latest: Path) -> str | None:
 def run_seq2seq(args: argparse.Namespace, space) -> int:
     import torch
 
-    from nas.commands.train_supernet import _format_time, _settings, _step_bar
+    from nas.commands.train_supernet import _settings
     from search_spaces import UserError
-    from supernet.seq2seq import Seq2SeqSuperTransformer
-    from supernet.seq2seq_train import Seq2SeqSandwich, load_seq2seq_supernet, train_seq2seq
+    from supernet.distributed import init_from_env, shutdown
+    from supernet.seq2seq_train import load_seq2seq_supernet
     from supernet.train import TrainConfig
-    from supernet.translation import DEFAULT_LANG, check_pairs, prepare_pairs
+    from supernet.translation import DEFAULT_LANG
 
     out = Path(args.out)
     latest = out / "latest.pt"
@@ -44,8 +44,6 @@ def run_seq2seq(args: argparse.Namespace, space) -> int:
         if value is not None:
             raise UserError(f"{flag}: not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is "
                             "80/10/10 by catalog or by line; compiling is for the LM run so far)")  # fmt: skip
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UserError("train-supernet on a seq2seq space runs on one process so far (no torchrun / DDP yet)")
     if args.data is not None and args.lang is not None:
         raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
     stored = None
@@ -68,8 +66,31 @@ def run_seq2seq(args: argparse.Namespace, space) -> int:
 
     config_dict, objective_dict, data = _settings(args, space, stored["meta"] if stored else None)
     config = TrainConfig.from_dict(config_dict)
-    device = torch.device("cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu")
-    corpus = prepare_pairs(data["data"], out, seed=data["data_seed"], lang=lang or DEFAULT_LANG)
+    dist, device = init_from_env(args.device)
+    try:
+        return _train(args, space, stored, config, objective_dict, data, lang, dist, device)
+    finally:
+        shutdown()
+
+
+def _train(args, space, stored, config, objective_dict, data, lang, dist, device) -> int:
+    import torch
+
+    from nas.commands.train_supernet import _format_time, _step_bar
+    from search_spaces import UserError
+    from supernet.seq2seq import Seq2SeqSuperTransformer
+    from supernet.seq2seq_train import Seq2SeqSandwich, train_seq2seq
+    from supernet.translation import DEFAULT_LANG, check_pairs, prepare_pairs
+
+    out = Path(args.out)
+    latest = out / "latest.pt"
+    if config.batch_size % dist.world:
+        raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
+    corpus = None
+    for turn in (0, 1):  # rank 0 builds the cache first, the others then read it
+        if dist.is_main == (turn == 0):
+            corpus = prepare_pairs(data["data"], out, seed=data["data_seed"], lang=lang or DEFAULT_LANG)
+        dist.barrier()
     if stored is not None:
         check_pairs(corpus, stored["meta"]["corpus_hash"], str(latest))
     sizes = corpus.meta["sizes"]
@@ -84,12 +105,15 @@ def run_seq2seq(args: argparse.Namespace, space) -> int:
     meta = {**data, "val_fraction": None, "lang": lang, "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash,
             "corpus_sizes": sizes, "corpus_dir": str(corpus.path.relative_to(out))}  # fmt: skip
     state = stored["state"] if stored else {}
-    bar, update = _step_bar(config, state.get("step", 0), state.get("elapsed", 0.0))
+    bar, update = _step_bar(config, state.get("step", 0), state.get("elapsed", 0.0)) if dist.is_main else (None, None)
     try:
         result = train_seq2seq(model, objective, corpus.train, corpus.val, config, out=out, meta=meta, resume=stored,
-                               progress=update, report=log.info)  # fmt: skip
+                               progress=update, report=log.info, dist=dist)  # fmt: skip
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
+    if not dist.is_main:
+        return 0
     if result.stopped == "interrupted":
         print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
               "--resume")  # fmt: skip

@@ -18,6 +18,7 @@ the validation split, the fitness a search reads with inherited weights.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +32,7 @@ from search_spaces import UserError
 from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
 
 from .checkpoint import fill_supernet, load_checkpoint, save_checkpoint
+from .distributed import SINGLE, Dist
 from .seq2seq import Seq2SeqSuperTransformer
 from .train import (
     EVAL_STREAM,
@@ -75,16 +77,22 @@ class Seq2SeqSandwich:
         randoms = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
         return [("largest", self.space.largest()), ("smallest", self.space.smallest()), *randoms]
 
-    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = target_ce(logits, targets)
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        """(the loss to back-propagate, the cross-entropy per target byte of this pass).  ``per``: the target bytes the
+        sums are divided by (default: this batch's; data-parallel: the global batch's over the ranks, so that the
+        ranks' averaged gradients equal one process's on the whole batch)."""
         real = targets != PAD  # (B, T)
+        n = int(real.sum())
+        per = n if per is None else per
+        ce_sum = target_ce(logits, targets, reduction="sum")
+        ce = ce_sum / per
         if index == 0:
             memo["teacher"] = logits.detach().float().log_softmax(-1)[real]  # (N, V) over the real target bytes
-            return ce, ce.detach()
+            return ce, ce_sum.detach() / n
         if self.distill == 0.0:
-            return ce, ce.detach()
-        kd = F.kl_div(logits.float().log_softmax(-1)[real], memo["teacher"], log_target=True, reduction="batchmean")
-        return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
+            return ce, ce_sum.detach() / n
+        kd = F.kl_div(logits.float().log_softmax(-1)[real], memo["teacher"], log_target=True, reduction="sum") / per
+        return (1.0 - self.distill) * ce + self.distill * kd, ce_sum.detach() / n
 
     def eval_subnets(self) -> dict[str, Seq2SeqSubnet]:
         rng = np.random.default_rng([self.seed, EVAL_STREAM])
@@ -133,16 +141,22 @@ def train_seq2seq(
     resume: dict[str, Any] | None = None,
     progress: Callable[[StepInfo], None] | None = None,
     report: Callable[[str], None] | None = None,
+    dist: Dist = SINGLE,
 ) -> TrainResult:
     """Train until ``max_steps`` / ``max_time`` or SIGINT / SIGTERM; ``resume``: a loaded ``latest.pt`` to continue.
 
-    Files (with ``out``): ``latest.pt`` every ``ckpt_interval`` steps, on interrupt and at the end, ``final.pt``
-    when the run reaches its bound, ``log.jsonl``.
+    Files (with ``out``, rank 0 only): ``latest.pt`` every ``ckpt_interval`` steps, on interrupt and at the end,
+    ``final.pt`` when the run reaches its bound, ``log.jsonl``.  Data-parallel (``dist``): every rank collates the
+    step's whole batch and runs its share of the rows (the same padding as one process), the gradients averaged by
+    DDP; a batch with fewer pairs than ranks is skipped (on every rank count alike, also in one process).
     """
-    say = report or (lambda text: None)
+    say = report if (report is not None and dist.is_main) else (lambda text: None)
     device = next(model.parameters()).device
     max_len = model.space.max_seq_len
-    n_epoch = len(length_batches(train_pairs, config.batch_size, max_len, config.seed, 0))
+    def epoch_batches(epoch: int) -> list[np.ndarray]:
+        return [b for b in length_batches(train_pairs, config.batch_size, max_len, config.seed, epoch) if len(b) >= dist.world]
+
+    n_epoch = len(epoch_batches(0))
     if n_epoch == 0:
         raise UserError(f"the training split has no pair of at most {max_len} bytes (source, target + 1)")
     val_batches = eval_batches(val_pairs, config.batch_size, max_len, config.eval_batches, config.seed)
@@ -158,18 +172,27 @@ def train_seq2seq(
         set_rng_state(state["rng"], device)
         step, elapsed, tokens = state["step"], state["elapsed"], state["tokens"]
         say(f"resumed at step {step}")
-    latest = out / "latest.pt" if out is not None else None
-    log = JsonlLog(out / "log.jsonl" if out is not None else None, resume_step=step if resume is not None else None)
+    latest = out / "latest.pt" if out is not None and dist.is_main else None
+    log = JsonlLog(out / "log.jsonl" if latest is not None else None, resume_step=step if resume is not None else None)
+    fwd = model
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # Passes of smaller subnets leave parameters unused (the same ones on every rank).
+        fwd = DDP(model, device_ids=[device.index] if device.type == "cuda" else None, find_unused_parameters=True)
     log.write("resume" if resume is not None else "start", step=step, meta=_jsonable(meta))
     epochs: dict[int, list[np.ndarray]] = {}
 
     def batch(k: int) -> tuple[Tensor, Tensor, Tensor, int]:
+        """This rank's rows of step k's batch, and the target bytes of the whole batch."""
         epoch, i = divmod(k, n_epoch)
         if epoch not in epochs:
             epochs.clear()
-            epochs[epoch] = length_batches(train_pairs, config.batch_size, max_len, config.seed, epoch)
-        src, inp, tgt = (torch.from_numpy(a).to(device) for a in collate(train_pairs, epochs[epoch][i]))
-        return src, inp, tgt, int((tgt != PAD).sum())
+            epochs[epoch] = epoch_batches(epoch)
+        src, inp, tgt = collate(train_pairs, epochs[epoch][i])  # (B, S), (B, T), (B, T): the whole batch
+        rows = np.array_split(np.arange(len(src)), dist.world)[dist.rank]
+        local = (torch.from_numpy(a[rows]).to(device) for a in (src, inp, tgt))
+        return *local, int((tgt != PAD).sum())
 
     def save(path: Path, stopped: str | None) -> None:
         state = {"optimizer": optimizer.state_dict(), "schedule": schedule.state_dict(), "rng": rng_state(device),
@@ -179,11 +202,15 @@ def train_seq2seq(
         log.write("checkpoint", step=step, path=str(path))
 
     def evaluate() -> None:
+        if not dist.is_main:
+            dist.barrier()
+            return
         t0 = time.perf_counter()
         ce = {name: heldout_ce(model, s, val_pairs, val_batches) for name, s in objective.eval_subnets().items()}
         evals.append({"step": step, "ce": ce})
         log.write("eval", step=step, ce=ce, seconds=round(time.perf_counter() - t0, 3))
         say(f"step {step}: validation nats/target byte  " + "  ".join(f"{k} {v:.3f}" for k, v in ce.items()))
+        dist.barrier()
 
     model.train()
     evaluated_at = -1
@@ -191,8 +218,10 @@ def train_seq2seq(
         while True:
             done_steps = config.max_steps is not None and step >= config.max_steps
             done_time = config.max_time is not None and elapsed >= config.max_time
-            if interrupt.requested or done_steps or done_time:
-                stopped = "interrupted" if interrupt.requested else "max_steps" if done_steps else "max_time"
+            stop, elapsed = dist.agree(interrupt.requested or done_steps or done_time, elapsed, device)
+            if stop:
+                stopped = "interrupted" if interrupt.requested or not (done_steps or done_time) else (
+                    "max_steps" if done_steps else "max_time")
                 break
             t0 = time.perf_counter()
             lr = schedule(step, elapsed)
@@ -201,8 +230,10 @@ def train_seq2seq(
             src, inp, tgt, n_tokens = batch(step)
             plan, memo, ces = objective.plan(step), {}, []
             for i, (_, subnet) in enumerate(plan):
-                loss, ce = objective.loss(i, model(src, inp, subnet), tgt, memo)
-                (loss / len(plan)).backward()
+                sync = not dist.enabled or i == len(plan) - 1
+                with nullcontext() if sync else fwd.no_sync():
+                    loss, ce = objective.loss(i, fwd(src, inp, subnet), tgt, memo, n_tokens / dist.world)
+                    (loss / len(plan)).backward()
                 ces.append(ce)
             if config.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
@@ -227,7 +258,7 @@ def train_seq2seq(
         if stopped != "interrupted" and evaluated_at != step:
             evaluate()
         checkpoint = None
-        if latest is not None:
+        if latest is not None:  # rank 0
             save(latest, stopped)
             checkpoint = latest
             if stopped != "interrupted":

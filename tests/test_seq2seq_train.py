@@ -57,3 +57,37 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
     before, after = (heldout_ce(m, space.largest(), corpus.val, batches) for m in (fresh, full))
     assert after < before - 0.5 and abs(before - torch.log(torch.tensor(259.0)).item()) < 0.5
     assert result.evals[-1]["ce"]["largest"] == after
+
+
+def _rank(rank, world, tsv, out, store):
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    from supernet.distributed import Dist
+
+    space = mini_space()
+    corpus = prepare_pairs(str(tsv), out / "cache")
+    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    plans = []
+    config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
+    train_seq2seq(model, Seq2SeqSandwich(space, n_random=1), corpus.train, corpus.val, config, out=out / f"rank{rank}",
+                  dist=Dist(rank, world, rank), progress=lambda info: plans.append(info.subnets))  # fmt: skip
+    torch.save({"model": model.state_dict(), "plans": plans}, out / f"weights{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_over_gloo_equal_one_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    tsv = write_toy_tsv(tmp_path / "toy.tsv")
+    mp.spawn(_rank, args=(2, tsv, tmp_path, tmp_path / "store"), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"weights{r}.pt", weights_only=True) for r in (0, 1))
+    assert r0["plans"] == r1["plans"] and len(r0["plans"]) == 3
+    assert all(torch.equal(r0["model"][k], r1["model"][k]) for k in r0["model"])
+    assert (tmp_path / "rank0" / "final.pt").exists() and not (tmp_path / "rank1").exists()
+    # Two ranks with half of each batch's rows compute what one process computes with the whole batch.
+    space = mini_space()
+    corpus = prepare_pairs(str(tsv), tmp_path / "cache")
+    single = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
+    train_seq2seq(single, Seq2SeqSandwich(space, n_random=1), corpus.train, corpus.val, config)
+    assert max((single.state_dict()[k] - r0["model"][k]).abs().max().item() for k in r0["model"]) <= 1e-5
