@@ -27,8 +27,9 @@ from .errors import SpaceError, SubnetError, UserError
 from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
-TASKS = ("causal-lm", "masked-lm")
+TASKS = ("causal-lm", "masked-lm", "seq2seq")
 # The attention form a task's model runs: a decoder LM sees the past only, a masked-LM encoder the whole sequence.
+# seq2seq (translation) has both: a bidirectional encoder and a causal decoder (search_spaces.seq2seq, its own format).
 TASK_FORMS = {"causal-lm": "causal", "masked-lm": "bidirectional"}
 POSITIONS = ("learned", "rope")
 
@@ -49,8 +50,44 @@ class LayerChoice:
         return parse_attention(self.attention)
 
 
+class SubnetFile:
+    """What every subnet value (an LM :class:`Subnet`, an encoder-decoder ``Seq2SeqSubnet``) shares: JSON and YAML
+    forms, a stable key, loading from a file.  A subclass gives ``to_dict`` and ``from_dict(data, where)``."""
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str):
+        return cls.from_dict(json.loads(text))
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+    @classmethod
+    def from_yaml(cls, text: str, where: str = "subnet"):
+        data = load_yaml(text, where, SubnetError)
+        return cls.from_dict(data, where)
+
+    @classmethod
+    def load(cls, path: str | Path):
+        path = Path(path)
+        text = read_text(path, "subnet file", SubnetError)
+        if path.suffix == ".json":
+            try:
+                return cls.from_dict(json.loads(text), path.name)
+            except json.JSONDecodeError as e:
+                raise SubnetError(f"{path.name}: not valid JSON: {e}") from None
+        return cls.from_yaml(text, path.name)
+
+    @property
+    def key(self) -> str:
+        """A stable 16-hex-digit identifier (same subnet, same key, in every process)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
-class Subnet:
+class Subnet(SubnetFile):
     """One architecture. Per-layer tuples have exactly ``depth`` entries."""
 
     embed_dim: int
@@ -118,37 +155,6 @@ class Subnet:
             return cls(embed_dim=data["embed_dim"], depth=data["depth"], **lists)
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "Subnet":
-        return cls.from_dict(json.loads(text))
-
-    def to_yaml(self) -> str:
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
-
-    @classmethod
-    def from_yaml(cls, text: str, where: str = "subnet") -> "Subnet":
-        data = load_yaml(text, where, SubnetError)
-        return cls.from_dict(data, where)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Subnet":
-        path = Path(path)
-        text = read_text(path, "subnet file", SubnetError)
-        if path.suffix == ".json":
-            try:
-                return cls.from_dict(json.loads(text), path.name)
-            except json.JSONDecodeError as e:
-                raise SubnetError(f"{path.name}: not valid JSON: {e}") from None
-        return cls.from_yaml(text, path.name)
-
-    @property
-    def key(self) -> str:
-        """A stable 16-hex-digit identifier (same subnet, same key, in every process)."""
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def __str__(self) -> str:
         """Compact form, runs of equal layers folded: ``d128 L4 [2x 4h/512/softmax, 1h/128/linear, ...]``."""
@@ -250,8 +256,51 @@ class Workload:
             raise UserError(f"{where}: not a workload record: {e}") from None
 
 
+class SpaceIdentity:
+    """What every space (an LM :class:`Space`, an encoder-decoder ``Seq2SeqSpace``) shares: its hashes, the
+    membership check and the workload lookup.  A subclass gives ``to_dict``, ``problems``, ``name``, ``source``,
+    ``workloads`` and ``subnet_type`` (its subnet class)."""
+
+    subnet_type: type = SubnetFile
+
+    def workload(self, name: str | None = None, flag: str = "--workload"):
+        """The workload ``name`` of the latency section (default: the first listed)."""
+        if name is None:
+            return self.workloads[0]
+        for w in self.workloads:
+            if w.name == name:
+                return w
+        raise UserError(
+            f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})"
+        )
+
+    def __contains__(self, subnet) -> bool:
+        return not self.problems(subnet)
+
+    def check(self, subnet):
+        """Return ``subnet`` if it belongs to this space, else raise :class:`SubnetError` listing why."""
+        if not isinstance(subnet, self.subnet_type):
+            raise SubnetError(f"expected a {self.subnet_type.__name__}, got {type(subnet).__name__}")
+        problems = self.problems(subnet)
+        if problems:
+            raise SubnetError(f"subnet is not in space {self.name!r} ({self.source}):\n  " + "\n  ".join(problems))
+        return subnet
+
+    @property
+    def hash(self) -> str:
+        """Stable 16-hex-digit hash of everything that defines the space (not its file name or comments)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def arch_hash(self) -> str:
+        """Hash of what defines the models (everything but the latency workloads): a supernet and a
+        latency predictor agree on their subnets when this agrees, whatever workloads each file lists."""
+        arch = {k: v for k, v in self.to_dict().items() if k != "latency"}
+        return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
-class Space:
+class Space(SpaceIdentity):
     """A search space: the choices of every dimension plus the fixed model facts."""
 
     name: str
@@ -268,12 +317,18 @@ class Space:
     workloads: tuple[Workload, ...]
     source: str = field(default="<memory>", compare=False)
 
+    subnet_type = Subnet  # (a class attribute, not a field: SpaceIdentity.check)
+
     # -- shape facts --------------------------------------------------------------
 
     @property
     def causal(self) -> bool:
         """Whether the task's attention is causal (``causal-lm``) rather than bidirectional (``masked-lm``)."""
         return TASK_FORMS[self.task] == "causal"
+
+    def require_one_stack(self, command: str) -> None:
+        """The commands that run one stack of blocks (a causal or masked LM) call this; an encoder-decoder space
+        (:class:`search_spaces.seq2seq.Seq2SeqSpace`) refuses in one line the commands it does not run yet."""
 
     @property
     def max_depth(self) -> int:
@@ -290,17 +345,6 @@ class Space:
     @property
     def max_ffn_dim(self) -> int:
         return max(self.ffn_dim)
-
-    def workload(self, name: str | None = None, flag: str = "--workload") -> Workload:
-        """The workload ``name`` of the latency section (default: the first listed)."""
-        if name is None:
-            return self.workloads[0]
-        for w in self.workloads:
-            if w.name == name:
-                return w
-        raise UserError(
-            f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})"
-        )
 
     # -- members ------------------------------------------------------------------
 
@@ -340,18 +384,6 @@ class Space:
             check(f"ffn_dim[{i}]", layer.ffn_dim, self.ffn_dim)
             check(f"attention[{i}]", layer.attention, self.attention)
         return out
-
-    def __contains__(self, subnet: Subnet) -> bool:
-        return not self.problems(subnet)
-
-    def check(self, subnet: Subnet) -> Subnet:
-        """Return ``subnet`` if it belongs to this space, else raise :class:`SubnetError` listing why."""
-        if not isinstance(subnet, Subnet):
-            raise SubnetError(f"expected a Subnet, got {type(subnet).__name__}")
-        problems = self.problems(subnet)
-        if problems:
-            raise SubnetError(f"subnet is not in space {self.name!r} ({self.source}):\n  " + "\n  ".join(problems))
-        return subnet
 
     def size(self) -> int:
         """Number of distinct subnets."""
@@ -418,17 +450,7 @@ class Space:
             "latency": {w.name: w.to_dict() for w in self.workloads},
         }
 
-    @property
-    def hash(self) -> str:
-        """Stable 16-hex-digit hash of everything that defines the space (not its file name or comments)."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
-
-    @property
-    def arch_hash(self) -> str:
-        """Hash of what defines the models (everything but the latency workloads): a supernet and a
-        latency predictor agree on their subnets when this agrees, whatever workloads each file lists."""
-        arch = {k: v for k, v in self.to_dict().items() if k != "latency"}
-        return hashlib.sha256(json.dumps(arch, sort_keys=True).encode()).hexdigest()[:16]
+    # hash, arch_hash, check, workload: SpaceIdentity
 
 
 # --------------------------------------------------------------------------- loading
@@ -530,8 +552,14 @@ def resolve_space_path(source: str | Path) -> Path:
 
 
 def parse_space(text: str, where: str = "<string>", source: str = "<string>") -> Space:
-    """Validate YAML text as a space; raise :class:`SpaceError` with every problem found."""
+    """Validate YAML text as a space; raise :class:`SpaceError` with every problem found.
+
+    A ``task: seq2seq`` file is an encoder-decoder space (:mod:`search_spaces.seq2seq`, its own format)."""
     data = load_yaml(text, where, SpaceError)
+    if isinstance(data, dict) and data.get("task") == "seq2seq":
+        from .seq2seq import parse_seq2seq
+
+        return parse_seq2seq(data, where, source)
     c = _Checker(where)
     top = c.keys(
         "",
@@ -645,6 +673,10 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
 
 def describe(space: Space) -> str:
     """A few human lines about the choices (used by ``nas space``)."""
+    if space.task == "seq2seq":
+        from .seq2seq import describe_seq2seq
+
+        return describe_seq2seq(space)
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
         f"  task          {space.task}, vocab {space.vocab_size}, max_seq_len {space.max_seq_len}, "

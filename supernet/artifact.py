@@ -123,21 +123,27 @@ def card_space(model_dir: str | Path, card: dict[str, Any] | None = None) -> Spa
     return parse_space(yaml.safe_dump(card["space"]), where=f"{CARD}[space]", source=str(model_dir / CARD))
 
 
-def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
-    """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+def open_export(model_dir: str | Path, subnet_type: type = Subnet) -> tuple[dict[str, Any], Path, Space, Any]:
+    """The card, the checked weights file, the space and the subnet of an exported model (every check of loading)."""
     model_dir = Path(model_dir)
     card = read_card(model_dir)
     weights = verify_file(model_dir, WEIGHTS, card)
     check_parts(model_dir, card.get("files") or {}, model_dir / CARD, OUTPUTS)
     space = card_space(model_dir, card)
+    if space.subnet_type is not subnet_type:
+        raise UserError(f"{model_dir / CARD}: a model of task {space.task}, not what this loader reads")
     try:
-        subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
+        subnet = subnet_type.from_dict(card["subnet"], where=f"{CARD}[subnet]")
     except KeyError as e:
         raise UserError(f"{model_dir / CARD}: missing field {e}") from None
-    model = Transformer(TransformerConfig.from_subnet(space, subnet))
+    return card, weights, space, subnet
+
+
+def load_weights(model: torch.nn.Module, weights: Path) -> None:
+    """Fill ``model`` from a safetensors file; one line naming the file when it is unreadable or does not fit."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     try:
         state = load_file(str(weights))
     except SafetensorError as e:
@@ -146,6 +152,13 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Tra
         model.load_state_dict(state)
     except RuntimeError as e:
         raise UserError(f"{weights}: weights do not match the subnet in the model card: {str(e).splitlines()[0]}") from None
+
+
+def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
+    """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
+    _, weights, space, subnet = open_export(model_dir)
+    model = Transformer(TransformerConfig.from_subnet(space, subnet))
+    load_weights(model, weights)
     return model.to(device).eval()
 
 

@@ -98,9 +98,16 @@ def load_supernet(
 ) -> tuple[SuperTransformer, dict[str, Any]]:
     """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
-    model = SuperTransformer(payload["space"])
+    if payload["space"].task == "seq2seq":
+        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; what runs it so far: nas translate, nas export "
+                        "(README \"Translation (encoder-decoder, in progress)\")")  # fmt: skip
+    return fill_supernet(SuperTransformer(payload["space"]), payload, path, device), payload
+
+
+def fill_supernet(model: torch.nn.Module, payload: dict[str, Any], path: str | Path, device: str | torch.device = "cpu"):
+    """``model`` (built for the checkpoint's space) with the checkpoint's weights, on ``device``, in eval mode."""
     try:
         model.load_state_dict(payload["model"])
     except RuntimeError as e:
         raise UserError(f"{Path(path)}: weights do not fit the stored space: {str(e).splitlines()[0]}") from None
-    return model.to(device).eval(), payload
+    return model.to(device).eval()

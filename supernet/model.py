@@ -156,6 +156,21 @@ def block(
     or :class:`Step` (one token given the state: returns the next state).  ``causal``: the task's
     attention form (False: an encoder, every token sees every other; no decoding then).
     """
+    x, state = attention_sublayer(x, w, spec, head_dim, rope, cache, causal)
+    return mlp_sublayer(x, w), state
+
+
+def attention_sublayer(
+    x: Tensor,
+    w: BlockWeights,
+    spec: AttentionSpec,
+    head_dim: int,
+    rope: tuple[Tensor, Tensor] | None,
+    cache: Prefill | Step | None = None,
+    causal: bool = True,
+) -> tuple[Tensor, State | None]:
+    """The first half of :func:`block`: x + attn(ln1(x)) (an encoder-decoder's decoder puts its cross-attention
+    between the two halves, :mod:`supernet.seq2seq`)."""
     assert causal or cache is None, "an encoder (bidirectional attention) does not decode"
     typ = get(spec)
     b, t, e = x.shape
@@ -173,9 +188,13 @@ def block(
         y = attend(q, k, v, spec, w.mix, causal)  # (B, H, T, hd)
         if isinstance(cache, Prefill):
             state = typ.prefill_state(spec, q, k, v, w.mix, cache.capacity)
-    x = x + F.linear(y.transpose(1, 2).reshape(b, t, -1), *w.o)  # (B, T, E)
-    h = F.layer_norm(x, (e,), *w.ln2)
-    return x + F.linear(F.gelu(F.linear(h, *w.fc1)), *w.fc2), state
+    return x + F.linear(y.transpose(1, 2).reshape(b, t, -1), *w.o), state  # (B, T, E)
+
+
+def mlp_sublayer(x: Tensor, w: BlockWeights) -> Tensor:
+    """The second half of :func:`block`: x + mlp(ln2(x)), (B, T, E) -> (B, T, E)."""
+    h = F.layer_norm(x, (x.shape[-1],), *w.ln2)
+    return x + F.linear(F.gelu(F.linear(h, *w.fc1)), *w.fc2)
 
 
 def embed(idx: Tensor, tok: Tensor, pos: Tensor | None, positions: Tensor | None = None) -> Tensor:

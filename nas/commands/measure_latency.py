@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
+    space.require_one_stack("measure-latency")
     workload = space.workload(args.workload)
     settings = settings_from(args)
     precision = check_precision(args.precision)

@@ -23,6 +23,8 @@ def run(args: argparse.Namespace) -> int:
     from supernet import SuperTransformer
 
     space = load_space(args.space)
+    if space.task == "seq2seq":
+        from supernet.seq2seq import Seq2SeqSuperTransformer as SuperTransformer  # noqa: N814 (the task's supernet)
     with torch.device("meta"):  # shapes only: no memory, no init cost
         model = SuperTransformer(space)
     print(describe(space))

@@ -231,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     out = Path(args.out)
     space = load_space(args.space) if args.space else None
+    if space is not None:
+        space.require_one_stack("train-subnet")
     subnet = Subnet.load(args.subnet) if args.subnet else None
     if space is not None and subnet is not None:
         check_subnet(space, subnet, where=str(args.subnet))

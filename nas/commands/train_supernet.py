@@ -119,6 +119,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly")
+    p.add_argument("--lang", metavar="LANG", help="seq2seq spaces: the target language of the system's gettext catalogs "
+                   "(default de; English is the source); --data takes a source<TAB>target file instead")
 
 
 def parse_duration(text: str) -> float:
@@ -254,6 +256,12 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     latest = out / "latest.pt"
     space = load_space(args.space) if args.space else None
+    from nas.train_seq2seq import run_seq2seq, stored_task  # the encoder-decoder (translation) branch
+
+    if space.task == "seq2seq" if space is not None else args.resume and stored_task(latest) == "seq2seq":
+        return run_seq2seq(args, space)
+    if args.lang is not None:
+        raise UserError("--lang: for a seq2seq (translation) space only; a language model reads --data")
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")

@@ -1,0 +1,59 @@
+"""An exported encoder-decoder: a static :class:`~supernet.seq2seq.Seq2SeqTransformer` that loads without the supernet.
+
+The layout and checks of :mod:`supernet.artifact` (``model.safetensors``, ``subnet.yaml``, ``model_card.json``
+with the format marker, the full space, the subnet, the parameter count and the checksums, written last);
+the card says ``task: seq2seq`` and carries the corpus the model was trained on (so ``nas translate --eval``
+can score it on that corpus's test split, hash checked) and what was measured (held-out cross-entropy per
+target byte; chrF / BLEU once ``nas translate --eval`` has run).  ONNX graphs of the encoder and the decoder
+step are still to come.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from search_spaces.seq2seq import Seq2SeqSubnet
+
+from .artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, load_weights, open_export, read_card, write_json_atomic
+from .files import atomic_write, remove_stale, sha256_file
+from .seq2seq import Seq2SeqTransformer
+
+
+def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[str, Any] | None = None) -> Path:
+    """Write weights, subnet and model card of ``model`` into directory ``out``; return the card path."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_stale(out, (CARD, SUBNET, *OUTPUTS))
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(out / WEIGHTS), metadata={"format": FORMAT})
+    atomic_write(out / SUBNET, model.subnet.to_yaml())
+    full = {
+        "format": FORMAT,
+        "version": VERSION,
+        "task": "seq2seq",
+        "space": model.space.to_dict(),
+        "subnet": model.subnet.to_dict(),
+        "parameters": model.num_params(),
+        "files": {WEIGHTS: sha256_file(out / WEIGHTS)},
+        **(card or {}),
+    }
+    write_json_atomic(out / CARD, full)
+    return out / CARD
+
+
+def is_seq2seq_export(model_dir: str | Path) -> bool:
+    path = Path(model_dir) / CARD
+    return path.is_file() and read_card(model_dir).get("task") == "seq2seq"
+
+
+def load_seq2seq_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Seq2SeqTransformer, dict]:
+    """Load an exported encoder-decoder (eval mode) and its card; the checks of :func:`supernet.artifact.load_model`."""
+    card, weights, space, subnet = open_export(model_dir, Seq2SeqSubnet)
+    model = Seq2SeqTransformer(space, subnet)
+    load_weights(model, weights)
+    return model.to(device).eval(), card

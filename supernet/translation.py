@@ -1,0 +1,348 @@
+"""Parallel corpora for translation: sentence pairs as bytes, split, cached.
+
+Bytes in, bytes out, as the language-model task: a source or target byte is a token 0..255, and
+three special ids follow: :data:`PAD` (256, padding, ignored by the loss), :data:`BOS` (257, the
+decoder's first input) and :data:`EOS` (258, the end of a target).  The vocabulary is
+:data:`VOCAB_SIZE` (259); a ``task: seq2seq`` space says ``vocab_size: 259``.
+
+The default corpus is the system's gettext catalogs: the English messages of every program and
+their translations, ``/usr/share/locale/<lang>/LC_MESSAGES/*.mo`` read with Python's
+:mod:`gettext` (``--lang``, default ``de``).  Each catalog's ``msgid -> msgstr`` entries become
+pairs: the header entry is skipped, a plural entry gives its singular form, a message context
+(``ctxt\\x04msgid``) is stripped, untranslated (empty) and identical pairs are dropped, repeats
+within a catalog kept once.  The split is *by catalog*: a catalog's name hashed with the seed
+picks train, val or test (80/10/10 of the catalogs), so a test sentence's program is never seen
+in training.  ``--data pairs.tsv`` is a user's own corpus, ``source<TAB>target`` per line, split
+by line (a seeded permutation, 80/10/10).
+
+The pairs are cached under ``cache_dir/translation/<key>/`` (the key hashes the inputs: file
+names, sizes and modification times, the seed, the format): per split a ``.bin`` of the bytes and
+an ``.idx.npy`` of offsets, and ``meta.json`` with the file list, sizes and the sha256 of the
+contents, as :mod:`supernet.data` does for the byte corpus.
+"""
+
+from __future__ import annotations
+
+import gettext
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from search_spaces import UserError
+
+PAD, BOS, EOS = 256, 257, 258
+VOCAB_SIZE = 259
+SPECIALS = {"PAD": PAD, "BOS": BOS, "EOS": EOS}
+LOCALE_DIR = Path("/usr/share/locale")
+DEFAULT_LANG = "de"
+CACHE_FORMAT = 1
+SPLITS = ("train", "val", "test")
+FRACTIONS = (0.8, 0.1, 0.1)  # of the catalogs (gettext) or the lines (a TSV)
+
+Pair = tuple[bytes, bytes]
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def catalog_pairs(path: Path) -> tuple[list[Pair], dict[str, int]]:
+    """The (English, translation) pairs of one ``.mo`` catalog, in msgid order, and what was dropped."""
+    with open(path, "rb") as f:
+        catalog = gettext.GNUTranslations(f)._catalog  # msgid -> msgstr; plurals: (msgid, n) -> msgstr
+    dropped = {"untranslated": 0, "identical": 0, "repeated": 0}
+    seen, pairs = set(), []
+    for key in sorted(catalog, key=lambda k: (k, 0) if isinstance(k, str) else k):
+        if isinstance(key, tuple):
+            if key[1] != 0:
+                continue  # plural forms after the first: the singular ([0]) stands for the entry
+            msgid = key[0]
+        else:
+            msgid = key
+        if msgid == "":
+            continue  # the header entry (charset, plural rule, translators)
+        src, tgt = msgid.split("\x04")[-1], catalog[key]  # drop a message context "ctxt\x04msgid"
+        if not tgt:
+            dropped["untranslated"] += 1
+        elif src == tgt:
+            dropped["identical"] += 1
+        elif (src, tgt) in seen:
+            dropped["repeated"] += 1
+        else:
+            seen.add((src, tgt))
+            pairs.append((src.encode("utf-8"), tgt.encode("utf-8")))
+    return pairs, dropped
+
+
+def languages(locale_dir: Path = LOCALE_DIR) -> list[str]:
+    """The languages with at least one ``.mo`` catalog under ``locale_dir``."""
+    if not locale_dir.is_dir():
+        return []
+    return sorted(d.name for d in locale_dir.iterdir() if any((d / "LC_MESSAGES").glob("*.mo")))
+
+
+def catalogs(lang: str, locale_dir: Path = LOCALE_DIR) -> list[Path]:
+    """The ``.mo`` files of ``lang``; refuses a language without any, naming those that have some."""
+    found = sorted((locale_dir / lang / "LC_MESSAGES").glob("*.mo")) if lang and "/" not in lang else []
+    if not found:
+        have = languages(locale_dir)
+        raise UserError(
+            f"--lang {lang}: no gettext catalogs in {locale_dir / lang / 'LC_MESSAGES'} (languages with catalogs "
+            f"on this machine: {', '.join(have) if have else 'none'})"
+        )
+    return found
+
+
+def read_tsv(path: Path) -> list[Pair]:
+    """The pairs of a ``source<TAB>target`` file (UTF-8 or any bytes); blank lines are skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"--data {path}: cannot read: {e.strerror or e}") from None
+    pairs = []
+    for n, line in enumerate(data.split(b"\n"), 1):
+        line = line.removesuffix(b"\r")
+        if not line:
+            continue
+        if b"\t" not in line:
+            raise UserError(f"--data {path}: line {n} has no tab (expected source<TAB>target)")
+        src, tgt = line.split(b"\t", 1)
+        for what, text in (("source", src), ("target", tgt)):
+            if not text.strip():
+                raise UserError(f"--data {path}: line {n} has an empty {what} (expected source<TAB>target, both non-empty)")
+        pairs.append((src, tgt))
+    if len(pairs) < 3:
+        raise UserError(f"--data {path}: {len(pairs)} pair(s); a corpus needs at least 3 (train, val and test)")
+    return pairs
+
+
+# --------------------------------------------------------------------------- split
+
+
+def split_of(name: str, seed: int) -> str:
+    """train, val or test for a catalog name: a uniform value from the hash of (seed, name) against 80/10/10."""
+    u = int.from_bytes(hashlib.sha256(f"{seed}\0{name}".encode()).digest()[:8], "little") / 2**64
+    return "train" if u < FRACTIONS[0] else "val" if u < FRACTIONS[0] + FRACTIONS[1] else "test"
+
+
+def split_lines(n: int, seed: int) -> dict[str, np.ndarray]:
+    """Line indices per split: a seeded permutation cut 80/10/10 (at least one line each)."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = max(1, round(FRACTIONS[1] * n))
+    n_test = max(1, round(FRACTIONS[2] * n))
+    n_train = n - n_val - n_test
+    return {"train": np.sort(order[:n_train]), "val": np.sort(order[n_train : n_train + n_val]),
+            "test": np.sort(order[n_train + n_val :])}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """One split: the bytes of every pair in one array and their offsets (N, 4): src start, end, tgt start, end."""
+
+    data: np.ndarray  # (bytes,) uint8
+    index: np.ndarray  # (N, 4) int64
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Pair:
+        a, b, c, d = (int(x) for x in self.index[i])
+        return bytes(self.data[a:b]), bytes(self.data[c:d])
+
+    def __iter__(self) -> Iterator[Pair]:
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        return self.index[:, 1] - self.index[:, 0]
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        return self.index[:, 3] - self.index[:, 2]
+
+
+@dataclass(frozen=True)
+class ParallelCorpus:
+    train: Pairs
+    val: Pairs
+    test: Pairs
+    meta: dict
+    path: Path
+
+    @property
+    def hash(self) -> str:
+        return self.meta["hash"]
+
+    def split(self, name: str) -> Pairs:
+        if name not in SPLITS:
+            raise UserError(f"split {name!r}: expected one of {', '.join(SPLITS)}")
+        return getattr(self, name)
+
+
+def _inputs(data: str | None, lang: str, locale_dir: Path) -> list[Path]:
+    if data is None:
+        return catalogs(lang, locale_dir)
+    path = Path(data)
+    if not path.is_file():
+        raise UserError(f"--data {data}: no such file (expected a source<TAB>target file)")
+    return [path]
+
+
+def _key(files: list[Path], data: str | None, lang: str, seed: int) -> str:
+    h = hashlib.sha256(json.dumps({"format": CACHE_FORMAT, "data": data, "lang": lang, "seed": seed}).encode())
+    for p in files:
+        st = p.stat()
+        h.update(f"{p.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _write_split(pairs: list[Pair], directory: Path, name: str, digest) -> dict[str, int]:
+    index = np.zeros((len(pairs), 4), dtype=np.int64)
+    at = 0
+    with (directory / f"{name}.bin").open("wb") as f:
+        for i, (src, tgt) in enumerate(pairs):
+            for part in (src, tgt):
+                digest.update(len(part).to_bytes(8, "little") + part)
+                f.write(part)
+            index[i] = (at, at + len(src), at + len(src), at + len(src) + len(tgt))
+            at += len(src) + len(tgt)
+    np.save(directory / f"{name}.idx.npy", index, allow_pickle=False)
+    return {"pairs": len(pairs), "source_bytes": int(index[:, 1].sum() - index[:, 0].sum()) if len(pairs) else 0,
+            "target_bytes": int(index[:, 3].sum() - index[:, 2].sum()) if len(pairs) else 0}  # fmt: skip
+
+
+def _load(directory: Path) -> ParallelCorpus | None:
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        parts = {}
+        for name in SPLITS:
+            path = directory / f"{name}.bin"
+            data = np.fromfile(path, dtype=np.uint8)
+            parts[name] = Pairs(data, np.load(directory / f"{name}.idx.npy", allow_pickle=False))
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != CACHE_FORMAT or any(meta["sizes"][n]["pairs"] != len(parts[n]) for n in SPLITS):
+        return None
+    return ParallelCorpus(parts["train"], parts["val"], parts["test"], meta, directory)
+
+
+def prepare_pairs(
+    data: str | None, cache_dir: Path, seed: int = 0, lang: str = DEFAULT_LANG, locale_dir: Path = LOCALE_DIR
+) -> ParallelCorpus:
+    """Read ``data`` (None: the gettext catalogs of ``lang``) once into ``cache_dir/translation/<key>/``; later calls load it."""
+    data = None if data is None else os.path.abspath(data)
+    files = _inputs(data, lang, locale_dir)
+    root = Path(cache_dir) / "translation"
+    key = _key(files, data, None if data else lang, seed)
+    cached = _load(root / key)
+    if cached is not None:
+        return cached
+    dropped = {"untranslated": 0, "identical": 0, "repeated": 0}
+    parts: dict[str, list[Pair]] = {n: [] for n in SPLITS}
+    names: dict[str, list[str]] = {n: [] for n in SPLITS}
+    skipped = []
+    if data is None:
+        for path in files:
+            try:
+                pairs, why = catalog_pairs(path)
+            except (OSError, UnicodeDecodeError, LookupError, ValueError) as e:  # a damaged or oddly encoded catalog
+                skipped.append(f"{path.name}: {e}")
+                continue
+            for k, v in why.items():
+                dropped[k] += v
+            if pairs:
+                split = split_of(path.name, seed)
+                parts[split] += pairs
+                names[split].append(path.name)
+        empty = [n for n in SPLITS if not parts[n]]
+        if empty:
+            raise UserError(f"--lang {lang}: the catalogs give no pairs for the {', '.join(empty)} split(s) "
+                            f"({sum(map(len, names.values()))} catalog(s) with pairs; seed {seed})")  # fmt: skip
+    else:
+        pairs = read_tsv(files[0])
+        for name, idx in split_lines(len(pairs), seed).items():
+            parts[name] = [pairs[i] for i in idx]
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    try:
+        digest = hashlib.sha256()
+        sizes = {n: _write_split(parts[n], tmp, n, digest) for n in SPLITS}
+        meta = {
+            "format": CACHE_FORMAT,
+            "corpus": f"gettext:{lang}" if data is None else "user",
+            "data": data,
+            "lang": lang if data is None else None,
+            "source_lang": "en" if data is None else None,
+            "specials": SPECIALS,
+            "vocab_size": VOCAB_SIZE,
+            "hash": digest.hexdigest(),
+            "seed": seed,
+            "split_unit": "catalog" if data is None else "line",
+            "fractions": dict(zip(SPLITS, FRACTIONS)),
+            "sizes": sizes,
+            "files": names if data is None else {n: [Path(data).name] for n in SPLITS},
+            "file_sizes": {p.name: p.stat().st_size for p in files},
+            "dropped": dropped,
+            "skipped": skipped,
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        target = root / key
+        if target.exists():
+            shutil.rmtree(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if _load(target) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    corpus = _load(root / key)
+    assert corpus is not None, root / key
+    return corpus
+
+
+def check_pairs(corpus: ParallelCorpus, expected_hash: str, where: str) -> None:
+    """Refuse a corpus whose contents differ from the one ``where`` (a checkpoint) was trained on."""
+    if corpus.hash != expected_hash:
+        raise UserError(f"{where}: trained on corpus {expected_hash[:16]}, but the data now hashes to {corpus.hash[:16]}")
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def length_batches(pairs: Pairs, batch_size: int, max_len: int, seed: int, epoch: int) -> list[np.ndarray]:
+    """The batches (pair indices) of one epoch: pairs that fit ``max_len`` (source bytes; target bytes + 1),
+    sorted by length with seeded ties, cut into runs of ``batch_size`` (similar lengths, little padding),
+    in a seeded order.  A pure function of (seed, epoch): a resumed run draws the same batches."""
+    src, tgt = pairs.src_lengths, pairs.tgt_lengths
+    keep = np.flatnonzero((src <= max_len) & (tgt + 1 <= max_len) & (src > 0))
+    rng = np.random.default_rng([seed, epoch])
+    tie = rng.permutation(len(keep))
+    order = keep[np.lexsort((tie, tgt[keep], src[keep]))]
+    runs = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    return [runs[i] for i in rng.permutation(len(runs))]
+
+
+def collate(pairs: Pairs, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source ids (B, S), decoder inputs BOS + target (B, T) and targets target + EOS (B, T), padded with PAD."""
+    items = [pairs[int(i)] for i in indices]
+    s = max(len(a) for a, _ in items)
+    t = max(len(b) for _, b in items) + 1
+    src = np.full((len(items), s), PAD, dtype=np.int64)
+    inp = np.full((len(items), t), PAD, dtype=np.int64)
+    out = np.full((len(items), t), PAD, dtype=np.int64)
+    for row, (a, b) in enumerate(items):
+        src[row, : len(a)] = np.frombuffer(a, dtype=np.uint8)
+        tb = np.frombuffer(b, dtype=np.uint8)
+        inp[row, 0], inp[row, 1 : len(b) + 1] = BOS, tb
+        out[row, : len(b)], out[row, len(b)] = tb, EOS
+    return src, inp, out

@@ -1,0 +1,130 @@
+"""The translation commands end to end on a toy corpus, and their bad input: one line, exit 2."""
+
+import pytest
+
+from nas.cli import main
+from search_spaces.space import SPACES_DIR as SPACES
+from supernet.translation import languages
+
+from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("s2s")
+    space = root / "mini.yaml"
+    space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    tsv = write_toy_tsv(root / "toy.tsv")
+    out = root / "run"
+    code = main(["train-supernet", str(space), "--data", str(tsv), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
+                 "--eval-batches", "1", "--warmup", "1", "-q"])  # fmt: skip
+    assert code == 0
+    return root, out
+
+
+def test_train_translate_and_score(trained, capsys):
+    root, out = trained
+    assert (out / "final.pt").exists() and (out / "log.jsonl").exists()
+    capsys.readouterr()
+    assert main(["translate", "--model", str(out), "file not found", "open", "--max-bytes", "6", "-q"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    (root / "sub.yaml").write_text(
+        "encoder: {embed_dim: 16, depth: 3, heads: [1, 1, 1], ffn_dim: [16, 16, 16], attention: [softmax, linear, softmax]}\n"
+        "decoder: {embed_dim: 24, depth: 1, heads: [2], ffn_dim: [32], attention: ['local:4'], cross_heads: [1], "
+        "cross_layers: [2]}\n"
+    )
+    code = main(["translate", "--model", str(out), "--subnet", str(root / "sub.yaml"), "--eval", "test", "--limit", "3",
+                 "--beam", "2", "--max-bytes", "6", "-q"])  # fmt: skip
+    assert code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("test: 3 pairs (user; 0 skipped") and "beam 2" in text
+    assert text.splitlines()[-1].startswith("chrF ") and " BLEU " in text
+
+
+def test_export_then_translate_the_export_and_record_its_quality(trained, capsys):
+    import json
+
+    import torch
+
+    from supernet.seq2seq_artifact import load_seq2seq_model
+    from supernet.seq2seq_train import load_seq2seq_supernet
+
+    root, out = trained
+    (root / "sub2.yaml").write_text(
+        "encoder: {embed_dim: 24, depth: 3, heads: [2, 1, 2], ffn_dim: [32, 16, 32], attention: [linear, softmax, 'local:4']}\n"
+        "decoder: {embed_dim: 16, depth: 2, heads: [1, 2], ffn_dim: [16, 32], attention: [softmax, linear], "
+        "cross_heads: [2, 1], cross_layers: [3, 1]}\n"
+    )
+    export = root / "export"
+    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
+                 "-q"]) == 0  # fmt: skip
+    assert "nats/target byte" in capsys.readouterr().out
+    model, card = load_seq2seq_model(export)
+    supernet, _ = load_seq2seq_supernet(out / "final.pt")
+    src, tgt = torch.randint(0, 256, (2, 9)), torch.randint(0, 256, (2, 7))
+    with torch.no_grad():
+        assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
+    assert card["task"] == "seq2seq" and card["corpus"]["corpus"] == "user" and card["validation"]["ce_per_target_byte"] > 0
+    assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
+                 "-q"]) == 0  # fmt: skip
+    quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
+    assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
+    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
+                 str(root / "e2"), "--measure", "cpu", "-q"]) == 2  # fmt: skip
+    assert "--measure: not for an encoder-decoder (task seq2seq) model yet" in capsys.readouterr().err
+
+
+def test_resume_of_a_seq2seq_run_needs_no_space_argument(trained, capsys):
+    _, out = trained
+    capsys.readouterr()
+    assert main(["train-supernet", "--out", str(out), "--resume", "--max-steps", "4", "--eval-batches", "1", "-q"]) == 0
+    assert "trained 4 steps" in capsys.readouterr().out
+    assert main(["train-supernet", "--out", str(out), "--resume", "--max-steps", "5", "--lang", "fr", "-q"]) == 2
+    assert capsys.readouterr().err.strip() == "nas train-supernet: error: --lang fr differs from the run's None (a resumed run " \
+                                              "keeps its corpus)"  # fmt: skip
+    # the LM commands that load a supernet refuse an encoder-decoder's in one line
+    assert main(["search", str(out / "final.pt"), "--predictor", str(out), "--out", str(out.parent / "s"), "-q"]) == 2
+    assert capsys.readouterr().err == (f"nas search: error: {out / 'final.pt'}: an encoder-decoder (task seq2seq) supernet; "
+                                       "what runs it so far: nas translate, nas export (README \"Translation (encoder-decoder, "
+                                       "in progress)\")\n")  # fmt: skip
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\nno tab\n")
+    cases = [
+        (["train-supernet", "translate-tiny", "--data", str(bad), "--out", str(tmp_path / "r1")],
+         f"--data {bad}: line 2 has no tab (expected source<TAB>target)"),
+        (["train-supernet", "translate-tiny", "--lang", "xx-none", "--out", str(tmp_path / "r2")],
+         "--lang xx-none: no gettext catalogs in /usr/share/locale/xx-none/LC_MESSAGES (languages with catalogs on this "
+         f"machine: {', '.join(languages()) or 'none'})"),
+        (["train-supernet", "translate-tiny", "--seq-len", "64", "--out", str(tmp_path / "r3")],
+         "--seq-len: not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is 80/10/10 by "
+         "catalog or by line; compiling is for the LM run so far)"),
+        (["train-supernet", "tiny", "--lang", "de", "--out", str(tmp_path / "r4")],
+         "--lang: for a seq2seq (translation) space only; a language model reads --data"),
+        (["measure-latency", "translate-tiny", "--device", "cpu", "--out", str(tmp_path / "t.csv")],
+         f"{SPACES / 'translate-tiny.yaml'}: task seq2seq: `nas measure-latency` does not run encoder-decoder spaces yet "
+         '(README "Translation (encoder-decoder, in progress)": train-supernet and translate do)'),
+        (["train-subnet", "--space", "translate-tiny", "--out", str(tmp_path / "r6")],
+         f"{SPACES / 'translate-tiny.yaml'}: task seq2seq: `nas train-subnet` does not run encoder-decoder spaces yet "
+         '(README "Translation (encoder-decoder, in progress)": train-supernet and translate do)'),
+        (["translate", "--model", str(tmp_path), "hello"],
+         f"--model {tmp_path}: holds no checkpoint (final.pt or latest.pt of `nas train-supernet`) and no exported model "
+         "(model_card.json of `nas export`)"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        capsys.readouterr()
+        assert main(argv + ["-q"]) == 2, argv
+        command = argv[0]
+        assert capsys.readouterr().err == f"nas {command}: error: {message}\n"
+    bad.write_text("a\tb\n\tb\n")
+    assert main(["train-supernet", "translate-tiny", "--data", str(bad), "--out", str(tmp_path / "r5"), "-q"]) == 2
+    assert capsys.readouterr().err.endswith("line 2 has an empty source (expected source<TAB>target, both non-empty)\n")
+    space = tmp_path / "s.yaml"
+    space.write_text(MINI_SEQ2SEQ.format(positions="rope").replace("translate: {source: 16, steps: 16, beam: 3}",
+                                                                    "decode: {batch_size: 1, context: 16}"))  # fmt: skip
+    assert main(["space", str(space)]) == 2
+    assert capsys.readouterr().err == ("nas space: error: s.yaml: latency.decode: a seq2seq space is timed with translate "
+                                       "workloads (source, steps, beam), not decode (a causal-lm workload)\n")  # fmt: skip
