@@ -58,21 +58,10 @@ class Blocks:
         """x (B, H, T, D) -> (B*H*N, C, D)."""
         return self.padded(x).reshape(self.rows * self.n, self.c, x.shape[-1])
 
-    def flat(self, x: Tensor, before: int) -> Tensor:
-        """x (B, H, T, D) -> ((B*H*N + before) * C, D) contiguous, with ``before`` zero blocks in front.
-
-        Window w of :func:`windows` then covers query block w and the ``before`` blocks ahead of
-        it; for the first blocks of a row those are padding or the previous row, which the
-        window's mask hides.
-        """
-        rows = self.padded(x).reshape(-1, x.shape[-1])  # (B*H*N*C, D)
-        return torch.cat(
-            (rows.new_zeros(before * self.c, rows.shape[-1]), rows)
-        )  # cat writes each row once; F.pad fills all first
-
     def unblock(self, y: Tensor) -> Tensor:
         """y (B*H*N, C, Dv) -> (B, H, T, Dv)."""
-        return y.reshape(self.b, self.h, self.n * self.c, y.shape[-1])[:, :, : self.t]
+        y = y.reshape(self.b, self.h, self.n * self.c, y.shape[-1])
+        return y[:, :, : self.t] if self.n * self.c != self.t else y  # a full slice would still cost a copy in backward
 
 
 def windows(flat: Tensor, n: int, c: int, span: int) -> Tensor:
@@ -82,50 +71,80 @@ def windows(flat: Tensor, n: int, c: int, span: int) -> Tensor:
     return flat.as_strided((n, span, d), (c * d, d, 1), flat.storage_offset())
 
 
-def fold_windows(g: Tensor, c: int, rows: int) -> Tensor:
-    """Adjoint of :func:`windows`: sum window gradients g (n, span, D) back into (rows, D)."""
-    n, span, d = g.shape
-    out = g.new_zeros(rows, d)
-    for s in range(span // c):
-        out[s * c : s * c + n * c].view(n, c, d).add_(g[:, s * c : (s + 1) * c])
+def window_bmm(a: Tensor, x: Tensor, before: int, transpose: bool, alpha: float = 1.0) -> Tensor:
+    """out[w] = alpha * a[w] @ win(w) (or @ win(w)^T), win(w) the rows of blocks w-before .. w of x.
+
+    a (M, C, L); x (M*C, D) contiguous, M blocks of C rows.  Rows before the first block read as
+    zeros.  The windows are an overlapping strided view of x (no copy); only the first ``before``
+    windows, which reach before the start, read a small zero-padded copy of the first blocks.
+    """
+    m, c = a.shape[0], a.shape[1]
+    span = (before + 1) * c
+    head = min(before, m)  # windows reaching before row 0
+    lead = torch.cat((x.new_zeros(before * c, x.shape[-1]), x[: head * c]))  # ((before + head) * C, D)
+    parts = [(a[:head], windows(lead, head, c, span))]
+    if m > head:
+        parts.append((a[head:], windows(x, m - head, c, span)))
+    out = a.new_empty(m, c, x.shape[-1] if not transpose else span)
+    for (ai, wi), o in zip(parts, (out[:head], out[head:])):
+        wi = wi.transpose(1, 2) if transpose else wi
+        if alpha == 1.0:
+            torch.bmm(ai, wi, out=o)
+        else:
+            torch.baddbmm(o, ai, wi, beta=0.0, alpha=alpha, out=o)
     return out
 
 
+def fold_windows(g: Tensor, before: int, rows: int) -> Tensor:
+    """Adjoint of the windows of :func:`window_bmm`: sum window gradients g (M, span, D) back into (rows, D);
+    the parts that fall before row 0 (the zeros) are dropped."""
+    m, span, d = g.shape
+    c = span // (before + 1)
+    blocks = g[:, before * c :].clone(memory_format=torch.contiguous_format)  # sub-block ``before`` is block w itself
+    for s in range(before):
+        shift = before - s  # window w's sub-block s is block w - shift
+        if shift < m:
+            blocks[: m - shift].add_(g[shift:, s * c : (s + 1) * c])
+    return blocks.view(rows, d)
+
+
 class WindowScores(torch.autograd.Function):
-    """scores[w] = q[w] @ windows(k)[w]^T, without materialising the overlapping windows."""
+    """scores[w] = scale * q[w] @ win(k)[w]^T, without materialising the overlapping windows."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k_flat: Tensor, span: int) -> Tensor:  # q (N, C, D) -> (N, C, span)
-        ctx.save_for_backward(q, k_flat)
-        ctx.span = span
-        return torch.bmm(q, windows(k_flat, q.shape[0], q.shape[1], span).transpose(1, 2))
+    def forward(ctx, q: Tensor, k_rows: Tensor, before: int, scale: float) -> Tensor:  # q (M, C, D) -> (M, C, span)
+        ctx.save_for_backward(q, k_rows)
+        ctx.before, ctx.scale = before, scale
+        return window_bmm(q, k_rows, before, transpose=True, alpha=scale)
 
     @staticmethod
     def backward(ctx, ds: Tensor):
-        q, k_flat = ctx.saved_tensors
-        n, c, _ = q.shape
+        q, k_rows = ctx.saved_tensors
         ds = ds.contiguous()  # bmm takes a slow per-matrix path on odd strides (e.g. an expanded grad)
-        dq = torch.bmm(ds, windows(k_flat, n, c, ctx.span)) if ctx.needs_input_grad[0] else None  # (N, C, D)
-        dk = fold_windows(torch.bmm(ds.transpose(1, 2), q), c, k_flat.shape[0]) if ctx.needs_input_grad[1] else None
-        return dq, dk, None
+        dq = window_bmm(ds, k_rows, ctx.before, transpose=False, alpha=ctx.scale) if ctx.needs_input_grad[0] else None
+        dk = None
+        if ctx.needs_input_grad[1]:
+            dk_windows = torch.baddbmm(ds.new_empty(()), ds.transpose(1, 2), q, beta=0.0, alpha=ctx.scale)  # (M, span, D)
+            dk = fold_windows(dk_windows, ctx.before, k_rows.shape[0])
+        return dq, dk, None, None
 
 
 class WindowApply(torch.autograd.Function):
-    """out[w] = p[w] @ windows(v)[w]."""
+    """out[w] = p[w] @ win(v)[w]."""
 
     @staticmethod
-    def forward(ctx, p: Tensor, v_flat: Tensor) -> Tensor:  # p (N, C, span) -> (N, C, Dv)
-        ctx.save_for_backward(p, v_flat)
-        return torch.bmm(p, windows(v_flat, p.shape[0], p.shape[1], p.shape[2]))
+    def forward(ctx, p: Tensor, v_rows: Tensor, before: int) -> Tensor:  # p (M, C, span) -> (M, C, Dv)
+        ctx.save_for_backward(p, v_rows)
+        ctx.before = before
+        return window_bmm(p, v_rows, before, transpose=False)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        p, v_flat = ctx.saved_tensors
-        n, c, span = p.shape
+        p, v_rows = ctx.saved_tensors
         dout = dout.contiguous()
-        dp = torch.bmm(dout, windows(v_flat, n, c, span).transpose(1, 2)) if ctx.needs_input_grad[0] else None
-        dv = fold_windows(torch.bmm(p.transpose(1, 2), dout), c, v_flat.shape[0]) if ctx.needs_input_grad[1] else None
-        return dp, dv
+        dp = window_bmm(dout, v_rows, ctx.before, transpose=True) if ctx.needs_input_grad[0] else None
+        dv = fold_windows(torch.bmm(p.transpose(1, 2), dout), ctx.before, v_rows.shape[0]) if ctx.needs_input_grad[1] else None
+        return dp, dv, None
 
 
 # --------------------------------------------------------------------------- groups
@@ -146,11 +165,15 @@ def _biased(scores: Tensor, bias: Tensor, lay: Blocks, scale: float) -> Tensor:
 
 
 def window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, bias: Tensor) -> Group:
-    """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf."""
-    span = (before + 1) * lay.c
-    k_flat, v_flat = lay.flat(k, before), lay.flat(v, before)
-    scores = WindowScores.apply(q_blocks, k_flat, span)  # (BHN, C, span)
-    return Group(_biased(scores, bias, lay, 1.0 / math.sqrt(q_blocks.shape[-1])), lambda p: WindowApply.apply(p, v_flat))
+    """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf.
+
+    Blocks before the first one of a row are the previous row's last blocks (or zeros for the first
+    row): the bias must hide them (-inf where the key position is negative).
+    """
+    k_rows, v_rows = (lay.padded(x).reshape(-1, x.shape[-1]) for x in (k, v))  # (B*H*N*C, D): views when T % C == 0
+    scores = WindowScores.apply(q_blocks, k_rows, before, 1.0 / math.sqrt(q_blocks.shape[-1]))  # (BHN, C, span), scaled
+    scores.view(lay.rows, lay.n, lay.c, -1).add_(bias)  # in place: its backward needs neither operand
+    return Group(scores, lambda p: WindowApply.apply(p, v_rows, before))
 
 
 def shared_group(lay: Blocks, q: Tensor, k_shared: Tensor, v_shared: Tensor, bias: Tensor) -> Group:
@@ -197,13 +220,20 @@ def column_group(lay: Blocks, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> 
     return Group(_biased(s, bias, lay, 1.0 / math.sqrt(q.shape[-1])), apply)
 
 
+def _softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis, in place when no gradient is recorded (saves a (BHN, C, L) buffer)."""
+    if torch.is_grad_enabled() and scores.requires_grad:
+        return torch.softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=-1, out=scores)
+
+
 def attend_groups(lay: Blocks, groups: list[Group]) -> Tensor:
     """One softmax over the union of ``groups``' keys; returns (B, H, T, Dv)."""
     if len(groups) == 1:
-        probs = [torch.softmax(groups[0].scores, dim=-1)]
+        probs = [_softmax(groups[0].scores)]
     else:
         scores = torch.cat([g.scores for g in groups], dim=-1)  # (BHN, C, sum L)
-        probs = torch.softmax(scores, dim=-1).split([g.scores.shape[-1] for g in groups], dim=-1)
+        probs = _softmax(scores).split([g.scores.shape[-1] for g in groups], dim=-1)
     out = groups[0].apply(probs[0])
     for g, p in zip(groups[1:], probs[1:]):
         out = out + g.apply(p)
