@@ -28,6 +28,24 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
+def block_count(t, c: int):
+    """ceil(t / c), the number of blocks; under ``torch.export`` (and the ONNX exporter) an unbacked size.
+
+    A traced length ``t`` is a symbol; torch's shape checks would specialise on ``ceil(t / c)``
+    being 0 or 1 (contiguity, broadcasting), which is false for some lengths and true for others,
+    so the export would fail or serve only lengths over ``c``.  As an unbacked size (read from a
+    tensor), the count gets no such guards; the checks below are run-time asserts of the program.
+    """
+    n = (t + c - 1) // c
+    if not torch.compiler.is_exporting():
+        return n
+    n = torch.tensor(n).item()  # unbacked: no 0/1 specialisation
+    torch._check(n >= 1)
+    torch._check(n * c >= t)
+    torch._check(n * c < t + c)
+    return n
+
+
 # --------------------------------------------------------------------------- layout
 
 
@@ -243,3 +261,49 @@ def attend_groups(lay: Blocks, groups: list[Group]) -> Tensor:
 def as_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """0 where allowed, -inf elsewhere."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, NEG_INF)
+
+
+# --------------------------------------------------------------------------- the traced (ONNX) form
+
+
+def traced_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    c: int,
+    before: int,
+    allowed: Callable[[Tensor, Tensor], Tensor],
+    shared: tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]] | None = None,
+) -> Tensor:
+    """Block-local softmax attention as plain MatMul / Softmax nodes, O(T * (before+1) * C): what the ONNX
+    exporter traces for a windowed type (ONNX Runtime runs it block by block instead of a dense (T, T) mask).
+
+    q, k, v (B, H, T, D); blocks of ``c`` queries see their own block and the ``before`` blocks ahead of
+    it where ``allowed(i, j)`` (absolute positions, broadcast; keys before 0 are hidden here);
+    ``shared``: (k_s, v_s (B, H, S, D), allowed_s(i, j)) keys at positions 0..S-1 every block scores too
+    (Longformer's global tokens), not overlapping the window's allowed keys.  No branch on the length:
+    the sequence is always padded to whole blocks (a symbolic, unbacked block count when exporting).
+    """
+    b, h, t, d = q.shape
+    n = block_count(t, c)
+    span = (before + 1) * c
+    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
+    qb = q.reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
+
+    def window(x: Tensor) -> Tensor:  # (B, H, N*C, D) -> (B, H, N, span, D): blocks m-before .. m
+        xb = torch.nn.functional.pad(x.reshape(b, h, n, c, x.shape[-1]), (0, 0, 0, 0, before, 0))  # (B, H, before+N, C, D)
+        return torch.cat([xb[:, :, s : s + n] for s in range(before + 1)], dim=3) if before else xb
+
+    blk = torch.arange(n, device=q.device)[:, None, None]
+    i = blk * c + torch.arange(c, device=q.device)[None, :, None]  # (N, C, 1)
+    j = (blk - before) * c + torch.arange(span, device=q.device)[None, None, :]  # (N, 1, span)
+    scores = (qb @ window(k).transpose(-2, -1)).masked_fill(~(allowed(i, j) & (j >= 0)), NEG_INF)  # (B, H, N, C, span)
+    if shared is None:
+        out = torch.softmax(scores, dim=-1) @ window(v)
+    else:
+        k_s, v_s, allowed_s = shared
+        js = torch.arange(k_s.shape[2], device=q.device)[None, None, :]  # (1, 1, S)
+        s_shared = (qb @ k_s[:, :, None].transpose(-2, -1)).masked_fill(~allowed_s(i, js), NEG_INF)  # (B, H, N, C, S)
+        p = torch.softmax(torch.cat((scores, s_shared), dim=-1), dim=-1)
+        out = p[..., :span] @ window(v) + p[..., span:] @ v_s[:, :, None]
+    return out.reshape(b, h, n * c, -1)[:, :, :t]

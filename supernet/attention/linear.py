@@ -24,6 +24,7 @@ from torch import Tensor
 from search_spaces.attention import AttentionSpec
 
 from .base import AttentionType, State, StateSpec
+from .blocks import block_count
 from .patterns import causal_mask
 from .registry import register
 
@@ -93,24 +94,6 @@ class _ExclusiveSums(torch.autograd.Function):
         return _running_sums(g, reverse=True)
 
 
-def _chunk_count(t, c: int):
-    """ceil(t / c), the number of chunks; under ``torch.export`` (and the ONNX exporter) an unbacked size.
-
-    A traced length ``t`` is a symbol; torch's shape checks would specialise on ``ceil(t / c)``
-    being 0 or 1 (contiguity, broadcasting), which is false for some lengths and true for others,
-    so the export would fail or serve only lengths over ``c``.  As an unbacked size (read from a
-    tensor), the count gets no such guards; the checks below are run-time asserts of the program.
-    """
-    n = (t + c - 1) // c
-    if not torch.compiler.is_exporting():
-        return n
-    n = torch.tensor(n).item()  # unbacked: no 0/1 specialisation
-    torch._check(n >= 1)
-    torch._check(n * c >= t)
-    torch._check(n * c < t + c)
-    return n
-
-
 def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, normalize: bool = True) -> Tensor:
     """Causal linear attention in O(T * C * D) using chunks of C tokens, as batched GEMMs.
 
@@ -123,7 +106,7 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, n
     b, h, t, d = q.shape
     dv = v.shape[-1]
     c = chunk
-    n = _chunk_count(t, c)
+    n = block_count(t, c)
     # Exporting: always pad (by 0..C-1 tokens) so that one traced graph serves every length; zero
     # keys and values after the end are never seen by a real (earlier) query.
     if torch.compiler.is_exporting() or n * c != t:

@@ -19,7 +19,17 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
-from .blocks import Blocks, as_bias, attend_groups, column_group, gathered_group, shared_group, window_group
+from .blocks import (
+    Blocks,
+    as_bias,
+    attend_groups,
+    block_count,
+    column_group,
+    gathered_group,
+    shared_group,
+    traced_window_attention,
+    window_group,
+)
 from .patterns import PatternType
 from .registry import register
 
@@ -111,16 +121,24 @@ class Local(BlockSparse):
         lay, before, bias = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
 
+    def forward_onnx(self, q, k, v, spec, w):
+        """Block-local MatMul / Softmax nodes (O(T * W)), not one Attention node under a dense (T, T) mask."""
+        width = spec.param("W")
+        c = _block_size(width)
+        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width))
+
 
 
 # --------------------------------------------------------------------------- dilated:W:D
 
 
-def _streams(x: Tensor, step: int) -> Tensor:
-    """(B, H, T, D) -> (B, H*step, ceil(T/step), D): stream r holds positions r, r+step, r+2*step, ..."""
+def _streams(x: Tensor, step: int, traced: bool = False) -> Tensor:
+    """(B, H, T, D) -> (B, H*step, ceil(T/step), D): stream r holds positions r, r+step, r+2*step, ...
+
+    ``traced``: always pad (the exported graph serves every length)."""
     b, h, t, d = x.shape
-    m = -(-t // step)
-    x = torch.nn.functional.pad(x, (0, 0, 0, m * step - t)) if m * step != t else x
+    m = block_count(t, step) if traced else -(-t // step)
+    x = torch.nn.functional.pad(x, (0, 0, 0, m * step - t)) if traced or m * step != t else x
     return x.view(b, h, m, step, d).transpose(2, 3).reshape(b, h * step, m, d)
 
 
@@ -151,6 +169,13 @@ class Dilated(PatternType):
         step = spec.param("D")
         out = local.forward(*(_streams(x, step) for x in (q, k, v)), AttentionSpec("local", (spec.param("W"),)), w)
         return _unstream(out, q.shape[1], step, q.shape[2])  # from (B, H*D, T/D, Dv)
+
+    def forward_onnx(self, q, k, v, spec, w):
+        """local:W's block-local graph on the D residue streams (O(T * W)); always padded, no branch on the length."""
+        step = spec.param("D")
+        streams = (_streams(x, step, traced=True) for x in (q, k, v))
+        out = local.forward_onnx(*streams, AttentionSpec("local", (spec.param("W"),)), w)
+        return _unstream(out, q.shape[1], step, q.shape[2])
 
 
 
@@ -197,6 +222,13 @@ class Longformer(BlockSparse):
             shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
         ]
         return attend_groups(lay, groups)
+
+    def forward_onnx(self, q, k, v, spec, w):
+        """local:W's block-local graph plus the G global keys as a second MatMul (O(T * (W + G)))."""
+        width, g = spec.param("W"), spec.param("G")
+        c = _block_size(width)
+        far = (k[:, :, :g], v[:, :, :g], lambda i, j: (i - j >= width) & (j <= i))  # globals outside the window
+        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width), shared=far)
 
 
 
