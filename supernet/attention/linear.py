@@ -113,13 +113,14 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, n
         q, k, v = (F.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
     m = b * h * n  # every chunk of every row: one batch of GEMMs
     qc, kc, vc = q.reshape(m, c, d), k.reshape(m, c, d), v.reshape(m, c, dv)
-    a = torch.bmm(qc, kc.transpose(1, 2)) * causal_mask(c, q.device)  # (M, C, C)
+    a = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # (M, C, C), causal inside the chunk
     kv = torch.bmm(kc.transpose(1, 2), vc).view(b, h, n, d, dv)  # per-chunk state increments
-    num = torch.baddbmm(torch.bmm(a, vc), qc, _exclusive_cumsum(kv).view(m, d, dv))  # inside the chunk + the state before it
+    # in place (bmm's and sum's backward need not their outputs): inside the chunk + the state before it
+    num = torch.bmm(a, vc).baddbmm_(qc, _exclusive_cumsum(kv).view(m, d, dv))  # (M, C, Dv)
     if normalize:
         z = _exclusive_cumsum(kc.view(b, h, n, c, d).sum(-2)).view(m, d, 1)  # (M, D, 1) key sums before the chunk
-        den = torch.baddbmm(a.sum(-1, keepdim=True), qc, z)  # (M, C, 1)
-        num = num / (den + LINEAR_EPS)
+        den = a.sum(-1, keepdim=True).baddbmm_(qc, z)  # (M, C, 1)
+        num = num / den.add_(LINEAR_EPS)
     return num.view(b, h, n * c, dv)[:, :, :t]
 
 
@@ -185,7 +186,9 @@ class KernelType(AttentionType):
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    return F.elu(x) + 1.0
+    if torch.is_grad_enabled() and x.requires_grad:
+        return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)  # inference: no second buffer
 
 
 class Linear(KernelType):

@@ -34,6 +34,7 @@ from .patterns import PatternType
 from .registry import register
 
 MIN_BLOCK, MAX_BLOCK = 16, 32
+SCORE_BYTES = 2 << 20  # inference: heads per call so that their scores fit about this much (a core's L2)
 
 # The BigBird random blocks: a fixed seed, and a small multiplicative generator (MINSTD,
 # modulus 2^31 - 1) that every path evaluates on index tensors, so the pattern is defined for
@@ -54,6 +55,12 @@ def _block_size(window: int) -> int:
     return max(MIN_BLOCK, min(window, MAX_BLOCK))
 
 
+def _window_keys(w: int) -> int:
+    """Keys a query block of local:W scores: its own block and the ceil((W-1)/C) blocks before it."""
+    c = _block_size(w)
+    return (-(-(w - 1) // c) + 1) * c
+
+
 def _positions(lay: Blocks, before: int, device) -> tuple[Tensor, Tensor]:
     """Absolute query positions (N, C, 1) and window key positions (N, 1, (before+1)*C)."""
     n, c = lay.n, lay.c
@@ -72,6 +79,28 @@ class BlockSparse(PatternType):
     def _plan(self, spec: AttentionSpec, q: Tensor):
         b, h, t, _ = q.shape
         return _cached(self, spec, t, (b, h), q.device, q.dtype)
+
+    def block_forward(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
+        """The block engine's computation for all of q's heads at once."""
+        raise NotImplementedError
+
+    def forward(self, q, k, v, spec, w):
+        """The block engine; without a gradient, a few heads at a time, so that the (heads, T, keys) scores
+        of a call stay in the core's cache (:data:`SCORE_BYTES`) instead of streaming through memory."""
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            return self.block_forward(q, k, v, spec)
+        b, h, t, _ = q.shape
+        step = max(1, SCORE_BYTES // (b * t * self.keys_per_query(spec, t) * q.element_size()))
+        if step >= h:
+            return self.block_forward(q, k, v, spec)
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+        for h0 in range(0, h, step):
+            out[:, h0 : h0 + step] = self.block_forward(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
+        return out
+
+    def keys_per_query(self, spec: AttentionSpec, t: int) -> int:
+        """How many keys a query block scores (the width of its score rows), for sizing the head chunks."""
+        raise NotImplementedError
 
 
 @lru_cache(maxsize=128)
@@ -117,7 +146,10 @@ class Local(BlockSparse):
         before = -(-(w - 1) // lay.c)
         return lay, before, _window_bias(lay, before, _causal_window(w), device, dtype)
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return _window_keys(spec.param("W"))
+
+    def block_forward(self, q, k, v, spec):
         lay, before, bias = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
 
@@ -215,7 +247,10 @@ class Longformer(BlockSparse):
         g = min(spec.param("G"), lay.n * lay.c)
         return lay, before, win, g, _global_bias(lay, g, spec.param("W"), device, dtype)
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return _window_keys(spec.param("W")) + spec.param("G")
+
+    def block_forward(self, q, k, v, spec):
         lay, before, win, g, glob = self._plan(spec, q)
         groups = [
             window_group(lay, lay.blocked(q), k, v, before, win),
@@ -275,7 +310,10 @@ class BigBird(BlockSparse):
         rand = as_bias((ok[:, :, None] & (j >= g)).reshape(lay.n, 1, r * w), dtype)  # (N, 1, R*W)
         return lay, win, g_eff, glob, picks, rand
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return (2 + spec.param("R")) * spec.param("W") + spec.param("G")
+
+    def block_forward(self, q, k, v, spec):
         lay, win, g, glob, picks, rand = self._plan(spec, q)
         qb = lay.blocked(q)
         groups = [
@@ -311,7 +349,10 @@ class Strided(BlockSparse):
         col = as_bias((m[None, :] < m[:, None])[:, None, :], dtype)  # (N, 1, N): earlier rows, same column
         return lay, win, col
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return 2 * spec.param("S") + -(-t // spec.param("S"))
+
+    def block_forward(self, q, k, v, spec):
         lay, win, col = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, 1, win), column_group(lay, q, k, v, col)])
 
@@ -340,7 +381,10 @@ class Fixed(BlockSparse):
         summary = as_bias((m[None, :] < m[:, None])[:, None, :], dtype)  # (N, 1, N): last tokens of earlier blocks
         return lay, own, summary
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return spec.param("S") + -(-t // spec.param("S"))
+
+    def block_forward(self, q, k, v, spec):
         lay, own, summary = self._plan(spec, q)
         groups = [
             window_group(lay, lay.blocked(q), k, v, 0, own),
