@@ -120,9 +120,9 @@ def test_bench_attention_target_lines():
         r.tflops = bench.attention_flops(parse_attention(kind), 1, 12, 4096, 64, False) / (ms * 1e-3) / 1e12
         return r
 
-    rows = [row("softmax", 200.0), row("local:64", 12.0), row("linear", 60.0)]  # local: 16.7x; linear: 3.3x of 16x
+    rows = [row("softmax", 200.0), row("local:64", 12.0), row("linear", 60.0), row("hydra", 10.0)]  # 16.7x; 3.3x of 16x
     lines = bench.rate_check(rows)
-    assert len(lines) == 2
+    assert len(lines) == 3 and lines[2].endswith("[INFO: element-wise, no GEMM]")
     assert "local:64" in lines[0] and "[PASS" in lines[0] and "16.67x faster" in lines[0]
     assert "linear" in lines[1] and "[FAIL" in lines[1]
     speed = bench.speedup_check(rows)
