@@ -12,7 +12,7 @@ import torch
 
 from search_spaces import parse_attention
 from supernet.attention import REGISTRY, attend, attend_reference
-from supernet.attention.blocks import fold_windows, window_bmm
+from supernet.attention.blocks import window_bmm, window_grad
 from supernet.attention.linear import _exclusive_cumsum
 
 SPARSE_AND_LINEAR = [
@@ -63,9 +63,9 @@ def test_gradients_off_the_block_size(spec):
 
 
 @pytest.mark.parametrize("before,m", [(0, 5), (1, 5), (2, 5), (3, 2), (1, 1)])
-def test_window_bmm_and_its_adjoint(before, m):
-    """window_bmm equals the products with explicitly padded windows, and fold_windows is its adjoint
-    (<fold(g), x> == <g, windows(x)>), including fewer blocks than ``before``."""
+def test_window_bmm_and_its_gradient(before, m):
+    """window_bmm equals the products with explicitly padded windows, and window_grad is its adjoint
+    (<window_grad(a, b), x> == <a, b @ windows(x)^T>), including fewer blocks than ``before``."""
     c, d = 4, 3
     g = torch.Generator().manual_seed(before * 10 + m)
     x = torch.randn(m * c, d, generator=g)
@@ -76,8 +76,8 @@ def test_window_bmm_and_its_adjoint(before, m):
     assert torch.allclose(window_bmm(a, x, before, transpose=False), a @ wins, atol=1e-6)
     b = torch.randn(m, c, d, generator=g)
     assert torch.allclose(window_bmm(b, x, before, transpose=True, alpha=0.5), 0.5 * b @ wins.transpose(1, 2), atol=1e-6)
-    gw = torch.randn(m, span, d, generator=g)
-    assert math.isclose((fold_windows(gw, before, m * c) * x).sum().item(), (gw * wins).sum().item(), rel_tol=1e-5)
+    lhs = (window_grad(a, b, before, alpha=0.5) * x).sum().item()
+    assert math.isclose(lhs, 0.5 * (a * (b @ wins.transpose(1, 2))).sum().item(), rel_tol=1e-4, abs_tol=1e-5)
 
 
 def test_exclusive_chunk_sums_and_their_gradient():

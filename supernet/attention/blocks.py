@@ -5,8 +5,9 @@ sees a few *groups* of keys, each group bringing its own scores (already scaled 
 ``-inf`` where not allowed) and a way to apply its probabilities to its values:
 
 * a **window**: the block itself and the ``before`` blocks preceding it, read through an
-  overlapping strided view of the keys (no copy), with hand-written backward passes that
-  fold the window gradients back (:class:`WindowScores`, :class:`WindowApply`);
+  overlapping strided view of the keys (no copy, :func:`window_bmm`), with hand-written backward
+  passes whose key / value gradients are GEMMs accumulated into the blocks they land on
+  (:func:`window_grad`; :class:`WindowScores`, :class:`WindowApply`);
 * **shared keys** seen by every block (global tokens, block summaries);
 * **gathered blocks** (BigBird's random blocks);
 * **columns** (the strided pattern's every-S-th token).
@@ -113,17 +114,19 @@ def window_bmm(a: Tensor, x: Tensor, before: int, transpose: bool, alpha: float 
     return out
 
 
-def fold_windows(g: Tensor, before: int, rows: int) -> Tensor:
-    """Adjoint of the windows of :func:`window_bmm`: sum window gradients g (M, span, D) back into (rows, D);
-    the parts that fall before row 0 (the zeros) are dropped."""
-    m, span, d = g.shape
-    c = span // (before + 1)
-    blocks = g[:, before * c :].clone(memory_format=torch.contiguous_format)  # sub-block ``before`` is block w itself
+def window_grad(a: Tensor, b: Tensor, before: int, alpha: float = 1.0) -> Tensor:
+    """The gradient :func:`window_bmm` sends to x: alpha * sum over windows of a[w]^T @ b[w], each window's
+    sub-block s added into block w - before + s (those before row 0, the zeros, dropped).
+
+    a (M, C, span), b (M, C, D) -> (M*C, D).  One GEMM per sub-block, accumulated in place (beta = 1)
+    into the blocks it lands on: no (M, span, D) window gradient is materialised and folded."""
+    m, c, _ = a.shape
+    out = torch.baddbmm(b.new_empty(()), a[:, :, before * c :].transpose(1, 2), b, beta=0.0, alpha=alpha)  # block w itself
     for s in range(before):
         shift = before - s  # window w's sub-block s is block w - shift
         if shift < m:
-            blocks[: m - shift].add_(g[shift:, s * c : (s + 1) * c])
-    return blocks.view(rows, d)
+            out[: m - shift].baddbmm_(a[shift:, :, s * c : (s + 1) * c].transpose(1, 2), b[shift:], alpha=alpha)
+    return out.view(m * c, b.shape[-1])
 
 
 class WindowScores(torch.autograd.Function):
@@ -142,8 +145,7 @@ class WindowScores(torch.autograd.Function):
         dq = window_bmm(ds, k_rows, ctx.before, transpose=False, alpha=ctx.scale) if ctx.needs_input_grad[0] else None
         dk = None
         if ctx.needs_input_grad[1]:
-            dk_windows = torch.baddbmm(ds.new_empty(()), ds.transpose(1, 2), q, beta=0.0, alpha=ctx.scale)  # (M, span, D)
-            dk = fold_windows(dk_windows, ctx.before, k_rows.shape[0])
+            dk = window_grad(ds, q, ctx.before, alpha=ctx.scale)
         return dq, dk, None, None
 
 
@@ -161,7 +163,7 @@ class WindowApply(torch.autograd.Function):
         p, v_rows = ctx.saved_tensors
         dout = dout.contiguous()
         dp = window_bmm(dout, v_rows, ctx.before, transpose=True) if ctx.needs_input_grad[0] else None
-        dv = fold_windows(torch.bmm(p.transpose(1, 2), dout), ctx.before, v_rows.shape[0]) if ctx.needs_input_grad[1] else None
+        dv = window_grad(p, dout, ctx.before) if ctx.needs_input_grad[1] else None
         return dp, dv, None
 
 

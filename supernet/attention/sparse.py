@@ -15,6 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
@@ -124,6 +125,7 @@ def _causal_window(w: int):
 class Local(BlockSparse):
     name = "local"
     params = ("W",)
+    fused_onnx = False  # exports block-local MatMul / Softmax nodes (forward_onnx), not one Attention node
     doc = "causal sliding window: each token attends to itself and the W-1 tokens before it (bidirectional: and after it)"
     forms = ("causal", "bidirectional")
 
@@ -182,6 +184,7 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
 class Dilated(PatternType):
     name = "dilated"
     params = ("W", "D")
+    fused_onnx = False  # local:W's block-local graph on the streams
     doc = "dilated causal window: itself and the W-1 tokens before it at strides of D (i, i-D, ..., i-(W-1)D)"
 
     def pattern(self, i, j, spec):
@@ -228,6 +231,7 @@ def _global_keys(lay: Blocks, x: Tensor, g: int) -> Tensor:
 class Longformer(BlockSparse):
     name = "longformer"
     params = ("W", "G")
+    fused_onnx = False  # block-local graph plus the global keys
     doc = "Longformer: the W-token causal window plus the first G tokens (global)"
 
     def pattern(self, i, j, spec):
@@ -262,7 +266,10 @@ class Longformer(BlockSparse):
         """local:W's block-local graph plus the G global keys as a second MatMul (O(T * (W + G)))."""
         width, g = spec.param("W"), spec.param("G")
         c = _block_size(width)
-        far = (k[:, :, :g], v[:, :, :g], lambda i, j: (i - j >= width) & (j <= i))  # globals outside the window
+        # exactly G global keys whatever the length (zeros past the end, which no real query sees): a slice
+        # k[:, :, :G] would be min(G, T) long, and the exporter would guard on T >= G
+        k_g, v_g = (F.pad(x, (0, 0, 0, g))[:, :, :g] for x in (k, v))
+        far = (k_g, v_g, lambda i, j: (i - j >= width) & (j <= i))  # globals outside the window
         return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width), shared=far)
 
 
