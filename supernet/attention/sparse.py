@@ -1,10 +1,12 @@
 """Sparse softmax attention: local, dilated, strided, fixed, longformer, bigbird.
 
 Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference (masked
-softmax), its ONNX form (one masked SDPA), its CUDA path (a FlexAttention block mask) and its
-decode mask; its CPU fast path is built here from the block engine (:mod:`.blocks`), whose cost
-grows as O(T * keys per query).  The fast paths branch on the sequence length freely (padding,
-block counts): the ONNX exporter never traces them.
+softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
+built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query).
+The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
+never traces them.  ONNX form: local, dilated and longformer trace a block-local graph
+(:func:`.blocks.traced_window_attention`, O(T * W), no branch on the length); strided, fixed and
+bigbird one masked SDPA under the pattern's dense (T, T) mask.
 
 The masks of a fast path depend only on (type, length, device, dtype); they are built once
 and cached (:func:`_cached`).
