@@ -15,6 +15,7 @@ from supernet.onnx_export import export_onnx, onnx_parity, op_counts
 
 SPARSE = ("local", "dilated", "strided", "fixed", "longformer", "bigbird")
 LINEAR = ("linear", "relu-linear", "cosformer", "performer")
+BLOCK_LOCAL_ONNX = ("local", "dilated", "longformer")  # exported as block-local MatMul / Softmax, not a dense mask
 
 # Several parameterisations per type, chosen to hit the edges: window 1, window longer than the
 # sequence, block sizes that do not divide the length, strides of 1, global tokens past the end.
@@ -52,7 +53,7 @@ def test_registry_covers_every_declared_type_with_all_paths():
     assert set(REGISTRY) == set(types()) and len(REGISTRY) >= 8  # every spelling the space layer accepts has a type
     for kind in SPARSE:
         t = REGISTRY[kind]
-        assert isinstance(t, PatternType) and t.fused_onnx, kind
+        assert isinstance(t, PatternType) and t.fused_onnx == (kind not in BLOCK_LOCAL_ONNX), kind
         assert t.path("cuda") == t.forward_cuda and t.path("cpu") == t.forward and t.path("cpu", exporting=True) == t.forward_onnx
         assert (
             type(t).forward_cuda is PatternType.forward_cuda and type(t).forward is not PatternType.forward
@@ -289,9 +290,11 @@ def test_onnx_round_trip_of_every_type(tmp_path):
     config = TransformerConfig(vocab_size=64, max_seq_len=64, head_dim=8, positions="rope", embed_dim=16, layers=layers)
     model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
     path = export_onnx(model, tmp_path / "every_type.onnx")
-    softmax_family = [a for a in ALL_TYPES if REGISTRY[parse_attention(a).kind].fused_onnx]
-    assert len(softmax_family) == len(ALL_TYPES) - len(LINEAR) - 4  # (hydra, sima, msla, convmod: no softmax)
-    assert op_counts(path)["Attention"] == len(softmax_family)  # one fused node each, sparse ones with a mask
+    fused = [a for a in ALL_TYPES if REGISTRY[parse_attention(a).kind].fused_onnx]
+    block_local = [a for a in ALL_TYPES if parse_attention(a).kind in BLOCK_LOCAL_ONNX]
+    assert len(fused) == len(ALL_TYPES) - len(LINEAR) - 4 - len(block_local)  # (hydra, sima, msla, convmod: no softmax)
+    assert op_counts(path)["Attention"] == len(fused)  # one fused node each, sparse ones with a mask
+    assert op_counts(path)["Softmax"] == len(block_local)  # the block-local graphs: MatMul / Softmax
     g = torch.Generator().manual_seed(1)
     for shape in [(1, 5), (3, 37), (2, 64)]:  # dynamic batch and sequence axes; lengths off every block size
         assert onnx_parity(path, model, torch.randint(0, 64, shape, generator=g)) <= 1e-4

@@ -73,7 +73,7 @@ class AttentionType:
     name: str = ""
     params: tuple[str, ...] = ()
     doc: str = ""
-    fused_onnx: bool = False  # exports as one opset-23 Attention node
+    fused_onnx: bool = False  # exports as one opset-23 Attention node (the block-local sparse types do not)
     forms: tuple[str, ...] = ("causal",)  # of search_spaces.attention.FORMS; "bidirectional" needs the two methods below
 
     # ------------------------------------------------------------------ spelling and shape

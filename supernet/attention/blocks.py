@@ -5,8 +5,9 @@ sees a few *groups* of keys, each group bringing its own scores (already scaled 
 ``-inf`` where not allowed) and a way to apply its probabilities to its values:
 
 * a **window**: the block itself and the ``before`` blocks preceding it, read through an
-  overlapping strided view of the keys (no copy), with hand-written backward passes that
-  fold the window gradients back (:class:`WindowScores`, :class:`WindowApply`);
+  overlapping strided view of the keys (no copy, :func:`window_bmm`), with hand-written backward
+  passes whose key / value gradients are GEMMs accumulated into the blocks they land on
+  (:func:`window_grad`; :class:`WindowScores`, :class:`WindowApply`);
 * **shared keys** seen by every block (global tokens, block summaries);
 * **gathered blocks** (BigBird's random blocks);
 * **columns** (the strided pattern's every-S-th token).
@@ -26,6 +27,24 @@ import torch
 from torch import Tensor
 
 NEG_INF = float("-inf")
+
+
+def block_count(t, c: int):
+    """ceil(t / c), the number of blocks; under ``torch.export`` (and the ONNX exporter) an unbacked size.
+
+    A traced length ``t`` is a symbol; torch's shape checks would specialise on ``ceil(t / c)``
+    being 0 or 1 (contiguity, broadcasting), which is false for some lengths and true for others,
+    so the export would fail or serve only lengths over ``c``.  As an unbacked size (read from a
+    tensor), the count gets no such guards; the checks below are run-time asserts of the program.
+    """
+    n = (t + c - 1) // c
+    if not torch.compiler.is_exporting():
+        return n
+    n = torch.tensor(n).item()  # unbacked: no 0/1 specialisation
+    torch._check(n >= 1)
+    torch._check(n * c >= t)
+    torch._check(n * c < t + c)
+    return n
 
 
 # --------------------------------------------------------------------------- layout
@@ -58,27 +77,10 @@ class Blocks:
         """x (B, H, T, D) -> (B*H*N, C, D)."""
         return self.padded(x).reshape(self.rows * self.n, self.c, x.shape[-1])
 
-    def flat(self, x: Tensor, before: int) -> Tensor:
-        """x (B, H, T, D) -> ((B*H*N + before) * C, D) contiguous, with ``before`` zero blocks in front.
-
-        Window w of :func:`windows` then covers query block w and the ``before`` blocks ahead of
-        it; for the first blocks of a row those are padding or the previous row, which the
-        window's mask hides.
-        """
-        rows = self.padded(x).reshape(-1, x.shape[-1])  # (B*H*N*C, D)
-        return torch.cat(
-            (rows.new_zeros(before * self.c, rows.shape[-1]), rows)
-        )  # cat writes each row once; F.pad fills all first
-
-    def centred_flat(self, x: Tensor, before: int, after: int) -> Tensor:
-        """Like :meth:`flat`, also with ``after`` zero blocks at the end: window w of :func:`windows` then
-        covers the ``before`` blocks ahead of query block w, the block and the ``after`` blocks behind it."""
-        rows = self.padded(x).reshape(-1, x.shape[-1])  # (B*H*N*C, D)
-        return torch.cat((rows.new_zeros(before * self.c, rows.shape[-1]), rows, rows.new_zeros(after * self.c, rows.shape[-1])))
-
     def unblock(self, y: Tensor) -> Tensor:
         """y (B*H*N, C, Dv) -> (B, H, T, Dv)."""
-        return y.reshape(self.b, self.h, self.n * self.c, y.shape[-1])[:, :, : self.t]
+        y = y.reshape(self.b, self.h, self.n * self.c, y.shape[-1])
+        return y[:, :, : self.t] if self.n * self.c != self.t else y  # a full slice would still cost a copy in backward
 
 
 def windows(flat: Tensor, n: int, c: int, span: int) -> Tensor:
@@ -88,50 +90,95 @@ def windows(flat: Tensor, n: int, c: int, span: int) -> Tensor:
     return flat.as_strided((n, span, d), (c * d, d, 1), flat.storage_offset())
 
 
-def fold_windows(g: Tensor, c: int, rows: int) -> Tensor:
-    """Adjoint of :func:`windows`: sum window gradients g (n, span, D) back into (rows, D)."""
-    n, span, d = g.shape
-    out = g.new_zeros(rows, d)
-    for s in range(span // c):
-        out[s * c : s * c + n * c].view(n, c, d).add_(g[:, s * c : (s + 1) * c])
+def window_bmm(a: Tensor, x: Tensor, before: int, transpose: bool, alpha: float = 1.0, after: int = 0) -> Tensor:
+    """out[w] = alpha * a[w] @ win(w) (or @ win(w)^T), win(w) the rows of blocks w-before .. w+after of x.
+
+    a (M, C, L); x (M*C, D) contiguous, M blocks of C rows.  Rows before the first block (and past the
+    last) read as zeros.  The windows are an overlapping strided view of x (no copy); only the first
+    ``before`` windows, which reach before the start, read a small zero-padded copy of the first blocks.
+    A centred window (``after`` > 0, the bidirectional forms) reads one zero-padded copy of x.
+    """
+    m, c = a.shape[0], a.shape[1]
+    span = (before + 1 + after) * c
+    if after:
+        z = x.new_zeros
+        flat = torch.cat((z(before * c, x.shape[-1]), x, z(after * c, x.shape[-1])))
+        win = windows(flat, m, c, span)
+        return torch.baddbmm(a.new_empty(()), a, win.transpose(1, 2) if transpose else win, beta=0.0, alpha=alpha)
+    head = min(before, m)  # windows reaching before row 0
+    lead = torch.cat((x.new_zeros(before * c, x.shape[-1]), x[: head * c]))  # ((before + head) * C, D)
+    parts = [(a[:head], windows(lead, head, c, span))]
+    if m > head:
+        parts.append((a[head:], windows(x, m - head, c, span)))
+    out = a.new_empty(m, c, x.shape[-1] if not transpose else span)
+    for (ai, wi), o in zip(parts, (out[:head], out[head:])):
+        wi = wi.transpose(1, 2) if transpose else wi
+        if alpha == 1.0:
+            torch.bmm(ai, wi, out=o)
+        else:
+            torch.baddbmm(o, ai, wi, beta=0.0, alpha=alpha, out=o)
     return out
 
 
+def window_grad(a: Tensor, b: Tensor, before: int, alpha: float = 1.0, after: int = 0) -> Tensor:
+    """The gradient :func:`window_bmm` sends to x: alpha * sum over windows of a[w]^T @ b[w], each window's
+    sub-block s added into block w - before + s (those outside the rows, the zeros, dropped).
+
+    a (M, C, span), b (M, C, D) -> (M*C, D).  One GEMM per sub-block, accumulated in place (beta = 1)
+    into the blocks it lands on: no (M, span, D) window gradient is materialised and folded."""
+    m, c, _ = a.shape
+    own = a[:, :, before * c : (before + 1) * c].transpose(1, 2)
+    out = torch.baddbmm(b.new_empty(()), own, b, beta=0.0, alpha=alpha)  # block w itself
+    for s in range(before + 1 + after):
+        shift = s - before  # window w's sub-block s is block w + shift
+        if shift == 0 or abs(shift) >= m:
+            continue
+        sub = a[:, :, s * c : (s + 1) * c].transpose(1, 2)
+        if shift < 0:
+            out[: m + shift].baddbmm_(sub[-shift:], b[-shift:], alpha=alpha)
+        else:
+            out[shift:].baddbmm_(sub[: m - shift], b[: m - shift], alpha=alpha)
+    return out.view(m * c, b.shape[-1])
+
+
 class WindowScores(torch.autograd.Function):
-    """scores[w] = q[w] @ windows(k)[w]^T, without materialising the overlapping windows."""
+    """scores[w] = scale * q[w] @ win(k)[w]^T, without materialising the overlapping windows."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k_flat: Tensor, span: int) -> Tensor:  # q (N, C, D) -> (N, C, span)
-        ctx.save_for_backward(q, k_flat)
-        ctx.span = span
-        return torch.bmm(q, windows(k_flat, q.shape[0], q.shape[1], span).transpose(1, 2))
+    def forward(ctx, q: Tensor, k_rows: Tensor, before: int, scale: float, after: int = 0) -> Tensor:  # -> (M, C, span)
+        ctx.save_for_backward(q, k_rows)
+        ctx.before, ctx.scale, ctx.after = before, scale, after
+        return window_bmm(q, k_rows, before, transpose=True, alpha=scale, after=after)
 
     @staticmethod
     def backward(ctx, ds: Tensor):
-        q, k_flat = ctx.saved_tensors
-        n, c, _ = q.shape
+        q, k_rows = ctx.saved_tensors
         ds = ds.contiguous()  # bmm takes a slow per-matrix path on odd strides (e.g. an expanded grad)
-        dq = torch.bmm(ds, windows(k_flat, n, c, ctx.span)) if ctx.needs_input_grad[0] else None  # (N, C, D)
-        dk = fold_windows(torch.bmm(ds.transpose(1, 2), q), c, k_flat.shape[0]) if ctx.needs_input_grad[1] else None
-        return dq, dk, None
+        dq = None
+        if ctx.needs_input_grad[0]:
+            dq = window_bmm(ds, k_rows, ctx.before, transpose=False, alpha=ctx.scale, after=ctx.after)
+        dk = None
+        if ctx.needs_input_grad[1]:
+            dk = window_grad(ds, q, ctx.before, alpha=ctx.scale, after=ctx.after)
+        return dq, dk, None, None, None
 
 
 class WindowApply(torch.autograd.Function):
-    """out[w] = p[w] @ windows(v)[w]."""
+    """out[w] = p[w] @ win(v)[w]."""
 
     @staticmethod
-    def forward(ctx, p: Tensor, v_flat: Tensor) -> Tensor:  # p (N, C, span) -> (N, C, Dv)
-        ctx.save_for_backward(p, v_flat)
-        return torch.bmm(p, windows(v_flat, p.shape[0], p.shape[1], p.shape[2]))
+    def forward(ctx, p: Tensor, v_rows: Tensor, before: int, after: int = 0) -> Tensor:  # p (M, C, span) -> (M, C, Dv)
+        ctx.save_for_backward(p, v_rows)
+        ctx.before, ctx.after = before, after
+        return window_bmm(p, v_rows, before, transpose=False, after=after)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
-        p, v_flat = ctx.saved_tensors
-        n, c, span = p.shape
+        p, v_rows = ctx.saved_tensors
         dout = dout.contiguous()
-        dp = torch.bmm(dout, windows(v_flat, n, c, span).transpose(1, 2)) if ctx.needs_input_grad[0] else None
-        dv = fold_windows(torch.bmm(p.transpose(1, 2), dout), c, v_flat.shape[0]) if ctx.needs_input_grad[1] else None
-        return dp, dv
+        dp = window_bmm(dout, v_rows, ctx.before, transpose=True, after=ctx.after) if ctx.needs_input_grad[0] else None
+        dv = window_grad(p, dout, ctx.before, after=ctx.after) if ctx.needs_input_grad[1] else None
+        return dp, dv, None, None
 
 
 # --------------------------------------------------------------------------- groups
@@ -152,20 +199,24 @@ def _biased(scores: Tensor, bias: Tensor, lay: Blocks, scale: float) -> Tensor:
 
 
 def window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, bias: Tensor) -> Group:
-    """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf."""
-    span = (before + 1) * lay.c
-    k_flat, v_flat = lay.flat(k, before), lay.flat(v, before)
-    scores = WindowScores.apply(q_blocks, k_flat, span)  # (BHN, C, span)
-    return Group(_biased(scores, bias, lay, 1.0 / math.sqrt(q_blocks.shape[-1])), lambda p: WindowApply.apply(p, v_flat))
+    """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf.
+
+    Blocks before the first one of a row are the previous row's last blocks (or zeros for the first
+    row): the bias must hide them (-inf where the key position is negative).
+    """
+    k_rows, v_rows = (lay.padded(x).reshape(-1, x.shape[-1]) for x in (k, v))  # (B*H*N*C, D): views when T % C == 0
+    scores = WindowScores.apply(q_blocks, k_rows, before, 1.0 / math.sqrt(q_blocks.shape[-1]))  # (BHN, C, span), scaled
+    scores.view(lay.rows, lay.n, lay.c, -1).add_(bias)  # in place: its backward needs neither operand
+    return Group(scores, lambda p: WindowApply.apply(p, v_rows, before))
 
 
 def centred_window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, after: int, bias: Tensor) -> Group:
     """Each block with ``before`` blocks before it and ``after`` behind it (a bidirectional window);
     bias (N, C, (before+1+after)*C), 0 or -inf, hides what lies outside the row's sequence."""
-    span = (before + 1 + after) * lay.c
-    k_flat, v_flat = lay.centred_flat(k, before, after), lay.centred_flat(v, before, after)
-    scores = WindowScores.apply(q_blocks, k_flat, span)  # (BHN, C, span)
-    return Group(_biased(scores, bias, lay, 1.0 / math.sqrt(q_blocks.shape[-1])), lambda p: WindowApply.apply(p, v_flat))
+    k_rows, v_rows = (lay.padded(x).reshape(-1, x.shape[-1]) for x in (k, v))
+    scores = WindowScores.apply(q_blocks, k_rows, before, 1.0 / math.sqrt(q_blocks.shape[-1]), after)
+    scores.view(lay.rows, lay.n, lay.c, -1).add_(bias)
+    return Group(scores, lambda p: WindowApply.apply(p, v_rows, before, after))
 
 
 def shared_group(lay: Blocks, q: Tensor, k_shared: Tensor, v_shared: Tensor, bias: Tensor) -> Group:
@@ -212,13 +263,20 @@ def column_group(lay: Blocks, q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> 
     return Group(_biased(s, bias, lay, 1.0 / math.sqrt(q.shape[-1])), apply)
 
 
+def _softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last axis, in place when no gradient is recorded (saves a (BHN, C, L) buffer)."""
+    if torch.is_grad_enabled() and scores.requires_grad:
+        return torch.softmax(scores, dim=-1)
+    return torch.softmax(scores, dim=-1, out=scores)
+
+
 def attend_groups(lay: Blocks, groups: list[Group]) -> Tensor:
     """One softmax over the union of ``groups``' keys; returns (B, H, T, Dv)."""
     if len(groups) == 1:
-        probs = [torch.softmax(groups[0].scores, dim=-1)]
+        probs = [_softmax(groups[0].scores)]
     else:
         scores = torch.cat([g.scores for g in groups], dim=-1)  # (BHN, C, sum L)
-        probs = torch.softmax(scores, dim=-1).split([g.scores.shape[-1] for g in groups], dim=-1)
+        probs = _softmax(scores).split([g.scores.shape[-1] for g in groups], dim=-1)
     out = groups[0].apply(probs[0])
     for g, p in zip(groups[1:], probs[1:]):
         out = out + g.apply(p)
@@ -228,3 +286,49 @@ def attend_groups(lay: Blocks, groups: list[Group]) -> Tensor:
 def as_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
     """0 where allowed, -inf elsewhere."""
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, NEG_INF)
+
+
+# --------------------------------------------------------------------------- the traced (ONNX) form
+
+
+def traced_window_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    c: int,
+    before: int,
+    allowed: Callable[[Tensor, Tensor], Tensor],
+    shared: tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]] | None = None,
+) -> Tensor:
+    """Block-local softmax attention as plain MatMul / Softmax nodes, O(T * (before+1) * C): what the ONNX
+    exporter traces for a windowed type (ONNX Runtime runs it block by block instead of a dense (T, T) mask).
+
+    q, k, v (B, H, T, D); blocks of ``c`` queries see their own block and the ``before`` blocks ahead of
+    it where ``allowed(i, j)`` (absolute positions, broadcast; keys before 0 are hidden here);
+    ``shared``: (k_s, v_s (B, H, S, D), allowed_s(i, j)) keys at positions 0..S-1 every block scores too
+    (Longformer's global tokens), not overlapping the window's allowed keys.  No branch on the length:
+    the sequence is always padded to whole blocks (a symbolic, unbacked block count when exporting).
+    """
+    b, h, t, d = q.shape
+    n = block_count(t, c)
+    span = (before + 1) * c
+    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
+    qb = q.reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
+
+    def window(x: Tensor) -> Tensor:  # (B, H, N*C, D) -> (B, H, N, span, D): blocks m-before .. m
+        xb = torch.nn.functional.pad(x.reshape(b, h, n, c, x.shape[-1]), (0, 0, 0, 0, before, 0))  # (B, H, before+N, C, D)
+        return torch.cat([xb[:, :, s : s + n] for s in range(before + 1)], dim=3) if before else xb
+
+    blk = torch.arange(n, device=q.device)[:, None, None]
+    i = blk * c + torch.arange(c, device=q.device)[None, :, None]  # (N, C, 1)
+    j = (blk - before) * c + torch.arange(span, device=q.device)[None, None, :]  # (N, 1, span)
+    scores = (qb @ window(k).transpose(-2, -1)).masked_fill(~(allowed(i, j) & (j >= 0)), NEG_INF)  # (B, H, N, C, span)
+    if shared is None:
+        out = torch.softmax(scores, dim=-1) @ window(v)
+    else:
+        k_s, v_s, allowed_s = shared
+        js = torch.arange(k_s.shape[2], device=q.device)[None, None, :]  # (1, 1, S)
+        s_shared = (qb @ k_s[:, :, None].transpose(-2, -1)).masked_fill(~allowed_s(i, js), NEG_INF)  # (B, H, N, C, S)
+        p = torch.softmax(torch.cat((scores, s_shared), dim=-1), dim=-1)
+        out = p[..., :span] @ window(v) + p[..., span:] @ v_s[:, :, None]
+    return out.reshape(b, h, n * c, -1)[:, :, :t]

@@ -24,6 +24,7 @@ from torch import Tensor
 from search_spaces.attention import AttentionSpec
 
 from .base import AttentionType, State, StateSpec
+from .blocks import block_count
 from .patterns import causal_mask
 from .registry import register
 
@@ -56,52 +57,71 @@ def bidirectional_linear(fq: Tensor, fk: Tensor, v: Tensor) -> Tensor:
 
 def _exclusive_cumsum(x: Tensor) -> Tensor:
     """Prefix sums over dim 2 that exclude the current entry, shifted rather than subtracted so
-    that no later value ever enters an earlier result, not even as rounding."""
-    return torch.cat((torch.zeros_like(x[:, :, :1]), torch.cumsum(x[:, :, :-1], dim=2)), dim=2)
+    that no later value ever enters an earlier result, not even as rounding.
+
+    Eager: one add per chunk in fp32 (:class:`_ExclusiveSums`; torch's CPU ``cumsum`` over a middle
+    axis accumulates in float64, element by element: several times slower).  Exporting: one
+    ``CumSum`` node over a symbolic chunk count."""
+    if torch.compiler.is_exporting():
+        return torch.cat((torch.zeros_like(x[:, :, :1]), torch.cumsum(x[:, :, :-1], dim=2)), dim=2)
+    return _ExclusiveSums.apply(x)
 
 
-def _chunk_count(t, c: int):
-    """ceil(t / c), the number of chunks; under ``torch.export`` (and the ONNX exporter) an unbacked size.
+def _running_sums(x: Tensor, reverse: bool) -> Tensor:
+    """out[i] = sum of x[j] over j < i (reverse: j > i), along dim 2, one vectorised add per entry."""
+    n = x.shape[2]
+    out = torch.empty_like(x)
+    order = range(n - 1, -1, -1) if reverse else range(n)
+    prev = None
+    for i in order:
+        if prev is None:
+            out[:, :, i].zero_()
+        else:
+            torch.add(out[:, :, prev], x[:, :, prev], out=out[:, :, i])
+        prev = i
+    return out
 
-    A traced length ``t`` is a symbol; torch's shape checks would specialise on ``ceil(t / c)``
-    being 0 or 1 (contiguity, broadcasting), which is false for some lengths and true for others,
-    so the export would fail or serve only lengths over ``c``.  As an unbacked size (read from a
-    tensor), the count gets no such guards; the checks below are run-time asserts of the program.
-    """
-    n = (t + c - 1) // c
-    if not torch.compiler.is_exporting():
-        return n
-    n = torch.tensor(n).item()  # unbacked: no 0/1 specialisation
-    torch._check(n >= 1)
-    torch._check(n * c >= t)
-    torch._check(n * c < t + c)
-    return n
+
+class _ExclusiveSums(torch.autograd.Function):
+    """Exclusive prefix sums over dim 2; the gradient is the exclusive suffix sums of the incoming one."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return _running_sums(x, reverse=False)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        return _running_sums(g, reverse=True)
 
 
 def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, normalize: bool = True) -> Tensor:
-    """Causal linear attention in O(T * C * D) using chunks of C tokens.
+    """Causal linear attention in O(T * C * D) using chunks of C tokens, as batched GEMMs.
 
     Inside a chunk the (C, C) masked product is exact; across chunks a running
-    sum of k^T v (the recurrent state) carries the prefix. q and k are already
-    feature-mapped. Shapes: q, k (B, H, T, D), v (B, H, T, Dv).  ``normalize=False``:
+    sum of k^T v (the recurrent state) carries the prefix: one GEMM per chunk for its
+    increment, a cumulative sum over the chunks, one GEMM per chunk to read it. q and k are
+    already feature-mapped. Shapes: q, k (B, H, T, D), v (B, H, T, Dv).  ``normalize=False``:
     the numerator sum_{j<=i} (q_i . k_j) v_j alone.
     """
     b, h, t, d = q.shape
     dv = v.shape[-1]
     c = chunk
-    n = _chunk_count(t, c)
-    # Always pad (by 0..C-1 tokens) so that one traced graph serves every length; zero keys and
-    # values after the end are never seen by a real (earlier) query.
-    pad = n * c - t
-    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    qc, kc, vc = q.view(b, h, n, c, d), k.view(b, h, n, c, d), v.view(b, h, n, c, dv)
-    a = (qc @ kc.transpose(-2, -1)) * causal_mask(c, q.device)  # (B, H, N, C, C)
-    kv = kc.transpose(-2, -1) @ vc  # (B, H, N, D, Dv) per-chunk state increments
-    num = a @ vc + qc @ _exclusive_cumsum(kv)  # (B, H, N, C, Dv): inside the chunk + the state before it
+    n = block_count(t, c)
+    # Exporting: always pad (by 0..C-1 tokens) so that one traced graph serves every length; zero
+    # keys and values after the end are never seen by a real (earlier) query.
+    if torch.compiler.is_exporting() or n * c != t:
+        q, k, v = (F.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
+    m = b * h * n  # every chunk of every row: one batch of GEMMs
+    qc, kc, vc = q.reshape(m, c, d), k.reshape(m, c, d), v.reshape(m, c, dv)
+    a = torch.bmm(qc, kc.transpose(1, 2)).tril_()  # (M, C, C), causal inside the chunk
+    kv = torch.bmm(kc.transpose(1, 2), vc).view(b, h, n, d, dv)  # per-chunk state increments
+    # in place (bmm's and sum's backward need not their outputs): inside the chunk + the state before it
+    num = torch.bmm(a, vc).baddbmm_(qc, _exclusive_cumsum(kv).view(m, d, dv))  # (M, C, Dv)
     if normalize:
-        den = a.sum(-1) + (qc * _exclusive_cumsum(kc.sum(-2)).unsqueeze(-2)).sum(-1)  # (B, H, N, C)
-        num = num / (den.unsqueeze(-1) + LINEAR_EPS)
-    return num.reshape(b, h, n * c, dv)[:, :, :t]
+        z = _exclusive_cumsum(kc.view(b, h, n, c, d).sum(-2)).view(m, d, 1)  # (M, D, 1) key sums before the chunk
+        den = a.sum(-1, keepdim=True).baddbmm_(qc, z)  # (M, C, 1)
+        num = num / den.add_(LINEAR_EPS)
+    return num.view(b, h, n * c, dv)[:, :, :t]
 
 
 def recurrent_step(fq: Tensor, fk: Tensor, v: Tensor, s: Tensor, z: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -171,7 +191,9 @@ class KernelType(AttentionType):
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    return F.elu(x) + 1.0
+    if torch.is_grad_enabled() and x.requires_grad:
+        return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)  # inference: no second buffer
 
 
 class Linear(KernelType):

@@ -1,10 +1,12 @@
 """Sparse softmax attention: local, dilated, strided, fixed, longformer, bigbird.
 
 Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference (masked
-softmax), its ONNX form (one masked SDPA), its CUDA path (a FlexAttention block mask) and its
-decode mask; its CPU fast path is built here from the block engine (:mod:`.blocks`), whose cost
-grows as O(T * keys per query).  The fast paths branch on the sequence length freely (padding,
-block counts): the ONNX exporter never traces them.
+softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
+built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query).
+The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
+never traces them.  ONNX form: local, dilated and longformer trace a block-local graph
+(:func:`.blocks.traced_window_attention`, O(T * W), no branch on the length); strided, fixed and
+bigbird one masked SDPA under the pattern's dense (T, T) mask.
 
 The masks of a fast path depend only on (type, length, device, dtype); they are built once
 and cached (:func:`_cached`).
@@ -15,6 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
@@ -23,16 +26,19 @@ from .blocks import (
     Blocks,
     as_bias,
     attend_groups,
+    block_count,
     centred_window_group,
     column_group,
     gathered_group,
     shared_group,
+    traced_window_attention,
     window_group,
 )
 from .patterns import PatternType
 from .registry import register
 
-MIN_BLOCK, MAX_BLOCK = 16, 64
+MIN_BLOCK, MAX_BLOCK = 16, 32
+SCORE_BYTES = 2 << 20  # inference: heads per call so that their scores fit about this much (a core's L2)
 
 # The BigBird random blocks: a fixed seed, and a small multiplicative generator (MINSTD,
 # modulus 2^31 - 1) that every path evaluates on index tensors, so the pattern is defined for
@@ -47,8 +53,16 @@ def _exceeds(spec: AttentionSpec, max_seq_len: int, *names: str) -> list[str]:
 
 
 def _block_size(window: int) -> int:
-    """Query block C for a window of W keys: about W (keys per query W + C), bounded so bmm stays efficient."""
+    """Query block C for a window of W keys: each query block scores (ceil((W-1)/C) + 1) * C keys, so a
+    smaller block wastes fewer scores, while bmm on fewer than 16 rows loses its speed.  local:64 at 4k
+    tokens, one thread: C=16 and 32 forward alike, 32 faster forward+backward, 64 slower both ways."""
     return max(MIN_BLOCK, min(window, MAX_BLOCK))
+
+
+def _window_keys(w: int) -> int:
+    """Keys a query block of local:W scores: its own block and the ceil((W-1)/C) blocks before it."""
+    c = _block_size(w)
+    return (-(-(w - 1) // c) + 1) * c
 
 
 def _positions(lay: Blocks, before: int, device) -> tuple[Tensor, Tensor]:
@@ -69,6 +83,28 @@ class BlockSparse(PatternType):
     def _plan(self, spec: AttentionSpec, q: Tensor):
         b, h, t, _ = q.shape
         return _cached(self, spec, t, (b, h), q.device, q.dtype)
+
+    def block_forward(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
+        """The block engine's computation for all of q's heads at once."""
+        raise NotImplementedError
+
+    def forward(self, q, k, v, spec, w):
+        """The block engine; without a gradient, a few heads at a time, so that the (heads, T, keys) scores
+        of a call stay in the core's cache (:data:`SCORE_BYTES`) instead of streaming through memory."""
+        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+            return self.block_forward(q, k, v, spec)
+        b, h, t, _ = q.shape
+        step = max(1, SCORE_BYTES // (b * t * self.keys_per_query(spec, t) * q.element_size()))
+        if step >= h:
+            return self.block_forward(q, k, v, spec)
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+        for h0 in range(0, h, step):
+            out[:, h0 : h0 + step] = self.block_forward(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
+        return out
+
+    def keys_per_query(self, spec: AttentionSpec, t: int) -> int:
+        """How many keys a query block scores (the width of its score rows), for sizing the head chunks."""
+        raise NotImplementedError
 
 
 @lru_cache(maxsize=128)
@@ -111,6 +147,7 @@ def _causal_window(w: int):
 class Local(BlockSparse):
     name = "local"
     params = ("W",)
+    fused_onnx = False  # exports block-local MatMul / Softmax nodes (forward_onnx), not one Attention node
     doc = "causal sliding window: each token attends to itself and the W-1 tokens before it (bidirectional: and after it)"
     forms = ("causal", "bidirectional")
 
@@ -133,7 +170,10 @@ class Local(BlockSparse):
         before = -(-(w - 1) // lay.c)
         return lay, before, _window_bias(lay, before, _causal_window(w), device, dtype)
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return _window_keys(spec.param("W"))
+
+    def block_forward(self, q, k, v, spec):
         lay, before, bias = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
 
@@ -147,16 +187,23 @@ class Local(BlockSparse):
         lay, reach, bias = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
         return attend_groups(lay, [centred_window_group(lay, lay.blocked(q), k, v, reach, reach, bias)])
 
+    def forward_onnx(self, q, k, v, spec, w):
+        """Block-local MatMul / Softmax nodes (O(T * W)), not one Attention node under a dense (T, T) mask."""
+        width = spec.param("W")
+        c = _block_size(width)
+        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width))
 
 
 # --------------------------------------------------------------------------- dilated:W:D
 
 
-def _streams(x: Tensor, step: int) -> Tensor:
-    """(B, H, T, D) -> (B, H*step, ceil(T/step), D): stream r holds positions r, r+step, r+2*step, ..."""
+def _streams(x: Tensor, step: int, traced: bool = False) -> Tensor:
+    """(B, H, T, D) -> (B, H*step, ceil(T/step), D): stream r holds positions r, r+step, r+2*step, ...
+
+    ``traced``: always pad (the exported graph serves every length)."""
     b, h, t, d = x.shape
-    m = -(-t // step)
-    x = torch.nn.functional.pad(x, (0, 0, 0, m * step - t)) if m * step != t else x
+    m = block_count(t, step) if traced else -(-t // step)
+    x = torch.nn.functional.pad(x, (0, 0, 0, m * step - t)) if traced or m * step != t else x
     return x.view(b, h, m, step, d).transpose(2, 3).reshape(b, h * step, m, d)
 
 
@@ -168,6 +215,7 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
 class Dilated(PatternType):
     name = "dilated"
     params = ("W", "D")
+    fused_onnx = False  # local:W's block-local graph on the streams
     doc = "dilated causal window: itself and the W-1 tokens before it at strides of D (i, i-D, ..., i-(W-1)D)"
     forms = ("causal", "bidirectional")
 
@@ -214,6 +262,12 @@ class Dilated(PatternType):
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, D, m, Dv)
         return _unstream(y.reshape(b, h * step, m, -1), h, step, t)
 
+    def forward_onnx(self, q, k, v, spec, w):
+        """local:W's block-local graph on the D residue streams (O(T * W)); always padded, no branch on the length."""
+        step = spec.param("D")
+        streams = (_streams(x, step, traced=True) for x in (q, k, v))
+        out = local.forward_onnx(*streams, AttentionSpec("local", (spec.param("W"),)), w)
+        return _unstream(out, q.shape[1], step, q.shape[2])
 
 
 # --------------------------------------------------------------------------- longformer:W:G, bigbird:W:G:R
@@ -236,6 +290,7 @@ class Longformer(BlockSparse):
 
     name = "longformer"
     params = ("W", "G")
+    fused_onnx = False  # block-local graph plus the global keys
     doc = "Longformer: the W-token causal window plus the first G tokens (global)"
     forms = ("causal", "bidirectional")
 
@@ -256,13 +311,26 @@ class Longformer(BlockSparse):
         g = min(spec.param("G"), lay.n * lay.c)
         return lay, before, win, g, _global_bias(lay, g, spec.param("W"), device, dtype)
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return _window_keys(spec.param("W")) + spec.param("G")
+
+    def block_forward(self, q, k, v, spec):
         lay, before, win, g, glob = self._plan(spec, q)
         groups = [
             window_group(lay, lay.blocked(q), k, v, before, win),
             shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
         ]
         return attend_groups(lay, groups)
+
+    def forward_onnx(self, q, k, v, spec, w):
+        """local:W's block-local graph plus the G global keys as a second MatMul (O(T * (W + G)))."""
+        width, g = spec.param("W"), spec.param("G")
+        c = _block_size(width)
+        # exactly G global keys whatever the length (zeros past the end, which no real query sees): a slice
+        # k[:, :, :G] would be min(G, T) long, and the exporter would guard on T >= G
+        k_g, v_g = (F.pad(x, (0, 0, 0, g))[:, :, :g] for x in (k, v))
+        far = (k_g, v_g, lambda i, j: (i - j >= width) & (j <= i))  # globals outside the window
+        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width), shared=far)
 
     def bidirectional_pattern(self, i, j, spec):
         g = spec.param("G")
@@ -342,7 +410,10 @@ class BigBird(BlockSparse):
         rand = as_bias((ok[:, :, None] & (j >= g)).reshape(lay.n, 1, r * w), dtype)  # (N, 1, R*W)
         return lay, win, g_eff, glob, picks, rand
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return (2 + spec.param("R")) * spec.param("W") + spec.param("G")
+
+    def block_forward(self, q, k, v, spec):
         lay, win, g, glob, picks, rand = self._plan(spec, q)
         qb = lay.blocked(q)
         groups = [
@@ -388,7 +459,6 @@ class BigBird(BlockSparse):
         ]))  # fmt: skip
 
 
-
 # --------------------------------------------------------------------------- strided:S, fixed:S
 
 
@@ -413,10 +483,12 @@ class Strided(BlockSparse):
         col = as_bias((m[None, :] < m[:, None])[:, None, :], dtype)  # (N, 1, N): earlier rows, same column
         return lay, win, col
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return 2 * spec.param("S") + -(-t // spec.param("S"))
+
+    def block_forward(self, q, k, v, spec):
         lay, win, col = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, 1, win), column_group(lay, q, k, v, col)])
-
 
 
 def _summaries(lay: Blocks, x: Tensor) -> Tensor:
@@ -442,7 +514,10 @@ class Fixed(BlockSparse):
         summary = as_bias((m[None, :] < m[:, None])[:, None, :], dtype)  # (N, 1, N): last tokens of earlier blocks
         return lay, own, summary
 
-    def forward(self, q, k, v, spec, w):
+    def keys_per_query(self, spec, t):
+        return spec.param("S") + -(-t // spec.param("S"))
+
+    def block_forward(self, q, k, v, spec):
         lay, own, summary = self._plan(spec, q)
         groups = [
             window_group(lay, lay.blocked(q), k, v, 0, own),

@@ -1,0 +1,142 @@
+"""ONNX Runtime prefill of one attention layer per type: the graph the exporter writes, timed side by side.
+
+    python scripts/bench_onnx_attention.py                      # softmax, local:64, linear at 4k, one thread
+    python scripts/bench_onnx_attention.py --types softmax,local:64,dilated:64:4,longformer:64:16,linear --length 8192
+
+Each type's token mixing alone (q, k, v in, (B, H, T, D) out; no projections) is exported as the
+product exports it (``torch.onnx.export``, dynamo, opset 23, a dynamic sequence axis), checked
+against the torch reference at the benchmark length and at a length off every block size, then
+timed in ONNX Runtime (CPU, ``--threads`` intra-op threads): a warm-up, then ``--rounds`` rounds
+that run every type once each in turn (so a change of the host's load hits every type alike),
+median per type.  Prints the times, each type's speed-up against ``softmax``, the host's load
+average at start and end, and the issue-22 target: local:64 and linear at least 5x faster than
+the softmax layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search_spaces import parse_attention  # noqa: E402
+from search_spaces.attention import AttentionSpec  # noqa: E402
+from supernet.attention import attend, attend_reference, kv_heads  # noqa: E402
+from supernet.onnx_export import DEFAULT_OPSET, _quiet, onnx_session  # noqa: E402
+
+TARGETS = {"local:64": 5.0, "linear": 5.0}  # ONNX Runtime prefill at 4k: at least this much faster than softmax
+PARITY = 1e-4
+
+
+class Mixing(torch.nn.Module):
+    """One layer's token mixing: attend(q, k, v) for a fixed spelling (no weights of its own)."""
+
+    def __init__(self, spec: AttentionSpec):
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return attend(q, k, v, self.spec)
+
+
+def inputs(spec: AttentionSpec, b: int, h: int, t: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    hk, hv = kv_heads(spec, h)
+    return torch.randn(b, h, t, d, generator=g), torch.randn(b, hk, t, d, generator=g), torch.randn(b, hv, t, d, generator=g)
+
+
+def export(spec: AttentionSpec, example: tuple[torch.Tensor, ...], max_len: int, path: Path) -> Path:
+    seq = torch.export.Dim("seq", max=max_len)
+    with _quiet(), torch.no_grad():
+        program = torch.onnx.export(
+            Mixing(spec).eval(),
+            example,
+            dynamo=True,
+            opset_version=DEFAULT_OPSET,
+            dynamic_shapes=({2: seq}, {2: seq}, {2: seq}),
+            input_names=["q", "k", "v"],
+            output_names=["y"],
+            verbose=False,
+        )
+        program.save(str(path))
+    return path
+
+
+def parity(session, spec: AttentionSpec, x: tuple[torch.Tensor, ...]) -> float:
+    out = session.run(None, {n: t.numpy() for n, t in zip("qkv", x)})[0]
+    with torch.no_grad():
+        ref = attend_reference(*x, spec).numpy()
+    return float(np.abs(out - ref).max())
+
+
+def load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--types", default="softmax,local:64,linear", help="attention types, softmax first (the baseline)")
+    p.add_argument("--length", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    try:
+        specs = [parse_attention(s) for s in args.types.split(",")]
+    except ValueError as e:
+        p.error(f"--types: {e}")
+    if str(specs[0]) != "softmax":
+        p.error(f"--types: the first type is the baseline and must be softmax, got {specs[0]}")
+    if args.length < 2 or args.rounds < 1:
+        p.error(f"--length must be at least 2 and --rounds at least 1, got {args.length} and {args.rounds}")
+    torch.manual_seed(args.seed)
+    print(f"load average (1, 5, 15 min) at start: {load()}", flush=True)
+    b, h, t, d = 1, args.heads, args.length, args.head_dim
+    short = max(2, min(t - 1, 333))  # off every block and chunk size
+    sessions, feeds = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in specs:
+            x = inputs(spec, b, h, t, d, args.seed)
+            started = time.perf_counter()
+            path = export(spec, x, t, Path(tmp) / f"{spec.kind}.onnx")
+            sessions[str(spec)] = session = onnx_session(path, threads=args.threads)
+            feeds[str(spec)] = {n: a.numpy() for n, a in zip("qkv", x)}
+            errs = (parity(session, spec, inputs(spec, b, h, short, d, args.seed + 1)), parity(session, spec, x))
+            print(
+                f"{str(spec):18s} exported in {time.perf_counter() - started:5.1f} s; |ORT - torch reference| "
+                f"T={short}: {errs[0]:.1e}, T={t}: {errs[1]:.1e}  [{'PASS' if max(errs) <= PARITY else 'FAIL'} <= {PARITY:g}]",
+                flush=True,
+            )
+        for name, session in sessions.items():  # warm-up
+            session.run(None, feeds[name])
+        times: dict[str, list[float]] = {name: [] for name in sessions}
+        for _ in range(args.rounds):
+            for name, session in sessions.items():
+                start = time.perf_counter()
+                session.run(None, feeds[name])
+                times[name].append((time.perf_counter() - start) * 1e3)
+    base = statistics.median(times["softmax"])
+    print(f"ONNX Runtime, {args.threads} thread(s), B=1, {h} heads of {d}, T={t}, median of {args.rounds} interleaved rounds:")
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        line = f"  {name:18s} {ms:9.2f} ms  {base / ms:6.2f}x softmax"
+        if name in TARGETS:
+            line += f"  [{'PASS' if base / ms >= TARGETS[name] else 'FAIL'} >= {TARGETS[name]:g}x]"
+        print(line)
+    print(f"load average (1, 5, 15 min) at end: {load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
