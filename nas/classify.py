@@ -303,18 +303,12 @@ class ClassifyInterrupted(KeyboardInterrupt):
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """A classification run's checkpoint (``weights_only``), checked for its format marker."""
-    from supernet.checkpoint import load_problem
+    from supernet.checkpoint import load_marked
 
     if not path.is_file():
         raise UserError(f"--resume: {path.parent.parent} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without "
                         "--resume")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
-    if not isinstance(payload, dict) or payload.get("format") != CKPT_FORMAT:
-        raise UserError(f"{path}: not a classification training checkpoint (no '{CKPT_FORMAT}' format marker)")
-    return payload
+    return load_marked(path, CKPT_FORMAT, "classification training checkpoint")
 
 
 def stored_settings(out: str | Path) -> ClassifyTraining:

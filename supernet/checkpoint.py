@@ -93,6 +93,18 @@ def load_problem(path: Path, e: BaseException) -> str:
     return f"(truncated or foreign file): {type(e).__name__}: {first_line(e)}"
 
 
+def load_marked(path: Path, marker: str, what: str) -> dict[str, Any]:
+    """A training checkpoint of ours (``torch.load(weights_only=True)``) checked for its ``format`` marker;
+    one line naming the file otherwise.  ``what``: the kind of checkpoint expected, for the message."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
+        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
+    if not isinstance(payload, dict) or payload.get("format") != marker:
+        raise UserError(f"{path}: not a {what} (no '{marker}' format marker)")
+    return payload
+
+
 def load_supernet(
     path: str | Path, space: Space | None = None, device: str | torch.device = "cpu"
 ) -> tuple[SuperTransformer, dict[str, Any]]:

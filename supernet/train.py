@@ -743,14 +743,9 @@ def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-        from .checkpoint import load_problem
+    from .checkpoint import load_marked
 
-        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
-    if not isinstance(payload, dict) or payload.get("format") != STATIC_FORMAT:
-        raise UserError(f"{path}: not a training checkpoint of this tool (no '{STATIC_FORMAT}' format marker)")
+    payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool")
     try:
         space = parse_space(payload["space"], where=f"{path.name}[space]", source=str(path))
         subnet = Subnet.from_dict(payload["subnet"], where=f"{path.name}[subnet]")
