@@ -84,3 +84,73 @@ def test_other_devices_refuse_a_seq2seq_space_in_one_line(timed, capsys):
             '(README "Translation (encoder-decoder, in progress)")\n'
         )
     assert not (root / "x.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def searched(timed):
+    """A supernet trained 3 steps on the toy corpus, a translate predictor fitted on the timings, a search under a
+    budget between the predicted latencies of the smallest and the largest subnet."""
+    from tests.seq2seq_fakes import write_toy_tsv
+
+    root, space_path, table, _ = timed
+    tsv = write_toy_tsv(root / "toy.tsv")
+    run = root / "run"
+    assert main(["train-supernet", str(space_path), "--data", str(tsv), "--out", str(run), "--max-steps", "3",
+                 "--batch-size", "8", "--eval-batches", "1", "--warmup", "1", "-q"]) == 0  # fmt: skip
+    pred = root / "pred-search"
+    assert main(["fit-predictor", str(table), "--out", str(pred), "--models", "additive", "-q"]) == 0
+    p = load_predictor(pred)
+    space = mini_space()
+    low, high = p.predict([space.smallest(), space.largest()])
+    budget = round(float(low + 0.4 * (high - low)), 3)
+    return root, run, pred, budget
+
+
+def _search(run, pred, out, budget, strategy="evolution"):
+    return main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), "--budget", f"{budget}ms",
+                 "--strategy", strategy, "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3",
+                 "--generations", "2", "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress",
+                 "-q"])  # fmt: skip
+
+
+def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
+    from search_spaces.seq2seq import Seq2SeqSubnet
+    from supernet.seq2seq_train import eval_batches, heldout_ce, load_seq2seq_supernet
+    from supernet.translation import prepare_pairs
+
+    root, run, pred, budget = searched
+    out = root / "search"
+    assert _search(run, pred, out, budget) == 0
+    (best_file,) = out.glob("best_*.yaml")  # one budget, one file
+    best = Seq2SeqSubnet.load(best_file)
+    summary = json.loads((out / "search.json").read_text())
+    entry = next(iter(summary["budgets"].values()))["best"]
+    assert entry["key"] == best.key
+    # the predicted latency is within the budget, as the predictor says it independently
+    assert load_predictor(pred).predict([best])[0] == pytest.approx(entry["latency_ms"]) and entry["latency_ms"] <= budget
+    # the fitness is the held-out cross-entropy per target byte of the subnet with the supernet's weights
+    supernet, _ = load_seq2seq_supernet(run / "final.pt")
+    corpus = prepare_pairs(str(root / "toy.tsv"), run, seed=0)
+    batches = eval_batches(corpus.val, 4, supernet.space.max_seq_len, 2, 0)
+    assert entry["loss_bpb"] == pytest.approx(heldout_ce(supernet, best, corpus.val, batches), rel=1e-9)
+    assert "nats/target byte with inherited weights" in best_file.read_text()
+    # a second run of the same command resumes the study: nothing new is evaluated, the same best
+    evaluations = summary["evaluations"]
+    assert _search(run, pred, out, budget) == 0
+    again = json.loads((out / "search.json").read_text())
+    assert again["evaluations"] == evaluations and next(iter(again["budgets"].values()))["best"]["key"] == best.key
+    # nas export and nas translate accept the best subnet
+    export = root / "export"
+    assert main(["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["translate", "--model", str(export), "file", "--max-bytes", "4", "-q"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
+    root, run, pred, budget = searched
+    for strategy in ("random", "nsga2"):
+        out = root / f"search-{strategy}"
+        assert _search(run, pred, out, budget, strategy) == 0
+        entry = next(iter(json.loads((out / "search.json").read_text())["budgets"].values()))["best"]
+        assert entry is not None and entry["latency_ms"] <= budget
