@@ -107,7 +107,8 @@ def searched(timed):
 
 
 def _search(run, pred, out, budget, strategy="evolution"):
-    return main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), "--budget", f"{budget}ms",
+    budget_flags = ["--budget", f"{budget}ms"] if budget is not None else []
+    return main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), *budget_flags,
                  "--strategy", strategy, "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3",
                  "--generations", "2", "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress",
                  "-q"])  # fmt: skip
@@ -154,3 +155,6 @@ def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
         assert _search(run, pred, out, budget, strategy) == 0
         entry = next(iter(json.loads((out / "search.json").read_text())["budgets"].values()))["best"]
         assert entry is not None and entry["latency_ms"] <= budget
+    # without --budget: one search for the lowest loss, best_no-budget.yaml
+    assert _search(run, pred, root / "search-free", None, "random") == 0
+    assert (root / "search-free" / "best_no-budget.yaml").exists()

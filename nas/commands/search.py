@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             S.LatencyBudget(ms * (1 - args.margin / 100), latencies[name], latencies[name].name, workload=name if named else "",
                             stated=ms if args.margin else None) for name, ms in plan.items()
         ) + limits))
-        for plan in S.budget_plans(budgets)
+        for plan in (S.budget_plans(budgets) if budgets else [])  # no --budget: one search, below
     ]
     plans = plans or [("no-budget", S.Constraints(limits))]
     latency = latencies[primary]
