@@ -135,6 +135,7 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     batches = eval_batches(corpus.val, 4, supernet.space.max_seq_len, 2, 0)
     assert entry["loss_bpb"] == pytest.approx(heldout_ce(supernet, best, corpus.val, batches), rel=1e-9)
     assert "nats/target byte with inherited weights" in best_file.read_text()
+    assert "loss (nats)" in capsys.readouterr().out  # the table's header names the unit
     # a second run of the same command resumes the study: nothing new is evaluated, the same best
     evaluations = summary["evaluations"]
     assert _search(run, pred, out, budget) == 0

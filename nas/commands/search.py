@@ -572,7 +572,8 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     else:
         metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
     wl = max([10] + [len(s.label) for s in searches])
-    lines = [f"{'budget':<{wl}} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
+    loss_head = "loss (nats)" if metric == "nats/target byte" else "loss (bpb)"  # an encoder-decoder's: per target byte
+    lines = [f"{'budget':<{wl}} {loss_head:>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
     ref = (
         float(points[finite, 0].max()) if finite.any() else 0.0,
