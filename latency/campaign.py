@@ -27,12 +27,23 @@ from .timing_core import Journal, Settings, format_row
 log = logging.getLogger(__name__)
 
 
+def task_parts(space: Space):
+    """(params, timing_model, table_features) of the space's task: an LM's, or a seq2seq space's
+    (:mod:`latency.translate_timing`)."""
+    from . import translate_timing as tt
+
+    if tt.is_seq2seq(space):
+        return tt.seq2seq_params, tt.seq2seq_timing_model, tt.seq2seq_table_features
+    return params, timing_model, table_features
+
+
 def chunks(subnets: list[Subnet], space: Space, memory_mb: float) -> list[list[Subnet]]:
     """Consecutive groups whose fp32 weights together stay under ``memory_mb`` (at least one subnet each)."""
     out: list[list[Subnet]] = []
     used = memory_mb + 1
+    count = task_parts(space)[0]
     for s in subnets:
-        mb = params(space, s) * 4 / 2**20
+        mb = count(space, s) * 4 / 2**20
         if used + mb > memory_mb and (not out or out[-1]):
             out.append([])
             used = 0.0
@@ -45,16 +56,17 @@ def check_memory(space: Space, chunk: list[Subnet]) -> None:
     """Refuse, before allocating, a chunk whose fp32 weights need more memory than the machine has free."""
     import os
 
-    need = sum(params(space, s) for s in chunk) * 4
+    count = task_parts(space)[0]
+    need = sum(count(space, s) for s in chunk) * 4
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):  # not on every platform
         return
     if need > free:
-        big = max(chunk, key=lambda s: params(space, s))
+        big = max(chunk, key=lambda s: count(space, s))
         raise UserError(
             f"the weights of {len(chunk)} subnet(s) need {need / 2**20:,.0f} MB, {free / 2**20:,.0f} MB of memory are free "
-            f"(the largest: {big}, {params(space, big):,} parameters); lower --memory-mb or time a space of smaller models"
+            f"(the largest: {big}, {count(space, big):,} parameters); lower --memory-mb or time a space of smaller models"
         )
 
 
@@ -84,7 +96,11 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
     if not total:
         table.journal_path.unlink(missing_ok=True)
         return 0
-    ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
+    _, build, features = task_parts(space)
+    if build is timing_model:
+        ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
+    else:  # a seq2seq space: its smallest subnet is the fixed reference
+        ref = build(space, space.smallest())
     materialize = getattr(device, "needs_weights", True)  # ONNX Runtime draws its own: no torch weights needed
     if materialize:  # every chunk checked before the first is built: a huge subnet is refused before anything is timed
         for subnets in todo.values():
@@ -102,7 +118,7 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
                                                         "seed": chunk_seed})
             if journal.entries:
                 log.info("%s: resuming %d visits of an interrupted chunk", table.journal_path, len(journal.entries))
-            models = {s.key: timing_model(space, s, materialize=materialize) for s in chunk}
+            models = {s.key: build(space, s, materialize=materialize) for s in chunk}
             last = 0
 
             def tick(d: int, _t: int, key: str) -> None:
@@ -119,7 +135,7 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
             if table.baseline_ms is None:
                 table.set_baseline(m.baseline_ms)
             rows = [
-                format_row(s.key, pass_, s.to_json(), table_features(space, s, workload), m.results[s.key], workload.label)
+                format_row(s.key, pass_, s.to_json(), features(space, s, workload), m.results[s.key], workload.label)
                 for s in chunk
             ]
             table.append(rows, pass_)

@@ -35,6 +35,17 @@ def fill_weights(model):
     """Give a meta-device static model real CPU memory: tiled seeded N(0, 0.02) weights, true rope tables."""
     from supernet.model import rope_tables
 
+    model = fill_parameters(model)
+    with torch.no_grad():
+        if model.pos_emb is None:
+            cos, sin = rope_tables(model.config.max_seq_len, model.config.head_dim)
+            model.rope_cos.copy_(cos)
+            model.rope_sin.copy_(sin)
+    return model.eval()
+
+
+def fill_parameters(model):
+    """Move a meta-device module to CPU memory, every parameter tiled from one seeded N(0, 0.02) block."""
     model = model.to_empty(device="cpu")
     block = torch.randn(1 << 12, generator=torch.Generator().manual_seed(0)) * 0.02  # (4096,)
     with torch.no_grad():
@@ -43,11 +54,7 @@ def fill_weights(model):
             whole = flat.numel() // b * b
             flat[:whole].view(-1, b).copy_(block.expand(whole // b, b))  # one pass, no temporary
             flat[whole:].copy_(block[: flat.numel() - whole])
-        if model.pos_emb is None:
-            cos, sin = rope_tables(model.config.max_seq_len, model.config.head_dim)
-            model.rope_cos.copy_(cos)
-            model.rope_sin.copy_(sin)
-    return model.eval()
+    return model
 
 
 def reference_config(config):

@@ -8,8 +8,9 @@ over the ``k x S`` memory, MLP, the tied output projection).  FLOPs count a mult
 is the attention type's own count (``prefill_flops`` for the encoder, an approximation: the types declare the
 causal count, the bidirectional form sees about twice the pairs; ``decode_flops`` per decoder step).
 
-These are the features a ``translate`` latency predictor will read; timing the workload on devices is still
-to come (README "Translation (encoder-decoder, in progress)").
+These are the feature columns of a ``translate`` timing table and of its predictors
+(:mod:`latency.translate_timing`); the cpu device times the workload, the others do not yet
+(README "Translation (encoder-decoder, in progress)").
 """
 
 from __future__ import annotations

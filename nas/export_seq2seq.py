@@ -32,7 +32,7 @@ def export_seq2seq(args: argparse.Namespace) -> int:
 
     for flag in ("predictor", "measure", "budget"):
         if getattr(args, flag, None):
-            raise UserError(f"--{flag}: not for an encoder-decoder (task seq2seq) model yet: its latency is not timed so far")
+            raise UserError(f"--{flag}: not for an encoder-decoder (task seq2seq) model yet (no ONNX encoder / decoder step)")
     if getattr(args, "precision", "fp32") not in (None, "fp32"):
         raise UserError(f"--precision {args.precision}: an encoder-decoder (task seq2seq) exports in fp32 only so far")
     supernet, payload = load_seq2seq_supernet(args.supernet)

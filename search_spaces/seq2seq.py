@@ -101,7 +101,7 @@ class Seq2SeqSubnet(SubnetFile):
 @dataclass(frozen=True)
 class TranslateWorkload:
     """HAT's latency protocol in bytes: one encoder pass over ``source`` bytes, then ``steps`` decoder steps with the
-    self-attention cache at beam width ``beam`` (HAT: 30 tokens, beam 5).  Timing it is still to come."""
+    self-attention cache at beam width ``beam`` (HAT: 30 tokens, beam 5); ``nas measure-latency --device cpu`` times it."""
 
     name: str
     source: int
@@ -110,8 +110,12 @@ class TranslateWorkload:
     kind: str = TRANSLATE
 
     @property
+    def shape(self) -> str:
+        return f"{self.source}->{self.steps}x{self.beam}"
+
+    @property
     def label(self) -> str:
-        return f"{self.name}:{self.source}->{self.steps}x{self.beam}"
+        return f"{self.name}:{self.shape}"
 
     def __str__(self) -> str:
         return f"{self.name} (translate {self.source} source bytes, {self.steps} steps at beam {self.beam})"
@@ -122,6 +126,15 @@ class TranslateWorkload:
 
     def record(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "source": self.source, "steps": self.steps, "beam": self.beam}
+
+    @classmethod
+    def from_record(cls, data: dict, where: str = "workload") -> "TranslateWorkload":
+        """Inverse of :meth:`record`."""
+        try:
+            out = cls(str(data["name"]), int(data["source"]), int(data["steps"]), int(data["beam"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where}: not a translate workload record (name, source, steps, beam): {e!r}") from None
+        return out
 
 
 # --------------------------------------------------------------------------- space
@@ -150,7 +163,8 @@ class Seq2SeqSpace(SpaceIdentity):
     def require_one_stack(self, command: str) -> None:
         raise UserError(
             f"{self.source}: task seq2seq: `nas {command}` does not run encoder-decoder spaces yet (README \"Translation "
-            "(encoder-decoder, in progress)\": train-supernet and translate do)"
+            "(encoder-decoder, in progress)\": train-supernet, measure-latency --device cpu, fit-predictor, predict, "
+            "translate and export do)"
         )
 
     @property

@@ -246,7 +246,12 @@ class Workload:
 
     @classmethod
     def from_record(cls, data: Any, where: str = "workload") -> "Workload":
-        """Inverse of :meth:`record`; a record without ``kind`` (written before decode existed) is a prefill."""
+        """Inverse of :meth:`record`; a record without ``kind`` (written before decode existed) is a prefill; a
+        ``translate`` record (a seq2seq space's) is a :class:`~search_spaces.seq2seq.TranslateWorkload`."""
+        if isinstance(data, dict) and data.get("kind") == "translate":
+            from .seq2seq import TranslateWorkload
+
+            return TranslateWorkload.from_record(data, where)
         if not isinstance(data, dict) or "name" not in data or "batch_size" not in data:
             raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), got {data!r}")
         known = {"name", "kind", "batch_size", "seq_len", "context"}

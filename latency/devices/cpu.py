@@ -69,6 +69,10 @@ class CPU:
         now = CLOCKS[self.clock]
         if workload.kind == "decode":
             call, _ = decode_setup(model, workload)
+        elif workload.kind == "translate":  # a seq2seq model: encoder pass, then cached decoder steps at the beam
+            from ..translate_timing import translate_call
+
+            call = translate_call(model, workload)
         else:
             tokens = workload_tokens(model, workload)
 

@@ -35,7 +35,12 @@ MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
 
 
 def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
-    """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise."""
+    """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise (a seq2seq
+    space: :func:`latency.translate_timing.seq2seq_matrix`)."""
+    from ..translate_timing import is_seq2seq, seq2seq_matrix
+
+    if is_seq2seq(space):
+        return seq2seq_matrix(kind, space, workload, subnets)
     if kind == "additive":
         rows = [F.additive_terms(space, s, workload) for s in subnets]
     else:

@@ -109,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
     from search_spaces import UserError, load_space
 
     space = load_space(args.space)
-    space.require_one_stack("measure-latency")
+    if getattr(space, "task", None) == "seq2seq":
+        from latency.translate_timing import require_device
+
+        require_device(space, args.device)
+    if args.for_transfer and getattr(space, "task", None) == "seq2seq":
+        raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
     workload = space.workload(args.workload)
     settings = settings_from(args)
     precision = check_precision(args.precision)
@@ -169,14 +174,15 @@ def run(args: argparse.Namespace) -> int:
 
     from latency.campaign import run_campaign
     from latency.device import get_device
-    from latency.features import table_features
     from latency.table import TimingTable, make_meta
 
     if not args.out:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
     device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
                         precision=None if precision == "fp32" else precision)
-    names = list(table_features(space, space.smallest(), workload))
+    from latency.campaign import task_parts
+
+    names = list(task_parts(space)[2](space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
         meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them

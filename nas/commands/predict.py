@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from latency.predictors import load_predictor
-    from search_spaces import Subnet, UserError, load_space
+    from search_spaces import UserError, load_space
 
     predictor = load_predictor(args.predictor)
     if predictor.space is None:
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         predictor.check_space(load_space(args.space))
     if args.workload:
         predictor.check_workload(predictor.space.workload(args.workload))
-    subnets = [Subnet.load(p) for p in args.subnets]
+    subnets = [predictor.space.subnet_type.load(p) for p in args.subnets]  # an LM or a seq2seq subnet
     for path, s in zip(args.subnets, subnets):
         problems = predictor.space.problems(s)
         if problems:

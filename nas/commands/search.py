@@ -164,18 +164,28 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
 
     from latency.predictors import load_predictor
+    from nas.export_seq2seq import is_seq2seq_checkpoint
     from supernet.checkpoint import load_supernet
 
-    model, payload = load_supernet(args.supernet, device=device)
-    space = model.space
-    latencies, primary = workload_latencies(args, space, load_predictor)
-    tokens, val_source = validation_tokens(args, payload)
-    from supernet.task import trained_mask_rate
+    if is_seq2seq_checkpoint(args.supernet):  # an encoder-decoder: cross-entropy per target byte (nas/search_seq2seq.py)
+        from nas.search_seq2seq import seq2seq_search_setup
 
-    # masked-lm: bits per masked byte at the rate the supernet was trained with, fixed masks of --val-seed
-    fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-                              seed=args.val_seed, device=device, where=val_source, precision=precision,
-                              mask_rate=trained_mask_rate(payload.get("meta", {})))
+        model, payload, fitness = seq2seq_search_setup(args, device)
+        space, data_digest = model.space, fitness.data_digest
+        latencies, primary = workload_latencies(args, space, load_predictor)
+    else:
+        model, payload = load_supernet(args.supernet, device=device)
+        space = model.space
+        latencies, primary = workload_latencies(args, space, load_predictor)
+        tokens, val_source = validation_tokens(args, payload)
+        from supernet.task import trained_mask_rate
+
+        # masked-lm: bits per masked byte at the rate the supernet was trained with, fixed masks of --val-seed
+        fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
+                                  seed=args.val_seed, device=device, where=val_source, precision=precision,
+                                  mask_rate=trained_mask_rate(payload.get("meta", {})))
+        data_digest = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
+        fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source}"
 
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
@@ -194,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
             S.LatencyBudget(ms * (1 - args.margin / 100), latencies[name], latencies[name].name, workload=name if named else "",
                             stated=ms if args.margin else None) for name, ms in plan.items()
         ) + limits))
-        for plan in S.budget_plans(budgets)
+        for plan in (S.budget_plans(budgets) if budgets else [])  # no --budget: one search, below
     ]
     plans = plans or [("no-budget", S.Constraints(limits))]
     latency = latencies[primary]
@@ -212,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         "supernet": file_digest(Path(args.supernet)),
         "predictor": (file_digest(Path(args.predictor[0])) if len(args.predictor) == 1
                       else {name: file_digest(Path(lat.path)) for name, lat in latencies.items()}),
-        "fitness": {**fitness.description, "data": hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]},
+        "fitness": {**fitness.description, "data": data_digest},
         "strategy": args.strategy,
         "search": config.to_dict(),
         "seed": args.seed,
@@ -236,14 +246,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     shown = _safe_url(url)
     log.info(
-        "%s on space %s (%s subnets), %s evaluations per budget at most; fitness: %s x %s tokens of the %s on %s; latency: %s",
+        "%s on space %s (%s subnets), %s evaluations per budget at most; fitness: %s on %s; latency: %s",
         args.strategy,
         space.name,
         f"{space.size():,}",
         f"{config.evaluations:,}",
-        fitness.description["windows"],
-        fitness.description["seq_len"],
-        val_source,
+        fitness.summary,
         device,
         "; ".join(f"{n}: {lat.name}" for n, lat in latencies.items()) if named else latency.name,
     )
@@ -324,6 +332,8 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, s
 
 def report_separability(fitness, searches, result, out: Path, top: int = 5) -> list[str]:
     """Per budget: the standard error of the fitness beside the spread of its top candidates (also in search.json)."""
+    if getattr(fitness, "task", None) == "seq2seq":
+        return []  # not yet for an encoder-decoder's fitness (batches of pairs, not windows)
     import numpy as np
 
     from nas.search.fitness import separability, separability_text
@@ -557,9 +567,13 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
                "evaluations": result.evaluations, "budgets": {}}
     from supernet.task import task_for
 
-    metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
+    if getattr(space, "task", None) == "seq2seq":
+        from nas.search_seq2seq import METRIC as metric  # cross-entropy per target byte
+    else:
+        metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
     wl = max([10] + [len(s.label) for s in searches])
-    lines = [f"{'budget':<{wl}} {'loss (bpb)':>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
+    loss_head = "loss (nats)" if metric == "nats/target byte" else "loss (bpb)"  # an encoder-decoder's: per target byte
+    lines = [f"{'budget':<{wl}} {loss_head:>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
     ref = (
         float(points[finite, 0].max()) if finite.any() else 0.0,

@@ -113,8 +113,11 @@ def param_counter(space: Space) -> Callable[[Subnet], int]:
 
 
 def lightest_subnets(space: Space) -> list[Subnet]:
-    """The smallest choice of every dimension, once with each attention type on every layer."""
+    """The smallest choice of every dimension, once with each attention type on every layer (a seq2seq space: its
+    smallest subnet)."""
     s = space.smallest()
+    if getattr(space, "task", None) == "seq2seq":
+        return [s]
     return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in space.attention]
 
 

@@ -25,6 +25,10 @@ def _pick(rng: np.random.Generator, choices: tuple):
 
 def mutate(space: Space, parent: Subnet, rng: np.random.Generator, prob: float) -> Subnet:
     """Redraw every gene (embed_dim, depth, each layer's heads / FFN / attention) with probability ``prob``."""
+    if getattr(space, "task", None) == "seq2seq":
+        from nas.search_seq2seq import mutate_seq2seq
+
+        return mutate_seq2seq(space, parent, rng, prob)
     embed = _pick(rng, space.embed_dim) if rng.random() < prob else parent.embed_dim
     depth = _pick(rng, space.depth) if rng.random() < prob else parent.depth
     genes = {"heads": space.heads, "ffn_dim": space.ffn_dim, "attention": space.attention}
@@ -38,6 +42,10 @@ def mutate(space: Space, parent: Subnet, rng: np.random.Generator, prob: float) 
 
 def crossover(space: Space, a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
     """Each gene from ``a`` or ``b`` with equal chance; layers only one parent has come from it."""
+    if getattr(space, "task", None) == "seq2seq":
+        from nas.search_seq2seq import crossover_seq2seq
+
+        return crossover_seq2seq(space, a, b, rng)
     parents = (a, b)
     embed = parents[int(rng.integers(2))].embed_dim
     depth = parents[int(rng.integers(2))].depth

@@ -223,6 +223,15 @@ class _Heartbeat:
 # --------------------------------------------------------------------------- trials
 
 
+def trial_params(space: Space, subnet: Subnet):
+    """The Optuna parameters of a subnet of ``space``: an LM's (:func:`subnet_params`) or a seq2seq subnet's."""
+    if getattr(space, "task", None) == "seq2seq":
+        from nas.search_seq2seq import seq2seq_trial_params
+
+        return seq2seq_trial_params(space, subnet)
+    return subnet_params(space, subnet)
+
+
 def subnet_params(space: Space, subnet: Subnet):
     """The subnet as Optuna parameters with their (categorical) distributions."""
     from optuna.distributions import CategoricalDistribution
@@ -310,7 +319,8 @@ class TrialStore:
         if t.state.name != "COMPLETE" or slot is None:
             return None
         u = t.user_attrs
-        return Record(t.number, slot, Subnet.from_json(u["subnet"]), float(t.value), float(u["latency_ms"]), int(u["params"]),
+        subnet = self.space.subnet_type.from_json(u["subnet"])  # an LM or a seq2seq subnet
+        return Record(t.number, slot, subnet, float(t.value), float(u["latency_ms"]), int(u["params"]),
                       bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
 
     def snapshot(self) -> Snapshot:
@@ -356,7 +366,7 @@ class TrialStore:
         optuna = _optuna()
         names = []
         for subnet, user_attrs, system_attrs in claims:
-            values, dists = subnet_params(self.space, subnet)
+            values, dists = trial_params(self.space, subnet)
             names.append(f"{self.owner}#{next(self._claims)}")
             self.study.add_trial(optuna.trial.create_trial(
                 state=optuna.trial.TrialState.RUNNING, params=values, distributions=dists, user_attrs=user_attrs,

@@ -1,0 +1,161 @@
+"""measure-latency / fit-predictor / predict of a seq2seq space on the cpu: HAT's translate workload timed."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from latency.predictors import load_predictor
+from latency.table import read_timings
+from latency.translate_features import translate_terms
+from nas.cli import main
+from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
+
+FAST = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
+
+
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tl")
+    space = root / "mini.yaml"
+    space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    table = root / "t.csv"
+    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "6", "--out", str(table), "-q", *FAST]) == 0
+    first = table.read_text()
+    # resumed with more samples: the first rows stay as they were, only the new subnets are timed
+    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+                 str(table), "-q", *FAST]) == 0  # fmt: skip
+    return root, space, table, first
+
+
+def test_table_holds_translate_rows_with_seq2seq_features_and_resumes(timed, capsys):
+    root, space_path, table, first = timed
+    space = mini_space()
+    t = read_timings(table)
+    assert t.workload.kind == "translate" and t.workload.label == "translate:16->16x3"
+    measured, retest = t.passes("measure"), t.passes("retest")
+    assert len(measured) == 24 and len(retest) >= 1 and set(retest) <= set(measured)
+    assert measured[space.largest().key].subnet == space.largest()  # read back as seq2seq subnets
+    rows = list(csv.DictReader(table.open()))
+    assert {r["workload"] for r in rows} == {"translate:16->16x3"}
+    for r in rows[:3]:
+        s = space.subnet_type.from_json(r["subnet"])
+        terms = translate_terms(space, s, t.workload)
+        assert float(r["cross_kv_flops"]) == pytest.approx(terms["cross_kv_flops"])
+        assert float(r["flops"]) == pytest.approx(terms["flops"])
+        assert [float(r[n]) for n in space.feature_names()] == space.encode(s).tolist()
+    # the 6 rows of the first run are the first rows of the grown table, unchanged
+    first_rows = [line for line in first.splitlines()[1:] if ",measure," in line]
+    assert len(first_rows) == 6 and all(line in table.read_text().splitlines() for line in first_rows)
+    # nothing left: a third run measures nothing
+    assert main(["measure-latency", str(space_path), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+                 str(table), *FAST]) == 0  # fmt: skip
+    assert capsys.readouterr().out.strip() == f"{table}: nothing left to measure"
+    meta = json.loads((root / "t.csv.json").read_text())
+    assert meta["workload"] == {"name": "translate", "kind": "translate", "source": 16, "steps": 16, "beam": 3}
+    assert meta["fingerprint"]["device"] == "cpu" and meta["baseline_ms"] > 0
+
+
+def test_fit_and_predict_a_translate_predictor(timed, capsys):
+    root, _, table, _ = timed
+    pred = root / "pred"
+    assert main(["fit-predictor", str(table), "--out", str(pred), "--models", "additive,gbt", "--folds", "3", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "cv additive" in out and "cv gbt" in out and "test-retest (ceiling)" in out and "chosen:" in out
+    p = load_predictor(pred)
+    space = mini_space()
+    assert p.workload_spec.kind == "translate"
+    big, small = space.largest(), space.smallest()
+    ms = p.predict([big, small])
+    assert np.all(np.isfinite(ms))
+    (root / "big.yaml").write_text(big.to_yaml())
+    assert main(["predict", "--predictor", str(pred), str(root / "big.yaml"), "-q"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"{ms[0]:.3f} ms  {root / 'big.yaml'}  {big}")
+
+
+def test_other_devices_refuse_a_seq2seq_space_in_one_line(timed, capsys):
+    root, space_path, _, _ = timed
+    for device in ("onnxruntime", "cuda", "ssh://me@board"):
+        assert main(["measure-latency", str(space_path), "--device", device, "--out", str(root / "x.csv")]) == 2
+        assert capsys.readouterr().err == (
+            f"nas measure-latency: error: --device {device}: a seq2seq space (mini-s2s) is timed on cpu only for now "
+            '(README "Translation (encoder-decoder, in progress)")\n'
+        )
+    assert not (root / "x.csv").exists()
+
+
+@pytest.fixture(scope="module")
+def searched(timed):
+    """A supernet trained 3 steps on the toy corpus, a translate predictor fitted on the timings, a search under a
+    budget between the predicted latencies of the smallest and the largest subnet."""
+    from tests.seq2seq_fakes import write_toy_tsv
+
+    root, space_path, table, _ = timed
+    tsv = write_toy_tsv(root / "toy.tsv")
+    run = root / "run"
+    assert main(["train-supernet", str(space_path), "--data", str(tsv), "--out", str(run), "--max-steps", "3",
+                 "--batch-size", "8", "--eval-batches", "1", "--warmup", "1", "-q"]) == 0  # fmt: skip
+    pred = root / "pred-search"
+    assert main(["fit-predictor", str(table), "--out", str(pred), "--models", "additive", "-q"]) == 0
+    p = load_predictor(pred)
+    space = mini_space()
+    low, high = p.predict([space.smallest(), space.largest()])
+    budget = round(float(low + 0.4 * (high - low)), 3)
+    return root, run, pred, budget
+
+
+def _search(run, pred, out, budget, strategy="evolution"):
+    budget_flags = ["--budget", f"{budget}ms"] if budget is not None else []
+    return main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), *budget_flags,
+                 "--strategy", strategy, "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3",
+                 "--generations", "2", "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress",
+                 "-q"])  # fmt: skip
+
+
+def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
+    from search_spaces.seq2seq import Seq2SeqSubnet
+    from supernet.seq2seq_train import eval_batches, heldout_ce, load_seq2seq_supernet
+    from supernet.translation import prepare_pairs
+
+    root, run, pred, budget = searched
+    out = root / "search"
+    assert _search(run, pred, out, budget) == 0
+    (best_file,) = out.glob("best_*.yaml")  # one budget, one file
+    best = Seq2SeqSubnet.load(best_file)
+    summary = json.loads((out / "search.json").read_text())
+    entry = next(iter(summary["budgets"].values()))["best"]
+    assert entry["key"] == best.key
+    # the predicted latency is within the budget, as the predictor says it independently
+    assert load_predictor(pred).predict([best])[0] == pytest.approx(entry["latency_ms"]) and entry["latency_ms"] <= budget
+    # the fitness is the held-out cross-entropy per target byte of the subnet with the supernet's weights
+    supernet, _ = load_seq2seq_supernet(run / "final.pt")
+    corpus = prepare_pairs(str(root / "toy.tsv"), run, seed=0)
+    batches = eval_batches(corpus.val, 4, supernet.space.max_seq_len, 2, 0)
+    assert entry["loss_bpb"] == pytest.approx(heldout_ce(supernet, best, corpus.val, batches), rel=1e-9)
+    assert "nats/target byte with inherited weights" in best_file.read_text()
+    assert "loss (nats)" in capsys.readouterr().out  # the table's header names the unit
+    # a second run of the same command resumes the study: nothing new is evaluated, the same best
+    evaluations = summary["evaluations"]
+    assert _search(run, pred, out, budget) == 0
+    again = json.loads((out / "search.json").read_text())
+    assert again["evaluations"] == evaluations and next(iter(again["budgets"].values()))["best"]["key"] == best.key
+    # nas export and nas translate accept the best subnet
+    export = root / "export"
+    assert main(["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["translate", "--model", str(export), "file", "--max-bytes", "4", "-q"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
+    root, run, pred, budget = searched
+    for strategy in ("random", "nsga2"):
+        out = root / f"search-{strategy}"
+        assert _search(run, pred, out, budget, strategy) == 0
+        entry = next(iter(json.loads((out / "search.json").read_text())["budgets"].values()))["best"]
+        assert entry is not None and entry["latency_ms"] <= budget
+    # without --budget: one search for the lowest loss, best_no-budget.yaml
+    assert _search(run, pred, root / "search-free", None, "random") == 0
+    assert (root / "search-free" / "best_no-budget.yaml").exists()
