@@ -38,7 +38,7 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 # The settings a resumed run may change besides TrainConfig.RESUMABLE: bounds, outputs and where things run.
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
-FLAGS = {"init": "--init", "data": "--data", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
+FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
          "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup", "mask_rate": "--mask-rate"}
 
 

@@ -33,7 +33,7 @@ from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
 
 from .checkpoint import fill_supernet, load_checkpoint, save_checkpoint
 from .distributed import SINGLE, Dist
-from .seq2seq import Seq2SeqSuperTransformer
+from .seq2seq import Seq2SeqSuperTransformer, Seq2SeqTransformer
 from .train import (
     EVAL_STREAM,
     PLAN_STREAM,
@@ -104,6 +104,51 @@ class Seq2SeqSandwich:
                 "n_eval_random": self.n_eval_random}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Seq2SeqPlain:
+    """One static encoder-decoder (:class:`~supernet.seq2seq.Seq2SeqTransformer`) trained on its own: every step one
+    pass of the model (plan ``[("model", None)]``), cross-entropy per target byte, no distillation, no sandwich.  What
+    ``nas train-subnet`` runs on a seq2seq space (retraining from scratch)."""
+
+    def plan(self, step: int) -> list[tuple[str, None]]:
+        return [("model", None)]
+
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        n = int((targets != PAD).sum())
+        ce_sum = target_ce(logits, targets, reduction="sum")
+        return ce_sum / (n if per is None else per), ce_sum.detach() / n
+
+    def eval_subnets(self) -> dict[str, None]:
+        return {"model": None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "plain"}
+
+
+def _forward(model: torch.nn.Module, src: Tensor, inp: Tensor, subnet: Seq2SeqSubnet | None) -> Tensor:
+    """Logits of ``subnet`` of a supernet, or of a static model (``subnet`` None)."""
+    return model(src, inp) if subnet is None else model(src, inp, subnet)
+
+
+def steps_for_tokens(pairs: Pairs, batch_size: int, max_len: int, seed: int, tokens: int, world: int = 1) -> tuple[int, int]:
+    """(steps, target bytes they train on): the most steps of the training loop's batches (``length_batches`` of
+    (seed, epoch), epoch after epoch) whose target bytes (EOS included, as the loop counts them) total at most
+    ``tokens``.  A token budget in the loop's own unit: models trained with one budget, seed and batch size see the
+    same pairs in the same order."""
+    lengths = pairs.tgt_lengths.astype(np.int64) + 1
+    steps, total, epoch = 0, 0, 0
+    while True:
+        batches = [b for b in length_batches(pairs, batch_size, max_len, seed, epoch) if len(b) >= world]
+        if not batches:
+            raise UserError(f"the training split has no pair of at most {max_len} bytes (source, target + 1)")
+        for b in batches:
+            n = int(lengths[b].sum())
+            if total + n > tokens:
+                return steps, total
+            steps, total = steps + 1, total + n
+        epoch += 1
+
+
 def eval_batches(pairs: Pairs, batch_size: int, max_len: int, n_batches: int, seed: int) -> list[np.ndarray]:
     """The fixed validation batches: the first ``n_batches`` of epoch 0's length-sorted batches (same for every subnet)."""
     batches = length_batches(pairs, batch_size, max_len, seed, 0)
@@ -130,8 +175,8 @@ def heldout_ce(model: torch.nn.Module, subnet: Seq2SeqSubnet | None, pairs: Pair
 
 
 def train_seq2seq(
-    model: Seq2SeqSuperTransformer,
-    objective: Seq2SeqSandwich,
+    model: Seq2SeqSuperTransformer | Seq2SeqTransformer,
+    objective: Seq2SeqSandwich | Seq2SeqPlain,
     train_pairs: Pairs,
     val_pairs: Pairs,
     config: TrainConfig,
@@ -144,6 +189,7 @@ def train_seq2seq(
     dist: Dist = SINGLE,
 ) -> TrainResult:
     """Train until ``max_steps`` / ``max_time`` or SIGINT / SIGTERM; ``resume``: a loaded ``latest.pt`` to continue.
+    ``model``: a supernet with a :class:`Seq2SeqSandwich`, or a static model with :class:`Seq2SeqPlain`.
 
     Files (with ``out``, rank 0 only): ``latest.pt`` every ``ckpt_interval`` steps, on interrupt and at the end,
     ``final.pt`` when the run reaches its bound, ``log.jsonl``.  Data-parallel (``dist``): every rank collates the
@@ -232,7 +278,7 @@ def train_seq2seq(
             for i, (_, subnet) in enumerate(plan):
                 sync = not dist.enabled or i == len(plan) - 1
                 with nullcontext() if sync else fwd.no_sync():
-                    loss, ce = objective.loss(i, fwd(src, inp, subnet), tgt, memo, n_tokens / dist.world)
+                    loss, ce = objective.loss(i, _forward(fwd, src, inp, subnet), tgt, memo, n_tokens / dist.world)
                     (loss / len(plan)).backward()
                 ces.append(ce)
             if config.grad_clip > 0:
@@ -248,7 +294,7 @@ def train_seq2seq(
             if progress is not None:
                 rate = n_tokens / max(now - t0, 1e-9)
                 progress(StepInfo(step, config.max_steps, elapsed, config.max_time, lr, losses,
-                                  tuple(s.key for _, s in plan), rate))  # fmt: skip
+                                  tuple(name if s is None else s.key for name, s in plan), rate))  # fmt: skip
             if step % config.eval_interval == 0:
                 evaluate()
                 evaluated_at = step

@@ -221,7 +221,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--distill-from)")
     p.add_argument("--mask-rate", type=float, metavar="F", help="masked-lm spaces: share of each window's positions chosen "
                    "(BERT-style 80/10/10) and scored, strictly between 0 and 1 (default 0.15)")
+    p.add_argument("--lang", metavar="LANG", help="seq2seq spaces: the target language of the system's gettext catalogs "
+                   "(default de; or --data pairs.tsv)")
     add_training_arguments(p, {}, "torch,onnx")
+
+
+def _seq2seq_run(args: argparse.Namespace, space) -> bool:
+    """Whether this is an encoder-decoder run: a seq2seq --space, or --resume of a seq2seq run in --out."""
+    from nas.train_seq2seq import stored_task
+    from nas.train_subnet import LATEST, run_dir
+
+    if space is not None:
+        return getattr(space, "task", None) == "seq2seq"
+    return bool(args.resume) and stored_task(run_dir(args.out) / LATEST) == "seq2seq"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -231,6 +243,12 @@ def run(args: argparse.Namespace) -> int:
     set_threads(args)
     out = Path(args.out)
     space = load_space(args.space) if args.space else None
+    if _seq2seq_run(args, space):
+        from nas.train_seq2seq import run_seq2seq_subnet
+
+        return run_seq2seq_subnet(args, space)
+    if args.lang is not None:
+        raise UserError("--lang: for seq2seq spaces (the target language of their gettext pairs)")
     if space is not None:
         space.require_one_stack("train-subnet")
     subnet = Subnet.load(args.subnet) if args.subnet else None
