@@ -202,23 +202,12 @@ def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
 
 def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | None:
     """The result of a run that reached its bound and wrote its model (a rerun of a finished run), else None."""
-    from search_spaces import UserError
-    from supernet.artifact import WEIGHTS, read_card, verify_file
+    from nas.train_subnet import finished_card
 
-    state, meta = stored["state"], stored["meta"]
-    if meta.get("stopped") in (None, "interrupted"):
+    card = finished_card(out, stored, config)
+    if card is None:
         return None
-    if not ((config.max_steps is not None and state["step"] >= config.max_steps) or
-            (config.max_time is not None and state["elapsed"] >= config.max_time)):  # fmt: skip
-        return None
-    try:
-        card = read_card(out)
-        verify_file(out, WEIGHTS, card)
-    except UserError:
-        return None
-    done = card.get("training", {})
-    if done.get("steps") != state["step"] or done.get("run_started") != meta.get("run_started"):
-        return None
+    done = card["training"]
     return Seq2SeqSubnetResult(out, done["steps"], done["tokens"], done["ce_after"], done["ce_before"], done["seconds"],
                                done["stopped"], card["parameters"])  # fmt: skip
 

@@ -277,9 +277,10 @@ def stored_settings(out: str | Path) -> SubnetTraining:
     )
 
 
-def _finished(out: Path, stored: dict, config: TrainConfig, formats: tuple[str, ...]) -> SubnetTrainingResult | None:
-    """The result of a run that already reached its bound and wrote its model (a rerun of a finished run), else None."""
-    from supernet.artifact import PROGRAM, WEIGHTS, read_card, verify_file
+def finished_card(out: Path, stored: dict, config: TrainConfig) -> dict | None:
+    """The model card in ``out`` of a run (``stored``: its loaded ``latest.pt``) that already reached its bound and
+    wrote its model at that step (a rerun of a finished run), else None."""
+    from supernet.artifact import WEIGHTS, read_card, verify_file
 
     state, meta = stored["state"], stored["meta"]
     if meta.get("stopped") in (None, "interrupted"):
@@ -294,10 +295,19 @@ def _finished(out: Path, stored: dict, config: TrainConfig, formats: tuple[str, 
     except UserError:
         return None
     done = card.get("training", {})
+    return card if done.get("steps") == step and done.get("run_started") == meta.get("run_started") else None
+
+
+def _finished(out: Path, stored: dict, config: TrainConfig, formats: tuple[str, ...]) -> SubnetTrainingResult | None:
+    """The result of a run that already reached its bound and wrote its model in ``formats``, else None."""
+    from supernet.artifact import PROGRAM, WEIGHTS
+
+    card = finished_card(out, stored, config)
     wanted = {WEIGHTS} | ({PROGRAM} if "torch" in formats else set()) | ({ONNX_FILE} if "onnx" in formats else set())
-    if done.get("steps") != step or done.get("run_started") != meta.get("run_started") or not wanted <= set(card["files"]):
+    if card is None or not wanted <= set(card["files"]):
         return None
-    return SubnetTrainingResult(out, step, done["tokens"], done["bits_per_byte_after"], done["seconds"],
+    done = card["training"]
+    return SubnetTrainingResult(out, done["steps"], done["tokens"], done["bits_per_byte_after"], done["seconds"],
                                 done["bits_per_byte_before"], done["stopped"], card["parameters"])
 
 

@@ -319,39 +319,47 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     from latency.table import read_timings
     from latency.timing_core import Settings
 
-    predictor = load_predictor(predictor_dir)
     uniform = uniform_subnets(space)
-    predicted = dict(zip(uniform, predictor.predict(uniform)))
-    size = {s: params_of(space, s) for s in uniform}
-    shortlist: dict[tuple[str, str], list[Subnet]] = {}
-    for b, label in zip(budgets, labels):
-        for attention in space.attention:
-            fits = sorted(
-                (s for s in uniform if s.attention[0] == attention and predicted[s] <= b), key=lambda s: (-size[s], s.key)
-            )
-            if fits:
-                shortlist[(label, attention)] = fits[: plan.baseline_checks]
-    distinct = list(dict.fromkeys(s for ss in shortlist.values() for s in ss))
     table = read_timings(timings)
     fp = table.fingerprint
     device = get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "cpu"))
     settings = Settings(warmup=plan.warmup, repeats=plan.repeats, rounds=plan.rounds, min_sample_ms=plan.min_sample_ms)
-    measured = {}
-    if distinct:
-        m = measure(device, {s.key: timing_model(space, s, materialize=False) for s in distinct}, space.workload(), settings,
+
+    def time_them(subnets: list[Subnet]) -> dict[Subnet, float]:
+        m = measure(device, {s.key: timing_model(space, s, materialize=False) for s in subnets}, space.workload(), settings,
                     seed=seed, baseline_ms=table.meta.get("baseline_ms"))  # fmt: skip
-        measured = {s: m.results[s.key].median_ms for s in distinct}
+        return {s: m.results[s.key].median_ms for s in subnets}
+
+    return choose_baselines(uniform, load_predictor(predictor_dir).predict(uniform), [params_of(space, s) for s in uniform],
+                            budgets, labels, space.attention, lambda s: s.attention[0], plan.baseline_checks,
+                            time_them)  # fmt: skip
+
+
+def choose_baselines(uniform: list, predicted, sizes, budgets, labels, types, type_of, checks: int, time_them) -> list[dict]:
+    """Per (budget, type): of the ``uniform`` models (``predicted`` ms and ``sizes`` alike ordered) of that type under
+    the budget by the predictor, the ``checks`` largest timed on the device in one campaign (``time_them(subnets)`` ->
+    {subnet: ms}); the largest whose measured time holds, else the next smaller one the predictor puts under."""
+    predicted = dict(zip(uniform, (float(x) for x in predicted)))
+    size = dict(zip(uniform, sizes))
+    shortlist: dict[tuple[str, str], list] = {}
+    for b, label in zip(budgets, labels):
+        for attention in types:
+            fits = sorted((s for s in uniform if type_of(s) == attention and predicted[s] <= b), key=lambda s: (-size[s], s.key))
+            if fits:
+                shortlist[(label, attention)] = fits[:checks]
+    distinct = list(dict.fromkeys(s for ss in shortlist.values() for s in ss))
+    measured = time_them(distinct) if distinct else {}
     out = []
     for (label, attention), ss in shortlist.items():
         b = budgets[labels.index(label)]
         holding = [s for s in ss if measured[s] <= b]
         choice = holding[0] if holding else None
         if choice is None:  # none of the checked ones holds: the next smaller one the predictor puts under, unchecked
-            rest = [s for s in uniform if s.attention[0] == attention and predicted[s] <= b and s not in ss]
+            rest = [s for s in uniform if type_of(s) == attention and predicted[s] <= b and s not in ss]
             choice = max(rest, key=lambda s: (size[s], s.key)) if rest else None
         if choice is not None:
             out.append({"budget": label, "attention": attention, "subnet": choice.to_dict(), "params": size[choice],
-                        "predicted_ms": float(predicted[choice]), "measured_ms": measured.get(choice)})  # fmt: skip
+                        "predicted_ms": predicted[choice], "measured_ms": measured.get(choice)})  # fmt: skip
     return out
 
 
