@@ -61,3 +61,17 @@ def test_bench_translate_quick_runs_end_to_end_and_resumes(tmp_path):
     other = subprocess.run([*cmd, "--tokens", "4K"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert other.returncode == 2, other.stderr[-2000:]
     assert "models there were retrained on 2,000 target bytes each, not 4,000: give --tokens 2000" in other.stderr
+
+
+def test_bench_translate_refuses_a_language_model_space(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_translate", ROOT / "scripts" / "bench_translate.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_translate", bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    assert bench.main(["--out", str(tmp_path / "run"), "--space", "tiny", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == ("bench_translate: error: --space tiny: task causal-lm, not seq2seq (an "
+                                       "encoder-decoder translation space)\n")  # fmt: skip
+    assert bench.main(["--out", str(tmp_path / "run"), "--quick", "--jobs", "0"]) == 2
+    assert capsys.readouterr().err == "bench_translate: error: --test-pairs / --train-steps / --jobs: give a positive integer\n"
