@@ -333,7 +333,7 @@ def stored_subnet(meta: dict, where: Path):
 
 def run_seq2seq_subnet(args: argparse.Namespace, space) -> int:
     """``nas train-subnet`` on a seq2seq space (``space`` None with ``--resume``: the run's own)."""
-    from nas.commands.train_subnet import NAME, _tokens, step_bar, training_config
+    from nas.commands.train_subnet import NAME, _given_config, _tokens, step_bar, training_config
     from nas.train_subnet import TrainingInterrupted, run_dir
     from search_spaces import UserError
     from search_spaces.seq2seq import Seq2SeqSubnet
@@ -362,7 +362,7 @@ def run_seq2seq_subnet(args: argparse.Namespace, space) -> int:
         if args.subnet:
             subnet = stored["space"].check(Seq2SeqSubnet.load(args.subnet))
         r = meta["settings"]
-        given = {dest: getattr(args, dest) for dest in TrainConfig.RESUMABLE if getattr(args, dest, None) is not None}
+        given = _given_config(args)  # every config flag given: the library refuses those a resumed run may not change
         config = {**meta["train_config"], **given}
         if tokens is None and "max_steps" not in given:
             tokens = r["tokens"]

@@ -105,6 +105,9 @@ def test_cli_trains_translates_and_refuses_bad_flags(tmp_path, capsys):
     before = (out / "model.safetensors").read_bytes()
     assert main(["train-subnet", "--out", str(out), "--resume", "-q"]) == 0
     assert (out / "model.safetensors").read_bytes() == before
+    # a resumed run may not change its schedule
+    assert main(["train-subnet", "--out", str(out), "--resume", "--lr", "0.1", "-q"]) == 2
+    assert "--resume: --lr 0.1 differs from the run's 0.003" in capsys.readouterr().err
     # a new run into it is refused
     assert main([*base, "--tokens", "1500"]) == 2
     assert "already holds a training run (train/latest.pt); add --resume" in capsys.readouterr().err
