@@ -59,8 +59,13 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     export = root / "export"
     assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
                  "-q"]) == 0  # fmt: skip
-    assert "nats/target byte" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "nats/target byte" in printed and "max |onnxruntime - torch|" in printed
     model, card = load_seq2seq_model(export)
+    # the two ONNX graphs, parity-checked on export, listed in the card with their checksums
+    assert card["onnx"]["encoder"] == "encoder.onnx" and card["onnx"]["decoder_step"] == "decoder_step.onnx"
+    assert {"encoder.onnx", "decoder_step.onnx"} <= set(card["files"]) and card["onnx"]["opset"] == 23
+    assert card["onnx"]["parity_max_abs"]["encoder"] < 1e-5 and card["onnx"]["parity_max_abs"]["decoder_step"] < 1e-4
     supernet, _ = load_seq2seq_supernet(out / "final.pt")
     src, tgt = torch.randint(0, 256, (2, 9)), torch.randint(0, 256, (2, 7))
     with torch.no_grad():
@@ -71,7 +76,7 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
     assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
     assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
-                 str(root / "e2"), "--measure", "cpu", "-q"]) == 2  # fmt: skip
+                 str(root / "e2"), "--measure", "cpu", "--format", "torch", "-q"]) == 2  # fmt: skip
     assert "--measure: not for an encoder-decoder (task seq2seq) model yet" in capsys.readouterr().err
 
 

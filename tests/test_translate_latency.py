@@ -143,7 +143,8 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     assert again["evaluations"] == evaluations and next(iter(again["budgets"].values()))["best"]["key"] == best.key
     # nas export and nas translate accept the best subnet
     export = root / "export"
-    assert main(["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export), "-q"]) == 0
+    assert main(["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export),
+                 "--format", "torch", "-q"]) == 0  # fmt: skip
     capsys.readouterr()
     assert main(["translate", "--model", str(export), "file", "--max-bytes", "4", "-q"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
