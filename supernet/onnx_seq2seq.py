@@ -54,7 +54,7 @@ def step_layout(model: Seq2SeqTransformer) -> dict[str, dict]:
     """Every input of the decoder-step graph: name -> {"shape": [...] ("batch", "past", "memory.{i}" dynamic), "dtype"}."""
     space, hd = model.space, model.space.head_dim
     layout = {
-        "token": {"shape": ["batch", 1], "dtype": "int64", "vocab_size": space.vocab_size},
+        "token": {"shape": ["batch", 1], "dtype": "int64", "vocab_size": space.vocab_size, "start": BOS},
         "position": {"shape": [1], "dtype": "int64", "limit": space.max_seq_len if space.positions == "learned" else None},
     }
     for i, states in enumerate(decoder_states(model)):
