@@ -638,8 +638,9 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
     """The weight-stripped ``encoder`` and ``decoder_step`` graphs of a static encoder-decoder (paths), their weight
     layouts (``encoder_tensors``, ``decoder_step_tensors``) and the step's input layout (``inputs``), exported once per
     architecture.  ``model`` may live on the meta device (seeded weights are drawn for the export, then stripped)."""
-    directory = directory or graph_dir()
-    folder = directory / f"s2s-{seq2seq_key(model)}"
+    directory, key = directory or graph_dir(), seq2seq_key(model)
+    folder = directory / f"s2s-{key}"
+    names = {"encoder": f"{key}-encoder.onnx", "decoder_step": f"{key}-decoder_step.onnx"}  # unique: a bundle holds many
     if not (folder / "layout.json").exists():
         from supernet.onnx_seq2seq import DECODER, ENCODER, export_seq2seq_onnx, step_layout
 
@@ -650,8 +651,10 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             export_seq2seq_onnx(model, tmp)
-            layout = {"encoder_tensors": strip_weights(Path(tmp) / ENCODER),
-                      "decoder_step_tensors": strip_weights(Path(tmp) / DECODER), "inputs": step_layout(model),
+            os.replace(Path(tmp) / ENCODER, Path(tmp) / names["encoder"])
+            os.replace(Path(tmp) / DECODER, Path(tmp) / names["decoder_step"])
+            layout = {"encoder_tensors": strip_weights(Path(tmp) / names["encoder"]),
+                      "decoder_step_tensors": strip_weights(Path(tmp) / names["decoder_step"]), "inputs": step_layout(model),
                       "subnet": model.subnet.to_dict()}  # fmt: skip
             _write_json(Path(tmp) / "layout.json", layout)
             try:
@@ -661,4 +664,4 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
                     raise
             os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
     data = json.loads((folder / "layout.json").read_text())
-    return {"encoder": folder / "encoder.onnx", "decoder_step": folder / "decoder_step.onnx", **data}
+    return {"encoder": folder / names["encoder"], "decoder_step": folder / names["decoder_step"], **data}

@@ -8,7 +8,8 @@ encoding (``space.encode``), its parameters and the analytic terms of :func:`lat
 The workload itself is :func:`supernet.translate.translate_runner`: one encoder pass over ``source`` random bytes,
 cross keys / values once, ``steps`` cached decoder steps at batch ``beam``; on ``onnxruntime`` the same loop runs the
 model's encoder and decoder-step graphs (:mod:`latency.devices.onnxruntime`); ``cuda`` runs the cpu device's loop on
-the GPU (eager).  The arm bundle and ssh do not time it yet (refused in one line).
+the GPU (eager); the ``arm`` bundle (and ``ssh://``) carries both graphs per subnet and runs the onnxruntime loop on the
+board (:func:`latency.devices.arm.write_bundle`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 from .protocol import fill_parameters
 from .translate_features import translate_terms
 
-TIMED_ON = ("cpu", "cuda", "onnxruntime")  # devices that time a translate workload today
+TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time a translate workload
 
 
 def is_seq2seq(space) -> bool:
@@ -32,9 +33,9 @@ def is_seq2seq(space) -> bool:
 
 def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp32") -> None:
     """Refuse, in one line, a device (or a precision) that cannot time a seq2seq space yet."""
-    if device not in TIMED_ON:
+    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
         raise UserError(
-            f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} only for now "
+            f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} "
             "(README \"Translation (encoder-decoder, in progress)\")"
         )
     if precision not in (None, "fp32"):

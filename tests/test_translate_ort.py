@@ -50,7 +50,8 @@ def test_a_campaign_on_onnxruntime_writes_translate_rows(tmp_path):
     folders = sorted(graph_dir().glob("s2s-*"))
     assert len(folders) == 2
     for folder in folders:
-        assert sorted(p.name for p in folder.iterdir()) == ["decoder_step.onnx", "encoder.onnx", "layout.json"]
+        key = folder.name[len("s2s-"):]
+        assert sorted(p.name for p in folder.iterdir()) == [f"{key}-decoder_step.onnx", f"{key}-encoder.onnx", "layout.json"]
         layout = json.loads((folder / "layout.json").read_text())
         assert layout["encoder_tensors"] and layout["decoder_step_tensors"]
 
@@ -113,3 +114,32 @@ def test_cuda_and_precisions_at_a_translate_workload(tmp_path, capsys):
     assert capsys.readouterr().err == ("nas measure-latency: error: --precision int8-dynamic: a seq2seq space (mini-s2s) "
                                        "is timed in fp32 only so far\n")  # fmt: skip
     assert not out.exists()
+
+
+def test_an_arm_bundle_carries_both_graphs_and_times_the_translate_loop(tmp_path):
+    """The bundle runner (numpy and onnxruntime only) runs HAT's loop on each subnet's two graphs; its table is read
+    back as a translate table."""
+    import subprocess
+    import sys
+    import tarfile
+
+    from latency.table import read_timings
+
+    space = tmp_path / "mini.yaml"
+    space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    bundle = tmp_path / "b.tar.gz"
+    assert main(["measure-latency", str(space), "--device", "arm", "--bundle", str(bundle), "--samples", "2", "--retest",
+                 "0", "-q", *FAST]) == 0  # fmt: skip
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "nas-latency-bundle"
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert all(m["graph"].endswith("-encoder.onnx") and m["step_graph"].endswith("-decoder_step.onnx")
+               for m in manifest["models"] + [manifest["reference"]])  # fmt: skip
+    done = subprocess.run([sys.executable, str(root / "runner.py"), "--threads", "1", "--out", str(tmp_path / "board.csv")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    t = read_timings(tmp_path / "board.csv")
+    s = mini_space()
+    assert t.workload.kind == "translate" and set(t.passes("measure")) == {s.largest().key, s.smallest().key}
+    assert all(r.median_ms > 0 for r in t.passes("measure").values())
