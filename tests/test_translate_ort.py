@@ -21,16 +21,7 @@ FAST = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "2", "-
 SETTINGS = Settings(warmup=1, repeats=2, rounds=2, min_sample_ms=1.0, ref_samples=1, max_retries=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_cache(tmp_path_factory):
-    """One graph cache for the module: the largest and smallest subnets are exported once."""
-    old = os.environ.get("NAS_CACHE")
-    os.environ["NAS_CACHE"] = str(tmp_path_factory.mktemp("nas-cache"))
-    yield
-    if old is None:
-        del os.environ["NAS_CACHE"]
-    else:
-        os.environ["NAS_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("graph_cache")  # the largest and smallest subnets are exported once (conftest)
 
 
 def test_a_campaign_on_onnxruntime_writes_translate_rows(tmp_path):
