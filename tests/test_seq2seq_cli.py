@@ -71,6 +71,16 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     with torch.no_grad():
         assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
     assert card["task"] == "seq2seq" and card["corpus"]["corpus"] == "user" and card["validation"]["ce_per_target_byte"] > 0
+    # the ONNX graphs translate as torch does (greedy)
+    capsys.readouterr()
+    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "-q"]) == 0
+    by_torch = capsys.readouterr().out
+    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "--runtime",
+                 "onnxruntime", "-q"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == by_torch and len(by_torch.splitlines()) == 2
+    assert main(["translate", "--model", str(export), "open", "--beam", "3", "--runtime", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == ("nas translate: error: --beam: not with --runtime onnxruntime so far (it decodes "
+                                       "greedily on the CPU)\n")  # fmt: skip
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
                  "-q"]) == 0  # fmt: skip
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
