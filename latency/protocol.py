@@ -83,7 +83,7 @@ class Measurement:
 def default_reference(model):
     """The model timed beside every visit when none is given: :func:`reference_model` of an LM's config, the space's
     smallest subnet for an encoder-decoder (a ``Seq2SeqTransformer``, as a seq2seq campaign uses)."""
-    if hasattr(model, "subnet") and getattr(model.space, "task", None) == "seq2seq":
+    if getattr(getattr(model, "space", None), "task", None) == "seq2seq":
         from .translate_timing import seq2seq_reference
 
         return seq2seq_reference(model.space)

@@ -141,7 +141,7 @@ def export_seq2seq_onnx(model: Seq2SeqTransformer, directory: str | Path, *, ops
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    space, n_dec = model.space, len(model.dec_blocks)
+    space = model.space
     Dim = torch.export.Dim
     batch, seq = Dim("batch", max=4096), Dim("source", min=1, max=space.max_seq_len)
     source = torch.randint(0, 256, (_BATCH, max(_SOURCE, min(space.max_seq_len, 2 * _SOURCE + 1))))
@@ -150,7 +150,7 @@ def export_seq2seq_onnx(model: Seq2SeqTransformer, directory: str | Path, *, ops
     encoder = _export(EncoderGraph(model), (source,), ({0: batch, 1: seq},), ["source"], cross_names(model),
                       directory / ENCODER, opset)  # fmt: skip
     layout = step_layout(model)
-    memory = [Dim(f"memory_{i}", min=1, max=3 * space.max_seq_len) for i in range(n_dec)]
+    memory = [Dim(f"memory_{i}", min=1, max=k * space.max_seq_len) for i, k in enumerate(model.subnet.cross_layers)]
     past = Dim("past", max=1 << 20)
     sizes = {"batch": _BATCH, "past": _PAST}
     sizes.update({f"memory.{i}": source.shape[1] * k for i, k in enumerate(model.subnet.cross_layers)})
