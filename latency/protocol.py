@@ -80,6 +80,16 @@ class Measurement:
     baseline_ms: float  # the reference's time that drift correction scales to (reuse it to chain calls)
 
 
+def default_reference(model):
+    """The model timed beside every visit when none is given: :func:`reference_model` of an LM's config, the space's
+    smallest subnet for an encoder-decoder (a ``Seq2SeqTransformer``, as a seq2seq campaign uses)."""
+    if getattr(getattr(model, "space", None), "task", None) == "seq2seq":
+        from .translate_timing import seq2seq_reference
+
+        return seq2seq_reference(model.space)
+    return reference_model(model.config)
+
+
 def measure(
     device: Device,
     models: Mapping[str, "torch.nn.Module"],
@@ -92,7 +102,8 @@ def measure(
     progress: Progress | None = None,
     journal: Journal | None = None,
 ) -> Measurement:
-    """Time each static model in ``models`` (key -> :class:`supernet.Transformer`) at ``workload``.
+    """Time each static model in ``models`` (key -> :class:`supernet.Transformer`, or a
+    :class:`supernet.seq2seq.Seq2SeqTransformer` at a ``translate`` workload) at ``workload``.
 
     ``reference`` (default :func:`reference_model` of the first model's config) is timed beside
     every visit to correct drift and detect interference; ``baseline_ms`` chains calls of one
@@ -101,7 +112,7 @@ def measure(
     """
     assert models, "measure() needs at least one model"
     runners = {k: device.prepare(m, workload) for k, m in models.items()}
-    ref = device.prepare(reference if reference is not None else reference_model(next(iter(models.values())).config), workload)
+    ref = device.prepare(reference if reference is not None else default_reference(next(iter(models.values()))), workload)
     results, baseline = run_protocol(
         runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress, journal=journal
     )

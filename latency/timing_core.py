@@ -609,3 +609,47 @@ def _alive(pid: int) -> bool:
     except OSError:  # another user's process: alive
         return True
     return True
+
+
+def translate_start(layout: dict, batch: int) -> dict:
+    """The decoder step's first inputs at ``batch`` rows (a step graph's input layout, ``supernet.onnx_seq2seq``):
+    empty caches, zero states, the start token (BOS) at position 0; the cross inputs still to add."""
+    feed = {}
+    for name, spec in layout.items():
+        if name.startswith("past."):
+            shape = [{"batch": batch, "past": 0}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
+            feed[name] = np.zeros(shape, dtype=spec["dtype"])
+    feed["token"] = np.full((batch, 1), layout["token"].get("start", 0), dtype=np.int64)
+    feed["position"] = np.zeros(1, dtype=np.int64)
+    return feed
+
+
+def translate_ort_runner(encoder, step, layout: dict, source: int, steps: int, beam: int, clock: str, seed: int = 0) -> Runner:
+    """``runner(n) -> seconds`` of ``n`` runs of HAT's translate workload on the two graphs of an encoder-decoder:
+    the encoder over one seeded source of ``source`` bytes (its cross keys / values repeated to ``beam`` rows), then
+    ``steps`` decoder steps at batch ``beam`` from empty caches, each feeding every row's most likely next id and the
+    states it returned, gathered by hypothesis as beam search does (the caches grow step by step)."""
+    now = CLOCKS[clock]
+    src = np.random.default_rng(seed).integers(0, 256, (1, source), dtype=np.int64)  # (1, S)
+    cross_names = [o.name for o in encoder.get_outputs()]
+    outputs = [o.name for o in step.get_outputs()]
+    states = [(j, name.replace("present.", "past.", 1)) for j, name in enumerate(outputs) if j]
+    start, order = translate_start(layout, beam), np.arange(beam)
+
+    def once() -> None:
+        feed = dict(start)
+        feed.update({n: np.repeat(a, beam, axis=0) for n, a in zip(cross_names, encoder.run(cross_names, {"source": src}))})
+        for t in range(steps):
+            feed["position"] = np.array([t], dtype=np.int64)
+            outs = step.run(outputs, feed)
+            feed["token"] = outs[0][:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+            for j, name in states:
+                feed[name] = outs[j][order]
+
+    def run(n: int) -> float:
+        begin = now()
+        for _ in range(n):
+            once()
+        return now() - begin
+
+    return run

@@ -6,7 +6,10 @@ timing needs shapes, not trained values), the reference timed beside every visit
 (a fixed model of the same vocabulary, head size and positions), and a table row's features are the seq2seq subnet
 encoding (``space.encode``), its parameters and the analytic terms of :func:`latency.translate_features.translate_terms`.
 The workload itself is :func:`supernet.translate.translate_runner`: one encoder pass over ``source`` random bytes,
-cross keys / values once, ``steps`` cached decoder steps at batch ``beam``.  Only the ``cpu`` device times it so far.
+cross keys / values once, ``steps`` cached decoder steps at batch ``beam``; on ``onnxruntime`` the same loop runs the
+model's encoder and decoder-step graphs (:mod:`latency.devices.onnxruntime`); ``cuda`` runs the cpu device's loop on
+the GPU (eager); the ``arm`` bundle (and ``ssh://``) carries both graphs per subnet and runs the onnxruntime loop on the
+board (:func:`latency.devices.arm.write_bundle`).
 """
 
 from __future__ import annotations
@@ -21,20 +24,22 @@ from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 from .protocol import fill_parameters
 from .translate_features import translate_terms
 
-TIMED_ON = ("cpu",)  # devices that time a translate workload today
+TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time a translate workload
 
 
 def is_seq2seq(space) -> bool:
     return getattr(space, "task", None) == "seq2seq"
 
 
-def require_device(space: Seq2SeqSpace, device: str) -> None:
-    """Refuse, in one line, a device that cannot time a seq2seq space yet."""
-    if device not in TIMED_ON:
+def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp32") -> None:
+    """Refuse, in one line, a device (or a precision) that cannot time a seq2seq space yet."""
+    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
         raise UserError(
-            f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} only for now "
+            f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} "
             "(README \"Translation (encoder-decoder, in progress)\")"
         )
+    if precision not in (None, "fp32"):
+        raise UserError(f"--precision {precision}: a seq2seq space ({space.name}) is timed in fp32 only so far")
 
 
 @lru_cache(maxsize=16)

@@ -4,8 +4,8 @@ The layout and checks of :mod:`supernet.artifact` (``model.safetensors``, ``subn
 with the format marker, the full space, the subnet, the parameter count and the checksums, written last);
 the card says ``task: seq2seq`` and carries the corpus the model was trained on (so ``nas translate --eval``
 can score it on that corpus's test split, hash checked) and what was measured (held-out cross-entropy per
-target byte; chrF / BLEU once ``nas translate --eval`` has run).  ONNX graphs of the encoder and the decoder
-step are still to come.
+target byte; chrF / BLEU once ``nas translate --eval`` has run).  ``nas export`` adds the ONNX graphs of the
+encoder and the decoder step (:mod:`supernet.onnx_seq2seq`) and lists them in the card.
 """
 
 from __future__ import annotations

@@ -13,6 +13,18 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(2)
 
 
+@pytest.fixture(scope="module")
+def graph_cache(tmp_path_factory):
+    """A module-wide ONNX graph cache ($NAS_CACHE in a temporary folder; restored after): each graph exported once."""
+    old = os.environ.get("NAS_CACHE")
+    os.environ["NAS_CACHE"] = str(tmp_path_factory.mktemp("nas-cache"))
+    yield
+    if old is None:
+        del os.environ["NAS_CACHE"]
+    else:
+        os.environ["NAS_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny():
     from search_spaces import load_space

@@ -18,8 +18,9 @@ from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx, onnx_parity, onnx_session
 
 from .test_masked_lm import ENCODER
-from .test_latency_bundle import graph_cache  # noqa: F401  (autouse: a module-wide ONNX graph cache)
 from .test_train import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("graph_cache")  # a module-wide ONNX graph cache (conftest)
 
 LAYERS = (LayerChoice(2, 32, "softmax"), LayerChoice(2, 32, "linear"), LayerChoice(2, 64, "gqa:1"))
 

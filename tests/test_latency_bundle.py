@@ -26,16 +26,7 @@ from .latency_fakes import MICRO, micro_space
 SETTINGS = Settings(warmup=1, repeats=2, rounds=2, min_sample_ms=1.0, ref_samples=1, max_retries=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def graph_cache(tmp_path_factory):
-    """A module-wide ONNX graph cache: the micro space's three parts are exported once."""
-    old = os.environ.get("NAS_CACHE")
-    os.environ["NAS_CACHE"] = str(tmp_path_factory.mktemp("nas-cache"))
-    yield
-    if old is None:
-        del os.environ["NAS_CACHE"]
-    else:
-        os.environ["NAS_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("graph_cache")  # the micro space's three parts are exported once (conftest)
 
 
 def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_path):

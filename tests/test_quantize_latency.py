@@ -16,7 +16,8 @@ from supernet.model import Transformer, TransformerConfig
 from supernet.onnx_export import export_onnx
 
 from .latency_fakes import MICRO, micro_space
-from .test_latency_bundle import graph_cache  # noqa: F401 (autouse: a module-wide ONNX graph cache)
+
+pytestmark = pytest.mark.usefixtures("graph_cache")  # a module-wide ONNX graph cache (conftest)
 
 QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "MatMul")
 

@@ -58,19 +58,34 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     export = root / "export"
     assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
                  "-q"]) == 0  # fmt: skip
-    assert "nats/target byte" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "nats/target byte" in printed and "max |onnxruntime - torch|" in printed
     model, card = load_seq2seq_model(export)
+    # the two ONNX graphs, parity-checked on export, listed in the card with their checksums
+    assert card["onnx"]["encoder"] == "encoder.onnx" and card["onnx"]["decoder_step"] == "decoder_step.onnx"
+    assert {"encoder.onnx", "decoder_step.onnx"} <= set(card["files"]) and card["onnx"]["opset"] == 23
+    assert card["onnx"]["parity_max_abs"]["encoder"] < 1e-5 and card["onnx"]["parity_max_abs"]["decoder_step"] < 1e-4
     supernet, _ = load_seq2seq_supernet(out / "final.pt")
     src, tgt = torch.randint(0, 256, (2, 9)), torch.randint(0, 256, (2, 7))
     with torch.no_grad():
         assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
     assert card["task"] == "seq2seq" and card["corpus"]["corpus"] == "user" and card["validation"]["ce_per_target_byte"] > 0
+    # the ONNX graphs translate as torch does (greedy)
+    capsys.readouterr()
+    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "-q"]) == 0
+    by_torch = capsys.readouterr().out
+    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "--runtime",
+                 "onnxruntime", "-q"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == by_torch and len(by_torch.splitlines()) == 2
+    assert main(["translate", "--model", str(export), "open", "--beam", "3", "--runtime", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == ("nas translate: error: --beam: not with --runtime onnxruntime so far (it decodes "
+                                       "greedily on the CPU)\n")  # fmt: skip
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
                  "-q"]) == 0  # fmt: skip
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
     assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
     assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
-                 str(root / "e2"), "--measure", "cpu", "-q"]) == 2  # fmt: skip
+                 str(root / "e2"), "--measure", "cpu", "--format", "torch", "-q"]) == 2  # fmt: skip
     assert "--measure: not for an encoder-decoder (task seq2seq) model yet" in capsys.readouterr().err
 
 
@@ -102,9 +117,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
          "catalog or by line; compiling is for the LM run so far)"),
         (["train-supernet", "tiny", "--lang", "de", "--out", str(tmp_path / "r4")],
          "--lang: for a seq2seq (translation) space only; a language model reads --data"),
-        (["measure-latency", "translate-tiny", "--device", "onnxruntime", "--out", str(tmp_path / "t.csv")],
-         "--device onnxruntime: a seq2seq space (translate-tiny) is timed on cpu only for now "
-         '(README "Translation (encoder-decoder, in progress)")'),
+        (["measure-latency", "translate-tiny", "--device", "onnxruntime", "--precision", "int8-static", "--out",
+          str(tmp_path / "t.csv")],
+         "--precision int8-static: a seq2seq space (translate-tiny) is timed in fp32 only so far"),
         (["train-subnet", "--space", "translate-tiny", "--out", str(tmp_path / "r6")],
          "give the subnet (SUBNET.yaml) and --space SPACE, or --resume to continue the run in --out"),
         (["translate", "--model", str(tmp_path), "hello"],

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -109,7 +109,8 @@ def main(argv=None) -> int:
 
     settings = Settings.from_dict(manifest["meta"]["protocol"])
     workload = manifest["meta"]["workload"]
-    tokens = prefill_tokens(manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
+    tokens = None if workload.get("kind") == "translate" else prefill_tokens(
+        manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
 
     def feed_of(entry: dict) -> dict:
         """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
@@ -119,6 +120,19 @@ def main(argv=None) -> int:
             else tokens
         )
 
+    def runner_of(entry: dict):
+        """The timed call of one entry: its graph on its inputs, or for a translate workload HAT's loop on its two graphs."""
+        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=args.threads, provider=args.provider)
+        if workload.get("kind") != "translate":
+            return ort_runner(session, feed_of(entry), args.clock)
+        step = ort_session(os.path.join(HERE, entry["step_graph"]), entry["step_tensors"], threads=args.threads,
+                           provider=args.provider)  # fmt: skip
+        return translate_ort_runner(session, step, entry["inputs"], workload["source"], workload["steps"], workload["beam"],
+                                    args.clock)  # fmt: skip
+
+    if args.parity and workload.get("kind") == "translate":
+        print("error: --parity: not for a translate bundle yet (an encoder-decoder's two graphs)", file=sys.stderr)
+        return 2
     if args.parity:  # outputs only, no timing, no table
         write_parity(args.parity, [manifest["reference"]] + manifest["models"], feed_of, args.threads, args.provider)
         print(f"wrote {args.parity}")
@@ -142,8 +156,7 @@ def main(argv=None) -> int:
         write_json(side, meta)
 
     ref = manifest["reference"]
-    ref_session = ort_session(os.path.join(HERE, ref["graph"]), ref["tensors"], threads=args.threads, provider=args.provider)
-    ref_runner = ort_runner(ref_session, feed_of(ref), args.clock)
+    ref_runner = runner_of(ref)
     done = done_keys(args.out)
     todo = [m for m in manifest["models"] if (m["key"], m["pass"]) not in done]
     print(
@@ -153,7 +166,7 @@ def main(argv=None) -> int:
 
     groups, size = [], args.memory_mb + 1
     for m in todo:
-        mb = sum(t["nbytes"] for t in m["tensors"]) / 2**20
+        mb = sum(t["nbytes"] for t in m["tensors"] + m.get("step_tensors", [])) / 2**20
         if size + mb > args.memory_mb and (not groups or groups[-1]):
             groups.append([])
             size = 0.0
@@ -163,8 +176,7 @@ def main(argv=None) -> int:
     for g_index, group in enumerate(groups):
         runners = {}
         for m in group:
-            session = ort_session(os.path.join(HERE, m["graph"]), m["tensors"], threads=args.threads, provider=args.provider)
-            runners[m["key"] + "/" + m["pass"]] = ort_runner(session, feed_of(m), args.clock)
+            runners[m["key"] + "/" + m["pass"]] = runner_of(m)
 
         def progress(d, group_total, key, base=finished):
             nonlocal total

@@ -4,6 +4,9 @@ A small model at batch 1 is launch-bound in eager mode: ``cudagraph`` captures t
 forward once and replays it (one launch), ``compile`` runs ``torch.compile`` (inductor,
 without CUDA graphs).  Timing: CUDA events recorded around ``n`` back-to-back calls, read
 after ``torch.cuda.synchronize()``.
+
+A ``translate`` workload (an encoder-decoder) runs the cpu device's loop (:func:`latency.translate_timing.translate_call`:
+one encoder pass, ``steps`` cached decoder steps at the beam) on the GPU, eager only.
 """
 
 from __future__ import annotations
@@ -62,6 +65,13 @@ class CUDA:
         model = model.eval().to(self.device)
         if workload.kind == "decode":  # one decode step at the context (the cache built once, its length reset per step)
             call, _ = decode_setup(model, workload, str(self.device))
+        elif workload.kind == "translate":  # an encoder-decoder: the cpu device's loop (encoder pass, cached steps)
+            if self.runtime != "eager":
+                raise UserError(f"--runtime {self.runtime}: a translate workload (an encoder-decoder) is timed with "
+                                "--runtime eager only so far (its decoding loop grows its caches step by step)")  # fmt: skip
+            from ..translate_timing import translate_call
+
+            call = translate_call(model, workload)
         else:
             tokens = workload_tokens(model, workload, str(self.device))
 

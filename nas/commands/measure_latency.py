@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(space, "task", None) == "seq2seq":
         from latency.translate_timing import require_device
 
-        require_device(space, args.device)
+        require_device(space, args.device, args.precision)
     if args.for_transfer and getattr(space, "task", None) == "seq2seq":
         raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
     workload = space.workload(args.workload)

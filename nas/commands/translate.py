@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "chrF and BLEU against its references (sacrebleu)")  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
+    p.add_argument("--runtime", default="torch", choices=("torch", "onnxruntime"),
+                   help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (greedy)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{flag}: {value} is not a positive integer")
     if not args.text and args.eval is None:
         raise UserError("give text to translate, or --eval val|test to score the model on its corpus")
+    if args.runtime == "onnxruntime":
+        return _translate_onnx(args)
     model, record, cache, export_dir = _load(Path(args.model), args.subnet, args.device)
     space = model.space
     w = model.weights()
@@ -69,6 +73,31 @@ def run(args: argparse.Namespace) -> int:
             "beam": beam, "max_bytes": args.max_bytes, "limit": args.limit, "scorer": "sacrebleu corpus_chrf / corpus_bleu"}
         update_card(export_dir, quality=quality)
         print(f"recorded in {export_dir / 'model_card.json'} (quality.{args.eval})")
+    return 0
+
+
+def _translate_onnx(args: argparse.Namespace) -> int:
+    """Greedy translations through an export's two ONNX graphs (what ``nas export`` wrote and parity-checked)."""
+    from pathlib import Path
+
+    from search_spaces import UserError
+    from supernet.onnx_seq2seq import OnnxSeq2Seq, onnx_greedy
+    from supernet.seq2seq_artifact import is_seq2seq_export, read_card
+
+    path = Path(args.model)
+    if not (path.is_dir() and is_seq2seq_export(path)):
+        raise UserError(f"--runtime onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
+    for flag, bad in (("--beam", (args.beam or 1) > 1), ("--eval", args.eval), ("--device", args.device != "cpu")):
+        if bad:
+            raise UserError(f"{flag}: not with --runtime onnxruntime so far (it decodes greedily on the CPU)")
+    max_seq_len = read_card(path)["space"]["max_seq_len"]
+    model = OnnxSeq2Seq.load(path)
+    for text in args.text:
+        source = text.encode("utf-8")
+        if len(source) > max_seq_len:
+            raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
+        tokens, _ = onnx_greedy(model, source, min(args.max_bytes or max_seq_len, max_seq_len))
+        print(bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace").replace("\n", "\\n"))
     return 0
 
 

@@ -1,0 +1,104 @@
+"""ONNX of an encoder-decoder: the encoder graph's cross keys / values and the decoder step's logits equal torch,
+for a decoder of softmax, local and linear self-attention (the cache fed back), at batch 1 and at a beam's batch."""
+
+import numpy as np
+import pytest
+import torch
+
+from search_spaces import parse_space
+from search_spaces.seq2seq import Seq2SeqSubnet
+from supernet.onnx_seq2seq import OnnxSeq2Seq, export_seq2seq_onnx, onnx_greedy, onnx_logits, seq2seq_parity
+from supernet.seq2seq import Seq2SeqSuperTransformer, decode, encode_memory
+from supernet.translate import greedy
+from supernet.translation import BOS
+from tests.seq2seq_fakes import MINI_SEQ2SEQ
+
+# translate-tiny's types on both sides, each decoder layer reading another number of encoder layers
+SUBNET = {
+    "encoder": {"embed_dim": 24, "depth": 3, "heads": [2, 1, 2], "ffn_dim": [32, 16, 32],
+                "attention": ["local:4", "linear", "softmax"]},
+    "decoder": {"embed_dim": 16, "depth": 3, "heads": [2, 1, 2], "ffn_dim": [32, 16, 32],
+                "attention": ["softmax", "local:4", "linear"], "cross_heads": [2, 1, 2], "cross_layers": [1, 2, 3]},
+}  # fmt: skip
+
+
+def three_layer_space(positions: str = "rope"):
+    text = MINI_SEQ2SEQ.replace("depth: [1, 2]", "depth: [1, 2, 3]").format(positions=positions)
+    return parse_space(text, where="mini-s2s.yaml")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    space = three_layer_space()
+    supernet = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    model = supernet.extract(Seq2SeqSubnet.from_dict(SUBNET)).eval()
+    directory = tmp_path_factory.mktemp("s2s-onnx")
+    export_seq2seq_onnx(model, directory)
+    yield model, directory, OnnxSeq2Seq.load(directory, threads=1)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("length", [3, 11, 40])  # shorter than the local window, longer, max_seq_len
+def test_encoder_graph_equals_encode_memory(exported, length):
+    model, _, ort = exported
+    src = torch.randint(0, 256, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        mem = encode_memory(model.weights(), src)
+    cross = ort.encode(src.numpy(), 1)
+    for i, ((k, v), mask) in enumerate(zip(mem.kv, mem.mask)):
+        dec = SUBNET["decoder"]
+        assert cross[f"cross.{i}.k"].shape == (1, dec["cross_heads"][i], dec["cross_layers"][i] * length, 8)
+        diff = max(np.abs(cross[f"cross.{i}.k"] - k.numpy()).max(), np.abs(cross[f"cross.{i}.v"] - v.numpy()).max())
+        print(f"layer {i}: max abs difference of the cross keys / values {diff:.2e}")
+        assert diff < 1e-5
+        assert (cross[f"cross.{i}.mask"] == mask.numpy()).all()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_decoder_step_equals_torch_decode(exported, batch):
+    """Teacher forcing through the step graph from empty caches (each state fed back) equals the torch decoder."""
+    model, _, ort = exported
+    g = torch.Generator().manual_seed(batch)
+    src, tgt = torch.randint(0, 256, (1, 9), generator=g), torch.randint(0, 256, (batch, 14), generator=g)
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        mem = encode_memory(model.weights(), src).select(torch.zeros(batch, dtype=torch.long))
+        ref, _ = decode(model.weights(), tgt, mem)  # (B, T, V), no cache
+    got = onnx_logits(ort, src.numpy(), tgt.numpy())
+    diff = np.abs(got - ref.numpy()).max()
+    print(f"batch {batch}: max abs logit difference over 14 steps {diff:.2e}")
+    assert got.shape == (batch, 14, 259) and diff < 1e-4
+
+
+def test_beam_reorder_of_the_onnx_states(exported):
+    """Gathering the states by hypothesis (beam search) continues each row from its parent's prefix."""
+    model, _, ort = exported
+    g = torch.Generator().manual_seed(5)
+    src, tgt = torch.randint(0, 256, (1, 9), generator=g), torch.randint(0, 256, (3, 10), generator=g)
+    tgt[:, 0] = BOS
+    index = np.array([2, 0, 0])
+    feed = ort.start(ort.encode(src.numpy(), 3))
+    for t in range(5):
+        feed["token"] = tgt[:, t : t + 1].numpy()
+        ort.step(feed)
+    ort.reorder(feed, index)
+    moved = torch.cat([tgt[index, :5], tgt[:, 5:]], dim=1)  # row r: its parent's prefix, then its own tokens
+    got = []
+    for t in range(5, 10):
+        feed["token"] = moved[:, t : t + 1].numpy()
+        got.append(ort.step(feed))
+    with torch.no_grad():
+        mem = encode_memory(model.weights(), src).select(torch.zeros(3, dtype=torch.long))
+        ref, _ = decode(model.weights(), moved, mem)
+    assert np.abs(np.stack(got, 1) - ref[:, 5:].numpy()).max() < 1e-4
+
+
+def test_onnx_greedy_equals_torch_greedy(exported):
+    model, directory, ort = exported
+    tokens, score = onnx_greedy(ort, b"file not found", max_len=12)
+    ref = greedy(model.weights(), b"file not found", model.space.max_seq_len, max_len=12)
+    assert tuple(tokens) == ref.tokens and abs(score - ref.score) < 1e-3
+    parity = seq2seq_parity(model, directory)
+    assert parity["encoder"] < 1e-5 and parity["decoder_step"] < 1e-4, parity
