@@ -81,7 +81,7 @@ def onnx_parity(path: str | Path, model: Transformer, tokens: torch.Tensor) -> f
 @contextlib.contextmanager
 def _quiet():
     """The exporter prints progress and warnings meant for its developers; keep them off the user's screen."""
-    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "onnx_ir")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.ERROR)
