@@ -9,8 +9,7 @@ is the attention type's own count (``prefill_flops`` for the encoder, an approxi
 causal count, the bidirectional form sees about twice the pairs; ``decode_flops`` per decoder step).
 
 These are the feature columns of a ``translate`` timing table and of its predictors
-(:mod:`latency.translate_timing`); the cpu device times the workload, the others do not yet
-(README "Translation (encoder-decoder, in progress)").
+(:mod:`latency.translate_timing`); every device times the workload (README "Translation (encoder-decoder)").
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp
     if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
         raise UserError(
             f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} "
-            "(README \"Translation (encoder-decoder, in progress)\")"
+            "(README \"Translation (encoder-decoder)\")"
         )
     if precision not in (None, "fp32"):
         raise UserError(f"--precision {precision}: a seq2seq space ({space.name}) is timed in fp32 only so far")

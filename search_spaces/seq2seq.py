@@ -162,9 +162,9 @@ class Seq2SeqSpace(SpaceIdentity):
 
     def require_one_stack(self, command: str) -> None:
         raise UserError(
-            f"{self.source}: task seq2seq: `nas {command}` does not run encoder-decoder spaces yet (README \"Translation "
-            "(encoder-decoder, in progress)\": train-supernet, measure-latency --device cpu, fit-predictor, predict, "
-            "translate and export do)"
+            f"{self.source}: task seq2seq: `nas {command}` does not run encoder-decoder spaces (README \"Translation "
+            "(encoder-decoder)\": train-supernet, train-subnet, measure-latency, fit-predictor, predict, search, "
+            "export and translate do)"
         )
 
     @property

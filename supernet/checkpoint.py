@@ -111,8 +111,9 @@ def load_supernet(
     """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
     if payload["space"].task == "seq2seq":
-        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; what runs it so far: nas translate, nas export "
-                        "(README \"Translation (encoder-decoder, in progress)\")")  # fmt: skip
+        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; the commands that take one: nas search, "
+                        "nas export, nas translate, nas train-subnet --init supernet:CKPT "
+                        "(README \"Translation (encoder-decoder)\")")  # fmt: skip
     return fill_supernet(SuperTransformer(payload["space"]), payload, path, device), payload
 
 

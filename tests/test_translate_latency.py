@@ -82,7 +82,7 @@ def test_a_device_that_cannot_time_a_seq2seq_space_is_refused_in_one_line(timed,
         assert capsys.readouterr().err == (
             f"nas measure-latency: error: --device {device}: a seq2seq space (mini-s2s) is timed on cpu, cuda, onnxruntime, "
             "arm, ssh://user@host "
-            '(README "Translation (encoder-decoder, in progress)")\n'
+            '(README "Translation (encoder-decoder)")\n'
         )
     assert not (root / "x.csv").exists()
 
