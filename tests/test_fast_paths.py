@@ -48,6 +48,30 @@ def test_inference_path_equals_reference(spec):
     assert worst <= 1e-4, worst
 
 
+CHUNKED = ["local:16", "local:33", "dilated:5:3", "strided:16", "fixed:16", "longformer:40:5", "bigbird:16:5:2"]
+
+
+@pytest.mark.parametrize("spec", CHUNKED)
+def test_head_chunks_share_buffers_and_write_in_place(spec, monkeypatch):
+    """Long inputs run a few heads per call, reusing one score buffer and writing each chunk's answer
+    straight into the output (batch 1) or copying it (batch 2, where a head slice is not contiguous):
+    forced here to one head per call.  A second call must not overwrite the first call's answer."""
+    from supernet.attention import sparse
+
+    monkeypatch.setattr(sparse, "SCORE_BYTES", 1)
+    s = parse_attention(spec)
+    worst = 0.0
+    for b, t in ((1, 64), (1, 65), (2, 33), (2, 130)):
+        g = torch.Generator().manual_seed(b * 1000 + t)
+        first, second = ([torch.randn(b, 3, t, 16, generator=g) for _ in range(3)] for _ in range(2))
+        with torch.no_grad():
+            out1 = attend(*first, s, {})
+            out2 = attend(*second, s, {})
+            worst = max(worst, (out1 - attend_reference(*first, s, {})).abs().max().item())
+            worst = max(worst, (out2 - attend_reference(*second, s, {})).abs().max().item())
+    assert worst <= 1e-4, worst
+
+
 @pytest.mark.parametrize("spec", ["local:64", "longformer:33:4", "linear", "cosformer:200"])
 def test_gradients_off_the_block_size(spec):
     """Gradients at lengths one short of and one past a block / chunk (the padded tail and the first blocks)."""

@@ -20,6 +20,8 @@ but it has no backward pass on CPU; this engine trains.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable
 
@@ -45,6 +47,49 @@ def block_count(t, c: int):
     torch._check(n * c >= t)
     torch._check(n * c < t + c)
     return n
+
+
+# --------------------------------------------------------------------------- workspace
+
+_POOL: ContextVar[dict | None] = ContextVar("block_workspace", default=None)
+RESULT = "result"  # the key of the buffer the last apply writes: the caller's output, when it registered one
+
+
+def scratch(key: str | None, shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """An uninitialised (shape) buffer of ``like``'s dtype and device.
+
+    Within :func:`reusing`, the same (key, shape) hands out the same buffer again: the head
+    chunks of one inference call then write their scores into memory already touched, instead
+    of a fresh allocation whose first write page-faults (a 1.5 MB score buffer costs about as
+    much to fault in as its GEMM takes).  ``RESULT`` may be a view of the caller's output
+    (:func:`reusing`'s ``into``), so the last GEMM writes the answer in place.  A None key, or no
+    :func:`reusing` around the call (training, backward), allocates."""
+    pool = _POOL.get()
+    if pool is None or key is None:
+        return like.new_empty(shape)
+    if key == RESULT and pool.get(RESULT) is not None and pool[RESULT].numel() == math.prod(shape):
+        return pool[RESULT].view(shape)
+    slot = (key, tuple(shape), like.dtype, like.device)
+    if slot not in pool:
+        pool[slot] = like.new_empty(shape)
+    return pool[slot]
+
+
+@contextmanager
+def reusing():
+    """Buffers handed out by :func:`scratch` are reused until the context ends (inference only: a buffer
+    is overwritten by the next call that asks for it, so each call's result must be consumed first).
+    Yields a ``set_result(view)`` to register the caller's output slice for the next call."""
+    pool: dict = {}
+    token = _POOL.set(pool)
+
+    def set_result(view: Tensor | None) -> None:
+        pool[RESULT] = view if view is not None and view.is_contiguous() else None
+
+    try:
+        yield set_result
+    finally:
+        _POOL.reset(token)
 
 
 # --------------------------------------------------------------------------- layout
@@ -90,27 +135,30 @@ def windows(flat: Tensor, n: int, c: int, span: int) -> Tensor:
     return flat.as_strided((n, span, d), (c * d, d, 1), flat.storage_offset())
 
 
-def window_bmm(a: Tensor, x: Tensor, before: int, transpose: bool, alpha: float = 1.0, after: int = 0) -> Tensor:
+def window_bmm(
+    a: Tensor, x: Tensor, before: int, transpose: bool, alpha: float = 1.0, after: int = 0, key: str | None = None
+) -> Tensor:
     """out[w] = alpha * a[w] @ win(w) (or @ win(w)^T), win(w) the rows of blocks w-before .. w+after of x.
 
     a (M, C, L); x (M*C, D) contiguous, M blocks of C rows.  Rows before the first block (and past the
     last) read as zeros.  The windows are an overlapping strided view of x (no copy); only the first
     ``before`` windows, which reach before the start, read a small zero-padded copy of the first blocks.
     A centred window (``after`` > 0, the bidirectional forms) reads one zero-padded copy of x.
+    ``key``: the output's :func:`scratch` key.
     """
     m, c = a.shape[0], a.shape[1]
     span = (before + 1 + after) * c
+    out = scratch(key, (m, c, x.shape[-1] if not transpose else span), a)
     if after:
         z = x.new_zeros
         flat = torch.cat((z(before * c, x.shape[-1]), x, z(after * c, x.shape[-1])))
         win = windows(flat, m, c, span)
-        return torch.baddbmm(a.new_empty(()), a, win.transpose(1, 2) if transpose else win, beta=0.0, alpha=alpha)
+        return torch.baddbmm(out, a, win.transpose(1, 2) if transpose else win, beta=0.0, alpha=alpha, out=out)
     head = min(before, m)  # windows reaching before row 0
     lead = torch.cat((x.new_zeros(before * c, x.shape[-1]), x[: head * c]))  # ((before + head) * C, D)
     parts = [(a[:head], windows(lead, head, c, span))]
     if m > head:
         parts.append((a[head:], windows(x, m - head, c, span)))
-    out = a.new_empty(m, c, x.shape[-1] if not transpose else span)
     for (ai, wi), o in zip(parts, (out[:head], out[head:])):
         wi = wi.transpose(1, 2) if transpose else wi
         if alpha == 1.0:
@@ -148,7 +196,7 @@ class WindowScores(torch.autograd.Function):
     def forward(ctx, q: Tensor, k_rows: Tensor, before: int, scale: float, after: int = 0) -> Tensor:  # -> (M, C, span)
         ctx.save_for_backward(q, k_rows)
         ctx.before, ctx.scale, ctx.after = before, scale, after
-        return window_bmm(q, k_rows, before, transpose=True, alpha=scale, after=after)
+        return window_bmm(q, k_rows, before, transpose=True, alpha=scale, after=after, key="scores")
 
     @staticmethod
     def backward(ctx, ds: Tensor):
@@ -170,7 +218,7 @@ class WindowApply(torch.autograd.Function):
     def forward(ctx, p: Tensor, v_rows: Tensor, before: int, after: int = 0) -> Tensor:  # p (M, C, span) -> (M, C, Dv)
         ctx.save_for_backward(p, v_rows)
         ctx.before, ctx.after = before, after
-        return window_bmm(p, v_rows, before, transpose=False, after=after)
+        return window_bmm(p, v_rows, before, transpose=False, after=after, key=RESULT)
 
     @staticmethod
     def backward(ctx, dout: Tensor):
@@ -279,7 +327,7 @@ def attend_groups(lay: Blocks, groups: list[Group]) -> Tensor:
         probs = _softmax(scores).split([g.scores.shape[-1] for g in groups], dim=-1)
     out = groups[0].apply(probs[0])
     for g, p in zip(groups[1:], probs[1:]):
-        out = out + g.apply(p)
+        out = out + g.apply(p) if torch.is_grad_enabled() else out.add_(g.apply(p))
     return lay.unblock(out)
 
 

@@ -30,6 +30,7 @@ from .blocks import (
     centred_window_group,
     column_group,
     gathered_group,
+    reusing,
     shared_group,
     traced_window_attention,
     window_group,
@@ -98,8 +99,13 @@ class BlockSparse(PatternType):
         if step >= h:
             return self.block_forward(q, k, v, spec)
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-        for h0 in range(0, h, step):
-            out[:, h0 : h0 + step] = self.block_forward(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
+        with reusing() as into:  # the chunks share their score buffers, and write their answer in place
+            for h0 in range(0, h, step):
+                dest = out[:, h0 : h0 + step]
+                into(dest)
+                got = self.block_forward(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
+                if got.data_ptr() != dest.data_ptr():
+                    dest.copy_(got)
         return out
 
     def keys_per_query(self, spec: AttentionSpec, t: int) -> int:
