@@ -15,7 +15,8 @@ from supernet.onnx_export import export_onnx, onnx_parity, op_counts
 
 SPARSE = ("local", "dilated", "strided", "fixed", "longformer", "bigbird")
 LINEAR = ("linear", "relu-linear", "cosformer", "performer")
-BLOCK_LOCAL_ONNX = ("local", "dilated", "longformer")  # exported as block-local MatMul / Softmax, not a dense mask
+# exported as block-local MatMul / Softmax, not a dense mask
+BLOCK_LOCAL_ONNX = ("local", "dilated", "longformer", "strided", "fixed", "bigbird")
 
 # Several parameterisations per type, chosen to hit the edges: window 1, window longer than the
 # sequence, block sizes that do not divide the length, strides of 1, global tokens past the end.

@@ -115,7 +115,9 @@ def test_exclusive_chunk_sums_and_their_gradient():
 
 
 @pytest.mark.parametrize("spec", ["local:1", "local:8", "local:64", "local:200", "dilated:1:5", "dilated:9:2",
-                                  "longformer:8:3", "longformer:16:40"])  # fmt: skip
+                                  "longformer:8:3", "longformer:16:40", "strided:1", "strided:8", "strided:64",
+                                  "fixed:1", "fixed:8", "fixed:64", "bigbird:4:2:2", "bigbird:8:3:3",
+                                  "bigbird:16:40:1"])  # fmt: skip
 def test_block_local_onnx_form_equals_reference(spec):
     """The traced (ONNX) form run eagerly: the reference's numbers at lengths on and off its blocks
     (the exported graphs themselves: tests/test_attention_types.py::test_onnx_round_trip_of_every_type)."""

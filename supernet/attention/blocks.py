@@ -339,6 +339,46 @@ def as_bias(allowed: Tensor, dtype: torch.dtype) -> Tensor:
 # --------------------------------------------------------------------------- the traced (ONNX) form
 
 
+@dataclass
+class TracedBlocks:
+    """What a traced type's extra key groups read: queries, keys and values cut into N blocks of C
+    ((B, H, N, C, D), zero-padded at the end, the queries already scaled) and the absolute query
+    positions ``i`` (N, C, 1)."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    i: Tensor
+
+
+TracedGroup = tuple[Tensor, Callable[[Tensor], Tensor]]  # scores (B, H, N, C, L), masked; apply(p) -> (B, H, N, C, Dv)
+
+
+def traced_shared(x: TracedBlocks, k_s: Tensor, v_s: Tensor, allowed: Tensor) -> TracedGroup:
+    """Keys every block may see: k_s, v_s (B, H, S, D) (global tokens, block summaries); ``allowed``
+    broadcastable to (N, C, S)."""
+    scores = (x.q @ k_s[:, :, None].transpose(-2, -1)).masked_fill(~allowed, NEG_INF)  # (B, H, N, C, S)
+    return scores, lambda p: p @ v_s[:, :, None]
+
+
+def traced_gathered(x: TracedBlocks, picks: Tensor, allowed: Tensor) -> TracedGroup:
+    """Per query block n, the key blocks picks[n] (N, R) (BigBird's random blocks, a Gather in ONNX);
+    ``allowed`` broadcastable to (N, C, R*C)."""
+    b, h, n, c, d = x.k.shape
+    r = picks.shape[1]
+    kg, vg = (y[:, :, picks.reshape(-1)].reshape(b, h, n, r * c, y.shape[-1]) for y in (x.k, x.v))
+    scores = (x.q @ kg.transpose(-2, -1)).masked_fill(~allowed, NEG_INF)  # (B, H, N, C, R*C)
+    return scores, lambda p: p @ vg
+
+
+def traced_columns(x: TracedBlocks, allowed: Tensor) -> TracedGroup:
+    """The same position in other blocks: query (n, a) sees keys (m, a) (the strided pattern's column);
+    ``allowed`` broadcastable to (N, C, N): one (N, N) product per position a."""
+    scores = (x.q.transpose(2, 3) @ x.k.transpose(2, 3).transpose(-2, -1)).transpose(2, 3)  # (B, H, N, C, N)
+    vc = x.v.transpose(2, 3)  # (B, H, C, N, Dv)
+    return scores.masked_fill(~allowed, NEG_INF), lambda p: (p.transpose(2, 3) @ vc).transpose(2, 3)
+
+
 def traced_window_attention(
     q: Tensor,
     k: Tensor,
@@ -346,37 +386,40 @@ def traced_window_attention(
     c: int,
     before: int,
     allowed: Callable[[Tensor, Tensor], Tensor],
-    shared: tuple[Tensor, Tensor, Callable[[Tensor, Tensor], Tensor]] | None = None,
+    extra: Callable[[TracedBlocks], list[TracedGroup]] | None = None,
 ) -> Tensor:
     """Block-local softmax attention as plain MatMul / Softmax nodes, O(T * (before+1) * C): what the ONNX
-    exporter traces for a windowed type (ONNX Runtime runs it block by block instead of a dense (T, T) mask).
+    exporter traces for a sparse type (ONNX Runtime runs it block by block instead of a dense (T, T) mask).
 
     q, k, v (B, H, T, D); blocks of ``c`` queries see their own block and the ``before`` blocks ahead of
     it where ``allowed(i, j)`` (absolute positions, broadcast; keys before 0 are hidden here);
-    ``shared``: (k_s, v_s (B, H, S, D), allowed_s(i, j)) keys at positions 0..S-1 every block scores too
-    (Longformer's global tokens), not overlapping the window's allowed keys.  No branch on the length:
-    the sequence is always padded to whole blocks (a symbolic, unbacked block count when exporting).
+    ``extra(blocks)``: further key groups every query block scores too (global tokens, summaries, random
+    blocks, columns: :func:`traced_shared`, :func:`traced_gathered`, :func:`traced_columns`), not
+    overlapping the window's allowed keys nor each other; one softmax over them all.  No branch on the
+    length: the sequence is always padded to whole blocks (a symbolic, unbacked block count when exporting).
     """
     b, h, t, d = q.shape
     n = block_count(t, c)
     span = (before + 1) * c
     q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
     qb = q.reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
+    kb, vb = (x.reshape(b, h, n, c, x.shape[-1]) for x in (k, v))
 
-    def window(x: Tensor) -> Tensor:  # (B, H, N*C, D) -> (B, H, N, span, D): blocks m-before .. m
-        xb = torch.nn.functional.pad(x.reshape(b, h, n, c, x.shape[-1]), (0, 0, 0, 0, before, 0))  # (B, H, before+N, C, D)
+    def window(xb: Tensor) -> Tensor:  # (B, H, N, C, D) -> (B, H, N, span, D): blocks m-before .. m
+        xb = torch.nn.functional.pad(xb, (0, 0, 0, 0, before, 0))  # (B, H, before+N, C, D)
         return torch.cat([xb[:, :, s : s + n] for s in range(before + 1)], dim=3) if before else xb
 
     blk = torch.arange(n, device=q.device)[:, None, None]
     i = blk * c + torch.arange(c, device=q.device)[None, :, None]  # (N, C, 1)
     j = (blk - before) * c + torch.arange(span, device=q.device)[None, None, :]  # (N, 1, span)
-    scores = (qb @ window(k).transpose(-2, -1)).masked_fill(~(allowed(i, j) & (j >= 0)), NEG_INF)  # (B, H, N, C, span)
-    if shared is None:
-        out = torch.softmax(scores, dim=-1) @ window(v)
+    scores = (qb @ window(kb).transpose(-2, -1)).masked_fill(~(allowed(i, j) & (j >= 0)), NEG_INF)  # (B, H, N, C, span)
+    groups = [(scores, lambda p: p @ window(vb))] + (extra(TracedBlocks(qb, kb, vb, i)) if extra else [])
+    if len(groups) == 1:
+        out = torch.softmax(scores, dim=-1) @ window(vb)
     else:
-        k_s, v_s, allowed_s = shared
-        js = torch.arange(k_s.shape[2], device=q.device)[None, None, :]  # (1, 1, S)
-        s_shared = (qb @ k_s[:, :, None].transpose(-2, -1)).masked_fill(~allowed_s(i, js), NEG_INF)  # (B, H, N, C, S)
-        p = torch.softmax(torch.cat((scores, s_shared), dim=-1), dim=-1)
-        out = p[..., :span] @ window(v) + p[..., span:] @ v_s[:, :, None]
+        p = torch.softmax(torch.cat([s for s, _ in groups], dim=-1), dim=-1)
+        parts = p.split([s.shape[-1] for s, _ in groups], dim=-1)
+        out = groups[0][1](parts[0])
+        for (_, apply), part in zip(groups[1:], parts[1:]):
+            out = out + apply(part)
     return out.reshape(b, h, n * c, -1)[:, :, :t]

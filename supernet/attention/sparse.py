@@ -4,9 +4,9 @@ Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference 
 softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
 built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query).
 The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
-never traces them.  ONNX form: local, dilated and longformer trace a block-local graph
-(:func:`.blocks.traced_window_attention`, O(T * W), no branch on the length); strided, fixed and
-bigbird one masked SDPA under the pattern's dense (T, T) mask.
+never traces them.  ONNX form (causal): every type traces a block-local graph
+(:func:`.blocks.traced_window_attention`, O(T * keys per query), no branch on the length); the
+bidirectional forms trace one masked SDPA under the pattern's dense (T, T) mask.
 
 The masks of a fast path depend only on (type, length, device, dtype); they are built once
 and cached (:func:`_cached`).
@@ -31,7 +31,12 @@ from .blocks import (
     column_group,
     gathered_group,
     reusing,
+    TracedBlocks,
+    TracedGroup,
     shared_group,
+    traced_columns,
+    traced_gathered,
+    traced_shared,
     traced_window_attention,
     window_group,
 )
@@ -290,6 +295,18 @@ def _global_keys(lay: Blocks, x: Tensor, g: int) -> Tensor:
     return lay.padded(x)[:, :g]  # (BH, G, D)
 
 
+def _first(x: Tensor, g: int) -> Tensor:
+    """Exactly the first ``g`` positions of x (B, H, T, D) whatever T, zeros past the end (which no real
+    query sees): a slice x[:, :, :g] would be min(g, T) long, and the exporter would guard on T >= g."""
+    return F.pad(x, (0, 0, 0, g))[:, :, :g]
+
+
+def _traced_globals(x: TracedBlocks, k_g: Tensor, v_g: Tensor, w: int) -> TracedGroup:
+    """The traced form's global keys: the first G tokens outside the causal W-window and not after i."""
+    j = torch.arange(k_g.shape[2], device=k_g.device)[None, None, :]
+    return traced_shared(x, k_g, v_g, (x.i - j >= w) & (j <= x.i))
+
+
 class Longformer(BlockSparse):
     """Bidirectional form: the symmetric W-window plus the G global tokens, which every token sees and
     which see every token (Longformer's symmetric global attention)."""
@@ -332,11 +349,10 @@ class Longformer(BlockSparse):
         """local:W's block-local graph plus the G global keys as a second MatMul (O(T * (W + G)))."""
         width, g = spec.param("W"), spec.param("G")
         c = _block_size(width)
-        # exactly G global keys whatever the length (zeros past the end, which no real query sees): a slice
-        # k[:, :, :G] would be min(G, T) long, and the exporter would guard on T >= G
-        k_g, v_g = (F.pad(x, (0, 0, 0, g))[:, :, :g] for x in (k, v))
-        far = (k_g, v_g, lambda i, j: (i - j >= width) & (j <= i))  # globals outside the window
-        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width), shared=far)
+        k_g, v_g = _first(k, g), _first(v, g)
+        return traced_window_attention(
+            q, k, v, c, -(-(width - 1) // c), _causal_window(width), lambda x: [_traced_globals(x, k_g, v_g, width)]
+        )
 
     def bidirectional_pattern(self, i, j, spec):
         g = spec.param("G")
@@ -386,6 +402,7 @@ class BigBird(BlockSparse):
     directions: block a sees block b when either picked the other (the same generator, symmetrised)."""
 
     name = "bigbird"
+    fused_onnx = False  # window, global keys and gathered random blocks (forward_onnx)
     params = ("W", "G", "R")
     doc = "BigBird: W-token window + first G tokens + R random earlier blocks of W tokens (fixed seed)"
     forms = ("causal", "bidirectional")
@@ -429,6 +446,23 @@ class BigBird(BlockSparse):
         ]
         return attend_groups(lay, groups)
 
+    def forward_onnx(self, q, k, v, spec, w):
+        """Blocks of W: the causal window over a block and the one before it, the G global keys, and the
+        R random blocks gathered per query block (a Gather), one softmax: O(T * ((2 + R) * W + G))."""
+        width, g, r = spec.param("W"), spec.param("G"), spec.param("R")
+        k_g, v_g = _first(k, g), _first(v, g)
+
+        def extra(x: TracedBlocks) -> list[TracedGroup]:
+            blk = torch.arange(x.k.shape[2], device=q.device)
+            picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)  # (N, R)
+            repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)  # a pick counts once
+            ok = (blk[:, None] >= 2) & ~repeat
+            j = picks[:, :, None] * width + torch.arange(width, device=q.device)  # (N, R, W) key positions
+            rand = (ok[:, :, None] & (j >= g)).reshape(-1, 1, r * width)  # globals: their own group
+            return [_traced_globals(x, k_g, v_g, width), traced_gathered(x, picks, rand)]
+
+        return traced_window_attention(q, k, v, width, 1, _causal_window(width), extra)
+
     def bidirectional_pattern(self, i, j, spec):
         w = spec.param("W")
         bi, bj = i // w, j // w
@@ -470,6 +504,7 @@ class BigBird(BlockSparse):
 
 class Strided(BlockSparse):
     name = "strided"
+    fused_onnx = False  # block-local graph: window and column (forward_onnx)
     params = ("S",)
     doc = "Sparse Transformer strided pattern: the S-token window plus every S-th token before it"
 
@@ -496,6 +531,17 @@ class Strided(BlockSparse):
         lay, win, col = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, 1, win), column_group(lay, q, k, v, col)])
 
+    def forward_onnx(self, q, k, v, spec, w):
+        """Blocks of S (the rows of the (T/S, S) grid): the causal S-window over a block and the one before
+        it, and the column (the same position in every earlier row), one softmax: O(T * (2S + T/S))."""
+        s = spec.param("S")
+
+        def columns(x: TracedBlocks) -> list[TracedGroup]:
+            m = torch.arange(x.k.shape[2], device=q.device)
+            return [traced_columns(x, (m[None, :] < m[:, None])[:, None, :])]  # earlier rows only
+
+        return traced_window_attention(q, k, v, s, 1, _causal_window(s), columns)
+
 
 def _summaries(lay: Blocks, x: Tensor) -> Tensor:
     return lay.padded(x).view(lay.rows, lay.n, lay.c, -1)[:, :, -1]  # (BH, N, D)
@@ -503,6 +549,7 @@ def _summaries(lay: Blocks, x: Tensor) -> Tensor:
 
 class Fixed(BlockSparse):
     name = "fixed"
+    fused_onnx = False  # block-local graph: own block and the summaries (forward_onnx)
     params = ("S",)
     doc = "Sparse Transformer fixed pattern: its own block of S tokens plus the last token of every earlier block"
 
@@ -530,6 +577,16 @@ class Fixed(BlockSparse):
             shared_group(lay, q, _summaries(lay, k), _summaries(lay, v), summary),
         ]
         return attend_groups(lay, groups)
+
+    def forward_onnx(self, q, k, v, spec, w):
+        """Blocks of S: causal within the block, and the last token of every earlier block as shared keys,
+        one softmax: O(T * (S + T/S))."""
+
+        def summaries(x: TracedBlocks) -> list[TracedGroup]:
+            m = torch.arange(x.k.shape[2], device=q.device)
+            return [traced_shared(x, x.k[:, :, :, -1], x.v[:, :, :, -1], (m[None, :] < m[:, None])[:, None, :])]
+
+        return traced_window_attention(q, k, v, spec.param("S"), 0, lambda i, j: j <= i, summaries)
 
 
 # in the order the documentation lists them (error messages list the spellings so)
