@@ -128,6 +128,19 @@ def test_block_local_onnx_form_equals_reference(spec):
         assert (typ.forward_onnx(q, k, v, s, {}) - typ.reference(q, k, v, s, {})).abs().max().item() <= 1e-5, (spec, t)
 
 
+@pytest.mark.parametrize("spec", ["local:1", "local:8", "local:40", "local:200", "dilated:1:5", "dilated:4:3",
+                                  "dilated:9:2", "longformer:8:3", "longformer:16:40"])  # fmt: skip
+def test_bidirectional_block_local_onnx_form_equals_reference(spec):
+    """The symmetric window's traced form run eagerly: keys past the end hidden (also the padding of dilated's
+    shorter residue streams), the global rows also when T < G."""
+    s = parse_attention(spec)
+    typ = REGISTRY[s.kind]
+    for t in (1, 2, 17, 32, 150):
+        q, k, v = qkv(t, seed=t)
+        out, ref = typ.bidirectional_onnx(q, k, v, s, {}), typ.bidirectional_reference(q, k, v, s, {})
+        assert out.shape == ref.shape and (out - ref).abs().max().item() <= 1e-5, (spec, t)
+
+
 def _script(name: str):
     path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -167,3 +180,10 @@ def test_bench_onnx_attention_runs_and_checks_parity(capsys):
         bench.main(["--types", "local:64,softmax"])
     assert e.value.code == 2
     assert "the first type is the baseline and must be softmax, got local:64" in capsys.readouterr().err
+    assert bench.main(["--form", "bidirectional", "--types", "softmax,local:8,longformer:8:3,xca", "--length", "40",
+                       "--heads", "2", "--head-dim", "8", "--rounds", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert out.count("[PASS <= 0.0001]") == 4 and "bidirectional form" in out and ">= 5x]" not in out
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--form", "bidirectional", "--types", "softmax,strided:8"])
+    assert e.value.code == 2 and "--types: strided:8 has no bidirectional form" in capsys.readouterr().err

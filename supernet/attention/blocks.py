@@ -387,32 +387,44 @@ def traced_window_attention(
     before: int,
     allowed: Callable[[Tensor, Tensor], Tensor],
     extra: Callable[[TracedBlocks], list[TracedGroup]] | None = None,
+    *,
+    after: int = 0,
+    real: Tensor | None = None,
 ) -> Tensor:
     """Block-local softmax attention as plain MatMul / Softmax nodes, O(T * (before+1) * C): what the ONNX
     exporter traces for a sparse type (ONNX Runtime runs it block by block instead of a dense (T, T) mask).
 
-    q, k, v (B, H, T, D); blocks of ``c`` queries see their own block and the ``before`` blocks ahead of
-    it where ``allowed(i, j)`` (absolute positions, broadcast; keys before 0 are hidden here);
+    q, k, v (B, H, T, D); blocks of ``c`` queries see their own block, the ``before`` blocks ahead of it
+    and the ``after`` blocks behind it (a bidirectional window) where ``allowed(i, j)`` (absolute
+    positions, broadcast; keys before 0 and past the end are hidden here);
     ``extra(blocks)``: further key groups every query block scores too (global tokens, summaries, random
     blocks, columns: :func:`traced_shared`, :func:`traced_gathered`, :func:`traced_columns`), not
-    overlapping the window's allowed keys nor each other; one softmax over them all.  No branch on the
+    overlapping the window's allowed keys nor each other; one softmax over them all.  ``real`` (bool,
+    (B or 1, H or 1, T)): which keys hold tokens, when a row's sequence ends before T (dilated's
+    residue streams); by default every key before T.  No branch on the
     length: the sequence is always padded to whole blocks (a symbolic, unbacked block count when exporting).
     """
     b, h, t, d = q.shape
     n = block_count(t, c)
-    span = (before + 1) * c
+    span = (before + 1 + after) * c
     q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
     qb = q.reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
     kb, vb = (x.reshape(b, h, n, c, x.shape[-1]) for x in (k, v))
 
-    def window(xb: Tensor) -> Tensor:  # (B, H, N, C, D) -> (B, H, N, span, D): blocks m-before .. m
-        xb = torch.nn.functional.pad(xb, (0, 0, 0, 0, before, 0))  # (B, H, before+N, C, D)
-        return torch.cat([xb[:, :, s : s + n] for s in range(before + 1)], dim=3) if before else xb
+    def window(xb: Tensor) -> Tensor:  # (B, H, N, C, D) -> (B, H, N, span, D): blocks m-before .. m+after
+        xb = torch.nn.functional.pad(xb, (0, 0, 0, 0, before, after))  # (B, H, before+N+after, C, D)
+        return torch.cat([xb[:, :, s : s + n] for s in range(before + 1 + after)], dim=3) if before + after else xb
 
     blk = torch.arange(n, device=q.device)[:, None, None]
     i = blk * c + torch.arange(c, device=q.device)[None, :, None]  # (N, C, 1)
     j = (blk - before) * c + torch.arange(span, device=q.device)[None, None, :]  # (N, 1, span)
-    scores = (qb @ window(kb).transpose(-2, -1)).masked_fill(~(allowed(i, j) & (j >= 0)), NEG_INF)  # (B, H, N, C, span)
+    seen = allowed(i, j) & (j >= 0)
+    if real is not None:  # keys that hold no token hidden (a padded query keeps itself: no empty row)
+        ok = torch.nn.functional.pad(real.to(q.dtype), (0, n * c - t)).reshape(*real.shape[:2], n, c, 1)
+        seen = seen & ((window(ok).transpose(-2, -1) > 0) | (j == i))  # (B or 1, H or 1, N, C, span)
+    elif after:
+        seen = seen & ((j < t) | (j == i))
+    scores = (qb @ window(kb).transpose(-2, -1)).masked_fill(~seen, NEG_INF)  # (B, H, N, C, span)
     groups = [(scores, lambda p: p @ window(vb))] + (extra(TracedBlocks(qb, kb, vb, i)) if extra else [])
     if len(groups) == 1:
         out = torch.softmax(scores, dim=-1) @ window(vb)

@@ -4,9 +4,10 @@ Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference 
 softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
 built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query).
 The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
-never traces them.  ONNX form (causal): every type traces a block-local graph
-(:func:`.blocks.traced_window_attention`, O(T * keys per query), no branch on the length); the
-bidirectional forms trace one masked SDPA under the pattern's dense (T, T) mask.
+never traces them.  ONNX form: every causal form, and the bidirectional local, dilated and
+longformer, trace a block-local graph (:func:`.blocks.traced_window_attention`, O(T * keys per
+query), no branch on the length); the bidirectional bigbird one masked SDPA under the pattern's
+dense (T, T) mask (its transposed random blocks have no fixed number per block).
 
 The masks of a fast path depend only on (type, length, device, dtype); they are built once
 and cached (:func:`_cached`).
@@ -204,6 +205,18 @@ class Local(BlockSparse):
         c = _block_size(width)
         return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width))
 
+    def bidirectional_onnx(self, q, k, v, spec, w):
+        """The symmetric window as block-local MatMul / Softmax nodes (O(T * W)): each block with
+        ceil((W-1)/C) blocks on either side."""
+        width = spec.param("W")
+        c = _block_size(width)
+        reach = -(-(width - 1) // c)
+        return traced_window_attention(q, k, v, c, reach, _centred(width), after=reach)
+
+
+def _centred(w: int):
+    return lambda i, j: (i - j).abs() < w
+
 
 # --------------------------------------------------------------------------- dilated:W:D
 
@@ -272,6 +285,20 @@ class Dilated(PatternType):
             parts.append(torch.nn.functional.pad(y, (0, 0, 0, m - n)))
         y = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]  # (B, H, D, m, Dv)
         return _unstream(y.reshape(b, h * step, m, -1), h, step, t)
+
+    def bidirectional_onnx(self, q, k, v, spec, w):
+        """The symmetric local:W's block-local graph on the D residue streams (O(T * W)); a stream's padding
+        (its positions at or past T) hidden from its keys."""
+        b, h, t, _ = q.shape
+        step = spec.param("D")
+        qs, ks, vs = (_streams(x, step, traced=True) for x in (q, k, v))
+        m = torch.arange(qs.shape[2], device=q.device)  # stream index: position m * D + r on stream r
+        real = ((m[None, :] * step + torch.arange(step, device=q.device)[:, None]) < t).repeat(h, 1)[None]  # (1, H*D, M)
+        width = spec.param("W")
+        c = _block_size(width)
+        reach = -(-(width - 1) // c)
+        out = traced_window_attention(qs, ks, vs, c, reach, _centred(width), after=reach, real=real)
+        return _unstream(out, h, step, t)
 
     def forward_onnx(self, q, k, v, spec, w):
         """local:W's block-local graph on the D residue streams (O(T * W)); always padded, no branch on the length."""
@@ -372,6 +399,29 @@ class Longformer(BlockSparse):
             centred_window_group(lay, lay.blocked(q), k, v, reach, reach, win),
             shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
         ]))  # fmt: skip
+
+    def bidirectional_onnx(self, q, k, v, spec, w):
+        """The symmetric window's block-local graph plus the G global keys outside it (O(T * (W + G))); the
+        G global queries attend to every key (one Attention node of G rows)."""
+        width, g = spec.param("W"), spec.param("G")
+        c = _block_size(width)
+        reach = -(-(width - 1) // c)
+        k_g, v_g = _first(k, g), _first(v, g)
+
+        def globals_outside(x: TracedBlocks) -> list[TracedGroup]:
+            j = torch.arange(g, device=q.device)[None, None, :]
+            return [traced_shared(x, k_g, v_g, (x.i - j).abs() >= width)]
+
+        out = traced_window_attention(q, k, v, c, reach, _centred(width), globals_outside, after=reach)
+        return _traced_global_rows(F.scaled_dot_product_attention(_first(q, g), k, v), out)
+
+
+def _traced_global_rows(out_g: Tensor, out: Tensor) -> Tensor:
+    """``out`` (B, H, T, Dv) with its first rows replaced by ``out_g`` (B, H, G, Dv), for any T (also T < G):
+    both padded to T + G rows and chosen by position, so the exported graph has no guard on T >= G."""
+    g, t = out_g.shape[2], out.shape[2]
+    first = torch.arange(t + g, device=out.device)[:, None] < g  # (T + G, 1)
+    return torch.where(first, F.pad(out_g, (0, 0, 0, t)), F.pad(out, (0, 0, 0, g)))[:, :, :t]
 
 
 def _outside_window(lay: Blocks, j: Tensor, w: int, dtype) -> Tensor:
