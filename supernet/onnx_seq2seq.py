@@ -288,5 +288,40 @@ def onnx_greedy(model: OnnxSeq2Seq, source: bytes, max_len: int) -> tuple[list[i
     return tokens, score
 
 
-__all__ = ["DECODER", "ENCODER", "OnnxSeq2Seq", "decoder_step", "export_seq2seq_onnx", "onnx_greedy", "onnx_logits",
-           "seq2seq_parity", "step_layout"]  # fmt: skip
+class OnnxBeams:
+    """Next-byte log-probabilities of live hypotheses through the step graph (one source, its cross keys / values
+    computed once): the decoder :func:`supernet.translate.search_beams` drives, as it drives torch's."""
+
+    def __init__(self, model: OnnxSeq2Seq, source: bytes):
+        if not source:
+            raise UserError("the source text is empty")
+        self.model = model
+        self.feed = model.start(model.encode(np.array([list(source)], dtype=np.int64), 1))
+
+    def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
+        self.feed["token"] = np.ascontiguousarray(prefixes[:, -1:].numpy(), dtype=np.int64)  # the cache holds the rest
+        return torch.from_numpy(_log_softmax(self.model.step(self.feed)))
+
+    def reorder(self, index: torch.Tensor) -> None:
+        rows = index.numpy()
+        self.model.reorder(self.feed, rows)
+        for name in self.model.cross:  # every row reads the same source
+            self.feed[name] = self.feed[name][np.zeros(len(rows), dtype=np.int64)]
+
+
+def onnx_translate(model: OnnxSeq2Seq, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None):
+    """The best translation of ``source`` through the two graphs: greedy for ``beam`` 1, else beam search (the
+    same search as torch's :func:`supernet.translate.translate`); a :class:`~supernet.translate.Hypothesis`."""
+    from .translate import Hypothesis, search_beams
+
+    if len(source) > max_seq_len:
+        raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
+    limit = max_seq_len if max_len is None else min(max_len, max_seq_len)
+    if beam == 1:
+        tokens, score = onnx_greedy(model, source, limit)
+        return Hypothesis(tuple(tokens), score, bool(tokens) and tokens[-1] == EOS)
+    return search_beams(OnnxBeams(model, source), beam, limit)[0]
+
+
+__all__ = ["DECODER", "ENCODER", "OnnxBeams", "OnnxSeq2Seq", "decoder_step", "export_seq2seq_onnx", "onnx_greedy",
+           "onnx_logits", "onnx_translate", "seq2seq_parity", "step_layout"]  # fmt: skip

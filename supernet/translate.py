@@ -15,7 +15,8 @@ log-probability divided by its length (EOS included: fairseq's length penalty 1)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import partial
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -109,6 +110,21 @@ def beam_search(
     if beam < 1:
         raise UserError(f"--beam: {beam} is not a positive integer")
     dec, limit, device = _setup(w, source, max_seq_len, max_len, cache, 1)
+    return search_beams(dec, beam, limit, device)
+
+
+class NextBytes(Protocol):
+    """A decoder of one source for a batch of live hypotheses: ``(prefixes (B, t), BOS first)`` -> next-id
+    log-probabilities (B, V), PAD and BOS at -inf; ``reorder(index)`` keeps hypotheses ``index`` (B',)."""
+
+    def __call__(self, prefixes: Tensor) -> Tensor: ...
+
+    def reorder(self, index: Tensor) -> None: ...
+
+
+def search_beams(dec: NextBytes, beam: int, limit: int, device: torch.device | str = "cpu") -> list[Hypothesis]:
+    """Beam search (the module doc) over any decoder: torch's (:class:`_Decoder`) or ONNX Runtime's
+    (:class:`supernet.onnx_seq2seq.OnnxBeams`); the hypotheses found, best first."""
     prefixes = decoder_start(1, device)  # (B, t), one live hypothesis at first
     scores = torch.zeros(1, device=device)  # (B,)
     ended: list[Hypothesis] = []
@@ -154,7 +170,7 @@ def score_translations(hypotheses: list[str], references: list[str]) -> dict[str
 
 
 def evaluate_translation(
-    w: Seq2SeqWeights,
+    w: Seq2SeqWeights | Callable[[bytes], Hypothesis],
     pairs: Pairs,
     max_seq_len: int,
     beam: int = 5,
@@ -163,7 +179,13 @@ def evaluate_translation(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Translate the pairs of a split whose source fits (the first ``limit`` of them, in order) and score them:
-    ``{"chrf", "bleu", "pairs", "skipped", "hypotheses"}``."""
+    ``{"chrf", "bleu", "pairs", "skipped", "hypotheses"}``.  ``w``: the model's weights (torch, :func:`translate`
+    at ``beam`` and ``max_len``), or any call source -> best hypothesis (ONNX Runtime's)."""
+    if isinstance(w, Seq2SeqWeights):
+        translate_one = partial(translate, w, max_seq_len=max_seq_len, beam=beam, max_len=max_len)
+    else:
+        translate_one = w
+
     picked, skipped = [], 0
     for i in range(len(pairs)):
         src, ref = pairs[i]
@@ -177,7 +199,7 @@ def evaluate_translation(
         raise UserError(f"no pair of the split has a source of at most {max_seq_len} bytes to translate")
     hyps, refs = [], []
     for n, (src, ref) in enumerate(picked, 1):
-        hyps.append(translate(w, src, max_seq_len, beam, max_len).text.decode("utf-8", errors="replace"))
+        hyps.append(translate_one(src).text.decode("utf-8", errors="replace"))
         refs.append(ref.decode("utf-8", errors="replace"))
         if progress is not None:
             progress(n, len(picked))

@@ -5,11 +5,19 @@ import numpy as np
 import pytest
 import torch
 
-from search_spaces import parse_space
+from search_spaces import UserError, parse_space
 from search_spaces.seq2seq import Seq2SeqSubnet
-from supernet.onnx_seq2seq import OnnxSeq2Seq, export_seq2seq_onnx, onnx_greedy, onnx_logits, seq2seq_parity
+from supernet.onnx_seq2seq import (
+    OnnxBeams,
+    OnnxSeq2Seq,
+    export_seq2seq_onnx,
+    onnx_greedy,
+    onnx_logits,
+    onnx_translate,
+    seq2seq_parity,
+)
 from supernet.seq2seq import Seq2SeqSuperTransformer, decode, encode_memory
-from supernet.translate import greedy
+from supernet.translate import beam_search, greedy, search_beams
 from supernet.translation import BOS
 from tests.seq2seq_fakes import MINI_SEQ2SEQ
 
@@ -93,6 +101,21 @@ def test_beam_reorder_of_the_onnx_states(exported):
         mem = encode_memory(model.weights(), src).select(torch.zeros(3, dtype=torch.long))
         ref, _ = decode(model.weights(), moved, mem)
     assert np.abs(np.stack(got, 1) - ref[:, 5:].numpy()).max() < 1e-4
+
+
+def test_onnx_beam_search_equals_torch_beam_search(exported):
+    """The same search over the step graph: each hypothesis its parent's cache (reordered states), the cross
+    keys / values following the live batch; tokens equal, scores within fp32 rounding."""
+    model, _, ort = exported
+    for source, beam in ((b"file not found", 3), (b"x", 4)):
+        a = beam_search(model.weights(), source, model.space.max_seq_len, beam=beam, max_len=10)
+        b = search_beams(OnnxBeams(ort, source), beam, 10)
+        assert [h.tokens for h in a] == [h.tokens for h in b] and len(a) >= beam
+        assert np.allclose([h.score for h in a], [h.score for h in b], atol=1e-3)
+        best = onnx_translate(ort, source, model.space.max_seq_len, beam=beam, max_len=10)
+        assert best.tokens == a[0].tokens
+    with pytest.raises(UserError, match="this model reads at most"):
+        onnx_translate(ort, b"y" * (model.space.max_seq_len + 1), model.space.max_seq_len, beam=2)
 
 
 def test_onnx_greedy_equals_torch_greedy(exported):

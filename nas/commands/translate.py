@@ -23,10 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
     p.add_argument("--runtime", default="torch", choices=("torch", "onnxruntime"),
-                   help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (greedy)")  # fmt: skip
+                   help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (the same "
+                        "greedy and beam search, --eval too)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    from functools import partial
     from pathlib import Path
 
     from tqdm import tqdm
@@ -42,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.text and args.eval is None:
         raise UserError("give text to translate, or --eval val|test to score the model on its corpus")
     if args.runtime == "onnxruntime":
-        return _translate_onnx(args)
-    model, record, cache, export_dir = _load(Path(args.model), args.subnet, args.device)
-    space = model.space
-    w = model.weights()
+        max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
+    else:
+        model, record, cache, export_dir = _load(Path(args.model), args.subnet, args.device)
+        max_seq_len, subnet, w = model.space.max_seq_len, model.subnet, model.weights()
+        translator = partial(translate, w, max_seq_len=max_seq_len)
     for text in args.text:
-        hyp = translate(w, text.encode("utf-8"), space.max_seq_len, args.beam or 1, args.max_bytes)
+        hyp = translator(text.encode("utf-8"), beam=args.beam or 1, max_len=args.max_bytes)
         print(hyp.text.decode("utf-8", errors="replace").replace("\n", "\\n"))
     if args.eval is None:
         return 0
@@ -58,47 +61,45 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(total=min(len(pairs), args.limit or len(pairs)), desc=f"translating {args.eval}", unit="pair",
                disable=not show_progress(), leave=False)  # fmt: skip
     try:
-        result = evaluate_translation(w, pairs, space.max_seq_len, beam, args.limit, args.max_bytes,
-                                      lambda n, total: bar.update(n - bar.n))  # fmt: skip
+        result = evaluate_translation(partial(translator, beam=beam, max_len=args.max_bytes), pairs, max_seq_len,
+                                      limit=args.limit, progress=lambda n, total: bar.update(n - bar.n))  # fmt: skip
     finally:
         bar.close()
     print(f"{args.eval}: {result['pairs']} pairs ({corpus.meta['corpus']}; {result['skipped']} skipped: source over "
-          f"{space.max_seq_len} bytes), beam {beam}, subnet {model.subnet}")  # fmt: skip
+          f"{max_seq_len} bytes), beam {beam}, {args.runtime}, subnet {subnet}")  # fmt: skip
     print(f"chrF {result['chrf']:.2f}  BLEU {result['bleu']:.2f}")
     if export_dir is not None:
         from supernet.artifact import read_card, update_card
 
+        key = args.eval if args.runtime == "torch" else f"{args.eval}.onnxruntime"  # torch's figure stays as it was
         quality = dict(read_card(export_dir).get("quality") or {})
-        quality[args.eval] = {k: result[k] for k in ("chrf", "bleu", "pairs", "skipped")} | {
-            "beam": beam, "max_bytes": args.max_bytes, "limit": args.limit, "scorer": "sacrebleu corpus_chrf / corpus_bleu"}
+        quality[key] = {k: result[k] for k in ("chrf", "bleu", "pairs", "skipped")} | {
+            "beam": beam, "max_bytes": args.max_bytes, "limit": args.limit, "runtime": args.runtime,
+            "scorer": "sacrebleu corpus_chrf / corpus_bleu"}  # fmt: skip
         update_card(export_dir, quality=quality)
-        print(f"recorded in {export_dir / 'model_card.json'} (quality.{args.eval})")
+        print(f"recorded in {export_dir / 'model_card.json'} (quality.{key})")
     return 0
 
 
-def _translate_onnx(args: argparse.Namespace) -> int:
-    """Greedy translations through an export's two ONNX graphs (what ``nas export`` wrote and parity-checked)."""
-    from pathlib import Path
+def _load_onnx(path, device: str):
+    """(max_seq_len, corpus record, corpus cache folder, export folder, subnet, translator) of an export's two ONNX
+    graphs (what ``nas export`` wrote and parity-checked): ``translator(source, beam=, max_len=)`` -> Hypothesis."""
+    from functools import partial
 
     from search_spaces import UserError
-    from supernet.onnx_seq2seq import OnnxSeq2Seq, onnx_greedy
+    from search_spaces.seq2seq import Seq2SeqSubnet
+    from supernet.onnx_seq2seq import OnnxSeq2Seq, onnx_translate
     from supernet.seq2seq_artifact import is_seq2seq_export, read_card
 
-    path = Path(args.model)
     if not (path.is_dir() and is_seq2seq_export(path)):
         raise UserError(f"--runtime onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
-    for flag, bad in (("--beam", (args.beam or 1) > 1), ("--eval", args.eval), ("--device", args.device != "cpu")):
-        if bad:
-            raise UserError(f"{flag}: not with --runtime onnxruntime so far (it decodes greedily on the CPU)")
-    max_seq_len = read_card(path)["space"]["max_seq_len"]
+    if device != "cpu":
+        raise UserError("--device: not with --runtime onnxruntime (its sessions run on the CPU)")
+    card = read_card(path)
+    max_seq_len = card["space"]["max_seq_len"]
     model = OnnxSeq2Seq.load(path)
-    for text in args.text:
-        source = text.encode("utf-8")
-        if len(source) > max_seq_len:
-            raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
-        tokens, _ = onnx_greedy(model, source, min(args.max_bytes or max_seq_len, max_seq_len))
-        print(bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace").replace("\n", "\\n"))
-    return 0
+    subnet = Seq2SeqSubnet.from_dict(card["subnet"], where=f"{path / 'model_card.json'}: subnet")
+    return max_seq_len, card["corpus"], path, path, subnet, partial(onnx_translate, model, max_seq_len=max_seq_len)
 
 
 def _load(path, subnet_arg: str, device: str):
