@@ -3,7 +3,10 @@
 The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The card records the corpus the
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
-Not yet: ONNX of the encoder and the decoder step, ``--measure``, ``--predictor``, ``--budget``, ``--precision``.
+ONNX: the encoder and the decoder step (parity-checked).  ``--predictor`` records the predicted latency of the
+subnet at the predictor's translate workload; ``--measure DEVICE [--budget T]`` times the exported model on that
+workload with the measurement protocol (on ``onnxruntime`` the same two graphs, exported by the device).
+Not yet: ``--precision`` (fp32 only), ``model.pt2``.
 """
 
 from __future__ import annotations
@@ -46,23 +49,44 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
 
 
 def export_seq2seq(args: argparse.Namespace) -> int:
-    from nas.export import parse_formats
+    from nas.commands.export import choose_workload, measurement_bar, report_measured
+    from nas.commands.measure_latency import settings_from
+    from nas.export import measure_model, parse_formats, predicted_latency, workload_text
+    from nas.search.budget import parse_budget
     from search_spaces import UserError
+    from search_spaces.seq2seq import TranslateWorkload
+    from supernet.artifact import update_card
     from supernet.onnx_seq2seq import DECODER, ENCODER
     from search_spaces.seq2seq import Seq2SeqSubnet
     from supernet.seq2seq_artifact import save_seq2seq_model
     from supernet.seq2seq_train import eval_batches, heldout_ce, load_seq2seq_supernet
     from supernet.translation import check_pairs, prepare_pairs
 
-    for flag in ("predictor", "measure", "budget"):
-        if getattr(args, flag, None):
-            raise UserError(f"--{flag}: not for an encoder-decoder (task seq2seq) model yet")
     if getattr(args, "precision", "fp32") not in (None, "fp32"):
         raise UserError(f"--precision {args.precision}: an encoder-decoder (task seq2seq) exports in fp32 only so far")
     formats = parse_formats(args.format)
+    budget = parse_budget(args.budget) if getattr(args, "budget", None) else None
+    if budget is not None and not args.measure:
+        raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
+    settings = settings_from(args) if getattr(args, "measure", None) else None
     supernet, payload = load_seq2seq_supernet(args.supernet)
     space, meta = supernet.space, payload["meta"]
     subnet = space.check(Seq2SeqSubnet.load(args.subnet))
+    predicted, reference_ms = None, None
+    if getattr(args, "predictor", None):
+        from latency.predictors import load_predictor
+
+        predictor = load_predictor(args.predictor)
+        predicted, reference_ms = predicted_latency(predictor, space, subnet, str(args.predictor)), predictor.reference_ms
+    workload, device = None, None
+    if args.measure:
+        from latency.device import get_device
+        from latency.translate_timing import require_device
+
+        require_device(space, args.measure)
+        workload = choose_workload(space, args.workload, predicted, default=None)  # the space's first translate workload
+        device = get_device(args.measure, threads=args.threads, runtime=args.runtime, provider=args.provider,
+                            clock=args.clock)  # fmt: skip
     static = supernet.extract(subnet).eval()
     record = corpus_record(meta)
     corpus = prepare_pairs(record["data"], Path(args.supernet).parent, seed=record["data_seed"] or 0,
@@ -76,7 +100,8 @@ def export_seq2seq(args: argparse.Namespace) -> int:
         "validation": {"ce_per_target_byte": ce, "unit": "nats per target byte (EOS included)",
                        "pairs": int(sum(len(b) for b in batches))},  # fmt: skip
         "supernet": {"checkpoint": str(Path(args.supernet).resolve()), "step": meta.get("step")},
-        "not_yet": "model.pt2; latency in the card",
+        "latency": predicted,
+        "not_yet": "model.pt2",
     }
     out = Path(args.out)
     for name in (ENCODER, DECODER):  # an earlier export's graphs are not this model's
@@ -92,4 +117,17 @@ def export_seq2seq(args: argparse.Namespace) -> int:
     if "torch" in formats:
         print("not written for an encoder-decoder yet: model.pt2 (the safetensors and the card are)")
     print(f"validation {ce:.4f} nats/target byte; chrF / BLEU: nas translate --model {args.out} --eval test --beam 5")
-    return 0
+    if predicted:
+        w = TranslateWorkload.from_record(predicted["workload"], "the predictor's workload")
+        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
+              f"{predicted['device'].get('device', 'unknown device')})")
+    if not args.measure:
+        return 0
+    bar, update = measurement_bar(f"measuring on {args.measure}")
+    try:
+        measured = measure_model(device, static, workload, settings, budget_ms=budget, seed=args.seed, baseline_ms=reference_ms,
+                                 predicted_ms=predicted["predicted_ms"] if predicted else None, progress=update)  # fmt: skip
+    finally:
+        bar.close()
+    update_card(out, measured=measured)
+    return report_measured(args, measured, workload, predicted, budget)

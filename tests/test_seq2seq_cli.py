@@ -77,16 +77,35 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "--runtime",
                  "onnxruntime", "-q"]) == 0  # fmt: skip
     assert capsys.readouterr().out == by_torch and len(by_torch.splitlines()) == 2
-    assert main(["translate", "--model", str(export), "open", "--beam", "3", "--runtime", "onnxruntime"]) == 2
-    assert capsys.readouterr().err == ("nas translate: error: --beam: not with --runtime onnxruntime so far (it decodes "
-                                       "greedily on the CPU)\n")  # fmt: skip
+    # beam search and --eval through ONNX Runtime: the same translations and scores as torch's
+    assert main(["translate", "--model", str(export), "file not found", "open", "--beam", "3", "--max-bytes", "8",
+                 "-q"]) == 0  # fmt: skip
+    by_torch = capsys.readouterr().out
+    assert main(["translate", "--model", str(export), "file not found", "open", "--beam", "3", "--max-bytes", "8",
+                 "--runtime", "onnxruntime", "-q"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == by_torch
+    assert main(["translate", "--model", str(export), "open", "--device", "cuda", "--runtime", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == ("nas translate: error: --device: not with --runtime onnxruntime (its sessions "
+                                       "run on the CPU)\n")  # fmt: skip
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
                  "-q"]) == 0  # fmt: skip
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
     assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
+    assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
+                 "--runtime", "onnxruntime", "-q"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "beam 2, onnxruntime" in printed and printed.rstrip().endswith("(quality.val.onnxruntime)")
+    card_quality = json.loads((export / "model_card.json").read_text())["quality"]
+    assert card_quality["val"] == quality  # torch's figure kept
+    by_ort = card_quality["val.onnxruntime"]
+    assert by_ort["runtime"] == "onnxruntime" and {k: by_ort[k] for k in ("chrf", "bleu", "pairs")} == {
+        k: quality[k] for k in ("chrf", "bleu", "pairs")}  # the same hypotheses, so the same scores
+    capsys.readouterr()
     assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
-                 str(root / "e2"), "--measure", "cpu", "--format", "torch", "-q"]) == 2  # fmt: skip
-    assert "--measure: not for an encoder-decoder (task seq2seq) model yet" in capsys.readouterr().err
+                 str(root / "e2"), "--budget", "5ms", "--format", "torch", "-q"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == ("nas export: error: --budget: needs --measure DEVICE (the budget is checked "
+                                       "against the measured latency)\n")  # fmt: skip
+    assert not (root / "e2").exists()
 
 
 def test_resume_of_a_seq2seq_run_needs_no_space_argument(trained, capsys):

@@ -149,6 +149,21 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     capsys.readouterr()
     assert main(["translate", "--model", str(export), "file", "--max-bytes", "4", "-q"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
+    # nas export --predictor --measure --budget: the predicted and the measured latency of the translate workload
+    measured = root / "export-measured"
+    flags = ["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--format", "torch", "--predictor",
+             str(pred), "--measure", "cpu", *FAST, "-q"]  # fmt: skip
+    assert main([*flags, "--out", str(measured), "--budget", "10s"]) == 0
+    printed = capsys.readouterr().out
+    card = json.loads((measured / "model_card.json").read_text())
+    m, p = card["measured"], card["latency"]
+    assert p["predicted_ms"] == pytest.approx(entry["latency_ms"]) and p["workload"]["kind"] == "translate"
+    assert m["workload"] == p["workload"] and m["timed"] == "static model" and m["median_ms"] > 0
+    assert m["predicted_ms"] == p["predicted_ms"] and m["over_budget"] is False and m["budget_ms"] == 10000
+    assert f"measured          {m['median_ms']:.3f} ms" in printed and "prediction error" in printed
+    assert "budget            10s: holds" in printed
+    assert main([*flags, "--out", str(root / "export-over"), "--budget", "0.001ms", "--strict"]) == 1
+    assert ": OVER" in capsys.readouterr().out
 
 
 def test_random_and_nsga2_search_a_seq2seq_supernet(searched):

@@ -100,7 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)",
     )
     m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
-    m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else prefill)")
+    m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else prefill; seq2seq: the first)")
     m.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads")
     m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --threads 1)")
     m.add_argument("--provider", help="onnxruntime: cpu (default) or cuda")
@@ -109,11 +109,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_protocol_arguments(p)
 
 
-def choose_workload(space, name: str | None, predicted: dict | None):
-    """``--workload``, else the predictor's, else prefill; a predictor fitted at another workload is refused."""
+def choose_workload(space, name: str | None, predicted: dict | None, default: str | None = "prefill"):
+    """``--workload``, else the predictor's, else ``default`` (None: the space's first); a predictor fitted at another
+    workload is refused."""
     from search_spaces import UserError
 
-    wanted = name or (predicted["workload"]["name"] if predicted else "prefill")
+    wanted = name or (predicted["workload"]["name"] if predicted else default)
     workload = space.workload(wanted)
     if predicted and predicted["workload"]["name"] != workload.name:
         raise UserError(f"--workload {workload.name}: the predictor was fitted at workload {predicted['workload']['name']!r}; "
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         validation_bpb,
         workload_text,
     )
-    from nas.search.budget import format_ms, parse_budget
+    from nas.search.budget import parse_budget
     from search_spaces import Subnet, UserError, Workload
     from supernet.artifact import update_card
     from supernet.checkpoint import load_supernet
@@ -265,6 +266,14 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     update_card(result.out, measured=measured)
+    return report_measured(args, measured, workload, predicted, budget)
+
+
+def report_measured(args: argparse.Namespace, measured: dict, workload, predicted: dict | None, budget: float | None) -> int:
+    """Print a measurement against its prediction and ``--budget``: the exit status (1 over budget with ``--strict``)."""
+    from nas.export import workload_text
+    from nas.search.budget import format_ms
+
     print(
         f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, "
         f"{measured['timed']}, "
