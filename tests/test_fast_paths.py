@@ -72,6 +72,23 @@ def test_head_chunks_share_buffers_and_write_in_place(spec, monkeypatch):
     assert worst <= 1e-4, worst
 
 
+@pytest.mark.parametrize("spec", ["local:8", "local:40", "dilated:4:3", "longformer:8:3", "bigbird:8:3:2"])
+def test_bidirectional_head_chunks_equal_the_reference(spec, monkeypatch):
+    """The encoder forms run a few heads per call too (one here): each chunk's answer, global rows included."""
+    from supernet.attention import sparse
+
+    monkeypatch.setattr(sparse, "SCORE_BYTES", 1)
+    s = parse_attention(spec)
+    worst = 0.0
+    for b, t in ((1, 64), (1, 65), (2, 33), (2, 130)):
+        g = torch.Generator().manual_seed(b * 1000 + t)
+        q, k, v = (torch.randn(b, 3, t, 16, generator=g) for _ in range(3))
+        with torch.no_grad():
+            out = attend(q, k, v, s, {}, causal=False)
+        worst = max(worst, (out - attend_reference(q, k, v, s, {}, causal=False)).abs().max().item())
+    assert worst <= 1e-4, worst
+
+
 @pytest.mark.parametrize("spec", ["local:64", "longformer:33:4", "linear", "cosformer:200"])
 def test_gradients_off_the_block_size(spec):
     """Gradients at lengths one short of and one past a block / chunk (the padded tail and the first blocks)."""

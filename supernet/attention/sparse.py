@@ -15,6 +15,7 @@ and cached (:func:`_cached`).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
@@ -24,6 +25,7 @@ from torch import Tensor
 from search_spaces.attention import AttentionSpec
 
 from .blocks import (
+    NEG_INF,
     Blocks,
     as_bias,
     attend_groups,
@@ -98,25 +100,40 @@ class BlockSparse(PatternType):
     def forward(self, q, k, v, spec, w):
         """The block engine; without a gradient, a few heads at a time, so that the (heads, T, keys) scores
         of a call stay in the core's cache (:data:`SCORE_BYTES`) instead of streaming through memory."""
-        if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
-            return self.block_forward(q, k, v, spec)
-        b, h, t, _ = q.shape
-        step = max(1, SCORE_BYTES // (b * t * self.keys_per_query(spec, t) * q.element_size()))
-        if step >= h:
-            return self.block_forward(q, k, v, spec)
-        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-        with reusing() as into:  # the chunks share their score buffers, and write their answer in place
-            for h0 in range(0, h, step):
-                dest = out[:, h0 : h0 + step]
-                into(dest)
-                got = self.block_forward(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
-                if got.data_ptr() != dest.data_ptr():
-                    dest.copy_(got)
-        return out
+        return _in_head_chunks(self.block_forward, q, k, v, spec, self.keys_per_query(spec, q.shape[2]))
+
+    def bidirectional_block(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
+        """The block engine's computation of the bidirectional form for all of q's heads at once."""
+        raise NotImplementedError(f"{self.name} has no bidirectional form")
+
+    def bidirectional(self, q, k, v, spec, w):
+        """The bidirectional form on the block engine, a few heads at a time without a gradient (as ``forward``;
+        a window on both sides scores about twice the keys)."""
+        return _in_head_chunks(self.bidirectional_block, q, k, v, spec, 2 * self.keys_per_query(spec, q.shape[2]))
 
     def keys_per_query(self, spec: AttentionSpec, t: int) -> int:
         """How many keys a query block scores (the width of its score rows), for sizing the head chunks."""
         raise NotImplementedError
+
+
+def _in_head_chunks(fn, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, keys: int) -> Tensor:
+    """``fn(q, k, v, spec)`` over all heads; without a gradient, ``SCORE_BYTES // (B * T * keys * 4)`` heads at a
+    time, sharing their score buffers and writing into one output (:func:`.blocks.reusing`)."""
+    if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
+        return fn(q, k, v, spec)
+    b, h, t, _ = q.shape
+    step = max(1, SCORE_BYTES // (b * t * keys * q.element_size()))
+    if step >= h:
+        return fn(q, k, v, spec)
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    with reusing() as into:  # the chunks share their score buffers, and write their answer in place
+        for h0 in range(0, h, step):
+            dest = out[:, h0 : h0 + step]
+            into(dest)
+            got = fn(q[:, h0 : h0 + step], k[:, h0 : h0 + step], v[:, h0 : h0 + step], spec)
+            if got.data_ptr() != dest.data_ptr():
+                dest.copy_(got)
+    return out
 
 
 @lru_cache(maxsize=128)
@@ -193,7 +210,7 @@ class Local(BlockSparse):
         lay = Blocks(*b_h, t, _block_size(spec.param("W")))
         return (lay, *_centred_window(lay, spec.param("W"), device, dtype))
 
-    def bidirectional(self, q, k, v, spec, w):
+    def bidirectional_block(self, q, k, v, spec):
         """The symmetric window on the block engine: each block with ceil((W-1)/C) blocks on either side."""
         b, h, t, _ = q.shape
         lay, reach, bias = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
@@ -391,7 +408,7 @@ class Longformer(BlockSparse):
         g = min(spec.param("G"), t)
         return lay, reach, win, g, _outside_window(lay, torch.arange(g, device=device), spec.param("W"), dtype)
 
-    def bidirectional(self, q, k, v, spec, w):
+    def bidirectional_block(self, q, k, v, spec):
         """Window + global keys on the block engine; the G global queries see every key (one SDPA)."""
         b, h, t, _ = q.shape
         lay, reach, win, g, glob = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
@@ -522,31 +539,61 @@ class BigBird(BlockSparse):
         return longformer.bidirectional_pattern(i, j, spec) | rand
 
     def bidirectional_plan(self, spec, t, b_h, device, dtype):
-        w, g = spec.param("W"), min(spec.param("G"), t)
+        """Block a's random keys are the blocks it picked (earlier ones: exactly R, a gathered group as in the
+        causal form) and the later blocks that picked it (any number: scored from the key side, one (C, C)
+        product per pick, and merged into a's rows by index; :func:`_attend_with_picked_by`)."""
+        w, g, r = spec.param("W"), min(spec.param("G"), t), spec.param("R")
         lay = Blocks(*b_h, t, w)  # blocks of W tokens, as the random pattern is defined
         reach, win = _centred_window(lay, w, device, dtype)
         glob = _outside_window(lay, torch.arange(g, device=device), w, dtype)
         blk = torch.arange(lay.n, device=device)
-        adj = torch.zeros(lay.n, lay.n, dtype=torch.bool, device=device)  # block a sees block b (two or more apart)
-        for r in range(spec.param("R")):
-            adj[blk, bigbird_random_block(blk, r)] |= blk >= 2
-        adj = adj | adj.T
-        count = adj.sum(1)  # (N,) random blocks per query block, padded to the most any block has
-        most = max(int(count.max()), 1)
-        picks = torch.argsort((~adj).to(torch.int8), dim=1, stable=True)[:, :most]  # (N, most): the seen blocks first
-        j = picks[:, :, None] * w + torch.arange(w, device=device)  # (N, most, W) key positions
-        ok = (torch.arange(most, device=device) < count[:, None])[:, :, None] & (j >= g) & (j < t)  # globals: their group
-        return lay, reach, win, g, glob, picks, as_bias(ok.reshape(lay.n, 1, most * w), dtype)
+        picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)  # (N, R), each <= its block - 2
+        repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)  # a pick counts once
+        ok = (blk[:, None] >= 2) & ~repeat  # (N, R)
+        j = picks[:, :, None] * w + torch.arange(w, device=device)  # (N, R, W) keys of the picked blocks
+        fwd = as_bias((ok[:, :, None] & (j >= g)).reshape(lay.n, 1, r * w), dtype)  # globals: their own group
+        # picked by: block b's keys seen by the queries of block picks[b, r] (their window never reaches b)
+        jb = blk[:, None, None] * w + torch.arange(w, device=device)  # (N, 1, W) keys of b itself
+        rev = as_bias((ok[:, :, None] & (jb >= g) & (jb < t)).reshape(lay.n * r, 1, w), dtype)  # (N*R, 1, W)
+        return lay, reach, win, g, glob, picks, fwd, rev
 
-    def bidirectional(self, q, k, v, spec, w):
+    def bidirectional_block(self, q, k, v, spec):
         b, h, t, _ = q.shape
-        lay, reach, win, g, glob, picks, rand = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
+        lay, reach, win, g, glob, picks, fwd, rev = _cached_bidirectional(self, spec, t, (b, h), q.device, q.dtype)
         qb = lay.blocked(q)
-        return _global_rows(q, k, v, g, attend_groups(lay, [
+        groups = [
             centred_window_group(lay, qb, k, v, reach, reach, win),
             shared_group(lay, q, _global_keys(lay, k, g), _global_keys(lay, v, g), glob),
-            gathered_group(lay, qb, k, v, picks, rand),
-        ]))  # fmt: skip
+            gathered_group(lay, qb, k, v, picks, fwd),
+        ]
+        return _global_rows(q, k, v, g, _attend_with_picked_by(lay, groups, qb, k, v, picks, rev))
+
+
+def _attend_with_picked_by(lay: Blocks, groups: list, qb: Tensor, k: Tensor, v: Tensor, picks: Tensor, rev: Tensor) -> Tensor:
+    """One softmax over ``groups`` and the keys of every block b seen by the queries of block picks[b, r] (bias
+    ``rev`` (N*R, 1, C)), whose number varies per query block: their scores are computed per (b, r) and merged
+    into the rows of picks[b, r] by index (the row maximum by scatter, exponentials' sums and the weighted
+    values by index_add), then every row divided by its sum.  The maximum is a constant shift (detached): the
+    gradients are the softmax's.  Returns (B, H, T, Dv)."""
+    rows, n, c = lay.rows, lay.n, lay.c
+    r = picks.shape[1]
+    a = picks.reshape(-1)  # (N*R,) the query block of each (b, r)
+    scale = 1.0 / math.sqrt(qb.shape[-1])
+    kb, vb = (lay.padded(x).view(rows, n, 1, c, x.shape[-1]).expand(-1, -1, r, -1, -1).reshape(rows, n * r, c, -1)
+              for x in (k, v))  # fmt: skip  (B*H, N*R, C, D): block b for each of its picks
+    qa = qb.view(rows, n, c, -1).index_select(1, a)  # (B*H, N*R, C, D): the queries of block picks[b, r]
+    s_rev = torch.add(rev, qa @ kb.transpose(-2, -1), alpha=scale)  # (B*H, N*R, C, C)
+    scores = torch.cat([grp.scores for grp in groups], dim=-1).view(rows, n, c, -1)  # (B*H, N, C, L)
+    with torch.no_grad():
+        top = scores.amax(-1).scatter_reduce(1, a.view(1, -1, 1).expand(rows, -1, c), s_rev.amax(-1), "amax")
+        top = top.masked_fill(top == NEG_INF, 0.0)  # (B*H, N, C): every row sees its own token, so never -inf
+    p = torch.exp(scores - top[..., None])
+    p_rev = torch.exp(s_rev - top.index_select(1, a)[..., None])
+    total = p.sum(-1).index_add(1, a, p_rev.sum(-1))  # (B*H, N, C)
+    parts = p.view(rows * n, c, -1).split([grp.scores.shape[-1] for grp in groups], dim=-1)
+    out = sum(grp.apply(part) for grp, part in zip(groups, parts)).view(rows, n, c, -1)
+    out = out.index_add(1, a, p_rev @ vb) / total[..., None]
+    return lay.unblock(out.view(rows * n, c, -1))
 
 
 # --------------------------------------------------------------------------- strided:S, fixed:S
