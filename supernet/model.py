@@ -270,6 +270,13 @@ class Attention(nn.Module):
         self.o = nn.Linear(width, embed_dim)
         shapes = self.typ.weights(self.spec, heads, head_dim, max_seq_len=max_seq_len)
         self.mix = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in shapes.items()})
+        if shapes and not self.q.weight.is_meta:
+            # as nn.Linear does: a layer built alone holds no uninitialised memory (xca's temperature was garbage in
+            # a bare Block); a private generator leaves the global one alone; init_weights sets them again, seeded
+            g = torch.Generator(self.q.weight.device).manual_seed(0)
+            with torch.no_grad():
+                for typ, name, p in self.mix_params():
+                    typ.init_weight(name, p, g)
 
     def mix_params(self):
         """(type, name, parameter) of the type's own weights (their initialisation is the type's)."""
