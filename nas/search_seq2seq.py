@@ -42,7 +42,7 @@ class Seq2SeqFitness:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Refuse, in one line, the LM search's flags that do not run on an encoder-decoder yet."""
-    for flag, off in (("hurdles", 0), ("verify", None), ("val_data", None)):
+    for flag, off in (("hurdles", 0), ("val_data", None)):
         if getattr(args, flag, off) not in (off, False, None, 0):
             raise UserError(f"--{flag.replace('_', '-')}: not for an encoder-decoder (task seq2seq) search yet")
     if getattr(args, "precision", "fp32") != "fp32":

@@ -166,6 +166,29 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     assert ": OVER" in capsys.readouterr().out
 
 
+def test_a_seq2seq_search_verified_on_the_device(searched, capsys):
+    """--verify: the top candidates of the budget extracted and timed on the cpu (the translate workload of the
+    predictor), the best that holds written as verified_<budget>.yaml."""
+    from search_spaces.seq2seq import Seq2SeqSubnet
+
+    root, run, pred, budget = searched
+    out = root / "search-verified"
+    code = main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), "--budget", "10s",
+                 "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3", "--generations", "1",
+                 "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress", "-q", "--verify", "cpu",
+                 "--verify-top", "2", "--verify-threads", "1"])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "verified on cpu (translate" in printed and "loss (nats)" in printed and "KEPT" in printed
+    doc = json.loads((out / "verify.json").read_text())
+    (entry,) = doc["budgets"].values()
+    assert len(entry["checks"]) == 2 and all(c["measured_ms"] > 0 for c in entry["checks"])
+    assert doc["workload"]["steps"] > 0 and entry["verified"] == "verified_10s.yaml"
+    kept = next(c for c in entry["checks"] if c["kept"])
+    text = (out / "verified_10s.yaml").read_text()
+    assert Seq2SeqSubnet.load(out / "verified_10s.yaml").key == kept["key"] and "nats/target byte" in text
+
+
 def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
     root, run, pred, budget = searched
     for strategy in ("random", "nsga2"):

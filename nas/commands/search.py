@@ -370,7 +370,8 @@ def verify_on_device(args: argparse.Namespace, model, searches, result, out: Pat
         verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update)
     finally:
         bar.close()
-    print(report(verification.verdicts, verification.device))
+    unit = "nats" if getattr(model.space, "task", None) == "seq2seq" else "bpb"
+    print(report(verification.verdicts, verification.device, unit))
     print(f"wrote {', '.join(p.name for p in verification.files)} to {out}")
     return verification.holds
 

@@ -107,10 +107,11 @@ def verify(
     return verdicts
 
 
-def report(verdicts: Mapping[str, Verdict], device: str) -> str:
+def report(verdicts: Mapping[str, Verdict], device: str, unit: str = "bpb") -> str:
     """The terminal table: predicted vs measured per candidate, which are dropped and which is kept."""
     lines = [f"verified on {device}:",
-             f"{'budget':<10} {'rank':>4} {'loss (bpb)':>10} {'predicted':>11} {'measured':>11} {'error':>7}  verdict   subnet"]
+             f"{'budget':<10} {'rank':>4} {f'loss ({unit})':>10} {'predicted':>11} {'measured':>11} {'error':>7}  "
+             "verdict   subnet"]
     for v in verdicts.values():
         chosen = v.chosen
         for c in v.checks:
@@ -164,13 +165,18 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
                 f"{v.label}\n"
                 f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted "
                 f"{chosen.candidate.predicted_ms:.4f} ms), "
-                f"validation loss {chosen.candidate.loss:.6f} bits/byte, rank {chosen.rank}, trial {chosen.candidate.trial}\n"
+                f"validation loss {chosen.candidate.loss:.6f} {_unit(space)}, rank {chosen.rank}, "
+                f"trial {chosen.candidate.trial}\n"
                 f"# space {space.name} (hash {space.hash})\n" + chosen.candidate.subnet.to_yaml()
             )
             written.append(path)
     atomic_write(out / "verify.json", json.dumps(doc, indent=2, default=str) + "\n")
     atomic_write_csv(out / "verify.csv", list(rows[0]) if rows else ["budget"], rows)
     return [out / "verify.json", out / "verify.csv", *written]
+
+
+def _unit(space) -> str:
+    return "nats/target byte" if getattr(space, "task", None) == "seq2seq" else "bits/byte"
 
 
 # --------------------------------------------------------------------------- the command's side
@@ -184,8 +190,11 @@ def device_measure(
     from latency.protocol import measure
     from supernet import extract
 
+    def static(s):  # an encoder-decoder supernet extracts its own subnets
+        return supernet.extract(s) if hasattr(supernet, "extract") else extract(supernet, s)
+
     def run(subnets: Sequence[Subnet]) -> dict[Subnet, tuple[float, list[str]]]:
-        models = {s.key: extract(supernet, s).cpu().eval() for s in subnets}
+        models = {s.key: static(s).cpu().eval() for s in subnets}
         results = measure(device, models, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results
         return {s: (results[s.key].median_ms, list(results[s.key].flags)) for s in subnets}
 
@@ -235,6 +244,10 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
 
     precision = precision_of(predictor.fingerprint or {})  # the device times the models at the predictor's precision
     check_device(precision, settings.device)
+    if getattr(supernet.space, "task", None) == "seq2seq":  # the translate workload: the devices that time it
+        from latency.translate_timing import require_device
+
+        require_device(supernet.space, settings.device, precision)
     device = get_device(settings.device, threads=settings.threads, clock=settings.clock,
                         precision=None if precision == "fp32" else precision)
     fp_device = (predictor.fingerprint or {}).get("device")
