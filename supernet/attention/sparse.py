@@ -587,8 +587,12 @@ def _attend_with_picked_by(lay: Blocks, groups: list, qb: Tensor, k: Tensor, v: 
     with torch.no_grad():
         top = scores.amax(-1).scatter_reduce(1, a.view(1, -1, 1).expand(rows, -1, c), s_rev.amax(-1), "amax")
         top = top.masked_fill(top == NEG_INF, 0.0)  # (B*H, N, C): every row sees its own token, so never -inf
-    p = torch.exp(scores - top[..., None])
-    p_rev = torch.exp(s_rev - top.index_select(1, a)[..., None])
+    if torch.is_grad_enabled() and scores.requires_grad:
+        p = torch.exp(scores - top[..., None])
+        p_rev = torch.exp(s_rev - top.index_select(1, a)[..., None])
+    else:  # inference: in place (both are fresh buffers: the concatenation, the sum)
+        p = scores.sub_(top[..., None]).exp_()
+        p_rev = s_rev.sub_(top.index_select(1, a)[..., None]).exp_()
     total = p.sum(-1).index_add(1, a, p_rev.sum(-1))  # (B*H, N, C)
     parts = p.view(rows * n, c, -1).split([grp.scores.shape[-1] for grp in groups], dim=-1)
     out = sum(grp.apply(part) for grp, part in zip(groups, parts)).view(rows, n, c, -1)
