@@ -312,11 +312,9 @@ class OnnxBeams:
 def onnx_translate(model: OnnxSeq2Seq, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None):
     """The best translation of ``source`` through the two graphs: greedy for ``beam`` 1, else beam search (the
     same search as torch's :func:`supernet.translate.translate`); a :class:`~supernet.translate.Hypothesis`."""
-    from .translate import Hypothesis, search_beams
+    from .translate import Hypothesis, decode_limit, search_beams
 
-    if len(source) > max_seq_len:
-        raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
-    limit = max_seq_len if max_len is None else min(max_len, max_seq_len)
+    limit = decode_limit(source, max_seq_len, max_len)
     if beam == 1:
         tokens, score = onnx_greedy(model, source, limit)
         return Hypothesis(tuple(tokens), score, bool(tokens) and tokens[-1] == EOS)

@@ -72,12 +72,18 @@ class _Decoder:
             self.states = [{n: t[index] for n, t in s.items()} for s in self.states]
 
 
-def _setup(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | None, cache: bool, batch: int):
+def decode_limit(source: bytes, max_seq_len: int, max_len: int | None) -> int:
+    """The most bytes a translation of ``source`` may have; an empty source, or one longer than the model reads,
+    is refused in one line (torch's and ONNX Runtime's decoding alike)."""
     if not source:
         raise UserError("the source text is empty")
     if len(source) > max_seq_len:
         raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
-    limit = max_seq_len if max_len is None else min(max_len, max_seq_len)
+    return max_seq_len if max_len is None else min(max_len, max_seq_len)
+
+
+def _setup(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | None, cache: bool, batch: int):
+    limit = decode_limit(source, max_seq_len, max_len)
     device = w.dec_tok.device
     src = torch.tensor([list(source)], dtype=torch.long, device=device)
     mem = encode_memory(w, src)

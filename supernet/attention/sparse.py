@@ -68,10 +68,16 @@ def _block_size(window: int) -> int:
     return max(MIN_BLOCK, min(window, MAX_BLOCK))
 
 
+def _window_blocks(w: int) -> tuple[int, int]:
+    """(C, reach) of a W-token window: the query block size and the ceil((W-1)/C) blocks it reaches on a side."""
+    c = _block_size(w)
+    return c, -(-(w - 1) // c)
+
+
 def _window_keys(w: int) -> int:
     """Keys a query block of local:W scores: its own block and the ceil((W-1)/C) blocks before it."""
-    c = _block_size(w)
-    return (-(-(w - 1) // c) + 1) * c
+    c, reach = _window_blocks(w)
+    return (reach + 1) * c
 
 
 def _positions(lay: Blocks, before: int, device) -> tuple[Tensor, Tensor]:
@@ -195,8 +201,8 @@ class Local(BlockSparse):
 
     def plan(self, spec, t, b_h, device, dtype):
         w = spec.param("W")
-        lay = Blocks(*b_h, t, _block_size(w))
-        before = -(-(w - 1) // lay.c)
+        c, before = _window_blocks(w)
+        lay = Blocks(*b_h, t, c)
         return lay, before, _window_bias(lay, before, _causal_window(w), device, dtype)
 
     def keys_per_query(self, spec, t):
@@ -219,15 +225,13 @@ class Local(BlockSparse):
     def forward_onnx(self, q, k, v, spec, w):
         """Block-local MatMul / Softmax nodes (O(T * W)), not one Attention node under a dense (T, T) mask."""
         width = spec.param("W")
-        c = _block_size(width)
-        return traced_window_attention(q, k, v, c, -(-(width - 1) // c), _causal_window(width))
+        return traced_window_attention(q, k, v, *_window_blocks(width), _causal_window(width))
 
     def bidirectional_onnx(self, q, k, v, spec, w):
         """The symmetric window as block-local MatMul / Softmax nodes (O(T * W)): each block with
         ceil((W-1)/C) blocks on either side."""
         width = spec.param("W")
-        c = _block_size(width)
-        reach = -(-(width - 1) // c)
+        c, reach = _window_blocks(width)
         return traced_window_attention(q, k, v, c, reach, _centred(width), after=reach)
 
 
@@ -312,8 +316,7 @@ class Dilated(PatternType):
         m = torch.arange(qs.shape[2], device=q.device)  # stream index: position m * D + r on stream r
         real = ((m[None, :] * step + torch.arange(step, device=q.device)[:, None]) < t).repeat(h, 1)[None]  # (1, H*D, M)
         width = spec.param("W")
-        c = _block_size(width)
-        reach = -(-(width - 1) // c)
+        c, reach = _window_blocks(width)
         out = traced_window_attention(qs, ks, vs, c, reach, _centred(width), after=reach, real=real)
         return _unstream(out, h, step, t)
 
@@ -392,10 +395,9 @@ class Longformer(BlockSparse):
     def forward_onnx(self, q, k, v, spec, w):
         """local:W's block-local graph plus the G global keys as a second MatMul (O(T * (W + G)))."""
         width, g = spec.param("W"), spec.param("G")
-        c = _block_size(width)
         k_g, v_g = _first(k, g), _first(v, g)
         return traced_window_attention(
-            q, k, v, c, -(-(width - 1) // c), _causal_window(width), lambda x: [_traced_globals(x, k_g, v_g, width)]
+            q, k, v, *_window_blocks(width), _causal_window(width), lambda x: [_traced_globals(x, k_g, v_g, width)]
         )
 
     def bidirectional_pattern(self, i, j, spec):
@@ -421,8 +423,7 @@ class Longformer(BlockSparse):
         """The symmetric window's block-local graph plus the G global keys outside it (O(T * (W + G))); the
         G global queries attend to every key (one Attention node of G rows)."""
         width, g = spec.param("W"), spec.param("G")
-        c = _block_size(width)
-        reach = -(-(width - 1) // c)
+        c, reach = _window_blocks(width)
         k_g, v_g = _first(k, g), _first(v, g)
 
         def globals_outside(x: TracedBlocks) -> list[TracedGroup]:
@@ -464,6 +465,17 @@ def bigbird_random_block(block: Tensor, r: int, seed: int = BIGBIRD_SEED) -> Ten
     return x % (block.to(torch.int64) - 1).clamp(min=1)
 
 
+def _random_picks(blk: Tensor, r: int, w: int, g: int) -> tuple[Tensor, Tensor, Tensor]:
+    """BigBird's random blocks of the query blocks ``blk`` (N,), blocks of W tokens: picks (N, R), each at most
+    its block - 2 (outside the window); ok (N, R): the pick counts (block >= 2, not a repeat of an earlier pick);
+    seen (N, 1, R*W): which keys of the picked blocks a query sees (those before G are the global group's)."""
+    picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)
+    repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)
+    ok = (blk[:, None] >= 2) & ~repeat
+    j = picks[:, :, None] * w + torch.arange(w, device=blk.device)  # (N, R, W) key positions
+    return picks, ok, (ok[:, :, None] & (j >= g)).reshape(-1, 1, r * w)
+
+
 class BigBird(BlockSparse):
     """Bidirectional form: Longformer's symmetric window and global tokens, and the random blocks in both
     directions: block a sees block b when either picked the other (the same generator, symmetrised)."""
@@ -491,14 +503,8 @@ class BigBird(BlockSparse):
         win = _window_bias(lay, 1, _causal_window(w), device, dtype)
         g_eff = min(g, lay.n * lay.c)
         glob = _global_bias(lay, g_eff, w, device, dtype)
-        blk = torch.arange(lay.n, device=device)
-        picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)  # (N, R) in [0, n-2]
-        # a pick counts once (repeats hidden), only for blocks >= 2; its global tokens belong to the global group
-        repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)  # (N, R)
-        ok = (blk[:, None] >= 2) & ~repeat
-        j = picks[:, :, None] * w + torch.arange(w, device=device)  # (N, R, W) key positions
-        rand = as_bias((ok[:, :, None] & (j >= g)).reshape(lay.n, 1, r * w), dtype)  # (N, 1, R*W)
-        return lay, win, g_eff, glob, picks, rand
+        picks, _, seen = _random_picks(torch.arange(lay.n, device=device), r, w, g)
+        return lay, win, g_eff, glob, picks, as_bias(seen, dtype)
 
     def keys_per_query(self, spec, t):
         return (2 + spec.param("R")) * spec.param("W") + spec.param("G")
@@ -520,13 +526,8 @@ class BigBird(BlockSparse):
         k_g, v_g = _first(k, g), _first(v, g)
 
         def extra(x: TracedBlocks) -> list[TracedGroup]:
-            blk = torch.arange(x.k.shape[2], device=q.device)
-            picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)  # (N, R)
-            repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)  # a pick counts once
-            ok = (blk[:, None] >= 2) & ~repeat
-            j = picks[:, :, None] * width + torch.arange(width, device=q.device)  # (N, R, W) key positions
-            rand = (ok[:, :, None] & (j >= g)).reshape(-1, 1, r * width)  # globals: their own group
-            return [_traced_globals(x, k_g, v_g, width), traced_gathered(x, picks, rand)]
+            picks, _, seen = _random_picks(torch.arange(x.k.shape[2], device=q.device), r, width, g)
+            return [_traced_globals(x, k_g, v_g, width), traced_gathered(x, picks, seen)]
 
         return traced_window_attention(q, k, v, width, 1, _causal_window(width), extra)
 
@@ -547,11 +548,8 @@ class BigBird(BlockSparse):
         reach, win = _centred_window(lay, w, device, dtype)
         glob = _outside_window(lay, torch.arange(g, device=device), w, dtype)
         blk = torch.arange(lay.n, device=device)
-        picks = torch.stack([bigbird_random_block(blk, k) for k in range(r)], dim=1)  # (N, R), each <= its block - 2
-        repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)  # a pick counts once
-        ok = (blk[:, None] >= 2) & ~repeat  # (N, R)
-        j = picks[:, :, None] * w + torch.arange(w, device=device)  # (N, R, W) keys of the picked blocks
-        fwd = as_bias((ok[:, :, None] & (j >= g)).reshape(lay.n, 1, r * w), dtype)  # globals: their own group
+        picks, ok, seen = _random_picks(blk, r, w, g)
+        fwd = as_bias(seen, dtype)
         # picked by: block b's keys seen by the queries of block picks[b, r] (their window never reaches b)
         jb = blk[:, None, None] * w + torch.arange(w, device=device)  # (N, 1, W) keys of b itself
         rev = as_bias((ok[:, :, None] & (jb >= g) & (jb < t)).reshape(lay.n * r, 1, w), dtype)  # (N*R, 1, W)
