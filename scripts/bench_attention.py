@@ -30,6 +30,7 @@ at least 10x faster than bidirectional ``softmax`` at 4k tokens, forward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -50,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from search_spaces import LayerChoice, parse_attention  # noqa: E402
 from latency.features import projection_flops  # noqa: E402
 from search_spaces.attention import AttentionSpec  # noqa: E402
-from supernet.attention import attend, get, kv_heads  # noqa: E402
+from supernet.attention import attend, get, kv_heads, native  # noqa: E402
 from supernet.model import Block, rope_tables  # noqa: E402
 
 DEFAULT_TYPES = (
@@ -446,6 +447,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer"
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--native",
+        choices=("on", "off"),
+        default="on",
+        help="the compiled window kernel of local / dilated inference (supernet/attention/native.py); off: the block engine",
+    )
     p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
     args = p.parse_args(argv)
     if args.types is None:
@@ -476,10 +483,14 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str(label)
         bar.update(1)
 
+    used, why = native.status()  # builds it now (once, cached), not inside a timed cell
+    kernel = "in use" if used and args.native == "on" else f"not used ({'--native off' if used else why})"
+    print(f"compiled window kernel (local, dilated inference): {kernel}", flush=True)
     started = time.time()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"load average (1, 5, 15 min) at start: {fmt_load(load_before)}", flush=True)
-    rows = run_bench(args, progress)
+    with native.disabled() if args.native == "off" else contextlib.nullcontext():
+        rows = run_bench(args, progress)
     bar.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -497,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": load_before,
         "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "seconds": round(time.time() - started, 1),
+        "window_kernel": kernel,
         "flops_model": "softmax family: 4*D per allowed pair per head; linear family: 4*F*D per token per head; bwd = 2.5x fwd",
     }
     out.with_suffix(".json").write_text(json.dumps(meta, indent=2))

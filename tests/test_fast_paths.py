@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from search_spaces import parse_attention
-from supernet.attention import REGISTRY, attend, attend_reference
+from supernet.attention import REGISTRY, attend, attend_reference, native
 from supernet.attention.blocks import window_bmm, window_grad
 from supernet.attention.linear import _exclusive_cumsum
 
@@ -31,6 +31,13 @@ def qkv(t: int, seed: int, h: int = 3, d: int = 16, requires_grad: bool = False)
 def weights(spec, h=3, d=16):
     g = torch.Generator().manual_seed(7)
     return {n: torch.randn(*s, generator=g) * 0.5 for n, s in REGISTRY[spec.kind].weights(spec, h, d).items()}
+
+
+@pytest.fixture(autouse=True)
+def engine_only():
+    """These tests are about the block engine: the compiled window kernel (tests/test_native_kernels.py) stays off."""
+    with native.disabled():
+        yield
 
 
 @pytest.mark.parametrize("spec", SPARSE_AND_LINEAR)

@@ -43,6 +43,7 @@ from .blocks import (
     traced_window_attention,
     window_group,
 )
+from . import native
 from .patterns import PatternType
 from .registry import register
 
@@ -208,6 +209,17 @@ class Local(BlockSparse):
     def keys_per_query(self, spec, t):
         return _window_keys(spec.param("W"))
 
+    def forward(self, q, k, v, spec, w):
+        """Without a gradient, the compiled window kernel where it applies (:mod:`.native`); else the block engine."""
+        out = native.window_attention(q, k, v, spec.param("W") - 1, 0)
+        return out if out is not None else super().forward(q, k, v, spec, w)
+
+    def bidirectional(self, q, k, v, spec, w):
+        """As ``forward``: the compiled kernel where it applies, else the block engine."""
+        width = spec.param("W")
+        out = native.window_attention(q, k, v, width - 1, width - 1)
+        return out if out is not None else super().bidirectional(q, k, v, spec, w)
+
     def block_forward(self, q, k, v, spec):
         lay, before, bias = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, before, bias)])
@@ -257,6 +269,14 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
     return y.view(b, h, step, m, d).transpose(2, 3).reshape(b, h, m * step, d)[:, :, :t]
 
 
+def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, after: int) -> Tensor:
+    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies)."""
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    for r in range(min(step, q.shape[2])):
+        native.window_into(out[:, :, r::step], q[:, :, r::step], k[:, :, r::step], v[:, :, r::step], before, after)
+    return out
+
+
 class Dilated(PatternType):
     name = "dilated"
     params = ("W", "D")
@@ -279,6 +299,8 @@ class Dilated(PatternType):
     def forward(self, q, k, v, spec, w):
         # Keys i, i-D, i-2D, ... are the W-token window of i's residue class mod D: local:W per class.
         step = spec.param("D")
+        if native.fits(q, k, v):
+            return _native_streams(q, k, v, step, spec.param("W") - 1, 0)
         out = local.forward(*(_streams(x, step) for x in (q, k, v)), AttentionSpec("local", (spec.param("W"),)), w)
         return _unstream(out, q.shape[1], step, q.shape[2])  # from (B, H*D, T/D, Dv)
 
@@ -290,6 +312,8 @@ class Dilated(PatternType):
         """The symmetric local:W on each residue stream; streams of m and of m-1 tokens apart (no padding seen)."""
         b, h, t, _ = q.shape
         step = spec.param("D")
+        if native.fits(q, k, v):
+            return _native_streams(q, k, v, step, spec.param("W") - 1, spec.param("W") - 1)
         m = -(-t // step)
         full = t - (m - 1) * step  # streams 0 .. full-1 hold m tokens, the others m-1
         window = AttentionSpec("local", (spec.param("W"),))

@@ -1,0 +1,131 @@
+"""The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
+gives the reference's numbers for local:W and dilated:W:D (causal and bidirectional; lengths on and off
+its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided views of a fused
+projection), it is the path taken without a gradient, and the block engine takes over wherever it
+does not apply."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from search_spaces import parse_attention
+from supernet.attention import attend, attend_reference, native
+
+TYPES = ["local:1", "local:2", "local:16", "local:17", "local:64", "local:300", "dilated:1:4", "dilated:4:3", "dilated:16:2"]
+LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
+
+
+def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
+    """q, k, v as the model makes them: (B, H, T, D) views of one (B, T, 3, H, D) projection (not contiguous)."""
+    x = torch.randn(b, t, 3, h, d, generator=torch.Generator().manual_seed(seed)) * scale
+    return [x[:, :, i].transpose(1, 2) for i in range(3)]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the kernel's calls (native.window_into)."""
+    count = {"n": 0}
+    real = native.window_into
+
+    def counted(*args):
+        count["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(native, "window_into", counted)
+    return count
+
+
+def test_the_kernel_builds_here():
+    """On an AVX-512 CPU with a C++ compiler (this project's machines and CI) the kernel is built and used;
+    elsewhere status() names what is missing."""
+    used, why = native.status()
+    capable = torch.backends.cpu.get_cpu_capability() == "AVX512" and shutil.which(os.environ.get("CXX", "c++"))
+    if capable and os.environ.get(native.ENV_OFF, "1") != "0":
+        assert used and why == "", why
+    else:
+        assert not used and why
+
+
+@pytest.mark.parametrize("spec", TYPES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_kernel_equals_reference(spec, causal, calls):
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    s = parse_attention(spec)
+    worst = 0.0
+    for t in LENGTHS:
+        q, k, v = projected(2, 3, t, 16, seed=t)
+        with torch.no_grad():
+            out = attend(q, k, v, s, causal=causal)
+        ref = attend_reference(q, k, v, s, causal=causal)
+        assert out.shape == ref.shape
+        worst = max(worst, (out - ref).abs().max().item())
+    assert worst <= 1e-5, worst
+    assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
+
+
+@pytest.mark.parametrize("d,dv", [(16, 16), (32, 32), (64, 48), (64, 64), (128, 128)])
+def test_head_sizes_and_peaked_scores(d, dv, calls):
+    """Every value size the kernel has a register layout for; scores large enough (x30) that each row's
+    softmax is nearly one-hot (the exponential's range and the max subtraction)."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    s = parse_attention("local:40")
+    for t, scale in ((70, 1.0), (70, 30.0)):
+        q, k, _ = projected(1, 2, t, d, seed=d + t, scale=scale)
+        v = torch.randn(1, 2, t, dv, generator=torch.Generator().manual_seed(dv))
+        with torch.no_grad():
+            out = attend(q, k, v, s)
+        ref = attend_reference(q, k, v, s)
+        assert (out - ref).abs().max().item() <= 1e-5, (d, dv, scale)
+    assert calls["n"] == 2
+
+
+def test_threads_split_the_blocks_without_changing_a_bit():
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    q, k, v = projected(2, 4, 300, 64, seed=3)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.window_attention(q, k, v, 63, 0)
+        torch.set_num_threads(2)
+        two = native.window_attention(q, k, v, 63, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_the_engine_runs_where_the_kernel_does_not_apply(calls):
+    """A gradient, float64, a head size off 16, or native.disabled(): the block engine, same numbers."""
+    s = parse_attention("local:16")
+    q, k, v = projected(1, 2, 50, 16, seed=1)
+    q64, k64, v64 = (x.double() for x in (q, k, v))
+    q24, k24, v24 = projected(1, 2, 50, 24, seed=2)
+    qg = q.detach().clone().requires_grad_(True)
+    assert native.window_attention(qg, k, v, 15, 0) is None
+    assert native.window_attention(q64, k64, v64, 15, 0) is None
+    assert native.window_attention(q24, k24, v24, 15, 0) is None
+    out = attend(qg, k, v, s)
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    ref = attend_reference(q, k, v, s)
+    assert (out.detach() - ref).abs().max().item() <= 1e-5
+    with torch.no_grad():
+        assert (attend(q64, k64, v64, s) - attend_reference(q64, k64, v64, s)).abs().max().item() <= 1e-10
+        assert (attend(q24, k24, v24, s) - attend_reference(q24, k24, v24, s)).abs().max().item() <= 1e-5
+        with native.disabled():
+            assert native.status() == (False, "turned off in this process (native.disabled())")
+            assert (attend(q, k, v, s) - ref).abs().max().item() <= 1e-5
+    assert calls["n"] == 0
+
+
+def test_the_environment_turns_it_off():
+    env = dict(os.environ, **{native.ENV_OFF: "0"})
+    code = "from supernet.attention import native; print(native.status())"
+    got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "(False, 'NAS_NATIVE_KERNELS=0')"
