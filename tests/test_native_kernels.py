@@ -1,8 +1,8 @@
 """The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
-gives the reference's numbers for local:W and dilated:W:D (causal and bidirectional; lengths on and off
-its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided views of a fused
-projection), it is the path taken without a gradient, and the block engine takes over wherever it
-does not apply."""
+gives the reference's numbers and gradients for local:W and dilated:W:D (causal and bidirectional;
+lengths on and off its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided
+views of a fused projection), it is the path taken, and the block engine takes over wherever it does
+not apply."""
 
 import os
 import shutil
@@ -27,15 +27,19 @@ def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the kernel's calls (native.window_into)."""
+    """Counts the kernel's forward calls (dilated: one per residue stream)."""
     count = {"n": 0}
-    real = native.window_into
+    real = native._kernel
 
-    def counted(*args):
-        count["n"] += 1
-        return real(*args)
+    class Counted:
+        def window_forward(self, *args):
+            count["n"] += 1
+            return real().window_forward(*args)
 
-    monkeypatch.setattr(native, "window_into", counted)
+        def window_backward(self, *args):
+            return real().window_backward(*args)
+
+    monkeypatch.setattr(native, "_kernel", Counted)
     return count
 
 
@@ -66,6 +70,28 @@ def test_kernel_equals_reference(spec, causal, calls):
         worst = max(worst, (out - ref).abs().max().item())
     assert worst <= 1e-5, worst
     assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
+
+
+@pytest.mark.parametrize("spec", ["local:1", "local:17", "local:64", "dilated:4:3", "dilated:16:2"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_kernel_gradients_equal_reference(spec, causal, calls):
+    """The backward (P recomputed from the kept log-sum-exp, dK and dV accumulated block by block, each key row
+    zeroed when first reached): q and k through one fused projection, v on its own (another head size)."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    s = parse_attention(spec)
+    worst = 0.0
+    for t in (1, 15, 17, 64, 100, 257):
+        g = torch.Generator().manual_seed(t)
+        x = torch.randn(2, t, 2, 3, 32, generator=g, requires_grad=True)
+        v = torch.randn(2, 3, t, 48, generator=g, requires_grad=True)
+        grad_out = torch.randn(2, 3, t, 48, generator=g)
+        q, k = (x[:, :, i].transpose(1, 2) for i in range(2))
+        out, ref = attend(q, k, v, s, causal=causal), attend_reference(q, k, v, s, causal=causal)
+        got, want = torch.autograd.grad(out, (x, v), grad_out), torch.autograd.grad(ref, (x, v), grad_out)
+        worst = max(worst, (out - ref).abs().max().item(), *((a - b).abs().max().item() for a, b in zip(got, want)))
+    assert worst <= 1e-4, worst
+    assert calls["n"] >= 6
 
 
 @pytest.mark.parametrize("d,dv", [(16, 16), (32, 32), (64, 48), (64, 64), (128, 128)])
@@ -101,20 +127,20 @@ def test_threads_split_the_blocks_without_changing_a_bit():
 
 
 def test_the_engine_runs_where_the_kernel_does_not_apply(calls):
-    """A gradient, float64, a head size off 16, or native.disabled(): the block engine, same numbers."""
+    """float64, a head size without a register layout, or native.disabled(): the block engine, same numbers
+    (with a gradient too)."""
     s = parse_attention("local:16")
     q, k, v = projected(1, 2, 50, 16, seed=1)
     q64, k64, v64 = (x.double() for x in (q, k, v))
     q24, k24, v24 = projected(1, 2, 50, 24, seed=2)
-    qg = q.detach().clone().requires_grad_(True)
-    assert native.window_attention(qg, k, v, 15, 0) is None
     assert native.window_attention(q64, k64, v64, 15, 0) is None
     assert native.window_attention(q24, k24, v24, 15, 0) is None
-    out = attend(qg, k, v, s)
+    q24g = q24.detach().clone().requires_grad_(True)
+    out = attend(q24g, k24, v24, s)
     out.sum().backward()
-    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert q24g.grad is not None and torch.isfinite(q24g.grad).all()
+    assert (out.detach() - attend_reference(q24, k24, v24, s)).abs().max().item() <= 1e-5
     ref = attend_reference(q, k, v, s)
-    assert (out.detach() - ref).abs().max().item() <= 1e-5
     with torch.no_grad():
         assert (attend(q64, k64, v64, s) - attend_reference(q64, k64, v64, s)).abs().max().item() <= 1e-10
         assert (attend(q24, k24, v24, s) - attend_reference(q24, k24, v24, s)).abs().max().item() <= 1e-5

@@ -1,14 +1,15 @@
-"""Compiled CPU kernels: a fused sliding-window attention for inference (``kernels/window_attention.cpp``).
+"""Compiled CPU kernels: a fused sliding-window attention, forward and backward (``kernels/window_attention.cpp``).
 
 The block engine (:mod:`.blocks`) runs a window as batched GEMMs and a softmax over a scores buffer;
 at 4k tokens, one thread, that is about 10x faster than causal SDPA where local:64 does 32x fewer
 FLOPs.  The compiled kernel does scores, softmax and the weighted sum per block of 16 queries in
-registers (no scores buffer in memory) and is about 1/3 faster still.  It serves local:W (causal and
-bidirectional) and dilated:W:D (one residue stream at a time, read in place) when:
+registers (no scores buffer in memory), skipping the products the window masks out; its backward
+recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
+does) and accumulates dK and dV block by block.  It serves local:W (causal and bidirectional) and
+dilated:W:D (one residue stream at a time, read and written in place) when:
 
-* no gradient is recorded (it has no backward: training runs the engine),
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
-* the head size is a multiple of 16 and the value head size one of 16, 32, 48, 64, 128.
+* the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
 
 Otherwise the engine runs, with the same result to float rounding (tests/test_native_kernels.py).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +36,9 @@ from torch import Tensor
 ENV_OFF = "NAS_NATIVE_KERNELS"  # "0": never build or use the compiled kernels
 ENV_CACHE = "NAS_KERNEL_CACHE"
 SOURCE = Path(__file__).with_name("kernels") / "window_attention.cpp"
-VALUE_SIZES = (16, 32, 48, 64, 128)
+NAME = "nas_window_attention"
+HEAD_SIZES = (16, 32, 48, 64, 128)  # query/key and value head sizes with a register layout
+_NO_LSE = torch.empty(0)
 
 _off = False  # :func:`disabled` (benchmarks compare the engine and the kernel in one process)
 
@@ -61,8 +65,10 @@ def _build():
     where = _cache_dir()
     try:
         where.mkdir(parents=True, exist_ok=True)
+        if not (where / f"{NAME}.so").exists():  # long work says so (a changed source rebuilds silently, as quickly)
+            print(f"nas: building the compiled window-attention kernel in {where} (once, about 25 s)", file=sys.stderr)
         module = cpp_extension.load(
-            name="nas_window_attention",
+            name=NAME,
             sources=[str(SOURCE)],
             extra_cflags=["-O3", "-mavx512f", "-mavx512dq", "-mfma"],
             build_directory=str(where),
@@ -74,6 +80,11 @@ def _build():
         warnings.warn(f"nas: the compiled window-attention kernel is not used: {why}", RuntimeWarning, stacklevel=3)
         return None, why
     return module, ""
+
+
+def _kernel():
+    """The built module (callers checked :func:`fits`)."""
+    return _build()[0]
 
 
 def status() -> tuple[bool, str]:
@@ -96,27 +107,59 @@ def disabled():
 
 
 def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Can the kernel take these (B, H, T, D) tensors (no gradient, float32 CPU, sizes, last stride 1)?"""
-    if _off or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    """Can the kernel take these (B, H, T, D) tensors (float32 CPU, head sizes, last stride 1)?"""
+    if _off:
         return False
     if any(x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 4 or x.stride(-1) != 1 for x in (q, k, v)):
         return False
     if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
         return False
-    if q.shape[-1] % 16 or v.shape[-1] not in VALUE_SIZES:
+    if q.shape[-1] not in HEAD_SIZES or v.shape[-1] not in HEAD_SIZES:
         return False
     return _build()[0] is not None
 
 
+def _recording(*xs: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
+class _Window(torch.autograd.Function):
+    """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, before, after):
+        out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+        lse = q.new_empty(q.shape[:-1])
+        _kernel().window_forward(q, k, v, out, lse, before, after)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.window = (before, after)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+        dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)  # every row written
+        _kernel().window_backward(q, k, v, out, lse, grad, dq, dk, dv, *ctx.window)
+        return dq, dk, dv, None, None
+
+
 def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, before: int, after: int) -> Tensor:
     """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after.
-    The caller checked :func:`fits`."""
-    _build()[0].window_forward(q, k, v, out, before, after)
+    The caller checked :func:`fits`; with a gradient recorded the result is copied in (autograd sees the copy)."""
+    if _recording(q, k, v):
+        out.copy_(_Window.apply(q, k, v, before, after))
+    else:
+        _kernel().window_forward(q, k, v, out, _NO_LSE, before, after)
     return out
 
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, before: int, after: int) -> Tensor | None:
-    """The window attention of (B, H, T, D) tensors, or None where the kernel does not apply (:func:`fits`)."""
+    """The window attention of (B, H, T, D) tensors (differentiable), or None where the kernel does not
+    apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
+    if _recording(q, k, v):
+        return _Window.apply(q, k, v, before, after)
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, before, after)

@@ -210,7 +210,7 @@ class Local(BlockSparse):
         return _window_keys(spec.param("W"))
 
     def forward(self, q, k, v, spec, w):
-        """Without a gradient, the compiled window kernel where it applies (:mod:`.native`); else the block engine."""
+        """The compiled window kernel where it applies (:mod:`.native`, forward and backward); else the block engine."""
         out = native.window_attention(q, k, v, spec.param("W") - 1, 0)
         return out if out is not None else super().forward(q, k, v, spec, w)
 
@@ -270,7 +270,8 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
 
 
 def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, after: int) -> Tensor:
-    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies)."""
+    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies; with a
+    gradient each stream's answer is copied in)."""
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     for r in range(min(step, q.shape[2])):
         native.window_into(out[:, :, r::step], q[:, :, r::step], k[:, :, r::step], v[:, :, r::step], before, after)

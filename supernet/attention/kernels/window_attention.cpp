@@ -90,116 +90,240 @@ __attribute__((noinline)) void score_tile(const float* K, int64_t ldk, const flo
   for (int c = 0; c < NK; ++c) _mm512_storeu_ps(ST + c * MQ, acc[c]);
 }
 
-// O[r] = inv[r] * sum_{c < cn} PT[c][r] V[c] for rows r < m, RB rows x NV registers of Dv at a time.
+// O[i] = (accumulate ? O[i] : 0) + s_i * sum_j A[i * ra + j * ja] X[j] for rows i < rows, over 0 <= j < n and
+// i + jlo <= j <= i + jhi (the window: A is 0 outside it, so its products are skipped), with s_i = rs[i] (rs given) or alpha; X's and O's rows NV registers wide, RB rows of O at a time in registers.  The
+// forward's weighted sum is (A = P^T: ra 1, ja 16; rs = 1 / row sums); the backward's dQ (A = dS^T, the
+// same layout) and dK, dV (A = dS^T, P^T read the other way: ra 16, ja 1; accumulated over query blocks).
 template <int NV, int RB>
-__attribute__((noinline)) void apply_rows(const float* PT, int64_t cn, const float* V, int64_t ldv, const float* inv,
-                                          int64_t m, float* O, int64_t ldo) {
-  for (int64_t r0 = 0; r0 < m; r0 += RB) {
-    const int rn = (int)std::min<int64_t>(RB, m - r0);
+__attribute__((noinline)) void rows_product(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, const float* X,
+                                            int64_t ldx, const float* rs, float alpha, bool accumulate, float* O,
+                                            int64_t ldo, int64_t jlo, int64_t jhi) {
+  for (int64_t i0 = 0; i0 < rows; i0 += RB) {
+    const int rn = (int)std::min<int64_t>(RB, rows - i0);
+    const int64_t j0 = std::max<int64_t>(0, i0 + jlo), j1 = std::min<int64_t>(n, i0 + rn - 1 + jhi + 1);
     __m512 acc[RB][NV];
     for (int a = 0; a < RB; ++a)
       for (int b = 0; b < NV; ++b) acc[a][b] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < cn; ++c) {
-      const float* vr = V + c * ldv;
-      const float* pc = PT + c * MQ + r0;
-      __m512 vv[NV];
-      for (int b = 0; b < NV; ++b) vv[b] = _mm512_loadu_ps(vr + b * 16);
+    const float* arow[RB];
+    for (int a = 0; a < RB; ++a) arow[a] = A + (i0 + (a < rn ? a : 0)) * ra;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* xr = X + j * ldx;
+      __m512 xv[NV];
+      for (int b = 0; b < NV; ++b) xv[b] = _mm512_loadu_ps(xr + b * 16);
       for (int a = 0; a < RB; ++a) {
-        const __m512 p = _mm512_set1_ps(pc[a]);  // lanes past m hold 0 (r0 + a < 16: RB divides 16)
-        for (int b = 0; b < NV; ++b) acc[a][b] = _mm512_fmadd_ps(p, vv[b], acc[a][b]);
+        const __m512 p = _mm512_set1_ps(arow[a][j * ja]);
+        for (int b = 0; b < NV; ++b) acc[a][b] = _mm512_fmadd_ps(p, xv[b], acc[a][b]);
       }
     }
     for (int a = 0; a < rn; ++a) {
-      float* orow = O + (r0 + a) * ldo;
-      const __m512 iv = _mm512_set1_ps(inv[r0 + a]);
-      for (int b = 0; b < NV; ++b) _mm512_storeu_ps(orow + b * 16, _mm512_mul_ps(acc[a][b], iv));
+      float* orow = O + (i0 + a) * ldo;
+      const __m512 sv = _mm512_set1_ps(rs ? rs[i0 + a] : alpha);
+      for (int b = 0; b < NV; ++b) {
+        const __m512 base = accumulate ? _mm512_loadu_ps(orow + b * 16) : _mm512_setzero_ps();
+        _mm512_storeu_ps(orow + b * 16, _mm512_fmadd_ps(acc[a][b], sv, base));
+      }
     }
   }
 }
 
-void apply_block(const float* PT, int64_t cn, const float* V, int64_t ldv, const float* inv, int64_t m, float* O,
-                 int64_t ldo, int64_t dv) {
-  switch (dv / 16) {
-    case 1: apply_rows<1, 4>(PT, cn, V, ldv, inv, m, O, ldo); break;
-    case 2: apply_rows<2, 4>(PT, cn, V, ldv, inv, m, O, ldo); break;
-    case 3: apply_rows<3, 4>(PT, cn, V, ldv, inv, m, O, ldo); break;
-    case 4: apply_rows<4, 4>(PT, cn, V, ldv, inv, m, O, ldo); break;
-    default: apply_rows<8, 2>(PT, cn, V, ldv, inv, m, O, ldo); break;  // dv == 128
+void product(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, const float* X, int64_t ldx, const float* rs,
+             float alpha, bool accumulate, float* O, int64_t ldo, int64_t width, int64_t jlo, int64_t jhi) {
+  switch (width / 16) {
+    case 1: rows_product<1, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
+    case 2: rows_product<2, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
+    case 3: rows_product<3, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
+    case 4: rows_product<4, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
+    default: rows_product<8, 2>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;  // 128
+  }
+}
+
+// Scores of keys K[0 .. cn) against a block's transposed queries QT (D x 16): ST[c][r], tiles of 16, 4, 1 keys.
+void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D, float* ST) {
+  int64_t c = 0;
+  for (; c + 16 <= cn; c += 16) score_tile<16>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+  for (; c + 4 <= cn; c += 4) score_tile<4>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+  for (; c < cn; ++c) score_tile<1>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+}
+
+// A block of 16 queries and the keys its window reaches, widened to whole tiles of 16 where the sequence
+// allows (the mask hides the extra keys); seen(c): the lanes (queries) that see key kstart + c.
+struct Block {
+  int64_t q0, m, kstart, cn;
+  __m512i lo, hi;
+  __mmask16 live;
+  Block(int64_t blk, int64_t T, int32_t bef, int32_t aft) {
+    q0 = blk * MQ;
+    m = std::min<int64_t>(MQ, T - q0);
+    int64_t ks = std::max<int64_t>(0, q0 - bef), ke = std::min<int64_t>(T, q0 + m + aft);
+    const int64_t want = (ke - ks + 15) / 16 * 16;
+    ks = std::max<int64_t>(0, ke - want);
+    ke = std::min<int64_t>(T, ks + want);
+    kstart = ks;
+    cn = ke - ks;
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    lo = _mm512_sub_epi32(lane, _mm512_set1_epi32(bef));  // lane r sees key j iff r - before <= j - q0 <= r + after
+    hi = _mm512_add_epi32(lane, _mm512_set1_epi32(aft));
+    live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
+  }
+  // query r sees the keys c in [r + keys_lo, r + keys_hi]; key c is seen by the queries in [c - keys_hi, c - keys_lo]
+  int64_t keys_lo(int32_t bef) const { return q0 - kstart - bef; }
+  int64_t keys_hi(int32_t aft) const { return q0 - kstart + aft; }
+  __mmask16 seen(int64_t c) const {
+    const __m512i rel = _mm512_set1_epi32((int32_t)(kstart + c - q0));
+    return _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel) & live;
+  }
+};
+
+// The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
+void block_rows(const float* x, int64_t ld, const Block& bl, const float** rows) {
+  for (int r = 0; r < MQ; ++r) rows[r] = x + (bl.q0 + (r < bl.m ? r : 0)) * ld;
+}
+
+void transpose_rows(const float* const* rows, int64_t D, float sc, float* dst) {
+  for (int64_t d0 = 0; d0 < D; d0 += 16) transpose16(rows, d0, sc, dst + d0 * MQ);
+}
+
+struct View {  // a (B, H, T, X) float tensor's pointer and strides
+  float* p;
+  int64_t s0, s1, s2;
+  explicit View(const at::Tensor& t) : p(t.data_ptr<float>()), s0(t.stride(0)), s1(t.stride(1)), s2(t.stride(2)) {}
+  float* head(int64_t b, int64_t h) const { return p + b * s0 + h * s1; }
+};
+
+void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes(), "window attention: shapes");
+  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), "window attention: v's shape");
+  for (const at::Tensor* t : {&q, &k, &v, &out}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(3) == 1, "window attention: float32 CPU, last stride 1");
+  }
+  for (int64_t x : {q.size(3), v.size(3)}) {
+    TORCH_CHECK(x % 16 == 0 && (x <= 64 || x == 128), "window attention: head sizes 16, 32, 48, 64 or 128");
   }
 }
 
 }  // namespace
 
-// q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1;
-// D a multiple of 16, Dv one of 16, 32, 48, 64, 128 (checked by the caller; checked again here).
-void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, int64_t before,
-                    int64_t after) {
-  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes(), "window_forward: shapes");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat &&
-                  out.scalar_type() == at::kFloat, "window_forward: float32 only");
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1 && out.stride(3) == 1, "window_forward: last stride 1");
+// q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1; D and Dv
+// one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
+// denominator (scores scaled), which the backward needs.
+void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+                    int64_t before, int64_t after) {
+  check(q, k, v, out);
+  TORCH_CHECK(before >= 0 && after >= 0, "window attention: window");
+  const bool keep = lse.numel() > 0;
+  TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
-  TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == T, "window_forward: v shape");
-  TORCH_CHECK(D % 16 == 0 && DV % 16 == 0 && (DV <= 64 || DV == 128), "window_forward: head sizes");
-  TORCH_CHECK(before >= 0 && after >= 0, "window_forward: window");
   if (T == 0 || B * H == 0) return;
-  const float* Q = q.data_ptr<float>();
-  const float* K = k.data_ptr<float>();
-  const float* V = v.data_ptr<float>();
-  float* O = out.data_ptr<float>();
+  const View Q(q), K(k), V(v), O(out);
+  float* L = keep ? lse.data_ptr<float>() : nullptr;
   const int64_t nb = (T + MQ - 1) / MQ;
   const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16;  // keys a block can score
   const float scale = 1.f / std::sqrt((float)D);
   const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
   at::parallel_for(0, B * H * nb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> st(most * MQ), qt(D * MQ);
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = w / (H * nb), h = (w / nb) % H, blk = w % nb;
-      const float* qh = Q + b * q.stride(0) + h * q.stride(1);
-      const float* kh = K + b * k.stride(0) + h * k.stride(1);
-      const float* vh = V + b * v.stride(0) + h * v.stride(1);
-      float* oh = O + b * out.stride(0) + h * out.stride(1);
-      const int64_t ldq = q.stride(2), ldk = k.stride(2), ldv = v.stride(2), ldo = out.stride(2);
-      const int64_t q0 = blk * MQ, m = std::min<int64_t>(MQ, T - q0);
+      const int64_t b = w / (H * nb), h = (w / nb) % H;
+      const Block bl(w % nb, T, bef, aft);
+      const float* kh = K.head(b, h);
       const float* rows[MQ];
-      for (int r = 0; r < MQ; ++r) rows[r] = qh + (q0 + (r < m ? r : 0)) * ldq;
-      for (int64_t d0 = 0; d0 < D; d0 += 16) transpose16(rows, d0, scale, qt.data() + d0 * MQ);
-
-      int64_t kstart = std::max<int64_t>(0, q0 - bef), kend = std::min<int64_t>(T, q0 + m + aft);
-      const int64_t want = (kend - kstart + 15) / 16 * 16;  // whole tiles where the sequence allows
-      kstart = std::max<int64_t>(0, kend - want);
-      kend = std::min<int64_t>(T, kstart + want);
-      const int64_t cn = kend - kstart;
-      int64_t c = 0;
-      for (; c + 16 <= cn; c += 16) score_tile<16>(kh + (kstart + c) * ldk, ldk, qt.data(), D, st.data() + c * MQ);
-      for (; c + 4 <= cn; c += 4) score_tile<4>(kh + (kstart + c) * ldk, ldk, qt.data(), D, st.data() + c * MQ);
-      for (; c < cn; ++c) score_tile<1>(kh + (kstart + c) * ldk, ldk, qt.data(), D, st.data() + c * MQ);
-
-      // lane r (query q0 + r, r < m) sees key kstart + c iff r - before <= kstart + c - q0 <= r + after
-      const __mmask16 live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
-      const __m512i lo = _mm512_sub_epi32(lane, _mm512_set1_epi32(bef)), hi = _mm512_add_epi32(lane, _mm512_set1_epi32(aft));
-      auto seen = [&](int64_t cc) -> __mmask16 {
-        const __m512i rel = _mm512_set1_epi32((int32_t)(kstart + cc - q0));
-        return _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel) & live;
-      };
+      block_rows(Q.head(b, h), Q.s2, bl, rows);
+      transpose_rows(rows, D, scale, qt.data());
+      scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, st.data());
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t cc = 0; cc < cn; ++cc) mx = _mm512_mask_max_ps(mx, seen(cc), mx, _mm512_loadu_ps(st.data() + cc * MQ));
-      mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, mx);  // dead lanes (past T): 0, not -inf
+      for (int64_t c = 0; c < bl.cn; ++c) mx = _mm512_mask_max_ps(mx, bl.seen(c), mx, _mm512_loadu_ps(st.data() + c * MQ));
+      mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t cc = 0; cc < cn; ++cc) {
-        float* row = st.data() + cc * MQ;
-        const __m512 e = _mm512_maskz_mov_ps(seen(cc), exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
+      for (int64_t c = 0; c < bl.cn; ++c) {
+        float* row = st.data() + c * MQ;
+        const __m512 e = _mm512_maskz_mov_ps(bl.seen(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
         _mm512_storeu_ps(row, e);
         sum = _mm512_add_ps(sum, e);
       }
-      alignas(64) float inv[MQ];
-      _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_mask_mov_ps(_mm512_set1_ps(1.f), live, sum)));
-      apply_block(st.data(), cn, vh + kstart * ldv, ldv, inv, m, oh + q0 * ldo, ldo, DV);
+      sum = _mm512_mask_mov_ps(_mm512_set1_ps(1.f), bl.live, sum);
+      alignas(64) float inv[MQ], lse_[MQ], mxv[MQ], sums[MQ];
+      _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), sum));
+      if (L) {
+        _mm512_store_ps(mxv, mx);
+        _mm512_store_ps(sums, sum);
+        for (int64_t r = 0; r < bl.m; ++r) lse_[r] = mxv[r] + std::log(sums[r]);
+        std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
+      }
+      product(st.data(), 1, MQ, bl.m, bl.cn, V.head(b, h) + bl.kstart * V.s2, V.s2, inv, 1.f, false,
+              O.head(b, h) + bl.q0 * O.s2, O.s2, DV, bl.keys_lo(bef), bl.keys_hi(aft));
+    }
+  });
+}
+
+// Gradients of window_forward: dq, dk, dv (written), all (B, H, T, .) with the last stride 1.  P = exp(S - lse)
+// recomputed per block; dS = P * (dP - rowsum(dO * O)); one (b, h) per task, its blocks in order (dk and dv rows
+// are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it).  `out` is not read
+// (rowsum(dO * O) = sum over keys of P dP); it is part of the signature for the shape check.
+void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                     const at::Tensor& lse, const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                     int64_t before, int64_t after) {
+  check(q, k, v, out);
+  check(q, k, v, dout);
+  check(dq, dk, dv, dv);
+  TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
+              "window attention backward: shapes");
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
+  if (T == 0 || B * H == 0) return;
+  const View Q(q), K(k), V(v), O(out), dO(dout), dQ(dq), dK(dk), dV(dv);
+  const float* L = lse.data_ptr<float>();
+  const int64_t nb = (T + MQ - 1) / MQ;
+  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16;
+  const float scale = 1.f / std::sqrt((float)D);
+  const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / H, h = w % H;
+      const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h);
+      int64_t fresh = 0;  // key rows below this one hold gradient already
+      for (int64_t blk = 0; blk < nb; ++blk) {
+        const Block bl(blk, T, bef, aft);
+        const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
+        block_rows(qh, Q.s2, bl, qrows);
+        block_rows(gh, dO.s2, bl, grows);
+        transpose_rows(qrows, D, scale, qt.data());
+        transpose_rows(grows, DV, 1.f, dot.data());
+        alignas(64) float lsev[MQ] = {0};
+        std::copy(L + (b * H + h) * T + bl.q0, L + (b * H + h) * T + bl.q0 + bl.m, lsev);
+        const __m512 lsel = _mm512_load_ps(lsev);
+        scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, pt.data());  // S^T
+        scores(vh + bl.kstart * V.s2, V.s2, bl.cn, dot.data(), DV, dst.data());  // dP^T
+        // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
+        __m512 di = _mm512_setzero_ps();
+        for (int64_t c = 0; c < bl.cn; ++c) {
+          const __m512 p = _mm512_maskz_mov_ps(bl.seen(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
+          _mm512_storeu_ps(pt.data() + c * MQ, p);
+          di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
+        }
+        for (int64_t c = 0; c < bl.cn; ++c) {  // dS = P * (dP - rowsum)
+          const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
+          _mm512_storeu_ps(dst.data() + c * MQ, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dst.data() + c * MQ), di)));
+        }
+        // key rows no earlier block reached start at zero (the ranges only move forward)
+        for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn; ++j) {
+          std::fill_n(dK.head(b, h) + j * dK.s2, D, 0.f);
+          std::fill_n(dV.head(b, h) + j * dV.s2, DV, 0.f);
+        }
+        fresh = std::max(fresh, bl.kstart + bl.cn);
+        // dQ[r] = scale * sum_c dS^T[c][r] K[c];  dK[c] += scale * sum_r dS^T[c][r] Q[r];  dV[c] += sum_r P^T[c][r] dO[r]
+        const int64_t klo = bl.keys_lo(bef), khi = bl.keys_hi(aft);  // queries of key c: c - khi .. c - klo
+        product(dst.data(), 1, MQ, bl.m, bl.cn, kh + bl.kstart * K.s2, K.s2, nullptr, scale, false,
+                dQ.head(b, h) + bl.q0 * dQ.s2, dQ.s2, D, klo, khi);
+        product(dst.data(), MQ, 1, bl.cn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true,
+                dK.head(b, h) + bl.kstart * dK.s2, dK.s2, D, -khi, -klo);
+        product(pt.data(), MQ, 1, bl.cn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true,
+                dV.head(b, h) + bl.kstart * dV.s2, dV.s2, DV, -khi, -klo);
+      }
     }
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("window_forward", &window_forward, "fused sliding-window attention, inference (float32, AVX-512)");
+  m.def("window_forward", &window_forward, "fused sliding-window attention (float32, AVX-512)");
+  m.def("window_backward", &window_backward, "its gradients");
 }
