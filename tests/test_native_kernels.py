@@ -96,19 +96,22 @@ def test_kernel_gradients_equal_reference(spec, causal, calls):
 
 @pytest.mark.parametrize("d,dv", [(16, 16), (32, 32), (64, 48), (64, 64), (128, 128)])
 def test_head_sizes_and_peaked_scores(d, dv, calls):
-    """Every value size the kernel has a register layout for; scores large enough (x30) that each row's
-    softmax is nearly one-hot (the exponential's range and the max subtraction)."""
+    """Every head size the kernel has a register layout for, keys strided (a fused projection) and back to back;
+    scores large enough (x30) that each row's softmax is nearly one-hot (the exponential's range and the max
+    subtraction)."""
     if not native.status()[0]:
         pytest.skip(native.status()[1])
     s = parse_attention("local:40")
-    for t, scale in ((70, 1.0), (70, 30.0)):
+    for t, scale, contiguous in ((70, 1.0, False), (70, 30.0, False), (70, 1.0, True)):
         q, k, _ = projected(1, 2, t, d, seed=d + t, scale=scale)
+        if contiguous:  # rows back to back: the score tiles' stride known when compiling
+            q, k = q.contiguous(), k.contiguous()
         v = torch.randn(1, 2, t, dv, generator=torch.Generator().manual_seed(dv))
         with torch.no_grad():
             out = attend(q, k, v, s)
         ref = attend_reference(q, k, v, s)
-        assert (out - ref).abs().max().item() <= 1e-5, (d, dv, scale)
-    assert calls["n"] == 2
+        assert (out - ref).abs().max().item() <= 1e-5, (d, dv, scale, contiguous)
+    assert calls["n"] == 3
 
 
 def test_threads_split_the_blocks_without_changing_a_bit():

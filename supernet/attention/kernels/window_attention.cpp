@@ -77,15 +77,17 @@ inline void transpose16(const float* const* rows, int64_t d0, float sc, float* d
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * 16, r[i]);
 }
 
-// ST[c][r] = sum_d K[c][d] QT[d][r] for NK keys (rows of K, ldk apart).  Not inlined: in its own frame the
-// compiler keeps the NK accumulators in registers.
-template <int NK>
+// ST[c][r] = sum_d K[c][d] QT[d][r] for NK keys (rows of K, ldk apart; LD > 0: ldk == D == LD, known when
+// compiling, so that the NK broadcasts of a feature address one pointer at constant offsets instead of NK row
+// pointers, more than the registers there are).  Not inlined: in its own frame the accumulators stay in registers.
+template <int NK, int LD>
 __attribute__((noinline)) void score_tile(const float* K, int64_t ldk, const float* QT, int64_t D, float* ST) {
+  const int64_t ld = LD > 0 ? LD : ldk, depth = LD > 0 ? LD : D;
   __m512 acc[NK];
   for (int c = 0; c < NK; ++c) acc[c] = _mm512_setzero_ps();
-  for (int64_t d = 0; d < D; ++d) {
+  for (int64_t d = 0; d < depth; ++d) {
     const __m512 qv = _mm512_loadu_ps(QT + d * MQ);
-    for (int c = 0; c < NK; ++c) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(K[c * ldk + d]), qv, acc[c]);
+    for (int c = 0; c < NK; ++c) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(K[c * ld + d]), qv, acc[c]);
   }
   for (int c = 0; c < NK; ++c) _mm512_storeu_ps(ST + c * MQ, acc[c]);
 }
@@ -137,12 +139,27 @@ void product(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, co
   }
 }
 
-// Scores of keys K[0 .. cn) against a block's transposed queries QT (D x 16): ST[c][r], tiles of 16, 4, 1 keys.
-void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D, float* ST) {
+// Scores of keys K[0 .. cn) (rows ldk apart) against a block's transposed queries QT (D x 16): ST[c][r], tiles
+// of 16, 4, 1 keys.
+template <int LD>
+void scores_of(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D, float* ST) {
   int64_t c = 0;
-  for (; c + 16 <= cn; c += 16) score_tile<16>(K + c * ldk, ldk, QT, D, ST + c * MQ);
-  for (; c + 4 <= cn; c += 4) score_tile<4>(K + c * ldk, ldk, QT, D, ST + c * MQ);
-  for (; c < cn; ++c) score_tile<1>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+  for (; c + 16 <= cn; c += 16) score_tile<16, LD>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+  for (; c + 4 <= cn; c += 4) score_tile<4, LD>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+  for (; c < cn; ++c) score_tile<1, LD>(K + c * ldk, ldk, QT, D, ST + c * MQ);
+}
+
+void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D, float* ST) {
+  if (ldk == D) {  // rows back to back (a contiguous head): the stride known when compiling
+    switch (D) {
+      case 16: return scores_of<16>(K, ldk, cn, QT, D, ST);
+      case 32: return scores_of<32>(K, ldk, cn, QT, D, ST);
+      case 48: return scores_of<48>(K, ldk, cn, QT, D, ST);
+      case 64: return scores_of<64>(K, ldk, cn, QT, D, ST);
+      case 128: return scores_of<128>(K, ldk, cn, QT, D, ST);
+    }
+  }
+  scores_of<0>(K, ldk, cn, QT, D, ST);
 }
 
 // A block of 16 queries and the keys its window reaches, widened to whole tiles of 16 where the sequence
