@@ -1,5 +1,5 @@
 """The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
-gives the reference's numbers and gradients for local:W and dilated:W:D (causal and bidirectional;
+gives the reference's numbers and gradients for local:W, dilated:W:D and longformer:W:G (causal and bidirectional;
 lengths on and off its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided
 views of a fused projection), it is the path taken, and the block engine takes over wherever it does
 not apply."""
@@ -15,7 +15,10 @@ import torch
 from search_spaces import parse_attention
 from supernet.attention import attend, attend_reference, native
 
-TYPES = ["local:1", "local:2", "local:16", "local:17", "local:64", "local:300", "dilated:1:4", "dilated:4:3", "dilated:16:2"]
+TYPES = [
+    "local:1", "local:2", "local:16", "local:17", "local:64", "local:300", "dilated:1:4", "dilated:4:3", "dilated:16:2",
+    "longformer:1:1", "longformer:16:5", "longformer:40:5", "longformer:8:40", "longformer:17:33",
+]  # fmt: skip
 LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
 
 
@@ -72,7 +75,9 @@ def test_kernel_equals_reference(spec, causal, calls):
     assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
 
 
-@pytest.mark.parametrize("spec", ["local:1", "local:17", "local:64", "dilated:4:3", "dilated:16:2"])
+@pytest.mark.parametrize(
+    "spec", ["local:1", "local:17", "local:64", "dilated:4:3", "dilated:16:2", "longformer:16:5", "longformer:8:40"]
+)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 def test_kernel_gradients_equal_reference(spec, causal, calls):
     """The backward (P recomputed from the kept log-sum-exp, dK and dV accumulated block by block, each key row
@@ -158,3 +163,24 @@ def test_the_environment_turns_it_off():
     code = "from supernet.attention import native; print(native.status())"
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert got.stdout.strip() == "(False, 'NAS_NATIVE_KERNELS=0')"
+
+
+def test_a_failed_build_leaves_the_engine_in_charge(tmp_path, monkeypatch):
+    """A kernel that does not compile (an old compiler, a broken toolchain): one warning naming the failure,
+    status() says why, and attention runs on the block engine with the same numbers."""
+    broken = tmp_path / "window_attention.cpp"
+    broken.write_text("#include <torch/extension.h>\nthis is not C++;\n")
+    monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setattr(native, "NAME", "nas_window_attention_broken")
+    native._build.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="the compiled window-attention kernel is not used: the build failed"):
+            used, why = native.status()
+        assert not used and why.startswith("the build failed (")
+        s = parse_attention("local:16")
+        q, k, v = projected(1, 2, 40, 16, seed=4)
+        with torch.no_grad():
+            assert (attend(q, k, v, s) - attend_reference(q, k, v, s)).abs().max().item() <= 1e-5
+    finally:
+        native._build.cache_clear()  # the next test builds (loads) the real kernel again

@@ -5,7 +5,8 @@ at 4k tokens, one thread, that is about 10x faster than causal SDPA where local:
 FLOPs.  The compiled kernel does scores, softmax and the weighted sum per block of 16 queries in
 registers (no scores buffer in memory), skipping the products the window masks out; its backward
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
-does) and accumulates dK and dV block by block.  It serves local:W (causal and bidirectional) and
+does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
+the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional, and
 dilated:W:D (one residue stream at a time, read and written in place) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
@@ -127,12 +128,12 @@ class _Window(torch.autograd.Function):
     """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, before, after):
+    def forward(ctx, q, k, v, window):
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
         lse = q.new_empty(q.shape[:-1])
-        _kernel().window_forward(q, k, v, out, lse, before, after)
+        _kernel().window_forward(q, k, v, out, lse, *window)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.window = (before, after)
+        ctx.window = window
         return out
 
     @staticmethod
@@ -142,24 +143,30 @@ class _Window(torch.autograd.Function):
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()
         dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)  # every row written
         _kernel().window_backward(q, k, v, out, lse, grad, dq, dk, dv, *ctx.window)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None
 
 
-def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, before: int, after: int) -> Tensor:
-    """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after.
-    The caller checked :func:`fits`; with a gradient recorded the result is copied in (autograd sees the copy)."""
+def window_into(
+    out: Tensor, q: Tensor, k: Tensor, v: Tensor, before: int, after: int, globals_: int = 0, global_after: int = 0
+) -> Tensor:
+    """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after, and the
+    first ``globals_`` keys j where j <= i + global_after (longformer).  The caller checked :func:`fits`; with a
+    gradient recorded the result is copied in (autograd sees the copy)."""
+    window = (before, after, globals_, global_after)
     if _recording(q, k, v):
-        out.copy_(_Window.apply(q, k, v, before, after))
+        out.copy_(_Window.apply(q, k, v, window))
     else:
-        _kernel().window_forward(q, k, v, out, _NO_LSE, before, after)
+        _kernel().window_forward(q, k, v, out, _NO_LSE, *window)
     return out
 
 
-def window_attention(q: Tensor, k: Tensor, v: Tensor, before: int, after: int) -> Tensor | None:
-    """The window attention of (B, H, T, D) tensors (differentiable), or None where the kernel does not
-    apply (:func:`fits`)."""
+def window_attention(
+    q: Tensor, k: Tensor, v: Tensor, before: int, after: int, globals_: int = 0, global_after: int = 0
+) -> Tensor | None:
+    """The window attention of (B, H, T, D) tensors (:func:`window_into`; differentiable), or None where the
+    kernel does not apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
     if _recording(q, k, v):
-        return _Window.apply(q, k, v, before, after)
-    return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, before, after)
+        return _Window.apply(q, k, v, (before, after, globals_, global_after))
+    return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, before, after, globals_, global_after)

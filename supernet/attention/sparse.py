@@ -409,6 +409,18 @@ class Longformer(BlockSparse):
     def keys_per_query(self, spec, t):
         return _window_keys(spec.param("W")) + spec.param("G")
 
+    def forward(self, q, k, v, spec, w):
+        """The compiled window kernel with the G global keys where it applies (:mod:`.native`); else the engine."""
+        out = native.window_attention(q, k, v, spec.param("W") - 1, 0, spec.param("G"), 0)
+        return out if out is not None else super().forward(q, k, v, spec, w)
+
+    def bidirectional(self, q, k, v, spec, w):
+        """As ``forward`` (every query sees the global keys), then the G global queries see every key (one SDPA)."""
+        width, g = spec.param("W"), spec.param("G")
+        t = q.shape[2]
+        out = native.window_attention(q, k, v, width - 1, width - 1, g, t)
+        return _global_rows(q, k, v, min(g, t), out) if out is not None else super().bidirectional(q, k, v, spec, w)
+
     def block_forward(self, q, k, v, spec):
         lay, before, win, g, glob = self._plan(spec, q)
         groups = [

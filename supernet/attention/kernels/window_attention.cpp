@@ -28,6 +28,7 @@
 namespace {
 
 constexpr int MQ = 16;  // queries per block: the lanes of one AVX-512 float32 register
+constexpr int64_t WIDE = int64_t(1) << 40;  // a product range that limits nothing
 
 // exp(x) for x <= 0 (scores minus their row maximum): Cephes' polynomial on x = n ln2 + r, times 2^n.
 inline __m512 exp512(__m512 x) {
@@ -163,12 +164,15 @@ void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D,
 }
 
 // A block of 16 queries and the keys its window reaches, widened to whole tiles of 16 where the sequence
-// allows (the mask hides the extra keys); seen(c): the lanes (queries) that see key kstart + c.
+// allows (the mask hides the extra keys), and the first G keys (longformer's global keys: seen by query i
+// where j <= i + gaft) that lie before that range; seen(c): the lanes (queries) that see key kstart + c.
 struct Block {
-  int64_t q0, m, kstart, cn;
-  __m512i lo, hi;
+  int64_t q0, m, kstart, cn, gn;
+  __m512i lo, hi, ghi;
   __mmask16 live;
-  Block(int64_t blk, int64_t T, int32_t bef, int32_t aft) {
+  int64_t G;
+  bool overlap;  // global keys inside the window segment: its products are not limited to the window's band
+  Block(int64_t blk, int64_t T, int32_t bef, int32_t aft, int64_t globals, int32_t gaft) : G(globals) {
     q0 = blk * MQ;
     m = std::min<int64_t>(MQ, T - q0);
     int64_t ks = std::max<int64_t>(0, q0 - bef), ke = std::min<int64_t>(T, q0 + m + aft);
@@ -177,18 +181,30 @@ struct Block {
     ke = std::min<int64_t>(T, ks + want);
     kstart = ks;
     cn = ke - ks;
+    gn = std::min(G, kstart);  // global keys before the window segment, scored as a segment of their own
+    overlap = G > kstart;
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     lo = _mm512_sub_epi32(lane, _mm512_set1_epi32(bef));  // lane r sees key j iff r - before <= j - q0 <= r + after
     hi = _mm512_add_epi32(lane, _mm512_set1_epi32(aft));
+    ghi = _mm512_add_epi32(lane, _mm512_set1_epi32(gaft));  // ... or j < G and j - q0 <= r + gaft
     live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
   }
   // query r sees the keys c in [r + keys_lo, r + keys_hi]; key c is seen by the queries in [c - keys_hi, c - keys_lo]
-  int64_t keys_lo(int32_t bef) const { return q0 - kstart - bef; }
-  int64_t keys_hi(int32_t aft) const { return q0 - kstart + aft; }
-  __mmask16 seen(int64_t c) const {
+  // (with no global key in the window segment; else every key may be seen by every query: the widest range)
+  int64_t keys_lo(int32_t bef) const { return overlap ? -WIDE : q0 - kstart - bef; }
+  int64_t keys_hi(int32_t aft) const { return overlap ? WIDE : q0 - kstart + aft; }
+  __mmask16 seen(int64_t c) const {  // key kstart + c (the window segment)
     const __m512i rel = _mm512_set1_epi32((int32_t)(kstart + c - q0));
-    return _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel) & live;
+    __mmask16 ok = _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel);
+    if (kstart + c < G) ok |= _mm512_cmpge_epi32_mask(ghi, rel);
+    return ok & live;
   }
+  __mmask16 seen_global(int64_t j) const {  // key j < gn (the global segment: outside every lane's window)
+    return _mm512_cmpge_epi32_mask(ghi, _mm512_set1_epi32((int32_t)(j - q0))) & live;
+  }
+  // the mask of row c of the scores buffer: the global segment (gn rows), then the window segment (cn rows)
+  __mmask16 row(int64_t c) const { return c < gn ? seen_global(c) : seen(c - gn); }
+  int64_t rows() const { return gn + cn; }
 };
 
 // The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
@@ -224,9 +240,9 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 // one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
 // denominator (scores scaled), which the backward needs.
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-                    int64_t before, int64_t after) {
+                    int64_t before, int64_t after, int64_t globals, int64_t global_after) {
   check(q, k, v, out);
-  TORCH_CHECK(before >= 0 && after >= 0, "window attention: window");
+  TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
@@ -234,26 +250,30 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const View Q(q), K(k), V(v), O(out);
   float* L = keep ? lse.data_ptr<float>() : nullptr;
   const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16;  // keys a block can score
+  const int64_t G = std::min(globals, T);
+  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16 + G;  // keys a block can score
   const float scale = 1.f / std::sqrt((float)D);
   const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
+  const int32_t gaft = (int32_t)std::min<int64_t>(global_after, T);
   at::parallel_for(0, B * H * nb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> st(most * MQ), qt(D * MQ);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / (H * nb), h = (w / nb) % H;
-      const Block bl(w % nb, T, bef, aft);
-      const float* kh = K.head(b, h);
+      const Block bl(w % nb, T, bef, aft, G, gaft);
+      const float *kh = K.head(b, h), *vh = V.head(b, h);
       const float* rows[MQ];
       block_rows(Q.head(b, h), Q.s2, bl, rows);
       transpose_rows(rows, D, scale, qt.data());
-      scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, st.data());
+      float* win = st.data() + bl.gn * MQ;  // the window segment's rows
+      if (bl.gn) scores(kh, K.s2, bl.gn, qt.data(), D, st.data());
+      scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, win);
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t c = 0; c < bl.cn; ++c) mx = _mm512_mask_max_ps(mx, bl.seen(c), mx, _mm512_loadu_ps(st.data() + c * MQ));
+      for (int64_t c = 0; c < bl.rows(); ++c) mx = _mm512_mask_max_ps(mx, bl.row(c), mx, _mm512_loadu_ps(st.data() + c * MQ));
       mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t c = 0; c < bl.cn; ++c) {
+      for (int64_t c = 0; c < bl.rows(); ++c) {
         float* row = st.data() + c * MQ;
-        const __m512 e = _mm512_maskz_mov_ps(bl.seen(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
+        const __m512 e = _mm512_maskz_mov_ps(bl.row(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
         _mm512_storeu_ps(row, e);
         sum = _mm512_add_ps(sum, e);
       }
@@ -266,8 +286,10 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         for (int64_t r = 0; r < bl.m; ++r) lse_[r] = mxv[r] + std::log(sums[r]);
         std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
       }
-      product(st.data(), 1, MQ, bl.m, bl.cn, V.head(b, h) + bl.kstart * V.s2, V.s2, inv, 1.f, false,
-              O.head(b, h) + bl.q0 * O.s2, O.s2, DV, bl.keys_lo(bef), bl.keys_hi(aft));
+      float* ob = O.head(b, h) + bl.q0 * O.s2;
+      if (bl.gn) product(st.data(), 1, MQ, bl.m, bl.gn, vh, V.s2, inv, 1.f, false, ob, O.s2, DV, -WIDE, WIDE);
+      product(win, 1, MQ, bl.m, bl.cn, vh + bl.kstart * V.s2, V.s2, inv, 1.f, bl.gn > 0, ob, O.s2, DV, bl.keys_lo(bef),
+              bl.keys_hi(aft));
     }
   });
 }
@@ -278,7 +300,7 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // (rowsum(dO * O) = sum over keys of P dP); it is part of the signature for the shape check.
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                     int64_t before, int64_t after) {
+                     int64_t before, int64_t after, int64_t globals, int64_t global_after) {
   check(q, k, v, out);
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
@@ -289,9 +311,11 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const View Q(q), K(k), V(v), O(out), dO(dout), dQ(dq), dK(dk), dV(dv);
   const float* L = lse.data_ptr<float>();
   const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16;
+  const int64_t G = std::min(globals, T);
+  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16 + G;
   const float scale = 1.f / std::sqrt((float)D);
   const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
+  const int32_t gaft = (int32_t)std::min<int64_t>(global_after, T);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
     for (int64_t w = begin; w < end; ++w) {
@@ -299,7 +323,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h);
       int64_t fresh = 0;  // key rows below this one hold gradient already
       for (int64_t blk = 0; blk < nb; ++blk) {
-        const Block bl(blk, T, bef, aft);
+        const Block bl(blk, T, bef, aft, G, gaft);
         const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
         block_rows(qh, Q.s2, bl, qrows);
         block_rows(gh, dO.s2, bl, grows);
@@ -308,16 +332,21 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         alignas(64) float lsev[MQ] = {0};
         std::copy(L + (b * H + h) * T + bl.q0, L + (b * H + h) * T + bl.q0 + bl.m, lsev);
         const __m512 lsel = _mm512_load_ps(lsev);
-        scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, pt.data());  // S^T
-        scores(vh + bl.kstart * V.s2, V.s2, bl.cn, dot.data(), DV, dst.data());  // dP^T
+        const int64_t gn = bl.gn;  // rows of the global segment, before the window segment's
+        if (gn) {
+          scores(kh, K.s2, gn, qt.data(), D, pt.data());
+          scores(vh, V.s2, gn, dot.data(), DV, dst.data());
+        }
+        scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, pt.data() + gn * MQ);  // S^T
+        scores(vh + bl.kstart * V.s2, V.s2, bl.cn, dot.data(), DV, dst.data() + gn * MQ);  // dP^T
         // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
         __m512 di = _mm512_setzero_ps();
-        for (int64_t c = 0; c < bl.cn; ++c) {
-          const __m512 p = _mm512_maskz_mov_ps(bl.seen(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
+        for (int64_t c = 0; c < bl.rows(); ++c) {
+          const __m512 p = _mm512_maskz_mov_ps(bl.row(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
           _mm512_storeu_ps(pt.data() + c * MQ, p);
           di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
         }
-        for (int64_t c = 0; c < bl.cn; ++c) {  // dS = P * (dP - rowsum)
+        for (int64_t c = 0; c < bl.rows(); ++c) {  // dS = P * (dP - rowsum)
           const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
           _mm512_storeu_ps(dst.data() + c * MQ, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dst.data() + c * MQ), di)));
         }
@@ -329,18 +358,24 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         fresh = std::max(fresh, bl.kstart + bl.cn);
         // dQ[r] = scale * sum_c dS^T[c][r] K[c];  dK[c] += scale * sum_r dS^T[c][r] Q[r];  dV[c] += sum_r P^T[c][r] dO[r]
         const int64_t klo = bl.keys_lo(bef), khi = bl.keys_hi(aft);  // queries of key c: c - khi .. c - klo
-        product(dst.data(), 1, MQ, bl.m, bl.cn, kh + bl.kstart * K.s2, K.s2, nullptr, scale, false,
-                dQ.head(b, h) + bl.q0 * dQ.s2, dQ.s2, D, klo, khi);
-        product(dst.data(), MQ, 1, bl.cn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true,
-                dK.head(b, h) + bl.kstart * dK.s2, dK.s2, D, -khi, -klo);
-        product(pt.data(), MQ, 1, bl.cn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true,
-                dV.head(b, h) + bl.kstart * dV.s2, dV.s2, DV, -khi, -klo);
+        float *dqb = dQ.head(b, h) + bl.q0 * dQ.s2, *dkh = dK.head(b, h), *dvh = dV.head(b, h);
+        const float *dsw = dst.data() + gn * MQ, *pw = pt.data() + gn * MQ;  // the window segment
+        if (gn) {  // the global keys (their rows were zeroed by the first blocks, whose windows reach them)
+          product(dst.data(), 1, MQ, bl.m, gn, kh, K.s2, nullptr, scale, false, dqb, dQ.s2, D, -WIDE, WIDE);
+          product(dst.data(), MQ, 1, gn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh, dK.s2, D, -WIDE, WIDE);
+          product(pt.data(), MQ, 1, gn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh, dV.s2, DV, -WIDE, WIDE);
+        }
+        product(dsw, 1, MQ, bl.m, bl.cn, kh + bl.kstart * K.s2, K.s2, nullptr, scale, gn > 0, dqb, dQ.s2, D, klo, khi);
+        product(dsw, MQ, 1, bl.cn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + bl.kstart * dK.s2, dK.s2, D,
+                -khi, -klo);
+        product(pw, MQ, 1, bl.cn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + bl.kstart * dV.s2, dV.s2, DV,
+                -khi, -klo);
       }
     }
   });
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("window_forward", &window_forward, "fused sliding-window attention (float32, AVX-512)");
+  m.def("window_forward", &window_forward, "fused sliding-window attention with global keys (float32, AVX-512)");
   m.def("window_backward", &window_backward, "its gradients");
 }
