@@ -1,5 +1,6 @@
 """The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
 gives the reference's numbers and gradients for local:W, dilated:W:D and longformer:W:G (causal and bidirectional;
+bigbird:W:G:R causal;
 lengths on and off its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided
 views of a fused projection), it is the path taken, and the block engine takes over wherever it does
 not apply."""
@@ -19,6 +20,7 @@ TYPES = [
     "local:1", "local:2", "local:16", "local:17", "local:64", "local:300", "dilated:1:4", "dilated:4:3", "dilated:16:2",
     "longformer:1:1", "longformer:16:5", "longformer:40:5", "longformer:8:40", "longformer:17:33",
 ]  # fmt: skip
+BIGBIRD = ["bigbird:16:5:2", "bigbird:16:40:1", "bigbird:32:3:3", "bigbird:48:20:2", "bigbird:16:1:8"]  # W % 16 == 0
 LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
 
 
@@ -73,6 +75,29 @@ def test_kernel_equals_reference(spec, causal, calls):
         worst = max(worst, (out - ref).abs().max().item())
     assert worst <= 1e-5, worst
     assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
+
+
+@pytest.mark.parametrize("spec", BIGBIRD)
+def test_bigbird_equals_reference(spec, calls):
+    """bigbird's causal form: the window, the global keys and each block's picked blocks (gathered by the kernel
+    as segments of their own), forward and gradients; lengths up to 600 (blocks picking blocks far back)."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    s = parse_attention(spec)
+    worst = 0.0
+    for t in (1, 16, 33, 257, 600):
+        g = torch.Generator().manual_seed(t)
+        x = torch.randn(2, t, 2, 3, 32, generator=g, requires_grad=True)
+        v = torch.randn(2, 3, t, 48, generator=g, requires_grad=True)
+        grad_out = torch.randn(2, 3, t, 48, generator=g)
+        q, k = (x[:, :, i].transpose(1, 2) for i in range(2))
+        with torch.no_grad():
+            worst = max(worst, (attend(q, k, v, s) - attend_reference(q, k, v, s)).abs().max().item())
+        out, ref = attend(q, k, v, s), attend_reference(q, k, v, s)
+        got, want = torch.autograd.grad(out, (x, v), grad_out), torch.autograd.grad(ref, (x, v), grad_out)
+        worst = max(worst, (out - ref).abs().max().item(), *((a - b).abs().max().item() for a, b in zip(got, want)))
+    assert worst <= 1e-4, worst
+    assert calls["n"] == 10
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,9 @@ FLOPs.  The compiled kernel does scores, softmax and the weighted sum per block 
 registers (no scores buffer in memory), skipping the products the window masks out; its backward
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
 does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
-the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional, and
-dilated:W:D (one residue stream at a time, read and written in place) when:
+the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
+dilated:W:D (one residue stream at a time, read and written in place), and bigbird:W:G:R's causal form
+(each block's R picked blocks are further key segments; W a multiple of 16, R <= 8) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
@@ -40,6 +41,7 @@ SOURCE = Path(__file__).with_name("kernels") / "window_attention.cpp"
 NAME = "nas_window_attention"
 HEAD_SIZES = (16, 32, 48, 64, 128)  # query/key and value head sizes with a register layout
 _NO_LSE = torch.empty(0)
+_NO_PICKS = torch.empty(0, 0, dtype=torch.long)
 
 _off = False  # :func:`disabled` (benchmarks compare the engine and the kernel in one process)
 
@@ -147,12 +149,23 @@ class _Window(torch.autograd.Function):
 
 
 def window_into(
-    out: Tensor, q: Tensor, k: Tensor, v: Tensor, before: int, after: int, globals_: int = 0, global_after: int = 0
+    out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    before: int,
+    after: int,
+    globals_: int = 0,
+    global_after: int = 0,
+    picks: Tensor | None = None,
+    width: int = 1,
 ) -> Tensor:
-    """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after, and the
-    first ``globals_`` keys j where j <= i + global_after (longformer).  The caller checked :func:`fits`; with a
-    gradient recorded the result is copied in (autograd sees the copy)."""
-    window = (before, after, globals_, global_after)
+    """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after, the first
+    ``globals_`` keys j where j <= i + global_after (longformer, bigbird), and (bigbird) the blocks of ``width``
+    keys that its block of ``width`` queries picked: ``picks`` (ceil(T / width), R) int64 block indices, -1 for
+    none, each before the block's window (``width`` a multiple of 16, R <= 8).  The caller checked :func:`fits`;
+    with a gradient recorded the result is copied in (autograd sees the copy)."""
+    window = (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width)
     if _recording(q, k, v):
         out.copy_(_Window.apply(q, k, v, window))
     else:
@@ -161,12 +174,21 @@ def window_into(
 
 
 def window_attention(
-    q: Tensor, k: Tensor, v: Tensor, before: int, after: int, globals_: int = 0, global_after: int = 0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    before: int,
+    after: int,
+    globals_: int = 0,
+    global_after: int = 0,
+    picks: Tensor | None = None,
+    width: int = 1,
 ) -> Tensor | None:
     """The window attention of (B, H, T, D) tensors (:func:`window_into`; differentiable), or None where the
     kernel does not apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
     if _recording(q, k, v):
-        return _Window.apply(q, k, v, (before, after, globals_, global_after))
-    return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, before, after, globals_, global_after)
+        return _Window.apply(q, k, v, (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width))
+    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    return window_into(out, q, k, v, before, after, globals_, global_after, picks, width)

@@ -513,6 +513,13 @@ def _random_picks(blk: Tensor, r: int, w: int, g: int) -> tuple[Tensor, Tensor, 
     return picks, ok, (ok[:, :, None] & (j >= g)).reshape(-1, 1, r * w)
 
 
+@lru_cache(maxsize=64)
+def _native_picks(w: int, g: int, r: int, t: int) -> Tensor:
+    """The compiled kernel's picks for a length: (ceil(T / W), R) block indices, -1 where a pick does not count."""
+    picks, ok, _ = _random_picks(torch.arange(-(-t // w)), r, w, g)
+    return torch.where(ok, picks, -1).contiguous()
+
+
 class BigBird(BlockSparse):
     """Bidirectional form: Longformer's symmetric window and global tokens, and the random blocks in both
     directions: block a sees block b when either picked the other (the same generator, symmetrised)."""
@@ -545,6 +552,15 @@ class BigBird(BlockSparse):
 
     def keys_per_query(self, spec, t):
         return (2 + spec.param("R")) * spec.param("W") + spec.param("G")
+
+    def forward(self, q, k, v, spec, w):
+        """The compiled window kernel with the global keys and each block's picked blocks where it applies
+        (:mod:`.native`: W a multiple of 16, R <= 8); else the block engine."""
+        width, g, r = spec.param("W"), spec.param("G"), spec.param("R")
+        out = None
+        if width % 16 == 0 and r <= 8:
+            out = native.window_attention(q, k, v, width - 1, 0, g, 0, _native_picks(width, g, r, q.shape[2]), width)
+        return out if out is not None else super().forward(q, k, v, spec, w)
 
     def block_forward(self, q, k, v, spec):
         lay, win, g, glob, picks, rand = self._plan(spec, q)

@@ -1,20 +1,21 @@
-// Fused sliding-window softmax attention for CPU inference (float32, AVX-512), the compiled fast path of
-// local:W (and of dilated:W:D, one residue stream at a time).  Loaded by supernet/attention/native.py.
+// Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
+// fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G and bigbird:W:G:R's causal
+// form.  Loaded by supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
-// (before, after) = (W-1, 0), its bidirectional form (W-1, W-1).  Every query sees itself, so no row is empty.
+// (before, after) = (W-1, 0), its bidirectional form (W-1, W-1); also the first G keys where j <= i + gaft
+// (global keys), and for bigbird the blocks of keys its block picked.  Every query sees itself: no row is empty.
 //
-// Per (batch, head) and block of 16 queries, in one pass and without a score buffer in memory:
+// Per (batch, head) and block of 16 queries, without a score matrix in memory:
 //   QT    = the block's queries transposed (D x 16), scaled by 1/sqrt(D): one register per feature,
-//   ST    = scores of the block's key range, key-major (keys x 16 lanes): 16 keys x 16 queries per tile,
-//           a broadcast key element times a QT register (the 16 queries of a key in one register),
-//   P     = exp(ST - row max) under the window mask, vectorised across the 16 queries (no horizontal
-//           reduction but the two at the end), normalised at the end of the apply,
-//   out   = P V, 4 query rows x Dv at a time in registers.
-// The key range is widened to whole tiles of 16 where the sequence allows; the mask hides the extra keys.
-// The block engine (blocks.py) computes the same thing with batched GEMMs and a softmax over a scores
-// buffer; this kernel does it for about 2/3 of the time at 4k tokens (one thread), and has no backward:
-// with a gradient the engine runs.
+//   ST    = scores of the block's keys, key-major (keys x 16 lanes), in segments of consecutive keys (global keys,
+//           picked blocks, the window range): 16 keys x 16 queries per tile, a broadcast key element times a QT
+//           register,
+//   P     = exp(ST - row max) under the mask, vectorised across the 16 queries, normalised at the end,
+//   out   = P V, 4 query rows x Dv at a time in registers, skipping the keys outside a row group's window band.
+// The backward recomputes P from the row log-sum-exp the forward kept, and accumulates dK and dV over the blocks of
+// a head in order.  The block engine (blocks.py) computes the same with batched GEMMs and a softmax over a scores
+// buffer; this kernel takes about half its time forward at 4k tokens (one thread).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -163,48 +164,80 @@ void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D,
   scores_of<0>(K, ldk, cn, QT, D, ST);
 }
 
-// A block of 16 queries and the keys its window reaches, widened to whole tiles of 16 where the sequence
-// allows (the mask hides the extra keys), and the first G keys (longformer's global keys: seen by query i
-// where j <= i + gaft) that lie before that range; seen(c): the lanes (queries) that see key kstart + c.
+// What a query sees: keys i - before .. i + after (the window), the first G keys where j <= i + gaft (global
+// keys: longformer, bigbird), and for bigbird the R blocks of `width` keys that its block of `width` queries
+// picked (picks[block][r]: a block index, -1 for none; they lie before the window; keys under G are the global
+// rule's).
+struct Pattern {
+  int64_t T, G;
+  int32_t bef, aft, gaft;
+  const int64_t* picks;  // (ceil(T / width), R) or null
+  int64_t R, width;
+};
+
+constexpr int MAX_SEGMENTS = 2 + 8;  // global keys, up to 8 picked blocks, the window
+enum Kind { GLOBAL, PICKED, WINDOW };
+struct Segment {
+  int64_t start, count, row;  // keys start .. start+count-1, at row `row` of the block's scores buffer
+  Kind kind;
+};
+
+// A block of 16 queries and the keys it sees, as segments of consecutive keys scored into one buffer of
+// rows() rows: the global keys before the window range, the picked blocks, the window range (widened to whole
+// tiles of 16 where the sequence allows: the mask hides the extra keys).  mask[row]: the lanes that see it.
 struct Block {
-  int64_t q0, m, kstart, cn, gn;
-  __m512i lo, hi, ghi;
+  int64_t q0, m, kstart, cn;
+  Segment seg[MAX_SEGMENTS];
+  int nseg = 0;
+  int64_t n = 0;  // rows
+  bool overlap;   // global keys inside the window range: its products are not limited to the window's band
   __mmask16 live;
-  int64_t G;
-  bool overlap;  // global keys inside the window segment: its products are not limited to the window's band
-  Block(int64_t blk, int64_t T, int32_t bef, int32_t aft, int64_t globals, int32_t gaft) : G(globals) {
+  Block(int64_t blk, const Pattern& pt, __mmask16* mask) {
+    const int64_t T = pt.T;
     q0 = blk * MQ;
     m = std::min<int64_t>(MQ, T - q0);
-    int64_t ks = std::max<int64_t>(0, q0 - bef), ke = std::min<int64_t>(T, q0 + m + aft);
+    int64_t ks = std::max<int64_t>(0, q0 - pt.bef), ke = std::min<int64_t>(T, q0 + m + pt.aft);
     const int64_t want = (ke - ks + 15) / 16 * 16;
     ks = std::max<int64_t>(0, ke - want);
     ke = std::min<int64_t>(T, ks + want);
     kstart = ks;
     cn = ke - ks;
-    gn = std::min(G, kstart);  // global keys before the window segment, scored as a segment of their own
-    overlap = G > kstart;
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    lo = _mm512_sub_epi32(lane, _mm512_set1_epi32(bef));  // lane r sees key j iff r - before <= j - q0 <= r + after
-    hi = _mm512_add_epi32(lane, _mm512_set1_epi32(aft));
-    ghi = _mm512_add_epi32(lane, _mm512_set1_epi32(gaft));  // ... or j < G and j - q0 <= r + gaft
+    overlap = pt.G > kstart;
     live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
+    const int64_t gn = std::min(pt.G, kstart);
+    if (gn) add(0, gn, GLOBAL);
+    if (pt.picks) {
+      const int64_t* row = pt.picks + (q0 / pt.width) * pt.R;
+      for (int64_t r = 0; r < pt.R; ++r) {
+        if (row[r] >= 0) add(row[r] * pt.width, pt.width, PICKED);
+      }
+    }
+    add(kstart, cn, WINDOW);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i lo = _mm512_sub_epi32(lane, _mm512_set1_epi32(pt.bef));  // r - before <= j - q0 <= r + after
+    const __m512i hi = _mm512_add_epi32(lane, _mm512_set1_epi32(pt.aft));
+    const __m512i ghi = _mm512_add_epi32(lane, _mm512_set1_epi32(pt.gaft));  // global: j < G, j - q0 <= r + gaft
+    for (int s = 0; s < nseg; ++s) {
+      const Segment& g = seg[s];
+      for (int64_t c = 0; c < g.count; ++c) {
+        const int64_t j = g.start + c;
+        const __m512i rel = _mm512_set1_epi32((int32_t)(j - q0));
+        __mmask16 ok = 0;
+        if (g.kind == WINDOW) ok = _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel);
+        if (g.kind != PICKED && j < pt.G) ok |= _mm512_cmpge_epi32_mask(ghi, rel);
+        if (g.kind == PICKED && j >= pt.G) ok = 0xFFFF;  // a picked block lies before every lane's window
+        mask[g.row + c] = ok & live;
+      }
+    }
   }
-  // query r sees the keys c in [r + keys_lo, r + keys_hi]; key c is seen by the queries in [c - keys_hi, c - keys_lo]
-  // (with no global key in the window segment; else every key may be seen by every query: the widest range)
-  int64_t keys_lo(int32_t bef) const { return overlap ? -WIDE : q0 - kstart - bef; }
-  int64_t keys_hi(int32_t aft) const { return overlap ? WIDE : q0 - kstart + aft; }
-  __mmask16 seen(int64_t c) const {  // key kstart + c (the window segment)
-    const __m512i rel = _mm512_set1_epi32((int32_t)(kstart + c - q0));
-    __mmask16 ok = _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel);
-    if (kstart + c < G) ok |= _mm512_cmpge_epi32_mask(ghi, rel);
-    return ok & live;
+  void add(int64_t start, int64_t count, Kind kind) {
+    seg[nseg++] = Segment{start, count, n, kind};
+    n += count;
   }
-  __mmask16 seen_global(int64_t j) const {  // key j < gn (the global segment: outside every lane's window)
-    return _mm512_cmpge_epi32_mask(ghi, _mm512_set1_epi32((int32_t)(j - q0))) & live;
-  }
-  // the mask of row c of the scores buffer: the global segment (gn rows), then the window segment (cn rows)
-  __mmask16 row(int64_t c) const { return c < gn ? seen_global(c) : seen(c - gn); }
-  int64_t rows() const { return gn + cn; }
+  // the window segment's products: query r sees the keys c in [r + lo, r + hi] (key c: queries c - hi .. c - lo);
+  // other segments, or global keys in the window range: any query any key
+  int64_t band_lo(const Segment& g, int32_t bef) const { return g.kind == WINDOW && !overlap ? q0 - kstart - bef : -WIDE; }
+  int64_t band_hi(const Segment& g, int32_t aft) const { return g.kind == WINDOW && !overlap ? q0 - kstart + aft : WIDE; }
 };
 
 // The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
@@ -236,44 +269,64 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 
 }  // namespace
 
+Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
+                int64_t width) {
+  TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
+  Pattern p{T, std::min(globals, T), (int32_t)std::min(before, T), (int32_t)std::min(after, T),
+            (int32_t)std::min(global_after, T), nullptr, 0, 1};
+  if (picks.numel() > 0) {
+    TORCH_CHECK(picks.scalar_type() == at::kLong && picks.dim() == 2 && picks.is_contiguous() && width % MQ == 0 &&
+                    picks.size(0) >= (T + width - 1) / width && picks.size(1) <= MAX_SEGMENTS - 2,
+                "window attention: picks (blocks, R <= 8) int64, width a multiple of 16");
+    p.picks = picks.data_ptr<int64_t>();
+    p.R = picks.size(1);
+    p.width = width;
+  }
+  return p;
+}
+
+int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
+  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width;
+}
+
 // q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1; D and Dv
 // one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
 // denominator (scores scaled), which the backward needs.
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-                    int64_t before, int64_t after, int64_t globals, int64_t global_after) {
+                    int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
+                    int64_t width) {
   check(q, k, v, out);
-  TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width);
   const View Q(q), K(k), V(v), O(out);
   float* L = keep ? lse.data_ptr<float>() : nullptr;
   const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t G = std::min(globals, T);
-  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16 + G;  // keys a block can score
+  const int64_t most = most_rows(pat);
   const float scale = 1.f / std::sqrt((float)D);
-  const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
-  const int32_t gaft = (int32_t)std::min<int64_t>(global_after, T);
   at::parallel_for(0, B * H * nb, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> st(most * MQ), qt(D * MQ);
+    std::vector<__mmask16> mask(most);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / (H * nb), h = (w / nb) % H;
-      const Block bl(w % nb, T, bef, aft, G, gaft);
+      const Block bl(w % nb, pat, mask.data());
       const float *kh = K.head(b, h), *vh = V.head(b, h);
       const float* rows[MQ];
       block_rows(Q.head(b, h), Q.s2, bl, rows);
       transpose_rows(rows, D, scale, qt.data());
-      float* win = st.data() + bl.gn * MQ;  // the window segment's rows
-      if (bl.gn) scores(kh, K.s2, bl.gn, qt.data(), D, st.data());
-      scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, win);
+      for (int s = 0; s < bl.nseg; ++s) {
+        const Segment& g = bl.seg[s];
+        scores(kh + g.start * K.s2, K.s2, g.count, qt.data(), D, st.data() + g.row * MQ);
+      }
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t c = 0; c < bl.rows(); ++c) mx = _mm512_mask_max_ps(mx, bl.row(c), mx, _mm512_loadu_ps(st.data() + c * MQ));
+      for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st.data() + c * MQ));
       mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t c = 0; c < bl.rows(); ++c) {
+      for (int64_t c = 0; c < bl.n; ++c) {
         float* row = st.data() + c * MQ;
-        const __m512 e = _mm512_maskz_mov_ps(bl.row(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
+        const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
         _mm512_storeu_ps(row, e);
         sum = _mm512_add_ps(sum, e);
       }
@@ -287,9 +340,11 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
       }
       float* ob = O.head(b, h) + bl.q0 * O.s2;
-      if (bl.gn) product(st.data(), 1, MQ, bl.m, bl.gn, vh, V.s2, inv, 1.f, false, ob, O.s2, DV, -WIDE, WIDE);
-      product(win, 1, MQ, bl.m, bl.cn, vh + bl.kstart * V.s2, V.s2, inv, 1.f, bl.gn > 0, ob, O.s2, DV, bl.keys_lo(bef),
-              bl.keys_hi(aft));
+      for (int s = 0; s < bl.nseg; ++s) {
+        const Segment& g = bl.seg[s];
+        product(st.data() + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2, inv, 1.f, s > 0, ob, O.s2, DV,
+                bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
+      }
     }
   });
 }
@@ -300,7 +355,8 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // (rowsum(dO * O) = sum over keys of P dP); it is part of the signature for the shape check.
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                      const at::Tensor& lse, const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                     int64_t before, int64_t after, int64_t globals, int64_t global_after) {
+                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
+                     int64_t width) {
   check(q, k, v, out);
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
@@ -308,22 +364,22 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "window attention backward: shapes");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const View Q(q), K(k), V(v), O(out), dO(dout), dQ(dq), dK(dk), dV(dv);
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width);
+  const View Q(q), K(k), V(v), dO(dout), dQ(dq), dK(dk), dV(dv);
   const float* L = lse.data_ptr<float>();
   const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t G = std::min(globals, T);
-  const int64_t most = (std::min(before + after, T) + MQ + 15) / 16 * 16 + 16 + G;
+  const int64_t most = most_rows(pat);
   const float scale = 1.f / std::sqrt((float)D);
-  const int32_t bef = (int32_t)std::min<int64_t>(before, T), aft = (int32_t)std::min<int64_t>(after, T);
-  const int32_t gaft = (int32_t)std::min<int64_t>(global_after, T);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
+    std::vector<__mmask16> mask(most);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / H, h = w % H;
       const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h);
+      float *dkh = dK.head(b, h), *dvh = dV.head(b, h);
       int64_t fresh = 0;  // key rows below this one hold gradient already
       for (int64_t blk = 0; blk < nb; ++blk) {
-        const Block bl(blk, T, bef, aft, G, gaft);
+        const Block bl(blk, pat, mask.data());
         const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
         block_rows(qh, Q.s2, bl, qrows);
         block_rows(gh, dO.s2, bl, grows);
@@ -332,44 +388,41 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         alignas(64) float lsev[MQ] = {0};
         std::copy(L + (b * H + h) * T + bl.q0, L + (b * H + h) * T + bl.q0 + bl.m, lsev);
         const __m512 lsel = _mm512_load_ps(lsev);
-        const int64_t gn = bl.gn;  // rows of the global segment, before the window segment's
-        if (gn) {
-          scores(kh, K.s2, gn, qt.data(), D, pt.data());
-          scores(vh, V.s2, gn, dot.data(), DV, dst.data());
+        for (int s = 0; s < bl.nseg; ++s) {  // S^T and dP^T
+          const Segment& g = bl.seg[s];
+          scores(kh + g.start * K.s2, K.s2, g.count, qt.data(), D, pt.data() + g.row * MQ);
+          scores(vh + g.start * V.s2, V.s2, g.count, dot.data(), DV, dst.data() + g.row * MQ);
         }
-        scores(kh + bl.kstart * K.s2, K.s2, bl.cn, qt.data(), D, pt.data() + gn * MQ);  // S^T
-        scores(vh + bl.kstart * V.s2, V.s2, bl.cn, dot.data(), DV, dst.data() + gn * MQ);  // dP^T
         // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
         __m512 di = _mm512_setzero_ps();
-        for (int64_t c = 0; c < bl.rows(); ++c) {
-          const __m512 p = _mm512_maskz_mov_ps(bl.row(c), exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
+        for (int64_t c = 0; c < bl.n; ++c) {
+          const __m512 p = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
           _mm512_storeu_ps(pt.data() + c * MQ, p);
           di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
         }
-        for (int64_t c = 0; c < bl.rows(); ++c) {  // dS = P * (dP - rowsum)
+        for (int64_t c = 0; c < bl.n; ++c) {  // dS = P * (dP - rowsum)
           const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
           _mm512_storeu_ps(dst.data() + c * MQ, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dst.data() + c * MQ), di)));
         }
-        // key rows no earlier block reached start at zero (the ranges only move forward)
+        // key rows no earlier block reached start at zero (window ranges only move forward; global keys and
+        // picked blocks lie before the window range, in rows the first blocks' windows zeroed)
         for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn; ++j) {
-          std::fill_n(dK.head(b, h) + j * dK.s2, D, 0.f);
-          std::fill_n(dV.head(b, h) + j * dV.s2, DV, 0.f);
+          std::fill_n(dkh + j * dK.s2, D, 0.f);
+          std::fill_n(dvh + j * dV.s2, DV, 0.f);
         }
         fresh = std::max(fresh, bl.kstart + bl.cn);
         // dQ[r] = scale * sum_c dS^T[c][r] K[c];  dK[c] += scale * sum_r dS^T[c][r] Q[r];  dV[c] += sum_r P^T[c][r] dO[r]
-        const int64_t klo = bl.keys_lo(bef), khi = bl.keys_hi(aft);  // queries of key c: c - khi .. c - klo
-        float *dqb = dQ.head(b, h) + bl.q0 * dQ.s2, *dkh = dK.head(b, h), *dvh = dV.head(b, h);
-        const float *dsw = dst.data() + gn * MQ, *pw = pt.data() + gn * MQ;  // the window segment
-        if (gn) {  // the global keys (their rows were zeroed by the first blocks, whose windows reach them)
-          product(dst.data(), 1, MQ, bl.m, gn, kh, K.s2, nullptr, scale, false, dqb, dQ.s2, D, -WIDE, WIDE);
-          product(dst.data(), MQ, 1, gn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh, dK.s2, D, -WIDE, WIDE);
-          product(pt.data(), MQ, 1, gn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh, dV.s2, DV, -WIDE, WIDE);
+        float* dqb = dQ.head(b, h) + bl.q0 * dQ.s2;
+        for (int s = 0; s < bl.nseg; ++s) {
+          const Segment& g = bl.seg[s];
+          const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
+          const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
+          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi);
+          product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2,
+                  D, -hi, -lo);
+          product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2,
+                  DV, -hi, -lo);
         }
-        product(dsw, 1, MQ, bl.m, bl.cn, kh + bl.kstart * K.s2, K.s2, nullptr, scale, gn > 0, dqb, dQ.s2, D, klo, khi);
-        product(dsw, MQ, 1, bl.cn, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + bl.kstart * dK.s2, dK.s2, D,
-                -khi, -klo);
-        product(pw, MQ, 1, bl.cn, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + bl.kstart * dV.s2, dV.s2, DV,
-                -khi, -klo);
       }
     }
   });
