@@ -7,7 +7,7 @@ registers (no scores buffer in memory), skipping the products the window masks o
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
 does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
 the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
-dilated:W:D (one residue stream at a time, read and written in place), and bigbird:W:G:R's causal form
+dilated:W:D (inference: one residue stream at a time, read and written in place), and bigbird:W:G:R's causal form
 (each block's R picked blocks are further key segments; W a multiple of 16, R <= 8) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
@@ -122,7 +122,8 @@ def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return _build()[0] is not None
 
 
-def _recording(*xs: Tensor) -> bool:
+def recording(*xs: Tensor) -> bool:
+    """Is autograd recording an operation on any of these?"""
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
@@ -166,7 +167,7 @@ def window_into(
     none, each before the block's window (``width`` a multiple of 16, R <= 8).  The caller checked :func:`fits`;
     with a gradient recorded the result is copied in (autograd sees the copy)."""
     window = (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width)
-    if _recording(q, k, v):
+    if recording(q, k, v):
         out.copy_(_Window.apply(q, k, v, window))
     else:
         _kernel().window_forward(q, k, v, out, _NO_LSE, *window)
@@ -188,7 +189,7 @@ def window_attention(
     kernel does not apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
-    if _recording(q, k, v):
+    if recording(q, k, v):
         return _Window.apply(q, k, v, (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width))
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     return window_into(out, q, k, v, before, after, globals_, global_after, picks, width)
