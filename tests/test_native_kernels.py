@@ -151,9 +151,9 @@ def test_threads_split_the_blocks_without_changing_a_bit():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = native.window_attention(q, k, v, 63, 0)
+        one = native.window_attention(q, k, v, native.Window(63, 0))
         torch.set_num_threads(2)
-        two = native.window_attention(q, k, v, 63, 0)
+        two = native.window_attention(q, k, v, native.Window(63, 0))
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
@@ -166,8 +166,8 @@ def test_the_engine_runs_where_the_kernel_does_not_apply(calls):
     q, k, v = projected(1, 2, 50, 16, seed=1)
     q64, k64, v64 = (x.double() for x in (q, k, v))
     q24, k24, v24 = projected(1, 2, 50, 24, seed=2)
-    assert native.window_attention(q64, k64, v64, 15, 0) is None
-    assert native.window_attention(q24, k24, v24, 15, 0) is None
+    assert native.window_attention(q64, k64, v64, native.Window(15, 0)) is None
+    assert native.window_attention(q24, k24, v24, native.Window(15, 0)) is None
     q24g = q24.detach().clone().requires_grad_(True)
     out = attend(q24g, k24, v24, s)
     out.sum().backward()

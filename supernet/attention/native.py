@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import warnings
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -149,47 +150,40 @@ class _Window(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def window_into(
-    out: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    before: int,
-    after: int,
-    globals_: int = 0,
-    global_after: int = 0,
-    picks: Tensor | None = None,
-    width: int = 1,
-) -> Tensor:
-    """``out`` (B, H, T, Dv), any strides with the last one 1: query i attends keys i-before .. i+after, the first
-    ``globals_`` keys j where j <= i + global_after (longformer, bigbird), and (bigbird) the blocks of ``width``
-    keys that its block of ``width`` queries picked: ``picks`` (ceil(T / width), R) int64 block indices, -1 for
-    none, each before the block's window (``width`` a multiple of 16, R <= 8).  The caller checked :func:`fits`;
-    with a gradient recorded the result is copied in (autograd sees the copy)."""
-    window = (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width)
+@dataclass(frozen=True)
+class Window:
+    """What query i attends: keys i-before .. i+after, the first ``globals_`` keys j where j <= i + global_after
+    (longformer, bigbird), and (bigbird) the blocks of ``width`` keys its block of ``width`` queries picked:
+    ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
+    multiple of 16, R <= 8)."""
+
+    before: int
+    after: int
+    globals_: int = 0
+    global_after: int = 0
+    picks: Tensor | None = None
+    width: int = 1
+
+    def args(self) -> tuple:
+        picks = _NO_PICKS if self.picks is None else self.picks
+        return self.before, self.after, self.globals_, self.global_after, picks, self.width
+
+
+def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor:
+    """``out`` (B, H, T, Dv), any strides with the last one 1, gets the attention of ``window``.  The caller checked
+    :func:`fits`; with a gradient recorded the result is copied in (autograd sees the copy)."""
     if recording(q, k, v):
-        out.copy_(_Window.apply(q, k, v, window))
+        out.copy_(_Window.apply(q, k, v, window.args()))
     else:
-        _kernel().window_forward(q, k, v, out, _NO_LSE, *window)
+        _kernel().window_forward(q, k, v, out, _NO_LSE, *window.args())
     return out
 
 
-def window_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    before: int,
-    after: int,
-    globals_: int = 0,
-    global_after: int = 0,
-    picks: Tensor | None = None,
-    width: int = 1,
-) -> Tensor | None:
-    """The window attention of (B, H, T, D) tensors (:func:`window_into`; differentiable), or None where the
-    kernel does not apply (:func:`fits`)."""
+def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor | None:
+    """The attention of ``window`` over (B, H, T, D) tensors (differentiable), or None where the kernel does not
+    apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return _Window.apply(q, k, v, (before, after, globals_, global_after, _NO_PICKS if picks is None else picks, width))
-    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-    return window_into(out, q, k, v, before, after, globals_, global_after, picks, width)
+        return _Window.apply(q, k, v, window.args())
+    return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)

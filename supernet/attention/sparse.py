@@ -211,13 +211,13 @@ class Local(BlockSparse):
 
     def forward(self, q, k, v, spec, w):
         """The compiled window kernel where it applies (:mod:`.native`, forward and backward); else the block engine."""
-        out = native.window_attention(q, k, v, spec.param("W") - 1, 0)
+        out = native.window_attention(q, k, v, native.Window(spec.param("W") - 1, 0))
         return out if out is not None else super().forward(q, k, v, spec, w)
 
     def bidirectional(self, q, k, v, spec, w):
         """As ``forward``: the compiled kernel where it applies, else the block engine."""
         width = spec.param("W")
-        out = native.window_attention(q, k, v, width - 1, width - 1)
+        out = native.window_attention(q, k, v, native.Window(width - 1, width - 1))
         return out if out is not None else super().bidirectional(q, k, v, spec, w)
 
     def block_forward(self, q, k, v, spec):
@@ -275,8 +275,9 @@ def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, aft
     stream's input gradients back through strided views cost more than it saved (dilated:64:4 at 4k, one thread,
     fwd+bwd: copied 51.5 ms, in place 100.7, the engine 78.6)."""
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
+    window = native.Window(before, after)
     for r in range(min(step, q.shape[2])):
-        native.window_into(out[:, :, r::step], q[:, :, r::step], k[:, :, r::step], v[:, :, r::step], before, after)
+        native.window_into(out[:, :, r::step], q[:, :, r::step], k[:, :, r::step], v[:, :, r::step], window)
     return out
 
 
@@ -413,14 +414,14 @@ class Longformer(BlockSparse):
 
     def forward(self, q, k, v, spec, w):
         """The compiled window kernel with the G global keys where it applies (:mod:`.native`); else the engine."""
-        out = native.window_attention(q, k, v, spec.param("W") - 1, 0, spec.param("G"), 0)
+        out = native.window_attention(q, k, v, native.Window(spec.param("W") - 1, 0, spec.param("G")))
         return out if out is not None else super().forward(q, k, v, spec, w)
 
     def bidirectional(self, q, k, v, spec, w):
         """As ``forward`` (every query sees the global keys), then the G global queries see every key (one SDPA)."""
         width, g = spec.param("W"), spec.param("G")
         t = q.shape[2]
-        out = native.window_attention(q, k, v, width - 1, width - 1, g, t)
+        out = native.window_attention(q, k, v, native.Window(width - 1, width - 1, g, t))
         return _global_rows(q, k, v, min(g, t), out) if out is not None else super().bidirectional(q, k, v, spec, w)
 
     def block_forward(self, q, k, v, spec):
@@ -561,7 +562,8 @@ class BigBird(BlockSparse):
         width, g, r = spec.param("W"), spec.param("G"), spec.param("R")
         out = None
         if width % 16 == 0 and r <= 8:
-            out = native.window_attention(q, k, v, width - 1, 0, g, 0, _native_picks(width, g, r, q.shape[2]), width)
+            window = native.Window(width - 1, 0, g, 0, _native_picks(width, g, r, q.shape[2]), width)
+            out = native.window_attention(q, k, v, window)
         return out if out is not None else super().forward(q, k, v, spec, w)
 
     def block_forward(self, q, k, v, spec):
