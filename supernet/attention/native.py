@@ -120,7 +120,7 @@ def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
         return False
     if q.shape[-1] not in HEAD_SIZES or v.shape[-1] not in HEAD_SIZES:
         return False
-    return _build()[0] is not None
+    return _kernel() is not None
 
 
 def recording(*xs: Tensor) -> bool:
@@ -136,17 +136,17 @@ class _Window(torch.autograd.Function):
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
         lse = q.new_empty(q.shape[:-1])
         _kernel().window_forward(q, k, v, out, lse, *window)
-        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.save_for_backward(q, k, v, lse)
         ctx.window = window
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, lse = ctx.saved_tensors
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()
         dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)  # every row written
-        _kernel().window_backward(q, k, v, out, lse, grad, dq, dk, dv, *ctx.window)
+        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *ctx.window)
         return dq, dk, dv, None
 
 

@@ -2,7 +2,8 @@
 
 Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference (masked
 softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
-built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query).
+built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query);
+local, dilated, longformer and bigbird's causal form first try the compiled window kernel (:mod:`.native`).
 The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
 never traces them.  ONNX form: every causal form, and the bidirectional local, dilated and
 longformer, trace a block-local graph (:func:`.blocks.traced_window_attention`, O(T * keys per
@@ -269,11 +270,13 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
     return y.view(b, h, step, m, d).transpose(2, 3).reshape(b, h, m * step, d)[:, :, :t]
 
 
-def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, after: int) -> Tensor:
-    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies).
-    Inference only: with a gradient the streams are copied and local's kernel runs on them, since scattering each
-    stream's input gradients back through strided views cost more than it saved (dilated:64:4 at 4k, one thread,
-    fwd+bwd: copied 51.5 ms, in place 100.7, the engine 78.6)."""
+def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, after: int) -> Tensor | None:
+    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies), or
+    None where it does not apply.  Inference only: with a gradient the caller copies the streams and local's kernel
+    runs on them, since scattering each stream's input gradients back through strided views cost more than it saved
+    (dilated:64:4 at 4k, one thread, fwd+bwd: copied 51.5 ms, in place 100.7, the engine 78.6)."""
+    if not native.fits(q, k, v) or native.recording(q, k, v):
+        return None
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     window = native.Window(before, after)
     for r in range(min(step, q.shape[2])):
@@ -303,8 +306,9 @@ class Dilated(PatternType):
     def forward(self, q, k, v, spec, w):
         # Keys i, i-D, i-2D, ... are the W-token window of i's residue class mod D: local:W per class.
         step = spec.param("D")
-        if native.fits(q, k, v) and not native.recording(q, k, v):  # (with a gradient: local's kernel on copies)
-            return _native_streams(q, k, v, step, spec.param("W") - 1, 0)
+        out = _native_streams(q, k, v, step, spec.param("W") - 1, 0)
+        if out is not None:
+            return out
         out = local.forward(*(_streams(x, step) for x in (q, k, v)), AttentionSpec("local", (spec.param("W"),)), w)
         return _unstream(out, q.shape[1], step, q.shape[2])  # from (B, H*D, T/D, Dv)
 
@@ -316,8 +320,9 @@ class Dilated(PatternType):
         """The symmetric local:W on each residue stream; streams of m and of m-1 tokens apart (no padding seen)."""
         b, h, t, _ = q.shape
         step = spec.param("D")
-        if native.fits(q, k, v) and not native.recording(q, k, v):
-            return _native_streams(q, k, v, step, spec.param("W") - 1, spec.param("W") - 1)
+        out = _native_streams(q, k, v, step, spec.param("W") - 1, spec.param("W") - 1)
+        if out is not None:
+            return out
         m = -(-t // step)
         full = t - (m - 1) * step  # streams 0 .. full-1 hold m tokens, the others m-1
         window = AttentionSpec("local", (spec.param("W"),))

@@ -95,7 +95,8 @@ __attribute__((noinline)) void score_tile(const float* K, int64_t ldk, const flo
 }
 
 // O[i] = (accumulate ? O[i] : 0) + s_i * sum_j A[i * ra + j * ja] X[j] for rows i < rows, over 0 <= j < n and
-// i + jlo <= j <= i + jhi (the window: A is 0 outside it, so its products are skipped), with s_i = rs[i] (rs given) or alpha; X's and O's rows NV registers wide, RB rows of O at a time in registers.  The
+// i + jlo <= j <= i + jhi (the window: A is 0 outside it, so its products are skipped), with s_i = rs[i] (rs
+// given) or alpha; X's and O's rows NV registers wide, RB rows of O at a time in registers.  The
 // forward's weighted sum is (A = P^T: ra 1, ja 16; rs = 1 / row sums); the backward's dQ (A = dS^T, the
 // same layout) and dK, dV (A = dS^T, P^T read the other way: ra 16, ja 1; accumulated over query blocks).
 template <int NV, int RB>
@@ -183,7 +184,7 @@ struct Segment {
 };
 
 // A block of 16 queries and the keys it sees, as segments of consecutive keys scored into one buffer of
-// rows() rows: the global keys before the window range, the picked blocks, the window range (widened to whole
+// n rows: the global keys before the window range, the picked blocks, the window range (widened to whole
 // tiles of 16 where the sequence allows: the mask hides the extra keys).  mask[row]: the lanes that see it.
 struct Block {
   int64_t q0, m, kstart, cn;
@@ -351,13 +352,11 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 // Gradients of window_forward: dq, dk, dv (written), all (B, H, T, .) with the last stride 1.  P = exp(S - lse)
 // recomputed per block; dS = P * (dP - rowsum(dO * O)); one (b, h) per task, its blocks in order (dk and dv rows
-// are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it).  `out` is not read
-// (rowsum(dO * O) = sum over keys of P dP); it is part of the signature for the shape check.
-void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                     const at::Tensor& lse, const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                     int64_t width) {
-  check(q, k, v, out);
+// are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it).  The forward's output
+// is not needed: rowsum(dO * O) = sum over keys of P dP.
+void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
+                     const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
+                     int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width) {
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
