@@ -36,6 +36,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from search_spaces import UserError
+from supernet.files import publish_dir
 
 CACHE_FORMAT = 2  # 2: a test split
 TEST_FRACTION = 0.05
@@ -294,8 +295,6 @@ def prepare_corpus(
             progress(done, total)
 
     cache_root.mkdir(parents=True, exist_ok=True)
-    if target.exists():  # a damaged cache entry (checked by _load above): rebuild it
-        shutil.rmtree(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
     try:
         digest = hashlib.sha256()
@@ -330,11 +329,7 @@ def prepare_corpus(
             "skipped": skipped,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        try:
-            os.replace(tmp, target)  # atomic; another process may have won the race, which is fine
-        except OSError:
-            if _load(target) is None:
-                raise
+        publish_dir(tmp, target, lambda d: _load(d) is not None)  # a damaged entry (see _load above) is replaced
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     corpus = _load(target)

@@ -55,6 +55,25 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None
     return path
 
 
+def publish_dir(tmp: Path, target: Path, valid: Callable[[Path], bool]) -> None:
+    """Move the finished folder ``tmp`` to ``target`` in one rename.  Processes that build the same cache at
+    once (the ranks of a distributed run) race here: a ``target`` that is ``valid`` was published by one of
+    them and is kept, never removed while another may be reading it; an invalid one (damaged, an older
+    format) is renamed aside first, atomically, and only then removed."""
+    if target.exists() and not valid(target):
+        aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+        try:
+            os.replace(target, aside / target.name)
+        except FileNotFoundError:  # another process moved it first
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
+    try:
+        os.replace(tmp, target)
+    except OSError:  # a non-empty target: another process published first, which is fine if it is whole
+        if not valid(target):
+            raise
+
+
 def atomic_write_json(path: str | Path, data: Any, **dump: Any) -> Path:
     return atomic_write(path, json.dumps(data, indent=2, **dump) + "\n")
 

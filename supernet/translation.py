@@ -36,6 +36,7 @@ from typing import Iterator
 import numpy as np
 
 from search_spaces import UserError
+from supernet.files import publish_dir
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
@@ -295,14 +296,7 @@ def prepare_pairs(
             "skipped": skipped,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        target = root / key
-        if target.exists():
-            shutil.rmtree(target)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if _load(target) is None:
-                raise
+        publish_dir(tmp, root / key, lambda d: _load(d) is not None)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     corpus = _load(root / key)

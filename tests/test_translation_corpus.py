@@ -117,3 +117,28 @@ def test_batches_group_similar_lengths_and_collate_pads(tmp_path):
     a, b = train[int(batches[0][0])]
     assert src[0, : len(a)].tolist() == list(a) and inp[0, 0] == BOS and inp[0, 1 : len(b) + 1].tolist() == list(b)
     assert out[0, : len(b)].tolist() == list(b) and out[0, len(b)] == EOS and (out[0, len(b) + 1 :] == PAD).all()
+
+
+def test_a_cache_published_by_another_process_meanwhile_is_kept_and_a_stale_one_replaced(tmp_path, monkeypatch):
+    """Ranks of a distributed run prepare the same cache at once: one that finds the entry missing, builds it
+    and then finds another's finished entry keeps that one (a rank may be reading it) instead of deleting it."""
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"source {i}\tZiel {i}\n" for i in range(50)))
+    first = prepare_pairs(str(tsv), tmp_path / "run")
+    inode = first.path.stat().st_ino
+    real, looks = tr._load, []
+
+    def late(directory):  # the first look misses: the other process had not published yet
+        looks.append(directory)
+        return None if len(looks) == 1 else real(directory)
+
+    monkeypatch.setattr(tr, "_load", late)
+    second = prepare_pairs(str(tsv), tmp_path / "run")
+    assert len(looks) >= 2 and second.path == first.path and second.path.stat().st_ino == inode
+    assert second.hash == first.hash and list(second.train) == list(first.train)
+    monkeypatch.setattr(tr, "_load", real)
+    meta = first.path / "meta.json"
+    meta.write_text(meta.read_text().replace('"format"', '"old_format"'))  # an entry of an older format
+    third = prepare_pairs(str(tsv), tmp_path / "run")
+    assert third.path == first.path and third.path.stat().st_ino != inode and third.hash == first.hash
+    assert not [p.name for p in (tmp_path / "run" / "translation").iterdir() if p.name.startswith(".")]
