@@ -21,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import cache
+from . import cache, native
 from .base import INIT_STD, AttentionType, StateSpec
 from .linear import (
     CHUNK,
+    LINEAR_EPS,
     bidirectional_kernel_reference,
     bidirectional_linear,
     causal_linear_chunked,
@@ -68,6 +69,9 @@ def causal_dwconv(x: Tensor, w: Tensor) -> Tensor:
     if exporting():
         return conv_reference(x, w)
     k = w.shape[1]
+    y = native.depthwise_conv(x, w, [-s for s in range(k)])  # inference on the CPU: in x's layout, no transposes
+    if y is not None:
+        return y
     y = F.conv1d(F.pad(_channels(x), (k - 1, 0)), w.flip(1)[:, None, :], groups=w.shape[0])  # (B, H*D, T)
     return _heads(y, x.shape[1])
 
@@ -97,6 +101,9 @@ def centred_dwconv(x: Tensor, w: Tensor) -> Tensor:
     if exporting():
         return centred_conv_reference(x, w)
     k = w.shape[1]
+    y = native.depthwise_conv(x, w, [centred_offset(s) for s in range(k)])
+    if y is not None:
+        return y
     before = -min(centred_offset(s) for s in range(k))
     by_offset = sorted(range(k), key=centred_offset)  # tap of offset -before, ..., +after
     y = F.conv1d(F.pad(_channels(x), (before, k - 1 - before)), w[:, by_offset][:, None, :], groups=w.shape[0])
@@ -263,8 +270,13 @@ class LongShortRange(ConvType):
 # --------------------------------------------------------------------------- msla:K
 
 
-def _relu_linear(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    return causal_linear_chunked(F.relu(q.float()), F.relu(k.float()), v.float()).to(v.dtype)
+def _relu_linear(q: Tensor, k: Tensor, v: Tensor, plus: Tensor | None = None) -> Tensor:
+    """ReLU linear attention of q, k, v (+ ``plus``, into which the compiled kernel adds at inference)."""
+    out = native.causal_linear(q, k, v, "relu", True, LINEAR_EPS, into=plus)
+    if out is not None:
+        return out
+    out = causal_linear_chunked(F.relu(q.float()), F.relu(k.float()), v.float()).to(v.dtype)
+    return out if plus is None else plus + out
 
 
 class MultiScaleLinear(ConvType):
@@ -288,7 +300,7 @@ class MultiScaleLinear(ConvType):
 
     def forward(self, q, k, v, spec, w):
         cq, ck, cv = (causal_dwconv(x, w[f"dw_{n}"]) for x, n in ((q, "q"), (k, "k"), (v, "v")))
-        return _relu_linear(q, k, v) + _relu_linear(cq, ck, cv)
+        return _relu_linear(cq, ck, cv, plus=_relu_linear(q, k, v))
 
     def state(self, spec, heads, head_dim):
         lin = {

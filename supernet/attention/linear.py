@@ -26,6 +26,7 @@ from search_spaces.attention import AttentionSpec
 from .base import AttentionType, State, StateSpec
 from .blocks import block_count
 from .patterns import causal_mask
+from . import native
 from .registry import register
 
 LINEAR_EPS = 1e-6
@@ -103,6 +104,9 @@ def causal_linear_chunked(q: Tensor, k: Tensor, v: Tensor, chunk: int = CHUNK, n
     already feature-mapped. Shapes: q, k (B, H, T, D), v (B, H, T, Dv).  ``normalize=False``:
     the numerator sum_{j<=i} (q_i . k_j) v_j alone.
     """
+    out = native.causal_linear(q, k, v, "none", normalize, LINEAR_EPS)  # inference on the CPU, where it applies
+    if out is not None:
+        return out
     b, h, t, d = q.shape
     dv = v.shape[-1]
     c = chunk
@@ -149,7 +153,13 @@ class KernelType(AttentionType):
     def reference(self, q, k, v, spec, w):
         return kernel_reference(*self.features(q, k, spec), v)
 
+    native_feature: str | None = None  # the feature map by name where the compiled kernel applies it itself
+
     def forward(self, q, k, v, spec, w):
+        if self.native_feature is not None:  # inference on the CPU: the kernel maps q and k block by block
+            out = native.causal_linear(q, k, v, self.native_feature, True, LINEAR_EPS)
+            if out is not None:
+                return out
         # Features and running sums in fp32 whatever the input: prefix sums over thousands of
         # tokens (and exp features) lose too much in bf16 / fp16.
         return causal_linear_chunked(*self.features(q.float(), k.float(), spec), v.float()).to(v.dtype)
@@ -199,6 +209,7 @@ def elu_feature_map(x: Tensor) -> Tensor:
 class Linear(KernelType):
     name = "linear"
     doc = "linear attention with the elu(x)+1 feature map, causal via prefix sums"
+    native_feature = "elu1"
 
     def features(self, q, k, spec, start=0):
         return elu_feature_map(q), elu_feature_map(k)
@@ -207,6 +218,7 @@ class Linear(KernelType):
 class ReluLinear(KernelType):
     name = "relu-linear"
     doc = "linear attention with the ReLU feature map (EfficientViT), causal via prefix sums"
+    native_feature = "relu"
 
     def features(self, q, k, spec, start=0):
         return F.relu(q), F.relu(k)
@@ -287,14 +299,18 @@ def performer_projection(m: int, d: int, device: torch.device, dtype: torch.dtyp
 def performer_features(x: Tensor, w: Tensor, is_query: bool) -> Tensor:
     """FAVOR+ positive features exp(w x' - |x'|^2 / 2) / sqrt(M), x' = x / D^(1/4).
 
-    A query's features are divided by their maximum (it cancels in the ratio); a key's are not,
-    since any shared stabiliser over keys would leak later tokens into earlier outputs.
+    A query's features are divided by their maximum (it cancels in the ratio), which cancels its |x'|^2 / 2 too
+    (the same for every feature of a row); a key's are not, since any shared stabiliser over keys would leak later
+    tokens into earlier outputs.  The scale D^(-1/4) rides on w and 1 / sqrt(M) in the exponent: one product, one
+    exp, in place.
     """
-    x = x * x.shape[-1] ** -0.25
-    logits = x @ w.T - (x * x).sum(-1, keepdim=True) / 2  # (B, H, T, M)
+    d, m = x.shape[-1], w.shape[0]
+    logits = x @ (w.T * d**-0.25)  # (B, H, T, M)
     if is_query:
-        logits = logits - logits.amax(-1, keepdim=True).detach()
-    return torch.exp(logits) / math.sqrt(w.shape[0])
+        shift = logits.detach().amax(-1, keepdim=True)
+    else:
+        shift = (x * x).sum(-1, keepdim=True) * (0.5 / math.sqrt(d))
+    return logits.sub_(shift + 0.5 * math.log(m)).exp_()
 
 
 class Performer(KernelType):

@@ -1,4 +1,6 @@
-"""Compiled CPU kernels: a fused sliding-window attention, forward and backward (``kernels/window_attention.cpp``).
+"""Compiled CPU kernels (``kernels/window_attention.cpp``): a fused sliding-window attention, forward and backward;
+the linear family's causal forward (:func:`causal_linear`); a depthwise convolution along the tokens
+(:func:`depthwise_conv`).
 
 The block engine (:mod:`.blocks`) runs a window as batched GEMMs and a softmax over a scores buffer;
 at 4k tokens, one thread, that is about 10x faster than causal SDPA where local:64 does 32x fewer
@@ -14,6 +16,13 @@ dilated:W:D (inference: one residue stream at a time, read and written in place)
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
 
 Otherwise the engine runs, with the same result to float rounding (tests/test_native_kernels.py).
+
+The linear family (linear, relu-linear, cosformer, performer, sima, msla) runs its causal inference on the CPU
+through :func:`causal_linear`: blocks of 16 tokens in order with a running (F, Dv) state, the elementwise feature maps
+(relu, elu + 1, sima's normalised queries) applied to each block's rows in cache, so that no feature tensor is written;
+msla's, lsra's and convmod's convolutions through :func:`depthwise_conv`, in the (B, H, T, D) layout.  With a gradient
+recorded the torch code (chunked GEMMs, grouped conv1d) runs, as it does off float32 or where F is not a multiple of
+16 (tests/test_native_linear.py).
 
 It is built by ``torch.utils.cpp_extension`` the first time it is needed in a process (about 25 s on
 a 2-core machine, once: the build is cached per source and torch version under
@@ -110,17 +119,25 @@ def disabled():
         _off = was
 
 
-def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Can the kernel take these (B, H, T, D) tensors (float32 CPU, head sizes, last stride 1)?"""
-    if _off:
+def _eager() -> bool:
+    """Not turned off, and running eagerly: a trace (torch.compile, torch.export, the ONNX exporter) records the torch
+    code, never an opaque kernel call."""
+    tracing = torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+    return not (_off or tracing)
+
+
+def _takes(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """(B, H, T, .) float32 CPU tensors, last stride 1, k shaped as q, v's value head size one the kernels lay out."""
+    if not _eager():
         return False
     if any(x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 4 or x.stride(-1) != 1 for x in (q, k, v)):
         return False
-    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
-        return False
-    if q.shape[-1] not in HEAD_SIZES or v.shape[-1] not in HEAD_SIZES:
-        return False
-    return _kernel() is not None
+    return k.shape == q.shape and v.shape[:3] == q.shape[:3] and v.shape[-1] in HEAD_SIZES
+
+
+def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Can the window kernel take these (B, H, T, D) tensors (float32 CPU, head sizes, last stride 1)?"""
+    return _takes(q, k, v) and q.shape[-1] in HEAD_SIZES and _kernel() is not None
 
 
 def recording(*xs: Tensor) -> bool:
@@ -187,3 +204,38 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor 
     if recording(q, k, v):
         return _Window.apply(q, k, v, window.args())
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
+
+
+FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3}  # the feature maps linear_forward applies itself
+
+
+def causal_linear(
+    q: Tensor, k: Tensor, v: Tensor, feature: str = "none", normalize: bool = True, eps: float = 1e-6,
+    l1_eps: float = 0.0, into: Tensor | None = None,
+) -> Tensor | None:
+    """Causal kernelized attention: out_i = sum_{j<=i} (fq_i . fk_j) v_j / (sum_{j<=i} fq_i . fk_j + eps) (``normalize``;
+    else the numerator), by blocks of 16 tokens and a running (F, Dv) state, inference only.  fq, fk = phi(q), phi(k)
+    with phi ``feature``: "none" (q, k are features already), "relu", "elu1" (elu(x) + 1), or "sima" (fq = the
+    l1-normalised q (``l1_eps``) over the prefix sums of |k| plus ``eps`` per feature, fk = k; unnormalised).
+    ``into``: added to that (B, H, T, Dv) tensor, returned.  None where the kernel does not apply: a gradient recorded
+    (the chunked GEMMs and their backward run), F not a multiple of 16 up to 512, or :func:`fits`'s other conditions."""
+    if not _takes(q, k, v) or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v) or _kernel() is None:
+        return None
+    if into is not None and (into.shape != v.shape or into.dtype != v.dtype or into.stride(-1) != 1 or recording(into)):
+        return None
+    out = v.new_empty(v.shape) if into is None else into
+    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None)
+    return out
+
+
+def depthwise_conv(x: Tensor, taps: Tensor, offsets: list[int]) -> Tensor | None:
+    """Depthwise convolution along the tokens of x (B, H, T, D) with taps (H * D, K): out[t] = sum_s taps[:, s]
+    x[t + offsets[s]] per channel, zeros outside the sequence; inference only.  None where it does not apply (a gradient
+    recorded, D not a multiple of 16, not float32 on the CPU, the kernel not built)."""
+    if not _eager() or recording(x, taps) or x.device.type != "cpu" or x.dtype != torch.float32 or taps.dtype != torch.float32:
+        return None
+    if x.dim() != 4 or x.shape[-1] % 16 or x.stride(-1) != 1 or _kernel() is None:
+        return None
+    out = x.new_empty(x.shape)
+    _kernel().dwconv_forward(x, taps.t().contiguous(), out, list(offsets))
+    return out

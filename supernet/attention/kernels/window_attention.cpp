@@ -1,6 +1,7 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
 // fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G and bigbird:W:G:R's causal
-// form.  Loaded by supernet/attention/native.py.
+// form; and, further down, the linear family's causal forward (linear_forward) and a depthwise convolution along the
+// tokens (dwconv_forward).  Loaded by supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
 // (before, after) = (W-1, 0), its bidirectional form (W-1, W-1); also the first G keys where j <= i + gaft
@@ -427,7 +428,144 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   });
 }
 
+// Causal kernelized (linear) attention of queries and keys q, k (B, H, T, F) and values v (B, H, T, Dv):
+//   out_i (+)= sum_{j<=i} (fq_i . fk_j) v_j / (sum_{j<=i} fq_i . fk_j + eps)   (normalize; else the numerator alone),
+// the forward of linear, relu-linear, cosformer, performer, sima and msla, with the feature map fq = phi(q), fk = phi(k)
+// applied here, elementwise (FEATURE_*), or already (FEATURE_NONE).  Per (batch, head), blocks of 16 tokens in order,
+// with the running state of the tokens before the block, S = sum_j fk_j v_j^T (F x Dv) and z = sum_j fk_j:
+//   the block's fq and fk rows mapped into buffers in cache,
+//   A   = the block's scores fq . fk, key-major as the window kernel's, zero where the key comes after the query,
+//   den = row sums of A + fq . z,
+//   out = (A V + fq S) / den;   then S += fk^T V and z += the block's fk, for the next block.
+// F a multiple of 16 (at most 512), Dv one of 16, 32, 48, 64, 128; any strides with the last one 1.
+enum Feature : int64_t { FEATURE_NONE = 0, FEATURE_RELU = 1, FEATURE_ELU1 = 2, FEATURE_SIMA = 3 };
+
+// dst[0 .. F) = phi(src): relu; elu(x) + 1 (= x + 1 above 0, exp(x) below); or a copy.
+inline void map_row(const float* src, int64_t F, int64_t feature, float* dst) {
+  const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.f);
+  for (int64_t f = 0; f < F; f += 16) {
+    const __m512 x = _mm512_loadu_ps(src + f);
+    __m512 y = x;
+    if (feature == FEATURE_RELU) y = _mm512_max_ps(x, zero);
+    if (feature == FEATURE_ELU1) {
+      const __mmask16 pos = _mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ);
+      y = _mm512_mask_add_ps(exp512(_mm512_min_ps(x, zero)), pos, x, one);
+    }
+    _mm512_storeu_ps(dst + f, y);
+  }
+}
+
+inline float hsum(__m512 x) { return _mm512_reduce_add_ps(x); }
+
+void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, int64_t feature,
+                    bool normalize, double eps, double l1_eps, bool accumulate) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes() &&
+                  v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "linear attention: shapes");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(3) == 1, "linear attention: float32 CPU, last stride 1");
+  }
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), F = q.size(3), DV = v.size(3);
+  TORCH_CHECK(F % 16 == 0 && F > 0 && F <= 512, "linear attention: features a multiple of 16, at most 512");
+  TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention: value head sizes 16, 32, 48, 64 or 128");
+  TORCH_CHECK(feature >= FEATURE_NONE && feature <= FEATURE_SIMA, "linear attention: feature map");
+  if (T == 0 || B * H == 0) return;
+  const View Q(q), K(k), V(v), O(out);
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> S(F * DV), z(F), za(F), qb(MQ * F), kb(MQ * F), qt(F * MQ), sc(MQ * MQ);
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / H, h = w % H;
+      const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h);
+      std::fill(S.begin(), S.end(), 0.f);
+      std::fill(z.begin(), z.end(), 0.f);
+      std::fill(za.begin(), za.end(), 0.f);
+      for (int64_t q0 = 0; q0 < T; q0 += MQ) {
+        const int64_t m = std::min<int64_t>(MQ, T - q0);
+        const float* vb = vh + q0 * V.s2;
+        for (int64_t r = 0; r < m; ++r) {  // the block's feature rows
+          const float *qr = qh + (q0 + r) * Q.s2, *kr = kh + (q0 + r) * K.s2;
+          float *qd = qb.data() + r * F, *kd = kb.data() + r * F;
+          if (feature == FEATURE_SIMA) {  // fq = (q / (|q|_1 + l1_eps)) / (sum_{j<=i} |k_j| + eps) per feature
+            std::copy(kr, kr + F, kd);
+            __m512 l1 = _mm512_setzero_ps();
+            for (int64_t f = 0; f < F; f += 16) {
+              _mm512_storeu_ps(za.data() + f, _mm512_add_ps(_mm512_loadu_ps(za.data() + f), _mm512_abs_ps(_mm512_loadu_ps(kr + f))));
+              l1 = _mm512_add_ps(l1, _mm512_abs_ps(_mm512_loadu_ps(qr + f)));
+            }
+            const __m512 n = _mm512_add_ps(_mm512_set1_ps(hsum(l1)), _mm512_set1_ps((float)l1_eps));
+            for (int64_t f = 0; f < F; f += 16) {
+              const __m512 qn = _mm512_div_ps(_mm512_loadu_ps(qr + f), n);
+              _mm512_storeu_ps(qd + f, _mm512_div_ps(qn, _mm512_add_ps(_mm512_loadu_ps(za.data() + f), _mm512_set1_ps((float)eps))));
+            }
+          } else {
+            map_row(qr, F, feature, qd);
+            map_row(kr, F, feature, kd);
+          }
+        }
+        const float* rows[MQ];  // (rows past m repeat row 0: finite, and never written)
+        for (int r = 0; r < MQ; ++r) rows[r] = qb.data() + (r < m ? r : 0) * F;
+        transpose_rows(rows, F, 1.f, qt.data());
+        scores(kb.data(), F, m, qt.data(), F, sc.data());
+        __m512 den = _mm512_setzero_ps();
+        for (int64_t c = 0; c < m; ++c) {  // key c is seen by the queries r >= c
+          const __m512 a = _mm512_maskz_mov_ps((__mmask16)(0xFFFFu << c), _mm512_loadu_ps(sc.data() + c * MQ));
+          _mm512_storeu_ps(sc.data() + c * MQ, a);
+          den = _mm512_add_ps(den, a);
+        }
+        alignas(64) float inv[MQ];
+        if (normalize) {
+          for (int64_t f = 0; f < F; ++f) den = _mm512_fmadd_ps(_mm512_set1_ps(z[f]), _mm512_loadu_ps(qt.data() + f * MQ), den);
+          _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(den, _mm512_set1_ps((float)eps))));
+        }
+        const float* rs = normalize ? inv : nullptr;
+        float* ob = O.head(b, h) + q0 * O.s2;
+        product(sc.data(), 1, MQ, m, m, vb, V.s2, rs, 1.f, accumulate, ob, O.s2, DV, -WIDE, 0);  // inside the block
+        if (q0 > 0) product(qt.data(), 1, MQ, m, F, S.data(), DV, rs, 1.f, true, ob, O.s2, DV, -WIDE, WIDE);  // before it
+        product(kb.data(), 1, F, F, m, vb, V.s2, nullptr, 1.f, true, S.data(), DV, DV, -WIDE, WIDE);  // S += fk^T V
+        for (int64_t f = 0; f < F; f += 16) {
+          __m512 acc = _mm512_loadu_ps(z.data() + f);
+          for (int64_t c = 0; c < m; ++c) acc = _mm512_add_ps(acc, _mm512_loadu_ps(kb.data() + c * F + f));
+          _mm512_storeu_ps(z.data() + f, acc);
+        }
+      }
+    }
+  });
+}
+
+// Depthwise convolution along the tokens of x (B, H, T, D) with taps w (K, H * D): out[t] = sum_s w[s] x[t + offsets[s]]
+// per channel, zeros outside the sequence (causal: offsets 0, -1, ..., -(K-1); centred: 0, -1, +1, ...).  D a multiple
+// of 16; x and out any strides with the last one 1, w contiguous.  msla's, lsra's and convmod's inference.
+void dwconv_forward(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, std::vector<int64_t> offsets) {
+  TORCH_CHECK(x.dim() == 4 && out.sizes() == x.sizes() && x.size(3) % 16 == 0, "depthwise conv: shapes");
+  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &out, &w}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(-1) == 1, "depthwise conv: float32 CPU, last stride 1");
+  }
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), NT = (int64_t)offsets.size();
+  TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == NT && w.size(1) == H * D, "depthwise conv: taps (K, H * D)");
+  const View X(x), O(out);
+  const float* W = w.data_ptr<float>();
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* xh = X.head(b, h);
+      float* oh = O.head(b, h);
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t d = 0; d < D; d += 16) {
+          __m512 acc = _mm512_setzero_ps();
+          for (int64_t s = 0; s < NT; ++s) {
+            const int64_t j = t + offsets[s];
+            if (j >= 0 && j < T) acc = _mm512_fmadd_ps(_mm512_loadu_ps(W + s * H * D + h * D + d), _mm512_loadu_ps(xh + j * X.s2 + d), acc);
+          }
+          _mm512_storeu_ps(oh + t * O.s2 + d, acc);
+        }
+      }
+    }
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("window_forward", &window_forward, "fused sliding-window attention with global keys (float32, AVX-512)");
   m.def("window_backward", &window_backward, "its gradients");
+  m.def("linear_forward", &linear_forward, "causal kernelized (linear) attention with its feature map (float32, AVX-512)");
+  m.def("dwconv_forward", &dwconv_forward, "depthwise convolution along the tokens (float32, AVX-512)");
 }

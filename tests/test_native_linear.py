@@ -1,0 +1,158 @@
+"""The compiled kernels of the linear family (supernet/attention/native.py: ``linear_forward``, ``dwconv_forward``):
+at inference on the CPU linear, relu-linear, cosformer, performer, sima and msla (and the convolutions of msla, lsra,
+convmod) give their references' numbers through them, for lengths on and off the kernel's 16-token blocks, every
+value head size, strided views of a fused projection and peaked features; the torch code runs where a gradient is
+recorded (and its gradients are the reference's), where the features are not a multiple of 16, off float32."""
+
+import pytest
+import torch
+
+from search_spaces import parse_attention
+from supernet.attention import attend, attend_reference, native
+from supernet.attention.registry import get
+
+LINEAR = ["linear", "relu-linear", "cosformer:300", "performer:64", "performer:32", "sima", "msla:3", "msla:5"]
+CONVS = ["lsra:4", "convmod:3"]
+LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
+
+pytestmark = pytest.mark.skipif(not native.status()[0], reason=f"the compiled kernels are not used: {native.status()[1]}")
+
+
+def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
+    """q, k, v as the model makes them: (B, H, T, D) views of one (B, T, 3, H, D) projection (not contiguous)."""
+    x = torch.randn(b, t, 3, h, d, generator=torch.Generator().manual_seed(seed)) * scale
+    return [x[:, :, i].transpose(1, 2) for i in range(3)]
+
+
+def weights(spec, heads: int, d: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = get(spec).weights(spec, heads, d, 512)
+    return {name: torch.randn(*shape, generator=g) * 0.3 for name, shape in shapes.items()}
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the compiled kernels' calls by name."""
+    count: dict[str, int] = {}
+    real = native._kernel
+
+    class Counted:
+        def __getattr__(self, name):
+            def call(*args):
+                count[name] = count.get(name, 0) + 1
+                return getattr(real(), name)(*args)
+
+            return call
+
+    monkeypatch.setattr(native, "_kernel", Counted)
+    return count
+
+
+def relative(out, ref) -> float:
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+FORMS = [(n, c) for n in LINEAR + CONVS for c in (True, False) if c or "bidirectional" in get(parse_attention(n)).forms]
+
+
+@pytest.mark.parametrize("name,causal", FORMS, ids=[f"{n}-{'causal' if c else 'bidirectional'}" for n, c in FORMS])
+def test_inference_equals_reference(name, causal, calls):
+    spec = parse_attention(name)
+    worst = 0.0
+    for t in LENGTHS:
+        q, k, v = projected(2, 4, t, 16, seed=t)
+        k = k[:, : get(spec).heads(spec, 4)[0]]  # the type's key heads (lsra: the attending half)
+        w = weights(spec, 4, 16, seed=t)
+        with torch.no_grad():
+            out = attend(q, k, v, spec, w, causal=causal)
+        ref = attend_reference(q.double(), k.double(), v.double(), spec, {n: x.double() for n, x in w.items()}, causal=causal)
+        worst = max(worst, relative(out.double(), ref))
+    assert worst <= 1e-5, worst
+    kind = name.split(":")[0]
+    expected = {"linear_forward"} if causal and kind not in ("lsra", "convmod") else set()  # encoders: three GEMMs
+    if kind in ("msla", "lsra", "convmod"):
+        expected.add("dwconv_forward")
+    assert expected <= set(calls), (expected, calls)  # the kernels ran
+    if "linear_forward" in expected:
+        assert calls["linear_forward"] == len(LENGTHS) * (2 if kind == "msla" else 1)
+
+
+@pytest.mark.parametrize("d,dv", [(16, 16), (32, 48), (48, 128), (64, 64), (128, 32)])
+def test_head_sizes_and_peaked_features(d, dv, calls):
+    """Every value head size; features F = D from 16 to 128 (cosformer: 2D); large inputs (x8): sums over the
+    prefix grow and performer's exponentials peak."""
+    for name in ("linear", "relu-linear", "cosformer:300", "sima"):
+        spec = parse_attention(name)
+        g = torch.Generator().manual_seed(d + dv)
+        q, k = (torch.randn(1, 2, 100, d, generator=g) * 8 for _ in range(2))
+        v = torch.randn(1, 2, 100, dv, generator=g)
+        with torch.no_grad():
+            out = attend(q, k, v, spec)
+        ref = attend_reference(q.double(), k.double(), v.double(), spec)
+        assert relative(out.double(), ref) <= 1e-5, name
+    assert calls["linear_forward"] == 4
+
+
+def test_a_recorded_gradient_runs_the_torch_code_with_the_references_gradients(calls):
+    for name in LINEAR:
+        spec = parse_attention(name)
+        q, k, v = (x.detach().requires_grad_() for x in projected(1, 2, 40, 16, seed=1))
+        w = weights(spec, 2, 16)
+        out = attend(q, k, v, spec, w)
+        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+        ref = attend_reference(q, k, v, spec, w)
+        want = torch.autograd.grad(ref.square().sum(), (q, k, v))
+        assert relative(out, ref) <= 1e-5 and max(relative(a, b) for a, b in zip(grads, want)) <= 1e-4, name
+    assert "linear_forward" not in calls and "dwconv_forward" not in calls
+
+
+def test_the_torch_code_runs_where_the_kernel_does_not_apply(calls):
+    """Performer's 24 features (not a multiple of 16): the chunked GEMMs, the same numbers; turned off: the same."""
+    spec = parse_attention("performer:24")
+    q, k, v = projected(1, 2, 50, 16, seed=2)
+    with torch.no_grad():
+        out = attend(q, k, v, spec)
+    assert relative(out, attend_reference(q, k, v, spec)) <= 1e-5 and not calls
+    msla = parse_attention("msla:3")
+    with native.disabled(), torch.no_grad():
+        attend(q, k, v, msla, weights(msla, 2, 16))
+    assert not calls
+
+
+def test_bfloat16_inputs_run_in_float32_through_the_kernel(calls):
+    """The linear family computes in float32 whatever its inputs: bfloat16 q, k, v are mapped and cast by torch,
+    then the features run through the kernel (mapped already), the result cast back."""
+    q, k, v = (x.bfloat16() for x in projected(1, 2, 50, 16, seed=2))
+    spec = parse_attention("linear")
+    with torch.no_grad():
+        out = attend(q, k, v, spec)
+    assert out.dtype == torch.bfloat16 and calls == {"linear_forward": 1}
+    assert relative(out.double(), attend_reference(q.double(), k.double(), v.double(), spec)) <= 1e-2
+
+
+def test_msla_adds_its_second_attention_into_the_first(calls):
+    """msla's two linear attentions write one output: the second added by the kernel into the first's."""
+    spec = parse_attention("msla:4")
+    q, k, v = projected(1, 3, 70, 32, seed=3)
+    w = weights(spec, 3, 32)
+    with torch.no_grad():
+        out = attend(q, k, v, spec, w)
+    assert calls["linear_forward"] == 2 and calls["dwconv_forward"] == 3
+    with native.disabled(), torch.no_grad():
+        engine = attend(q, k, v, spec, w)
+    assert relative(out, engine) <= 1e-5
+
+
+def test_threads_split_the_heads_without_changing_a_bit():
+    q, k, v = projected(2, 6, 300, 64, seed=4)
+    spec = parse_attention("sima")
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.no_grad():
+                outs.append(attend(q, k, v, spec))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
