@@ -21,6 +21,7 @@ TYPES = [
     "longformer:1:1", "longformer:16:5", "longformer:40:5", "longformer:8:40", "longformer:17:33",
 ]  # fmt: skip
 BIGBIRD = ["bigbird:16:5:2", "bigbird:16:40:1", "bigbird:32:3:3", "bigbird:48:20:2", "bigbird:16:1:8"]  # W % 16 == 0
+FIXED = ["fixed:16", "fixed:32", "fixed:48", "fixed:64"]  # S % 16 == 0
 LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
 
 
@@ -77,10 +78,12 @@ def test_kernel_equals_reference(spec, causal, calls):
     assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
 
 
-@pytest.mark.parametrize("spec", BIGBIRD)
-def test_bigbird_equals_reference(spec, calls):
+@pytest.mark.parametrize("spec", BIGBIRD + FIXED)
+def test_segments_equal_reference(spec, calls):
     """bigbird's causal form: the window, the global keys and each block's picked blocks (gathered by the kernel
-    as segments of their own), forward and gradients; lengths up to 600 (blocks picking blocks far back)."""
+    as segments of their own); fixed:S: the window from the start of the query's block of S, and the summaries (the
+    last key of every earlier block: a segment of keys S apart); forward and gradients; lengths up to 600 (blocks
+    picking blocks far back, many summaries)."""
     if not native.status()[0]:
         pytest.skip(native.status()[1])
     s = parse_attention(spec)
@@ -180,6 +183,10 @@ def test_the_engine_runs_where_the_kernel_does_not_apply(calls):
         with native.disabled():
             assert native.status() == (False, "turned off in this process (native.disabled())")
             assert (attend(q, k, v, s) - ref).abs().max().item() <= 1e-5
+    assert calls["n"] == 0
+    fixed = parse_attention("fixed:40")  # blocks of S not a multiple of the kernel's 16 queries: the engine
+    with torch.no_grad():
+        assert (attend(q, k, v, fixed) - attend_reference(q, k, v, fixed)).abs().max().item() <= 1e-5
     assert calls["n"] == 0
 
 

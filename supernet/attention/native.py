@@ -172,7 +172,8 @@ class Window:
     """What query i attends: keys i-before .. i+after, the first ``globals_`` keys j where j <= i + global_after
     (longformer, bigbird), and (bigbird) the blocks of ``width`` keys its block of ``width`` queries picked:
     ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
-    multiple of 16, R <= 8)."""
+    multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
+    the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too."""
 
     before: int
     after: int
@@ -180,10 +181,11 @@ class Window:
     global_after: int = 0
     picks: Tensor | None = None
     width: int = 1
+    blocks: int = 0
 
     def args(self) -> tuple:
         picks = _NO_PICKS if self.picks is None else self.picks
-        return self.before, self.after, self.globals_, self.global_after, picks, self.width
+        return self.before, self.after, self.globals_, self.global_after, picks, self.width, self.blocks
 
 
 def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor:

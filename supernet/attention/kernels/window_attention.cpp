@@ -169,19 +169,22 @@ void scores(const float* K, int64_t ldk, int64_t cn, const float* QT, int64_t D,
 // What a query sees: keys i - before .. i + after (the window), the first G keys where j <= i + gaft (global
 // keys: longformer, bigbird), and for bigbird the R blocks of `width` keys that its block of `width` queries
 // picked (picks[block][r]: a block index, -1 for none; they lie before the window; keys under G are the global
-// rule's).
+// rule's).  fixed:S (S > 0, a multiple of 16): the window stops at the start of the query's block of S keys, and
+// the last key of every earlier block of S is seen too (the summaries: a segment of keys S apart).
 struct Pattern {
   int64_t T, G;
   int32_t bef, aft, gaft;
   const int64_t* picks;  // (ceil(T / width), R) or null
   int64_t R, width;
+  int64_t S;
 };
 
-constexpr int MAX_SEGMENTS = 2 + 8;  // global keys, up to 8 picked blocks, the window
-enum Kind { GLOBAL, PICKED, WINDOW };
+constexpr int MAX_SEGMENTS = 3 + 8;  // global keys or summaries, up to 8 picked blocks, the window
+enum Kind { GLOBAL, PICKED, WINDOW, SUMMARY };
 struct Segment {
-  int64_t start, count, row;  // keys start .. start+count-1, at row `row` of the block's scores buffer
+  int64_t start, count, row;  // keys start, start+step, ... (count of them), at row `row` of the block's scores buffer
   Kind kind;
+  int64_t step;
 };
 
 // A block of 16 queries and the keys it sees, as segments of consecutive keys scored into one buffer of
@@ -198,7 +201,8 @@ struct Block {
     const int64_t T = pt.T;
     q0 = blk * MQ;
     m = std::min<int64_t>(MQ, T - q0);
-    int64_t ks = std::max<int64_t>(0, q0 - pt.bef), ke = std::min<int64_t>(T, q0 + m + pt.aft);
+    const int64_t sb = pt.S ? q0 / pt.S * pt.S : 0;  // fixed: the start of the block of S the queries are in
+    int64_t ks = std::max<int64_t>(sb, q0 - pt.bef), ke = std::min<int64_t>(T, q0 + m + pt.aft);
     const int64_t want = (ke - ks + 15) / 16 * 16;
     ks = std::max<int64_t>(0, ke - want);
     ke = std::min<int64_t>(T, ks + want);
@@ -208,6 +212,7 @@ struct Block {
     live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
     const int64_t gn = std::min(pt.G, kstart);
     if (gn) add(0, gn, GLOBAL);
+    if (sb > 0) add(pt.S - 1, sb / pt.S, SUMMARY, pt.S);
     if (pt.picks) {
       const int64_t* row = pt.picks + (q0 / pt.width) * pt.R;
       for (int64_t r = 0; r < pt.R; ++r) {
@@ -222,18 +227,19 @@ struct Block {
     for (int s = 0; s < nseg; ++s) {
       const Segment& g = seg[s];
       for (int64_t c = 0; c < g.count; ++c) {
-        const int64_t j = g.start + c;
+        const int64_t j = g.start + c * g.step;
         const __m512i rel = _mm512_set1_epi32((int32_t)(j - q0));
         __mmask16 ok = 0;
-        if (g.kind == WINDOW) ok = _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel);
+        if (g.kind == WINDOW && j >= sb) ok = _mm512_cmple_epi32_mask(lo, rel) & _mm512_cmpge_epi32_mask(hi, rel);
+        if (g.kind == SUMMARY) ok = 0xFFFF;  // before every lane's block
         if (g.kind != PICKED && j < pt.G) ok |= _mm512_cmpge_epi32_mask(ghi, rel);
         if (g.kind == PICKED && j >= pt.G) ok = 0xFFFF;  // a picked block lies before every lane's window
         mask[g.row + c] = ok & live;
       }
     }
   }
-  void add(int64_t start, int64_t count, Kind kind) {
-    seg[nseg++] = Segment{start, count, n, kind};
+  void add(int64_t start, int64_t count, Kind kind, int64_t step = 1) {
+    seg[nseg++] = Segment{start, count, n, kind, step};
     n += count;
   }
   // the window segment's products: query r sees the keys c in [r + lo, r + hi] (key c: queries c - hi .. c - lo);
@@ -272,13 +278,15 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 }  // namespace
 
 Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                int64_t width) {
+                int64_t width, int64_t blocks) {
   TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
+  TORCH_CHECK(blocks >= 0 && blocks % MQ == 0 && (blocks == 0 || (globals == 0 && picks.numel() == 0)),
+              "window attention: blocks (fixed) a multiple of 16, without global keys or picks");
   Pattern p{T, std::min(globals, T), (int32_t)std::min(before, T), (int32_t)std::min(after, T),
-            (int32_t)std::min(global_after, T), nullptr, 0, 1};
+            (int32_t)std::min(global_after, T), nullptr, 0, 1, blocks};
   if (picks.numel() > 0) {
     TORCH_CHECK(picks.scalar_type() == at::kLong && picks.dim() == 2 && picks.is_contiguous() && width % MQ == 0 &&
-                    picks.size(0) >= (T + width - 1) / width && picks.size(1) <= MAX_SEGMENTS - 2,
+                    picks.size(0) >= (T + width - 1) / width && picks.size(1) <= 8,
                 "window attention: picks (blocks, R <= 8) int64, width a multiple of 16");
     p.picks = picks.data_ptr<int64_t>();
     p.R = picks.size(1);
@@ -288,7 +296,7 @@ Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64
 }
 
 int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
-  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width;
+  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0);
 }
 
 // q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1; D and Dv
@@ -296,13 +304,13 @@ int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
 // denominator (scores scaled), which the backward needs.
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                    int64_t width) {
+                    int64_t width, int64_t blocks) {
   check(q, k, v, out);
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width);
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks);
   const View Q(q), K(k), V(v), O(out);
   float* L = keep ? lse.data_ptr<float>() : nullptr;
   const int64_t nb = (T + MQ - 1) / MQ;
@@ -320,7 +328,7 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       transpose_rows(rows, D, scale, qt.data());
       for (int s = 0; s < bl.nseg; ++s) {
         const Segment& g = bl.seg[s];
-        scores(kh + g.start * K.s2, K.s2, g.count, qt.data(), D, st.data() + g.row * MQ);
+        scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, st.data() + g.row * MQ);
       }
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
       for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st.data() + c * MQ));
@@ -344,7 +352,7 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       float* ob = O.head(b, h) + bl.q0 * O.s2;
       for (int s = 0; s < bl.nseg; ++s) {
         const Segment& g = bl.seg[s];
-        product(st.data() + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2, inv, 1.f, s > 0, ob, O.s2, DV,
+        product(st.data() + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2 * g.step, inv, 1.f, s > 0, ob, O.s2, DV,
                 bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
       }
     }
@@ -357,14 +365,15 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // is not needed: rowsum(dO * O) = sum over keys of P dP.
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
-                     int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width) {
+                     int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
+                     int64_t blocks) {
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "window attention backward: shapes");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width);
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks);
   const View Q(q), K(k), V(v), dO(dout), dQ(dq), dK(dk), dV(dv);
   const float* L = lse.data_ptr<float>();
   const int64_t nb = (T + MQ - 1) / MQ;
@@ -390,8 +399,8 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         const __m512 lsel = _mm512_load_ps(lsev);
         for (int s = 0; s < bl.nseg; ++s) {  // S^T and dP^T
           const Segment& g = bl.seg[s];
-          scores(kh + g.start * K.s2, K.s2, g.count, qt.data(), D, pt.data() + g.row * MQ);
-          scores(vh + g.start * V.s2, V.s2, g.count, dot.data(), DV, dst.data() + g.row * MQ);
+          scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, pt.data() + g.row * MQ);
+          scores(vh + g.start * V.s2, V.s2 * g.step, g.count, dot.data(), DV, dst.data() + g.row * MQ);
         }
         // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
         __m512 di = _mm512_setzero_ps();
@@ -417,10 +426,10 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           const Segment& g = bl.seg[s];
           const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
           const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
-          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi);
-          product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2,
+          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi);
+          product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
                   D, -hi, -lo);
-          product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2,
+          product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
                   DV, -hi, -lo);
         }
       }
