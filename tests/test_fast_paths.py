@@ -79,6 +79,22 @@ def test_head_chunks_share_buffers_and_write_in_place(spec, monkeypatch):
     assert worst <= 1e-4, worst
 
 
+@pytest.mark.parametrize("spec", CHUNKED)
+def test_head_chunks_of_a_fused_projection(spec, monkeypatch):
+    """q, k, v as the model makes them, strided views of one (B, T, 3, H, D) projection, one head per call at a length
+    on the block size: one head's rows are then a strided view, which the window views must not be given."""
+    from supernet.attention import sparse
+
+    monkeypatch.setattr(sparse, "SCORE_BYTES", 1)
+    s = parse_attention(spec)
+    for t in (64, 128):
+        x = torch.randn(1, t, 3, 3, 16, generator=torch.Generator().manual_seed(t))
+        q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+        with torch.no_grad():
+            out = attend(q, k, v, s, {})
+        assert (out - attend_reference(q, k, v, s, {})).abs().max().item() <= 1e-4
+
+
 @pytest.mark.parametrize("spec", ["local:8", "local:40", "dilated:4:3", "longformer:8:3", "bigbird:8:3:2"])
 def test_bidirectional_head_chunks_equal_the_reference(spec, monkeypatch):
     """The encoder forms run a few heads per call too (one here): each chunk's answer, global rows included."""

@@ -1,6 +1,6 @@
 """The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
 gives the reference's numbers and gradients for local:W, dilated:W:D and longformer:W:G (causal and bidirectional;
-bigbird:W:G:R causal;
+bigbird:W:G:R and fixed:S causal; strided:S's inference;
 lengths on and off its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided
 views of a fused projection), it is the path taken, and the block engine takes over wherever it does
 not apply."""
@@ -103,6 +103,28 @@ def test_segments_equal_reference(spec, calls):
     assert calls["n"] == 10
 
 
+@pytest.mark.parametrize("spec", ["strided:16", "strided:32", "strided:48", "strided:64"])
+def test_strided_inference_equals_reference(spec, calls):
+    """strided:S (S a multiple of 16) at inference: the S-window, and each query's column keys i - S, i - 2S, ... scored
+    lane by lane (the diagonal of a tile of keys); lengths up to 600 (up to 37 columns).  With a gradient recorded the
+    block engine runs (the columns have no backward in the kernel), with the reference's gradients."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    s = parse_attention(spec)
+    worst = 0.0
+    for t in (1, 15, 16, 17, 64, 100, 257, 600):
+        q, k, v = projected(2, 3, t, 32, seed=t)
+        with torch.no_grad():
+            worst = max(worst, (attend(q, k, v, s) - attend_reference(q, k, v, s)).abs().max().item())
+    assert worst <= 1e-5, worst
+    assert calls["n"] == 8
+    x = torch.randn(1, 100, 3, 2, 16, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    got = torch.autograd.grad(attend(q, k, v, s).square().sum(), x)[0]
+    want = torch.autograd.grad(attend_reference(q, k, v, s).square().sum(), x)[0]
+    assert (got - want).abs().max().item() <= 1e-4 and calls["n"] == 8
+
+
 @pytest.mark.parametrize(
     "spec", ["local:1", "local:17", "local:64", "dilated:4:3", "dilated:16:2", "longformer:16:5", "longformer:8:40"]
 )
@@ -184,9 +206,10 @@ def test_the_engine_runs_where_the_kernel_does_not_apply(calls):
             assert native.status() == (False, "turned off in this process (native.disabled())")
             assert (attend(q, k, v, s) - ref).abs().max().item() <= 1e-5
     assert calls["n"] == 0
-    fixed = parse_attention("fixed:40")  # blocks of S not a multiple of the kernel's 16 queries: the engine
-    with torch.no_grad():
-        assert (attend(q, k, v, fixed) - attend_reference(q, k, v, fixed)).abs().max().item() <= 1e-5
+    for other in ("fixed:40", "strided:40"):  # S not a multiple of the kernel's 16 queries: the engine
+        o = parse_attention(other)
+        with torch.no_grad():
+            assert (attend(q, k, v, o) - attend_reference(q, k, v, o)).abs().max().item() <= 1e-5
     assert calls["n"] == 0
 
 

@@ -246,13 +246,19 @@ def _biased(scores: Tensor, bias: Tensor, lay: Blocks, scale: float) -> Tensor:
     return torch.add(bias, s, alpha=scale).view_as(scores)
 
 
+def _rows(lay: Blocks, x: Tensor) -> Tensor:
+    """x (B, H, T, D) as the contiguous rows (B*H*N*C, D) the window views need: x itself when it is contiguous and
+    T % C == 0; else a copy (one head of a fused projection reshapes to a strided view, which windows() cannot use)."""
+    return lay.padded(x).reshape(-1, x.shape[-1]).contiguous()
+
+
 def window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, bias: Tensor) -> Group:
     """Each block with its ``before`` preceding blocks; bias (N, C, (before+1)*C), 0 or -inf.
 
     Blocks before the first one of a row are the previous row's last blocks (or zeros for the first
     row): the bias must hide them (-inf where the key position is negative).
     """
-    k_rows, v_rows = (lay.padded(x).reshape(-1, x.shape[-1]) for x in (k, v))  # (B*H*N*C, D): views when T % C == 0
+    k_rows, v_rows = (_rows(lay, x) for x in (k, v))
     scores = WindowScores.apply(q_blocks, k_rows, before, 1.0 / math.sqrt(q_blocks.shape[-1]))  # (BHN, C, span), scaled
     scores.view(lay.rows, lay.n, lay.c, -1).add_(bias)  # in place: its backward needs neither operand
     return Group(scores, lambda p: WindowApply.apply(p, v_rows, before))
@@ -261,7 +267,7 @@ def window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: in
 def centred_window_group(lay: Blocks, q_blocks: Tensor, k: Tensor, v: Tensor, before: int, after: int, bias: Tensor) -> Group:
     """Each block with ``before`` blocks before it and ``after`` behind it (a bidirectional window);
     bias (N, C, (before+1+after)*C), 0 or -inf, hides what lies outside the row's sequence."""
-    k_rows, v_rows = (lay.padded(x).reshape(-1, x.shape[-1]) for x in (k, v))
+    k_rows, v_rows = (_rows(lay, x) for x in (k, v))
     scores = WindowScores.apply(q_blocks, k_rows, before, 1.0 / math.sqrt(q_blocks.shape[-1]), after)
     scores.view(lay.rows, lay.n, lay.c, -1).add_(bias)
     return Group(scores, lambda p: WindowApply.apply(p, v_rows, before, after))

@@ -173,7 +173,8 @@ class Window:
     (longformer, bigbird), and (bigbird) the blocks of ``width`` keys its block of ``width`` queries picked:
     ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
-    the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too."""
+    the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
+    ``columns`` (strided:S, a multiple of 16, alone; inference only: no backward): also the keys i - S, i - 2S, ..."""
 
     before: int
     after: int
@@ -182,10 +183,11 @@ class Window:
     picks: Tensor | None = None
     width: int = 1
     blocks: int = 0
+    columns: int = 0
 
     def args(self) -> tuple:
         picks = _NO_PICKS if self.picks is None else self.picks
-        return self.before, self.after, self.globals_, self.global_after, picks, self.width, self.blocks
+        return self.before, self.after, self.globals_, self.global_after, picks, self.width, self.blocks, self.columns
 
 
 def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor:
@@ -200,11 +202,11 @@ def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) ->
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor | None:
     """The attention of ``window`` over (B, H, T, D) tensors (differentiable), or None where the kernel does not
-    apply (:func:`fits`)."""
+    apply (:func:`fits`; a gradient recorded through ``columns``, which have no backward)."""
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return _Window.apply(q, k, v, window.args())
+        return None if window.columns else _Window.apply(q, k, v, window.args())
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 

@@ -688,6 +688,13 @@ class Strided(BlockSparse):
     def keys_per_query(self, spec, t):
         return 2 * spec.param("S") + -(-t // spec.param("S"))
 
+    def forward(self, q, k, v, spec, w):
+        """Inference: the compiled window kernel where it applies (S a multiple of 16: the S-window, and each query's
+        column keys scored lane by lane); else (and with a gradient) the block engine."""
+        s = spec.param("S")
+        out = native.window_attention(q, k, v, native.Window(s - 1, 0, columns=s)) if s % 16 == 0 else None
+        return out if out is not None else super().forward(q, k, v, spec, w)
+
     def block_forward(self, q, k, v, spec):
         lay, win, col = self._plan(spec, q)
         return attend_groups(lay, [window_group(lay, lay.blocked(q), k, v, 1, win), column_group(lay, q, k, v, col)])

@@ -177,6 +177,7 @@ struct Pattern {
   const int64_t* picks;  // (ceil(T / width), R) or null
   int64_t R, width;
   int64_t S;
+  int64_t C;  // strided:C (forward only; a multiple of 16): also the keys i - C, i - 2C, ... (per query: the columns)
 };
 
 constexpr int MAX_SEGMENTS = 3 + 8;  // global keys or summaries, up to 8 picked blocks, the window
@@ -248,6 +249,34 @@ struct Block {
   int64_t band_hi(const Segment& g, int32_t aft) const { return g.kind == WINDOW && !overlap ? q0 - kstart + aft : WIDE; }
 };
 
+// Scores of NC columns c0 .. c0 + NC - 1 of a block (strided): lane r against key q0 + r - c C, the diagonal of the
+// tile of keys q0 - c C .. (transposed: D x 16), NC independent chains.
+template <int NC>
+__attribute__((noinline)) void column_scores(const float* QT, const float* kt, int64_t q0, int64_t c0, int64_t C, int64_t D,
+                                             float* out) {
+  __m512 acc[NC];
+  const float* tile[NC];
+  for (int i = 0; i < NC; ++i) acc[i] = _mm512_setzero_ps(), tile[i] = kt + (q0 - (c0 + i) * C) / MQ * D * MQ;
+  for (int64_t d = 0; d < D; ++d) {
+    const __m512 qv = _mm512_loadu_ps(QT + d * MQ);
+    for (int i = 0; i < NC; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(tile[i] + d * MQ), acc[i]);
+  }
+  for (int i = 0; i < NC; ++i) _mm512_storeu_ps(out + i * MQ, acc[i]);
+}
+
+// acc[r] = sum over the columns c = 1 .. ncol of P[c - 1][r] V[q0 + r - c C] (16 values of V's rows from V; rows
+// DV apart), one register per row.
+__attribute__((noinline)) void column_values(const float* P, const float* V, int64_t q0, int64_t ncol, int64_t C, int64_t DV,
+                                             float* out) {
+  __m512 acc[MQ];
+  for (int r = 0; r < MQ; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t c = 1; c <= ncol; ++c) {
+    const float *vb = V + (q0 - c * C) * DV, *p = P + (c - 1) * MQ;
+    for (int r = 0; r < MQ; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r]), _mm512_loadu_ps(vb + r * DV), acc[r]);
+  }
+  for (int r = 0; r < MQ; ++r) _mm512_store_ps(out + r * 16, acc[r]);
+}
+
 // The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
 void block_rows(const float* x, int64_t ld, const Block& bl, const float** rows) {
   for (int r = 0; r < MQ; ++r) rows[r] = x + (bl.q0 + (r < bl.m ? r : 0)) * ld;
@@ -278,12 +307,14 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 }  // namespace
 
 Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                int64_t width, int64_t blocks) {
+                int64_t width, int64_t blocks, int64_t columns) {
+  TORCH_CHECK(columns >= 0 && columns % MQ == 0 && (columns == 0 || (globals == 0 && picks.numel() == 0 && blocks == 0)),
+              "window attention: columns (strided) a multiple of 16, alone");
   TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
   TORCH_CHECK(blocks >= 0 && blocks % MQ == 0 && (blocks == 0 || (globals == 0 && picks.numel() == 0)),
               "window attention: blocks (fixed) a multiple of 16, without global keys or picks");
   Pattern p{T, std::min(globals, T), (int32_t)std::min(before, T), (int32_t)std::min(after, T),
-            (int32_t)std::min(global_after, T), nullptr, 0, 1, blocks};
+            (int32_t)std::min(global_after, T), nullptr, 0, 1, blocks, columns};
   if (picks.numel() > 0) {
     TORCH_CHECK(picks.scalar_type() == at::kLong && picks.dim() == 2 && picks.is_contiguous() && width % MQ == 0 &&
                     picks.size(0) >= (T + width - 1) / width && picks.size(1) <= 8,
@@ -296,7 +327,7 @@ Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64
 }
 
 int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
-  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0);
+  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0) + (p.C ? p.T / p.C : 0);
 }
 
 // q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1; D and Dv
@@ -304,21 +335,25 @@ int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
 // denominator (scores scaled), which the backward needs.
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                    int64_t width, int64_t blocks) {
+                    int64_t width, int64_t blocks, int64_t columns) {
   check(q, k, v, out);
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks);
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks, columns);
   const View Q(q), K(k), V(v), O(out);
   float* L = keep ? lse.data_ptr<float>() : nullptr;
   const int64_t nb = (T + MQ - 1) / MQ;
   const int64_t most = most_rows(pat);
   const float scale = 1.f / std::sqrt((float)D);
   at::parallel_for(0, B * H * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> st(most * MQ), qt(D * MQ);
+    std::vector<float> st(most * MQ), qt(D * MQ), kt, vc;
     std::vector<__mmask16> mask(most);
+    // columns: K's tiles of 16 rows transposed (D x 16) and V's rows back to back (a fused projection's rows lie far
+    // apart: a column's 16 rows would touch 16 pages), of head kt_head, tiles below kt_ready
+    int64_t kt_head = -1, kt_ready = 0;
+    if (pat.C) kt.resize(nb * D * MQ), vc.resize(nb * MQ * DV);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / (H * nb), h = (w / nb) % H;
       const Block bl(w % nb, pat, mask.data());
@@ -330,11 +365,31 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         const Segment& g = bl.seg[s];
         scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, st.data() + g.row * MQ);
       }
+      // strided: lane r's column keys q0 + r - m C (m = 1 .. q0 / C: every lane's is a key, C and q0 multiples of 16)
+      // lie on the diagonal of the tile of keys q0 - m C ..: scored lane by lane against the tile transposed
+      const int64_t ncol = pat.C ? bl.q0 / pat.C : 0;
+      if (ncol) {
+        if (kt_head != w / nb) kt_head = w / nb, kt_ready = 0;
+        for (; kt_ready < bl.q0 / MQ; ++kt_ready) {
+          const float* krows[MQ];
+          for (int r = 0; r < MQ; ++r) krows[r] = kh + (kt_ready * MQ + r) * K.s2;
+          transpose_rows(krows, D, 1.f, kt.data() + kt_ready * D * MQ);
+          for (int r = 0; r < MQ; ++r) {
+            const float* src = vh + (kt_ready * MQ + r) * V.s2;
+            std::copy(src, src + DV, vc.data() + (kt_ready * MQ + r) * DV);
+          }
+        }
+        int64_t c = 1;
+        for (; c + 8 <= ncol + 1; c += 8) column_scores<8>(qt.data(), kt.data(), bl.q0, c, pat.C, D, st.data() + (bl.n + c - 1) * MQ);
+        for (; c <= ncol; ++c) column_scores<1>(qt.data(), kt.data(), bl.q0, c, pat.C, D, st.data() + (bl.n + c - 1) * MQ);
+        for (c = 1; c <= ncol; ++c) mask[bl.n + c - 1] = bl.live;
+      }
+      const int64_t rowsn = bl.n + ncol;
       __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st.data() + c * MQ));
+      for (int64_t c = 0; c < rowsn; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st.data() + c * MQ));
       mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t c = 0; c < bl.n; ++c) {
+      for (int64_t c = 0; c < rowsn; ++c) {
         float* row = st.data() + c * MQ;
         const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
         _mm512_storeu_ps(row, e);
@@ -355,6 +410,14 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         product(st.data() + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2 * g.step, inv, 1.f, s > 0, ob, O.s2, DV,
                 bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
       }
+      for (int64_t e = 0; e < DV && ncol; e += 16) {  // the columns' values: for column m, the 16 rows q0 - m C ..
+        alignas(64) float acc[MQ * 16];
+        column_values(st.data() + bl.n * MQ, vc.data() + e, bl.q0, ncol, pat.C, DV, acc);
+        for (int64_t r = 0; r < bl.m; ++r) {
+          float* o = ob + r * O.s2 + e;
+          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_load_ps(acc + r * 16), _mm512_set1_ps(inv[r]), _mm512_loadu_ps(o)));
+        }
+      }
     }
   });
 }
@@ -366,14 +429,15 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
-                     int64_t blocks) {
+                     int64_t blocks, int64_t columns) {
+  TORCH_CHECK(columns == 0, "window attention backward: no columns (strided's forward only)");
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "window attention backward: shapes");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks);
+  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks, 0);
   const View Q(q), K(k), V(v), dO(dout), dQ(dq), dK(dk), dV(dv);
   const float* L = lse.data_ptr<float>();
   const int64_t nb = (T + MQ - 1) / MQ;
