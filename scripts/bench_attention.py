@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         "--native",
         choices=("on", "off"),
         default="on",
-        help="the compiled window kernel of local, dilated, longformer, bigbird (supernet/attention/native.py); off: the engine",
+        help="the compiled kernels (supernet/attention/native.py: the sparse types' window kernel, the linear family's); "
+        "off: the block engine and the torch code",
     )
     p.add_argument("--out", default="runs/bench_attention", help="output prefix: <out>.csv, <out>.json, <out>.png")
     args = p.parse_args(argv)
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
 
     used, why = native.status()  # builds it now (once, cached), not inside a timed cell
     kernel = "in use" if used and args.native == "on" else f"not used ({'--native off' if used else why})"
-    print(f"compiled window kernel (local, dilated, longformer, bigbird): {kernel}", flush=True)
+    print(f"compiled kernels (window attention, the linear family): {kernel}", flush=True)
     started = time.time()
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     print(f"load average (1, 5, 15 min) at start: {fmt_load(load_before)}", flush=True)

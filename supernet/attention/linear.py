@@ -141,6 +141,7 @@ class KernelType(AttentionType):
     """A linear-attention type, given its feature map."""
 
     forms = ("causal", "bidirectional")
+    native_feature: str | None = None  # the feature map by name where the compiled kernel applies it itself
 
     def features(self, q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:
         """(phi(q), phi(k)) for tokens at positions ``start``, ``start + 1``, ... (B, H, T, D) -> (B, H, T, F)."""
@@ -152,8 +153,6 @@ class KernelType(AttentionType):
 
     def reference(self, q, k, v, spec, w):
         return kernel_reference(*self.features(q, k, spec), v)
-
-    native_feature: str | None = None  # the feature map by name where the compiled kernel applies it itself
 
     def forward(self, q, k, v, spec, w):
         if self.native_feature is not None:  # inference on the CPU: the kernel maps q and k block by block

@@ -9,8 +9,10 @@ registers (no scores buffer in memory), skipping the products the window masks o
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
 does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
 the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
-dilated:W:D (inference: one residue stream at a time, read and written in place), and bigbird:W:G:R's causal form
-(each block's R picked blocks are further key segments; W a multiple of 16, R <= 8) when:
+dilated:W:D (inference: one residue stream at a time, read and written in place), bigbird:W:G:R's causal form
+(each block's R picked blocks are further key segments; W a multiple of 16, R <= 8), fixed:S (the summaries a
+segment of keys S apart; S a multiple of 16) and strided:S's inference (each query's column keys scored lane by
+lane; S a multiple of 16) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.

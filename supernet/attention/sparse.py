@@ -3,7 +3,8 @@
 Each type is a :class:`~.patterns.PatternType`: its pattern gives its reference (masked
 softmax), its CUDA path (a FlexAttention block mask) and its decode mask; its CPU fast path is
 built here from the block engine (:mod:`.blocks`), whose cost grows as O(T * keys per query);
-local, dilated, longformer and bigbird's causal form first try the compiled window kernel (:mod:`.native`).
+local, dilated, longformer, fixed, bigbird's causal form and strided's inference first try the compiled window
+kernel (:mod:`.native`; each type's :meth:`BlockSparse.native_window` says how its pattern reads there).
 The fast paths branch on the sequence length freely (padding, block counts): the ONNX exporter
 never traces them.  ONNX form: every causal form, and the bidirectional local, dilated and
 longformer, trace a block-local graph (:func:`.blocks.traced_window_attention`, O(T * keys per
@@ -105,9 +106,23 @@ class BlockSparse(PatternType):
         """The block engine's computation for all of q's heads at once."""
         raise NotImplementedError
 
+    def native_window(self, spec: AttentionSpec, t: int, causal: bool) -> native.Window | None:
+        """This type's pattern at length ``t`` as the compiled window kernel takes it (causal or the bidirectional
+        form), or None where the kernel does not serve it."""
+        return None
+
+    def _native(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, causal: bool) -> Tensor | None:
+        """The compiled window kernel's answer (:mod:`.native`), or None where it does not apply."""
+        window = self.native_window(spec, q.shape[2], causal)
+        return None if window is None else native.window_attention(q, k, v, window)
+
     def forward(self, q, k, v, spec, w):
-        """The block engine; without a gradient, a few heads at a time, so that the (heads, T, keys) scores
-        of a call stay in the core's cache (:data:`SCORE_BYTES`) instead of streaming through memory."""
+        """The compiled window kernel where it applies; else the block engine, without a gradient a few heads at
+        a time, so that the (heads, T, keys) scores of a call stay in the core's cache (:data:`SCORE_BYTES`)
+        instead of streaming through memory."""
+        out = self._native(q, k, v, spec, causal=True)
+        if out is not None:
+            return out
         return _in_head_chunks(self.block_forward, q, k, v, spec, self.keys_per_query(spec, q.shape[2]))
 
     def bidirectional_block(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
@@ -115,8 +130,12 @@ class BlockSparse(PatternType):
         raise NotImplementedError(f"{self.name} has no bidirectional form")
 
     def bidirectional(self, q, k, v, spec, w):
-        """The bidirectional form on the block engine, a few heads at a time without a gradient (as ``forward``;
-        a window on both sides scores about twice the keys)."""
+        """The bidirectional form: the compiled kernel where it applies, else the block engine, a few heads at a time
+        without a gradient (as ``forward``; a window on both sides scores about twice the keys)."""
+        out = self._native(q, k, v, spec, causal=False)
+        return out if out is not None else self._bidirectional_engine(q, k, v, spec)
+
+    def _bidirectional_engine(self, q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> Tensor:
         return _in_head_chunks(self.bidirectional_block, q, k, v, spec, 2 * self.keys_per_query(spec, q.shape[2]))
 
     def keys_per_query(self, spec: AttentionSpec, t: int) -> int:
@@ -210,16 +229,9 @@ class Local(BlockSparse):
     def keys_per_query(self, spec, t):
         return _window_keys(spec.param("W"))
 
-    def forward(self, q, k, v, spec, w):
-        """The compiled window kernel where it applies (:mod:`.native`, forward and backward); else the block engine."""
-        out = native.window_attention(q, k, v, native.Window(spec.param("W") - 1, 0))
-        return out if out is not None else super().forward(q, k, v, spec, w)
-
-    def bidirectional(self, q, k, v, spec, w):
-        """As ``forward``: the compiled kernel where it applies, else the block engine."""
+    def native_window(self, spec, t, causal):
         width = spec.param("W")
-        out = native.window_attention(q, k, v, native.Window(width - 1, width - 1))
-        return out if out is not None else super().bidirectional(q, k, v, spec, w)
+        return native.Window(width - 1, 0 if causal else width - 1)
 
     def block_forward(self, q, k, v, spec):
         lay, before, bias = self._plan(spec, q)
@@ -417,17 +429,19 @@ class Longformer(BlockSparse):
     def keys_per_query(self, spec, t):
         return _window_keys(spec.param("W")) + spec.param("G")
 
-    def forward(self, q, k, v, spec, w):
-        """The compiled window kernel with the G global keys where it applies (:mod:`.native`); else the engine."""
-        out = native.window_attention(q, k, v, native.Window(spec.param("W") - 1, 0, spec.param("G")))
-        return out if out is not None else super().forward(q, k, v, spec, w)
+    def native_window(self, spec, t, causal):
+        """The window and the G global keys (the encoder form: every query sees them; their own rows are
+        :meth:`bidirectional`'s)."""
+        width, g = spec.param("W"), spec.param("G")
+        return native.Window(width - 1, 0, g) if causal else native.Window(width - 1, width - 1, g, t)
 
     def bidirectional(self, q, k, v, spec, w):
-        """As ``forward`` (every query sees the global keys), then the G global queries see every key (one SDPA)."""
-        width, g = spec.param("W"), spec.param("G")
-        t = q.shape[2]
-        out = native.window_attention(q, k, v, native.Window(width - 1, width - 1, g, t))
-        return _global_rows(q, k, v, min(g, t), out) if out is not None else super().bidirectional(q, k, v, spec, w)
+        """The kernel's rows (every query sees the window and the global keys), then the G global queries see every
+        key (one SDPA); else the block engine."""
+        out = self._native(q, k, v, spec, causal=False)
+        if out is None:
+            return self._bidirectional_engine(q, k, v, spec)
+        return _global_rows(q, k, v, min(spec.param("G"), q.shape[2]), out)
 
     def block_forward(self, q, k, v, spec):
         lay, before, win, g, glob = self._plan(spec, q)
@@ -561,15 +575,12 @@ class BigBird(BlockSparse):
     def keys_per_query(self, spec, t):
         return (2 + spec.param("R")) * spec.param("W") + spec.param("G")
 
-    def forward(self, q, k, v, spec, w):
-        """The compiled window kernel with the global keys and each block's picked blocks where it applies
-        (:mod:`.native`: W a multiple of 16, R <= 8); else the block engine."""
+    def native_window(self, spec, t, causal):
+        """The causal form: the window, the global keys and each block's picked blocks (W a multiple of 16, R <= 8)."""
         width, g, r = spec.param("W"), spec.param("G"), spec.param("R")
-        out = None
-        if width % 16 == 0 and r <= 8:
-            window = native.Window(width - 1, 0, g, 0, _native_picks(width, g, r, q.shape[2]), width)
-            out = native.window_attention(q, k, v, window)
-        return out if out is not None else super().forward(q, k, v, spec, w)
+        if not causal or width % 16 or r > 8:
+            return None
+        return native.Window(width - 1, 0, g, 0, _native_picks(width, g, r, t), width)
 
     def block_forward(self, q, k, v, spec):
         lay, win, g, glob, picks, rand = self._plan(spec, q)
@@ -688,12 +699,11 @@ class Strided(BlockSparse):
     def keys_per_query(self, spec, t):
         return 2 * spec.param("S") + -(-t // spec.param("S"))
 
-    def forward(self, q, k, v, spec, w):
-        """Inference: the compiled window kernel where it applies (S a multiple of 16: the S-window, and each query's
-        column keys scored lane by lane); else (and with a gradient) the block engine."""
+    def native_window(self, spec, t, causal):
+        """S a multiple of 16: the S-window, and each query's column keys scored lane by lane (inference only: with a
+        gradient the block engine runs)."""
         s = spec.param("S")
-        out = native.window_attention(q, k, v, native.Window(s - 1, 0, columns=s)) if s % 16 == 0 else None
-        return out if out is not None else super().forward(q, k, v, spec, w)
+        return native.Window(s - 1, 0, columns=s) if causal and s % 16 == 0 else None
 
     def block_forward(self, q, k, v, spec):
         lay, win, col = self._plan(spec, q)
@@ -738,12 +748,10 @@ class Fixed(BlockSparse):
     def keys_per_query(self, spec, t):
         return spec.param("S") + -(-t // spec.param("S"))
 
-    def forward(self, q, k, v, spec, w):
-        """The compiled window kernel where it applies (S a multiple of 16: a block of 16 queries shares its block of
-        S and its summaries); else the block engine."""
+    def native_window(self, spec, t, causal):
+        """S a multiple of 16: a block of 16 queries shares its block of S and its summaries."""
         s = spec.param("S")
-        out = native.window_attention(q, k, v, native.Window(s - 1, 0, blocks=s)) if s % 16 == 0 else None
-        return out if out is not None else super().forward(q, k, v, spec, w)
+        return native.Window(s - 1, 0, blocks=s) if causal and s % 16 == 0 else None
 
     def block_forward(self, q, k, v, spec):
         lay, own, summary = self._plan(spec, q)

@@ -1,6 +1,6 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
-// fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G and bigbird:W:G:R's causal
-// form; and, further down, the linear family's causal forward (linear_forward) and a depthwise convolution along the
+// fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G, bigbird:W:G:R's causal
+// form, fixed:S and strided:S's forward (its columns: column_scores, column_values); and, further down, the linear family's causal forward (linear_forward) and a depthwise convolution along the
 // tokens (dwconv_forward).  Loaded by supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
@@ -293,12 +293,17 @@ struct View {  // a (B, H, T, X) float tensor's pointer and strides
   float* head(int64_t b, int64_t h) const { return p + b * s0 + h * s1; }
 };
 
+// Every kernel's operands: float32 on the CPU, the last stride 1.
+void check_layout(const char* what, std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(-1) == 1, what, ": float32 CPU, last stride 1");
+  }
+}
+
 void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes(), "window attention: shapes");
   TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2), "window attention: v's shape");
-  for (const at::Tensor* t : {&q, &k, &v, &out}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(3) == 1, "window attention: float32 CPU, last stride 1");
-  }
+  check_layout("window attention", {&q, &k, &v, &out});
   for (int64_t x : {q.size(3), v.size(3)}) {
     TORCH_CHECK(x % 16 == 0 && (x <= 64 || x == 128), "window attention: head sizes 16, 32, 48, 64 or 128");
   }
@@ -535,9 +540,7 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes() &&
                   v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "linear attention: shapes");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&q, &k, &v, &out}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(3) == 1, "linear attention: float32 CPU, last stride 1");
-  }
+  check_layout("linear attention", {&q, &k, &v, &out});
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), F = q.size(3), DV = v.size(3);
   TORCH_CHECK(F % 16 == 0 && F > 0 && F <= 512, "linear attention: features a multiple of 16, at most 512");
   TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention: value head sizes 16, 32, 48, 64 or 128");
@@ -610,9 +613,7 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // of 16; x and out any strides with the last one 1, w contiguous.  msla's, lsra's and convmod's inference.
 void dwconv_forward(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, std::vector<int64_t> offsets) {
   TORCH_CHECK(x.dim() == 4 && out.sizes() == x.sizes() && x.size(3) % 16 == 0, "depthwise conv: shapes");
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&x, &out, &w}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu() && t->stride(-1) == 1, "depthwise conv: float32 CPU, last stride 1");
-  }
+  check_layout("depthwise conv", {&x, &out, &w});
   const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3), NT = (int64_t)offsets.size();
   TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && w.size(0) == NT && w.size(1) == H * D, "depthwise conv: taps (K, H * D)");
   const View X(x), O(out);
