@@ -176,7 +176,8 @@ class Window:
     ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
-    ``columns`` (strided:S, a multiple of 16, alone; inference only: no backward): also the keys i - S, i - 2S, ..."""
+    ``columns`` (strided:S, alone, with before < S and after 0; inference only: no backward): also the keys i - S,
+    i - 2S, ... (causal attention within each residue stream, merged with the window's by log-sum-exp)"""
 
     before: int
     after: int

@@ -700,10 +700,10 @@ class Strided(BlockSparse):
         return 2 * spec.param("S") + -(-t // spec.param("S"))
 
     def native_window(self, spec, t, causal):
-        """S a multiple of 16: the S-window, and each query's column keys scored lane by lane (inference only: with a
-        gradient the block engine runs)."""
+        """The S-window, then each residue stream's causal attention (the column keys) merged in by log-sum-exp
+        (inference only: with a gradient the block engine runs)."""
         s = spec.param("S")
-        return native.Window(s - 1, 0, columns=s) if causal and s % 16 == 0 else None
+        return native.Window(s - 1, 0, columns=s) if causal else None
 
     def block_forward(self, q, k, v, spec):
         lay, win, col = self._plan(spec, q)

@@ -1,7 +1,7 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
 // fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G, bigbird:W:G:R's causal
-// form, fixed:S and strided:S's forward (its columns: column_scores, column_values); and, further down, the linear family's causal forward (linear_forward) and a depthwise convolution along the
-// tokens (dwconv_forward).  Loaded by supernet/attention/native.py.
+// form, fixed:S and strided:S's forward (its columns: column_pass); and, further down, the linear family's causal
+// forward (linear_forward) and a depthwise convolution along the tokens (dwconv_forward).  Loaded by supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
 // (before, after) = (W-1, 0), its bidirectional form (W-1, W-1); also the first G keys where j <= i + gaft
@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -177,7 +178,6 @@ struct Pattern {
   const int64_t* picks;  // (ceil(T / width), R) or null
   int64_t R, width;
   int64_t S;
-  int64_t C;  // strided:C (forward only; a multiple of 16): also the keys i - C, i - 2C, ... (per query: the columns)
 };
 
 constexpr int MAX_SEGMENTS = 3 + 8;  // global keys or summaries, up to 8 picked blocks, the window
@@ -249,34 +249,6 @@ struct Block {
   int64_t band_hi(const Segment& g, int32_t aft) const { return g.kind == WINDOW && !overlap ? q0 - kstart + aft : WIDE; }
 };
 
-// Scores of NC columns c0 .. c0 + NC - 1 of a block (strided): lane r against key q0 + r - c C, the diagonal of the
-// tile of keys q0 - c C .. (transposed: D x 16), NC independent chains.
-template <int NC>
-__attribute__((noinline)) void column_scores(const float* QT, const float* kt, int64_t q0, int64_t c0, int64_t C, int64_t D,
-                                             float* out) {
-  __m512 acc[NC];
-  const float* tile[NC];
-  for (int i = 0; i < NC; ++i) acc[i] = _mm512_setzero_ps(), tile[i] = kt + (q0 - (c0 + i) * C) / MQ * D * MQ;
-  for (int64_t d = 0; d < D; ++d) {
-    const __m512 qv = _mm512_loadu_ps(QT + d * MQ);
-    for (int i = 0; i < NC; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(tile[i] + d * MQ), acc[i]);
-  }
-  for (int i = 0; i < NC; ++i) _mm512_storeu_ps(out + i * MQ, acc[i]);
-}
-
-// acc[r] = sum over the columns c = 1 .. ncol of P[c - 1][r] V[q0 + r - c C] (16 values of V's rows from V; rows
-// DV apart), one register per row.
-__attribute__((noinline)) void column_values(const float* P, const float* V, int64_t q0, int64_t ncol, int64_t C, int64_t DV,
-                                             float* out) {
-  __m512 acc[MQ];
-  for (int r = 0; r < MQ; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t c = 1; c <= ncol; ++c) {
-    const float *vb = V + (q0 - c * C) * DV, *p = P + (c - 1) * MQ;
-    for (int r = 0; r < MQ; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p[r]), _mm512_loadu_ps(vb + r * DV), acc[r]);
-  }
-  for (int r = 0; r < MQ; ++r) _mm512_store_ps(out + r * 16, acc[r]);
-}
-
 // The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
 void block_rows(const float* x, int64_t ld, const Block& bl, const float** rows) {
   for (int r = 0; r < MQ; ++r) rows[r] = x + (bl.q0 + (r < bl.m ? r : 0)) * ld;
@@ -313,13 +285,13 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 
 Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
                 int64_t width, int64_t blocks, int64_t columns) {
-  TORCH_CHECK(columns >= 0 && columns % MQ == 0 && (columns == 0 || (globals == 0 && picks.numel() == 0 && blocks == 0)),
-              "window attention: columns (strided) a multiple of 16, alone");
+  TORCH_CHECK(columns >= 0 && (columns == 0 || (globals == 0 && picks.numel() == 0 && blocks == 0 && before < columns && after == 0)),
+              "window attention: columns (strided) alone, causal, the window shorter than the stride");
   TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
   TORCH_CHECK(blocks >= 0 && blocks % MQ == 0 && (blocks == 0 || (globals == 0 && picks.numel() == 0)),
               "window attention: blocks (fixed) a multiple of 16, without global keys or picks");
   Pattern p{T, std::min(globals, T), (int32_t)std::min(before, T), (int32_t)std::min(after, T),
-            (int32_t)std::min(global_after, T), nullptr, 0, 1, blocks, columns};
+            (int32_t)std::min(global_after, T), nullptr, 0, 1, blocks};
   if (picks.numel() > 0) {
     TORCH_CHECK(picks.scalar_type() == at::kLong && picks.dim() == 2 && picks.is_contiguous() && width % MQ == 0 &&
                     picks.size(0) >= (T + width - 1) / width && picks.size(1) <= 8,
@@ -332,12 +304,127 @@ Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64
 }
 
 int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
-  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0) + (p.C ? p.T / p.C : 0);
+  return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0);
+}
+
+// strided:C's columns (keys i - C, i - 2C, ...) of the queries of one span of 16 C tokens, t0 = 16 C sb ..: per residue
+// c < C the stream of rows c, c + C, c + 2C, ..., where stream query s sees the stream keys 0 .. s - 1 (causal
+// attention within the stream without its diagonal); the span holds stream queries 16 sb .. 16 sb + 15 of every stream.
+// One block of 16 stream queries against their keys in tiles (a key row serves 16 queries, where scoring each query's
+// columns alone streams every column row from L2 once per query).  Per span row (token t0 + row): acc (unnormalised,
+// DV wide), mx (the row's column maximum, -inf for a row without columns: tokens below C) and sum.
+struct Columns {
+  int64_t C, span;
+  std::vector<float> acc, mx, sum, st;
+  std::vector<__mmask16> mask;
+  Columns(int64_t C_, int64_t T, int64_t DV) : C(C_), span(std::min(MQ * C_, T)), acc(span * DV), mx(span), sum(span),
+                                             st(((T + C_ - 1) / C_) * MQ), mask((T + C_ - 1) / C_) {}
+  void run(const float* qh, int64_t ldq, const float* kh, int64_t ldk, const float* vh, int64_t ldv, int64_t T,
+           int64_t D, int64_t DV, int64_t sb, float scale, float* qt) {
+    const int64_t t0 = sb * MQ * C;
+    std::fill(mx.begin(), mx.end(), -std::numeric_limits<float>::infinity());
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t c = 0; c < C; ++c) {
+      const int64_t n = (T - c + C - 1) / C, s0 = std::max<int64_t>(1, sb * MQ), s1 = std::min(n, sb * MQ + MQ);
+      if (s0 >= s1) continue;
+      // queries s0 .. s1 - 1, keys 0 .. s1 - 2 rounded up to whole tiles of 16 where the stream allows (masked)
+      const int64_t m = s1 - s0, kn = std::min(n, (s1 - 1 + 15) / 16 * 16);
+      const float* rows[MQ];
+      for (int r = 0; r < MQ; ++r) rows[r] = qh + (c + (s0 + (r < m ? r : 0)) * C) * ldq;
+      transpose_rows(rows, D, scale, qt);
+      scores(kh + c * ldk, ldk * C, kn, qt, D, st.data());
+      const __mmask16 live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
+      const __m512i seen = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)s0));  // lane r: keys j < s0 + r
+      __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+      for (int64_t j = 0; j < kn; ++j) {
+        mask[j] = _mm512_cmpgt_epi32_mask(seen, _mm512_set1_epi32((int32_t)j)) & live;
+        top = _mm512_mask_max_ps(top, mask[j], top, _mm512_loadu_ps(st.data() + j * MQ));
+      }
+      top = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, top);
+      __m512 total = _mm512_setzero_ps();
+      for (int64_t j = 0; j < kn; ++j) {
+        float* row = st.data() + j * MQ;
+        const __m512 e = _mm512_maskz_mov_ps(mask[j], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), top)));
+        _mm512_storeu_ps(row, e);
+        total = _mm512_add_ps(total, e);
+      }
+      const int64_t row0 = c + s0 * C - t0;  // the span row of stream query s0; the next ones C rows apart
+      product(st.data(), 1, MQ, m, kn, vh + c * ldv, ldv * C, nullptr, 1.f, false, acc.data() + row0 * DV, C * DV, DV,
+              -WIDE, s0 - 1);
+      alignas(64) float tv[MQ], sv[MQ];
+      _mm512_store_ps(tv, top);
+      _mm512_store_ps(sv, total);
+      for (int64_t r = 0; r < m; ++r) mx[row0 + r * C] = tv[r], sum[row0 + r * C] = sv[r];
+    }
+  }
+};
+
+// One block of 16 queries (window_forward's work): scores of its key segments, softmax, P V into out, the lse if
+// L; with `col` (strided), the block's column rows (at span row cr) join the softmax.
+void window_block(const Pattern& pat, const View& Q, const View& K, const View& V, const View& O, float* L, int64_t b,
+                  int64_t h, int64_t H, int64_t blk, int64_t D, int64_t DV, float scale, float* st, float* qt,
+                  __mmask16* mask, const Columns* col, int64_t cr) {
+  const int64_t T = pat.T;
+  const Block bl(blk, pat, mask);
+  const float* vh = V.head(b, h);
+  const float* rows[MQ];
+  block_rows(Q.head(b, h), Q.s2, bl, rows);
+  transpose_rows(rows, D, scale, qt);
+  for (int s = 0; s < bl.nseg; ++s) {
+    const Segment& g = bl.seg[s];
+    scores(K.head(b, h) + g.start * K.s2, K.s2 * g.step, g.count, qt, D, st + g.row * MQ);
+  }
+  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st + c * MQ));
+  mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < bl.n; ++c) {
+    float* row = st + c * MQ;
+    const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
+    _mm512_storeu_ps(row, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  alignas(64) float inv[MQ], cw[MQ], lse_[MQ], mxv[MQ], sums[MQ];
+  __m512 whole = mx;  // the row's maximum over window and columns
+  if (col) {  // rows past T: mx and sum 0 (finite), weight 0
+    const __m512 cm = _mm512_maskz_loadu_ps(bl.live, col->mx.data() + cr), cs = _mm512_maskz_loadu_ps(bl.live, col->sum.data() + cr);
+    whole = _mm512_max_ps(mx, cm);
+    const __m512 aw = exp512(_mm512_sub_ps(mx, whole)), ac = exp512(_mm512_sub_ps(cm, whole));
+    const __m512 cmask = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(cm, _mm512_set1_ps(-1e30f), _CMP_GT_OQ), ac);  // no columns: 0
+    sum = _mm512_fmadd_ps(aw, sum, _mm512_mul_ps(cmask, cs));
+    sum = _mm512_mask_mov_ps(_mm512_set1_ps(1.f), bl.live, sum);
+    const __m512 r = _mm512_div_ps(_mm512_set1_ps(1.f), sum);
+    _mm512_store_ps(inv, _mm512_mul_ps(aw, r));
+    _mm512_store_ps(cw, _mm512_mul_ps(cmask, r));
+  } else {
+    sum = _mm512_mask_mov_ps(_mm512_set1_ps(1.f), bl.live, sum);
+    _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), sum));
+  }
+  if (L) {
+    _mm512_store_ps(mxv, whole);
+    _mm512_store_ps(sums, sum);
+    for (int64_t r = 0; r < bl.m; ++r) lse_[r] = mxv[r] + std::log(sums[r]);
+    std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
+  }
+  float* ob = O.head(b, h) + bl.q0 * O.s2;
+  for (int s = 0; s < bl.nseg; ++s) {
+    const Segment& g = bl.seg[s];
+    product(st + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2 * g.step, inv, 1.f, s > 0, ob, O.s2, DV,
+            bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
+  }
+  for (int64_t r = 0; col && r < bl.m; ++r) {
+    if (cw[r] == 0.f) continue;  // no columns (or none that count): acc not written
+    const __m512 w = _mm512_set1_ps(cw[r]);
+    const float* a = col->acc.data() + (cr + r) * DV;
+    float* o = ob + r * O.s2;
+    for (int64_t e = 0; e < DV; e += 16) _mm512_storeu_ps(o + e, _mm512_fmadd_ps(_mm512_loadu_ps(a + e), w, _mm512_loadu_ps(o + e)));
+  }
 }
 
 // q, k (B, H, T, D), v and out (B, H, T, Dv): float32 on the CPU, any strides with the last one 1; D and Dv
 // one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
-// denominator (scores scaled), which the backward needs.
+// denominator (scores scaled), which the backward needs.  strided (columns C): per span of 16 C tokens, the columns
+// of its queries first, then its blocks, so that the column rows are in cache when the blocks take them in.
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
                     int64_t width, int64_t blocks, int64_t columns) {
@@ -352,76 +439,17 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t nb = (T + MQ - 1) / MQ;
   const int64_t most = most_rows(pat);
   const float scale = 1.f / std::sqrt((float)D);
-  at::parallel_for(0, B * H * nb, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> st(most * MQ), qt(D * MQ), kt, vc;
+  const int64_t span = columns ? std::min(MQ * columns, T) : MQ;  // tokens per task
+  const int64_t spans = (T + span - 1) / span;
+  at::parallel_for(0, B * H * spans, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> st(most * MQ), qt(D * MQ);
     std::vector<__mmask16> mask(most);
-    // columns: K's tiles of 16 rows transposed (D x 16) and V's rows back to back (a fused projection's rows lie far
-    // apart: a column's 16 rows would touch 16 pages), of head kt_head, tiles below kt_ready
-    int64_t kt_head = -1, kt_ready = 0;
-    if (pat.C) kt.resize(nb * D * MQ), vc.resize(nb * MQ * DV);
+    std::unique_ptr<Columns> col(columns ? new Columns(columns, T, DV) : nullptr);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = w / (H * nb), h = (w / nb) % H;
-      const Block bl(w % nb, pat, mask.data());
-      const float *kh = K.head(b, h), *vh = V.head(b, h);
-      const float* rows[MQ];
-      block_rows(Q.head(b, h), Q.s2, bl, rows);
-      transpose_rows(rows, D, scale, qt.data());
-      for (int s = 0; s < bl.nseg; ++s) {
-        const Segment& g = bl.seg[s];
-        scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, st.data() + g.row * MQ);
-      }
-      // strided: lane r's column keys q0 + r - m C (m = 1 .. q0 / C: every lane's is a key, C and q0 multiples of 16)
-      // lie on the diagonal of the tile of keys q0 - m C ..: scored lane by lane against the tile transposed
-      const int64_t ncol = pat.C ? bl.q0 / pat.C : 0;
-      if (ncol) {
-        if (kt_head != w / nb) kt_head = w / nb, kt_ready = 0;
-        for (; kt_ready < bl.q0 / MQ; ++kt_ready) {
-          const float* krows[MQ];
-          for (int r = 0; r < MQ; ++r) krows[r] = kh + (kt_ready * MQ + r) * K.s2;
-          transpose_rows(krows, D, 1.f, kt.data() + kt_ready * D * MQ);
-          for (int r = 0; r < MQ; ++r) {
-            const float* src = vh + (kt_ready * MQ + r) * V.s2;
-            std::copy(src, src + DV, vc.data() + (kt_ready * MQ + r) * DV);
-          }
-        }
-        int64_t c = 1;
-        for (; c + 8 <= ncol + 1; c += 8) column_scores<8>(qt.data(), kt.data(), bl.q0, c, pat.C, D, st.data() + (bl.n + c - 1) * MQ);
-        for (; c <= ncol; ++c) column_scores<1>(qt.data(), kt.data(), bl.q0, c, pat.C, D, st.data() + (bl.n + c - 1) * MQ);
-        for (c = 1; c <= ncol; ++c) mask[bl.n + c - 1] = bl.live;
-      }
-      const int64_t rowsn = bl.n + ncol;
-      __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t c = 0; c < rowsn; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st.data() + c * MQ));
-      mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
-      __m512 sum = _mm512_setzero_ps();
-      for (int64_t c = 0; c < rowsn; ++c) {
-        float* row = st.data() + c * MQ;
-        const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
-        _mm512_storeu_ps(row, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      sum = _mm512_mask_mov_ps(_mm512_set1_ps(1.f), bl.live, sum);
-      alignas(64) float inv[MQ], lse_[MQ], mxv[MQ], sums[MQ];
-      _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), sum));
-      if (L) {
-        _mm512_store_ps(mxv, mx);
-        _mm512_store_ps(sums, sum);
-        for (int64_t r = 0; r < bl.m; ++r) lse_[r] = mxv[r] + std::log(sums[r]);
-        std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
-      }
-      float* ob = O.head(b, h) + bl.q0 * O.s2;
-      for (int s = 0; s < bl.nseg; ++s) {
-        const Segment& g = bl.seg[s];
-        product(st.data() + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2 * g.step, inv, 1.f, s > 0, ob, O.s2, DV,
-                bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
-      }
-      for (int64_t e = 0; e < DV && ncol; e += 16) {  // the columns' values: for column m, the 16 rows q0 - m C ..
-        alignas(64) float acc[MQ * 16];
-        column_values(st.data() + bl.n * MQ, vc.data() + e, bl.q0, ncol, pat.C, DV, acc);
-        for (int64_t r = 0; r < bl.m; ++r) {
-          float* o = ob + r * O.s2 + e;
-          _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_load_ps(acc + r * 16), _mm512_set1_ps(inv[r]), _mm512_loadu_ps(o)));
-        }
+      const int64_t b = w / (H * spans), h = (w / spans) % H, sp = w % spans, t0 = sp * span;
+      if (col) col->run(Q.head(b, h), Q.s2, K.head(b, h), K.s2, V.head(b, h), V.s2, T, D, DV, sp, scale, qt.data());
+      for (int64_t blk = t0 / MQ; blk < std::min(nb, (t0 + span + MQ - 1) / MQ); ++blk) {
+        window_block(pat, Q, K, V, O, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), blk * MQ - t0);
       }
     }
   });
