@@ -33,7 +33,7 @@ def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the kernel's forward calls (dilated: one per residue stream)."""
+    """Counts the kernel's forward calls."""
     count = {"n": 0}
     real = native._kernel
 
@@ -75,7 +75,7 @@ def test_kernel_equals_reference(spec, causal, calls):
         assert out.shape == ref.shape
         worst = max(worst, (out - ref).abs().max().item())
     assert worst <= 1e-5, worst
-    assert calls["n"] >= len(LENGTHS)  # the kernel ran (dilated: once per residue stream)
+    assert calls["n"] == len(LENGTHS)  # the kernel ran, once per call (dilated: its streams in one call)
 
 
 @pytest.mark.parametrize("spec", BIGBIRD + FIXED)
@@ -170,19 +170,37 @@ def test_head_sizes_and_peaked_scores(d, dv, calls):
     assert calls["n"] == 3
 
 
-def test_threads_split_the_blocks_without_changing_a_bit():
+@pytest.mark.parametrize(
+    "window",
+    [native.Window(63, 0), native.Window(15, 0, columns=16), native.Window(20, 20, step=4)],
+    ids=["local", "strided", "dilated"],
+)
+def test_threads_split_the_blocks_without_changing_a_bit(window):
     if not native.status()[0]:
         pytest.skip(native.status()[1])
     q, k, v = projected(2, 4, 300, 64, seed=3)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = native.window_attention(q, k, v, native.Window(63, 0))
+        one = native.window_attention(q, k, v, window)
         torch.set_num_threads(2)
-        two = native.window_attention(q, k, v, native.Window(63, 0))
+        two = native.window_attention(q, k, v, window)
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)
+
+
+def test_columns_and_steps_are_refused_where_they_do_not_hold():
+    """The kernel's own checks: columns need a causal window shorter than the stride; a step has no backward."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    q, k, v = projected(1, 2, 40, 16, seed=0)
+    with pytest.raises(RuntimeError, match="the window shorter than the stride"):
+        native.window_attention(q, k, v, native.Window(16, 0, columns=16))
+    with pytest.raises(RuntimeError, match="step \\(dilation\\) >= 1"):
+        native.window_attention(q, k, v, native.Window(3, 0, step=0))
+    x = q.detach().clone().requires_grad_(True)
+    assert native.window_attention(x, k, v, native.Window(3, 0, step=2)) is None  # a gradient: the caller's path
 
 
 def test_the_engine_runs_where_the_kernel_does_not_apply(calls):

@@ -177,7 +177,9 @@ class Window:
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
     ``columns`` (strided:S, alone, with before < S and after 0; inference only: no backward): also the keys i - S,
-    i - 2S, ... (causal attention within each residue stream, merged with the window's by log-sum-exp)"""
+    i - 2S, ... (causal attention within each residue stream, merged with the window's by log-sum-exp).  ``step``
+    (dilated:W:D, inference only): the pattern on each residue stream i = r, r + step, ... alone (before and after
+    count the stream's rows)."""
 
     before: int
     after: int
@@ -187,10 +189,14 @@ class Window:
     width: int = 1
     blocks: int = 0
     columns: int = 0
+    step: int = 1
 
     def args(self) -> tuple:
         picks = _NO_PICKS if self.picks is None else self.picks
-        return self.before, self.after, self.globals_, self.global_after, picks, self.width, self.blocks, self.columns
+        return (
+            self.before, self.after, self.globals_, self.global_after, picks, self.width, self.blocks, self.columns,
+            self.step,
+        )  # fmt: skip
 
 
 def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor:
@@ -205,11 +211,11 @@ def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) ->
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor | None:
     """The attention of ``window`` over (B, H, T, D) tensors (differentiable), or None where the kernel does not
-    apply (:func:`fits`; a gradient recorded through ``columns``, which have no backward)."""
+    apply (:func:`fits`; a gradient recorded through ``columns`` or ``step``, which have no backward)."""
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return None if window.columns else _Window.apply(q, k, v, window.args())
+        return None if window.columns or window.step > 1 else _Window.apply(q, k, v, window.args())
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 

@@ -283,17 +283,14 @@ def _unstream(y: Tensor, h: int, step: int, t: int) -> Tensor:
 
 
 def _native_streams(q: Tensor, k: Tensor, v: Tensor, step: int, before: int, after: int) -> Tensor | None:
-    """The compiled window kernel on each residue stream r, r+step, ... read and written in place (no copies), or
-    None where it does not apply.  Inference only: with a gradient the caller copies the streams and local's kernel
-    runs on them, since scattering each stream's input gradients back through strided views cost more than it saved
-    (dilated:64:4 at 4k, one thread, fwd+bwd: copied 51.5 ms, in place 100.7, the engine 78.6)."""
+    """The compiled window kernel on the residue streams r, r+step, ... read and written in place (no copies), the
+    streams' blocks interleaved (``Window.step``), or None where it does not apply.  Inference only: with a gradient
+    the caller copies the streams and local's kernel runs on them, since scattering each stream's input gradients back
+    through strided views cost more than it saved (dilated:64:4 at 4k, one thread, fwd+bwd: copied 51.5 ms, in place
+    100.7, the engine 78.6)."""
     if not native.fits(q, k, v) or native.recording(q, k, v):
         return None
-    out = q.new_empty(q.shape[:-1] + v.shape[-1:])
-    window = native.Window(before, after)
-    for r in range(min(step, q.shape[2])):
-        native.window_into(out[:, :, r::step], q[:, :, r::step], k[:, :, r::step], v[:, :, r::step], window)
-    return out
+    return native.window_attention(q, k, v, native.Window(before, after, step=step))
 
 
 class Dilated(PatternType):

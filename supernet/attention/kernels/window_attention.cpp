@@ -425,31 +425,47 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
 // one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
 // denominator (scores scaled), which the backward needs.  strided (columns C): per span of 16 C tokens, the columns
 // of its queries first, then its blocks, so that the column rows are in cache when the blocks take them in.
+// step > 1 (dilated, inference): the pattern on each residue stream r, r + step, ... (rows step apart), block sb of
+// every stream in turn (their keys lie in one stretch of the head: it stays in cache, where a stream at a time
+// reads the whole head once per stream).
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
-                    int64_t width, int64_t blocks, int64_t columns) {
+                    int64_t width, int64_t blocks, int64_t columns, int64_t step) {
   check(q, k, v, out);
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
+  TORCH_CHECK(step >= 1 && (step == 1 || (!keep && columns == 0)), "window attention: step (dilation) >= 1, at inference, without columns");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks, columns);
-  const View Q(q), K(k), V(v), O(out);
+  const int64_t streams = std::min(step, T);
+  std::vector<Pattern> pats;  // per stream (their lengths differ by one at most)
+  for (int64_t r = 0; r < streams; ++r) pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, columns));
+  auto stream = [&](const at::Tensor& x, int64_t r) {
+    View s(x);
+    s.p += r * s.s2;
+    s.s2 *= step;
+    return s;
+  };
+  const View Q(q), K(k), V(v);
   float* L = keep ? lse.data_ptr<float>() : nullptr;
-  const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t most = most_rows(pat);
+  const int64_t nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
+  const int64_t most = most_rows(pats[0]);
   const float scale = 1.f / std::sqrt((float)D);
-  const int64_t span = columns ? std::min(MQ * columns, T) : MQ;  // tokens per task
-  const int64_t spans = (T + span - 1) / span;
-  at::parallel_for(0, B * H * spans, 1, [&](int64_t begin, int64_t end) {
+  const int64_t per = columns ? (std::min(MQ * columns, T) + MQ - 1) / MQ : 1;  // blocks per task
+  const int64_t tasks = (nb + per - 1) / per;
+  at::parallel_for(0, B * H * tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> st(most * MQ), qt(D * MQ);
     std::vector<__mmask16> mask(most);
     std::unique_ptr<Columns> col(columns ? new Columns(columns, T, DV) : nullptr);
     for (int64_t w = begin; w < end; ++w) {
-      const int64_t b = w / (H * spans), h = (w / spans) % H, sp = w % spans, t0 = sp * span;
+      const int64_t b = w / (H * tasks), h = (w / tasks) % H, sp = w % tasks, blk0 = sp * per;
       if (col) col->run(Q.head(b, h), Q.s2, K.head(b, h), K.s2, V.head(b, h), V.s2, T, D, DV, sp, scale, qt.data());
-      for (int64_t blk = t0 / MQ; blk < std::min(nb, (t0 + span + MQ - 1) / MQ); ++blk) {
-        window_block(pat, Q, K, V, O, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), blk * MQ - t0);
+      for (int64_t r = 0; r < streams; ++r) {
+        const Pattern& pat = pats[r];
+        const View Qr = stream(q, r), Kr = stream(k, r), Vr = stream(v, r), Or = stream(out, r);
+        for (int64_t blk = blk0; blk < std::min((pat.T + MQ - 1) / MQ, blk0 + per); ++blk) {
+          window_block(pat, Qr, Kr, Vr, Or, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ);
+        }
       }
     }
   });
@@ -462,8 +478,8 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
-                     int64_t blocks, int64_t columns) {
-  TORCH_CHECK(columns == 0, "window attention backward: no columns (strided's forward only)");
+                     int64_t blocks, int64_t columns, int64_t step) {
+  TORCH_CHECK(columns == 0 && step == 1, "window attention backward: no columns (strided's forward only), step 1");
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
