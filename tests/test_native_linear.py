@@ -1,8 +1,9 @@
-"""The compiled kernels of the linear family (supernet/attention/native.py: ``linear_forward``, ``dwconv_forward``):
-at inference on the CPU linear, relu-linear, cosformer, performer, sima and msla (and the convolutions of msla, lsra,
-convmod) give their references' numbers through them, for lengths on and off the kernel's 16-token blocks, every
-value head size, strided views of a fused projection and peaked features; the torch code runs where a gradient is
-recorded (and its gradients are the reference's), where the features are not a multiple of 16, off float32."""
+"""The compiled kernels of the linear family (supernet/attention/native.py: ``linear_forward``, ``dwconv_forward``,
+``hydra_forward``): at inference on the CPU linear, relu-linear, cosformer, performer, sima, msla and hydra (and the
+convolutions of msla, lsra, convmod) give their references' numbers through them, for lengths on and off the
+kernel's 16-token blocks, every value head size, strided views of a fused projection and peaked features; the torch
+code runs where a gradient is recorded (and its gradients are the reference's), where the features are not a multiple
+of 16, off float32."""
 
 import pytest
 import torch
@@ -156,3 +157,30 @@ def test_threads_split_the_heads_without_changing_a_bit():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_hydra_in_one_pass_equals_reference(causal, calls):
+    """hydra's kernel: every length, head sizes 16-128, fused-projection views and contiguous heads, large inputs and
+    an all-zero key row (its L2 normalisation divides by eps, as F.normalize does); with a gradient recorded the
+    torch code runs, with the reference's gradients."""
+    spec = parse_attention("hydra")
+    worst, runs = 0.0, 0
+    for d in (16, 48, 64, 128):
+        for t in LENGTHS:
+            q, k, v = projected(2, 3, t, d, seed=t + d, scale=8.0 if d == 48 else 1.0)
+            if d == 64:
+                q, k, v = (x.contiguous() for x in (q, k, v))
+                k[:, :, t // 2] = 0.0
+            with torch.no_grad():
+                out = attend(q, k, v, spec, causal=causal)
+            ref = attend_reference(q.double(), k.double(), v.double(), spec, causal=causal)
+            worst, runs = max(worst, relative(out.double(), ref)), runs + 1
+    assert worst <= 1e-5, worst
+    assert calls == {"hydra_forward": runs}
+    q, k, v = (x.detach().requires_grad_() for x in projected(1, 2, 40, 16, seed=1))
+    out = attend(q, k, v, spec, causal=causal)
+    ref = attend_reference(q, k, v, spec, causal=causal)
+    got, want = (torch.autograd.grad(x.square().sum(), (q, k, v)) for x in (out, ref))
+    assert relative(out, ref) <= 1e-5 and max(relative(a, b) for a, b in zip(got, want)) <= 1e-4
+    assert calls == {"hydra_forward": runs}  # the gradient's forward: torch

@@ -241,6 +241,19 @@ def causal_linear(
     return out
 
 
+def hydra(q: Tensor, k: Tensor, v: Tensor, causal: bool, eps: float) -> Tensor | None:
+    """Hydra attention in one pass: n(q_t) * (the mean of n(k_j) * v_j over j <= t, or over every token), n the L2
+    normalisation (x / max(|x|, ``eps``)); inference only.  None where it does not apply (a gradient recorded, v not
+    shaped as q, D not a multiple of 16 up to 512, :func:`_takes`'s other conditions, the kernel not built)."""
+    if not _takes(q, k, v) or v.shape != q.shape or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v):
+        return None
+    if _kernel() is None:
+        return None
+    out = v.new_empty(v.shape)
+    _kernel().hydra_forward(q, k, v, out, causal, eps)
+    return out
+
+
 def depthwise_conv(x: Tensor, taps: Tensor, offsets: list[int]) -> Tensor | None:
     """Depthwise convolution along the tokens of x (B, H, T, D) with taps (H * D, K): out[t] = sum_s taps[:, s]
     x[t + offsets[s]] per channel, zeros outside the sequence; inference only.  None where it does not apply (a gradient

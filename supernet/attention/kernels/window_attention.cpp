@@ -1,7 +1,7 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
 // fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G, bigbird:W:G:R's causal
-// form, fixed:S and strided:S's forward (its columns: column_pass); and, further down, the linear family's causal
-// forward (linear_forward) and a depthwise convolution along the tokens (dwconv_forward).  Loaded by supernet/attention/native.py.
+// form, fixed:S and strided:S's forward (its columns: Columns); and, further down, the linear family's causal
+// forward (linear_forward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
 // (before, after) = (W-1, 0), its bidirectional form (W-1, W-1); also the first G keys where j <= i + gaft
@@ -681,9 +681,65 @@ void dwconv_forward(const at::Tensor& x, const at::Tensor& w, at::Tensor& out, s
   });
 }
 
+// hydra: out_t = n(q_t) * s_t per channel, n(x) = x / max(|x|_2, eps); causal: s_t = mean_{j<=t} n(k_j) * v_j (a
+// running sum over the tokens in order), else s = the mean over every token.  q, k, v, out (B, H, T, D) with the last
+// stride 1, D a multiple of 16 up to 512: one pass over the tokens, where the torch path writes five tensors.
+inline __m512 l2_scale(const float* x, int64_t D, float eps) {
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t d = 0; d < D; d += 16) {
+    const __m512 a = _mm512_loadu_ps(x + d);
+    sq = _mm512_fmadd_ps(a, a, sq);
+  }
+  return _mm512_set1_ps(1.f / std::max(std::sqrt(_mm512_reduce_add_ps(sq)), eps));
+}
+
+void hydra_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, bool causal, double eps) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && out.sizes() == q.sizes() &&
+                  q.size(3) % 16 == 0 && q.size(3) <= 512,
+              "hydra: shapes (B, H, T, D), D a multiple of 16 up to 512");
+  check_layout("hydra", {&q, &k, &v, &out});
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
+  const View Q(q), K(k), V(v), O(out);
+  const float e = (float)eps;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float s[512];
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / H, h = bh % H;
+      const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h);
+      float* oh = O.head(b, h);
+      std::fill(s, s + D, 0.f);
+      if (!causal) {
+        for (int64_t t = 0; t < T; ++t) {
+          const float *kt = kh + t * K.s2, *vt = vh + t * V.s2;
+          const __m512 n = l2_scale(kt, D, e);
+          for (int64_t d = 0; d < D; d += 16) {
+            _mm512_store_ps(s + d, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(kt + d), n), _mm512_loadu_ps(vt + d), _mm512_load_ps(s + d)));
+          }
+        }
+      }
+      for (int64_t t = 0; t < T; ++t) {
+        if (causal) {
+          const float *kt = kh + t * K.s2, *vt = vh + t * V.s2;
+          const __m512 n = l2_scale(kt, D, e);
+          for (int64_t d = 0; d < D; d += 16) {
+            _mm512_store_ps(s + d, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(kt + d), n), _mm512_loadu_ps(vt + d), _mm512_load_ps(s + d)));
+          }
+        }
+        const float* qt = qh + t * Q.s2;
+        const __m512 n = _mm512_div_ps(l2_scale(qt, D, e), _mm512_set1_ps((float)(causal ? t + 1 : T)));
+        float* ot = oh + t * O.s2;
+        for (int64_t d = 0; d < D; d += 16) {
+          _mm512_storeu_ps(ot + d, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(qt + d), n), _mm512_load_ps(s + d)));
+        }
+      }
+    }
+  });
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("window_forward", &window_forward, "fused sliding-window attention with global keys (float32, AVX-512)");
   m.def("window_backward", &window_backward, "its gradients");
   m.def("linear_forward", &linear_forward, "causal kernelized (linear) attention with its feature map (float32, AVX-512)");
   m.def("dwconv_forward", &dwconv_forward, "depthwise convolution along the tokens (float32, AVX-512)");
+  m.def("hydra_forward", &hydra_forward, "hydra attention, causal or bidirectional (float32, AVX-512)");
 }
