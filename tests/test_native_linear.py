@@ -184,3 +184,31 @@ def test_hydra_in_one_pass_equals_reference(causal, calls):
     got, want = (torch.autograd.grad(x.square().sum(), (q, k, v)) for x in (out, ref))
     assert relative(out, ref) <= 1e-5 and max(relative(a, b) for a, b in zip(got, want)) <= 1e-4
     assert calls == {"hydra_forward": runs}  # the gradient's forward: torch
+
+
+def test_performer_features_are_computed_in_the_kernel(calls):
+    """performer: each block's FAVOR+ features from the raw q, k rows inside the kernel (the projection as a tile
+    product, the query's row-maximum shift, the key's |x|^2 / (2 sqrt(D))): head sizes 16-128 against 32-256 features,
+    inputs up to x3; no feature tensor is handed over (q, k reach the kernel as they are)."""
+    seen = []
+    real = native.causal_linear
+
+    def spy(q, k, v, feature="none", *args, **kwargs):
+        seen.append((feature, q.shape[-1]))
+        return real(q, k, v, feature, *args, **kwargs)
+
+    worst = 0.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(native, "causal_linear", spy)
+        for m in (32, 64, 256):
+            spec = parse_attention(f"performer:{m}")
+            for d, dv, scale in ((16, 16, 1.0), (32, 48, 2.0), (64, 128, 3.0), (128, 32, 1.0)):
+                g = torch.Generator().manual_seed(d + dv + m)
+                q, k = (torch.randn(1, 2, 100, d, generator=g) * scale for _ in range(2))
+                v = torch.randn(1, 2, 100, dv, generator=g)
+                with torch.no_grad():
+                    out = attend(q, k, v, spec)
+                worst = max(worst, relative(out.double(), attend_reference(q.double(), k.double(), v.double(), spec)))
+    assert worst <= 1e-5, worst
+    assert calls == {"linear_forward": 12}
+    assert {f for f, _ in seen} == {"performer"} and {d for _, d in seen} == {16, 32, 64, 128}

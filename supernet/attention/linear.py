@@ -308,7 +308,7 @@ def performer_features(x: Tensor, w: Tensor, is_query: bool) -> Tensor:
     if is_query:
         shift = logits.detach().amax(-1, keepdim=True)
     else:
-        shift = (x * x).sum(-1, keepdim=True) * (0.5 / math.sqrt(d))
+        shift = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() * (0.5 / math.sqrt(d))  # no (x * x) tensor
     return logits.sub_(shift + 0.5 * math.log(m)).exp_()
 
 
@@ -320,6 +320,16 @@ class Performer(KernelType):
     def features(self, q, k, spec, start=0):
         w = performer_projection(spec.param("M"), q.shape[-1], q.device, q.dtype)
         return performer_features(q, w, True), performer_features(k, w, False)
+
+    def forward(self, q, k, v, spec, w):
+        """Inference on the CPU: the kernel computes each block's features itself (no (B, H, T, M) feature tensors)."""
+        if q.dtype == torch.float32:
+            d = q.shape[-1]
+            proj = performer_projection(spec.param("M"), d, q.device, q.dtype) * d**-0.25
+            out = native.causal_linear(q, k, v, "performer", True, LINEAR_EPS, proj=proj)
+            if out is not None:
+                return out
+        return super().forward(q, k, v, spec, w)
 
     def feature_dim(self, spec, head_dim):
         return spec.param("M")

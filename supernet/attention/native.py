@@ -54,6 +54,7 @@ NAME = "nas_window_attention"
 HEAD_SIZES = (16, 32, 48, 64, 128)  # query/key and value head sizes with a register layout
 _NO_LSE = torch.empty(0)
 _NO_PICKS = torch.empty(0, 0, dtype=torch.long)
+_NO_PROJ = torch.empty(0, 0)
 
 _off = False  # :func:`disabled` (benchmarks compare the engine and the kernel in one process)
 
@@ -219,26 +220,38 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor 
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 
-FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3}  # the feature maps linear_forward applies itself
+FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3, "performer": 4}  # the feature maps linear_forward applies itself
 
 
 def causal_linear(
     q: Tensor, k: Tensor, v: Tensor, feature: str = "none", normalize: bool = True, eps: float = 1e-6,
-    l1_eps: float = 0.0, into: Tensor | None = None,
+    l1_eps: float = 0.0, into: Tensor | None = None, proj: Tensor | None = None,
 ) -> Tensor | None:
     """Causal kernelized attention: out_i = sum_{j<=i} (fq_i . fk_j) v_j / (sum_{j<=i} fq_i . fk_j + eps) (``normalize``;
     else the numerator), by blocks of 16 tokens and a running (F, Dv) state, inference only.  fq, fk = phi(q), phi(k)
-    with phi ``feature``: "none" (q, k are features already), "relu", "elu1" (elu(x) + 1), or "sima" (fq = the
-    l1-normalised q (``l1_eps``) over the prefix sums of |k| plus ``eps`` per feature, fk = k; unnormalised).
+    with phi ``feature``: "none" (q, k are features already), "relu", "elu1" (elu(x) + 1), "sima" (fq = the
+    l1-normalised q (``l1_eps``) over the prefix sums of |k| plus ``eps`` per feature, fk = k; unnormalised), or
+    "performer" (FAVOR+ as :func:`.linear.performer_features`, ``proj`` (F, D) its random features times D^(-1/4)).
     ``into``: added to that (B, H, T, Dv) tensor, returned.  None where the kernel does not apply: a gradient recorded
     (the chunked GEMMs and their backward run), F not a multiple of 16 up to 512, or :func:`fits`'s other conditions."""
-    if not _takes(q, k, v) or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v) or _kernel() is None:
+    f = q.shape[-1] if proj is None else proj.shape[0]
+    if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v):
         return None
     if into is not None and (into.shape != v.shape or into.dtype != v.dtype or into.stride(-1) != 1 or recording(into)):
         return None
+    if _kernel() is None:
+        return None
+    if feature == "performer":
+        if proj is None or proj.dtype != torch.float32 or proj.device.type != "cpu":
+            return None
+        proj = proj.contiguous()
     out = v.new_empty(v.shape) if into is None else into
-    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None)
+    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None, _no(proj))
     return out
+
+
+def _no(x: Tensor | None) -> Tensor:
+    return _NO_PROJ if x is None else x
 
 
 def hydra(q: Tensor, k: Tensor, v: Tensor, causal: bool, eps: float) -> Tensor | None:

@@ -560,7 +560,32 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 //   den = row sums of A + fq . z,
 //   out = (A V + fq S) / den;   then S += fk^T V and z += the block's fk, for the next block.
 // F a multiple of 16 (at most 512), Dv one of 16, 32, 48, 64, 128; any strides with the last one 1.
-enum Feature : int64_t { FEATURE_NONE = 0, FEATURE_RELU = 1, FEATURE_ELU1 = 2, FEATURE_SIMA = 3 };
+// FEATURE_PERFORMER: q, k (B, H, T, D) raw, proj (F, D) performer's random features scaled by D^(-1/4): per block,
+// logits = x proj^T (a tile product), fq = exp(logits - their row maximum - ln(F) / 2), fk = exp(logits - |x|^2 /
+// (2 sqrt(D)) - ln(F) / 2) (linear.performer_features).
+enum Feature : int64_t { FEATURE_NONE = 0, FEATURE_RELU = 1, FEATURE_ELU1 = 2, FEATURE_SIMA = 3, FEATURE_PERFORMER = 4 };
+
+// Performer's features of a block's 16 rows (transposed into xt: D x 16) into ft (F x 16, feature-major): the logits
+// as scores of proj's rows against the rows, minus the row's shift, exponentiated.
+void performer_block(const float* const* rows, int64_t D, const float* proj, int64_t F, bool query, float* xt, float* ft) {
+  transpose_rows(rows, D, 1.f, xt);
+  scores(proj, D, F, xt, D, ft);
+  const float half_log = 0.5f * std::log((float)F);
+  __m512 shift;
+  if (query) {
+    shift = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t f = 0; f < F; ++f) shift = _mm512_max_ps(shift, _mm512_loadu_ps(ft + f * MQ));
+  } else {
+    shift = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; ++d) {
+      const __m512 x = _mm512_loadu_ps(xt + d * MQ);
+      shift = _mm512_fmadd_ps(x, x, shift);
+    }
+    shift = _mm512_mul_ps(shift, _mm512_set1_ps(0.5f / std::sqrt((float)D)));
+  }
+  shift = _mm512_add_ps(shift, _mm512_set1_ps(half_log));
+  for (int64_t f = 0; f < F; ++f) _mm512_storeu_ps(ft + f * MQ, exp512(_mm512_sub_ps(_mm512_loadu_ps(ft + f * MQ), shift)));
+}
 
 // dst[0 .. F) = phi(src): relu; elu(x) + 1 (= x + 1 above 0, exp(x) below); or a copy.
 inline void map_row(const float* src, int64_t F, int64_t feature, float* dst) {
@@ -580,19 +605,25 @@ inline void map_row(const float* src, int64_t F, int64_t feature, float* dst) {
 inline float hsum(__m512 x) { return _mm512_reduce_add_ps(x); }
 
 void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, int64_t feature,
-                    bool normalize, double eps, double l1_eps, bool accumulate) {
+                    bool normalize, double eps, double l1_eps, bool accumulate, const at::Tensor& proj) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes() &&
                   v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "linear attention: shapes");
   check_layout("linear attention", {&q, &k, &v, &out});
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), F = q.size(3), DV = v.size(3);
+  TORCH_CHECK(feature >= FEATURE_NONE && feature <= FEATURE_PERFORMER, "linear attention: feature map");
+  const bool favor = feature == FEATURE_PERFORMER;
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), F = favor ? proj.size(0) : D, DV = v.size(3);
+  TORCH_CHECK(!favor || (proj.dim() == 2 && proj.size(1) == D && proj.is_contiguous() && proj.scalar_type() == at::kFloat &&
+                         D % 16 == 0 && D <= 512),
+              "linear attention: performer's projection (F, D) float32 contiguous, D a multiple of 16 up to 512");
   TORCH_CHECK(F % 16 == 0 && F > 0 && F <= 512, "linear attention: features a multiple of 16, at most 512");
   TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention: value head sizes 16, 32, 48, 64 or 128");
-  TORCH_CHECK(feature >= FEATURE_NONE && feature <= FEATURE_SIMA, "linear attention: feature map");
   if (T == 0 || B * H == 0) return;
   const View Q(q), K(k), V(v), O(out);
+  const float* W = favor ? proj.data_ptr<float>() : nullptr;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> S(F * DV), z(F), za(F), qb(MQ * F), kb(MQ * F), qt(F * MQ), sc(MQ * MQ);
+    std::vector<float> S(F * DV), z(F), za(F), qb(MQ * F), kb(MQ * F), qt(F * MQ), sc(MQ * MQ), xt(favor ? D * MQ : 0),
+        ft(favor ? F * MQ : 0);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / H, h = w % H;
       const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h);
@@ -602,7 +633,21 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       for (int64_t q0 = 0; q0 < T; q0 += MQ) {
         const int64_t m = std::min<int64_t>(MQ, T - q0);
         const float* vb = vh + q0 * V.s2;
-        for (int64_t r = 0; r < m; ++r) {  // the block's feature rows
+        if (favor) {  // fq feature-major into qt; fk transposed back into kb's rows
+          const float* rows[MQ];
+          for (int r = 0; r < MQ; ++r) rows[r] = qh + (q0 + (r < m ? r : 0)) * Q.s2;
+          performer_block(rows, D, W, F, true, xt.data(), qt.data());
+          for (int r = 0; r < MQ; ++r) rows[r] = kh + (q0 + (r < m ? r : 0)) * K.s2;
+          performer_block(rows, D, W, F, false, xt.data(), ft.data());
+          for (int64_t f0 = 0; f0 < F; f0 += 16) {
+            alignas(64) float tile[MQ * 16];
+            const float* frows[16];
+            for (int i = 0; i < 16; ++i) frows[i] = ft.data() + (f0 + i) * MQ;
+            transpose16(frows, 0, 1.f, tile);  // tile[r * 16 + i] = fk of row r, feature f0 + i
+            for (int64_t r = 0; r < m; ++r) std::copy(tile + r * 16, tile + r * 16 + 16, kb.data() + r * F + f0);
+          }
+        }
+        for (int64_t r = 0; r < m && !favor; ++r) {  // the block's feature rows
           const float *qr = qh + (q0 + r) * Q.s2, *kr = kh + (q0 + r) * K.s2;
           float *qd = qb.data() + r * F, *kd = kb.data() + r * F;
           if (feature == FEATURE_SIMA) {  // fq = (q / (|q|_1 + l1_eps)) / (sum_{j<=i} |k_j| + eps) per feature
@@ -622,9 +667,11 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
             map_row(kr, F, feature, kd);
           }
         }
-        const float* rows[MQ];  // (rows past m repeat row 0: finite, and never written)
-        for (int r = 0; r < MQ; ++r) rows[r] = qb.data() + (r < m ? r : 0) * F;
-        transpose_rows(rows, F, 1.f, qt.data());
+        if (!favor) {
+          const float* rows[MQ];  // (rows past m repeat row 0: finite, and never written)
+          for (int r = 0; r < MQ; ++r) rows[r] = qb.data() + (r < m ? r : 0) * F;
+          transpose_rows(rows, F, 1.f, qt.data());
+        }
         scores(kb.data(), F, m, qt.data(), F, sc.data());
         __m512 den = _mm512_setzero_ps();
         for (int64_t c = 0; c < m; ++c) {  // key c is seen by the queries r >= c
