@@ -251,6 +251,17 @@ class CosFormer(KernelType):
     def feature_dim(self, spec, head_dim):
         return 2 * head_dim  # [relu(x) cos, relu(x) sin]
 
+    def forward(self, q, k, v, spec, w):
+        """Inference on the CPU: the kernel maps each block's rows itself (no (B, H, T, 2D) feature tensors), from
+        the positions' cos and sin as torch computes them."""
+        if q.dtype == torch.float32:
+            angle = (math.pi / 2 / spec.param("M")) * torch.arange(q.shape[-2], device=q.device).to(q.dtype)
+            table = torch.stack((torch.cos(angle), torch.sin(angle)), dim=-1)  # (T, 2)
+            out = native.causal_linear(q, k, v, "cosformer", True, LINEAR_EPS, proj=table)
+            if out is not None:
+                return out
+        return super().forward(q, k, v, spec, w)
+
     def problems(self, spec, max_seq_len, heads):
         if spec.param("M") < max_seq_len:
             return [f"M={spec.param('M')} must be at least max_seq_len {max_seq_len} (the cosine weights turn negative beyond M)"]

@@ -220,7 +220,8 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor 
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 
-FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3, "performer": 4}  # the feature maps linear_forward applies itself
+# the feature maps linear_forward applies itself
+FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3, "performer": 4, "cosformer": 5}
 
 
 def causal_linear(
@@ -231,17 +232,18 @@ def causal_linear(
     else the numerator), by blocks of 16 tokens and a running (F, Dv) state, inference only.  fq, fk = phi(q), phi(k)
     with phi ``feature``: "none" (q, k are features already), "relu", "elu1" (elu(x) + 1), "sima" (fq = the
     l1-normalised q (``l1_eps``) over the prefix sums of |k| plus ``eps`` per feature, fk = k; unnormalised), or
-    "performer" (FAVOR+ as :func:`.linear.performer_features`, ``proj`` (F, D) its random features times D^(-1/4)).
+    "performer" (FAVOR+ as :func:`.linear.performer_features`, ``proj`` (F, D) its random features times D^(-1/4)), or
+    "cosformer" ([relu(x) cos a_i, relu(x) sin a_i], ``proj`` (T, 2) each position's cos and sin; F = 2D).
     ``into``: added to that (B, H, T, Dv) tensor, returned.  None where the kernel does not apply: a gradient recorded
     (the chunked GEMMs and their backward run), F not a multiple of 16 up to 512, or :func:`fits`'s other conditions."""
-    f = q.shape[-1] if proj is None else proj.shape[0]
+    f = 2 * q.shape[-1] if feature == "cosformer" else q.shape[-1] if proj is None else proj.shape[0]
     if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v):
         return None
     if into is not None and (into.shape != v.shape or into.dtype != v.dtype or into.stride(-1) != 1 or recording(into)):
         return None
     if _kernel() is None:
         return None
-    if feature == "performer":
+    if feature in ("performer", "cosformer"):
         if proj is None or proj.dtype != torch.float32 or proj.device.type != "cpu":
             return None
         proj = proj.contiguous()

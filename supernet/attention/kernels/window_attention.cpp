@@ -563,7 +563,11 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // FEATURE_PERFORMER: q, k (B, H, T, D) raw, proj (F, D) performer's random features scaled by D^(-1/4): per block,
 // logits = x proj^T (a tile product), fq = exp(logits - their row maximum - ln(F) / 2), fk = exp(logits - |x|^2 /
 // (2 sqrt(D)) - ln(F) / 2) (linear.performer_features).
-enum Feature : int64_t { FEATURE_NONE = 0, FEATURE_RELU = 1, FEATURE_ELU1 = 2, FEATURE_SIMA = 3, FEATURE_PERFORMER = 4 };
+// FEATURE_COSFORMER: q, k (B, H, T, D) raw, proj (T, 2) each position's (cos a_i, sin a_i): phi(x_i) = [relu(x_i) cos a_i,
+// relu(x_i) sin a_i], F = 2 D (linear.cosformer_features).
+enum Feature : int64_t {
+  FEATURE_NONE = 0, FEATURE_RELU = 1, FEATURE_ELU1 = 2, FEATURE_SIMA = 3, FEATURE_PERFORMER = 4, FEATURE_COSFORMER = 5
+};
 
 // Performer's features of a block's 16 rows (transposed into xt: D x 16) into ft (F x 16, feature-major): the logits
 // as scores of proj's rows against the rows, minus the row's shift, exponentiated.
@@ -610,9 +614,13 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                   v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "linear attention: shapes");
   check_layout("linear attention", {&q, &k, &v, &out});
-  TORCH_CHECK(feature >= FEATURE_NONE && feature <= FEATURE_PERFORMER, "linear attention: feature map");
-  const bool favor = feature == FEATURE_PERFORMER;
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), F = favor ? proj.size(0) : D, DV = v.size(3);
+  TORCH_CHECK(feature >= FEATURE_NONE && feature <= FEATURE_COSFORMER, "linear attention: feature map");
+  const bool favor = feature == FEATURE_PERFORMER, cosf = feature == FEATURE_COSFORMER;
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
+  const int64_t F = favor ? proj.size(0) : cosf ? 2 * D : D;
+  TORCH_CHECK(!cosf || (proj.dim() == 2 && proj.size(0) == T && proj.size(1) == 2 && proj.is_contiguous() &&
+                        proj.scalar_type() == at::kFloat),
+              "linear attention: cosformer's angles (T, 2) float32 contiguous");
   TORCH_CHECK(!favor || (proj.dim() == 2 && proj.size(1) == D && proj.is_contiguous() && proj.scalar_type() == at::kFloat &&
                          D % 16 == 0 && D <= 512),
               "linear attention: performer's projection (F, D) float32 contiguous, D a multiple of 16 up to 512");
@@ -620,7 +628,7 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention: value head sizes 16, 32, 48, 64 or 128");
   if (T == 0 || B * H == 0) return;
   const View Q(q), K(k), V(v), O(out);
-  const float* W = favor ? proj.data_ptr<float>() : nullptr;
+  const float* W = favor || cosf ? proj.data_ptr<float>() : nullptr;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> S(F * DV), z(F), za(F), qb(MQ * F), kb(MQ * F), qt(F * MQ), sc(MQ * MQ), xt(favor ? D * MQ : 0),
         ft(favor ? F * MQ : 0);
@@ -661,6 +669,15 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
             for (int64_t f = 0; f < F; f += 16) {
               const __m512 qn = _mm512_div_ps(_mm512_loadu_ps(qr + f), n);
               _mm512_storeu_ps(qd + f, _mm512_div_ps(qn, _mm512_add_ps(_mm512_loadu_ps(za.data() + f), _mm512_set1_ps((float)eps))));
+            }
+          } else if (cosf) {
+            const __m512 zero = _mm512_setzero_ps(), c = _mm512_set1_ps(W[(q0 + r) * 2]), sn = _mm512_set1_ps(W[(q0 + r) * 2 + 1]);
+            for (int64_t f = 0; f < D; f += 16) {
+              const __m512 a = _mm512_max_ps(_mm512_loadu_ps(qr + f), zero), e = _mm512_max_ps(_mm512_loadu_ps(kr + f), zero);
+              _mm512_storeu_ps(qd + f, _mm512_mul_ps(a, c));
+              _mm512_storeu_ps(qd + D + f, _mm512_mul_ps(a, sn));
+              _mm512_storeu_ps(kd + f, _mm512_mul_ps(e, c));
+              _mm512_storeu_ps(kd + D + f, _mm512_mul_ps(e, sn));
             }
           } else {
             map_row(qr, F, feature, qd);
