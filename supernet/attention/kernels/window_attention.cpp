@@ -363,7 +363,7 @@ struct Columns {
 // L; with `col` (strided), the block's column rows (at span row cr) join the softmax.
 void window_block(const Pattern& pat, const View& Q, const View& K, const View& V, const View& O, float* L, int64_t b,
                   int64_t h, int64_t H, int64_t blk, int64_t D, int64_t DV, float scale, float* st, float* qt,
-                  __mmask16* mask, const Columns* col, int64_t cr) {
+                  __mmask16* mask, const Columns* col, int64_t cr, const float* sk, const float* sv) {
   const int64_t T = pat.T;
   const Block bl(blk, pat, mask);
   const float* vh = V.head(b, h);
@@ -372,7 +372,8 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
   transpose_rows(rows, D, scale, qt);
   for (int s = 0; s < bl.nseg; ++s) {
     const Segment& g = bl.seg[s];
-    scores(K.head(b, h) + g.start * K.s2, K.s2 * g.step, g.count, qt, D, st + g.row * MQ);
+    if (g.kind == SUMMARY && sk) scores(sk, D, g.count, qt, D, st + g.row * MQ);  // gathered: rows S apart alias in cache
+    else scores(K.head(b, h) + g.start * K.s2, K.s2 * g.step, g.count, qt, D, st + g.row * MQ);
   }
   __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st + c * MQ));
@@ -409,8 +410,9 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
   float* ob = O.head(b, h) + bl.q0 * O.s2;
   for (int s = 0; s < bl.nseg; ++s) {
     const Segment& g = bl.seg[s];
-    product(st + g.row * MQ, 1, MQ, bl.m, g.count, vh + g.start * V.s2, V.s2 * g.step, inv, 1.f, s > 0, ob, O.s2, DV,
-            bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
+    const bool gathered = g.kind == SUMMARY && sv;
+    product(st + g.row * MQ, 1, MQ, bl.m, g.count, gathered ? sv : vh + g.start * V.s2, gathered ? DV : V.s2 * g.step, inv, 1.f,
+            s > 0, ob, O.s2, DV, bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
   }
   for (int64_t r = 0; col && r < bl.m; ++r) {
     if (cw[r] == 0.f) continue;  // no columns (or none that count): acc not written
@@ -457,14 +459,27 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     std::vector<float> st(most * MQ), qt(D * MQ);
     std::vector<__mmask16> mask(most);
     std::unique_ptr<Columns> col(columns ? new Columns(columns, T, DV) : nullptr);
+    // fixed: the summaries (keys S - 1, 2 S - 1, ...) of head `gathered` back to back, K's and V's
+    const bool summaries = blocks > 0 && step == 1;
+    std::vector<float> sk(summaries ? T / blocks * D : 0), sv(summaries ? T / blocks * DV : 0);
+    int64_t gathered = -1;
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / (H * tasks), h = (w / tasks) % H, sp = w % tasks, blk0 = sp * per;
+      if (summaries && gathered != b * H + h) {
+        gathered = b * H + h;
+        for (int64_t j = 0; j < T / blocks; ++j) {
+          const float *kr = K.head(b, h) + ((j + 1) * blocks - 1) * K.s2, *vr = V.head(b, h) + ((j + 1) * blocks - 1) * V.s2;
+          std::copy(kr, kr + D, sk.data() + j * D);
+          std::copy(vr, vr + DV, sv.data() + j * DV);
+        }
+      }
       if (col) col->run(Q.head(b, h), Q.s2, K.head(b, h), K.s2, V.head(b, h), V.s2, T, D, DV, sp, scale, qt.data());
       for (int64_t r = 0; r < streams; ++r) {
         const Pattern& pat = pats[r];
         const View Qr = stream(q, r), Kr = stream(k, r), Vr = stream(v, r), Or = stream(out, r);
         for (int64_t blk = blk0; blk < std::min((pat.T + MQ - 1) / MQ, blk0 + per); ++blk) {
-          window_block(pat, Qr, Kr, Vr, Or, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ);
+          window_block(pat, Qr, Kr, Vr, Or, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ,
+                       summaries ? sk.data() : nullptr, summaries ? sv.data() : nullptr);
         }
       }
     }
