@@ -172,8 +172,8 @@ def test_head_sizes_and_peaked_scores(d, dv, calls):
 
 @pytest.mark.parametrize(
     "window",
-    [native.Window(63, 0), native.Window(15, 0, columns=16), native.Window(20, 20, step=4)],
-    ids=["local", "strided", "dilated"],
+    [native.Window(63, 0), native.Window(15, 0, columns=16), native.Window(20, 20, step=4), native.Window(31, 0, blocks=32)],
+    ids=["local", "strided", "dilated", "fixed"],
 )
 def test_threads_split_the_blocks_without_changing_a_bit(window):
     if not native.status()[0]:
