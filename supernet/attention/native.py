@@ -1,6 +1,6 @@
 """Compiled CPU kernels (``kernels/window_attention.cpp``): a fused sliding-window attention, forward and backward;
 the linear family's causal forward (:func:`causal_linear`); a depthwise convolution along the tokens
-(:func:`depthwise_conv`).
+(:func:`depthwise_conv`); hydra in one pass (:func:`hydra`).
 
 The block engine (:mod:`.blocks`) runs a window as batched GEMMs and a softmax over a scores buffer;
 at 4k tokens, one thread, that is about 10x faster than causal SDPA where local:64 does 32x fewer
@@ -9,10 +9,10 @@ registers (no scores buffer in memory), skipping the products the window masks o
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
 does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
 the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
-dilated:W:D (inference: one residue stream at a time, read and written in place), bigbird:W:G:R's causal form
-(each block's R picked blocks are further key segments; W a multiple of 16, R <= 8), fixed:S (the summaries a
-segment of keys S apart; S a multiple of 16) and strided:S's inference (each query's column keys scored lane by
-lane; S a multiple of 16) when:
+dilated:W:D (inference: its residue streams read and written in place, ``Window.step``), bigbird:W:G:R's causal
+form (each block's R picked blocks are further key segments; W a multiple of 16, R <= 8), fixed:S (the summaries a
+segment of keys S apart; S a multiple of 16) and strided:S's inference (any S: the columns as causal attention
+within each residue stream, merged into the window's softmax) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
@@ -20,8 +20,9 @@ lane; S a multiple of 16) when:
 Otherwise the engine runs, with the same result to float rounding (tests/test_native_kernels.py).
 
 The linear family (linear, relu-linear, cosformer, performer, sima, msla) runs its causal inference on the CPU
-through :func:`causal_linear`: blocks of 16 tokens in order with a running (F, Dv) state, the elementwise feature maps
-(relu, elu + 1, sima's normalised queries) applied to each block's rows in cache, so that no feature tensor is written;
+through :func:`causal_linear`: blocks of 16 tokens in order with a running (F, Dv) state, the feature maps (relu,
+elu + 1, sima's normalised queries, cosformer's cos/sin weighting, performer's FAVOR+ features) applied to each
+block's rows in cache, so that no feature tensor is written;
 msla's, lsra's and convmod's convolutions through :func:`depthwise_conv`, in the (B, H, T, D) layout.  With a gradient
 recorded the torch code (chunked GEMMs, grouped conv1d) runs, as it does off float32 or where F is not a multiple of
 16 (tests/test_native_linear.py).
