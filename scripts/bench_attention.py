@@ -4,7 +4,8 @@
     python scripts/bench_attention.py --types softmax,local:64 --lengths 4096 --modes fwd,fwdbwd
     python scripts/bench_attention.py --form bidirectional   # the encoder forms (every type that has one)
 
-For each cell it records the median time over ``--reps`` runs (after a warm-up), the useful
+For each cell it records the median time over ``--reps`` runs (after a warm-up; the types of one length, mode and
+scope interleaved, one run of each per round, so that the host's drift touches them alike), the useful
 TFLOP/s (softmax family: 4*D FLOPs per allowed (query, key) pair per head; linear family:
 4*F*D per token per head, F the feature size; backward counted as 2.5x forward), the GB/s of
 the unavoidable traffic (read q, k, v, write out; backward: also their gradients), and the
@@ -165,23 +166,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_it(run, device: torch.device, reps: int, max_seconds: float) -> tuple[list[float], float] | None:
-    """One warm-up run that also measures peak memory, then ``reps`` timed runs (ms).
-
-    None if the warm-up alone took longer than ``max_seconds``."""
+def warm_up(run, device: torch.device, max_seconds: float) -> float | None:
+    """One untimed run that measures the peak memory (MB); None if it alone took longer than ``max_seconds``."""
     start = time.perf_counter()
     with PeakMemory(device) as peak:
         run()
-    if time.perf_counter() - start > max_seconds:
-        return None
-    times = []
-    for _ in range(reps):
-        _sync(device)
-        start = time.perf_counter()
-        run()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return times, peak.mb
+    return None if time.perf_counter() - start > max_seconds else peak.mb
+
+
+def timed(run, device: torch.device) -> float:
+    """One run (ms)."""
+    _sync(device)
+    start = time.perf_counter()
+    run()
+    _sync(device)
+    return (time.perf_counter() - start) * 1e3
 
 
 def attention_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtype, backward: bool, gen, causal=True):
@@ -239,6 +238,9 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
 
 
 def run_bench(args, progress=None) -> list[Row]:
+    """Every (scope, device, mode, length) group: each type's case is built and warmed up, then the ``--reps`` timed
+    runs go in rounds, one run of every type per round, so that a drift of the host (its load, its clock) touches
+    every type alike and the ratios between them hold (a type measured minutes after softmax would not)."""
     specs = [parse_attention(s) for s in args.types.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
@@ -248,42 +250,57 @@ def run_bench(args, progress=None) -> list[Row]:
         for device_name in args.devices.split(","):
             device = torch.device(device_name)
             for mode in args.modes.split(","):
-                for spec in specs:
-                    too_slow = False
-                    for t in lengths:
-                        row = Row(scope, device_name, args.dtype, str(spec), t, b, h, d, mode, "skipped")
-                        rows.append(row)
-                        if not too_slow:
-                            measure_cell(row, spec, device, dtype, args)
-                            too_slow = row.status != "ok"
-                        if progress:
-                            progress(f"{scope} {device_name} {mode} {spec} T={t}: {row.status}")
+                too_slow: set[str] = set()  # a type whose warm-up ran past --max-seconds: its longer lengths skipped
+                for t in lengths:
+                    group = [Row(scope, device_name, args.dtype, str(spec), t, b, h, d, mode, "skipped") for spec in specs]
+                    rows.extend(group)
+                    live = [(row, spec) for row, spec in zip(group, specs) if str(spec) not in too_slow]
+                    where = f"{scope} {device_name} {mode} T={t}"
+                    note = None if progress is None else lambda text, where=where: progress(f"{where}: {text}", 0)
+                    measure_group(live, device, dtype, args, note)
+                    too_slow.update(row.type for row, _ in live if row.status != "ok")
+                    if progress:
+                        for row in group:
+                            progress(f"{scope} {device_name} {mode} {row.type} T={t}: {row.status}")
     return rows
 
 
-def measure_cell(row: Row, spec: AttentionSpec, device: torch.device, dtype: torch.dtype, args) -> None:
-    """Fill ``row`` with the timings, throughput and peak memory of one cell (or mark it skipped / oom)."""
-    b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
-    make = attention_case if row.scope == "attention" else block_case
+def measure_group(cells: list[tuple[Row, AttentionSpec]], device: torch.device, dtype: torch.dtype, args, note=None) -> None:
+    """Fill each row with its timings, throughput and peak memory (or mark it skipped / oom): build and warm up every
+    cell's case, then ``args.reps`` rounds of one timed run per cell.  ``note(text)``: what it is doing now."""
+    make = {"attention": attention_case, "block": block_case}
     causal = args.form == "causal"
-    try:
-        case = make(spec, b, h, t, d, device, dtype, backward, torch.Generator().manual_seed(t), causal)
-        result = time_it(case, device, args.reps, args.max_seconds)
-    except torch.OutOfMemoryError:
-        row.status = "oom"
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        return
-    if result is None:
-        return  # stays "skipped": the warm-up alone took longer than --max-seconds
-    times, peak = result
-    row.status, row.reps = "ok", len(times)
-    row.ms, row.ms_min, row.peak_mb = statistics.median(times), min(times), peak
-    flops = (attention_flops if row.scope == "attention" else block_flops)(spec, b, h, t, d, backward, causal)
-    row.tflops = flops / (row.ms * 1e-3) / 1e12
-    if row.scope == "attention":
-        itemsize = torch.finfo(dtype).bits // 8
-        row.gbps = attention_bytes(b, h, sum(kv_heads(spec, h)), t, d, itemsize, backward) / (row.ms * 1e-3) / 1e9
+    cases = []
+    for row, spec in cells:
+        backward = row.mode == "fwdbwd"
+        if note:
+            note(f"warm-up {row.type}")
+        try:
+            gen = torch.Generator().manual_seed(row.seq_len)
+            case = make[row.scope](spec, row.batch, row.heads, row.seq_len, row.head_dim, device, dtype, backward, gen, causal)
+            peak = warm_up(case, device, args.max_seconds)
+        except torch.OutOfMemoryError:
+            row.status = "oom"
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        if peak is not None:  # else it stays "skipped": the warm-up alone took longer than --max-seconds
+            row.peak_mb = peak
+            cases.append((row, spec, case, []))
+    for r in range(args.reps):
+        if note:
+            note(f"round {r + 1}/{args.reps} of {len(cases)} types")
+        for _, _, case, times in cases:
+            times.append(timed(case, device))
+    for row, spec, _, times in cases:
+        b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
+        row.status, row.reps = "ok", len(times)
+        row.ms, row.ms_min = statistics.median(times), min(times)
+        flops = (attention_flops if row.scope == "attention" else block_flops)(spec, b, h, t, d, backward, causal)
+        row.tflops = flops / (row.ms * 1e-3) / 1e12
+        if row.scope == "attention":
+            itemsize = torch.finfo(dtype).bits // 8
+            row.gbps = attention_bytes(b, h, sum(kv_heads(spec, h)), t, d, itemsize, backward) / (row.ms * 1e-3) / 1e9
 
 
 def fmt_load(load) -> str:
@@ -480,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     bar = tqdm(total=n_cells, unit="cell", dynamic_ncols=True)
 
-    def progress(label: str) -> None:  # called after each cell
+    def progress(label: str, cells: int = 1) -> None:  # cells done (0: a note on the work under way)
         bar.set_postfix_str(label)
-        bar.update(1)
+        bar.update(cells)
 
     used, why = native.status()  # builds it now (once, cached), not inside a timed cell
     kernel = "in use" if used and args.native == "on" else f"not used ({'--native off' if used else why})"

@@ -209,6 +209,38 @@ def test_bench_attention_target_lines():
     assert bench.sdpa_share(rows, rows[1]) == pytest.approx(rows[1].tflops / rows[0].tflops)
 
 
+def test_bench_attention_interleaves_the_types_and_skips_what_is_too_slow(monkeypatch):
+    """The timed runs of one length go in rounds, one of every type per round (so that a drift of the host touches
+    every type alike); a type whose warm-up runs past --max-seconds is skipped at that length and every longer one."""
+    bench = _script("bench_attention")
+    order: list[str] = []  # the type of each timed run
+    current = [""]  # the type whose run ran last
+    make = bench.attention_case
+
+    def case(spec, *args):
+        run = make(spec, *args)
+
+        def tagged():
+            current[0] = str(spec)
+            run()
+
+        return tagged
+
+    monkeypatch.setattr(bench, "attention_case", case)
+    monkeypatch.setattr(bench, "timed", lambda run, device: (run(), order.append(current[0]), 1.0)[2])
+    args = bench.argparse.Namespace(types="softmax,local:8,linear", lengths="16,32", devices="cpu", modes="fwd",
+                                    scopes="attention", dtype="fp32", batch=1, heads=2, head_dim=8, reps=3,
+                                    max_seconds=60.0, form="causal")  # fmt: skip
+    rows = bench.run_bench(args)
+    assert [r.status for r in rows] == ["ok"] * 6 and all(r.reps == 3 for r in rows)
+    assert order == ["softmax", "local:8", "linear"] * 6  # 3 rounds at T=16, then 3 at T=32
+    warmed: list[str] = []
+    monkeypatch.setattr(bench, "warm_up", lambda run, device, limit: (run(), warmed.append(current[0]), None)[2])
+    order.clear()
+    rows = bench.run_bench(args)  # every warm-up "too slow": T=16 skipped, T=32 not even warmed up
+    assert [r.status for r in rows] == ["skipped"] * 6 and warmed == ["softmax", "local:8", "linear"] and order == []
+
+
 def test_bench_onnx_attention_runs_and_checks_parity(capsys):
     bench = _script("bench_onnx_attention")
     assert bench.main(["--types", "softmax,local:64,linear", "--length", "96", "--heads", "2", "--head-dim", "8",
