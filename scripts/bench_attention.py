@@ -4,8 +4,9 @@
     python scripts/bench_attention.py --types softmax,local:64 --lengths 4096 --modes fwd,fwdbwd
     python scripts/bench_attention.py --form bidirectional   # the encoder forms (every type that has one)
 
-For each cell it records the median time over ``--reps`` runs (after a warm-up; the types of one length, mode and
-scope interleaved, one run of each per round, so that the host's drift touches them alike), the useful
+For each cell it records the median time over ``--reps`` runs (after a warm-up; ``--order rounds``, the default: the
+types of one length, mode and scope interleaved, one timed run of each per round after an untimed one of its own, so
+that the host's drift touches them alike; ``--order cells``: each type's runs back to back), the useful
 TFLOP/s (softmax family: 4*D FLOPs per allowed (query, key) pair per head; linear family:
 4*F*D per token per head, F the feature size; backward counted as 2.5x forward), the GB/s of
 the unavoidable traffic (read q, k, v, write out; backward: also their gradients), and the
@@ -267,7 +268,8 @@ def run_bench(args, progress=None) -> list[Row]:
 
 def measure_group(cells: list[tuple[Row, AttentionSpec]], device: torch.device, dtype: torch.dtype, args, note=None) -> None:
     """Fill each row with its timings, throughput and peak memory (or mark it skipped / oom): build and warm up every
-    cell's case, then ``args.reps`` rounds of one timed run per cell.  ``note(text)``: what it is doing now."""
+    cell's case, then ``args.reps`` rounds of one timed run per cell (``args.order`` "cells": each cell's runs back to
+    back instead).  ``note(text)``: what it is doing now."""
     make = {"attention": attention_case, "block": block_case}
     causal = args.form == "causal"
     cases = []
@@ -287,11 +289,18 @@ def measure_group(cells: list[tuple[Row, AttentionSpec]], device: torch.device, 
         if peak is not None:  # else it stays "skipped": the warm-up alone took longer than --max-seconds
             row.peak_mb = peak
             cases.append((row, spec, case, []))
-    for r in range(args.reps):
-        if note:
-            note(f"round {r + 1}/{args.reps} of {len(cases)} types")
-        for _, _, case, times in cases:
-            times.append(timed(case, device))
+    if args.order == "cells":  # each type's runs back to back, one type after the other
+        for row, _, case, times in cases:
+            if note:
+                note(f"{args.reps} runs of {row.type}")
+            times.extend(timed(case, device) for _ in range(args.reps))
+    else:
+        for r in range(args.reps):
+            if note:
+                note(f"round {r + 1}/{args.reps} of {len(cases)} types")
+            for _, _, case, times in cases:
+                case()  # untimed: after another type's run the allocator and caches hold that type's state, not this one's
+                times.append(timed(case, device))
     for row, spec, _, times in cases:
         b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
         row.status, row.reps = "ok", len(times)
@@ -460,6 +469,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument(
+        "--order",
+        choices=("rounds", "cells"),
+        default="rounds",
+        help="rounds: one run of every type per round, each after an untimed run of its own (a drift of the host "
+        "touches every type alike); cells: each type's runs back to back (its own steady state)",
+    )
     p.add_argument(
         "--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer"
     )

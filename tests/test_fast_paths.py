@@ -211,7 +211,8 @@ def test_bench_attention_target_lines():
 
 def test_bench_attention_interleaves_the_types_and_skips_what_is_too_slow(monkeypatch):
     """The timed runs of one length go in rounds, one of every type per round (so that a drift of the host touches
-    every type alike); a type whose warm-up runs past --max-seconds is skipped at that length and every longer one."""
+    every type alike), or (--order cells) each type's back to back; a type whose warm-up runs past --max-seconds is
+    skipped at that length and every longer one."""
     bench = _script("bench_attention")
     order: list[str] = []  # the type of each timed run
     current = [""]  # the type whose run ran last
@@ -230,10 +231,15 @@ def test_bench_attention_interleaves_the_types_and_skips_what_is_too_slow(monkey
     monkeypatch.setattr(bench, "timed", lambda run, device: (run(), order.append(current[0]), 1.0)[2])
     args = bench.argparse.Namespace(types="softmax,local:8,linear", lengths="16,32", devices="cpu", modes="fwd",
                                     scopes="attention", dtype="fp32", batch=1, heads=2, head_dim=8, reps=3,
-                                    max_seconds=60.0, form="causal")  # fmt: skip
+                                    max_seconds=60.0, form="causal", order="rounds")  # fmt: skip
     rows = bench.run_bench(args)
     assert [r.status for r in rows] == ["ok"] * 6 and all(r.reps == 3 for r in rows)
     assert order == ["softmax", "local:8", "linear"] * 6  # 3 rounds at T=16, then 3 at T=32
+    order.clear()
+    args.order = "cells"
+    bench.run_bench(args)
+    assert order == [kind for kind in ("softmax", "local:8", "linear") for _ in range(3)] * 2  # back to back
+    args.order = "rounds"
     warmed: list[str] = []
     monkeypatch.setattr(bench, "warm_up", lambda run, device, limit: (run(), warmed.append(current[0]), None)[2])
     order.clear()
