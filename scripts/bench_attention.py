@@ -5,8 +5,8 @@
     python scripts/bench_attention.py --form bidirectional   # the encoder forms (every type that has one)
 
 For each cell it records the median time over ``--reps`` runs (after a warm-up; ``--order rounds``, the default: the
-types of one length, mode and scope interleaved, one timed run of each per round after an untimed one of its own, so
-that the host's drift touches them alike; ``--order cells``: each type's runs back to back), the useful
+types of one length, mode and scope interleaved, one timed run of each per round after ``SETTLE`` untimed ones of its
+own, so that the host's drift touches them alike; ``--order cells``: each type's runs back to back), the useful
 TFLOP/s (softmax family: 4*D FLOPs per allowed (query, key) pair per head; linear family:
 4*F*D per token per head, F the feature size; backward counted as 2.5x forward), the GB/s of
 the unavoidable traffic (read q, k, v, write out; backward: also their gradients), and the
@@ -167,6 +167,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+# Untimed runs of a type before each of its timed runs in a round: another type's run leaves its aftermath (the
+# allocator's and the caches' state) for a few runs.  Measured (4k, one thread, load ~0.7): local:64 right after a
+# softmax run 12.1 ms, after one run of its own 12.0, after three 10.0, back to back 9.3.
+SETTLE = 3
+
+
 def warm_up(run, device: torch.device, max_seconds: float) -> float | None:
     """One untimed run that measures the peak memory (MB); None if it alone took longer than ``max_seconds``."""
     start = time.perf_counter()
@@ -299,7 +305,8 @@ def measure_group(cells: list[tuple[Row, AttentionSpec]], device: torch.device, 
             if note:
                 note(f"round {r + 1}/{args.reps} of {len(cases)} types")
             for _, _, case, times in cases:
-                case()  # untimed: after another type's run the allocator and caches hold that type's state, not this one's
+                for _ in range(SETTLE):
+                    case()
                 times.append(timed(case, device))
     for row, spec, _, times in cases:
         b, h, t, d, backward = row.batch, row.heads, row.seq_len, row.head_dim, row.mode == "fwdbwd"
@@ -473,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         "--order",
         choices=("rounds", "cells"),
         default="rounds",
-        help="rounds: one run of every type per round, each after an untimed run of its own (a drift of the host "
-        "touches every type alike); cells: each type's runs back to back (its own steady state)",
+        help="rounds: one timed run of every type per round, each after SETTLE untimed runs of its own (a drift of the "
+        "host touches every type alike); cells: each type's runs back to back (its own steady state, one type after "
+        "the other)",
     )
     p.add_argument(
         "--max-seconds", type=float, default=30.0, help="skip a cell (and its longer lengths) whose warm-up run takes longer"
