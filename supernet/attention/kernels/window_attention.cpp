@@ -367,6 +367,13 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
   const int64_t T = pat.T;
   const Block bl(blk, pat, mask);
   const float* vh = V.head(b, h);
+  if (K.s2 != D || V.s2 != DV) {  // rows apart (dilated's streams, projection views): the rows the next block adds, into L2
+    const int64_t first = std::min(T, bl.kstart + bl.cn), last = std::min(T, first + MQ);
+    for (int64_t j = first; j < last; ++j) {
+      for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char*)(K.head(b, h) + j * K.s2 + d), _MM_HINT_T1);
+      for (int64_t d = 0; d < DV; d += 16) _mm_prefetch((const char*)(vh + j * V.s2 + d), _MM_HINT_T1);
+    }
+  }
   const float* rows[MQ];
   block_rows(Q.head(b, h), Q.s2, bl, rows);
   transpose_rows(rows, D, scale, qt);
