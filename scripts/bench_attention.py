@@ -247,7 +247,8 @@ def block_case(spec: AttentionSpec, b: int, h: int, t: int, d: int, device, dtyp
 def run_bench(args, progress=None) -> list[Row]:
     """Every (scope, device, mode, length) group: each type's case is built and warmed up, then the ``--reps`` timed
     runs go in rounds, one run of every type per round, so that a drift of the host (its load, its clock) touches
-    every type alike and the ratios between them hold (a type measured minutes after softmax would not)."""
+    every type alike and the ratios between them hold (a type measured minutes after softmax would not); or, with
+    ``--order cells``, each type's runs back to back (:func:`measure_group`)."""
     specs = [parse_attention(s) for s in args.types.split(",")]
     lengths = [int(x) for x in args.lengths.split(",")]
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]

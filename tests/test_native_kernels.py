@@ -105,8 +105,8 @@ def test_segments_equal_reference(spec, calls):
 
 @pytest.mark.parametrize("spec", ["strided:1", "strided:7", "strided:16", "strided:40", "strided:64"])
 def test_strided_inference_equals_reference(spec, calls):
-    """strided:S at inference: the S-window, then causal attention within each residue stream (the column keys
-    i - S, i - 2S, ...) merged in by log-sum-exp; lengths up to 600 (up to 599 columns at S = 1: ragged streams, blocks
+    """strided:S at inference: the S-window, and causal attention within each residue stream (the column keys
+    i - S, i - 2S, ...) joined into its softmax; lengths up to 600 (up to 599 columns at S = 1: ragged streams, blocks
     of 16 stream queries on and off).  With a gradient recorded the block engine runs (the columns have no backward in
     the kernel), with the reference's gradients."""
     if not native.status()[0]:

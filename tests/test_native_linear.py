@@ -11,18 +11,13 @@ import torch
 from search_spaces import parse_attention
 from supernet.attention import attend, attend_reference, native
 from supernet.attention.registry import get
+from tests.test_native_kernels import projected
 
 LINEAR = ["linear", "relu-linear", "cosformer:300", "performer:64", "performer:32", "sima", "msla:3", "msla:5"]
 CONVS = ["lsra:4", "convmod:3"]
 LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
 
 pytestmark = pytest.mark.skipif(not native.status()[0], reason=f"the compiled kernels are not used: {native.status()[1]}")
-
-
-def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
-    """q, k, v as the model makes them: (B, H, T, D) views of one (B, T, 3, H, D) projection (not contiguous)."""
-    x = torch.randn(b, t, 3, h, d, generator=torch.Generator().manual_seed(seed)) * scale
-    return [x[:, :, i].transpose(1, 2) for i in range(3)]
 
 
 def weights(spec, heads: int, d: int, seed: int = 0):

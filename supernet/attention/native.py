@@ -179,7 +179,7 @@ class Window:
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
     ``columns`` (strided:S, alone, with before < S and after 0; inference only: no backward): also the keys i - S,
-    i - 2S, ... (causal attention within each residue stream, merged with the window's by log-sum-exp).  ``step``
+    i - 2S, ... (causal attention within each residue stream, joined into the window's softmax).  ``step``
     (dilated:W:D, inference only): the pattern on each residue stream i = r, r + step, ... alone (before and after
     count the stream's rows)."""
 
@@ -249,12 +249,9 @@ def causal_linear(
             return None
         proj = proj.contiguous()
     out = v.new_empty(v.shape) if into is None else into
-    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None, _no(proj))
+    proj = _NO_PROJ if proj is None else proj
+    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None, proj)
     return out
-
-
-def _no(x: Tensor | None) -> Tensor:
-    return _NO_PROJ if x is None else x
 
 
 def hydra(q: Tensor, k: Tensor, v: Tensor, causal: bool, eps: float) -> Tensor | None:

@@ -1,7 +1,8 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
-// fast path of local:W, dilated:W:D (one residue stream at a time), longformer:W:G, bigbird:W:G:R's causal
-// form, fixed:S and strided:S's forward (its columns: Columns); and, further down, the linear family's causal
-// forward (linear_forward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by supernet/attention/native.py.
+// fast path of local:W, dilated:W:D (its residue streams, forward), longformer:W:G, bigbird:W:G:R's causal form,
+// fixed:S, and strided:S's forward (its columns: Columns); and, further down, the linear family's causal forward
+// (linear_forward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by
+// supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
 // (before, after) = (W-1, 0), its bidirectional form (W-1, W-1); also the first G keys where j <= i + gaft
@@ -249,6 +250,23 @@ struct Block {
   int64_t band_hi(const Segment& g, int32_t aft) const { return g.kind == WINDOW && !overlap ? q0 - kstart + aft : WIDE; }
 };
 
+// The softmax numerators of n rows of scores (16 lanes each), in place: per lane the maximum over the rows its mask
+// lets it see (lanes outside `live`, past the sequence: 0, not -inf), then ST[c] = exp(ST[c] - max) where seen, else
+// 0.  Returns the lanes' sums; `mx` gets the maxima.
+__m512 masked_exp(float* st, const __mmask16* mask, int64_t n, __mmask16 live, __m512& mx) {
+  mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t c = 0; c < n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st + c * MQ));
+  mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, mx);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; ++c) {
+    float* row = st + c * MQ;
+    const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
+    _mm512_storeu_ps(row, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return sum;
+}
+
 // The 16 query rows of a block (rows past m repeat row 0: finite, and masked out)
 void block_rows(const float* x, int64_t ld, const Block& bl, const float** rows) {
   for (int r = 0; r < MQ; ++r) rows[r] = x + (bl.q0 + (r < bl.m ? r : 0)) * ld;
@@ -335,19 +353,9 @@ struct Columns {
       scores(kh + c * ldk, ldk * C, kn, qt, D, st.data());
       const __mmask16 live = (__mmask16)(m >= 16 ? 0xFFFFu : ((1u << m) - 1u));
       const __m512i seen = _mm512_add_epi32(lane, _mm512_set1_epi32((int32_t)s0));  // lane r: keys j < s0 + r
-      __m512 top = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-      for (int64_t j = 0; j < kn; ++j) {
-        mask[j] = _mm512_cmpgt_epi32_mask(seen, _mm512_set1_epi32((int32_t)j)) & live;
-        top = _mm512_mask_max_ps(top, mask[j], top, _mm512_loadu_ps(st.data() + j * MQ));
-      }
-      top = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, top);
-      __m512 total = _mm512_setzero_ps();
-      for (int64_t j = 0; j < kn; ++j) {
-        float* row = st.data() + j * MQ;
-        const __m512 e = _mm512_maskz_mov_ps(mask[j], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), top)));
-        _mm512_storeu_ps(row, e);
-        total = _mm512_add_ps(total, e);
-      }
+      for (int64_t j = 0; j < kn; ++j) mask[j] = _mm512_cmpgt_epi32_mask(seen, _mm512_set1_epi32((int32_t)j)) & live;
+      __m512 top;
+      const __m512 total = masked_exp(st.data(), mask.data(), kn, live, top);
       const int64_t row0 = c + s0 * C - t0;  // the span row of stream query s0; the next ones C rows apart
       product(st.data(), 1, MQ, m, kn, vh + c * ldv, ldv * C, nullptr, 1.f, false, acc.data() + row0 * DV, C * DV, DV,
               -WIDE, s0 - 1);
@@ -382,16 +390,8 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
     if (g.kind == SUMMARY && sk) scores(sk, D, g.count, qt, D, st + g.row * MQ);  // gathered: rows S apart alias in cache
     else scores(K.head(b, h) + g.start * K.s2, K.s2 * g.step, g.count, qt, D, st + g.row * MQ);
   }
-  __m512 mx = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t c = 0; c < bl.n; ++c) mx = _mm512_mask_max_ps(mx, mask[c], mx, _mm512_loadu_ps(st + c * MQ));
-  mx = _mm512_mask_mov_ps(_mm512_setzero_ps(), bl.live, mx);  // dead lanes (past T): 0, not -inf
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t c = 0; c < bl.n; ++c) {
-    float* row = st + c * MQ;
-    const __m512 e = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(row), mx)));
-    _mm512_storeu_ps(row, e);
-    sum = _mm512_add_ps(sum, e);
-  }
+  __m512 mx;
+  __m512 sum = masked_exp(st, mask, bl.n, bl.live, mx);
   alignas(64) float inv[MQ], cw[MQ], lse_[MQ], mxv[MQ], sums[MQ];
   __m512 whole = mx;  // the row's maximum over window and columns
   if (col) {  // rows past T: mx and sum 0 (finite), weight 0
@@ -779,6 +779,14 @@ inline __m512 l2_scale(const float* x, int64_t D, float eps) {
   return _mm512_set1_ps(1.f / std::max(std::sqrt(_mm512_reduce_add_ps(sq)), eps));
 }
 
+// s += n(k_t) * v_t per channel
+inline void add_kv(float* s, const float* kt, const float* vt, int64_t D, float eps) {
+  const __m512 n = l2_scale(kt, D, eps);
+  for (int64_t d = 0; d < D; d += 16) {
+    _mm512_store_ps(s + d, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(kt + d), n), _mm512_loadu_ps(vt + d), _mm512_load_ps(s + d)));
+  }
+}
+
 void hydra_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, bool causal, double eps) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes() && out.sizes() == q.sizes() &&
                   q.size(3) % 16 == 0 && q.size(3) <= 512,
@@ -794,23 +802,9 @@ void hydra_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
       const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h);
       float* oh = O.head(b, h);
       std::fill(s, s + D, 0.f);
-      if (!causal) {
-        for (int64_t t = 0; t < T; ++t) {
-          const float *kt = kh + t * K.s2, *vt = vh + t * V.s2;
-          const __m512 n = l2_scale(kt, D, e);
-          for (int64_t d = 0; d < D; d += 16) {
-            _mm512_store_ps(s + d, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(kt + d), n), _mm512_loadu_ps(vt + d), _mm512_load_ps(s + d)));
-          }
-        }
-      }
+      for (int64_t t = 0; t < T && !causal; ++t) add_kv(s, kh + t * K.s2, vh + t * V.s2, D, e);  // every token first
       for (int64_t t = 0; t < T; ++t) {
-        if (causal) {
-          const float *kt = kh + t * K.s2, *vt = vh + t * V.s2;
-          const __m512 n = l2_scale(kt, D, e);
-          for (int64_t d = 0; d < D; d += 16) {
-            _mm512_store_ps(s + d, _mm512_fmadd_ps(_mm512_mul_ps(_mm512_loadu_ps(kt + d), n), _mm512_loadu_ps(vt + d), _mm512_load_ps(s + d)));
-          }
-        }
+        if (causal) add_kv(s, kh + t * K.s2, vh + t * V.s2, D, e);  // the tokens so far
         const float* qt = qh + t * Q.s2;
         const __m512 n = _mm512_div_ps(l2_scale(qt, D, e), _mm512_set1_ps((float)(causal ? t + 1 : T)));
         float* ot = oh + t * O.s2;
