@@ -190,6 +190,33 @@ def test_threads_split_the_blocks_without_changing_a_bit(window):
     assert torch.equal(one, two)
 
 
+@pytest.mark.parametrize(
+    "window", [native.Window(63, 0), native.Window(63, 0, step=4)], ids=["local", "dilated"]
+)
+def test_outputs_past_l2_stream_with_the_same_numbers(window):
+    """An output of 2 MB or more is written with streaming stores where a block's rows are 64-byte aligned, with
+    ordinary stores where they are not (a view 4 floats into a wider tensor): the same numbers either way, and
+    the reference's, forward and (dq streamed) gradients."""
+    if not native.status()[0]:
+        pytest.skip(native.status()[1])
+    q, k, v = (x.contiguous() for x in projected(1, 4, 2048, 64, seed=5))  # out: 4 * 2048 * 64 floats = 2 MB
+    want = attend_reference(q, k, v, parse_attention("dilated:64:4" if window.step > 1 else "local:64"))
+    with torch.no_grad():
+        whole = native.window_attention(q, k, v, window)
+        wide = torch.zeros(1, 4, 2048, 128)  # rows 512 bytes apart
+        for at in (16, 4):  # 64-byte aligned, and not
+            into = wide[..., at : at + 64]
+            native.window_into(into, q, k, v, window)
+            assert torch.equal(into, whole), at
+    assert (whole - want).abs().max().item() <= 1e-5
+    if window.step == 1:
+        x = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        grad_out = torch.randn(whole.shape, generator=torch.Generator().manual_seed(6))
+        got = torch.autograd.grad(native.window_attention(*x, window), x, grad_out)
+        ref = torch.autograd.grad(attend_reference(*x, parse_attention("local:64")), x, grad_out)
+        assert max((a - b).abs().max().item() for a, b in zip(got, ref)) <= 1e-4
+
+
 def test_columns_and_steps_are_refused_where_they_do_not_hold():
     """The kernel's own checks: columns need a causal window shorter than the stride; a step has no backward."""
     if not native.status()[0]:

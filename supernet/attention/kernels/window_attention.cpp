@@ -99,13 +99,15 @@ __attribute__((noinline)) void score_tile(const float* K, int64_t ldk, const flo
 
 // O[i] = (accumulate ? O[i] : 0) + s_i * sum_j A[i * ra + j * ja] X[j] for rows i < rows, over 0 <= j < n and
 // i + jlo <= j <= i + jhi (the window: A is 0 outside it, so its products are skipped), with s_i = rs[i] (rs
-// given) or alpha; X's and O's rows NV registers wide, RB rows of O at a time in registers.  The
+// given) or alpha; X's and O's rows NV registers wide, RB rows of O at a time in registers; `stream` (not
+// accumulating, O's rows 64-byte aligned: streamable): non-temporal stores, which write a line without reading it
+// from memory first (O written once, not read again by the kernel).  The
 // forward's weighted sum is (A = P^T: ra 1, ja 16; rs = 1 / row sums); the backward's dQ (A = dS^T, the
 // same layout) and dK, dV (A = dS^T, P^T read the other way: ra 16, ja 1; accumulated over query blocks).
 template <int NV, int RB>
 __attribute__((noinline)) void rows_product(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, const float* X,
                                             int64_t ldx, const float* rs, float alpha, bool accumulate, float* O,
-                                            int64_t ldo, int64_t jlo, int64_t jhi) {
+                                            int64_t ldo, int64_t jlo, int64_t jhi, bool stream) {
   for (int64_t i0 = 0; i0 < rows; i0 += RB) {
     const int rn = (int)std::min<int64_t>(RB, rows - i0);
     const int64_t j0 = std::max<int64_t>(0, i0 + jlo), j1 = std::min<int64_t>(n, i0 + rn - 1 + jhi + 1);
@@ -127,21 +129,42 @@ __attribute__((noinline)) void rows_product(const float* A, int64_t ra, int64_t 
       float* orow = O + (i0 + a) * ldo;
       const __m512 sv = _mm512_set1_ps(rs ? rs[i0 + a] : alpha);
       for (int b = 0; b < NV; ++b) {
-        const __m512 base = accumulate ? _mm512_loadu_ps(orow + b * 16) : _mm512_setzero_ps();
-        _mm512_storeu_ps(orow + b * 16, _mm512_fmadd_ps(acc[a][b], sv, base));
+        if (stream) {
+          _mm512_stream_ps(orow + b * 16, _mm512_mul_ps(acc[a][b], sv));
+        } else {
+          const __m512 base = accumulate ? _mm512_loadu_ps(orow + b * 16) : _mm512_setzero_ps();
+          _mm512_storeu_ps(orow + b * 16, _mm512_fmadd_ps(acc[a][b], sv, base));
+        }
       }
     }
   }
 }
 
 void product(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, const float* X, int64_t ldx, const float* rs,
-             float alpha, bool accumulate, float* O, int64_t ldo, int64_t width, int64_t jlo, int64_t jhi) {
+             float alpha, bool accumulate, float* O, int64_t ldo, int64_t width, int64_t jlo, int64_t jhi,
+             bool stream = false) {
   switch (width / 16) {
-    case 1: rows_product<1, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
-    case 2: rows_product<2, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
-    case 3: rows_product<3, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
-    case 4: rows_product<4, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;
-    default: rows_product<8, 2>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi); break;  // 128
+    case 1: rows_product<1, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi, stream); break;
+    case 2: rows_product<2, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi, stream); break;
+    case 3: rows_product<3, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi, stream); break;
+    case 4: rows_product<4, 4>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi, stream); break;
+    default: rows_product<8, 2>(A, ra, ja, rows, n, X, ldx, rs, alpha, accumulate, O, ldo, jlo, jhi, stream); break;  // 128
+  }
+}
+
+// A (B, H, T, X) output whose rows may be written with streaming stores (rows_product's `stream`): too large to stay
+// in a core's L2 cache anyway (a smaller one is left in cache for what reads it next), rows a multiple of 64 bytes
+// apart; a block streams where its first row is 64-byte aligned (`aligned`).
+constexpr int64_t STREAM_BYTES = int64_t(2) << 20;
+bool streaming(const at::Tensor& t) { return t.numel() * 4 >= STREAM_BYTES && t.stride(2) % 16 == 0; }
+bool aligned(const float* p) { return (reinterpret_cast<uintptr_t>(p) & 63) == 0; }
+
+// Rows j0 .. j1 - 1 (ld apart, `width` floats each) into L2: what the next block reads.  A block's work is a few
+// microseconds; the hardware's prefetcher alone leaves it waiting on the rows it meets (a kernel reading from L2
+// runs about 1.4x as fast as one that streams its head from memory, 4k tokens, one thread).
+void prefetch_rows(const float* x, int64_t ld, int64_t j0, int64_t j1, int64_t width) {
+  for (int64_t j = j0; j < j1; ++j) {
+    for (int64_t d = 0; d < width; d += 16) _mm_prefetch(reinterpret_cast<const char*>(x + j * ld + d), _MM_HINT_T1);
   }
 }
 
@@ -371,16 +394,15 @@ struct Columns {
 // L; with `col` (strided), the block's column rows (at span row cr) join the softmax.
 void window_block(const Pattern& pat, const View& Q, const View& K, const View& V, const View& O, float* L, int64_t b,
                   int64_t h, int64_t H, int64_t blk, int64_t D, int64_t DV, float scale, float* st, float* qt,
-                  __mmask16* mask, const Columns* col, int64_t cr, const float* sk, const float* sv) {
+                  __mmask16* mask, const Columns* col, int64_t cr, const float* sk, const float* sv, bool big) {
   const int64_t T = pat.T;
   const Block bl(blk, pat, mask);
   const float* vh = V.head(b, h);
-  if (K.s2 != D || V.s2 != DV) {  // rows apart (dilated's streams, projection views): the rows the next block adds, into L2
+  {  // the next block's queries, and the key and value rows it adds
     const int64_t first = std::min(T, bl.kstart + bl.cn), last = std::min(T, first + MQ);
-    for (int64_t j = first; j < last; ++j) {
-      for (int64_t d = 0; d < D; d += 16) _mm_prefetch((const char*)(K.head(b, h) + j * K.s2 + d), _MM_HINT_T1);
-      for (int64_t d = 0; d < DV; d += 16) _mm_prefetch((const char*)(vh + j * V.s2 + d), _MM_HINT_T1);
-    }
+    prefetch_rows(K.head(b, h), K.s2, first, last, D);
+    prefetch_rows(vh, V.s2, first, last, DV);
+    prefetch_rows(Q.head(b, h), Q.s2, bl.q0 + MQ, std::min(T, bl.q0 + 2 * MQ), D);
   }
   const float* rows[MQ];
   block_rows(Q.head(b, h), Q.s2, bl, rows);
@@ -415,11 +437,13 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
     std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
   }
   float* ob = O.head(b, h) + bl.q0 * O.s2;
+  // one product: the rows' final values (big: the output is larger than L2, and aligned)
+  const bool stream = big && bl.nseg == 1 && !col && aligned(ob);
   for (int s = 0; s < bl.nseg; ++s) {
     const Segment& g = bl.seg[s];
     const bool gathered = g.kind == SUMMARY && sv;
     product(st + g.row * MQ, 1, MQ, bl.m, g.count, gathered ? sv : vh + g.start * V.s2, gathered ? DV : V.s2 * g.step, inv, 1.f,
-            s > 0, ob, O.s2, DV, bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft));
+            s > 0, ob, O.s2, DV, bl.band_lo(g, pat.bef), bl.band_hi(g, pat.aft), stream);
   }
   for (int64_t r = 0; col && r < bl.m; ++r) {
     if (cw[r] == 0.f) continue;  // no columns (or none that count): acc not written
@@ -462,6 +486,7 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const float scale = 1.f / std::sqrt((float)D);
   const int64_t per = columns ? (std::min(MQ * columns, T) + MQ - 1) / MQ : 1;  // blocks per task
   const int64_t tasks = (nb + per - 1) / per;
+  const bool big = streaming(out);
   at::parallel_for(0, B * H * tasks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> st(most * MQ), qt(D * MQ);
     std::vector<__mmask16> mask(most);
@@ -486,10 +511,11 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         const View Qr = stream(q, r), Kr = stream(k, r), Vr = stream(v, r), Or = stream(out, r);
         for (int64_t blk = blk0; blk < std::min((pat.T + MQ - 1) / MQ, blk0 + per); ++blk) {
           window_block(pat, Qr, Kr, Vr, Or, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ,
-                       summaries ? sk.data() : nullptr, summaries ? sv.data() : nullptr);
+                       summaries ? sk.data() : nullptr, summaries ? sv.data() : nullptr, big);
         }
       }
     }
+    _mm_sfence();  // the streamed stores seen by whichever thread reads out next
   });
 }
 
@@ -524,6 +550,14 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       int64_t fresh = 0;  // key rows below this one hold gradient already
       for (int64_t blk = 0; blk < nb; ++blk) {
         const Block bl(blk, pat, mask.data());
+        {  // the next block's queries and output gradients, and the key and value rows it adds
+          const int64_t first = std::min(T, bl.kstart + bl.cn), last = std::min(T, first + MQ);
+          const int64_t next = bl.q0 + MQ, end = std::min(T, next + MQ);
+          prefetch_rows(kh, K.s2, first, last, D);
+          prefetch_rows(vh, V.s2, first, last, DV);
+          prefetch_rows(qh, Q.s2, next, end, D);
+          prefetch_rows(gh, dO.s2, next, end, DV);
+        }
         const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
         block_rows(qh, Q.s2, bl, qrows);
         block_rows(gh, dO.s2, bl, grows);
@@ -561,7 +595,8 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           const Segment& g = bl.seg[s];
           const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
           const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
-          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi);
+          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi,
+                  bl.nseg == 1 && streaming(dq) && aligned(dqb));
           product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
                   D, -hi, -lo);
           product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
@@ -569,6 +604,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         }
       }
     }
+    _mm_sfence();
   });
 }
 
