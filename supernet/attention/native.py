@@ -9,7 +9,7 @@ registers (no scores buffer in memory), skipping the products the window masks o
 recomputes each block's probabilities from the row log-sum-exp the forward kept (as flash attention
 does) and accumulates dK and dV block by block.  It serves local:W and longformer:W:G (a window plus
 the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
-dilated:W:D (inference: its residue streams read and written in place, ``Window.step``), bigbird:W:G:R's causal
+dilated:W:D (its residue streams read and written in place, forward and backward, ``Window.step``), bigbird:W:G:R's causal
 form (each block's R picked blocks are further key segments; W a multiple of 16, R <= 8), fixed:S (the summaries a
 segment of keys S apart; S a multiple of 16) and strided:S's inference (any S: the columns as causal attention
 within each residue stream, merged into the window's softmax) when:
@@ -180,7 +180,7 @@ class Window:
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
     ``columns`` (strided:S, alone, with before < S and after 0; inference only: no backward): also the keys i - S,
     i - 2S, ... (causal attention within each residue stream, joined into the window's softmax).  ``step``
-    (dilated:W:D, inference only): the pattern on each residue stream i = r, r + step, ... alone (before and after
+    (dilated:W:D): the pattern on each residue stream i = r, r + step, ... alone (before and after
     count the stream's rows)."""
 
     before: int
@@ -217,7 +217,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor 
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return None if window.columns or window.step > 1 else _Window.apply(q, k, v, window.args())
+        return None if window.columns else _Window.apply(q, k, v, window.args())
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 

@@ -1,5 +1,5 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
-// fast path of local:W, dilated:W:D (its residue streams, forward), longformer:W:G, bigbird:W:G:R's causal form,
+// fast path of local:W, dilated:W:D (its residue streams, in place), longformer:W:G, bigbird:W:G:R's causal form,
 // fixed:S, and strided:S's forward (its columns: Columns); and, further down, the linear family's causal forward
 // (linear_forward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by
 // supernet/attention/native.py.
@@ -304,6 +304,12 @@ struct View {  // a (B, H, T, X) float tensor's pointer and strides
   int64_t s0, s1, s2;
   explicit View(const at::Tensor& t) : p(t.data_ptr<float>()), s0(t.stride(0)), s1(t.stride(1)), s2(t.stride(2)) {}
   float* head(int64_t b, int64_t h) const { return p + b * s0 + h * s1; }
+  View stream(int64_t r, int64_t step) const {  // rows r, r + step, r + 2 step, ... (a residue stream: dilated)
+    View s = *this;
+    s.p += r * s2;
+    s.s2 *= step;
+    return s;
+  }
 };
 
 // Every kernel's operands: float32 on the CPU, the last stride 1.
@@ -392,8 +398,8 @@ struct Columns {
 
 // One block of 16 queries (window_forward's work): scores of its key segments, softmax, P V into out, the lse if
 // L; with `col` (strided), the block's column rows (at span row cr) join the softmax.
-void window_block(const Pattern& pat, const View& Q, const View& K, const View& V, const View& O, float* L, int64_t b,
-                  int64_t h, int64_t H, int64_t blk, int64_t D, int64_t DV, float scale, float* st, float* qt,
+void window_block(const Pattern& pat, const View& Q, const View& K, const View& V, const View& O, const View* L, int64_t b,
+                  int64_t h, int64_t blk, int64_t D, int64_t DV, float scale, float* st, float* qt,
                   __mmask16* mask, const Columns* col, int64_t cr, const float* sk, const float* sv, bool big) {
   const int64_t T = pat.T;
   const Block bl(blk, pat, mask);
@@ -434,7 +440,8 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
     _mm512_store_ps(mxv, whole);
     _mm512_store_ps(sums, sum);
     for (int64_t r = 0; r < bl.m; ++r) lse_[r] = mxv[r] + std::log(sums[r]);
-    std::copy(lse_, lse_ + bl.m, L + (b * H + h) * T + bl.q0);
+    float* lh = L->head(b, h) + bl.q0 * L->s2;
+    for (int64_t r = 0; r < bl.m; ++r) lh[r * L->s2] = lse_[r];
   }
   float* ob = O.head(b, h) + bl.q0 * O.s2;
   // one product: the rows' final values (big: the output is larger than L2, and aligned)
@@ -458,7 +465,7 @@ void window_block(const Pattern& pat, const View& Q, const View& K, const View& 
 // one of 16, 32, 48, 64, 128.  lse (B, H, T), contiguous, or empty: the log of each row's softmax
 // denominator (scores scaled), which the backward needs.  strided (columns C): per span of 16 C tokens, the columns
 // of its queries first, then its blocks, so that the column rows are in cache when the blocks take them in.
-// step > 1 (dilated, inference): the pattern on each residue stream r, r + step, ... (rows step apart), block sb of
+// step > 1 (dilated): the pattern on each residue stream r, r + step, ... (rows step apart), block sb of
 // every stream in turn (their keys lie in one stretch of the head: it stays in cache, where a stream at a time
 // reads the whole head once per stream).
 void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
@@ -467,20 +474,13 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   check(q, k, v, out);
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
-  TORCH_CHECK(step >= 1 && (step == 1 || (!keep && columns == 0)), "window attention: step (dilation) >= 1, at inference, without columns");
+  TORCH_CHECK(step >= 1 && (step == 1 || columns == 0), "window attention: step (dilation) >= 1, without columns");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
   const int64_t streams = std::min(step, T);
   std::vector<Pattern> pats;  // per stream (their lengths differ by one at most)
   for (int64_t r = 0; r < streams; ++r) pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, columns));
-  auto stream = [&](const at::Tensor& x, int64_t r) {
-    View s(x);
-    s.p += r * s.s2;
-    s.s2 *= step;
-    return s;
-  };
-  const View Q(q), K(k), V(v);
-  float* L = keep ? lse.data_ptr<float>() : nullptr;
+  const View Q(q), K(k), V(v), O(out), L(keep ? lse : q);  // L: (B, H, T) log-sum-exps, read where kept
   const int64_t nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const int64_t most = most_rows(pats[0]);
   const float scale = 1.f / std::sqrt((float)D);
@@ -508,9 +508,10 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
       if (col) col->run(Q.head(b, h), Q.s2, K.head(b, h), K.s2, V.head(b, h), V.s2, T, D, DV, sp, scale, qt.data());
       for (int64_t r = 0; r < streams; ++r) {
         const Pattern& pat = pats[r];
-        const View Qr = stream(q, r), Kr = stream(k, r), Vr = stream(v, r), Or = stream(out, r);
+        const View Qr = Q.stream(r, step), Kr = K.stream(r, step), Vr = V.stream(r, step), Or = O.stream(r, step);
+        const View Lr = L.stream(r, step);
         for (int64_t blk = blk0; blk < std::min((pat.T + MQ - 1) / MQ, blk0 + per); ++blk) {
-          window_block(pat, Qr, Kr, Vr, Or, L, b, h, H, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ,
+          window_block(pat, Qr, Kr, Vr, Or, keep ? &Lr : nullptr, b, h, blk, D, DV, scale, st.data(), qt.data(), mask.data(), col.get(), (blk - blk0) * MQ,
                        summaries ? sk.data() : nullptr, summaries ? sv.data() : nullptr, big);
         }
       }
@@ -521,86 +522,95 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 
 // Gradients of window_forward: dq, dk, dv (written), all (B, H, T, .) with the last stride 1.  P = exp(S - lse)
 // recomputed per block; dS = P * (dP - rowsum(dO * O)); one (b, h) per task, its blocks in order (dk and dv rows
-// are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it).  The forward's output
+// are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it); step > 1 (dilated):
+// block blk of every residue stream in turn, as the forward (each stream's rows in place, its own zeroing front).  The forward's output
 // is not needed: rowsum(dO * O) = sum over keys of P dP.
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
                      int64_t blocks, int64_t columns, int64_t step) {
-  TORCH_CHECK(columns == 0 && step == 1, "window attention backward: no columns (strided's forward only), step 1");
+  TORCH_CHECK(columns == 0 && step >= 1, "window attention backward: no columns (strided's forward only), step >= 1");
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "window attention backward: shapes");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const Pattern pat = pattern(T, before, after, globals, global_after, picks, width, blocks, 0);
-  const View Q(q), K(k), V(v), dO(dout), dQ(dq), dK(dk), dV(dv);
-  const float* L = lse.data_ptr<float>();
-  const int64_t nb = (T + MQ - 1) / MQ;
-  const int64_t most = most_rows(pat);
+  const int64_t streams = std::min(step, T);
+  std::vector<Pattern> pats;  // per residue stream (step > 1: dilated), as the forward's
+  for (int64_t r = 0; r < streams; ++r) pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, 0));
+  const View Q0(q), K0(k), V0(v), dO0(dout), dQ0(dq), dK0(dk), dV0(dv), L0(lse);
+  const int64_t most = most_rows(pats[0]), nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const float scale = 1.f / std::sqrt((float)D);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
     std::vector<__mmask16> mask(most);
+    std::vector<int64_t> reached(streams);
     for (int64_t w = begin; w < end; ++w) {
       const int64_t b = w / H, h = w % H;
-      const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h);
-      float *dkh = dK.head(b, h), *dvh = dV.head(b, h);
-      int64_t fresh = 0;  // key rows below this one hold gradient already
+      std::fill(reached.begin(), reached.end(), 0);
       for (int64_t blk = 0; blk < nb; ++blk) {
-        const Block bl(blk, pat, mask.data());
-        {  // the next block's queries and output gradients, and the key and value rows it adds
-          const int64_t first = std::min(T, bl.kstart + bl.cn), last = std::min(T, first + MQ);
-          const int64_t next = bl.q0 + MQ, end = std::min(T, next + MQ);
-          prefetch_rows(kh, K.s2, first, last, D);
-          prefetch_rows(vh, V.s2, first, last, DV);
-          prefetch_rows(qh, Q.s2, next, end, D);
-          prefetch_rows(gh, dO.s2, next, end, DV);
-        }
-        const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
-        block_rows(qh, Q.s2, bl, qrows);
-        block_rows(gh, dO.s2, bl, grows);
-        transpose_rows(qrows, D, scale, qt.data());
-        transpose_rows(grows, DV, 1.f, dot.data());
-        alignas(64) float lsev[MQ] = {0};
-        std::copy(L + (b * H + h) * T + bl.q0, L + (b * H + h) * T + bl.q0 + bl.m, lsev);
-        const __m512 lsel = _mm512_load_ps(lsev);
-        for (int s = 0; s < bl.nseg; ++s) {  // S^T and dP^T
-          const Segment& g = bl.seg[s];
-          scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, pt.data() + g.row * MQ);
-          scores(vh + g.start * V.s2, V.s2 * g.step, g.count, dot.data(), DV, dst.data() + g.row * MQ);
-        }
-        // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
-        __m512 di = _mm512_setzero_ps();
-        for (int64_t c = 0; c < bl.n; ++c) {
-          const __m512 p = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
-          _mm512_storeu_ps(pt.data() + c * MQ, p);
-          di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
-        }
-        for (int64_t c = 0; c < bl.n; ++c) {  // dS = P * (dP - rowsum)
-          const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
-          _mm512_storeu_ps(dst.data() + c * MQ, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dst.data() + c * MQ), di)));
-        }
-        // key rows no earlier block reached start at zero (window ranges only move forward; global keys and
-        // picked blocks lie before the window range, in rows the first blocks' windows zeroed)
-        for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn; ++j) {
-          std::fill_n(dkh + j * dK.s2, D, 0.f);
-          std::fill_n(dvh + j * dV.s2, DV, 0.f);
-        }
-        fresh = std::max(fresh, bl.kstart + bl.cn);
-        // dQ[r] = scale * sum_c dS^T[c][r] K[c];  dK[c] += scale * sum_r dS^T[c][r] Q[r];  dV[c] += sum_r P^T[c][r] dO[r]
-        float* dqb = dQ.head(b, h) + bl.q0 * dQ.s2;
-        for (int s = 0; s < bl.nseg; ++s) {
-          const Segment& g = bl.seg[s];
-          const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
-          const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
-          product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi,
-                  bl.nseg == 1 && streaming(dq) && aligned(dqb));
-          product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
-                  D, -hi, -lo);
-          product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
-                  DV, -hi, -lo);
+        for (int64_t r = 0; r < streams && blk * MQ < pats[r].T; ++r) {  // block blk of every stream in turn
+          const Pattern& pat = pats[r];
+          const int64_t T = pat.T;
+          const View Q = Q0.stream(r, step), K = K0.stream(r, step), V = V0.stream(r, step), dO = dO0.stream(r, step);
+          const View dQ = dQ0.stream(r, step), dK = dK0.stream(r, step), dV = dV0.stream(r, step), L = L0.stream(r, step);
+          const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h), *lh = L.head(b, h);
+          float *dkh = dK.head(b, h), *dvh = dV.head(b, h);
+          int64_t& fresh = reached[r];  // key rows below this one hold gradient already
+          const Block bl(blk, pat, mask.data());
+          {  // the next block's queries and output gradients, and the key and value rows it adds
+            const int64_t first = std::min(T, bl.kstart + bl.cn), last = std::min(T, first + MQ);
+            const int64_t next = bl.q0 + MQ, end = std::min(T, next + MQ);
+            prefetch_rows(kh, K.s2, first, last, D);
+            prefetch_rows(vh, V.s2, first, last, DV);
+            prefetch_rows(qh, Q.s2, next, end, D);
+            prefetch_rows(gh, dO.s2, next, end, DV);
+          }
+          const float *qrows[MQ], *grows[MQ];  // (rows past m repeat row 0)
+          block_rows(qh, Q.s2, bl, qrows);
+          block_rows(gh, dO.s2, bl, grows);
+          transpose_rows(qrows, D, scale, qt.data());
+          transpose_rows(grows, DV, 1.f, dot.data());
+          alignas(64) float lsev[MQ] = {0};
+          for (int64_t i = 0; i < bl.m; ++i) lsev[i] = lh[(bl.q0 + i) * L.s2];
+          const __m512 lsel = _mm512_load_ps(lsev);
+          for (int s = 0; s < bl.nseg; ++s) {  // S^T and dP^T
+            const Segment& g = bl.seg[s];
+            scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, pt.data() + g.row * MQ);
+            scores(vh + g.start * V.s2, V.s2 * g.step, g.count, dot.data(), DV, dst.data() + g.row * MQ);
+          }
+          // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
+          __m512 di = _mm512_setzero_ps();
+          for (int64_t c = 0; c < bl.n; ++c) {
+            const __m512 p = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
+            _mm512_storeu_ps(pt.data() + c * MQ, p);
+            di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
+          }
+          for (int64_t c = 0; c < bl.n; ++c) {  // dS = P * (dP - rowsum)
+            const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
+            _mm512_storeu_ps(dst.data() + c * MQ, _mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dst.data() + c * MQ), di)));
+          }
+          // key rows no earlier block reached start at zero (window ranges only move forward; global keys and
+          // picked blocks lie before the window range, in rows the first blocks' windows zeroed)
+          for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn; ++j) {
+            std::fill_n(dkh + j * dK.s2, D, 0.f);
+            std::fill_n(dvh + j * dV.s2, DV, 0.f);
+          }
+          fresh = std::max(fresh, bl.kstart + bl.cn);
+          // dQ[r] = scale * sum_c dS^T[c][r] K[c];  dK[c] += scale * sum_r dS^T[c][r] Q[r];  dV[c] += sum_r P^T[c][r] dO[r]
+          float* dqb = dQ.head(b, h) + bl.q0 * dQ.s2;
+          for (int s = 0; s < bl.nseg; ++s) {
+            const Segment& g = bl.seg[s];
+            const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
+            const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
+            product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi,
+                    bl.nseg == 1 && streaming(dq) && aligned(dqb));
+            product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
+                    D, -hi, -lo);
+            product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
+                    DV, -hi, -lo);
+          }
         }
       }
     }
