@@ -213,7 +213,7 @@ def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) ->
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor | None:
     """The attention of ``window`` over (B, H, T, D) tensors (differentiable), or None where the kernel does not
-    apply (:func:`fits`; a gradient recorded through ``columns`` or ``step``, which have no backward)."""
+    apply (:func:`fits`; a gradient recorded through ``columns``, which have no backward)."""
     if not fits(q, k, v):
         return None
     if recording(q, k, v):

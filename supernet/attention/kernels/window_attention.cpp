@@ -350,6 +350,18 @@ Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64
   return p;
 }
 
+// The pattern on each of the residue streams r, r + step, ... (r < min(step, T); one stream where step is 1): their
+// lengths differ by one at most, stream 0 the longest.
+std::vector<Pattern> stream_patterns(int64_t T, int64_t step, int64_t before, int64_t after, int64_t globals,
+                                     int64_t global_after, const at::Tensor& picks, int64_t width, int64_t blocks,
+                                     int64_t columns) {
+  std::vector<Pattern> pats;
+  for (int64_t r = 0; r < std::min(step, T); ++r) {
+    pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, columns));
+  }
+  return pats;
+}
+
 int64_t most_rows(const Pattern& p) {  // rows a block's scores buffer can need
   return (std::min<int64_t>(p.bef + p.aft, p.T) + MQ + 15) / 16 * 16 + 16 + p.G + p.R * p.width + (p.S ? p.T / p.S : 0);
 }
@@ -477,9 +489,8 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   TORCH_CHECK(step >= 1 && (step == 1 || columns == 0), "window attention: step (dilation) >= 1, without columns");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const int64_t streams = std::min(step, T);
-  std::vector<Pattern> pats;  // per stream (their lengths differ by one at most)
-  for (int64_t r = 0; r < streams; ++r) pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, columns));
+  const std::vector<Pattern> pats = stream_patterns(T, step, before, after, globals, global_after, picks, width, blocks, columns);
+  const int64_t streams = pats.size();
   const View Q(q), K(k), V(v), O(out), L(keep ? lse : q);  // L: (B, H, T) log-sum-exps, read where kept
   const int64_t nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const int64_t most = most_rows(pats[0]);
@@ -523,8 +534,8 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // Gradients of window_forward: dq, dk, dv (written), all (B, H, T, .) with the last stride 1.  P = exp(S - lse)
 // recomputed per block; dS = P * (dP - rowsum(dO * O)); one (b, h) per task, its blocks in order (dk and dv rows
 // are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it); step > 1 (dilated):
-// block blk of every residue stream in turn, as the forward (each stream's rows in place, its own zeroing front).  The forward's output
-// is not needed: rowsum(dO * O) = sum over keys of P dP.
+// block blk of every residue stream in turn, as the forward (each stream's rows in place, its own zeroing front).
+// The forward's output is not needed: rowsum(dO * O) = sum over keys of P dP.
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
@@ -536,12 +547,12 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
               "window attention backward: shapes");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
-  const int64_t streams = std::min(step, T);
-  std::vector<Pattern> pats;  // per residue stream (step > 1: dilated), as the forward's
-  for (int64_t r = 0; r < streams; ++r) pats.push_back(pattern((T - r + step - 1) / step, before, after, globals, global_after, picks, width, blocks, 0));
+  const std::vector<Pattern> pats = stream_patterns(T, step, before, after, globals, global_after, picks, width, blocks, 0);
+  const int64_t streams = pats.size();
   const View Q0(q), K0(k), V0(v), dO0(dout), dQ0(dq), dK0(dk), dV0(dv), L0(lse);
   const int64_t most = most_rows(pats[0]), nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const float scale = 1.f / std::sqrt((float)D);
+  const bool big = streaming(dq);
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
     std::vector<__mmask16> mask(most);
@@ -605,7 +616,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
             const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
             product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi,
-                    bl.nseg == 1 && streaming(dq) && aligned(dqb));
+                    big && bl.nseg == 1 && aligned(dqb));
             product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
                     D, -hi, -lo);
             product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
