@@ -35,38 +35,55 @@ from supernet.attention.patterns import dense_mask  # noqa: E402
 
 SPECS = (
     "softmax,gqa:4,local:64,local:256,dilated:32:4,strided:64,fixed:64,longformer:64:16,bigbird:64:16:2,"
-    "linear,relu-linear,cosformer:16384,performer:64"
+    "linear,relu-linear,cosformer:16384,performer:64,hydra,sima,lsra:7,msla:5,convmod:7"
+)
+BIDIRECTIONAL_SPECS = (
+    "softmax,gqa:4,local:64,dilated:32:4,longformer:64:16,bigbird:64:16:2,linear,relu-linear,cosformer:16384,"
+    "performer:64,hydra,sima,msla:5,linformer:256,additive,xca"
 )
 TOL = {"fp32": (1e-4, 1e-4), "bf16": (3e-2, 5e-2)}  # (output, gradients), relative to max(1, scale)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def device_path(spec, device):
+def device_path(spec, device, causal=True):
     """The function ``attend`` runs on CUDA; on CPU (smoke test) the same CUDA path, run there."""
-    t = REGISTRY[spec.kind]
-    return t.path("cuda") if device.type == "cpu" else t.path(device.type)
+    return REGISTRY[spec.kind].path("cuda", causal=causal)
 
 
-def parity(spec, t, dtype_name, device, backward, b=2, h=8, d=64, seed=0):
+def parity(spec, t, dtype_name, device, backward, causal=True, b=2, h=8, d=64, seed=0):
+    """Largest error of the device path against the fp32 reference, output and every input's gradient
+    (the type's own weights included), relative to max(1, the reference's scale)."""
     g = torch.Generator().manual_seed(seed)
     hk, hv = kv_heads(spec, h)
-    base = [torch.randn(b, n, t, d, generator=g) for n in (h, hk, hv)]
+    base = {"q": torch.randn(b, h, t, d, generator=g), "v": torch.randn(b, hv, t, d, generator=g)}
+    if hk:
+        base["k"] = torch.randn(b, hk, t, d, generator=g)
+    typ = REGISTRY[spec.kind]
+    for name, shape in typ.weights(spec, h, d, max_seq_len=t).items():
+        weight = torch.empty(shape)
+        typ.init_weight(name, weight, g)
+        base["w." + name] = weight
     grad_out = torch.randn(b, h, t, d, generator=g).to(device)
     dtype = DTYPES[dtype_name]
-    fast_in = [x.to(device, dtype).requires_grad_(backward) for x in base]
-    ref_in = [x.to(dtype).to(device, torch.float32).requires_grad_(backward) for x in base]  # the same rounded values
-    out = device_path(spec, device)(*fast_in, spec, {})
-    ref = attend_reference(*ref_in, spec)
+    fast_in = {n: x.to(device, dtype).requires_grad_(backward) for n, x in base.items()}
+    ref_in = {n: x.to(dtype).to(device, torch.float32).requires_grad_(backward) for n, x in base.items()}  # same rounding
+
+    def call(fn, xs):
+        w = {n[2:]: x for n, x in xs.items() if n.startswith("w.")}
+        return fn(xs["q"], xs.get("k"), xs["v"], spec, w)
+
+    out = call(device_path(spec, device, causal), fast_in)
+    ref = call(lambda q, k, v, s, w: attend_reference(q, k, v, s, w, causal), ref_in)
     tol_out, tol_grad = TOL[dtype_name]
     err_out = (out.float() - ref).abs().max().item() / max(1.0, ref.abs().max().item())
     errs = {"out": err_out}
     ok = err_out <= tol_out
     if backward:
-        gf = torch.autograd.grad(out, fast_in, grad_out.to(dtype))
-        gr = torch.autograd.grad(ref, ref_in, grad_out.to(dtype).float())
-        for name, a, r in zip(("dq", "dk", "dv"), gf, gr):
-            errs[name] = (a.float() - r).abs().max().item() / max(1.0, r.abs().max().item())
-            ok &= errs[name] <= tol_grad
+        gf = torch.autograd.grad(out, list(fast_in.values()), grad_out.to(dtype))
+        gr = torch.autograd.grad(ref, list(ref_in.values()), grad_out.to(dtype).float())
+        for name, a, r in zip(fast_in, gf, gr):
+            errs["d" + name] = (a.float() - r).abs().max().item() / max(1.0, r.abs().max().item())
+            ok &= errs["d" + name] <= tol_grad
     return ok, errs
 
 
@@ -124,7 +141,8 @@ def timings(specs, lengths, device, dtype, h=12, d=64):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
-    p.add_argument("--types", default=SPECS)
+    p.add_argument("--types", default=None, help="comma-separated types (default: one of each with the --form)")
+    p.add_argument("--form", choices=("causal", "bidirectional", "both"), default="both")
     p.add_argument("--lengths", default="128,1000,4096")
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--bench-lengths", default="4096,16384", help="CUDA timings (empty: skip)")
@@ -136,24 +154,35 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     backward = device.type == "cuda"
-    specs = [parse_attention(s) for s in args.types.split(",")]
+    forms = ("causal", "bidirectional") if args.form == "both" else (args.form,)
+    cases = [
+        (parse_attention(s), form)
+        for form in forms
+        for s in (args.types or (SPECS if form == "causal" else BIDIRECTIONAL_SPECS)).split(",")
+        if form in REGISTRY[parse_attention(s).kind].forms
+    ]
+    specs = [spec for spec, form in cases if form == "causal"]
     lengths = [int(x) for x in args.lengths.split(",")]
     results, failed = [], 0
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
-    print(f"{'type':18s} {'T':>5s} {'dtype':5s} {'path':6s} {'ok':4s}  errors (relative)")
-    for spec in specs:
-        path = device_path(spec, device)
+    print(f"{'type':18s} {'form':5s} {'T':>5s} {'dtype':5s} {'path':13s} {'ok':4s}  errors (relative)")
+    for spec, form in cases:
+        causal = form == "causal"
+        path = device_path(spec, device, causal)
         for t in lengths:
             for dt in args.dtypes.split(","):
                 start = time.perf_counter()
-                ok, errs = parity(spec, t, dt, device, backward)
+                try:
+                    ok, errs = parity(spec, t, dt, device, backward, causal)
+                except Exception as e:  # a path that raises is a failed check, and the others still run
+                    ok, errs = False, {}
+                    print(f"  {spec} {form} T={t} {dt}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
                 failed += not ok
-                results.append({"type": str(spec), "T": t, "dtype": dt, "path": path.__name__, "ok": ok, **errs,
-                                "seconds": time.perf_counter() - start})  # fmt: skip
+                results.append({"type": str(spec), "form": form, "T": t, "dtype": dt, "path": path.__name__, "ok": ok,
+                                **errs, "seconds": time.perf_counter() - start})  # fmt: skip
                 err_text = " ".join(f"{k}={v:.1e}" for k, v in errs.items())
-                print(
-                    f"{str(spec):18s} {t:5d} {dt:5s} {path.__name__[:6]:6s} {'ok' if ok else 'FAIL':4s}  {err_text}", flush=True
-                )
+                print(f"{str(spec):18s} {form[:5]:5s} {t:5d} {dt:5s} {path.__name__[:13]:13s} {'ok' if ok else 'FAIL':4s}  "
+                      f"{err_text}  ({time.perf_counter() - start:.1f} s)", flush=True)  # fmt: skip
     cache_ok, cache_msg = compile_cache_check(device)
     failed += not cache_ok
     print(f"compile cache: {'ok' if cache_ok else 'FAIL'}: {cache_msg}")
