@@ -51,8 +51,19 @@ def attend(
 ) -> Tensor:
     """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``.
 
-    ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one."""
-    return REGISTRY[spec.kind].path(q.device.type, exporting(), causal)(q, k, v, spec, w or {})
+    ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one.
+
+    Under autocast (bf16 training and scoring on CUDA) the type runs with autocast off, on the dtype of ``q``
+    (what the autocast projections gave), its own weights and ``k``, ``v`` cast to it: the bf16 path that
+    ``scripts/gpu_check_attention.py`` holds to the reference.  Autocast inside a type would run some of its
+    steps in bf16 and others in fp32 (the linear family's fp32 prefix sums took bf16 products in place)."""
+    path = REGISTRY[spec.kind].path(q.device.type, exporting(), causal)
+    w = w or {}
+    if not torch.is_autocast_enabled(q.device.type):
+        return path(q, k, v, spec, w)
+    dt = q.dtype
+    with torch.autocast(q.device.type, enabled=False):
+        return path(q, None if k is None else k.to(dt), v.to(dt), spec, {n: x.to(dt) for n, x in w.items()})
 
 
 def attend_reference(
