@@ -146,3 +146,55 @@ def test_device_registry_options_and_clock_rules(tiny):
         assert 0 < small.median_ms < big.median_ms and m.baseline_ms > 0 and small.repeats == 6
     finally:
         torch.set_num_threads(before)
+
+
+def test_cuda_runtimes_check_their_output_against_eager():
+    """compile and cudagraph are checked against an eager call before anything is timed (no GPU needed for the check)."""
+    import torch
+
+    from latency.devices.cuda import CUDA
+    from search_spaces import UserError
+
+    dev = object.__new__(CUDA)  # the constructor wants a GPU; the check does not
+    dev.runtime = "cudagraph"
+    dev._check(torch.ones(2, 3), lambda: torch.ones(2, 3) + 1e-4, "the model [softmax]")  # within 1e-2 of the scale
+    dev._check((torch.ones(1, 1, 5), {"k": None}), lambda: (torch.ones(1, 1, 5), {"k": None}), "a decode step")
+    with pytest.raises(UserError, match=r"^--runtime cudagraph: the model \[linear, softmax\] computes other numbers than "
+                                        r"eager mode \(largest difference 1.00e\+00 of the output's scale\); time it with "
+                                        r"--runtime eager$"):  # fmt: skip
+        dev._check(torch.zeros(2, 3), lambda: torch.ones(2, 3), "the model [linear, softmax]")
+    dev.runtime = "compile"
+    with pytest.raises(UserError, match=r"^--runtime compile: .* \(largest difference nan"):
+        dev._check(torch.full((2,), float("nan")), lambda: torch.ones(2), "the model [hydra]")
+
+
+def test_a_cuda_graph_runner_keeps_alive_what_its_graph_reads():
+    """The runner of --runtime cudagraph holds the model call (weights, input tokens) and the static output: once
+    prepare returns, nothing else does, and a freed input's memory went to the next model (a GPU's replay then read
+    weights as token ids)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from latency.devices.cuda import _Replay
+
+    class Graph:
+        replays = 0
+
+        def replay(self):
+            Graph.replays += 1
+
+    def prepare():
+        tokens = torch.zeros(4, dtype=torch.long)
+        out = torch.zeros(4)
+        return _Replay(Graph(), lambda: tokens + 1, out), weakref.ref(tokens), weakref.ref(out)
+
+    run, tokens, out = prepare()
+    gc.collect()
+    assert tokens() is not None and out() is not None
+    run()
+    assert Graph.replays == 1
+    del run
+    gc.collect()
+    assert tokens() is None and out() is None

@@ -78,7 +78,9 @@ class CUDA:
             def call():
                 return model(tokens)
 
-        step = self._step(call)
+        layers = getattr(model.config, "layers", ())
+        what = "the model [" + ", ".join(str(layer.attention) for layer in layers) + "]" if layers else "the model"
+        step = self._step(call, what)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def run(n: int) -> float:
@@ -93,13 +95,19 @@ class CUDA:
         return run
 
     @torch.inference_mode()
-    def _step(self, call):
+    def _step(self, call, what: str = "the model"):
+        """A function of no arguments that runs ``call`` once on the runtime; ``compile`` and ``cudagraph`` are
+        checked against an eager call (a replay that reads memory the capture did not own gives other numbers,
+        or a device-side assert, instead of a timing)."""
         if self.runtime == "eager":
             return torch.inference_mode()(call)
         if self.runtime == "compile":
-            compiled = torch.compile(call, mode="max-autotune-no-cudagraphs", dynamic=False)
-            for _ in range(3):  # compile and autotune now, not inside the timed calls
-                compiled()
+            # inductor's default mode: kernels fused, no autotuning (max-autotune took minutes per subnet on an
+            # H200, most of it in matmul templates that did not fit the GPU's shared memory)
+            compiled = torch.compile(call, dynamic=False)
+            for _ in range(3):  # compile now, not inside the timed calls
+                out = compiled()
+            self._check(out, call, what)
             return torch.inference_mode()(compiled)
         # cudagraph: warm up on a side stream (as torch.cuda.graphs requires), capture once, replay
         side = torch.cuda.Stream(self.device)
@@ -110,8 +118,42 @@ class CUDA:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            call()  # output (and a decode step's new state) stays in the graph's static memory
-        return graph.replay
+            out = call()  # output (and a decode step's new state) stays in the graph's static memory
+        try:
+            graph.replay()
+            torch.cuda.synchronize(self.device)
+        except RuntimeError as e:  # a device-side assert: the process's CUDA context is lost, say where
+            raise UserError(f"--runtime cudagraph: replaying the captured graph of {what} failed on the GPU "
+                            f"({str(e).splitlines()[0]}); time it with --runtime eager") from e  # fmt: skip
+        self._check(out, call, what)
+        return _Replay(graph, call, out)
+
+    def _check(self, out, call, what: str) -> None:
+        got, want = _first_tensor(out).float(), _first_tensor(call()).float()
+        err = (got - want).abs().max().item() / max(1.0, want.abs().max().item())
+        if not err <= 1e-2:  # the same kernels (compile: fused ones) on the same inputs; NaN fails too
+            raise UserError(f"--runtime {self.runtime}: {what} computes other numbers than eager mode (largest "
+                            f"difference {err:.2e} of the output's scale); time it with --runtime eager")  # fmt: skip
+
+
+class _Replay:
+    """A captured graph with what it reads and writes: ``call`` (the model's weights, its input tokens, a decode
+    step's cache) and the static output stay alive as long as the graph.  A bare ``graph.replay`` let them go
+    when ``prepare`` returned: the next model's weights took their memory, and the replay read them as token
+    ids (an H200: "vectorized gather kernel index out of bounds" in the embedding, every campaign)."""
+
+    def __init__(self, graph, call, out):
+        self.graph, self.call, self.out = graph, call, out
+
+    def __call__(self) -> None:
+        self.graph.replay()
+
+
+def _first_tensor(out):
+    """The logits of a call's output (a prefill's tensor; a decode step's (logits, state))."""
+    while isinstance(out, (tuple, list)):
+        out = out[0]
+    return out
 
 
 DEVICE = CUDA
