@@ -38,7 +38,7 @@ def test_fast_path_equals_reference_forward_and_gradients(spec):
         w = mix(s, requires_grad=True)
         fast, ref = attend(q, k, v, s, w, causal=False), attend_reference(q, k, v, s, w, causal=False)
         assert fast.shape == ref.shape == q.shape
-        assert (fast - ref).abs().max().item() <= 1e-5, (spec, t)
+        assert (fast - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item()), (spec, t)  # as the gradients
         inputs = [x for x in (q, k, v, *w.values()) if x is not None]
         grad_out = torch.randn(fast.shape, generator=torch.Generator().manual_seed(99))
         for a, b in zip(torch.autograd.grad(fast, inputs, grad_out), torch.autograd.grad(ref, inputs, grad_out)):
