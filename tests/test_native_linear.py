@@ -1,9 +1,9 @@
 """The compiled kernels of the linear family (supernet/attention/native.py: ``linear_forward``, ``dwconv_forward``,
 ``hydra_forward``): at inference on the CPU linear, relu-linear, cosformer, performer, sima, msla and hydra (and the
 convolutions of msla, lsra, convmod) give their references' numbers through them, for lengths on and off the
-kernel's 16-token blocks, every value head size, strided views of a fused projection and peaked features; the torch
-code runs where a gradient is recorded (and its gradients are the reference's), where the features are not a multiple
-of 16, off float32."""
+kernel's 16-token blocks, every value head size, strided views of a fused projection and peaked features; with a
+gradient recorded the kernel takes the features the torch maps give and its backward (``linear_backward``) gives the
+reference's gradients; the torch code runs where the features are not a multiple of 16, off float32."""
 
 import pytest
 import torch
@@ -48,6 +48,12 @@ def relative(out, ref) -> float:
     return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def scaled(grad, ref) -> float:
+    """A gradient's error relative to max(1, its scale): a gradient that cancels to near zero (one token: the output is
+    v whatever the scores) is held to float32's rounding of the terms that cancel, not to its own tiny scale."""
+    return ((grad - ref).abs().max() / ref.abs().max().clamp_min(1.0)).item()
+
+
 FORMS = [(n, c) for n in LINEAR + CONVS for c in (True, False) if c or "bidirectional" in get(parse_attention(n)).forms]
 
 
@@ -89,17 +95,50 @@ def test_head_sizes_and_peaked_features(d, dv, calls):
     assert calls["linear_forward"] == 4
 
 
-def test_a_recorded_gradient_runs_the_torch_code_with_the_references_gradients(calls):
+def test_a_recorded_gradient_runs_the_kernels_backward_with_the_references_gradients(calls):
+    """With a gradient recorded the torch feature maps record theirs and the kernel takes the features (its forward
+    keeps the denominators, ``linear_backward`` gives dq, dk, dv): the reference's gradients, the types' own weights
+    (msla's convolutions) included, for lengths on and off the 16-token blocks."""
+    runs = 0
     for name in LINEAR:
         spec = parse_attention(name)
-        q, k, v = (x.detach().requires_grad_() for x in projected(1, 2, 40, 16, seed=1))
-        w = weights(spec, 2, 16)
-        out = attend(q, k, v, spec, w)
-        grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-        ref = attend_reference(q, k, v, spec, w)
-        want = torch.autograd.grad(ref.square().sum(), (q, k, v))
-        assert relative(out, ref) <= 1e-5 and max(relative(a, b) for a, b in zip(grads, want)) <= 1e-4, name
-    assert "linear_forward" not in calls and "dwconv_forward" not in calls
+        for t in (1, 16, 40):
+            q, k, v = (x.detach().requires_grad_() for x in projected(1, 2, t, 16, seed=t))
+            w = {n: x.requires_grad_() for n, x in weights(spec, 2, 16).items()}
+            inputs = (q, k, v, *w.values())
+            out = attend(q, k, v, spec, w)
+            grads = torch.autograd.grad(out.square().sum(), inputs)
+            ref = attend_reference(*(x.double() for x in (q, k, v)), spec, {n: x.double() for n, x in w.items()})
+            want = torch.autograd.grad(ref.square().sum(), inputs)
+            assert relative(out.double(), ref) <= 1e-5, (name, t)
+            assert max(scaled(a.double(), b) for a, b in zip(grads, want)) <= 1e-4, (name, t)
+            runs += 1
+    assert calls["linear_backward"] == calls["linear_forward"] >= runs  # msla: two attentions (one token: its second in torch)
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["normalised", "numerator"])
+def test_the_kernels_backward_equals_float64_for_every_shape(normalize):
+    """linear_backward against autograd through the written-out float64 computation: one token, lengths on and off the
+    blocks, features 16 to 256 (80: a width the products take in two slices), value head sizes 16 to 128, features and
+    values as strided views of a fused projection, large inputs (x4: denominators far apart)."""
+    from supernet.attention.linear import LINEAR_EPS
+
+    g = torch.Generator().manual_seed(7)
+    for t, f, dv, scale in [(1, 16, 16, 1), (15, 32, 48, 1), (16, 48, 64, 4), (17, 80, 32, 1), (100, 64, 128, 1),
+                            (257, 256, 64, 4)]:  # fmt: skip
+        x = torch.rand(2, t, 3, 2, max(f, dv), generator=g) * scale  # non-negative features, as a feature map gives
+        fq, fk, v = x[:, :, 0, :, :f].transpose(1, 2), x[:, :, 1, :, :f].transpose(1, 2), x[:, :, 2, :, :dv].transpose(1, 2)
+        v = v - 0.5 * scale
+        go = torch.randn(2, 2, t, dv, generator=g)
+        leaves = [y.detach().double().requires_grad_() for y in (fq, fk, v)]
+        a = (leaves[0] @ leaves[1].transpose(-2, -1)).tril()  # (B, H, T, T)
+        ref = a @ leaves[2] / (a.sum(-1, keepdim=True) + LINEAR_EPS) if normalize else a @ leaves[2]
+        want = torch.autograd.grad(ref, leaves, go.double())
+        inputs = [y.detach().requires_grad_() for y in (fq, fk, v)]
+        out = native.causal_linear(*inputs, "none", normalize, LINEAR_EPS)
+        grads = torch.autograd.grad(out, inputs, go)
+        assert relative(out.double(), ref) <= 1e-5, (t, f, dv)
+        assert max(scaled(a.double(), b) for a, b in zip(grads, want)) <= 1e-5, (t, f, dv)
 
 
 def test_the_torch_code_runs_where_the_kernel_does_not_apply(calls):
@@ -141,17 +180,18 @@ def test_msla_adds_its_second_attention_into_the_first(calls):
 
 def test_threads_split_the_heads_without_changing_a_bit():
     q, k, v = projected(2, 6, 300, 64, seed=4)
-    spec = parse_attention("sima")
     before = torch.get_num_threads()
     try:
-        outs = []
+        outs, grads = [], []
         for n in (1, 2):
             torch.set_num_threads(n)
             with torch.no_grad():
-                outs.append(attend(q, k, v, spec))
+                outs.append(attend(q, k, v, parse_attention("sima")))
+            leaves = [x.detach().requires_grad_() for x in (q, k, v)]  # the backward too
+            grads.append(torch.autograd.grad(attend(*leaves, parse_attention("linear")).sum(), leaves))
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[0], outs[1]) and all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])

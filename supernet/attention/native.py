@@ -24,8 +24,10 @@ through :func:`causal_linear`: blocks of 16 tokens in order with a running (F, D
 elu + 1, sima's normalised queries, cosformer's cos/sin weighting, performer's FAVOR+ features) applied to each
 block's rows in cache, so that no feature tensor is written;
 msla's, lsra's and convmod's convolutions through :func:`depthwise_conv`, in the (B, H, T, D) layout.  With a gradient
-recorded the torch code (chunked GEMMs, grouped conv1d) runs, as it does off float32 or where F is not a multiple of
-16 (tests/test_native_linear.py).
+recorded the torch feature maps run (autograd records them) and the kernel takes their features: its forward keeps
+each row's denominator, its backward (``linear_backward``) gives dq, dk, dv by the same blocks, in order for dq and in
+reverse for dk and dv.  The torch code (chunked GEMMs, grouped conv1d) runs off float32 or where F is not a multiple
+of 16, and for the convolutions' gradients (tests/test_native_linear.py).
 
 It is built by ``torch.utils.cpp_extension`` the first time it is needed in a process (about 25 s on
 a 2-core machine, once: the build is cached per source and torch version under
@@ -230,16 +232,22 @@ def causal_linear(
     l1_eps: float = 0.0, into: Tensor | None = None, proj: Tensor | None = None,
 ) -> Tensor | None:
     """Causal kernelized attention: out_i = sum_{j<=i} (fq_i . fk_j) v_j / (sum_{j<=i} fq_i . fk_j + eps) (``normalize``;
-    else the numerator), by blocks of 16 tokens and a running (F, Dv) state, inference only.  fq, fk = phi(q), phi(k)
+    else the numerator), by blocks of 16 tokens and a running (F, Dv) state.  fq, fk = phi(q), phi(k)
     with phi ``feature``: "none" (q, k are features already), "relu", "elu1" (elu(x) + 1), "sima" (fq = the
     l1-normalised q (``l1_eps``) over the prefix sums of |k| plus ``eps`` per feature, fk = k; unnormalised), or
     "performer" (FAVOR+ as :func:`.linear.performer_features`, ``proj`` (F, D) its random features times D^(-1/4)), or
     "cosformer" ([relu(x) cos a_i, relu(x) sin a_i], ``proj`` (T, 2) each position's cos and sin; F = 2D).
-    ``into``: added to that (B, H, T, Dv) tensor, returned.  None where the kernel does not apply: a gradient recorded
-    (the chunked GEMMs and their backward run), F not a multiple of 16 up to 512, or :func:`fits`'s other conditions."""
+    ``into``: added to that (B, H, T, Dv) tensor, returned.  With a gradient recorded (``feature`` "none", no ``into``):
+    differentiable, the kernel's backward.  None where the kernel does not apply: a gradient recorded through a feature
+    map of its own or ``into`` (the callers' torch code runs), F not a multiple of 16 up to 512, or :func:`fits`'s other
+    conditions."""
     f = 2 * q.shape[-1] if feature == "cosformer" else q.shape[-1] if proj is None else proj.shape[0]
-    if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512 or recording(q, k, v):
+    if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512:
         return None
+    if recording(q, k, v):  # features given (the torch feature maps record theirs): the kernel's backward
+        if feature != "none" or into is not None or _kernel() is None:
+            return None
+        return _Linear.apply(q, k, v, normalize, eps)
     if into is not None and (into.shape != v.shape or into.dtype != v.dtype or into.stride(-1) != 1 or recording(into)):
         return None
     if _kernel() is None:
@@ -250,8 +258,32 @@ def causal_linear(
         proj = proj.contiguous()
     out = v.new_empty(v.shape) if into is None else into
     proj = _NO_PROJ if proj is None else proj
-    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None, proj)
+    _kernel().linear_forward(q, k, v, out, FEATURES[feature], normalize, eps, l1_eps, into is not None, proj, _NO_LSE)
     return out
+
+
+class _Linear(torch.autograd.Function):
+    """The kernel's causal linear attention of features fq, fk (keeping each row's denominator) and its backward: the
+    pairs inside each block of 16 from their scores, the rest through running (F, Dv) sums, forward for dq and in
+    reverse for dk and dv (``linear_backward``)."""
+
+    @staticmethod
+    def forward(ctx, fq, fk, v, normalize, eps):
+        out = v.new_empty(v.shape)
+        den = v.new_empty(v.shape[:-1]) if normalize else _NO_LSE  # (B, H, T): each row's denominator plus eps
+        _kernel().linear_forward(fq, fk, v, out, FEATURES["none"], normalize, eps, 0.0, False, _NO_PROJ, den)
+        ctx.save_for_backward(fq, fk, v, out, den)
+        ctx.normalize = normalize
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        fq, fk, v, out, den = ctx.saved_tensors
+        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+        dq, dk, dv = torch.empty(fq.shape), torch.empty(fk.shape), torch.empty(v.shape)  # every row written
+        _kernel().linear_backward(fq, fk, v, grad, out, den, dq, dk, dv, ctx.normalize)
+        return dq, dk, dv, None, None
 
 
 def hydra(q: Tensor, k: Tensor, v: Tensor, causal: bool, eps: float) -> Tensor | None:

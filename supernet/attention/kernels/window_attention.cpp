@@ -1,7 +1,7 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
 // fast path of local:W, dilated:W:D (its residue streams, in place), longformer:W:G, bigbird:W:G:R's causal form,
-// fixed:S, and strided:S's forward (its columns: Columns); and, further down, the linear family's causal forward
-// (linear_forward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by
+// fixed:S, and strided:S's forward (its columns: Columns); and, further down, the linear family's causal forward and
+// backward (linear_forward, linear_backward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by
 // supernet/attention/native.py.
 //
 // Query i attends the keys j with i - before <= j <= i + after (0 <= j < T): causal local:W is
@@ -638,7 +638,8 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 //   A   = the block's scores fq . fk, key-major as the window kernel's, zero where the key comes after the query,
 //   den = row sums of A + fq . z,
 //   out = (A V + fq S) / den;   then S += fk^T V and z += the block's fk, for the next block.
-// F a multiple of 16 (at most 512), Dv one of 16, 32, 48, 64, 128; any strides with the last one 1.
+// F a multiple of 16 (at most 512), Dv one of 16, 32, 48, 64, 128; any strides with the last one 1.  den_out (B, H, T),
+// when not empty: each row's den + eps, what linear_backward takes (FEATURE_NONE, normalising).
 // FEATURE_PERFORMER: q, k (B, H, T, D) raw, proj (F, D) performer's random features scaled by D^(-1/4): per block,
 // logits = x proj^T (a tile product), fq = exp(logits - their row maximum - ln(F) / 2), fk = exp(logits - |x|^2 /
 // (2 sqrt(D)) - ln(F) / 2) (linear.performer_features).
@@ -688,7 +689,8 @@ inline void map_row(const float* src, int64_t F, int64_t feature, float* dst) {
 inline float hsum(__m512 x) { return _mm512_reduce_add_ps(x); }
 
 void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, int64_t feature,
-                    bool normalize, double eps, double l1_eps, bool accumulate, const at::Tensor& proj) {
+                    bool normalize, double eps, double l1_eps, bool accumulate, const at::Tensor& proj,
+                    const at::Tensor& den_out) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && out.sizes() == v.sizes() &&
                   v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "linear attention: shapes");
@@ -705,9 +707,14 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
               "linear attention: performer's projection (F, D) float32 contiguous, D a multiple of 16 up to 512");
   TORCH_CHECK(F % 16 == 0 && F > 0 && F <= 512, "linear attention: features a multiple of 16, at most 512");
   TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention: value head sizes 16, 32, 48, 64 or 128");
+  const bool keep = den_out.numel() > 0;  // the backward's input: each row's denominator plus eps
+  TORCH_CHECK(!keep || (normalize && den_out.is_contiguous() && den_out.scalar_type() == at::kFloat &&
+                        den_out.numel() == B * H * T),
+              "linear attention: the denominators' output (B, H, T) float32 contiguous, when normalising");
   if (T == 0 || B * H == 0) return;
   const View Q(q), K(k), V(v), O(out);
   const float* W = favor || cosf ? proj.data_ptr<float>() : nullptr;
+  float* dens = keep ? den_out.data_ptr<float>() : nullptr;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> S(F * DV), z(F), za(F), qb(MQ * F), kb(MQ * F), qt(F * MQ), sc(MQ * MQ), xt(favor ? D * MQ : 0),
         ft(favor ? F * MQ : 0);
@@ -778,7 +785,9 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         alignas(64) float inv[MQ];
         if (normalize) {
           for (int64_t f = 0; f < F; ++f) den = _mm512_fmadd_ps(_mm512_set1_ps(z[f]), _mm512_loadu_ps(qt.data() + f * MQ), den);
-          _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), _mm512_add_ps(den, _mm512_set1_ps((float)eps))));
+          const __m512 de = _mm512_add_ps(den, _mm512_set1_ps((float)eps));
+          _mm512_store_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.f), de));
+          if (keep) _mm512_mask_storeu_ps(dens + w * T + q0, (__mmask16)((1u << m) - 1u), de);
         }
         const float* rs = normalize ? inv : nullptr;
         float* ob = O.head(b, h) + q0 * O.s2;
@@ -789,6 +798,141 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
           __m512 acc = _mm512_loadu_ps(z.data() + f);
           for (int64_t c = 0; c < m; ++c) acc = _mm512_add_ps(acc, _mm512_loadu_ps(kb.data() + c * F + f));
           _mm512_storeu_ps(z.data() + f, acc);
+        }
+      }
+    }
+  });
+}
+
+// Width-`width` products (any multiple of 16): columns in slices of at most 64 floats, the widths product lays out.
+void product_cols(const float* A, int64_t ra, int64_t ja, int64_t rows, int64_t n, const float* X, int64_t ldx,
+                  bool accumulate, float* O, int64_t ldo, int64_t width) {
+  for (int64_t c0 = 0; c0 < width; c0 += 64) {
+    product(A, ra, ja, rows, n, X + c0, ldx, nullptr, 1.f, accumulate, O + c0, ldo, std::min<int64_t>(64, width - c0),
+            -WIDE, WIDE);
+  }
+}
+
+// The gradients of linear_forward without a feature map (q, k: the features fq, fk (B, H, T, F)), from g = dL/d out,
+// the forward's out and its denominators plus eps `den` (B, H, T; empty without `normalize`).  Per row i:
+//   dn_i = g_i / den_i,  dd_i = -dn_i . out_i      (without normalize: dn = g, dd = 0)
+//   dA_ic = dn_i . v_c + dd_i  for c <= i           (the gradient of the score fq_i . fk_c)
+//   dq_i = sum_{c<=i} dA_ic fk_c,  dk_c = sum_{i>=c} dA_ic fq_i,  dv_c = sum_{i>=c} (fq_i . fk_c) dn_i.
+// By blocks of 16 rows, as the forward: the pairs inside a block from its scores; the earlier rows through running
+// sums, in order for dq (S = sum fk_j v_j^T, kept transposed as ST (Dv x F), and z = sum fk_j over the rows before the
+// block: dq_i += dn_i ST + dd_i z) and in reverse for dk and dv (R = sum fq_i dn_i^T and y = sum dd_i fq_i over the
+// rows after it: dk_c += R v_c + y, dv_c += R^T fk_c; R kept both ways, F x Dv and Dv x F).  dq, dk, dv written.
+void linear_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                     const at::Tensor& out, const at::Tensor& den, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                     bool normalize) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && g.sizes() == v.sizes() && out.sizes() == v.sizes() &&
+                  dq.sizes() == q.sizes() && dk.sizes() == q.sizes() && dv.sizes() == v.sizes() &&
+                  v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "linear attention backward: shapes");
+  check_layout("linear attention backward", {&q, &k, &v, &g, &out, &dq, &dk, &dv});
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), F = q.size(3), DV = v.size(3);
+  TORCH_CHECK(F % 16 == 0 && F > 0 && F <= 512, "linear attention backward: features a multiple of 16, at most 512");
+  TORCH_CHECK(DV % 16 == 0 && (DV <= 64 || DV == 128), "linear attention backward: value head sizes 16, 32, 48, 64 or 128");
+  TORCH_CHECK(!normalize || (den.is_contiguous() && den.scalar_type() == at::kFloat && den.numel() == B * H * T),
+              "linear attention backward: the denominators (B, H, T) float32 contiguous");
+  if (T == 0 || B * H == 0) return;
+  const View Q(q), K(k), V(v), G(g), O(out), DQ(dq), DK(dk), DVV(dv);
+  const float* dens = normalize ? den.data_ptr<float>() : nullptr;
+  const int64_t nblk = (T + MQ - 1) / MQ;
+  at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> ST(DV * F), z(F), R(F * DV), RT(DV * F), y(F), dn(MQ * DV), dd(MQ), dnt(DV * MQ), qt(F * MQ),
+        sa(MQ * MQ), sd(MQ * MQ);
+    // dn and dd of the block at q0 (m rows; rows past m zero), dn transposed into dnt; sd = dA (keys c x lanes i), masked
+    auto block_grads = [&](int64_t w, const float* gh, const float* oh, const float* vb, int64_t q0, int64_t m) {
+      std::fill(dn.begin(), dn.end(), 0.f);
+      std::fill(dd.begin(), dd.end(), 0.f);
+      for (int64_t r = 0; r < m; ++r) {
+        const float *gr = gh + (q0 + r) * G.s2, *orow = oh + (q0 + r) * O.s2;
+        float* d = dn.data() + r * DV;
+        const __m512 inv = _mm512_set1_ps(normalize ? 1.f / dens[w * T + q0 + r] : 1.f);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t e = 0; e < DV; e += 16) {
+          const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(gr + e), inv);
+          _mm512_storeu_ps(d + e, x);
+          acc = _mm512_fmadd_ps(x, _mm512_loadu_ps(orow + e), acc);
+        }
+        if (normalize) dd[r] = -hsum(acc);
+      }
+      const float* rows[MQ];
+      for (int r = 0; r < MQ; ++r) rows[r] = dn.data() + r * DV;
+      transpose_rows(rows, DV, 1.f, dnt.data());
+      scores(vb, V.s2, m, dnt.data(), DV, sd.data());  // sd[c][i] = v_c . dn_i
+      const __m512 ddv = _mm512_loadu_ps(dd.data());
+      for (int64_t c = 0; c < m; ++c) {  // row i sees key c for i >= c
+        const __mmask16 seen = (__mmask16)(0xFFFFu << c);
+        _mm512_storeu_ps(sd.data() + c * MQ, _mm512_maskz_add_ps(seen, _mm512_loadu_ps(sd.data() + c * MQ), ddv));
+      }
+    };
+    for (int64_t w = begin; w < end; ++w) {
+      const int64_t b = w / H, h = w % H;
+      const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = G.head(b, h), *oh = O.head(b, h);
+      float *dqh = DQ.head(b, h), *dkh = DK.head(b, h), *dvh = DVV.head(b, h);
+      // dq, in order
+      std::fill(ST.begin(), ST.end(), 0.f);
+      std::fill(z.begin(), z.end(), 0.f);
+      for (int64_t blk = 0; blk < nblk; ++blk) {
+        const int64_t q0 = blk * MQ, m = std::min<int64_t>(MQ, T - q0);
+        const float *vb = vh + q0 * V.s2, *kb = kh + q0 * K.s2;
+        float* dqb = dqh + q0 * DQ.s2;
+        block_grads(w, gh, oh, vb, q0, m);
+        product_cols(sd.data(), 1, MQ, m, m, kb, K.s2, false, dqb, DQ.s2, F);  // inside the block
+        if (q0 > 0) {
+          product_cols(dn.data(), DV, 1, m, DV, ST.data(), F, true, dqb, DQ.s2, F);  // dn_i S^T
+          for (int64_t r = 0; r < m && normalize; ++r) {
+            const __m512 s = _mm512_set1_ps(dd[r]);
+            float* row = dqb + r * DQ.s2;
+            for (int64_t f = 0; f < F; f += 16) {
+              _mm512_storeu_ps(row + f, _mm512_fmadd_ps(s, _mm512_loadu_ps(z.data() + f), _mm512_loadu_ps(row + f)));
+            }
+          }
+        }
+        product_cols(vb, 1, V.s2, DV, m, kb, K.s2, true, ST.data(), F, F);  // ST += V^T fk
+        for (int64_t f = 0; f < F; f += 16) {
+          __m512 acc = _mm512_loadu_ps(z.data() + f);
+          for (int64_t c = 0; c < m; ++c) acc = _mm512_add_ps(acc, _mm512_loadu_ps(kb + c * K.s2 + f));
+          _mm512_storeu_ps(z.data() + f, acc);
+        }
+      }
+      // dk and dv, in reverse
+      std::fill(R.begin(), R.end(), 0.f);
+      std::fill(RT.begin(), RT.end(), 0.f);
+      std::fill(y.begin(), y.end(), 0.f);
+      for (int64_t blk = nblk - 1; blk >= 0; --blk) {
+        const int64_t q0 = blk * MQ, m = std::min<int64_t>(MQ, T - q0);
+        const float *vb = vh + q0 * V.s2, *kb = kh + q0 * K.s2, *qb = qh + q0 * Q.s2;
+        float *dkb = dkh + q0 * DK.s2, *dvb = dvh + q0 * DVV.s2;
+        block_grads(w, gh, oh, vb, q0, m);
+        const float* rows[MQ];  // (rows past m repeat row 0: finite, and never read)
+        for (int r = 0; r < MQ; ++r) rows[r] = qb + (r < m ? r : 0) * Q.s2;
+        transpose_rows(rows, F, 1.f, qt.data());
+        scores(kb, K.s2, m, qt.data(), F, sa.data());  // sa[c][i] = fk_c . fq_i
+        for (int64_t c = 0; c < m; ++c) {
+          _mm512_storeu_ps(sa.data() + c * MQ, _mm512_maskz_mov_ps((__mmask16)(0xFFFFu << c), _mm512_loadu_ps(sa.data() + c * MQ)));
+        }
+        product(sa.data(), MQ, 1, m, m, dn.data(), DV, nullptr, 1.f, false, dvb, DVV.s2, DV, -WIDE, WIDE);  // inside
+        product_cols(sd.data(), MQ, 1, m, m, qb, Q.s2, false, dkb, DK.s2, F);
+        if (q0 + m < T) {  // the rows after the block
+          product(kb, K.s2, 1, m, F, R.data(), DV, nullptr, 1.f, true, dvb, DVV.s2, DV, -WIDE, WIDE);  // R^T fk_c
+          product_cols(vb, V.s2, 1, m, DV, RT.data(), F, true, dkb, DK.s2, F);  // R v_c
+          for (int64_t c = 0; c < m && normalize; ++c) {
+            float* row = dkb + c * DK.s2;
+            for (int64_t f = 0; f < F; f += 16) {
+              _mm512_storeu_ps(row + f, _mm512_add_ps(_mm512_loadu_ps(row + f), _mm512_loadu_ps(y.data() + f)));
+            }
+          }
+        }
+        product(qb, 1, Q.s2, F, m, dn.data(), DV, nullptr, 1.f, true, R.data(), DV, DV, -WIDE, WIDE);  // R += fq^T dn
+        product_cols(dn.data(), 1, DV, DV, m, qb, Q.s2, true, RT.data(), F, F);  // RT += dn^T fq
+        for (int64_t r = 0; r < m && normalize; ++r) {
+          const __m512 s = _mm512_set1_ps(dd[r]);
+          for (int64_t f = 0; f < F; f += 16) {
+            _mm512_storeu_ps(y.data() + f, _mm512_fmadd_ps(s, _mm512_loadu_ps(qb + r * Q.s2 + f), _mm512_loadu_ps(y.data() + f)));
+          }
         }
       }
     }
@@ -877,6 +1021,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("window_forward", &window_forward, "fused sliding-window attention with global keys (float32, AVX-512)");
   m.def("window_backward", &window_backward, "its gradients");
   m.def("linear_forward", &linear_forward, "causal kernelized (linear) attention with its feature map (float32, AVX-512)");
+  m.def("linear_backward", &linear_backward, "its gradients, without a feature map");
   m.def("dwconv_forward", &dwconv_forward, "depthwise convolution along the tokens (float32, AVX-512)");
   m.def("hydra_forward", &hydra_forward, "hydra attention, causal or bidirectional (float32, AVX-512)");
 }
