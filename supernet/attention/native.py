@@ -242,6 +242,8 @@ def causal_linear(
     map of its own or ``into`` (the callers' torch code runs), F not a multiple of 16 up to 512, or :func:`fits`'s other
     conditions."""
     f = 2 * q.shape[-1] if feature == "cosformer" else q.shape[-1] if proj is None else proj.shape[0]
+    if recording(q, k, v) and feature == "none" and into is None:  # features in a layout of their own (msla's
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # convolutions): a copy costs less
     if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512:
         return None
     if recording(q, k, v):  # features given (the torch feature maps record theirs): the kernel's backward
