@@ -68,3 +68,9 @@ def test_under_autocast_a_type_gets_one_dtype_and_autocast_off():
         assert seen == {"dtypes": {torch.float32}, "autocast": False}
     finally:
         del typ.forward
+
+
+def test_shapes_on_the_meta_device_pass_through():
+    """A forward on the meta device (shapes, no memory) asks no autocast question torch cannot answer there."""
+    q = torch.empty(1, 2, 9, 8, device="meta")
+    assert attend(q, q, q, parse_attention("softmax")).shape == (1, 2, 9, 8)

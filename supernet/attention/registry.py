@@ -59,7 +59,7 @@ def attend(
     steps in bf16 and others in fp32 (the linear family's fp32 prefix sums took bf16 products in place)."""
     path = REGISTRY[spec.kind].path(q.device.type, exporting(), causal)
     w = w or {}
-    if not torch.is_autocast_enabled(q.device.type):
+    if q.device.type == "meta" or not torch.is_autocast_enabled(q.device.type):  # (meta: shapes only; no autocast there)
         return path(q, k, v, spec, w)
     dt = q.dtype
     with torch.autocast(q.device.type, enabled=False):
