@@ -152,25 +152,39 @@ def recording(*xs: Tensor) -> bool:
 
 
 class _Window(torch.autograd.Function):
-    """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block)."""
+    """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block).  With strided's
+    columns the lse is the joint one (window and columns under one softmax): the backward takes the window's share and
+    the columns' (each residue stream, keys strictly before the query) in two calls, given rowsum(dO * O) over both."""
 
     @staticmethod
     def forward(ctx, q, k, v, window):
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
         lse = q.new_empty(q.shape[:-1])
         _kernel().window_forward(q, k, v, out, lse, *window)
-        ctx.save_for_backward(q, k, v, lse)
+        ctx.save_for_backward(q, k, v, lse, out if window[COLUMNS] else _NO_LSE)
         ctx.window = window
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, lse = ctx.saved_tensors
+        q, k, v, lse, out = ctx.saved_tensors
         grad = grad if grad.stride(-1) == 1 else grad.contiguous()
         dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)  # every row written
-        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *ctx.window)
-        return dq, dk, dv, None
+        columns = ctx.window[COLUMNS]
+        if not columns:
+            _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *ctx.window, _NO_LSE)
+            return dq, dk, dv, None
+        delta = torch.linalg.vecdot(grad, out).contiguous()  # (B, H, T): rowsum(dO * O) over window and columns
+        window = (*ctx.window[:COLUMNS], 0, *ctx.window[COLUMNS + 1 :])
+        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *window, delta)
+        # the columns: on each residue stream (step S) every key strictly before the query (after = -1)
+        cq, ck, cv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
+        _kernel().window_backward(q, k, v, lse, grad, cq, ck, cv, q.shape[2], -1, 0, 0, _NO_PICKS, 1, 0, 0, columns, delta)
+        return dq.add_(cq), dk.add_(ck), dv.add_(cv), None
+
+
+COLUMNS = 7  # the index of ``columns`` in :meth:`Window.args`
 
 
 @dataclass(frozen=True)
@@ -180,7 +194,7 @@ class Window:
     ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
-    ``columns`` (strided:S, alone, with before < S and after 0; inference only: no backward): also the keys i - S,
+    ``columns`` (strided:S, alone, with before < S and after 0; the backward: the kernel's and torch's): also the keys i - S,
     i - 2S, ... (causal attention within each residue stream, joined into the window's softmax).  ``step``
     (dilated:W:D): the pattern on each residue stream i = r, r + step, ... alone (before and after
     count the stream's rows)."""
@@ -215,11 +229,11 @@ def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) ->
 
 def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor | None:
     """The attention of ``window`` over (B, H, T, D) tensors (differentiable), or None where the kernel does not
-    apply (:func:`fits`; a gradient recorded through ``columns``, which have no backward)."""
+    apply (:func:`fits`)."""
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return None if window.columns else _Window.apply(q, k, v, window.args())
+        return _Window.apply(q, k, v, window.args())
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 

@@ -334,7 +334,7 @@ Pattern pattern(int64_t T, int64_t before, int64_t after, int64_t globals, int64
                 int64_t width, int64_t blocks, int64_t columns) {
   TORCH_CHECK(columns >= 0 && (columns == 0 || (globals == 0 && picks.numel() == 0 && blocks == 0 && before < columns && after == 0)),
               "window attention: columns (strided) alone, causal, the window shorter than the stride");
-  TORCH_CHECK(before >= 0 && after >= 0 && globals >= 0 && global_after >= 0, "window attention: window");
+  TORCH_CHECK(before >= 0 && after >= -1 && globals >= 0 && global_after >= 0, "window attention: window");
   TORCH_CHECK(blocks >= 0 && blocks % MQ == 0 && (blocks == 0 || (globals == 0 && picks.numel() == 0)),
               "window attention: blocks (fixed) a multiple of 16, without global keys or picks");
   Pattern p{T, std::min(globals, T), (int32_t)std::min(before, T), (int32_t)std::min(after, T),
@@ -484,6 +484,7 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                     int64_t before, int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks,
                     int64_t width, int64_t blocks, int64_t columns, int64_t step) {
   check(q, k, v, out);
+  TORCH_CHECK(after >= 0, "window attention: every query sees itself (after >= 0)");
   const bool keep = lse.numel() > 0;
   TORCH_CHECK(!keep || (lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2)), "window attention: lse");
   TORCH_CHECK(step >= 1 && (step == 1 || columns == 0), "window attention: step (dilation) >= 1, without columns");
@@ -535,21 +536,27 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // recomputed per block; dS = P * (dP - rowsum(dO * O)); one (b, h) per task, its blocks in order (dk and dv rows
 // are shared by neighbouring blocks: accumulated, each zeroed when a block first reaches it); step > 1 (dilated):
 // block blk of every residue stream in turn, as the forward (each stream's rows in place, its own zeroing front).
-// The forward's output is not needed: rowsum(dO * O) = sum over keys of P dP.
+// The forward's output is not needed: rowsum(dO * O) = sum over keys of P dP.  `delta` (B, H, T), when not empty: that
+// row sum given, for a softmax over more keys than the pattern's (strided: lse the joint one of its window and columns),
+// whose keys then get their exact share.  after = -1 (the backward only): keys strictly before the query (strided's
+// columns: each residue stream, step S, with before >= T).
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
-                     int64_t blocks, int64_t columns, int64_t step) {
-  TORCH_CHECK(columns == 0 && step >= 1, "window attention backward: no columns (strided's forward only), step >= 1");
+                     int64_t blocks, int64_t columns, int64_t step, const at::Tensor& delta) {
+  TORCH_CHECK(columns == 0 && step >= 1, "window attention backward: no columns (strided's: delta), step >= 1");
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
   TORCH_CHECK(dq.sizes() == q.sizes() && lse.is_contiguous() && lse.numel() == q.size(0) * q.size(1) * q.size(2),
               "window attention backward: shapes");
+  const bool given = delta.numel() > 0;  // rowsum(dO * O) of a softmax that spans more keys than these (strided)
+  TORCH_CHECK(!given || (delta.is_contiguous() && delta.scalar_type() == at::kFloat && delta.numel() == lse.numel()),
+              "window attention backward: delta (B, H, T) float32 contiguous");
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), DV = v.size(3);
   if (T == 0 || B * H == 0) return;
   const std::vector<Pattern> pats = stream_patterns(T, step, before, after, globals, global_after, picks, width, blocks, 0);
   const int64_t streams = pats.size();
-  const View Q0(q), K0(k), V0(v), dO0(dout), dQ0(dq), dK0(dk), dV0(dv), L0(lse);
+  const View Q0(q), K0(k), V0(v), dO0(dout), dQ0(dq), dK0(dk), dV0(dv), L0(lse), R0(given ? delta : lse);
   const int64_t most = most_rows(pats[0]), nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const float scale = 1.f / std::sqrt((float)D);
   const bool big = streaming(dq);
@@ -566,6 +573,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           const int64_t T = pat.T;
           const View Q = Q0.stream(r, step), K = K0.stream(r, step), V = V0.stream(r, step), dO = dO0.stream(r, step);
           const View dQ = dQ0.stream(r, step), dK = dK0.stream(r, step), dV = dV0.stream(r, step), L = L0.stream(r, step);
+          const View Rs = R0.stream(r, step);
           const float *qh = Q.head(b, h), *kh = K.head(b, h), *vh = V.head(b, h), *gh = dO.head(b, h), *lh = L.head(b, h);
           float *dkh = dK.head(b, h), *dvh = dV.head(b, h);
           int64_t& fresh = reached[r];  // key rows below this one hold gradient already
@@ -591,12 +599,18 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             scores(kh + g.start * K.s2, K.s2 * g.step, g.count, qt.data(), D, pt.data() + g.row * MQ);
             scores(vh + g.start * V.s2, V.s2 * g.step, g.count, dot.data(), DV, dst.data() + g.row * MQ);
           }
-          // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O)
+          // P = exp(S - lse); rowsum(dO * O) = sum_c P dP (from the buffers in cache, not a pass over O), or `delta`
           __m512 di = _mm512_setzero_ps();
           for (int64_t c = 0; c < bl.n; ++c) {
             const __m512 p = _mm512_maskz_mov_ps(mask[c], exp512(_mm512_sub_ps(_mm512_loadu_ps(pt.data() + c * MQ), lsel)));
             _mm512_storeu_ps(pt.data() + c * MQ, p);
             di = _mm512_fmadd_ps(p, _mm512_loadu_ps(dst.data() + c * MQ), di);
+          }
+          if (given) {
+            alignas(64) float dv_[MQ] = {0};
+            const float* rh = Rs.head(b, h);
+            for (int64_t i = 0; i < bl.m; ++i) dv_[i] = rh[(bl.q0 + i) * Rs.s2];
+            di = _mm512_load_ps(dv_);
           }
           for (int64_t c = 0; c < bl.n; ++c) {  // dS = P * (dP - rowsum)
             const __m512 p = _mm512_loadu_ps(pt.data() + c * MQ);
@@ -622,6 +636,13 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             product(p, MQ, 1, g.count, bl.m, gh + bl.q0 * dO.s2, dO.s2, nullptr, 1.f, true, dvh + g.start * dV.s2, dV.s2 * g.step,
                     DV, -hi, -lo);
           }
+        }
+      }
+      for (int64_t r = 0; r < streams; ++r) {  // key rows no query saw (after = -1: a stream's last key): gradient 0
+        const View dK = dK0.stream(r, step), dV = dV0.stream(r, step);
+        for (int64_t j = reached[r]; j < pats[r].T; ++j) {
+          std::fill_n(dK.head(b, h) + j * dK.s2, D, 0.f);
+          std::fill_n(dV.head(b, h) + j * dV.s2, DV, 0.f);
         }
       }
     }
