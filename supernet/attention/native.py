@@ -11,8 +11,8 @@ does) and accumulates dK and dV block by block.  It serves local:W and longforme
 the first G keys; the encoder form's G global rows then one SDPA), causal and bidirectional,
 dilated:W:D (its residue streams read and written in place, forward and backward, ``Window.step``), bigbird:W:G:R's causal
 form (each block's R picked blocks are further key segments; W a multiple of 16, R <= 8), fixed:S (the summaries a
-segment of keys S apart; S a multiple of 16) and strided:S's inference (any S: the columns as causal attention
-within each residue stream, merged into the window's softmax) when:
+segment of keys S apart; S a multiple of 16) and strided:S (any S: the columns as causal attention within each
+residue stream, merged into the window's softmax; its backward the window's and the streams' in two calls) when:
 
 * float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.

@@ -1,6 +1,6 @@
 // Fused sliding-window softmax attention for the CPU (float32, AVX-512), forward and backward: the compiled
 // fast path of local:W, dilated:W:D (its residue streams, in place), longformer:W:G, bigbird:W:G:R's causal form,
-// fixed:S, and strided:S's forward (its columns: Columns); and, further down, the linear family's causal forward and
+// fixed:S, and strided:S (its columns: Columns; their backward as dilated's streams); and, further down, the linear family's causal forward and
 // backward (linear_forward, linear_backward), a depthwise convolution along the tokens (dwconv_forward) and hydra (hydra_forward).  Loaded by
 // supernet/attention/native.py.
 //
