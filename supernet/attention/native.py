@@ -151,6 +151,13 @@ def recording(*xs: Tensor) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
+def _backward_buffers(grad: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The incoming gradient with its last stride 1 (as the kernels read it), and dq, dk, dv for a kernel's backward to
+    write (every row)."""
+    grad = grad if grad.stride(-1) == 1 else grad.contiguous()
+    return grad, torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
+
+
 class _Window(torch.autograd.Function):
     """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block).  With strided's
     columns the lse is the joint one (window and columns under one softmax): the backward takes the window's share and
@@ -169,8 +176,7 @@ class _Window(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         q, k, v, lse, out = ctx.saved_tensors
-        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-        dq, dk, dv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)  # every row written
+        grad, dq, dk, dv = _backward_buffers(grad, q, k, v)
         columns = ctx.window[COLUMNS]
         if not columns:
             _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *ctx.window, _NO_LSE)
@@ -296,8 +302,7 @@ class _Linear(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
         fq, fk, v, out, den = ctx.saved_tensors
-        grad = grad if grad.stride(-1) == 1 else grad.contiguous()
-        dq, dk, dv = torch.empty(fq.shape), torch.empty(fk.shape), torch.empty(v.shape)  # every row written
+        grad, dq, dk, dv = _backward_buffers(grad, fq, fk, v)
         _kernel().linear_backward(fq, fk, v, grad, out, den, dq, dk, dv, ctx.normalize)
         return dq, dk, dv, None, None
 
