@@ -43,7 +43,7 @@ import os
 import shutil
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -161,14 +161,14 @@ def _backward_buffers(grad: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple[Te
 class _Window(torch.autograd.Function):
     """The kernel's forward (keeping each row's log-sum-exp) and its backward (P recomputed per block).  With strided's
     columns the lse is the joint one (window and columns under one softmax): the backward takes the window's share and
-    the columns' (each residue stream, keys strictly before the query) in two calls, given rowsum(dO * O) over both."""
+    adds the columns' (each residue stream, keys strictly before the query), given rowsum(dO * O) over both."""
 
     @staticmethod
     def forward(ctx, q, k, v, window):
         out = q.new_empty(q.shape[:-1] + v.shape[-1:])
         lse = q.new_empty(q.shape[:-1])
-        _kernel().window_forward(q, k, v, out, lse, *window)
-        ctx.save_for_backward(q, k, v, lse, out if window[COLUMNS] else _NO_LSE)
+        _kernel().window_forward(q, k, v, out, lse, *window.args())
+        ctx.save_for_backward(q, k, v, lse, out if window.columns else _NO_LSE)
         ctx.window = window
         return out
 
@@ -177,20 +177,15 @@ class _Window(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, lse, out = ctx.saved_tensors
         grad, dq, dk, dv = _backward_buffers(grad, q, k, v)
-        columns = ctx.window[COLUMNS]
-        if not columns:
-            _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *ctx.window, _NO_LSE)
+        window = ctx.window
+        if not window.columns:
+            _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *window.args(), _NO_LSE, False)
             return dq, dk, dv, None
         delta = torch.linalg.vecdot(grad, out).contiguous()  # (B, H, T): rowsum(dO * O) over window and columns
-        window = (*ctx.window[:COLUMNS], 0, *ctx.window[COLUMNS + 1 :])
-        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *window, delta)
-        # the columns: on each residue stream (step S) every key strictly before the query (after = -1)
-        cq, ck, cv = torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
-        _kernel().window_backward(q, k, v, lse, grad, cq, ck, cv, q.shape[2], -1, 0, 0, _NO_PICKS, 1, 0, 0, columns, delta)
-        return dq.add_(cq), dk.add_(ck), dv.add_(cv), None
-
-
-COLUMNS = 7  # the index of ``columns`` in :meth:`Window.args`
+        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *replace(window, columns=0).args(), delta, False)
+        columns = Window(q.shape[2], -1, step=window.columns)  # each residue stream: every key strictly before the query
+        _kernel().window_backward(q, k, v, lse, grad, dq, dk, dv, *columns.args(), delta, True)
+        return dq, dk, dv, None
 
 
 @dataclass(frozen=True)
@@ -200,7 +195,7 @@ class Window:
     ``picks`` (ceil(T / width), R) int64 block indices, -1 for none, each before the block's window (``width`` a
     multiple of 16, R <= 8).  ``blocks`` (fixed:S, a multiple of 16, with no global keys or picks): the window stops at
     the start of the query's block of ``blocks`` keys, and the last key of every earlier block is seen too.
-    ``columns`` (strided:S, alone, with before < S and after 0; the backward: the kernel's and torch's): also the keys i - S,
+    ``columns`` (strided:S, alone, with before < S and after 0): also the keys i - S,
     i - 2S, ... (causal attention within each residue stream, joined into the window's softmax).  ``step``
     (dilated:W:D): the pattern on each residue stream i = r, r + step, ... alone (before and after
     count the stream's rows)."""
@@ -227,7 +222,7 @@ def window_into(out: Tensor, q: Tensor, k: Tensor, v: Tensor, window: Window) ->
     """``out`` (B, H, T, Dv), any strides with the last one 1, gets the attention of ``window``.  The caller checked
     :func:`fits`; with a gradient recorded the result is copied in (autograd sees the copy)."""
     if recording(q, k, v):
-        out.copy_(_Window.apply(q, k, v, window.args()))
+        out.copy_(_Window.apply(q, k, v, window))
     else:
         _kernel().window_forward(q, k, v, out, _NO_LSE, *window.args())
     return out
@@ -239,7 +234,7 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, window: Window) -> Tensor 
     if not fits(q, k, v):
         return None
     if recording(q, k, v):
-        return _Window.apply(q, k, v, window.args())
+        return _Window.apply(q, k, v, window)
     return window_into(q.new_empty(q.shape[:-1] + v.shape[-1:]), q, k, v, window)
 
 
@@ -262,14 +257,16 @@ def causal_linear(
     map of its own or ``into`` (the callers' torch code runs), F not a multiple of 16 up to 512, or :func:`fits`'s other
     conditions."""
     f = 2 * q.shape[-1] if feature == "cosformer" else q.shape[-1] if proj is None else proj.shape[0]
-    if recording(q, k, v) and feature == "none" and into is None:  # features in a layout of their own (msla's
-        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))  # convolutions): a copy costs less
+    grad = recording(q, k, v)
+    if grad:  # the kernel's backward takes features (the torch feature maps record theirs) and writes a fresh output
+        if feature != "none" or into is not None:
+            return None
+        # features in a layout of their own (msla's convolutions' outputs): a copy costs less than the torch GEMMs
+        q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     if not _takes(q, k, v) or f % 16 or f > 512 or q.shape[-1] % 16 or q.shape[-1] > 512:
         return None
-    if recording(q, k, v):  # features given (the torch feature maps record theirs): the kernel's backward
-        if feature != "none" or into is not None or _kernel() is None:
-            return None
-        return _Linear.apply(q, k, v, normalize, eps)
+    if grad:
+        return None if _kernel() is None else _Linear.apply(q, k, v, normalize, eps)
     if into is not None and (into.shape != v.shape or into.dtype != v.dtype or into.stride(-1) != 1 or recording(into)):
         return None
     if _kernel() is None:

@@ -539,11 +539,12 @@ void window_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 // The forward's output is not needed: rowsum(dO * O) = sum over keys of P dP.  `delta` (B, H, T), when not empty: that
 // row sum given, for a softmax over more keys than the pattern's (strided: lse the joint one of its window and columns),
 // whose keys then get their exact share.  after = -1 (the backward only): keys strictly before the query (strided's
-// columns: each residue stream, step S, with before >= T).
+// columns: each residue stream, step S, with before >= T).  `accumulate`: dq, dk, dv added to, not written (strided's
+// columns onto its window's gradients).
 void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
                      const at::Tensor& dout, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, int64_t before,
                      int64_t after, int64_t globals, int64_t global_after, const at::Tensor& picks, int64_t width,
-                     int64_t blocks, int64_t columns, int64_t step, const at::Tensor& delta) {
+                     int64_t blocks, int64_t columns, int64_t step, const at::Tensor& delta, bool accumulate) {
   TORCH_CHECK(columns == 0 && step >= 1, "window attention backward: no columns (strided's: delta), step >= 1");
   check(q, k, v, dout);
   check(dq, dk, dv, dv);
@@ -559,7 +560,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   const View Q0(q), K0(k), V0(v), dO0(dout), dQ0(dq), dK0(dk), dV0(dv), L0(lse), R0(given ? delta : lse);
   const int64_t most = most_rows(pats[0]), nb = (pats[0].T + MQ - 1) / MQ;  // stream 0's blocks: the most
   const float scale = 1.f / std::sqrt((float)D);
-  const bool big = streaming(dq);
+  const bool big = streaming(dq) && !accumulate;
   at::parallel_for(0, B * H, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> pt(most * MQ), dst(most * MQ), qt(D * MQ), dot(DV * MQ);
     std::vector<__mmask16> mask(most);
@@ -618,7 +619,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           }
           // key rows no earlier block reached start at zero (window ranges only move forward; global keys and
           // picked blocks lie before the window range, in rows the first blocks' windows zeroed)
-          for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn; ++j) {
+          for (int64_t j = std::max(fresh, bl.kstart); j < bl.kstart + bl.cn && !accumulate; ++j) {
             std::fill_n(dkh + j * dK.s2, D, 0.f);
             std::fill_n(dvh + j * dV.s2, DV, 0.f);
           }
@@ -629,7 +630,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
             const Segment& g = bl.seg[s];
             const int64_t lo = bl.band_lo(g, pat.bef), hi = bl.band_hi(g, pat.aft);
             const float *ds = dst.data() + g.row * MQ, *p = pt.data() + g.row * MQ;
-            product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, s > 0, dqb, dQ.s2, D, lo, hi,
+            product(ds, 1, MQ, bl.m, g.count, kh + g.start * K.s2, K.s2 * g.step, nullptr, scale, accumulate || s > 0, dqb, dQ.s2, D, lo, hi,
                     big && bl.nseg == 1 && aligned(dqb));
             product(ds, MQ, 1, g.count, bl.m, qh + bl.q0 * Q.s2, Q.s2, nullptr, scale, true, dkh + g.start * dK.s2, dK.s2 * g.step,
                     D, -hi, -lo);
@@ -638,7 +639,7 @@ void window_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
           }
         }
       }
-      for (int64_t r = 0; r < streams; ++r) {  // key rows no query saw (after = -1: a stream's last key): gradient 0
+      for (int64_t r = 0; r < streams && !accumulate; ++r) {  // key rows no query saw (after = -1: a stream's last key): 0
         const View dK = dK0.stream(r, step), dV = dV0.stream(r, step);
         for (int64_t j = reached[r]; j < pats[r].T; ++j) {
           std::fill_n(dK.head(b, h) + j * dK.s2, D, 0.f);
@@ -708,6 +709,21 @@ inline void map_row(const float* src, int64_t F, int64_t feature, float* dst) {
 }
 
 inline float hsum(__m512 x) { return _mm512_reduce_add_ps(x); }
+
+// acc[0 .. n) += the m rows of x (ld apart); n a multiple of 16.
+inline void add_rows(float* acc, const float* x, int64_t ld, int64_t m, int64_t n) {
+  for (int64_t f = 0; f < n; f += 16) {
+    __m512 a = _mm512_loadu_ps(acc + f);
+    for (int64_t c = 0; c < m; ++c) a = _mm512_add_ps(a, _mm512_loadu_ps(x + c * ld + f));
+    _mm512_storeu_ps(acc + f, a);
+  }
+}
+
+// y[0 .. n) += a x; n a multiple of 16.
+inline void axpy(float a, const float* x, float* y, int64_t n) {
+  const __m512 s = _mm512_set1_ps(a);
+  for (int64_t f = 0; f < n; f += 16) _mm512_storeu_ps(y + f, _mm512_fmadd_ps(s, _mm512_loadu_ps(x + f), _mm512_loadu_ps(y + f)));
+}
 
 void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, int64_t feature,
                     bool normalize, double eps, double l1_eps, bool accumulate, const at::Tensor& proj,
@@ -815,11 +831,7 @@ void linear_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
         product(sc.data(), 1, MQ, m, m, vb, V.s2, rs, 1.f, accumulate, ob, O.s2, DV, -WIDE, 0);  // inside the block
         if (q0 > 0) product(qt.data(), 1, MQ, m, F, S.data(), DV, rs, 1.f, true, ob, O.s2, DV, -WIDE, WIDE);  // before it
         product(kb.data(), 1, F, F, m, vb, V.s2, nullptr, 1.f, true, S.data(), DV, DV, -WIDE, WIDE);  // S += fk^T V
-        for (int64_t f = 0; f < F; f += 16) {
-          __m512 acc = _mm512_loadu_ps(z.data() + f);
-          for (int64_t c = 0; c < m; ++c) acc = _mm512_add_ps(acc, _mm512_loadu_ps(kb.data() + c * F + f));
-          _mm512_storeu_ps(z.data() + f, acc);
-        }
+        add_rows(z.data(), kb.data(), F, m, F);
       }
     }
   });
@@ -904,20 +916,10 @@ void linear_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         product_cols(sd.data(), 1, MQ, m, m, kb, K.s2, false, dqb, DQ.s2, F);  // inside the block
         if (q0 > 0) {
           product_cols(dn.data(), DV, 1, m, DV, ST.data(), F, true, dqb, DQ.s2, F);  // dn_i S^T
-          for (int64_t r = 0; r < m && normalize; ++r) {
-            const __m512 s = _mm512_set1_ps(dd[r]);
-            float* row = dqb + r * DQ.s2;
-            for (int64_t f = 0; f < F; f += 16) {
-              _mm512_storeu_ps(row + f, _mm512_fmadd_ps(s, _mm512_loadu_ps(z.data() + f), _mm512_loadu_ps(row + f)));
-            }
-          }
+          for (int64_t r = 0; r < m && normalize; ++r) axpy(dd[r], z.data(), dqb + r * DQ.s2, F);  // dd_i z
         }
         product_cols(vb, 1, V.s2, DV, m, kb, K.s2, true, ST.data(), F, F);  // ST += V^T fk
-        for (int64_t f = 0; f < F; f += 16) {
-          __m512 acc = _mm512_loadu_ps(z.data() + f);
-          for (int64_t c = 0; c < m; ++c) acc = _mm512_add_ps(acc, _mm512_loadu_ps(kb + c * K.s2 + f));
-          _mm512_storeu_ps(z.data() + f, acc);
-        }
+        add_rows(z.data(), kb, K.s2, m, F);
       }
       // dk and dv, in reverse
       std::fill(R.begin(), R.end(), 0.f);
@@ -940,21 +942,11 @@ void linear_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
         if (q0 + m < T) {  // the rows after the block
           product(kb, K.s2, 1, m, F, R.data(), DV, nullptr, 1.f, true, dvb, DVV.s2, DV, -WIDE, WIDE);  // R^T fk_c
           product_cols(vb, V.s2, 1, m, DV, RT.data(), F, true, dkb, DK.s2, F);  // R v_c
-          for (int64_t c = 0; c < m && normalize; ++c) {
-            float* row = dkb + c * DK.s2;
-            for (int64_t f = 0; f < F; f += 16) {
-              _mm512_storeu_ps(row + f, _mm512_add_ps(_mm512_loadu_ps(row + f), _mm512_loadu_ps(y.data() + f)));
-            }
-          }
+          for (int64_t c = 0; c < m && normalize; ++c) axpy(1.f, y.data(), dkb + c * DK.s2, F);  // + y
         }
         product(qb, 1, Q.s2, F, m, dn.data(), DV, nullptr, 1.f, true, R.data(), DV, DV, -WIDE, WIDE);  // R += fq^T dn
         product_cols(dn.data(), 1, DV, DV, m, qb, Q.s2, true, RT.data(), F, F);  // RT += dn^T fq
-        for (int64_t r = 0; r < m && normalize; ++r) {
-          const __m512 s = _mm512_set1_ps(dd[r]);
-          for (int64_t f = 0; f < F; f += 16) {
-            _mm512_storeu_ps(y.data() + f, _mm512_fmadd_ps(s, _mm512_loadu_ps(qb + r * Q.s2 + f), _mm512_loadu_ps(y.data() + f)));
-          }
-        }
+        for (int64_t r = 0; r < m && normalize; ++r) axpy(dd[r], qb + r * Q.s2, y.data(), F);  // y += dd_i fq_i
       }
     }
   });
