@@ -11,6 +11,8 @@
 #   GPU_CHECK_SECONDS=500 scripts/gpu_check_all.sh   # the whole run's time: a step gets at most what is left,
 #                                                    # and the steps are in order of what matters most
 #   GPU_CHECK_STEPS=train-bf16,latency-eager scripts/gpu_check_all.sh   # only these steps (names as in summary.txt)
+#   GPU_CHECK_SAMPLES=40 scripts/gpu_check_all.sh   # subnets in the eager and cudagraph campaigns (default 16),
+#                                                   # each fitted to a predictor (its held-out error vs test-retest)
 #
 # OUTDIR holds all.log (every step's output), summary.txt (each step's exit code and seconds),
 # gpu_check_attention.json, bench_attention_cuda.{csv,json,png}, the eager latency table and the search's result.
@@ -52,12 +54,14 @@ step attention-parity 200 python3 scripts/gpu_check_attention.py --lengths 1000 
     --bench-lengths "" --out "$out/gpu_check_attention.json"
 
 step runtimes-per-type 150 python3 scripts/gpu_check_runtimes.py --space tiny --runtimes cudagraph,compile --jobs 4
+step runtimes-encoder 120 python3 scripts/gpu_check_runtimes.py --space encoder-tiny --runtimes cudagraph,compile --jobs 4
 
 sn="$run_dir/supernet"
 step train-bf16 90 nas train-supernet tiny --out "$sn" --device cuda --max-steps 30 --eval-interval 15 \
     --ckpt-interval 15 --eval-batches 4 --seed 0
 lat="$run_dir/lat-eager.csv"
-step latency-eager 100 nas measure-latency -q tiny --device cuda --samples 16 --rounds 2 --repeats 6 --out "$lat"
+samples=${GPU_CHECK_SAMPLES:-16}
+step latency-eager 200 nas measure-latency -q tiny --device cuda --samples "$samples" --rounds 2 --repeats 6 --out "$lat"
 step fit-predictor 60 nas fit-predictor "$lat" --out "$run_dir/pred"
 # the budget: the median measured latency of the table (a search that must choose)
 budget=$(python3 -c "import csv, statistics, sys; rows = [float(r['median_ms']) for r in csv.DictReader(open(sys.argv[1])) if r['pass'] == 'measure']; print(f'{statistics.median(rows):.4f}ms')" "$lat" 2>>"$all")
@@ -67,8 +71,9 @@ step search-cuda 120 nas search "$sn/latest.pt" --predictor "$run_dir/pred" --bu
 best=$(ls "$run_dir"/search/best_*.yaml 2>/dev/null | head -n 1)
 step train-subnet-cuda 90 nas train-subnet "${best:-missing-best.yaml}" --space tiny --out "$run_dir/subnet" \
     --device cuda --max-steps 20 --eval-interval 20 --eval-batches 4
-step latency-cudagraph 60 nas measure-latency -q tiny --device cuda --runtime cudagraph --samples 4 --rounds 2 \
-    --repeats 4 --out "$run_dir/lat-graph.csv"
+step latency-cudagraph 150 nas measure-latency -q tiny --device cuda --runtime cudagraph --samples "$samples" --rounds 2 \
+    --repeats 6 --out "$run_dir/lat-graph.csv"
+step fit-predictor-cudagraph 60 nas fit-predictor "$run_dir/lat-graph.csv" --out "$run_dir/pred-graph"
 step latency-compile 120 nas measure-latency -q tiny --device cuda --runtime compile --samples 3 --rounds 2 \
     --repeats 4 --out "$run_dir/lat-compile.csv"
 step train-compile 150 nas train-supernet tiny --out "$run_dir/compiled" --device cuda --max-steps 20 \
@@ -78,6 +83,7 @@ step bench-attention-cuda 120 python3 scripts/bench_attention.py --devices cuda 
     --out "$out/bench_attention_cuda"
 
 cp "$lat" "$out/latency_cuda_eager.csv" 2>/dev/null
+cp "$run_dir/lat-graph.csv" "$out/latency_cuda_cudagraph.csv" 2>/dev/null
 cp "$run_dir/search/search.json" "$out/search_cuda.json" 2>/dev/null
 echo "===== summary" | tee -a "$all"
 cat "$summary"
