@@ -37,6 +37,7 @@ ALPHAS = tuple(float(a) for a in np.logspace(-3, 3, 25))
 
 # feature sets (names of the columns :func:`features` makes; "frac:*" = one per attention type)
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "inherited": ("inherited",),  # a linear map of the inherited loss: its ranking, unchanged
     "offset": ("inherited", "frac:*"),  # inherited loss + a per-type offset
     "size": ("inherited", "frac:*", "depth", "embed_dim", "log_params"),
     "full": ("inherited", "frac:*", "depth", "embed_dim", "log_params", "heads", "ffn_dim"),
