@@ -94,8 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
     h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
                    help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "
-                        "from inherited weights); after each round those worse than the round's mean stop; the best by trained "
-                        "bits/byte: hurdles_<budget>.yaml, hurdles.csv (default 0: off)")
+                        "from --hurdle-from; with --verify only candidates whose measured latency holds); after each round "
+                        "those worse than the round's mean stop; the best by trained bits/byte: hurdles_<budget>.yaml, "
+                        "hurdles.csv (default 0: off)")
     h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
                    help="candidates per budget, the best by the search's fitness (default 8)")
     h.add_argument("--hurdle-per-type", type=int, default=0, metavar="N",
