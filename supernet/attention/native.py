@@ -203,6 +203,12 @@ def isa() -> str | None:
     return None if module is None else module.isa()
 
 
+def cached(isa: str) -> Path | None:
+    """The build folder of ``isa``'s kernels where they are built already (this torch, these sources), else None."""
+    where = _cache_dir(isa, ["-O3", "-std=c++17", *ISA_FLAGS[isa]])
+    return where if (where / f"{NAME}_{isa}.so").exists() else None
+
+
 def prebuild() -> str:
     """Build (or load) the kernels now, before any timed work (``train-supernet`` calls it before its clock starts);
     returns a note saying which, how long it took, or why they are not used."""
@@ -211,7 +217,7 @@ def prebuild() -> str:
         return f"compiled attention kernels not used: {why}"
     chosen = choose_isa()[0]
     seconds, fresh = _builds.get(chosen, (0.0, False))
-    return f"compiled attention kernels ({chosen}): {'built' if fresh else 'loaded from the cache'} in {seconds:.1f} s"
+    return f"compiled attention kernels ({chosen}): {'built' if fresh else 'loaded from the cache'} in {seconds:.2f} s"
 
 
 @contextlib.contextmanager

@@ -105,6 +105,8 @@ def library() -> tuple[Path | None, str]:
 
 def status_line() -> str:
     """One line for ``nas doctor``: where the library is, or why it is not available (without building it)."""
+    if os.environ.get(native.ENV_OFF, "1") == "0":
+        return f"not available: {native.ENV_OFF}=0"
     isa, why = native.choose_isa()
     if isa is None:
         return f"not available: {why}"
