@@ -25,8 +25,8 @@ from search_spaces.errors import UserError
 from . import __version__
 
 # The subcommands that exist, in the order --help lists them.
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "train-subnet",
-            "finetune", "classify", "generate", "translate", "doctor"]
+COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
+            "train-subnet", "finetune", "classify", "generate", "translate", "doctor"]
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other

@@ -114,7 +114,8 @@ def load_supernet(
         raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; the commands that take one: nas search, "
                         "nas export, nas translate, nas train-subnet --init supernet:CKPT "
                         "(README \"Translation (encoder-decoder)\")")  # fmt: skip
-    return fill_supernet(SuperTransformer(payload["space"]), payload, path, device), payload
+    split = any(".attn.fam." in name for name in payload["model"])  # a --split families run: Q/K/V/O per family too
+    return fill_supernet(SuperTransformer(payload["space"], split_families=split), payload, path, device), payload
 
 
 def fill_supernet(model: torch.nn.Module, payload: dict[str, Any], path: str | Path, device: str | torch.device = "cpu"):

@@ -164,12 +164,20 @@ class Objective(Protocol):
         """The subnets every step runs: with ``compile``, only these passes are compiled (once each)."""
         ...
 
+    # Optional: ``before_step(model, step, progress) -> str | None`` changes the model before step ``step`` (progress:
+    # the run's fraction done, 0..1) and says what it did; ``usage(steps) -> {attention type: layer-passes}`` of the
+    # first ``steps`` steps (reported at each validation and written to ``OUT/type_passes.json``).
+
     def to_dict(self) -> dict[str, Any]: ...
 
     @property
     def task(self) -> Task:
         """What is learned (:mod:`supernet.task`): the batches, the losses and the held-out scoring."""
         ...
+
+
+BALANCES = ("types", "first")  # --balance: the sandwich's largest / smallest rotate over the types, or use the first
+SPLITS = ("none", "families")  # --split: one Q/K/V/O for every type, or one per attention family (few-shot NAS)
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,15 @@ class SandwichObjective:
     ``(1 - distill) * CE(data) + distill * KL(largest || it)``, the largest subnet's
     predictions taken as fixed soft targets.  Both terms are over the ``task``'s scored positions (for
     masked-LM: the chosen ones).
+
+    ``balance="types"``: step ``k``'s largest and smallest subnets have every layer of the space's type
+    ``k mod n`` (FairNAS's rule: each type is the sandwich's largest, smallest and teacher equally often; the
+    sampled ones draw types uniformly already).  ``"first"``: both always use the first listed type (the
+    rule before; a resumed run of that time keeps it): with 11 types that trains the first about 12x more.
+
+    ``split="families"``: from the step where the run's progress reaches ``split_at``, each attention family
+    (``AttentionType.family``) has its own Q/K/V/O, warm-started from the shared ones then
+    (:meth:`~supernet.SuperTransformer.split_families`; few-shot NAS's split of a one-shot supernet).
     """
 
     space: Space
@@ -188,17 +205,48 @@ class SandwichObjective:
     seed: int = 0
     n_eval_random: int = 3
     task: Task = CAUSAL_LM
+    balance: str = "types"
+    split: str = "none"
+    split_at: float = 0.5
 
     def __post_init__(self) -> None:
         if self.n_random < 0:
             raise UserError(f"--random-subnets: {self.n_random} is negative")
         if not 0.0 <= self.distill <= 1.0:
             raise UserError(f"--distill: {self.distill} is not between 0 and 1")
+        if self.balance not in BALANCES:
+            raise UserError(f"--balance: {self.balance!r} is not one of {', '.join(BALANCES)}")
+        if self.split not in SPLITS:
+            raise UserError(f"--split: {self.split!r} is not one of {', '.join(SPLITS)}")
+        if not 0.0 <= self.split_at < 1.0:  # NaN fails too
+            raise UserError(f"--split-at: {self.split_at} is not a fraction of the run in [0, 1)")
+
+    def sandwich_type(self, step: int) -> str:
+        """The attention type of step ``step``'s largest and smallest subnets."""
+        types = self.space.attention
+        return types[step % len(types)] if self.balance == "types" else types[0]
 
     def plan(self, step: int) -> Plan:
         rng = np.random.default_rng([self.seed, PLAN_STREAM, step])
         random = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
-        return [("largest", self.space.largest()), ("smallest", self.space.smallest()), *random]
+        t = self.sandwich_type(step)
+        return [("largest", self.space.largest(t)), ("smallest", self.space.smallest(t)), *random]
+
+    def before_step(self, model: nn.Module, step: int, progress: float) -> str | None:
+        """Split the projections by family once the run's ``progress`` (0..1) reaches ``split_at``; what happened, or None."""
+        if self.split != "families" or model.families_split or progress < self.split_at:
+            return None
+        model.split_families()
+        return f"step {step}: each attention family has its own Q/K/V/O from here ({', '.join(model.families)})"
+
+    def usage(self, steps: int) -> dict[str, int]:
+        """Layer-passes per attention type of the first ``steps`` steps (every pass of every layer counts one)."""
+        counts = dict.fromkeys(self.space.attention, 0)
+        for step in range(steps):
+            for _, subnet in self.plan(step):
+                for a in subnet.attention:
+                    counts[a] += 1
+        return counts
 
     def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
         ce = self.task.loss(logits, targets)
@@ -217,7 +265,8 @@ class SandwichObjective:
         return {"largest": self.space.largest(), "smallest": self.space.smallest(), **fixed}
 
     def fixed_subnets(self) -> set[Subnet | None]:
-        return {self.space.largest(), self.space.smallest()}
+        types = self.space.attention if self.balance == "types" else self.space.attention[:1]
+        return {s for t in types for s in (self.space.largest(t), self.space.smallest(t))}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -226,6 +275,8 @@ class SandwichObjective:
             "distill": self.distill,
             "seed": self.seed,
             "n_eval_random": self.n_eval_random,
+            "balance": self.balance,
+            **({"split": self.split, "split_at": self.split_at} if self.split != "none" else {}),
             **self.task.to_dict(),
         }
 
@@ -521,6 +572,10 @@ class Trainer:
         lr = self.schedule(self.step, self.elapsed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        before = getattr(self.objective, "before_step", None)
+        if before is not None and (note := before(self.model, self.step, self.schedule.progress(self.step, self.elapsed))):
+            self.say(note)
+            self.log.write("note", step=self.step, note=note)
         x, y = self.batch()
         plan = self.objective.plan(self.step)
         memo: dict = {}
@@ -540,6 +595,23 @@ class Trainer:
         self.tokens += self.config.batch_size * self.config.seq_len
         return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr
 
+    def report_usage(self) -> None:
+        """Layer-passes per attention type so far (objectives with ``usage``): logged, said, and ``OUT/type_passes.json``."""
+        usage = getattr(self.objective, "usage", None)
+        if usage is None or self.step == 0:
+            return
+        counts = usage(self.step)
+        used = [n for n in counts.values() if n]
+        ratio = max(used) / min(used) if used and len(used) == len(counts) else math.inf
+        self.log.write("type_passes", step=self.step, passes=counts, max_over_min=round(ratio, 3))
+        self.say(f"layer-passes per attention type over {self.step} steps (max/min {ratio:.2f}): "
+                 + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        if self.out is not None:
+            from .files import atomic_write
+
+            doc = {"step": self.step, "passes": counts, "max_over_min": ratio if math.isfinite(ratio) else None}
+            atomic_write(self.out / "type_passes.json", json.dumps(doc, indent=1) + "\n")
+
     def evaluate(self) -> None:
         """Validation bits per byte (per masked byte) of the objective's evaluation subnets (rank 0; the others wait)."""
         self.evaluated_at = self.step
@@ -555,6 +627,7 @@ class Trainer:
             self.log.write("eval", step=self.step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
             scores = "  ".join(f"{k} {v:.3f}" for k, v in bpb.items())
             self.say(f"step {self.step}: validation {self.objective.task.metric}  {scores}")
+            self.report_usage()
         self.dist.barrier()
 
 
