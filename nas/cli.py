@@ -26,7 +26,7 @@ from . import __version__
 
 # The subcommands that exist, in the order --help lists them.
 COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
-            "train-subnet", "finetune", "classify", "generate", "translate"]
+            "train-subnet", "finetune", "classify", "generate", "translate", "doctor"]
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other

@@ -87,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime version that will run the model (default: the installed one); older than 1.23 exports opset 18",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the parity-check inputs and of the measurement's order")
+    p.add_argument("--custom-ops", action="store_true", help="write the attention types that have one as ONNX Runtime "
+                   "custom operators (nas.kernels; the library is built here and must be registered by whoever runs the "
+                   "model: see nas doctor); default: standard operators only")
     v = p.add_argument_group("validation bits per byte (the search's scoring and defaults)")
     add_scoring_arguments(v)
     v.add_argument("--no-eval", action="store_true", help="do not score the model (the card's validation entry stays empty)")
@@ -138,6 +141,19 @@ def measurement_bar(desc: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "custom_ops", False):
+        from search_spaces import UserError
+        from supernet.attention import ort_ops
+
+        library, why = ort_ops.library()
+        if library is None:
+            raise UserError(f"--custom-ops: the ONNX Runtime custom-op library is not available here: {why}")
+        with ort_ops.emitting():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from nas.export_seq2seq import export_seq2seq, is_seq2seq_checkpoint  # the encoder-decoder (translation) branch
 
     if is_seq2seq_checkpoint(args.supernet):

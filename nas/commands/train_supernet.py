@@ -349,6 +349,12 @@ def run(args: argparse.Namespace) -> int:
             log.info("space %s: %s parameters in the largest subnet; batch %d x %d bytes on %s%s", space.name,
                      f"{model.num_params(space.largest()):,}", config.batch_size, config.seq_len, device,
                      f" x {dist.world} ranks" if dist.enabled else "")
+        if torch.device(device).type == "cpu":  # the compiled attention kernels: built (once) before the clock starts
+            from supernet.attention import native
+
+            note = native.prebuild()
+            if dist.is_main:
+                log.info("%s", note)
         bar, update = (None, None)
         if dist.is_main:
             state = stored_ckpt["state"] if stored_ckpt else {}

@@ -60,6 +60,13 @@ def attend(
     steps in bf16 and others in fp32 (the linear family's fp32 prefix sums took bf16 products in place)."""
     path = REGISTRY[spec.kind].path(q.device.type, exporting(), causal)
     w = w or {}
+    if exporting():
+        from . import ort_ops
+
+        if ort_ops.active():  # an export with --custom-ops: the type's nas.kernels operator, where it has one
+            out = ort_ops.custom_form(q, k, v, spec, w, causal)
+            if out is not None:
+                return out
     if q.device.type == "meta" or not torch.is_autocast_enabled(q.device.type):  # (meta: shapes only; no autocast there)
         return path(q, k, v, spec, w)
     dt = q.dtype
