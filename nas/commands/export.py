@@ -142,13 +142,9 @@ def measurement_bar(desc: str):
 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "custom_ops", False):
-        from search_spaces import UserError
         from supernet.attention import ort_ops
 
-        library, why = ort_ops.library()
-        if library is None:
-            raise UserError(f"--custom-ops: the ONNX Runtime custom-op library is not available here: {why}")
-        with ort_ops.emitting():
+        with ort_ops.requested():
             return _run(args)
     return _run(args)
 

@@ -109,10 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if args.device != "onnxruntime":
             raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime), not {args.device}: the "
                             "ARM bundle and remote devices carry no custom-op library yet")
-        library, why = ort_ops.library()
-        if library is None:
-            raise UserError(f"--custom-ops: the ONNX Runtime custom-op library is not available here: {why}")
-        with ort_ops.emitting():
+        with ort_ops.requested():
             return _run(args)
     return _run(args)
 

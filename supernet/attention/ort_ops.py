@@ -227,6 +227,19 @@ def emitting():
         _emitting = was
 
 
+@contextlib.contextmanager
+def requested(flag: str = "--custom-ops"):
+    """What a command's ``--custom-ops`` does: the exports inside emit the custom operators; refused in one line naming
+    ``flag`` where the library cannot be built or loaded here."""
+    from search_spaces import UserError
+
+    found, why = library()
+    if found is None:
+        raise UserError(f"{flag}: the ONNX Runtime custom-op library is not available here: {why}")
+    with emitting():
+        yield
+
+
 def active() -> bool:
     return _emitting
 
