@@ -459,3 +459,74 @@ def test_kill_9_during_an_export_leaves_a_folder_that_loads_whole_or_is_refused_
     assert sorted(card) == sorted(expected) and all(card[n] == expected[n] for n in ("model.safetensors", "model.onnx"))
     assert all(torch.equal(a, b) for a, b in zip(load_file(out / "model.safetensors").values(),
                                                  load_file(whole / "model.safetensors").values()))
+
+
+# --------------------------------------------------------------------------- hostile YAML: bounded before it is parsed
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))  # 9**9 strings once expanded
+
+
+def test_hostile_yaml_is_refused_before_it_is_parsed_whole(files, tmp_path, capsys):
+    """Aliases, oversized files, files that are no files, deep nesting, huge numbers: one short line each, exit 2."""
+    from search_spaces.yamlio import MAX_YAML_BYTES
+
+    tiny_yaml = (ROOT / "search_spaces" / "tiny.yaml").read_text()
+    (tmp_path / "bomb.yaml").write_text(BOMB)
+    (tmp_path / "aliased.yaml").write_text(tiny_yaml.replace("name: tiny", "name: &n tiny\nlayers_alias: *n"))
+    (tmp_path / "comment.yaml").write_text("# " + "x" * (MAX_YAML_BYTES + 10) + "\n" + tiny_yaml)
+    with open(tmp_path / "sparse.yaml", "wb") as f:
+        f.truncate(50 * 2**20)  # 50 MB that reading would take seconds over, parsing minutes
+    (tmp_path / "deep.yaml").write_text("embed_dim: " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp_path / "digits.yaml").write_text("vocab_size: " + "9" * 5000 + "\n")
+    os.mkfifo(tmp_path / "fifo.yaml")  # reading it would block until a writer came
+    (tmp_path / "folder.yaml").mkdir()
+    (tmp_path / "subnet.yaml").write_text(Path(files["subnet"]).read_text() + "x: &s 1\ny: *s\n")
+    space = [
+        ("bomb.yaml", "line 2, column 8: an alias (*a): aliases are not accepted (they can expand a few lines into "
+                      "gigabytes); write the value out"),
+        ("aliased.yaml", "an alias (*n): aliases are not accepted"),
+        ("comment.yaml", f"{MAX_YAML_BYTES + 10 + 3 + len(tiny_yaml):,} bytes; a search space is at most "
+                         f"{MAX_YAML_BYTES:,} bytes"),
+        ("sparse.yaml", f"{50 * 2**20:,} bytes; a search space is at most {MAX_YAML_BYTES:,} bytes"),
+        ("deep.yaml", "line 1, column 75: nested deeper than 64 levels"),
+        ("digits.yaml", "not valid YAML (Exceeds the limit (4300 digits) for integer string conversion"),
+        ("fifo.yaml", "not a regular file; expected a search space (a UTF-8 YAML file)"),
+        ("folder.yaml", "a folder; expected a search space (a UTF-8 YAML file)"),
+    ]
+    for name, expected in space:
+        line = one_error(capsys, ["space", str(tmp_path / name)])
+        where = name if name in ("bomb.yaml", "aliased.yaml", "deep.yaml", "digits.yaml") else tmp_path / name
+        assert line.startswith(f"nas space: error: {where}: ") and expected in line and len(line) < 300, line
+    line = one_error(capsys, ["export", "--supernet", files["ckpt"], "--subnet", str(tmp_path / "subnet.yaml"),
+                              "--out", str(tmp_path / "e")])
+    assert "subnet.yaml: line 7, column 4: an alias (*s): aliases are not accepted" in line, line
+    assert not (tmp_path / "e").exists()
+
+
+def test_values_quoted_in_messages_are_cut(tmp_path, capsys):
+    """A value a file gives is quoted in a few dozen characters, however large it is."""
+    text = SPACE.format(embed="[32, 64]", depth="[1, 2]")
+    cases = {
+        "long-string": (("name: t", f"name: [{'x' * 200000}]"),
+                        "name: ['xxxxxxxxxxxxxxxxxxxxxxxxxxx...xxxxxxxxxxxxxxxxxxxxxxxxxxxx'] is not a non-empty string"),
+        "long-mapping": (("embed_dim: [32, 64]", "embed_dim: {" + ", ".join(f"k{i}: {i}" for i in range(10000)) + "}"),
+                         "embed_dim: expected a non-empty list of positive integers, got {'k0': 0, 'k1': 1, 'k10': 10, "
+                         "'k100': 100, ...}"),
+        "huge-int": (("embed_dim: [32, 64]", "embed_dim: [" + "9" * 4000 + "]"),
+                     "embed_dim[0]: 999999999999999999...9999999999999999999 is above the limit of 65,536 for embed_dim"),
+        "long-key": (("depth:", f"? {'k' * 100000}\n: 1\ndepth:"),  # (an explicit key: a plain one is at most 1024)
+                     "long-key.yaml: 'kkkkkkkkkkkkkkkkkkkkkkkkkkk...kkkkkkkkkkkkkkkkkkkkkkkkkkkk': unknown key (allowed: task, "),
+    }
+    for name, ((old, new), expected) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        assert old in text
+        path.write_text(text.replace(old, new, 1))
+        line = one_error(capsys, ["space", str(path)])
+        assert expected in line and len(line) < 250, (name, line[:400])
+    path = tmp_path / "many.yaml"  # every problem is found; ten are said, then how many more
+    path.write_text(text.replace("embed_dim: [32, 64]", "embed_dim: " + str(["w"] * 20000)))
+    assert main(["space", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "nas space: error: many.yaml: embed_dim[0]: 'w' is not a positive integer"
+    assert len(err) == 11 and err[-1] == "(and 19,990 more problems of the same file)", err[-3:]
