@@ -374,7 +374,7 @@ def append_rows(path: str, columns: list[str], rows: list[dict[str, str]]) -> No
 
 def append_bytes(path: str, data: bytes) -> None:
     """Append ``data`` to ``path`` whole or not at all (cut back to the old size on a failed write), then fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() does
     try:
         before = os.fstat(fd).st_size
         try:

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from search_spaces import Space, Subnet, UserError
 from supernet.artifact import CARD as MODEL_CARD
-from supernet.files import atomic_write, atomic_write_json, remove_stale, sha256_file
+from supernet.files import atomic_save_tensors, atomic_write, atomic_write_json, remove_stale, sha256_file
 from supernet.model import Transformer, TransformerConfig
 from supernet.train import StepInfo, TrainConfig
 
@@ -479,14 +479,10 @@ def finetune_classifier(
 
 def write_classifier(model: Classifier, space: Space, classes: tuple[str, ...], out: Path, info: dict[str, Any]) -> Path:
     """Write weights, labels and the card (last) of ``model`` into ``out``."""
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, OUTPUTS)  # the card first: a folder is never described by an older card
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = out / f".{WEIGHTS}.tmp"
-    save_file(state, str(tmp), metadata={"format": FORMAT})
-    tmp.replace(out / WEIGHTS)
+    atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     atomic_write_json(out / LABELS, list(classes))
     card = {"format": FORMAT, "version": VERSION, **info, "space": space.to_dict(), "subnet": model.encoder.subnet.to_dict(),
             "parameters": sum(p.numel() for p in model.parameters()),

@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +35,7 @@ from typing import Iterator
 import numpy as np
 
 from search_spaces import UserError
-from supernet.files import publish_dir
+from supernet.files import publish_dir, temp_dir
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
@@ -273,7 +272,7 @@ def prepare_pairs(
         for name, idx in split_lines(len(pairs), seed).items():
             parts[name] = [pairs[i] for i in idx]
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    tmp = temp_dir(f".{key}.", root)  # published by a rename: 0777 less the umask
     try:
         digest = hashlib.sha256()
         sizes = {n: _write_split(parts[n], tmp, n, digest) for n in SPLITS}

@@ -530,3 +530,60 @@ def test_values_quoted_in_messages_are_cut(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "nas space: error: many.yaml: embed_dim[0]: 'w' is not a positive integer"
     assert len(err) == 11 and err[-1] == "(and 19,990 more problems of the same file)", err[-3:]
+
+
+# --------------------------------------------------------------------------- the umask: files others may read
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027, 0o002])
+def test_atomic_writes_respect_the_umask_and_keep_a_replaced_files_mode(tmp_path, mask):
+    from supernet.files import atomic_write, temp_dir, umask
+
+    old = os.umask(mask)
+    try:
+        assert umask() == mask
+        new = atomic_write(tmp_path / "new.json", "{}")
+        assert (new.stat().st_mode & 0o777) == 0o666 & ~mask
+        kept = tmp_path / "kept.json"
+        for mode in (0o644, 0o640, 0o600):  # a rewrite keeps what the file was, whatever the umask
+            kept.write_text("old")
+            kept.chmod(mode)
+            atomic_write(kept, "new")
+            assert (kept.stat().st_mode & 0o777) == mode and kept.read_text() == "new"
+        target = tmp_path / "target"
+        target.write_text("theirs")
+        target.chmod(0o600)
+        (tmp_path / "link.json").symlink_to(target)  # a link is replaced by a file of the umask's mode, its target untouched
+        atomic_write(tmp_path / "link.json", "ours")
+        assert not (tmp_path / "link.json").is_symlink() and (tmp_path / "link.json").stat().st_mode & 0o777 == 0o666 & ~mask
+        assert target.read_text() == "theirs" and target.stat().st_mode & 0o777 == 0o600
+        assert (temp_dir(".x.", tmp_path).stat().st_mode & 0o777) == 0o777 & ~mask
+    finally:
+        os.umask(old)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_every_file_a_command_writes_respects_the_umask(files, tiny, tmp_path, capsys):
+    """Under umask 027: an export (weights, card, subnet, model.pt2), a predictor (json, arrays, PNG, report), a supernet
+    run (checkpoints, log, corpus cache), each file 0640 and each folder 0750."""
+    table = tmp_path / "t.csv"
+    campaign(tiny, table, n=16)
+    data = tmp_path / "corpus.txt"
+    data.write_text((Path(json.__file__).read_text() * 2)[:40000])
+    old = os.umask(0o027)
+    try:
+        assert main(["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
+                     "--format", "torch", "--out", str(tmp_path / "w" / "export")]) == 0
+        assert main(["fit-predictor", "-q", str(table), "--models", "additive", "--out", str(tmp_path / "w" / "pred")]) == 0
+        assert main(["train-supernet", "-q", "tiny", "--data", str(data), "--max-steps", "2", "--batch-size", "2",
+                     "--seq-len", "32", "--eval-batches", "1", "--out", str(tmp_path / "w" / "run")]) == 0
+    finally:
+        os.umask(old)
+    capsys.readouterr()
+    written = list((tmp_path / "w").rglob("*"))
+    names = {p.name for p in written}
+    assert {"model.safetensors", "model_card.json", "subnet.yaml", "model.pt2", "predictor.json", "arrays.npz",
+            "predicted_vs_measured.png", "report.txt", "latest.pt", "final.pt", "log.jsonl", "train.bin"} <= names, names
+    wrong = [(str(p.relative_to(tmp_path)), oct(p.stat().st_mode & 0o777)) for p in written
+             if p.stat().st_mode & 0o777 != (0o750 if p.is_dir() else 0o640)]
+    assert wrong == []
