@@ -587,3 +587,28 @@ def test_every_file_a_command_writes_respects_the_umask(files, tiny, tmp_path, c
     wrong = [(str(p.relative_to(tmp_path)), oct(p.stat().st_mode & 0o777)) for p in written
              if p.stat().st_mode & 0o777 != (0o750 if p.is_dir() else 0o640)]
     assert wrong == []
+
+
+# --------------------------------------------------------------------------- token budgets: exact integers under a cap
+
+
+def test_token_budgets_are_exact_integers_under_a_cap(files, tmp_path, capsys):
+    from nas.search.budget import MAX_TOKENS, parse_count
+
+    out = tmp_path / "t"
+    train = ["train-subnet", files["subnet"], "--space", "tiny", "--out", str(out)]
+    cap = f"is above the limit of {MAX_TOKENS:,} tokens"
+    forms = "write a whole number of tokens, optionally with a suffix K, M or G (powers of 1000): 20M, 500k, 1.5G"
+    for tokens, expected in [("1e30", cap), ("1e12k", cap), ("1000000000001", cap), ("12345678901234567891", cap),
+                             ("1e999999999", cap), ("0.5", f"is not a whole number of tokens; {forms}"),
+                             ("1e-999999999", f"is not a whole number of tokens; {forms}"),
+                             ("nan", f"is not a token budget; {forms}"), ("inf", f"is not a token budget; {forms}"),
+                             ("-20M", f"must be greater than zero; {forms}")]:
+        assert one_error(capsys, train + [f"--tokens={tokens}"]) == f"nas train-subnet: error: --tokens: {tokens!r} {expected}"
+    search = ["search", files["ckpt"], "--predictor", files["pred"], "--budget", "1ms", "--hurdles", "2",
+              "--out", str(tmp_path / "s"), "--hurdle-tokens"]
+    assert one_error(capsys, search + ["1e30"]) == f"nas search: error: --hurdle-tokens: '1e30' {cap}"
+    assert not out.exists() and not (tmp_path / "s").exists()
+    assert parse_count("12345678901234567891") == 12345678901234567891  # exact: no float in between
+    assert parse_count("1.5G", "--tokens", "tokens", limit=MAX_TOKENS) == 1_500_000_000
+    assert parse_count("1e12", "--tokens", "tokens", limit=MAX_TOKENS) == MAX_TOKENS

@@ -87,17 +87,14 @@ def _given_config(args: argparse.Namespace) -> dict:
 
 
 def _tokens(args: argparse.Namespace) -> int | None:
-    from nas.search.budget import parse_count
+    from nas.search.budget import MAX_TOKENS, parse_count
     from search_spaces import UserError
 
     if args.tokens is None:
         return None
     if args.max_steps is not None:
         raise UserError(f"--tokens {args.tokens} and --max-steps {args.max_steps}: give one (a token budget sets the steps)")
-    try:
-        return parse_count(args.tokens, "--tokens", "tokens")
-    except UserError:
-        raise UserError(f"--tokens: {args.tokens!r} is not a token budget; write {TOKEN_FORMS}") from None
+    return parse_count(args.tokens, "--tokens", "tokens", limit=MAX_TOKENS, forms=TOKEN_FORMS, noun="token budget")
 
 
 def _device(name: str | None) -> str:
