@@ -41,14 +41,19 @@ _HINTS = {
 }
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """Refuse, with one line naming the flag, what would fail later; nothing is written."""
+def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> None:
+    """Refuse, with one line naming the flag, what would fail later; nothing is written.  ``parser`` (the command's)
+    names positional arguments as its usage does (``TEXT 2``); without it they are named by their field."""
+    names = _names(parser)
     for name, value in sorted(vars(args).items()):
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{flag}: {value} is not a finite number")
-        if isinstance(value, str) and _not_utf8(value):
-            raise UserError(f"{flag}: not UTF-8 text ({value.encode('utf-8', 'surrogateescape')[:40]!r})")
+        flag = names.get(name, "--" + name.replace("_", "-"))
+        values = list(enumerate(value, 1)) if isinstance(value, (list, tuple)) else [(None, value)]
+        for i, item in values:  # a flag given several times, or positional texts: each one
+            where = flag if i is None else f"{flag} {i}" if not flag.startswith("-") else f"{flag} (the {_nth(i)})"
+            if isinstance(item, float) and not math.isfinite(item):
+                raise UserError(f"{where}: {item} is not a finite number")
+            if isinstance(item, str) and _not_utf8(item):
+                raise UserError(f"{where}: not UTF-8 text ({item.encode('utf-8', 'surrogateescape')[:40]!r})")
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
@@ -57,6 +62,18 @@ def check_flags(args: argparse.Namespace) -> None:
         name = getattr(args, flag, None)
         if name:
             check_device(f"--{flag}", name, **{k: getattr(args, v, None) for k, v in options.items()})
+
+
+def _names(parser: argparse.ArgumentParser | None) -> dict[str, str]:
+    """``{dest: how the usage names it}``: ``--flag`` for an option, the metavar (``TEXT``) for a positional."""
+    if parser is None:
+        return {}
+    return {a.dest: a.option_strings[-1] if a.option_strings else (a.metavar or a.dest.upper())
+            for a in parser._actions if isinstance(a.dest, str)}  # noqa: SLF001 - argparse has no public list
+
+
+def _nth(i: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(i, f"{i}th")
 
 
 def _not_utf8(text: str) -> bool:

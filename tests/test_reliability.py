@@ -612,3 +612,28 @@ def test_token_budgets_are_exact_integers_under_a_cap(files, tmp_path, capsys):
     assert parse_count("12345678901234567891") == 12345678901234567891  # exact: no float in between
     assert parse_count("1.5G", "--tokens", "tokens", limit=MAX_TOKENS) == 1_500_000_000
     assert parse_count("1e12", "--tokens", "tokens", limit=MAX_TOKENS) == MAX_TOKENS
+
+
+# --------------------------------------------------------------------------- text that is not UTF-8, wherever it is given
+
+
+def test_text_that_is_not_utf8_is_one_line_wherever_it_is_given(files, tmp_path, capsys):
+    """Positional texts (classify, translate), repeated flags and single flags: each argument is checked, one line naming
+    it, before any model is loaded (the models named here do not exist: the check comes first)."""
+    m = str(tmp_path / "m")
+    cases = [
+        (["classify", "--model", m, "the\udcffdog"], "nas classify: error: TEXT 1: not UTF-8 text (b'the\\xffdog')"),
+        (["classify", "--model", m, "fine", "fine", "caf\udce9"], "nas classify: error: TEXT 3: not UTF-8 text (b'caf\\xe9')"),
+        (["translate", "--model", m, "the\udcffdog"], "nas translate: error: TEXT 1: not UTF-8 text (b'the\\xffdog')"),
+        (["translate", "--model", m, "ok", "\udc80"], "nas translate: error: TEXT 2: not UTF-8 text (b'\\x80')"),
+        (["fit-predictor", "t.csv", "--from", "a", "--from", "b\udcff", "--out", str(tmp_path / "p")],
+         "nas fit-predictor: error: --from (the second): not UTF-8 text (b'b\\xff')"),
+        (["generate", "--model", m, "--prompt", "\udcc3("], "nas generate: error: --prompt: not UTF-8 text (b'\\xc3(')"),
+    ]
+    for argv, expected in cases:
+        assert one_error(capsys, argv) == expected
+    assert not (tmp_path / "p").exists()
+    # and through the real entry point, where the bytes arrive from the shell as they are
+    done = subprocess.run([sys.executable, "-m", "nas", "classify", "--model", m, b"the\xffdog"], capture_output=True,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2 and done.stderr == b"nas classify: error: TEXT 1: not UTF-8 text (b'the\\xffdog')\n"
