@@ -24,6 +24,24 @@ from search_spaces import UserError
 # Commands whose --out is a file (a timing table); every other command's --out is a folder.
 OUT_IS_FILE = {"measure-latency"}
 
+# The inputs of each command that writes an --out: {field: (flag, what it is)}.  An --out that is one of them would
+# overwrite (or remove the parts of) what the command reads: refused before anything is read or written.
+INPUTS = {
+    "fit-predictor": {"timings": ("TIMINGS", "timing table"), "sources": ("--from", "predictor")},
+    "measure-latency": {"space": ("SPACE", "search space")},
+    "export": {"supernet": ("--supernet", "supernet checkpoint"), "subnet": ("--subnet", "subnet file"),
+               "predictor": ("--predictor", "predictor")},
+    "train-subnet": {"subnet": ("SUBNET", "subnet file"), "space": ("--space", "search space"),
+                     "init": ("--init", "model directory"), "distill_from": ("--distill-from", "supernet checkpoint"),
+                     "data": ("--data", "corpus")},
+    "finetune": {"model": ("--model", "model directory"), "supernet": ("--supernet", "supernet checkpoint"),
+                 "data": ("--data", "corpus")},
+    "search": {"supernet": ("SUPERNET", "supernet checkpoint"), "predictor": ("--predictor", "predictor"),
+               "val_data": ("--val-data", "held-out data")},
+    "train-supernet": {"space": ("SPACE", "search space"), "data": ("--data", "corpus")},
+    "fit-accuracy": {"supernet": ("SUPERNET", "supernet checkpoint"), "models": ("MODEL", "model directory")},
+}
+
 # Flags that name a device to time on, with the flags of its options: checked by building the device.
 DEVICE_FLAGS = {
     "search": ("verify", {"threads": "verify_threads", "clock": "verify_clock"}),
@@ -57,6 +75,7 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
+        check_out_is_no_input(args, Path(out))
     if args.command in DEVICE_FLAGS:
         flag, options = DEVICE_FLAGS[args.command]
         name = getattr(args, flag, None)
@@ -96,6 +115,27 @@ def check_out(out: Path, *, file: bool) -> None:
         raise UserError(f"--out: {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK) or _read_only(parent):
         raise UserError(f"--out: {out}: {parent} is not writable (read-only or no permission); write elsewhere")
+
+
+def check_out_is_no_input(args: argparse.Namespace, out: Path) -> None:
+    """``--out`` is none of the command's inputs (``fit-predictor T.csv --from P --out P`` replaced the source
+    predictor with the transfer fit): the same path, through links or not."""
+    if not out.exists():
+        return
+    for field, (flag, what) in INPUTS.get(args.command, {}).items():
+        given = getattr(args, field, None)
+        for value in given if isinstance(given, (list, tuple)) else [given]:
+            if not isinstance(value, str) or not value:
+                continue
+            kind, sep, rest = value.partition(":")  # --init model:DIR, --distill-from supernet:CKPT
+            path = Path(rest if sep and kind in ("model", "supernet") else value)
+            try:
+                same = path.exists() and os.path.samefile(path, out)
+            except OSError:
+                same = False
+            if same:
+                raise UserError(f"--out {out}: is the source {what} ({flag} {value}); writing there would overwrite what "
+                                "the command reads: choose another --out")
 
 
 def _read_only(path: Path) -> bool:

@@ -637,3 +637,45 @@ def test_text_that_is_not_utf8_is_one_line_wherever_it_is_given(files, tmp_path,
     done = subprocess.run([sys.executable, "-m", "nas", "classify", "--model", m, b"the\xffdog"], capture_output=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2 and done.stderr == b"nas classify: error: TEXT 1: not UTF-8 text (b'the\\xffdog')\n"
+
+
+# --------------------------------------------------------------------------- an --out that is an input
+
+
+def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(files, tiny, tmp_path, capsys):
+    import hashlib
+    import shutil
+
+    pred = tmp_path / "pred"
+    shutil.copytree(files["pred"], pred)
+    (tmp_path / "link").symlink_to(pred)
+    table = tmp_path / "t.csv"
+    campaign(tiny, table, n=16)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in pred.iterdir()}
+    space = tmp_path / "space.yaml"
+    space.write_text((ROOT / "search_spaces" / "tiny.yaml").read_text())
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("some text\n" * 100)
+    overwrite = "writing there would overwrite what the command reads: choose another --out"
+    cases = [
+        (["fit-predictor", str(table), "--from", str(pred), "--out", str(pred)],
+         f"nas fit-predictor: error: --out {pred}: is the source predictor (--from {pred}); {overwrite}"),
+        (["fit-predictor", str(table), "--from", files["pred"], "--from", str(pred), "--out", str(tmp_path / "link")],
+         f"nas fit-predictor: error: --out {tmp_path / 'link'}: is the source predictor (--from {pred}); {overwrite}"),
+        (["fit-predictor", str(table), "--from", str(tmp_path / "link"), "--out", f"{pred}/."],
+         f"nas fit-predictor: error: --out {pred}: is the source predictor (--from {tmp_path / 'link'}); {overwrite}"),
+        (["measure-latency", str(space), "--device", "cpu", "--out", str(space)],
+         f"nas measure-latency: error: --out {space}: is the source search space (SPACE {space}); {overwrite}"),
+        (["train-supernet", "tiny", "--data", str(corpus), "--out", str(corpus)],
+         f"nas train-supernet: error: --out {corpus}: is the source corpus (--data {corpus}); {overwrite}"),
+        (["finetune", "--model", str(pred), "--out", str(pred)],
+         f"nas finetune: error: --out {pred}: is the source model directory (--model {pred}); {overwrite}"),
+        (["train-subnet", files["subnet"], "--space", "tiny", "--init", f"model:{pred}", "--out", str(pred)],
+         f"nas train-subnet: error: --out {pred}: is the source model directory (--init model:{pred}); {overwrite}"),
+    ]
+    for argv, expected in cases:
+        assert one_error(capsys, argv) == expected
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in pred.iterdir()} == before
+    assert sorted(p.name for p in corpus.iterdir()) == ["a.txt"]
+    assert space.read_text() == (ROOT / "search_spaces" / "tiny.yaml").read_text()
