@@ -76,6 +76,12 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
         check_out_is_no_input(args, Path(out))
+    for field in ("device", "verify", "measure"):  # an ssh:// device anywhere: its URL, before any bundle is built
+        value = getattr(args, field, None)
+        if isinstance(value, str) and value.startswith("ssh://"):
+            from latency.devices.arm import parse_target
+
+            parse_target(value, "--" + field)
     if args.command in DEVICE_FLAGS:
         flag, options = DEVICE_FLAGS[args.command]
         name = getattr(args, flag, None)

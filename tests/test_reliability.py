@@ -679,3 +679,89 @@ def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(files, t
     assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in pred.iterdir()} == before
     assert sorted(p.name for p in corpus.iterdir()) == ["a.txt"]
     assert space.read_text() == (ROOT / "search_spaces" / "tiny.yaml").read_text()
+
+
+# --------------------------------------------------------------------------- ssh:// devices: the URL first, never an option
+
+
+SSH_FORMS = "write ssh://user@host, ssh://host or ssh://user@host:port"
+PLAIN = "that is not a plain name (letters, digits, . _ -; not starting with -)"
+
+
+def test_ssh_urls_are_checked_before_any_bundle_and_never_reach_ssh_as_options(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    import latency.devices.arm as arm
+
+    built = []
+    monkeypatch.setattr(arm, "write_bundle", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    cases = {
+        "ssh://-F/tmp/evil": f"has a host name '-F/tmp/evil' {PLAIN}",
+        "ssh://-oProxyCommand=touch@x": f"has a user name '-oProxyCommand=touch' {PLAIN}",
+        "ssh://u@-oProxyCommand=x": f"has a host name '-oProxyCommand=x' {PLAIN}",
+        "ssh://user@": "has an empty host name",
+        "ssh://@host": "has an empty user name",
+        "ssh://": "names no host",
+        "ssh://host:99999": "has a port '99999' that is not a number from 1 to 65535",
+        "ssh://host:0": "has a port '0' that is not a number from 1 to 65535",
+        "ssh://host:": "has a port '' that is not a number from 1 to 65535",
+        "ssh://host:２２": "has a port '２２' that is not a number from 1 to 65535",
+        "ssh://h$(id)": f"has a host name 'h$(id)' {PLAIN}",
+        "ssh://host/path": f"has a host name 'host/path' {PLAIN}",
+        "ssh://[::1": "has an address '[::1' without its closing bracket",
+        "ssh://[::1]x": "has 'x' after the address",
+    }
+    for url, expected in cases.items():
+        line = one_error(capsys, ["measure-latency", "tiny", "--device", url, "--out", str(tmp_path / "t.csv")])
+        assert line == f"nas measure-latency: error: --device: {url!r} {expected}; {SSH_FORMS}", url
+    assert one_error(capsys, ["search", "ck.pt", "--predictor", "p", "--verify", "ssh://-Fx", "--out", str(tmp_path / "s")]) \
+        == f"nas search: error: --verify: 'ssh://-Fx' has a host name '-Fx' {PLAIN}; {SSH_FORMS}"
+    assert built == [] and list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "t.csv").exists()
+    for url, parts in {"ssh://user@host:2222": ("user", "host", 2222), "ssh://board": (None, "board", None),
+                       "ssh://pi@[fe80::1]:22": ("pi", "[fe80::1]", 22),
+                       "ssh://a.b-c_d@10.0.0.1": ("a.b-c_d", "10.0.0.1", None)}.items():
+        t = arm.parse_target(url)
+        assert (t.user, t.host, t.port) == parts
+
+
+def test_ssh_gets_the_port_as_its_option_and_the_host_as_a_host(tmp_path, monkeypatch):
+    """A fake ssh / scp that records its arguments: the port goes as -p / -P, the host never as an option."""
+    import io
+    import tarfile
+
+    from latency.devices.arm import ROOT as BUNDLE_ROOT
+    from latency.devices.arm import run_remote
+
+    bundle = tmp_path / "b.tar.gz"
+    with tarfile.open(bundle, "w:gz") as tar:
+        info = tarfile.TarInfo(f"{BUNDLE_ROOT}/manifest.json")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"{}"))
+    log = tmp_path / "argv"
+    for name in ("ssh", "scp"):
+        (tmp_path / name).write_text(f'#!/bin/sh\necho "{name} $*" >> "{log}"\nexit 255\n')
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("NAS_SSH", str(tmp_path / "ssh"))
+    monkeypatch.setenv("NAS_SCP", str(tmp_path / "scp"))
+    with pytest.raises(UserError, match=r"^--device ssh://pi@\[fe80::1\]:2222: ssh could not reach pi@\[fe80::1\] \(creating"):
+        run_remote("ssh://pi@[fe80::1]:2222", bundle, tmp_path / "t.csv", workdir="/r")
+    assert log.read_text().split()[:3] == ["ssh", "-p", "2222"] and log.read_text().split()[3] == "pi@fe80::1"
+
+
+def test_an_ssh_run_that_fails_leaves_no_temporary_bundle(tmp_path, capsys, monkeypatch, graph_cache):
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "ssh").write_text("#!/bin/sh\necho 'ssh: connect to host board port 22: Connection refused' >&2\nexit 255\n")
+    (tmp_path / "ssh").chmod(0o755)
+    monkeypatch.setenv("NAS_SSH", str(tmp_path / "ssh"))
+    assert main(["measure-latency", "-q", "tiny", "--device", "ssh://board", "--samples", "2", "--retest", "0",
+                 "--out", str(tmp_path / "t.csv")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # (after the small-sample warnings)
+    assert errors == ["nas measure-latency: error: --device ssh://board: ssh could not reach board (creating the remote "
+                      "folder): ssh: connect to host board port 22: Connection refused"]
+    left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]  # (torch's own cache)
+    assert left == [] and not (tmp_path / "t.csv").exists()
