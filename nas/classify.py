@@ -96,8 +96,9 @@ class LabelledTexts:
 def read_csv_text(path: str | Path, flag: str = "--data") -> str:
     """The text of a UTF-8 CSV file (a BOM is dropped); one line naming the file for what it is not."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file (expected a UTF-8 CSV with a header row)")
+    if not path.is_file():  # a folder, a FIFO or a device is no CSV either, and says so (not "no such file")
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise UserError(f"{flag} {path}: {what} (expected a UTF-8 CSV file with a header row)")
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8-sig")
@@ -108,6 +109,9 @@ def read_csv_text(path: str | Path, flag: str = "--data") -> str:
 
 def csv_rows(path: Path, text: str, needed: dict[str, str]) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """(header, [(line number, row)]) of CSV ``text``; ``needed`` maps each column that must exist to its flag."""
+    # csv's default cap on a field (131,072 characters) is no limit of ours: a long text is cut to the model's window
+    # (text_bytes), as the README says, not refused as "not valid CSV"; the cap follows the file (process-wide, only up).
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames

@@ -194,14 +194,30 @@ def _digest(kind: str, path: Path) -> str:
 
 
 def _load_supernet(path: Path, space: Space, flag: str):
-    from supernet.checkpoint import load_supernet
+    from supernet.checkpoint import load_checkpoint, load_supernet
 
-    supernet, payload = load_supernet(path)
-    theirs = supernet.space
-    if theirs.arch_hash != space.arch_hash:
-        raise UserError(f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on "
-                        f"space {space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    try:
+        supernet, payload = load_supernet(path)
+    except UserError:
+        try:  # a supernet of another task (an encoder-decoder's): the space given is what does not fit, say so
+            theirs = load_checkpoint(path)["space"]
+        except UserError:
+            theirs = None
+        if theirs is not None and theirs.arch_hash != space.arch_hash:
+            raise _other_space(flag, path, theirs, space) from None
+        raise
+    if supernet.space.arch_hash != space.arch_hash:
+        raise _other_space(flag, path, supernet.space, space)
     return supernet, payload
+
+
+def _other_space(flag: str, path: Path, theirs: Space, space: Space) -> UserError:
+    text = (f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on space "
+            f"{space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    if getattr(theirs, "task", None) != getattr(space, "task", None):
+        text += (f": it is a {theirs.task} supernet and --space a {space.task} space; give the supernet's own space "
+                 f"({theirs.name!r}) as --space, and a subnet of it")
+    return UserError(text)
 
 
 def _initial(kind: str, path: Path | None, space: Space, subnet: Subnet, seed: int):

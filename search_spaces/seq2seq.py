@@ -76,6 +76,9 @@ class Seq2SeqSubnet(SubnetFile):
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "Seq2SeqSubnet":
+        if isinstance(data, dict) and {"embed_dim", "depth"} <= set(data):
+            raise SubnetError(f"{where}: a decoder-only subnet (keys embed_dim, depth, heads, ffn_dim, attention), not one "
+                              "of this encoder-decoder space (keys encoder and decoder): the subnet is of another space")
         if not isinstance(data, dict) or set(data) != {"encoder", "decoder"}:
             raise SubnetError(f"{where}: expected a mapping with keys encoder and decoder, got {shown(data)}")
         dec = data["decoder"]

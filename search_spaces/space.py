@@ -140,6 +140,9 @@ class Subnet(SubnetFile):
     def from_dict(cls, data: Any, where: str = "subnet") -> "Subnet":
         if not isinstance(data, dict):
             raise SubnetError(f"{where}: expected a mapping with keys embed_dim, depth, heads, ffn_dim, attention")
+        if set(data) == {"encoder", "decoder"}:
+            raise SubnetError(f"{where}: an encoder-decoder's subnet (keys encoder and decoder), not one of this decoder-only "
+                              "space (keys embed_dim, depth, heads, ffn_dim, attention): the subnet is of another space")
         expected = {"embed_dim", "depth", "heads", "ffn_dim", "attention"}
         unknown = sorted(set(map(str, data)) - expected)
         missing = sorted(expected - set(data))

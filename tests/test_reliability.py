@@ -765,3 +765,95 @@ def test_an_ssh_run_that_fails_leaves_no_temporary_bundle(tmp_path, capsys, monk
                       "folder): ssh: connect to host board port 22: Connection refused"]
     left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]  # (torch's own cache)
     assert left == [] and not (tmp_path / "t.csv").exists()
+
+
+# --------------------------------------------------------------------------- messages that name the real problem
+
+
+def test_a_long_csv_cell_is_read_and_a_folder_is_not_called_missing(tmp_path):
+    from nas.classify import read_csv_text, read_labelled_csv, text_bytes
+
+    long = "word " * 200_000  # 1M characters in one cell: valid CSV; texts are cut to the model's window
+    path = tmp_path / "long.csv"
+    path.write_text(f'text,label\n"{long}",a\nshort,b\nother,a\nmore,b\n')
+    data = read_labelled_csv(path)
+    assert data.texts[0] == long and list(data.labels) == ["a", "b", "a", "b"]
+    assert text_bytes(data.texts[:1], 64) == [long.encode()[:64]]
+    path.write_text(f'text,label\nshort,a\n"{long}",\nother,a\nmore,b\n')
+    with pytest.raises(UserError, match=r"long.csv: line 3: empty label in column 'label'$"):  # the file's line, not 1
+        read_labelled_csv(path)
+    (tmp_path / "folder.csv").mkdir()
+    os.mkfifo(tmp_path / "fifo.csv")
+    for name, what in (("folder.csv", "a folder"), ("fifo.csv", "not a regular file"), ("missing.csv", "no such file")):
+        with pytest.raises(UserError) as e:
+            read_csv_text(tmp_path / name)
+        assert str(e.value) == f"--data {tmp_path / name}: {what} (expected a UTF-8 CSV file with a header row)"
+
+
+def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(files, tmp_path, capsys):
+    """A decoder-only subnet with an encoder-decoder space (and the reverse), an encoder-decoder supernet as --init of
+    a causal-lm space: the space is named as what does not fit, not a command to run."""
+    from search_spaces import Subnet as Plain
+    from search_spaces.seq2seq import Seq2SeqSubnet
+
+    from .seq2seq_fakes import MINI_SEQ2SEQ, mini_space, write_toy_tsv
+
+    (tmp_path / "causal.yaml").write_text(SUBNET.to_yaml())
+    (tmp_path / "s2s.yaml").write_text(mini_space().largest().to_yaml())
+    with pytest.raises(UserError, match=r"^causal.yaml: a decoder-only subnet \(keys embed_dim, depth, heads, ffn_dim, "
+                                        r"attention\), not one of this encoder-decoder space .*: the subnet is of another "
+                                        r"space$"):
+        Seq2SeqSubnet.load(tmp_path / "causal.yaml")
+    with pytest.raises(UserError, match=r"^s2s.yaml: an encoder-decoder's subnet \(keys encoder and decoder\), not one of "
+                                        r"this decoder-only space .*: the subnet is of another space$"):
+        Plain.load(tmp_path / "s2s.yaml")
+    (tmp_path / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    assert main(["train-supernet", "-q", str(tmp_path / "mini.yaml"), "--data", str(write_toy_tsv(tmp_path / "toy.tsv")),
+                 "--max-steps", "1", "--batch-size", "2", "--eval-batches", "1", "--out", str(tmp_path / "s2s")]) == 0
+    capsys.readouterr()
+    ckpt = tmp_path / "s2s" / "final.pt"
+    line = one_error(capsys, ["train-subnet", str(tmp_path / "causal.yaml"), "--space", "tiny", "--init", f"supernet:{ckpt}",
+                              "--out", str(tmp_path / "t")])
+    assert line.startswith(f"nas train-subnet: error: --init supernet:{ckpt}: trained on space 'mini-s2s' (arch hash ")
+    assert line.endswith(": it is a seq2seq supernet and --space a causal-lm space; give the supernet's own space "
+                         "('mini-s2s') as --space, and a subnet of it")
+    assert "nas train-subnet --init" not in line and not (tmp_path / "t").exists()
+
+
+def test_a_type_confused_predictor_json_is_blamed_not_the_intact_arrays(files, tiny, tmp_path):
+    import shutil
+
+    from latency.predictors.mlp import MLP
+
+    rng = np.random.default_rng(2)
+    subnets = [tiny.sample(rng) for _ in range(20)]
+    x, _ = subnet_matrix("mlp", tiny, tiny.workload(), subnets)
+    mlp = MLP(hidden=4, layers=1, max_iter=20).fit(x, 1 + x.sum(1) * 1e-3)
+    Predictor("mlp", mlp, tiny, tiny.workload(), {"device": "cpu"}).save(tmp_path / "mlp")
+    variants = [  # (predictor, a change to its JSON), what the message says
+        (("pred", "model_state.names", 5), "model_state.names: 5; expected null or a list of strings"),
+        (("pred", "model_state", "x"), "model_state: 'x'; expected a mapping"),
+        (("pred", "reference_ms", "fast"), "reference_ms: 'fast'; expected null or a number"),
+        (("pred", "columns", {"a": 1}), "columns: {'a': 1}; expected null or a list of strings"),
+        (("mlp", "model_state.layers", "2"), "model_state.layers: '2'; expected a whole number"),
+        (("mlp", "model_state.y_mean", [1.0]), "model_state.y_mean: [1.0]; expected a number"),
+        (("mlp", "model_state.hidden", True), "model_state.hidden: True; expected a whole number"),
+        (("mlp", "model_state.alpha", None), "model_state.alpha: None; expected a number"),
+    ]
+    for (which, field, value), expected in variants:
+        folder = tmp_path / "edited"
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.copytree(files["pred"] if which == "pred" else tmp_path / "mlp", folder)
+        doc = json.loads((folder / "predictor.json").read_text())
+        *parents, last = field.split(".")
+        target = doc
+        for name in parents:
+            target = target[name]
+        target[last] = value
+        (folder / "predictor.json").write_text(json.dumps(doc))
+        with pytest.raises(UserError) as e:
+            load_predictor(folder)
+        message = str(e.value)
+        assert message == f"{folder / 'predictor.json'}: not the predictor file this tool writes: {expected}", message
+        assert "arrays.npz" not in message
+    load_predictor(tmp_path / "mlp")  # the untouched one loads
