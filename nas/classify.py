@@ -69,7 +69,7 @@ DEFAULTS = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 20, "max_steps": 300, "b
             "ckpt_interval": 100, "weight_decay": 0.01}
 VAL_FRACTION = 0.2
 # TrainConfig fields a resumed run may change (they bound or observe the run); seq_len is not one of them here.
-RESUMABLE = ("max_steps", "max_time", "eval_interval", "ckpt_interval", "log_interval")
+RESUMABLE = ("max_steps", "max_time", "eval_interval", "ckpt_interval", "log_interval", "threads")
 
 
 # --------------------------------------------------------------------------- data
@@ -327,7 +327,7 @@ def _check_resumed(s: ClassifyTraining, stored: ClassifyTraining, flags: dict[st
     a_cfg, b_cfg = a.pop("config"), b.pop("config")
     a.pop("device"), b.pop("device")
     changed = [(k, a[k], b[k]) for k in a if a[k] != b[k]]
-    changed += [(k, a_cfg[k], b_cfg[k]) for k in a_cfg if k not in RESUMABLE and a_cfg[k] != b_cfg[k]]
+    changed += [(k, a_cfg[k], b_cfg.get(k)) for k in a_cfg if k not in RESUMABLE and a_cfg[k] != b_cfg.get(k)]
     if changed:
         k, given, kept = changed[0]
         raise UserError(f"{flags.get(k, k)}: a resumed run keeps its value ({kept}); got {given}")
@@ -368,7 +368,7 @@ def finetune_classifier(
 
     Every input is checked before anything is written.  ``flags`` names the flag of each setting in messages.
     """
-    from supernet.train import JsonlLog, WarmupCosine, _catch_interrupts, param_groups
+    from supernet.train import JsonlLog, WarmupCosine, _catch_interrupts, param_groups, use_threads
 
     flags = flags or {}
     model_dir, out = Path(s.model), Path(s.out)
@@ -400,6 +400,7 @@ def finetune_classifier(
     texts = text_bytes(data.texts, seq_len)
     val_texts, val_targets = [texts[i] for i in val_rows], targets[val_rows]
 
+    use_threads(config, stored["settings"]["config"] if stored is not None else None, log.info)  # before any sum
     device = torch.device(s.device)
     torch.manual_seed(config.seed)
     model = Classifier(encoder, len(data.classes), generator=torch.Generator().manual_seed(config.seed)).to(device)

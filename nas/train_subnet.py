@@ -345,7 +345,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     from supernet.artifact import CARD
     from supernet.data import check_corpus, prepare_corpus
     from supernet.task import task_for
-    from supernet.train import Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train
+    from supernet.train import (Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train,
+                                use_threads)
 
     from .export import validation_bpb, write_model
 
@@ -379,7 +380,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if problems:
             raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
                             "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
-                            "--log-interval, --format, --device)")
+                            "--log-interval, --format, --device, --threads)")
         if path is not None and path.exists() and _digest(kind, path) != stored["meta"]["init_sha256"]:
             raise UserError(f"--init {init}: not the {'model' if kind == 'model' else 'checkpoint'} this run started from "
                             f"(its weights changed since; the run's sha256 {stored['meta']['init_sha256'][:12]}...)")
@@ -393,6 +394,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     elif (out / CARD).exists():
         raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
 
+    use_threads(config)  # before any sum (train() says so where a resumed run's threads differ)
     if stored is None:
         student, passed_on, digest = _initial(kind, path, space, subnet, config.seed)
     else:  # the checkpoint holds the weights; the source need not exist any more

@@ -857,3 +857,193 @@ def test_a_type_confused_predictor_json_is_blamed_not_the_intact_arrays(files, t
         assert message == f"{folder / 'predictor.json'}: not the predictor file this tool writes: {expected}", message
         assert "arrays.npz" not in message
     load_predictor(tmp_path / "mlp")  # the untouched one loads
+
+
+# --------------------------------------------------------------------------- resume after kill -9: exact, whatever the flags
+
+WATCHED = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+import torch
+KILL_AT, SIGNAL = {kill_at!r}, {signal!r}
+
+
+def watched(fn, step_of):
+    def call(*args, progress=None, **kwargs):
+        def seen(*a):
+            if progress is not None:
+                progress(*a)
+            step = step_of(*a)
+            print(f"step {{step}} threads {{torch.get_num_threads()}}", flush=True)
+            if step == KILL_AT:
+                os.kill(os.getpid(), SIGNAL)
+        return fn(*args, progress=seen, **kwargs)
+    return call
+
+
+import latency.campaign, latency.device, nas.classify, supernet.seq2seq_train, supernet.train
+supernet.train.train = watched(supernet.train.train, lambda info: info.step)
+supernet.seq2seq_train.train_seq2seq = watched(supernet.seq2seq_train.train_seq2seq, lambda info: info.step)
+nas.classify.finetune_classifier = watched(nas.classify.finetune_classifier, lambda info: info.step)
+latency.campaign.run_campaign = watched(latency.campaign.run_campaign, lambda done, total, info: done)
+from tests.latency_fakes import FakeDevice
+latency.device.get_device = lambda name, **options: FakeDevice(threads=options.get("threads") or 0)  # a clock of its own
+from nas.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def watched_run(argv: list[str], kill_at: int | None = None, sig: int = signal.SIGKILL) -> subprocess.CompletedProcess:
+    """``nas argv`` in a fresh process (its own torch threads), printing each step's thread count; killed by ``sig`` at
+    step (or visit) ``kill_at``."""
+    command, *rest = argv
+    script = WATCHED.format(root=str(ROOT), kill_at=kill_at, signal=int(sig), argv=[command, "-q", *rest])
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+
+def threads_seen(done: subprocess.CompletedProcess) -> set[int]:
+    return {int(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("step ")}
+
+
+@pytest.fixture(scope="module")
+def resumables(tmp_path_factory, files, tiny):
+    """Inputs of every resumable command: a corpus, an exported LM, an exported encoder, labelled rows, an encoder-decoder
+    space with its pairs, and a supernet checkpoint that names its corpus (for the hurdles)."""
+    from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+
+    d = tmp_path_factory.mktemp("resumables")
+    (d / "text").mkdir()  # (not "corpus": the supernet's folder below holds its corpus cache under that name)
+    text = Path(json.__file__).read_text() + Path(csv.__file__).read_text()
+    (d / "text" / "a.txt").write_text(text[: len(text) // 2])
+    (d / "text" / "b.txt").write_text(text[len(text) // 2:])
+    (d / "labels.csv").write_text("text,label\n" + "".join(f"{w} number {i},{'ab'[i % 2]}\n" for i, w in
+                                                           zip(range(40), ["alpha", "beta", "gamma", "delta"] * 10)))
+    (d / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    write_toy_tsv(d / "toy.tsv")
+    quick = ["--data", str(d / "text"), "--max-steps", "1", "--batch-size", "2", "--seq-len", "32", "--format", "torch",
+             "--eval-batches", "1", "-q"]
+    assert main(["train-subnet", files["subnet"], "--space", "tiny", "--out", str(d / "lm"), *quick]) == 0
+    encoder = Subnet(64, 1, (1,), (128,), ("softmax",))
+    (d / "enc.yaml").write_text(encoder.to_yaml())
+    assert main(["train-subnet", str(d / "enc.yaml"), "--space", "encoder-tiny", "--out", str(d / "enc"), *quick]) == 0
+    ckpt = save_checkpoint(d / "supernet.pt", SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)),
+                           {}, step=1, data=str(d / "text"), data_seed=0, val_fraction=0.5)
+    (d / "val.txt").write_text(text[:20000])
+    return {"dir": d, "ckpt": str(ckpt), "pred": files["pred"], "subnet": files["subnet"]}
+
+
+FLAGS = ["--threads", "1", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-3"]  # none of them the default
+TRAIN = [*FLAGS, "--max-steps", "6", "--ckpt-interval", "2", "--eval-interval", "3", "--eval-batches", "1"]
+
+
+def resumable_cases(r: dict) -> dict:
+    """name -> (the first command with --out OUT, the command that resumes it, kill at step, what is compared)."""
+    d = r["dir"]
+    corpus = ["--data", str(d / "text")]
+    search = ["search", r["ckpt"], "--predictor", r["pred"], "--budget", "2ms", "--val-data", str(d / "val.txt"),
+              "--val-windows", "2", "--seq-len", "32", "--population", "4", "--parents", "2", "--mutations", "2",
+              "--crossovers", "2", "--generations", "2", "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-batch", "4",
+              "--hurdle-from", "inherited", "--hurdle-tokens", "768", "--device", "cpu", "--no-progress", "--out", "OUT"]
+    measure = ["measure-latency", "tiny", "--device", "cpu", "--threads", "1", "--samples", "12", "--retest", "0.25",
+               "--seed", "3", "--warmup", "1", "--repeats", "4", "--rounds", "2", "--min-sample-ms", "1", "--out", "OUT/t.csv"]
+    return {
+        "train-supernet": (["train-supernet", "tiny", *corpus, *TRAIN, "--out", "OUT"],
+                           ["train-supernet", "--out", "OUT", "--resume"], 5, "final.pt"),
+        "train-supernet seq2seq": (["train-supernet", str(d / "mini.yaml"), "--data", str(d / "toy.tsv"), "--threads", "1",
+                                    "--batch-size", "4", "--lr", "1e-3", "--max-steps", "6", "--ckpt-interval", "2",
+                                    "--eval-interval", "3", "--eval-batches", "1", "--out", "OUT"],
+                                   ["train-supernet", "--out", "OUT", "--resume"], 5, "final.pt"),
+        "train-subnet": (["train-subnet", r["subnet"], "--space", "tiny", *corpus, *TRAIN, "--format", "torch", "--out", "OUT"],
+                         ["train-subnet", "--out", "OUT", "--resume"], 5, "model.safetensors"),
+        "finetune": (["finetune", "--model", str(d / "lm"), *corpus, *TRAIN, "--format", "torch", "--out", "OUT"],
+                     ["finetune", "--model", str(d / "lm"), "--out", "OUT", "--resume"], 5, "model.safetensors"),
+        "finetune classify": (["finetune", "--task", "classify", "--model", str(d / "enc"), "--data", str(d / "labels.csv"),
+                               *TRAIN[:-2], "--out", "OUT"],  # (no --eval-batches: the whole validation split is scored)
+                              ["finetune", "--task", "classify", "--model", str(d / "enc"), "--out", "OUT", "--resume"], 5,
+                              "classifier.safetensors"),
+        "hurdles": (search, search, 4, "hurdles"),
+        "measure-latency": (measure, measure, 7, "t.csv"),
+    }
+
+
+def compared(out: Path, what: str):
+    """What must be bit for bit the same in an uninterrupted and a resumed run's --out."""
+    if what == "final.pt":
+        payload = torch.load(out / what, weights_only=True)
+        return payload["state"]["step"], {k: v.numpy().tobytes() for k, v in payload["model"].items()}
+    if what == "hurdles":  # (the table names each model's folder, under this --out)
+        weights = sorted((p.relative_to(out).parts[-3:], p.read_bytes()) for p in (out / "hurdles").rglob("model.safetensors"))
+        table = (out / "hurdles.csv").read_text().replace(str(out), "OUT")
+        return table, (out / "hurdles_2ms.yaml").read_text().replace(str(out), "OUT"), weights
+    if what == "t.csv":  # every row (a resumed campaign appends the rest in its own order; the host's load average
+        with open(out / what, newline="") as f:  # at the time is a note, not a result) and the baseline
+            table = sorted(tuple(sorted((k, v) for k, v in r.items() if k != "load")) for r in csv.DictReader(f))
+        return table, json.loads(Path(str(out / what) + ".json").read_text())["baseline_ms"]
+    return (out / what).read_bytes()
+
+
+@pytest.mark.parametrize("name", ["train-supernet", "train-supernet seq2seq", "train-subnet", "finetune", "finetune classify",
+                                  "hurdles", "measure-latency"])
+def test_kill_9_of_every_resumable_command_with_non_default_flags_resumes_bit_for_bit(resumables, tmp_path, name):
+    """Uninterrupted, then killed (kill -9 between checkpoints) and resumed by the documented command: the same bits.
+    Every step of the resumed run ran on the first run's threads (1, not torch's default), which no flag repeats."""
+    first, again, kill_at, what = resumable_cases(resumables)[name]
+
+    def at(argv, out):
+        return [str(out) if a == "OUT" else f"{out}/t.csv" if a == "OUT/t.csv" else a for a in argv]
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    done = watched_run(at(first, whole))
+    assert done.returncode == 0, done.stderr[-2000:]
+    killed = watched_run(at(first, cut), kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = watched_run(at(again, cut))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    if name == "hurdles":  # (the search has no --threads: its trainings run on the process's, the same command's)
+        assert len(threads_seen(done)) == 1 and threads_seen(done) == threads_seen(killed) == threads_seen(resumed)
+    elif name != "measure-latency":  # (the fake device times on a clock of its own; its threads go in the fingerprint)
+        assert threads_seen(done) == threads_seen(killed) == threads_seen(resumed) == {1}
+    assert compared(cut, what) == compared(whole, what)
+
+
+def test_the_ctrl_c_hint_is_a_command_that_resumes_exactly(resumables, tmp_path):
+    """train-subnet with --threads 1 and other non-default flags, Ctrl-C at step 3: the command the hint gives (and no
+    other flag) ends with the uninterrupted run's weights, on the first run's thread count."""
+    import shlex
+
+    first, _, _, what = resumable_cases(resumables)["train-subnet"]
+    whole, cut = tmp_path / "whole", tmp_path / "with space"  # (a folder the hint must quote)
+    assert watched_run([str(whole) if a == "OUT" else a for a in first]).returncode == 0
+    stopped = watched_run([str(cut) if a == "OUT" else a for a in first], kill_at=3, sig=signal.SIGINT)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    hint = [line for line in stopped.stdout.splitlines() if "Continue with: " in line]
+    assert len(hint) == 1 and hint[0].startswith("interrupted at step 3; saved "), stopped.stdout
+    command = shlex.split(hint[0].split("Continue with: ", 1)[1])
+    assert command == ["nas", "train-subnet", "--out", str(cut), "--resume"]
+    resumed = watched_run(command[1:])
+    assert resumed.returncode == 0 and threads_seen(resumed) == {1}, resumed.stderr[-2000:]
+    assert compared(cut, what) == compared(whole, what)
+
+
+def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, capsys, monkeypatch):
+    import latency.device
+
+    monkeypatch.setattr(latency.device, "get_device", lambda name, **o: FakeDevice(threads=o.get("threads") or 0))
+    out = tmp_path / "t.csv"
+    argv = ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "4", "--retest", "0.5", "--warmup", "1",
+            "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "--out", str(out)]
+    assert main(argv + ["--threads", "1"]) == 0
+    before = out.read_text()
+    capsys.readouterr()
+    cases = [
+        ([], "it was measured on another device or runtime (mixing fingerprints in one file is refused; use another --out):"
+             "\n  threads: file has 1, this run has 0"),
+        (["--threads", "1", "--samples", "5"], "its subnets is {'measure': 4, 'retest': 2}, this run's is {'measure': 5, "
+                                               "'retest': 2}; use the same flags or another --out"),
+        (["--threads", "1", "--seed", "1"], "its seed is 0, this run's is 1; use the same flags or another --out"),
+    ]
+    for extra, expected in cases:
+        assert main(argv + extra) == 2
+        assert capsys.readouterr().err == f"nas measure-latency: error: {out}: cannot append: {expected}\n"
+    assert out.read_text() == before
+    assert main(argv + ["--threads", "1"]) == 0 and "nothing left to measure" in capsys.readouterr().out

@@ -211,12 +211,20 @@ def _run(args: argparse.Namespace) -> int:
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
         meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them
+    meta["subnets"] = {"measure": len(subnets), "retest": len(passes["retest"])}  # (--samples, --retest) checked too
     table = TimingTable(args.out, meta)
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
     b, update = bar(f"{args.device}")
-    n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
+    try:
+        n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb,
+                         progress=update)
+    except KeyboardInterrupt:
+        b.close()
+        print(f"interrupted; the visits done are kept ({args.out}.visits). Continue with the same command: its flags are "
+              f"in {args.out}.json, and a run with others is refused")
+        return 130
     b.close()
     print(
         f"measured {n} subnets into {args.out} (baseline reference {table.baseline_ms:.3f} ms)"
