@@ -906,12 +906,17 @@ def threads_seen(done: subprocess.CompletedProcess) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def resumables(tmp_path_factory, files, tiny):
-    """Inputs of every resumable command: a corpus, an exported LM, an exported encoder, labelled rows, an encoder-decoder
-    space with its pairs, and a supernet checkpoint that names its corpus (for the hurdles)."""
+def resumables(tmp_path_factory):
+    """Inputs of every resumable command: a small space (this module's), a subnet of it, a corpus, an exported LM, an
+    exported encoder, labelled rows, an encoder-decoder space with its pairs, a supernet checkpoint that names its corpus
+    and a predictor (for the hurdles)."""
+    from search_spaces import load_space
+
     from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
     d = tmp_path_factory.mktemp("resumables")
+    small = load_space(space_file(d, "small"))
+    (d / "subnet.yaml").write_text(Subnet(64, 2, (2, 1), (64, 64), ("softmax", "softmax")).to_yaml())
     (d / "text").mkdir()  # (not "corpus": the supernet's folder below holds its corpus cache under that name)
     text = Path(json.__file__).read_text() + Path(csv.__file__).read_text()
     (d / "text" / "a.txt").write_text(text[: len(text) // 2])
@@ -922,14 +927,18 @@ def resumables(tmp_path_factory, files, tiny):
     write_toy_tsv(d / "toy.tsv")
     quick = ["--data", str(d / "text"), "--max-steps", "1", "--batch-size", "2", "--seq-len", "32", "--format", "torch",
              "--eval-batches", "1", "-q"]
-    assert main(["train-subnet", files["subnet"], "--space", "tiny", "--out", str(d / "lm"), *quick]) == 0
+    assert main(["train-subnet", str(d / "subnet.yaml"), "--space", str(d / "small.yaml"), "--out", str(d / "lm"), *quick]) == 0
     encoder = Subnet(64, 1, (1,), (128,), ("softmax",))
     (d / "enc.yaml").write_text(encoder.to_yaml())
     assert main(["train-subnet", str(d / "enc.yaml"), "--space", "encoder-tiny", "--out", str(d / "enc"), *quick]) == 0
-    ckpt = save_checkpoint(d / "supernet.pt", SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)),
+    ckpt = save_checkpoint(d / "supernet.pt", SuperTransformer(small, generator=torch.Generator().manual_seed(0)),
                            {}, step=1, data=str(d / "text"), data_seed=0, val_fraction=0.5)
     (d / "val.txt").write_text(text[:20000])
-    return {"dir": d, "ckpt": str(ckpt), "pred": files["pred"], "subnet": files["subnet"]}
+    rng = np.random.default_rng(0)
+    x, _ = subnet_matrix("additive", small, small.workload(), [small.sample(rng) for _ in range(20)])
+    Predictor("additive", Additive().fit(x, 1 + x.sum(1) * 1e-9), small, small.workload(), {"device": "cpu"}).save(d / "pred")
+    return {"dir": d, "ckpt": str(ckpt), "pred": str(d / "pred"), "subnet": str(d / "subnet.yaml"),
+            "space": str(d / "small.yaml")}
 
 
 FLAGS = ["--threads", "1", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-3"]  # none of them the default
@@ -944,16 +953,17 @@ def resumable_cases(r: dict) -> dict:
               "--val-windows", "2", "--seq-len", "32", "--population", "4", "--parents", "2", "--mutations", "2",
               "--crossovers", "2", "--generations", "2", "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-batch", "4",
               "--hurdle-from", "inherited", "--hurdle-tokens", "768", "--device", "cpu", "--no-progress", "--out", "OUT"]
-    measure = ["measure-latency", "tiny", "--device", "cpu", "--threads", "1", "--samples", "12", "--retest", "0.25",
+    measure = ["measure-latency", r["space"], "--device", "cpu", "--threads", "1", "--samples", "8", "--retest", "0.25",
                "--seed", "3", "--warmup", "1", "--repeats", "4", "--rounds", "2", "--min-sample-ms", "1", "--out", "OUT/t.csv"]
     return {
-        "train-supernet": (["train-supernet", "tiny", *corpus, *TRAIN, "--out", "OUT"],
+        "train-supernet": (["train-supernet", r["space"], *corpus, *TRAIN, "--out", "OUT"],
                            ["train-supernet", "--out", "OUT", "--resume"], 5, "final.pt"),
         "train-supernet seq2seq": (["train-supernet", str(d / "mini.yaml"), "--data", str(d / "toy.tsv"), "--threads", "1",
                                     "--batch-size", "4", "--lr", "1e-3", "--max-steps", "6", "--ckpt-interval", "2",
                                     "--eval-interval", "3", "--eval-batches", "1", "--out", "OUT"],
                                    ["train-supernet", "--out", "OUT", "--resume"], 5, "final.pt"),
-        "train-subnet": (["train-subnet", r["subnet"], "--space", "tiny", *corpus, *TRAIN, "--format", "torch", "--out", "OUT"],
+        "train-subnet": (["train-subnet", r["subnet"], "--space", r["space"], *corpus, *TRAIN, "--format", "torch", "--out",
+                          "OUT"],
                          ["train-subnet", "--out", "OUT", "--resume"], 5, "model.safetensors"),
         "finetune": (["finetune", "--model", str(d / "lm"), *corpus, *TRAIN, "--format", "torch", "--out", "OUT"],
                      ["finetune", "--model", str(d / "lm"), "--out", "OUT", "--resume"], 5, "model.safetensors"),
@@ -962,7 +972,7 @@ def resumable_cases(r: dict) -> dict:
                               ["finetune", "--task", "classify", "--model", str(d / "enc"), "--out", "OUT", "--resume"], 5,
                               "classifier.safetensors"),
         "hurdles": (search, search, 4, "hurdles"),
-        "measure-latency": (measure, measure, 7, "t.csv"),
+        "measure-latency": (measure, measure, 5, "t.csv"),
     }
 
 
