@@ -1,10 +1,12 @@
 """Two things every command shares, run by :func:`nas.cli.main` around the command:
 
 * :func:`check_flags`, one validation pass over the parsed flags *before any work starts*: a
-  number flag that is NaN or infinite, a text flag that is not UTF-8, an ``--out`` that is a file
-  where a folder goes (or the reverse) or sits on a read-only or missing place, a device flag
-  (``--verify``, ``--measure``) that names no device or options it does not take.  A search that
-  runs for an hour and then fails on a flag is the failure this prevents.
+  number flag that is NaN or infinite, a text (a flag's, each of a repeated flag's, each positional
+  text) that is not UTF-8, an ``--out`` that is a file where a folder goes (or the reverse), sits on a
+  read-only or missing place or is one of the command's inputs (:data:`INPUTS`), a ``--lang`` that is
+  no language name, an ``ssh://`` URL whose parts would not reach ``ssh`` as a user and a host, a
+  device flag (``--verify``, ``--measure``) that names no device or options it does not take.  A
+  search that runs for an hour and then fails on a flag is the failure this prevents.
 * :func:`io_failure`, the top-level handler's reading of an exception: a file-system failure (a full
   disk, a read-only folder, a file where a folder goes), raised as an ``OSError`` or wrapped by a
   library (Optuna's storage, torch's checkpoint writer, Matplotlib), becomes one line naming the path
@@ -76,6 +78,10 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
         check_out_is_no_input(args, Path(out))
+    if isinstance(getattr(args, "lang", None), str):  # a language name, not '' (the default's) nor a path
+        from supernet.translation import check_lang
+
+        check_lang(args.lang)
     for field in ("device", "verify", "measure"):  # an ssh:// device anywhere: its URL, before any bundle is built
         value = getattr(args, field, None)
         if isinstance(value, str) and value.startswith("ssh://"):

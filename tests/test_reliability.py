@@ -790,13 +790,25 @@ def test_a_long_csv_cell_is_read_and_a_folder_is_not_called_missing(tmp_path):
         assert str(e.value) == f"--data {tmp_path / name}: {what} (expected a UTF-8 CSV file with a header row)"
 
 
-def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(files, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def seq2seq_run(tmp_path_factory):
+    """A train-supernet run (one step) of the mini encoder-decoder space on the toy pairs."""
+    from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+
+    d = tmp_path_factory.mktemp("s2s")
+    (d / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    assert main(["train-supernet", "-q", str(d / "mini.yaml"), "--data", str(write_toy_tsv(d / "toy.tsv")),
+                 "--max-steps", "1", "--batch-size", "2", "--eval-batches", "1", "--out", str(d / "run")]) == 0
+    return d
+
+
+def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(seq2seq_run, tmp_path, capsys):
     """A decoder-only subnet with an encoder-decoder space (and the reverse), an encoder-decoder supernet as --init of
     a causal-lm space: the space is named as what does not fit, not a command to run."""
     from search_spaces import Subnet as Plain
     from search_spaces.seq2seq import Seq2SeqSubnet
 
-    from .seq2seq_fakes import MINI_SEQ2SEQ, mini_space, write_toy_tsv
+    from .seq2seq_fakes import mini_space
 
     (tmp_path / "causal.yaml").write_text(SUBNET.to_yaml())
     (tmp_path / "s2s.yaml").write_text(mini_space().largest().to_yaml())
@@ -807,11 +819,8 @@ def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(fil
     with pytest.raises(UserError, match=r"^s2s.yaml: an encoder-decoder's subnet \(keys encoder and decoder\), not one of "
                                         r"this decoder-only space .*: the subnet is of another space$"):
         Plain.load(tmp_path / "s2s.yaml")
-    (tmp_path / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
-    assert main(["train-supernet", "-q", str(tmp_path / "mini.yaml"), "--data", str(write_toy_tsv(tmp_path / "toy.tsv")),
-                 "--max-steps", "1", "--batch-size", "2", "--eval-batches", "1", "--out", str(tmp_path / "s2s")]) == 0
     capsys.readouterr()
-    ckpt = tmp_path / "s2s" / "final.pt"
+    ckpt = seq2seq_run / "run" / "final.pt"
     line = one_error(capsys, ["train-subnet", str(tmp_path / "causal.yaml"), "--space", "tiny", "--init", f"supernet:{ckpt}",
                               "--out", str(tmp_path / "t")])
     assert line.startswith(f"nas train-subnet: error: --init supernet:{ckpt}: trained on space 'mini-s2s' (arch hash ")
@@ -1057,3 +1066,72 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
         assert capsys.readouterr().err == f"nas measure-latency: error: {out}: cannot append: {expected}\n"
     assert out.read_text() == before
     assert main(argv + ["--threads", "1"]) == 0 and "nothing left to measure" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- translation: pairs, languages, decoding bounds
+
+
+def test_a_tsv_line_of_more_than_two_fields_is_refused_not_trained_as_the_target(tmp_path, capsys):
+    from supernet.translation import read_tsv
+
+    from .seq2seq_fakes import MINI_SEQ2SEQ
+
+    good = "".join(f"file {i}\tDatei {i}\n" for i in range(10))
+    variants = {
+        "scored.tsv": (good + "src\ttgt\tid7\t0.93\n", "line 11 has 4 tab-separated fields"),
+        "three.tsv": ("a\tb\tc\n" + good, "line 1 has 3 tab-separated fields"),
+        "many.tsv": (good.replace("\n", "\textra\n"), "line 1 (and 9 more lines) has 3 tab-separated fields"),
+        "crlf.tsv": (good.replace("\n", "\r\n") + "x\ty\t\r\n", "line 11 has 3 tab-separated fields"),
+    }
+    for name, (text, expected) in variants.items():
+        (tmp_path / name).write_bytes(text.encode())
+        with pytest.raises(UserError) as e:
+            read_tsv(tmp_path / name)
+        assert str(e.value) == (f"--data {tmp_path / name}: {expected}; expected 2 (source<TAB>target): keep the first two "
+                                "columns (cut -f1,2) or remove the tabs inside the texts")
+    (tmp_path / "ok.tsv").write_text(good)
+    assert read_tsv(tmp_path / "ok.tsv")[0] == (b"file 0", b"Datei 0")
+    (tmp_path / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    line = one_error(capsys, ["train-supernet", str(tmp_path / "mini.yaml"), "--data", str(tmp_path / "scored.tsv"),
+                              "--max-steps", "1", "--out", str(tmp_path / "run")])
+    assert line.startswith(f"nas train-supernet: error: --data {tmp_path / 'scored.tsv'}: line 11 has 4 tab-separated")
+    assert not (tmp_path / "run" / "latest.pt").exists() and not (tmp_path / "run" / "translation").exists()
+
+
+def test_a_language_is_a_name_checked_before_any_path_is_made_of_it(tmp_path, capsys, monkeypatch):
+    import supernet.translation as tr
+
+    from .seq2seq_fakes import MINI_SEQ2SEQ
+
+    (tmp_path / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
+    expected = "is not a language name; expected a gettext locale such as de, fr, pt_BR or sr@latin"
+    for lang in ["", "../../etc", "..", "de/../fr", " de", "x", "d" * 100, "de\n"]:
+        for argv in (["train-supernet", str(tmp_path / "mini.yaml"), "--max-steps", "1"],
+                     ["train-subnet", "s.yaml", "--space", str(tmp_path / "mini.yaml")]):
+            line = one_error(capsys, [*argv, f"--lang={lang}", "--out", str(tmp_path / "run")])
+            assert line == f"nas {argv[0]}: error: --lang: {lang[:40]!r} {expected}", line
+    assert not (tmp_path / "run").exists()
+    looked = []
+    monkeypatch.setattr(tr.Path, "glob", lambda self, pattern: looked.append(self) or iter(()))
+    with pytest.raises(UserError, match=r"^--lang: '\.\./\.\./etc' is not a language name"):
+        tr.catalogs("../../etc", tmp_path)
+    assert looked == []  # refused before a path was made of it, let alone read
+    for good in ("de", "pt_BR", "sr@latin", "zh_CN.UTF-8"):
+        assert tr.check_lang(good) == good
+
+
+def test_translate_refuses_a_beam_wider_than_the_vocabulary_and_more_bytes_than_the_model_decodes(seq2seq_run, capsys):
+    model = str(seq2seq_run / "run")
+    cases = [
+        (["--beam", "10000"], "--beam: 10000 is more than the model's 259 tokens; a beam holds at most one hypothesis per "
+                              "token at the first step (give at most 259; 4-8 is the usual width)"),
+        (["--beam", "260"], "--beam: 260 is more than the model's 259 tokens"),
+        (["--max-bytes", "100000"], "--max-bytes: 100000 is more than the model's max_seq_len of 40 bytes, the longest "
+                                    "translation it decodes (give at most that)"),
+        (["--max-bytes", "41", "--beam", "2"], "--max-bytes: 41 is more than the model's max_seq_len of 40 bytes"),
+    ]
+    for extra, expected in cases:
+        line = one_error(capsys, ["translate", "--model", model, "file not found", *extra])
+        assert line.startswith(f"nas translate: error: {expected}"), line
+    assert main(["translate", "--model", model, "file not found", "--beam", "3", "--max-bytes", "40"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
