@@ -340,7 +340,9 @@ class TimingTable:
                 f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
                 "use another --out):\n  " + "\n  ".join(diff)
             )
-        for key in ("protocol", "seed", "sampling"):  # sampling: absent for uniform draws, "transfer" for --for-transfer
+        for key in ("protocol", "seed", "sampling", "subnets"):  # sampling: absent for uniform draws, "transfer" for
+            if key == "subnets" and key not in stored:  # --for-transfer; subnets: how many (--samples, --retest), absent
+                continue  # in tables written before it was kept
             if stored.get(key) != self.meta.get(key):
                 raise UserError(
                     f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another "

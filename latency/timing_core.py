@@ -374,7 +374,7 @@ def append_rows(path: str, columns: list[str], rows: list[dict[str, str]]) -> No
 
 def append_bytes(path: str, data: bytes) -> None:
     """Append ``data`` to ``path`` whole or not at all (cut back to the old size on a failed write), then fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)  # less the umask, as open() does
     try:
         before = os.fstat(fd).st_size
         try:
@@ -550,12 +550,15 @@ def ort_runner(session, feed: dict, clock: str) -> Runner:
 
 
 def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, provider: str = "cpu", seed: int = 0,
-                transform=None):
+                transform=None, register=None):
     """An ONNX Runtime session (all graph optimizations) of a weight-stripped ``graph``, random weights.
 
     The graph is copied into a temporary folder beside its freshly drawn weights (its external
     data ``<stem>.weights``), opened, and the folder removed.  ``transform(path, folder) -> path``
     rewrites the graph with its weights before it is opened (an INT8 precision: :mod:`latency.quantize`).
+    ``register(options, path)`` prepares the session options for the graph (the host's onnxruntime device passes
+    ``supernet.attention.ort_ops.register_if_used``: a graph exported with --custom-ops gets their library); this
+    file imports nothing of the project, for it is also the bundle's runner on a board with numpy and onnxruntime only.
     """
     import onnxruntime as ort
 
@@ -579,9 +582,8 @@ def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, 
         materialize_weights(os.path.join(tmp, os.path.splitext(os.path.basename(graph))[0] + ".weights"), tensors, seed)
         if transform is not None:
             local = transform(local, tmp)
-        from supernet.attention import ort_ops
-
-        ort_ops.register_if_used(options, local)  # a graph exported with --custom-ops: their library
+        if register is not None:
+            register(options, local)
         return ort.InferenceSession(local, options, providers=providers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,10 +1,12 @@
 """Two things every command shares, run by :func:`nas.cli.main` around the command:
 
 * :func:`check_flags`, one validation pass over the parsed flags *before any work starts*: a
-  number flag that is NaN or infinite, a text flag that is not UTF-8, an ``--out`` that is a file
-  where a folder goes (or the reverse) or sits on a read-only or missing place, a device flag
-  (``--verify``, ``--measure``) that names no device or options it does not take.  A search that
-  runs for an hour and then fails on a flag is the failure this prevents.
+  number flag that is NaN or infinite, a text (a flag's, each of a repeated flag's, each positional
+  text) that is not UTF-8, an ``--out`` that is a file where a folder goes (or the reverse), sits on a
+  read-only or missing place or is one of the command's inputs (:data:`INPUTS`), a ``--lang`` that is
+  no language name, an ``ssh://`` URL whose parts would not reach ``ssh`` as a user and a host, a
+  device flag (``--verify``, ``--measure``) that names no device or options it does not take.  A
+  search that runs for an hour and then fails on a flag is the failure this prevents.
 * :func:`io_failure`, the top-level handler's reading of an exception: a file-system failure (a full
   disk, a read-only folder, a file where a folder goes), raised as an ``OSError`` or wrapped by a
   library (Optuna's storage, torch's checkpoint writer, Matplotlib), becomes one line naming the path
@@ -24,6 +26,24 @@ from search_spaces import UserError
 # Commands whose --out is a file (a timing table); every other command's --out is a folder.
 OUT_IS_FILE = {"measure-latency"}
 
+# The inputs of each command that writes an --out: {field: (flag, what it is)}.  An --out that is one of them would
+# overwrite (or remove the parts of) what the command reads: refused before anything is read or written.
+INPUTS = {
+    "fit-predictor": {"timings": ("TIMINGS", "timing table"), "sources": ("--from", "predictor")},
+    "measure-latency": {"space": ("SPACE", "search space")},
+    "export": {"supernet": ("--supernet", "supernet checkpoint"), "subnet": ("--subnet", "subnet file"),
+               "predictor": ("--predictor", "predictor")},
+    "train-subnet": {"subnet": ("SUBNET", "subnet file"), "space": ("--space", "search space"),
+                     "init": ("--init", "model directory"), "distill_from": ("--distill-from", "supernet checkpoint"),
+                     "data": ("--data", "corpus")},
+    "finetune": {"model": ("--model", "model directory"), "supernet": ("--supernet", "supernet checkpoint"),
+                 "data": ("--data", "corpus")},
+    "search": {"supernet": ("SUPERNET", "supernet checkpoint"), "predictor": ("--predictor", "predictor"),
+               "val_data": ("--val-data", "held-out data")},
+    "train-supernet": {"space": ("SPACE", "search space"), "data": ("--data", "corpus")},
+    "fit-accuracy": {"supernet": ("SUPERNET", "supernet checkpoint"), "models": ("MODEL", "model directory")},
+}
+
 # Flags that name a device to time on, with the flags of its options: checked by building the device.
 DEVICE_FLAGS = {
     "search": ("verify", {"threads": "verify_threads", "clock": "verify_clock"}),
@@ -41,22 +61,50 @@ _HINTS = {
 }
 
 
-def check_flags(args: argparse.Namespace) -> None:
-    """Refuse, with one line naming the flag, what would fail later; nothing is written."""
+def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> None:
+    """Refuse, with one line naming the flag, what would fail later; nothing is written.  ``parser`` (the command's)
+    names positional arguments as its usage does (``TEXT 2``); without it they are named by their field."""
+    names = _names(parser)
     for name, value in sorted(vars(args).items()):
-        flag = "--" + name.replace("_", "-")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{flag}: {value} is not a finite number")
-        if isinstance(value, str) and _not_utf8(value):
-            raise UserError(f"{flag}: not UTF-8 text ({value.encode('utf-8', 'surrogateescape')[:40]!r})")
+        flag = names.get(name, "--" + name.replace("_", "-"))
+        values = list(enumerate(value, 1)) if isinstance(value, (list, tuple)) else [(None, value)]
+        for i, item in values:  # a flag given several times, or positional texts: each one
+            where = flag if i is None else f"{flag} {i}" if not flag.startswith("-") else f"{flag} (the {_nth(i)})"
+            if isinstance(item, float) and not math.isfinite(item):
+                raise UserError(f"{where}: {item} is not a finite number")
+            if isinstance(item, str) and _not_utf8(item):
+                raise UserError(f"{where}: not UTF-8 text ({item.encode('utf-8', 'surrogateescape')[:40]!r})")
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
+        check_out_is_no_input(args, Path(out))
+    if isinstance(getattr(args, "lang", None), str):  # a language name, not '' (the default's) nor a path
+        from supernet.translation import check_lang
+
+        check_lang(args.lang)
+    for field in ("device", "verify", "measure"):  # an ssh:// device anywhere: its URL, before any bundle is built
+        value = getattr(args, field, None)
+        if isinstance(value, str) and value.startswith("ssh://"):
+            from latency.devices.arm import parse_target
+
+            parse_target(value, "--" + field)
     if args.command in DEVICE_FLAGS:
         flag, options = DEVICE_FLAGS[args.command]
         name = getattr(args, flag, None)
         if name:
             check_device(f"--{flag}", name, **{k: getattr(args, v, None) for k, v in options.items()})
+
+
+def _names(parser: argparse.ArgumentParser | None) -> dict[str, str]:
+    """``{dest: how the usage names it}``: ``--flag`` for an option, the metavar (``TEXT``) for a positional."""
+    if parser is None:
+        return {}
+    return {a.dest: a.option_strings[-1] if a.option_strings else (a.metavar or a.dest.upper())
+            for a in parser._actions if isinstance(a.dest, str)}  # noqa: SLF001 - argparse has no public list
+
+
+def _nth(i: int) -> str:
+    return {1: "first", 2: "second", 3: "third"}.get(i, f"{i}th")
 
 
 def _not_utf8(text: str) -> bool:
@@ -79,6 +127,27 @@ def check_out(out: Path, *, file: bool) -> None:
         raise UserError(f"--out: {out}: {parent} is a file, not a folder")
     if not os.access(parent, os.W_OK | os.X_OK) or _read_only(parent):
         raise UserError(f"--out: {out}: {parent} is not writable (read-only or no permission); write elsewhere")
+
+
+def check_out_is_no_input(args: argparse.Namespace, out: Path) -> None:
+    """``--out`` is none of the command's inputs (``fit-predictor T.csv --from P --out P`` replaced the source
+    predictor with the transfer fit): the same path, through links or not."""
+    if not out.exists():
+        return
+    for field, (flag, what) in INPUTS.get(args.command, {}).items():
+        given = getattr(args, field, None)
+        for value in given if isinstance(given, (list, tuple)) else [given]:
+            if not isinstance(value, str) or not value:
+                continue
+            kind, sep, rest = value.partition(":")  # --init model:DIR, --distill-from supernet:CKPT
+            path = Path(rest if sep and kind in ("model", "supernet") else value)
+            try:
+                same = path.exists() and os.path.samefile(path, out)
+            except OSError:
+                same = False
+            if same:
+                raise UserError(f"--out {out}: is the source {what} ({flag} {value}); writing there would overwrite what "
+                                "the command reads: choose another --out")
 
 
 def _read_only(path: Path) -> bool:

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from search_spaces import Space, Subnet, UserError
 from supernet.artifact import CARD as MODEL_CARD
-from supernet.files import atomic_write, atomic_write_json, remove_stale, sha256_file
+from supernet.files import atomic_save_tensors, atomic_write, atomic_write_json, remove_stale, sha256_file
 from supernet.model import Transformer, TransformerConfig
 from supernet.train import StepInfo, TrainConfig
 
@@ -69,7 +69,7 @@ DEFAULTS = {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 20, "max_steps": 300, "b
             "ckpt_interval": 100, "weight_decay": 0.01}
 VAL_FRACTION = 0.2
 # TrainConfig fields a resumed run may change (they bound or observe the run); seq_len is not one of them here.
-RESUMABLE = ("max_steps", "max_time", "eval_interval", "ckpt_interval", "log_interval")
+RESUMABLE = ("max_steps", "max_time", "eval_interval", "ckpt_interval", "log_interval", "threads")
 
 
 # --------------------------------------------------------------------------- data
@@ -96,8 +96,9 @@ class LabelledTexts:
 def read_csv_text(path: str | Path, flag: str = "--data") -> str:
     """The text of a UTF-8 CSV file (a BOM is dropped); one line naming the file for what it is not."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{flag} {path}: no such file (expected a UTF-8 CSV with a header row)")
+    if not path.is_file():  # a folder, a FIFO or a device is no CSV either, and says so (not "no such file")
+        what = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+        raise UserError(f"{flag} {path}: {what} (expected a UTF-8 CSV file with a header row)")
     raw = path.read_bytes()
     try:
         return raw.decode("utf-8-sig")
@@ -108,6 +109,9 @@ def read_csv_text(path: str | Path, flag: str = "--data") -> str:
 
 def csv_rows(path: Path, text: str, needed: dict[str, str]) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """(header, [(line number, row)]) of CSV ``text``; ``needed`` maps each column that must exist to its flag."""
+    # csv's default cap on a field (131,072 characters) is no limit of ours: a long text is cut to the model's window
+    # (text_bytes), as the README says, not refused as "not valid CSV"; the cap follows the file (process-wide, only up).
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames
@@ -323,7 +327,7 @@ def _check_resumed(s: ClassifyTraining, stored: ClassifyTraining, flags: dict[st
     a_cfg, b_cfg = a.pop("config"), b.pop("config")
     a.pop("device"), b.pop("device")
     changed = [(k, a[k], b[k]) for k in a if a[k] != b[k]]
-    changed += [(k, a_cfg[k], b_cfg[k]) for k in a_cfg if k not in RESUMABLE and a_cfg[k] != b_cfg[k]]
+    changed += [(k, a_cfg[k], b_cfg.get(k)) for k in a_cfg if k not in RESUMABLE and a_cfg[k] != b_cfg.get(k)]
     if changed:
         k, given, kept = changed[0]
         raise UserError(f"{flags.get(k, k)}: a resumed run keeps its value ({kept}); got {given}")
@@ -364,7 +368,7 @@ def finetune_classifier(
 
     Every input is checked before anything is written.  ``flags`` names the flag of each setting in messages.
     """
-    from supernet.train import JsonlLog, WarmupCosine, _catch_interrupts, param_groups
+    from supernet.train import JsonlLog, WarmupCosine, _catch_interrupts, param_groups, use_threads
 
     flags = flags or {}
     model_dir, out = Path(s.model), Path(s.out)
@@ -396,6 +400,7 @@ def finetune_classifier(
     texts = text_bytes(data.texts, seq_len)
     val_texts, val_targets = [texts[i] for i in val_rows], targets[val_rows]
 
+    use_threads(config, stored["settings"]["config"] if stored is not None else None, log.info)  # before any sum
     device = torch.device(s.device)
     torch.manual_seed(config.seed)
     model = Classifier(encoder, len(data.classes), generator=torch.Generator().manual_seed(config.seed)).to(device)
@@ -479,14 +484,10 @@ def finetune_classifier(
 
 def write_classifier(model: Classifier, space: Space, classes: tuple[str, ...], out: Path, info: dict[str, Any]) -> Path:
     """Write weights, labels and the card (last) of ``model`` into ``out``."""
-    from safetensors.torch import save_file
-
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, OUTPUTS)  # the card first: a folder is never described by an older card
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    tmp = out / f".{WEIGHTS}.tmp"
-    save_file(state, str(tmp), metadata={"format": FORMAT})
-    tmp.replace(out / WEIGHTS)
+    atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     atomic_write_json(out / LABELS, list(classes))
     card = {"format": FORMAT, "version": VERSION, **info, "space": space.to_dict(), "subnet": model.encoder.subnet.to_dict(),
             "parameters": sum(p.numel() for p in model.parameters()),

@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
+    for action in parser._actions:  # noqa: SLF001 - the subparsers action holds each command's parser
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices.get(command)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -137,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
             from .checks import check_flags
 
-            check_flags(args)
+            check_flags(args, _command_parser(parser, args.command))
             return int(args.run(args) or 0)
     except UserError as e:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)

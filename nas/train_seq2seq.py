@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,21 +36,22 @@ def stored_task(latest: Path) -> str | None:
 
 
 def run_seq2seq(args: argparse.Namespace, space) -> int:
-    import torch
-
-    from nas.commands.train_supernet import _settings
+    from nas.commands.train_supernet import _settings, run_device
     from search_spaces import UserError
     from supernet.distributed import init_from_env, shutdown
     from supernet.seq2seq_train import load_seq2seq_supernet
-    from supernet.train import TrainConfig
+    from supernet.train import TrainConfig, use_threads
     from supernet.translation import DEFAULT_LANG
 
     out = Path(args.out)
     latest = out / "latest.pt"
-    for flag, value in (("--seq-len", args.seq_len), ("--val-fraction", args.val_fraction), ("--compile", args.compile)):
+    for flag, value in (("--seq-len", args.seq_len), ("--val-fraction", args.val_fraction), ("--compile", args.compile),
+                        ("--balance", args.balance), ("--split", args.split), ("--split-at", args.split_at),
+                        ("--mask-rate", args.mask_rate)):
         if value is not None:
             raise UserError(f"{flag}: not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is "
-                            "80/10/10 by catalog or by line; compiling is for the LM run so far)")  # fmt: skip
+                            "80/10/10 by catalog or by line; compiling, the type-balanced or family-split sandwich and "
+                            "masking are for the LM runs so far)")  # fmt: skip
     if args.data is not None and args.lang is not None:
         raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
     stored = None
@@ -65,14 +67,12 @@ def run_seq2seq(args: argparse.Namespace, space) -> int:
         raise UserError(f"--out {out}: already holds a run (latest.pt); add --resume to continue it, or choose another --out")
     else:
         lang = None if args.data is not None else (args.lang or DEFAULT_LANG)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: {args.threads} is not a positive integer")
-        torch.set_num_threads(args.threads)
-
     config_dict, objective_dict, data = _settings(args, space, stored["meta"] if stored else None)
+    objective_dict = {k: v for k, v in objective_dict.items() if k in ("n_random", "distill")}  # (the LM sandwich's
+    # balance rule, which _settings gives a resumed run, is not this sandwich's: a resumed seq2seq run failed on it)
     config = TrainConfig.from_dict(config_dict)
-    dist, device = init_from_env(args.device)
+    use_threads(config)
+    dist, device = init_from_env(run_device(args, stored["meta"] if stored else None))
     try:
         return _train(args, space, stored, config, objective_dict, data, lang, dist, device)
     finally:
@@ -108,7 +108,8 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
     objective = Seq2SeqSandwich(space, seed=config.seed, **objective_dict)
     log.info("space %s: %s parameters in the largest subnet; batch %d pairs on %s", space.name,
              f"{model.num_params(space.largest()):,}", config.batch_size, device)  # fmt: skip
-    meta = {**data, "val_fraction": None, "lang": lang, "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash,
+    meta = {**data, "val_fraction": None, "lang": lang, "device": torch.device(device).type,
+            "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash,
             "corpus_sizes": sizes, "corpus_dir": str(corpus.path.relative_to(out))}  # fmt: skip
     state = stored["state"] if stored else {}
     bar, update = _step_bar(config, state.get("step", 0), state.get("elapsed", 0.0)) if dist.is_main else (None, None)
@@ -121,8 +122,8 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
     if not dist.is_main:
         return 0
     if result.stopped == "interrupted":
-        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
-              "--resume")  # fmt: skip
+        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out "
+              f"{shlex.quote(str(out))} --resume")  # fmt: skip
         return 130
     print(f"trained {result.step} steps ({result.tokens:,} target bytes) in {_format_time(result.elapsed)}; stopped by "
           f"--{result.stopped.replace('_', '-')}")  # fmt: skip
@@ -383,7 +384,8 @@ def run_seq2seq_subnet(args: argparse.Namespace, space) -> int:
     try:
         result = train_seq2seq_subnet(settings, progress=update)
     except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out {out} --resume")
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out "
+              f"{shlex.quote(str(out))} --resume")
         return 130
     finally:
         close()

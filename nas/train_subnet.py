@@ -194,14 +194,30 @@ def _digest(kind: str, path: Path) -> str:
 
 
 def _load_supernet(path: Path, space: Space, flag: str):
-    from supernet.checkpoint import load_supernet
+    from supernet.checkpoint import load_checkpoint, load_supernet
 
-    supernet, payload = load_supernet(path)
-    theirs = supernet.space
-    if theirs.arch_hash != space.arch_hash:
-        raise UserError(f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on "
-                        f"space {space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    try:
+        supernet, payload = load_supernet(path)
+    except UserError:
+        try:  # a supernet of another task (an encoder-decoder's): the space given is what does not fit, say so
+            theirs = load_checkpoint(path)["space"]
+        except UserError:
+            theirs = None
+        if theirs is not None and theirs.arch_hash != space.arch_hash:
+            raise _other_space(flag, path, theirs, space) from None
+        raise
+    if supernet.space.arch_hash != space.arch_hash:
+        raise _other_space(flag, path, supernet.space, space)
     return supernet, payload
+
+
+def _other_space(flag: str, path: Path, theirs: Space, space: Space) -> UserError:
+    text = (f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on space "
+            f"{space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    if getattr(theirs, "task", None) != getattr(space, "task", None):
+        text += (f": it is a {theirs.task} supernet and --space a {space.task} space; give the supernet's own space "
+                 f"({theirs.name!r}) as --space, and a subnet of it")
+    return UserError(text)
 
 
 def _initial(kind: str, path: Path | None, space: Space, subnet: Subnet, seed: int):
@@ -329,7 +345,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     from supernet.artifact import CARD
     from supernet.data import check_corpus, prepare_corpus
     from supernet.task import task_for
-    from supernet.train import Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train
+    from supernet.train import (Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train,
+                                use_threads)
 
     from .export import validation_bpb, write_model
 
@@ -363,7 +380,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if problems:
             raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
                             "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
-                            "--log-interval, --format, --device)")
+                            "--log-interval, --format, --device, --threads)")
         if path is not None and path.exists() and _digest(kind, path) != stored["meta"]["init_sha256"]:
             raise UserError(f"--init {init}: not the {'model' if kind == 'model' else 'checkpoint'} this run started from "
                             f"(its weights changed since; the run's sha256 {stored['meta']['init_sha256'][:12]}...)")
@@ -377,6 +394,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     elif (out / CARD).exists():
         raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
 
+    use_threads(config)  # before any sum (train() says so where a resumed run's threads differ)
     if stored is None:
         student, passed_on, digest = _initial(kind, path, space, subnet, config.seed)
     else:  # the checkpoint holds the weights; the source need not exist any more

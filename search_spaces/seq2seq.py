@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .attention import has_form, parse_attention, spec_problems
-from .errors import SpaceError, SubnetError, UserError
+from .errors import SpaceError, SubnetError, UserError, shown
 from .space import POSITIONS, WORKLOAD_KINDS, Space, SpaceIdentity, Subnet, SubnetFile, _Checker, _is_int
 
 TASK = "seq2seq"
@@ -65,10 +65,10 @@ class Seq2SeqSubnet(SubnetFile):
             value = getattr(self, name)
             if not isinstance(value, tuple) or len(value) != self.decoder.depth:
                 raise SubnetError(f"subnet.decoder.{name}: expected a tuple of {self.decoder.depth} (decoder depth) "
-                                  f"positive integers, got {value!r}")  # fmt: skip
+                                  f"positive integers, got {shown(value)}")  # fmt: skip
             for i, v in enumerate(value):
                 if not _is_int(v) or v < 1:
-                    raise SubnetError(f"subnet.decoder.{name}[{i}]: {v!r} is not a positive integer")
+                    raise SubnetError(f"subnet.decoder.{name}[{i}]: {shown(v)} is not a positive integer")
 
     def to_dict(self) -> dict[str, Any]:
         dec = {**self.decoder.to_dict(), "cross_heads": list(self.cross_heads), "cross_layers": list(self.cross_layers)}
@@ -76,8 +76,11 @@ class Seq2SeqSubnet(SubnetFile):
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "Seq2SeqSubnet":
+        if isinstance(data, dict) and {"embed_dim", "depth"} <= set(data):
+            raise SubnetError(f"{where}: a decoder-only subnet (keys embed_dim, depth, heads, ffn_dim, attention), not one "
+                              "of this encoder-decoder space (keys encoder and decoder): the subnet is of another space")
         if not isinstance(data, dict) or set(data) != {"encoder", "decoder"}:
-            raise SubnetError(f"{where}: expected a mapping with keys encoder and decoder, got {data!r}")
+            raise SubnetError(f"{where}: expected a mapping with keys encoder and decoder, got {shown(data)}")
         dec = data["decoder"]
         if not isinstance(dec, dict) or "cross_heads" not in dec or "cross_layers" not in dec:
             raise SubnetError(f"{where}.decoder: expected a mapping with cross_heads and cross_layers beside "
@@ -85,7 +88,7 @@ class Seq2SeqSubnet(SubnetFile):
         cross = {k: dec[k] for k in ("cross_heads", "cross_layers")}
         for k, v in cross.items():
             if not isinstance(v, (list, tuple)):
-                raise SubnetError(f"{where}.decoder.{k}: expected a list, got {v!r}")
+                raise SubnetError(f"{where}.decoder.{k}: expected a list, got {shown(v)}")
         encoder = Subnet.from_dict(data["encoder"], f"{where}.encoder")
         decoder = Subnet.from_dict({k: v for k, v in dec.items() if k not in cross}, f"{where}.decoder")
         return cls(encoder, decoder, tuple(cross["cross_heads"]), tuple(cross["cross_layers"]))
@@ -197,7 +200,7 @@ class Seq2SeqSpace(SpaceIdentity):
         for name, allowed in (("cross_heads", self.cross_heads), ("cross_layers", self.cross_layers)):
             for i, v in enumerate(getattr(subnet, name)):
                 if v not in allowed:
-                    out.append(f"decoder.{name}[{i}]: {v!r} is not one of {', '.join(map(str, allowed))}")
+                    out.append(f"decoder.{name}[{i}]: {shown(v)} is not one of {', '.join(map(str, allowed))}")
         return out
 
     def size(self) -> int:
@@ -279,7 +282,7 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
                  optional=("name", "head_dim", "positions"))  # fmt: skip
     name = top.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
-        c.error("name", f"{name!r} is not a non-empty string")
+        c.error("name", f"{shown(name)} is not a non-empty string")
     vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
     if vocab is not None and vocab != VOCAB_SIZE:
         c.error("vocab_size", f"{vocab}: a seq2seq space is byte-level with PAD, BOS and EOS: give {VOCAB_SIZE}")
@@ -323,7 +326,7 @@ def _attention(c: _Checker, path: str, raw: Any, max_seq: int | None, heads, tas
     if raw is None:
         return None
     if not isinstance(raw, list) or not raw:
-        c.error(path, f"expected a non-empty list of attention types, got {raw!r}")
+        c.error(path, f"expected a non-empty list of attention types, got {shown(raw)}")
         return None
     form = "bidirectional" if task == "masked-lm" else "causal"
     specs = []
@@ -345,7 +348,7 @@ def _translate_workloads(c: _Checker, lat: Any, max_seq: int | None) -> list[Tra
     """The ``latency:`` section of a seq2seq space: named ``translate`` workloads (source, steps, beam)."""
     if not isinstance(lat, dict) or not lat:
         c.error("latency", f"expected a mapping of named workloads, e.g. {{translate: {{source: 30, steps: 30, beam: 5}}}}, "
-                           f"got {lat!r}")  # fmt: skip
+                           f"got {shown(lat)}")  # fmt: skip
         return []
     out = []
     for wname, wdata in lat.items():

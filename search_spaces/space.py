@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 from .attention import AttentionSpec, has_form, parse_attention, spec_problems
-from .errors import SpaceError, SubnetError, UserError
+from .errors import SpaceError, SubnetError, UserError, shown
 from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
@@ -102,7 +102,7 @@ class Subnet(SubnetFile):
         for name in ("embed_dim", "depth"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
-                raise SubnetError(f"subnet.{name}: {value!r} is not a positive integer")
+                raise SubnetError(f"subnet.{name}: {shown(value)} is not a positive integer")
         for name in ("heads", "ffn_dim", "attention"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
@@ -112,14 +112,14 @@ class Subnet(SubnetFile):
         for name in ("heads", "ffn_dim"):
             for i, v in enumerate(getattr(self, name)):
                 if not _is_int(v) or v < 1:
-                    raise SubnetError(f"subnet.{name}[{i}]: {v!r} is not a positive integer")
+                    raise SubnetError(f"subnet.{name}[{i}]: {shown(v)} is not a positive integer")
         for i, a in enumerate(self.attention):
             try:
                 canonical = str(parse_attention(a))
             except ValueError as e:
                 raise SubnetError(f"subnet.attention[{i}]: {e}") from None
             if canonical != a:
-                raise SubnetError(f"subnet.attention[{i}]: write {canonical!r}, not {a!r}")
+                raise SubnetError(f"subnet.attention[{i}]: write {canonical!r}, not {shown(a)}")
 
     @property
     def layers(self) -> tuple[LayerChoice, ...]:
@@ -140,17 +140,20 @@ class Subnet(SubnetFile):
     def from_dict(cls, data: Any, where: str = "subnet") -> "Subnet":
         if not isinstance(data, dict):
             raise SubnetError(f"{where}: expected a mapping with keys embed_dim, depth, heads, ffn_dim, attention")
+        if set(data) == {"encoder", "decoder"}:
+            raise SubnetError(f"{where}: an encoder-decoder's subnet (keys encoder and decoder), not one of this decoder-only "
+                              "space (keys embed_dim, depth, heads, ffn_dim, attention): the subnet is of another space")
         expected = {"embed_dim", "depth", "heads", "ffn_dim", "attention"}
         unknown = sorted(set(map(str, data)) - expected)
         missing = sorted(expected - set(data))
-        problems = [f"{where}: unknown key {k!r} (allowed: {', '.join(sorted(expected))})" for k in unknown]
-        problems += [f"{where}: missing key {k!r}" for k in missing]
+        problems = [f"{where}: unknown key {shown(k)} (allowed: {', '.join(sorted(expected))})" for k in unknown]
+        problems += [f"{where}: missing key {shown(k)}" for k in missing]
         if problems:
             raise SubnetError("\n".join(problems))
         lists = {}
         for k in ("heads", "ffn_dim", "attention"):
             if not isinstance(data[k], (list, tuple)):
-                raise SubnetError(f"{where}.{k}: expected a list, got {data[k]!r}")
+                raise SubnetError(f"{where}.{k}: expected a list, got {shown(data[k])}")
             lists[k] = tuple(data[k])
         try:
             return cls(embed_dim=data["embed_dim"], depth=data["depth"], **lists)
@@ -193,7 +196,7 @@ class Workload:
 
     def __post_init__(self) -> None:
         if self.kind not in WORKLOAD_KINDS:
-            raise UserError(f"workload {self.name!r}: kind {self.kind!r} is not one of {', '.join(WORKLOAD_KINDS)}")
+            raise UserError(f"workload {self.name!r}: kind {shown(self.kind)} is not one of {', '.join(WORKLOAD_KINDS)}")
         ok = self.seq_len >= 1 and self.context == 0 if self.kind == "prefill" else self.context >= 1 and self.seq_len == 0
         if not ok or self.batch_size < 1:
             raise UserError(f"workload {self.name!r}: {self.kind} takes batch_size >= 1 and "
@@ -254,7 +257,8 @@ class Workload:
 
             return TranslateWorkload.from_record(data, where)
         if not isinstance(data, dict) or "name" not in data or "batch_size" not in data:
-            raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), got {data!r}")
+            raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), "
+                            f"got {shown(data)}")
         known = {"name", "kind", "batch_size", "seq_len", "context"}
         try:
             return cls(**{k: v for k, v in data.items() if k in known})
@@ -277,7 +281,7 @@ class SpaceIdentity:
             if w.name == name:
                 return w
         raise UserError(
-            f"{flag}: space {self.name!r} has no latency workload {name!r} (it has: {', '.join(map(str, self.workloads))})"
+            f"{flag}: space {self.name!r} has no latency workload {shown(name)} (it has: {', '.join(map(str, self.workloads))})"
         )
 
     def __contains__(self, subnet) -> bool:
@@ -390,7 +394,7 @@ class Space(SpaceIdentity):
 
         def check(path: str, value: object, allowed: tuple) -> None:
             if value not in allowed:
-                out.append(f"{path}: {value!r} is not one of {', '.join(map(str, allowed))}")
+                out.append(f"{path}: {shown(value)} is not one of {', '.join(map(str, allowed))}")
 
         check("embed_dim", subnet.embed_dim, self.embed_dim)
         check("depth", subnet.depth, self.depth)
@@ -503,12 +507,13 @@ class _Checker:
 
     def keys(self, path: str, data: Any, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
         if not isinstance(data, dict):
-            self.error(path, f"expected a mapping with keys {', '.join(required + optional)}, got {data!r}")
+            self.error(path, f"expected a mapping with keys {', '.join(required + optional)}, got {shown(data)}")
             return {}
         allowed = required + optional
         for k in data:
             if k not in allowed:
-                self.error(f"{path}.{k}" if path else str(k), f"unknown key (allowed: {', '.join(allowed)})")
+                name = k if isinstance(k, str) and len(k) <= 60 else shown(k)  # a key is quoted as a value is: cut
+                self.error(f"{path}.{name}" if path else name, f"unknown key (allowed: {', '.join(allowed)})")
         for k in required:
             if k not in data:
                 self.error(f"{path}.{k}" if path else k, "missing")
@@ -516,24 +521,24 @@ class _Checker:
 
     def pos_int(self, path: str, value: Any) -> int | None:
         if not _is_int(value) or value < 1:
-            self.error(path, f"{value!r} is not a positive integer")
+            self.error(path, f"{shown(value)} is not a positive integer")
             return None
         field = re.sub(r"\[\d+\]$", "", path)
         limit = LIMITS.get(field if field in LIMITS else field.rsplit(".", 1)[-1])
         if limit is not None and value > limit:
-            self.error(path, f"{value} is above the limit of {limit:,} for {field}")
+            self.error(path, f"{shown(value)} is above the limit of {limit:,} for {field}")
             return None
         return int(value)
 
     def choice(self, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
         if value not in allowed:
-            self.error(path, f"{value!r} is not one of {', '.join(allowed)}")
+            self.error(path, f"{shown(value)} is not one of {', '.join(allowed)}")
             return None
         return value
 
     def int_list(self, path: str, value: Any) -> tuple[int, ...] | None:
         if not isinstance(value, list) or not value:
-            self.error(path, f"expected a non-empty list of positive integers, got {value!r}")
+            self.error(path, f"expected a non-empty list of positive integers, got {shown(value)}")
             return None
         out = [self.pos_int(f"{path}[{i}]", v) for i, v in enumerate(value)]
         if any(v is None for v in out):
@@ -586,7 +591,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
         raise SpaceError(c.errors)
     name = top.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
-        c.error("name", f"{name!r} is not a non-empty string")
+        c.error("name", f"{shown(name)} is not a non-empty string")
     task = c.choice("task", top.get("task"), TASKS) if "task" in top else None
     vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
     max_seq = c.pos_int("max_seq_len", top["max_seq_len"]) if "max_seq_len" in top else None
@@ -604,7 +609,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
     if "attention" in layers:
         raw = layers["attention"]
         if not isinstance(raw, list) or not raw:
-            c.error("layers.attention", f"expected a non-empty list of attention types, got {raw!r}")
+            c.error("layers.attention", f"expected a non-empty list of attention types, got {shown(raw)}")
         else:
             specs = []
             for i, a in enumerate(raw):
@@ -651,7 +656,7 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
     angles of any position: timing at long contexts), not with learned ones (they end there)."""
     if not isinstance(lat, dict) or not lat:
         c.error("latency", f"expected a mapping of named workloads, e.g. {{prefill: {{batch_size: 1, seq_len: 256}}, "
-                           f"decode: {{batch_size: 1, context: 255}}}}, got {lat!r}")
+                           f"decode: {{batch_size: 1, context: 255}}}}, got {shown(lat)}")
         return []
     out = []
     for wname, wdata in lat.items():
@@ -661,8 +666,8 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
             continue
         kind = (wdata.get("kind") if isinstance(wdata, dict) else None) or (wname if wname in WORKLOAD_KINDS else None)
         if kind not in WORKLOAD_KINDS and isinstance(wdata, dict):
-            c.error(f"{path}.kind", f"{kind!r} is not one of {', '.join(WORKLOAD_KINDS)}" if kind is not None else
-                    f"missing (the name {wname!r} is not a kind; give kind: {' or '.join(WORKLOAD_KINDS)})")
+            c.error(f"{path}.kind", f"{shown(kind)} is not one of {', '.join(WORKLOAD_KINDS)}" if kind is not None else
+                    f"missing (the name {shown(wname)} is not a kind; give kind: {' or '.join(WORKLOAD_KINDS)})")
             continue
         if kind == "decode" and task is not None and TASK_FORMS[task] != "causal":
             c.error(path, f"a decode workload needs a causal task, not {task} (an encoder reads the whole sequence at once: "

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,8 @@ import yaml
 
 from search_spaces import Space, Subnet, UserError, parse_space
 
-from .files import atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file
+from .files import (atomic_save_tensors, atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file,
+                    temp_file)
 from .model import Transformer, TransformerConfig
 
 FORMAT = "nas-exported-model"
@@ -52,13 +52,11 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None) -> Path:
     """Write weights, subnet and model card of ``model`` into directory ``out``; return the card path."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, (CARD, SUBNET, *OUTPUTS))  # the card first: a folder is never described by an older card
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / WEIGHTS), metadata={"format": FORMAT})
+    atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     subnet = model.subnet
     atomic_write(out / SUBNET, subnet.to_yaml())
     full = {
@@ -182,7 +180,7 @@ def export_program(model: Transformer, path: str | Path) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".pt2", dir=path.parent)
+        fd, tmp = temp_file(path, ".pt2")  # the mode of a file open() makes, not mkstemp's 0600
         os.close(fd)
         try:
             torch.export.save(program, tmp)  # (warns that the tied embedding / head weight is one tensor: it is)

@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -36,7 +35,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from search_spaces import UserError
-from supernet.files import publish_dir
+from supernet.files import publish_dir, temp_dir
 
 CACHE_FORMAT = 2  # 2: a test split
 TEST_FRACTION = 0.05
@@ -295,7 +294,7 @@ def prepare_corpus(
             progress(done, total)
 
     cache_root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
+    tmp = temp_dir(f".{key}.", cache_root)  # published by a rename: 0777 less the umask
     try:
         digest = hashlib.sha256()
         n_train = _write(docs, train_idx, tmp / "train.bin", digest, tick)

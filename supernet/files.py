@@ -2,7 +2,9 @@
 an artifact folder is one whole.
 
 * :func:`atomic_write` writes beside the target, fsyncs and renames over it: the target is the old
-  file or the new one, never a mix; a failed write (a full disk) removes its temporary file.
+  file or the new one, never a mix; a failed write (a full disk) removes its temporary file.  The new
+  file has the mode an ``open()`` would give it (0666 less the umask), or the mode of the file it
+  replaces (:func:`file_mode`); folders made to be published get 0777 less the umask (:func:`temp_dir`).
 * An artifact folder (an exported model, a predictor) lists the sha256 of each of its parts in its
   manifest (the model card, ``predictor.json``), written last.  :func:`checksums` makes that list,
   :func:`check_parts` checks it at load, and refuses a part the manifest does not list (an output of
@@ -18,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable
@@ -33,11 +36,57 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def umask() -> int:
+    """The process's umask: read from ``/proc`` where there is one (reading changes nothing), else set and restored."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode(path: str | Path) -> int:
+    """The permission bits a file written at ``path`` gets: those of the regular file it replaces (a 0644 file stays
+    0644), else what ``open()`` gives a new file, 0666 less the umask (``mkstemp``'s 0600 is for secrets)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0o666 & ~umask()
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else 0o666 & ~umask()
+
+
+def temp_file(path: str | Path, suffix: str = ".tmp") -> tuple[int, str]:
+    """(fd, name) of a new temporary file beside ``path`` with the mode ``path`` will have (:func:`file_mode`)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    try:
+        os.fchmod(fd, file_mode(path))
+    except BaseException:
+        os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return fd, tmp
+
+
+def temp_dir(prefix: str, parent: str | Path) -> Path:
+    """A new folder in ``parent`` to be filled and then published by a rename: 0777 less the umask (``mkdtemp``'s 0700
+    would leave the published folder readable by its owner only)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(tmp, 0o777 & ~umask())
+    return tmp
+
+
 def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
     """Write ``data`` (bytes, text, or a function that writes into a binary file) to ``path`` whole or not
-    at all: a temporary file beside it, fsync, rename over the target; removed again if anything fails."""
+    at all: a temporary file beside it, fsync, rename over the target; removed again if anything fails.
+    The file gets the mode of the one it replaces, else 0666 less the umask (:func:`file_mode`)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
             if callable(data):
@@ -88,6 +137,13 @@ def atomic_write_csv(path: str | Path, fields: list[str], rows: Iterable[dict]) 
     w.writeheader()
     w.writerows(rows)
     return atomic_write(path, buf.getvalue())
+
+
+def atomic_save_tensors(path: str | Path, tensors: dict, metadata: dict[str, str] | None = None) -> Path:
+    """A safetensors file, written whole or not at all (``safetensors.torch.save_file`` itself makes a 0600 file in place)."""
+    from safetensors.torch import save
+
+    return atomic_write(path, save(tensors, metadata=metadata))
 
 
 def atomic_savefig(fig, path: str | Path) -> Path:

@@ -18,19 +18,17 @@ import torch
 from search_spaces.seq2seq import Seq2SeqSubnet
 
 from .artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, load_weights, open_export, read_card, write_json_atomic
-from .files import atomic_write, remove_stale, sha256_file
+from .files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
 from .seq2seq import Seq2SeqTransformer
 
 
 def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[str, Any] | None = None) -> Path:
     """Write weights, subnet and model card of ``model`` into directory ``out``; return the card path."""
-    from safetensors.torch import save_file
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, (CARD, SUBNET, *OUTPUTS))
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(out / WEIGHTS), metadata={"format": FORMAT})
+    atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     atomic_write(out / SUBNET, model.subnet.to_yaml())
     full = {
         "format": FORMAT,

@@ -47,6 +47,7 @@ from .train import (
     param_groups,
     rng_state,
     set_rng_state,
+    use_threads,
 )
 from .translation import PAD, Pairs, collate, length_batches
 
@@ -197,6 +198,7 @@ def train_seq2seq(
     DDP; a batch with fewer pairs than ranks is skipped (on every rank count alike, also in one process).
     """
     say = report if (report is not None and dist.is_main) else (lambda text: None)
+    use_threads(config, None if resume is None else resume.get("meta", {}).get("train_config", {}), say)
     device = next(model.parameters()).device
     max_len = model.space.max_seq_len
     def epoch_batches(epoch: int) -> list[np.ndarray]:

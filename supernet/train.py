@@ -68,9 +68,12 @@ class TrainConfig:
     log_interval: int = 10
     seed: int = 0
     compile: bool = False
+    threads: int | None = None  # torch's intra-op CPU threads (None: torch's choice); kept for the resumed run
 
-    # May differ between a run and its resumption (they bound or observe the run, not its maths).
-    RESUMABLE = ("max_steps", "max_time", "eval_interval", "eval_batches", "ckpt_interval", "log_interval", "compile")
+    # May differ between a run and its resumption (they bound or observe the run, not its maths; ``threads`` does change
+    # the float sums, so a resumed run keeps the stored value unless told otherwise, and says so when told).
+    RESUMABLE = ("max_steps", "max_time", "eval_interval", "eval_batches", "ckpt_interval", "log_interval", "compile",
+                 "threads")
 
     def __post_init__(self) -> None:
         problems = []
@@ -91,16 +94,32 @@ class TrainConfig:
             problems.append(f"--max-steps: {self.max_steps} is not a positive integer")
         if self.max_time is not None and self.max_time <= 0:
             problems.append(f"--max-time: {self.max_time} is not a positive number of seconds")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            problems.append(f"--threads: {self.threads} is not a positive integer")
         if problems:
             raise UserError("\n".join(problems))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["threads"] is None:  # absent when not given: the settings (and hashes) of runs from before stay as they were
+            del d["threads"]
+        return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def use_threads(config: TrainConfig, stored: dict[str, Any] | None = None, say: Callable[[str], None] | None = None) -> None:
+    """Run on the run's CPU threads (``config.threads``; None leaves torch's choice).  ``stored``: the train_config of
+    the run being resumed; where its threads differ from these, ``say`` is told the result will not be bit-identical."""
+    if config.threads is not None and torch.get_num_threads() != config.threads:
+        torch.set_num_threads(config.threads)
+    before = (stored or {}).get("threads")
+    if stored is not None and before != config.threads and say is not None:
+        say(f"threads {config.threads or 'torch default'}, the run's earlier part {before or 'torch default'}: the float sums "
+            "differ, so the result will not be bit-identical to an uninterrupted run")
 
 
 # --------------------------------------------------------------------------- schedule
@@ -662,7 +681,11 @@ def train(
             raise UserError("resume needs a run directory (--out) with checkpoints")
         if not t.latest.exists():
             raise UserError(f"--resume: {out} holds no checkpoint (latest.pt); start a new run without --resume")
-        t.restore(resume if isinstance(resume, dict) else checkpointer.load(t.latest))
+        resume = resume if isinstance(resume, dict) else checkpointer.load(t.latest)
+        use_threads(config, resume.get("meta", {}).get("train_config", {}), t.say)
+        t.restore(resume)
+    else:
+        use_threads(config)
         t.say(f"resumed from {t.latest} at step {t.step}")
     t.log = JsonlLog(out / "log.jsonl" if (out is not None and dist.is_main) else None, resume_step=t.step if resuming else None)
     t.log.write("resume" if resuming else "start", step=t.step, meta=_jsonable(t.meta))

@@ -27,8 +27,8 @@ import gettext
 import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -36,7 +36,7 @@ from typing import Iterator
 import numpy as np
 
 from search_spaces import UserError
-from supernet.files import publish_dir
+from supernet.files import publish_dir, temp_dir
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
@@ -88,9 +88,21 @@ def languages(locale_dir: Path = LOCALE_DIR) -> list[str]:
     return sorted(d.name for d in locale_dir.iterdir() if any((d / "LC_MESSAGES").glob("*.mo")))
 
 
+LANG_NAME = re.compile(r"[A-Za-z]{2,8}(?:[_-][A-Za-z0-9]{1,8})*(?:\.[A-Za-z0-9-]{1,16})?(?:@[A-Za-z0-9]{1,16})?")
+
+
+def check_lang(lang: object, flag: str = "--lang") -> str:
+    """``lang`` if it is a locale's name (de, pt_BR, sr@latin, zh_CN.UTF-8), before it becomes part of a path: an empty
+    value (which trained on the default language) or a path (``../../etc``) is one line, and nothing is read."""
+    if not isinstance(lang, str) or not LANG_NAME.fullmatch(lang):
+        raise UserError(f"{flag}: {str(lang)[:40]!r} is not a language name; expected a gettext locale such as de, fr, "
+                        "pt_BR or sr@latin")
+    return lang
+
+
 def catalogs(lang: str, locale_dir: Path = LOCALE_DIR) -> list[Path]:
     """The ``.mo`` files of ``lang``; refuses a language without any, naming those that have some."""
-    found = sorted((locale_dir / lang / "LC_MESSAGES").glob("*.mo")) if lang and "/" not in lang else []
+    found = sorted((locale_dir / check_lang(lang) / "LC_MESSAGES").glob("*.mo"))
     if not found:
         have = languages(locale_dir)
         raise UserError(
@@ -106,18 +118,25 @@ def read_tsv(path: Path) -> list[Pair]:
         data = path.read_bytes()
     except OSError as e:
         raise UserError(f"--data {path}: cannot read: {e.strerror or e}") from None
-    pairs = []
+    pairs, extra = [], []  # extra: lines of more than two fields (a third column would have become part of the target)
     for n, line in enumerate(data.split(b"\n"), 1):
         line = line.removesuffix(b"\r")
         if not line:
             continue
         if b"\t" not in line:
             raise UserError(f"--data {path}: line {n} has no tab (expected source<TAB>target)")
+        if line.count(b"\t") > 1:
+            extra.append((n, line.count(b"\t") + 1))
+            continue
         src, tgt = line.split(b"\t", 1)
         for what, text in (("source", src), ("target", tgt)):
             if not text.strip():
                 raise UserError(f"--data {path}: line {n} has an empty {what} (expected source<TAB>target, both non-empty)")
         pairs.append((src, tgt))
+    if extra:
+        (n, fields), more = extra[0], f" (and {len(extra) - 1:,} more lines)" if len(extra) > 1 else ""
+        raise UserError(f"--data {path}: line {n}{more} has {fields} tab-separated fields; expected 2 (source<TAB>target): "
+                        "keep the first two columns (cut -f1,2) or remove the tabs inside the texts")
     if len(pairs) < 3:
         raise UserError(f"--data {path}: {len(pairs)} pair(s); a corpus needs at least 3 (train, val and test)")
     return pairs
@@ -273,7 +292,7 @@ def prepare_pairs(
         for name, idx in split_lines(len(pairs), seed).items():
             parts[name] = [pairs[i] for i in idx]
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    tmp = temp_dir(f".{key}.", root)  # published by a rename: 0777 less the umask
     try:
         digest = hashlib.sha256()
         sizes = {n: _write_split(parts[n], tmp, n, digest) for n in SPLITS}

@@ -29,10 +29,12 @@ import io
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import tarfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -186,16 +188,20 @@ def write_bundle(
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        for name, text in (
-            ("runner.py", runner_source()),
-            ("manifest.json", json.dumps(manifest, indent=1)),
-            ("README.txt", readme),
-        ):
-            _add_text(tar, f"{ROOT}/{name}", text)
-        for name, graph in sorted(graphs.items()):
-            tar.add(graph, arcname=f"{ROOT}/models/{name}")
-    os.replace(tmp, path)
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for name, text in (
+                ("runner.py", runner_source()),
+                ("manifest.json", json.dumps(manifest, indent=1)),
+                ("README.txt", readme),
+            ):
+                _add_text(tar, f"{ROOT}/{name}", text)
+            for name, graph in sorted(graphs.items()):
+                tar.add(graph, arcname=f"{ROOT}/models/{name}")
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, Ctrl-C: no half bundle left beside the target
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -209,11 +215,76 @@ def _add_text(tar: tarfile.TarFile, name: str, text: str) -> None:
 # --------------------------------------------------------------------------- ssh://user@host
 
 
-def parse_target(target: str) -> str:
-    host = target[len("ssh://"):]
-    if not host or "/" in host or " " in host:
-        raise UserError(f"--device: {target!r} should be ssh://user@host (or ssh://host)")
-    return host
+SSH_FORMS = "ssh://user@host, ssh://host or ssh://user@host:port"
+_SSH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")  # a user or host name (or ssh config alias): never an option
+_SSH_IPV6 = re.compile(r"\[[0-9A-Fa-f:.]+\]")
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Where ``--device ssh://[user@]host[:port]`` points: each part checked, so that none reaches ``ssh`` or ``scp`` as
+    an option (``ssh://-F<file>``, ``ssh://-oProxyCommand=...`` would run a command) or as a host it is not."""
+
+    user: str | None
+    host: str
+    port: int | None
+
+    @property
+    def destination(self) -> str:
+        """``user@host`` as ``scp`` takes it (an IPv6 address in its brackets) and messages show it."""
+        return f"{self.user}@{self.host}" if self.user else self.host
+
+    @property
+    def login(self) -> str:
+        """``user@host`` as ``ssh`` takes it (an IPv6 address without brackets)."""
+        return self.destination.replace("[", "").replace("]", "")
+
+    @property
+    def ssh_options(self) -> list[str]:
+        return ["-p", str(self.port)] if self.port else []
+
+    @property
+    def scp_options(self) -> list[str]:
+        return ["-P", str(self.port)] if self.port else []
+
+
+def parse_target(target: str, flag: str = "--device") -> SshTarget:
+    """The parts of an ``ssh://`` device, or one line naming ``flag`` and what is wrong (before anything is built)."""
+    rest = target[len("ssh://"):] if target.startswith("ssh://") else None
+
+    def refuse(why: str) -> UserError:
+        return UserError(f"{flag}: {target[:80]!r} {why}; write {SSH_FORMS}")
+
+    if not rest:
+        raise refuse("names no host")
+    user, at, hostport = rest.rpartition("@")
+    if at and not _SSH_NAME.fullmatch(user):
+        raise refuse("has an empty user name" if not user else f"has a user name {user[:40]!r} that is not a plain name "
+                     "(letters, digits, . _ -; not starting with -)")
+    if hostport.startswith("["):
+        host, bracket, tail = hostport.partition("]")
+        if not bracket:
+            raise refuse(f"has an address {hostport[:40]!r} without its closing bracket")
+        host += "]"
+        port_text = tail[1:] if tail.startswith(":") else None
+        if tail and port_text is None:
+            raise refuse(f"has {tail[:20]!r} after the address")
+        if not _SSH_IPV6.fullmatch(host):
+            raise refuse(f"has a host {host[:40]!r} that is not an IPv6 address in brackets")
+    else:
+        host, colon, port_text = hostport.partition(":")
+        port_text = port_text if colon else None
+        if not host:
+            raise refuse("has an empty host name")
+        if not _SSH_NAME.fullmatch(host):
+            raise refuse(f"has a host name {host[:40]!r} that is not a plain name (letters, digits, . _ -; not starting "
+                         "with -)")
+    port = None
+    if port_text is not None:
+        if not port_text.isascii() or not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise refuse(f"has a port {port_text[:20]!r} that is not a number from 1 to 65535")
+        port = int(port_text)
+    return SshTarget(user or None, host, port)
 
 
 def campaign_id(bundle: Path) -> str:
@@ -242,9 +313,10 @@ def run_remote(
     once). A run that fails midway (a dropped connection, a killed process) still fetches the rows
     measured so far, when the host can be reached, so the same command resumes.
     """
-    host = parse_target(target)
-    ssh = shlex.split(os.environ.get("NAS_SSH", "ssh -o BatchMode=yes -o ConnectTimeout=30"))
-    scp = shlex.split(os.environ.get("NAS_SCP", "scp -q -o BatchMode=yes -o ConnectTimeout=30"))
+    where = parse_target(target)
+    host = where.destination
+    ssh = shlex.split(os.environ.get("NAS_SSH", "ssh -o BatchMode=yes -o ConnectTimeout=30")) + where.ssh_options
+    scp = shlex.split(os.environ.get("NAS_SCP", "scp -q -o BatchMode=yes -o ConnectTimeout=30")) + where.scp_options
     workdir = workdir or os.environ.get("NAS_REMOTE_DIR", "/tmp/nas-latency")
     remote = f"{workdir}/{out.stem}-{campaign_id(bundle)}"
 
@@ -265,7 +337,7 @@ def run_remote(
         call(scp + [f"{host}:{remote}/{out.name}", f"{host}:{remote}/{out.name}.json", str(out.parent) + "/"],
              "fetching the table")
 
-    call(ssh + [host, f"mkdir -p {shlex.quote(remote)}"], "creating the remote folder")
+    call(ssh + [where.login, f"mkdir -p {shlex.quote(remote)}"], "creating the remote folder")
     call(scp + [str(bundle), f"{host}:{remote}/bundle.tar.gz"], "copying the bundle")
     if out.exists():  # the local table is the truth: it holds every row fetched so far
         call(scp + [str(out), sidecar_path(str(out)), f"{host}:{remote}/"], "copying the partial table")
@@ -278,7 +350,7 @@ def run_remote(
     if memory_mb:
         run += f" --memory-mb {float(memory_mb):g}"
     try:
-        call(ssh + [host, run], "running the bundle")
+        call(ssh + [where.login, run], "running the bundle")
     except UserError as failed:
         try:
             fetch()

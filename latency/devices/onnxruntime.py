@@ -92,7 +92,10 @@ class OnnxRuntime:
             def quantize(path: str, folder: str) -> str:
                 return quantized_copy(path, folder, self.precision, [feed])
 
-        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider, transform=quantize)
+        from supernet.attention.ort_ops import register_if_used  # a graph exported with --custom-ops: their library
+
+        session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider, transform=quantize,
+                              register=register_if_used)
         return ort_runner(session, feed, self.clock)
 
 

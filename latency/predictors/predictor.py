@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from search_spaces import Space, Subnet, UserError, Workload, parse_space
-from search_spaces.errors import first_line
+from search_spaces.errors import first_line, shown
 from supernet.files import atomic_write, check_parts, checksums, remove_stale
 
 from .. import features as F
@@ -144,6 +144,56 @@ class Predictor:
         return directory / "predictor.json"
 
 
+# The JSON settings of each model kind's state (``Regressor.state()``'s first half), by type: checked before the
+# arrays are read into a model, so that a predictor.json whose fields have the wrong types is blamed, not arrays.npz.
+_INT, _NUM, _STR = ("a whole number", lambda v: isinstance(v, int) and not isinstance(v, bool)), \
+    ("a number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), ("a string", lambda v: isinstance(v, str))
+_NAMES = ("null or a list of strings", lambda v: v is None or (isinstance(v, list) and all(isinstance(n, str) for n in v)))
+STATE_FIELDS = {
+    "mlp": {"hidden": _INT, "layers": _INT, "max_iter": _INT, "alpha": _NUM, "y_mean": _NUM, "y_scale": _NUM},
+    "gbt": {"n_estimators": _INT, "learning_rate": _NUM, "max_depth": _INT, "subsample": _NUM, "init": _NUM},
+    "additive": {"names": _NAMES},
+}
+# The top-level fields of predictor.json besides format, version, model and files: their types.
+DOC_FIELDS = {
+    "model_state": ("a mapping", lambda v: isinstance(v, dict)),
+    "columns": _NAMES,
+    "fingerprint": ("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+    "metrics": ("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+    "reference_ms": ("null or a number", lambda v: v is None or _NUM[1](v)),
+    "workload": ("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+    "space": ("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+}
+
+
+def state_problems(kind: str, state: object, where: str) -> list[str]:
+    """What is wrong with the JSON state of a ``kind`` model (a transfer's: its head and each source's, recursively)."""
+    if not isinstance(state, dict):
+        return [f"{where}: {shown(state)} is not a mapping"]
+    if kind == "transfer":
+        problems = [f"{where}.{k}: {shown(state.get(k))} is not a string" for k in ("method", "label")
+                    if not isinstance(state.get(k), str)]
+        problems += state_problems("additive", state.get("head"), f"{where}.head")
+        sources = state.get("sources")
+        if not isinstance(sources, list):
+            return problems + [f"{where}.sources: {shown(sources)} is not a list"]
+        for i, source in enumerate(sources):
+            at = f"{where}.sources[{i}]"
+            if not isinstance(source, dict) or not isinstance(source.get("label"), str) \
+                    or source.get("kind") not in (*STATE_FIELDS, "transfer"):
+                problems.append(f"{at}: {shown(source)} is not a source (label, kind: one of {', '.join(STATE_FIELDS)}, state)")
+                continue
+            problems += state_problems(source["kind"], source.get("state"), f"{at}.state")
+        return problems
+    problems = []
+    for name, (what, ok) in STATE_FIELDS[kind].items():
+        if name not in state and name == "names":
+            continue  # (an additive model fitted on plain columns may carry none)
+        if name not in state or not ok(state[name]):
+            problems.append(f"{where}.{name}: {shown(state.get(name)) if name in state else 'missing'}; expected {what}")
+    return problems
+
+
 def load_predictor(path: str | Path) -> Predictor:
     """Read a predictor saved by :meth:`Predictor.save` (its folder or its ``predictor.json``)."""
     path = Path(path)
@@ -173,7 +223,12 @@ def load_predictor(path: str | Path) -> Predictor:
 
     loaders = {**MODELS, Transfer.kind: Transfer}
     if doc.get("model") not in loaders:
-        raise UserError(f"{doc_path}: model {doc.get('model')!r} is not one of {', '.join(loaders)}")
+        raise UserError(f"{doc_path}: model {shown(doc.get('model'))} is not one of {', '.join(loaders)}")
+    problems = [f"{name}: {shown(doc[name])}; expected {what}" for name, (what, ok) in DOC_FIELDS.items()
+                if name in doc and not ok(doc[name])]
+    problems += [] if problems else state_problems(doc["model"], doc.get("model_state"), "model_state")
+    if problems:  # the JSON is at fault (edited, or of another tool), whatever arrays.npz holds
+        raise UserError(f"{doc_path}: not the predictor file this tool writes: {'; '.join(problems[:3])}")
     space = None
     if doc.get("space") is not None:
         space = parse_space(yaml.safe_dump(doc["space"]), where=f"{doc_path.name}[space]", source=str(doc_path))

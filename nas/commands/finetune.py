@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train_subnet(settings, progress=update)
     except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --model {src} --out {out} "
-              "--resume")
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --model "
+              f"{shlex.quote(str(src))} --out {shlex.quote(str(out))} --resume")  # (exact: --threads etc. are kept)
         return 130
     finally:
         close()
@@ -173,7 +174,7 @@ def _run_classify(args: argparse.Namespace) -> int:
         r = finetune_classifier(settings, progress=update, flags=_classify_flags())
     except ClassifyInterrupted as e:
         print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --task classify --model "
-              f"{args.model} --out {args.out} --resume")
+              f"{shlex.quote(args.model)} --out {shlex.quote(args.out)} --resume")
         return 130
     finally:
         close()

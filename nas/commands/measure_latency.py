@@ -166,25 +166,31 @@ def _run(args: argparse.Namespace) -> int:
     if args.device == "arm" or args.device.startswith("ssh://"):
         import tempfile
 
-        from latency.devices.arm import run_remote, write_bundle
+        from latency.devices.arm import parse_target, run_remote, write_bundle
         from latency.sampling import campaign_shortfalls
 
-        for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
-            log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
         if args.device == "arm" and not args.bundle:
             raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
-        if args.device != "arm" and not args.out:
-            raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
-        target = Path(args.bundle) if args.bundle else Path(tempfile.mkdtemp()) / "bundle.tar.gz"
-        b, update = bar("exporting")
-        write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
-        b.close()
-        print(f"wrote {target}")
-        if args.device == "arm":
-            print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` there "
-                  "(README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor timings.csv`")
-            return 0
-        run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock, memory_mb=args.memory_mb)
+        if args.device != "arm":
+            parse_target(args.device)  # the URL before anything is built (nas.checks did too; a library caller may not)
+            if not args.out:
+                raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
+        for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
+            log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
+        with tempfile.TemporaryDirectory(prefix="nas-bundle-") as scratch:  # an ssh run's bundle: removed however it ends
+            target = Path(args.bundle) if args.bundle else Path(scratch) / "bundle.tar.gz"
+            b, update = bar("exporting")
+            write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
+            b.close()
+            if args.bundle:
+                print(f"wrote {target}")
+            if args.device == "arm":
+                print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` "
+                      "there (README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor "
+                      "timings.csv`")
+                return 0
+            run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock,
+                       memory_mb=args.memory_mb)
         print(f"fetched {args.out}")
         return 0
 
@@ -202,12 +208,20 @@ def _run(args: argparse.Namespace) -> int:
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
         meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them
+    meta["subnets"] = {"measure": len(subnets), "retest": len(passes["retest"])}  # (--samples, --retest) checked too
     table = TimingTable(args.out, meta)
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
     b, update = bar(f"{args.device}")
-    n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
+    try:
+        n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb,
+                         progress=update)
+    except KeyboardInterrupt:
+        b.close()
+        print(f"interrupted; the visits done are kept ({args.out}.visits). Continue with the same command: its flags are "
+              f"in {args.out}.json, and a run with others is refused")
+        return 130
     b.close()
     print(
         f"measured {n} subnets into {args.out} (baseline reference {table.baseline_ms:.3f} ms)"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shlex
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,10 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
     g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
                    "installed one)")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt); "
-                   "only the bounds and outputs may change")
+    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
+                   "keeps its own")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "
+                   "the first run's settings, --threads included); only the bounds and outputs may change")
 
 
 def set_threads(args: argparse.Namespace) -> None:
@@ -83,21 +85,20 @@ def _given_config(args: argparse.Namespace) -> dict:
     given = {dest: getattr(args, dest) for dest, *_ in _config_flags().values() if getattr(args, dest) is not None}
     if args.max_time is not None:
         given["max_time"] = args.max_time
+    if getattr(args, "threads", None) is not None:
+        given["threads"] = args.threads  # kept in the run's settings: a resumed run sums as the first did
     return given
 
 
 def _tokens(args: argparse.Namespace) -> int | None:
-    from nas.search.budget import parse_count
+    from nas.search.budget import MAX_TOKENS, parse_count
     from search_spaces import UserError
 
     if args.tokens is None:
         return None
     if args.max_steps is not None:
         raise UserError(f"--tokens {args.tokens} and --max-steps {args.max_steps}: give one (a token budget sets the steps)")
-    try:
-        return parse_count(args.tokens, "--tokens", "tokens")
-    except UserError:
-        raise UserError(f"--tokens: {args.tokens!r} is not a token budget; write {TOKEN_FORMS}") from None
+    return parse_count(args.tokens, "--tokens", "tokens", limit=MAX_TOKENS, forms=TOKEN_FORMS, noun="token budget")
 
 
 def _device(name: str | None) -> str:
@@ -268,7 +269,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train_subnet(settings, progress=update)
     except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out {out} --resume")
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out "
+              f"{shlex.quote(str(out))} --resume")  # (exact: the run's settings, --threads included, are kept)
         return 130
     finally:
         close()

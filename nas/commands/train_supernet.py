@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import re
+import shlex
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -136,12 +137,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device",
-        default="auto",
         choices=("auto", "cpu", "cuda"),
-        help="default: cuda when available (bf16 autocast), else cpu (fp32)",
+        help="default: cuda when available (bf16 autocast), else cpu (fp32); a resumed run keeps its own",
     )
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
+                   "keeps its own")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly (with the "
+                   "first run's settings, --threads and --device included)")
     p.add_argument("--lang", metavar="LANG", help="seq2seq spaces: the target language of the system's gettext catalogs "
                    "(default de; English is the source); --data takes a source<TAB>target file instead")
 
@@ -181,6 +183,8 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
         given["max_time"] = args.max_time
     if args.compile is not None:
         given["compile"] = True
+    if args.threads is not None:
+        given["threads"] = args.threads  # kept in the run's settings: a resumed run sums as the first did
     given_obj, given_data = _given(args, OBJECTIVE_FLAGS), _given(args, DATA_FLAGS)
     if args.data is not None:
         given_data["data"] = absolute_data(args.data)
@@ -205,7 +209,7 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
     if problems:
         raise UserError(
             "a resumed run keeps its settings (it may change --max-steps, --max-time, --eval-interval, --eval-batches, "
-            "--ckpt-interval, --log-interval, --compile):\n  " + "\n  ".join(problems)
+            "--ckpt-interval, --log-interval, --compile, --threads, --device):\n  " + "\n  ".join(problems)
         )
     config = {**stored["train_config"], **{k: v for k, v in given.items() if k in TrainConfig.RESUMABLE}}
     if "max_time" in given and "max_steps" not in given and stored["train_config"]["max_steps"] is None:
@@ -214,6 +218,13 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
     objective.setdefault("balance", "first")  # a run from before --balance: its sandwich used the first type
     data = {k: stored[k] for k in ("data", "data_seed", "val_fraction")}
     return config, objective, data
+
+
+def run_device(args: argparse.Namespace, stored_meta: dict | None) -> str:
+    """``--device`` when given, else the resumed run's own (cpu / cuda), else auto."""
+    if args.device is not None:
+        return args.device
+    return (stored_meta or {}).get("device") or "auto"
 
 
 def _bytes_bar(text: str):
@@ -279,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     from supernet.data import check_corpus, prepare_corpus
     from supernet.distributed import init_from_env, shutdown
     from supernet.task import task_for
-    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train
+    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train, use_threads
 
     out = Path(args.out)
     latest = out / "latest.pt"
@@ -290,10 +301,6 @@ def run(args: argparse.Namespace) -> int:
         return run_seq2seq(args, space)
     if args.lang is not None:
         raise UserError("--lang: for a seq2seq (translation) space only; a language model reads --data")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: {args.threads} is not a positive integer")
-        torch.set_num_threads(args.threads)
     stored_ckpt = None
     if args.resume:
         if not latest.exists():
@@ -313,8 +320,9 @@ def run(args: argparse.Namespace) -> int:
     if config.seq_len > space.max_seq_len:
         raise UserError(f"--seq-len: {config.seq_len} exceeds the space's max_seq_len {space.max_seq_len}")
     task = task_for(space, seed=config.seed, mask_rate=objective_dict.pop("mask_rate", None))
+    use_threads(config)
 
-    dist, device = init_from_env(args.device)
+    dist, device = init_from_env(run_device(args, stored_ckpt["meta"] if stored_ckpt else None))
     try:
         corpus = None
         for turn in (0, 1):  # rank 0 builds the cache first, the others then map it
@@ -329,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
                                  split_families=objective.split == "families").to(device)
         meta = {
             **data,
+            "device": torch.device(device).type,  # what --resume runs on unless --device is given
             "corpus": corpus.meta["corpus"],
             "corpus_hash": corpus.hash,
             "corpus_sizes": corpus.meta["sizes"],
@@ -374,10 +383,8 @@ def run(args: argparse.Namespace) -> int:
     if not dist.is_main:
         return 0
     if result.stopped == "interrupted":
-        print(
-            f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
-            "--resume"
-        )
+        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out "
+              f"{shlex.quote(str(out))} --resume")  # (exact: the run's settings, --threads and --device included, are kept)
         return 130
     print(
         f"trained {result.step} steps ({result.tokens:,} tokens) in {_format_time(result.elapsed)}; stopped by "

@@ -45,10 +45,20 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give text to translate, or --eval val|test to score the model on its corpus")
     if args.runtime == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
+        from supernet.seq2seq_artifact import read_card
+
+        vocab = read_card(export_dir)["space"]["vocab_size"]
     else:
         model, record, cache, export_dir = _load(Path(args.model), args.subnet, args.device)
         max_seq_len, subnet, w = model.space.max_seq_len, model.subnet, model.weights()
         translator = partial(translate, w, max_seq_len=max_seq_len)
+        vocab = model.space.vocab_size
+    if args.beam is not None and args.beam > vocab:  # the first step has vocab candidates: wider beams stay empty
+        raise UserError(f"--beam: {args.beam} is more than the model's {vocab} tokens; a beam holds at most one hypothesis "
+                        f"per token at the first step (give at most {vocab}; 4-8 is the usual width)")
+    if args.max_bytes is not None and args.max_bytes > max_seq_len:
+        raise UserError(f"--max-bytes: {args.max_bytes} is more than the model's max_seq_len of {max_seq_len} bytes, the "
+                        "longest translation it decodes (give at most that)")
     for text in args.text:
         hyp = translator(text.encode("utf-8"), beam=args.beam or 1, max_len=args.max_bytes)
         print(hyp.text.decode("utf-8", errors="replace").replace("\n", "\\n"))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from decimal import Decimal
 
 from search_spaces import UserError
 
@@ -24,6 +25,7 @@ UNITS_MS = {"us": 1e-3, "µs": 1e-3, "ms": 1.0, "s": 1e3}
 BUDGET_FORMS = "a positive number with a unit: 50ms, 0.05s, 800us (several: 20ms,50ms,100ms)"
 COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 COUNT_FORMS = "a positive whole number, optionally with a suffix: 1500000, 1.5M, 800k"
+MAX_TOKENS = 10**12  # a token budget above this is a typo: 10^12 tokens is years of training at this tool's scale
 
 _NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?"
 _BUDGET = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Zµ]*)\s*$")
@@ -107,15 +109,22 @@ def format_ms(ms: float) -> str:
     return f"{ms:.6g}ms"
 
 
-def parse_count(text: str, flag: str = "--max-params", what: str = "parameters") -> int:
-    """A positive count of ``what`` such as ``1500000``, ``1.5M`` or ``800k`` (k, M, G: powers of 1000)."""
+def parse_count(text: str, flag: str = "--max-params", what: str = "parameters", *, limit: int | None = None,
+                forms: str = COUNT_FORMS, noun: str = "count") -> int:
+    """A positive count of ``what`` such as ``1500000``, ``1.5M`` or ``800k`` (k, M, G: powers of 1000), read exactly
+    (``Decimal``, never a float: ``12345678901234567891`` stays that number), at most ``limit`` when given."""
     m = _COUNT.match(str(text))
     suffix = m.group(2).lower() if m else ""
     if not m or suffix not in COUNT_SUFFIXES:
-        raise UserError(f"{flag}: {text!r} is not a count; write {COUNT_FORMS}")
-    value = float(m.group(1)) * COUNT_SUFFIXES[suffix]
-    if not math.isfinite(value) or value <= 0:
-        raise UserError(f"{flag}: {text!r} must be greater than zero; write {COUNT_FORMS}")
-    if value != int(value):
-        raise UserError(f"{flag}: {text!r} is not a whole number of {what}; write {COUNT_FORMS}")
+        raise UserError(f"{flag}: {str(text)[:40]!r} is not a {noun}; write {forms}")
+    number = Decimal(m.group(1))
+    if number <= 0:
+        raise UserError(f"{flag}: {text!r} must be greater than zero; write {forms}")
+    if limit is not None and number > Decimal(limit) / COUNT_SUFFIXES[suffix]:  # compared before anything is multiplied
+        raise UserError(f"{flag}: {text!r} is above the limit of {limit:,} {what}")
+    if number.adjusted() > 30:  # (Decimal's arithmetic on an exponent of a billion would overflow)
+        raise UserError(f"{flag}: {text!r} is not a count of {what} that can be; write {forms}")
+    value = number * COUNT_SUFFIXES[suffix]
+    if number.adjusted() < -30 or value != value.to_integral_value():
+        raise UserError(f"{flag}: {text!r} is not a whole number of {what}; write {forms}")
     return int(value)

@@ -81,7 +81,7 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     whole steps, which is what a round trains on); ``evaluations``: the most subnets the search evaluates per budget
     (the most candidates there can be).
     """
-    from .budget import COUNT_FORMS, parse_count
+    from .budget import COUNT_FORMS, MAX_TOKENS, parse_count
 
     problems = []
     if not isinstance(rounds, int) or rounds < 0:
@@ -99,9 +99,9 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
         problems.append(f"--hurdle-per-type: {per_type!r} is not a count >= 0 (0: the top --hurdle-candidates only)")
     n = 0
     try:
-        n = parse_count(tokens, "--hurdle-tokens")
+        n = parse_count(tokens, "--hurdle-tokens", "tokens", limit=MAX_TOKENS)
     except UserError as e:
-        problems.append(str(e).replace("parameters", "tokens"))
+        problems.append(str(e))
     if init not in HURDLE_INITS:
         problems.append(f"--hurdle-from: {init!r} is not one of {', '.join(HURDLE_INITS)}")
     if not isinstance(batch, int) or batch < 1:
