@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def task_parts(space: Space):
     """(params, timing_model, table_features) of the space's task: an LM's, or a seq2seq space's
-    (:mod:`latency.translate_timing`)."""
+    (:mod:`tasks.translation.timing`)."""
     from . import translate_timing as tt
 
     if tt.is_seq2seq(space):

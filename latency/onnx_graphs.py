@@ -593,7 +593,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 # --------------------------------------------------------------------------- encoder-decoders
 #
-# An encoder-decoder's two graphs (supernet.onnx_seq2seq: encoder.onnx, decoder_step.onnx) are exported whole, once
+# An encoder-decoder's two graphs (tasks.translation.onnx: encoder.onnx, decoder_step.onnx) are exported whole, once
 # per architecture (a few seconds each on 2 cores), then stripped of their weights like the stitched graphs: every
 # float initializer of rank >= 2 and at least STRIP_MIN values (the weight matrices, the embeddings) becomes
 # external data whose file is not kept; small ones (biases, norms, rotary frequencies, shape constants) stay inline.
@@ -642,7 +642,7 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
     folder = directory / f"s2s-{key}"
     names = {"encoder": f"{key}-encoder.onnx", "decoder_step": f"{key}-decoder_step.onnx"}  # unique: a bundle holds many
     if not (folder / "layout.json").exists():
-        from supernet.onnx_seq2seq import DECODER, ENCODER, export_seq2seq_onnx, step_layout
+        from tasks.translation.onnx import DECODER, ENCODER, export_seq2seq_onnx, step_layout
 
         from .translate_timing import seq2seq_timing_model
 

@@ -103,7 +103,7 @@ def measure(
     journal: Journal | None = None,
 ) -> Measurement:
     """Time each static model in ``models`` (key -> :class:`supernet.Transformer`, or a
-    :class:`supernet.seq2seq.Seq2SeqTransformer` at a ``translate`` workload) at ``workload``.
+    :class:`tasks.translation.model.Seq2SeqTransformer` at a ``translate`` workload) at ``workload``.
 
     ``reference`` (default :func:`reference_model` of the first model's config) is timed beside
     every visit to correct drift and detect interference; ``baseline_ms`` chains calls of one

@@ -1,7 +1,8 @@
 """``nas``: one entry point, one small module per subcommand in :mod:`nas.commands`.
 
 Each subcommand module defines ``NAME``, ``HELP``, ``EXAMPLE``, ``add_arguments(parser)``
-and ``run(args) -> int``.  Heavy imports stay inside ``run`` so ``nas --help`` is fast.
+and ``run(args) -> int``; a task adds commands of its own the same way
+(:attr:`tasks.base.Task.commands`).  Heavy imports stay inside ``run`` so ``nas --help`` is fast.
 A :class:`search_spaces.UserError` becomes its message on stderr and exit status 2.
 
 Output: results (tables, summaries, paths written) go to stdout, printed by the command modules.
@@ -24,9 +25,23 @@ from search_spaces.errors import UserError
 
 from . import __version__
 
-# The subcommands that exist, in the order --help lists them.
+# The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
 COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "train-subnet",
-            "finetune", "classify", "generate", "translate"]
+            "finetune", "classify", "generate"]
+
+
+def command_modules() -> dict:
+    """Every subcommand's module by its name: the generic ones (:mod:`nas.commands`), then the tasks' own (each
+    registered task's ``commands``, in registration order)."""
+    from search_spaces.tasks import tasks
+
+    out = {name: importlib.import_module(f"nas.commands.{name.replace('-', '_')}") for name in COMMANDS}
+    for task in tasks().values():
+        for path in getattr(task, "commands", ()):
+            module = importlib.import_module(path)
+            assert module.NAME not in out, f"task {task.name}: command {module.NAME!r} exists already"
+            out[module.NAME] = module
+    return out
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other
@@ -112,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     common = _output_flags()
-    for name in COMMANDS:
-        module = importlib.import_module(f"nas.commands.{name.replace('-', '_')}")
+    for name, module in command_modules().items():
         p = sub.add_parser(
             name,
             help=module.HELP,

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM'
 from bench_claim import parse_tokens  # noqa: E402
 from nas.demo import Stages, budget_from_table, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
-from search_spaces.seq2seq import Seq2SeqSubnet  # noqa: E402
+from tasks.translation.space import Seq2SeqSubnet  # noqa: E402
 from search_spaces.space import Subnet  # noqa: E402
 
 log = logging.getLogger("bench_translate")
@@ -124,7 +124,7 @@ def uniform_seq2seq(space) -> list[Seq2SeqSubnet]:
 
 
 def params_of(space, subnet) -> int:
-    from latency.translate_timing import seq2seq_params
+    from tasks.translation.timing import seq2seq_params
 
     return seq2seq_params(space, subnet)
 
@@ -153,7 +153,7 @@ def _timing_device(name: str):
 
 def _measure(space, device, models: dict, workload, settings, seed: int, baseline_ms):
     from latency.protocol import measure
-    from latency.translate_timing import seq2seq_reference
+    from tasks.translation.timing import seq2seq_reference
 
     return measure(device, models, workload, settings, seed=seed, reference=seq2seq_reference(space), baseline_ms=baseline_ms)
 
@@ -166,7 +166,7 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     from latency.predictors import load_predictor
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from latency.translate_timing import seq2seq_timing_model
+    from tasks.translation.timing import seq2seq_timing_model
 
     uniform = uniform_seq2seq(space)
     table = read_timings(timings)
@@ -257,7 +257,7 @@ def measure_retrained(space, models: dict, root: Path, timings: Path, plan: Plan
     """Every retrained model timed side by side (one interleaved campaign), with its card's chrF / BLEU / training."""
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from supernet.seq2seq_artifact import load_seq2seq_model
+    from tasks.translation.artifact import load_seq2seq_model
 
     statics, cards = {}, {}
     for key in models:

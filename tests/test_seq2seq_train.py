@@ -6,10 +6,10 @@ import signal
 
 import torch
 
-from supernet.seq2seq import Seq2SeqSuperTransformer
-from supernet.seq2seq_train import Seq2SeqSandwich, heldout_ce, load_seq2seq_supernet, train_seq2seq
+from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.train import Seq2SeqSandwich, heldout_ce, load_seq2seq_supernet, train_seq2seq
 from supernet.train import TrainConfig
-from supernet.translation import prepare_pairs
+from tasks.translation.data import prepare_pairs
 
 from .seq2seq_fakes import mini_space, write_toy_tsv
 
@@ -51,7 +51,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
 
     # The held-out loss is per target byte, with the supernet's inherited weights, and training lowered it.
     fresh = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
-    from supernet.seq2seq_train import eval_batches
+    from tasks.translation.train import eval_batches
 
     batches = eval_batches(corpus.val, 8, space.max_seq_len, 2, 0)
     before, after = (heldout_ce(m, space.largest(), corpus.val, batches) for m in (fresh, full))

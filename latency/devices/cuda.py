@@ -5,7 +5,7 @@ forward once and replays it (one launch), ``compile`` runs ``torch.compile`` (in
 without CUDA graphs).  Timing: CUDA events recorded around ``n`` back-to-back calls, read
 after ``torch.cuda.synchronize()``.
 
-A ``translate`` workload (an encoder-decoder) runs the cpu device's loop (:func:`latency.translate_timing.translate_call`:
+A ``translate`` workload (an encoder-decoder) runs the cpu device's loop (:func:`tasks.translation.timing.translate_call`:
 one encoder pass, ``steps`` cached decoder steps at the beam) on the GPU, eager only.
 """
 

@@ -6,7 +6,7 @@ stitched from generic parts, the inputs and outputs of :mod:`supernet.onnx_decod
 and the past states in; logits and the present states out, as a generation loop runs it) on inputs
 of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call.
 
-A ``translate`` workload (an encoder-decoder, :class:`supernet.seq2seq.Seq2SeqTransformer`) runs HAT's protocol on
+A ``translate`` workload (an encoder-decoder, :class:`tasks.translation.model.Seq2SeqTransformer`) runs HAT's protocol on
 the model's two graphs (:func:`latency.onnx_graphs.cached_seq2seq_graphs`, exported once per architecture, weights
 drawn in the session like the LM's): one encoder run over ``source`` random bytes, then ``steps`` decoder-step runs
 at batch ``beam``, each feeding back the states of the one before (the caches grow as in real decoding), the cross

@@ -36,7 +36,7 @@ MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
 
 def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
     """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise (a seq2seq
-    space: :func:`latency.translate_timing.seq2seq_matrix`)."""
+    space: :func:`tasks.translation.timing.seq2seq_matrix`)."""
     from ..translate_timing import is_seq2seq, seq2seq_matrix
 
     if is_seq2seq(space):

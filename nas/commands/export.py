@@ -138,7 +138,7 @@ def measurement_bar(desc: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.export_seq2seq import export_seq2seq, is_seq2seq_checkpoint  # the encoder-decoder (translation) branch
+    from tasks.translation.export import export_seq2seq, is_seq2seq_checkpoint  # the encoder-decoder (translation) branch
 
     if is_seq2seq_checkpoint(args.supernet):
         return export_seq2seq(args)

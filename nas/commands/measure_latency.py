@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     if getattr(space, "task", None) == "seq2seq":
-        from latency.translate_timing import require_device
+        from tasks.translation.timing import require_device
 
         require_device(space, args.device, args.precision)
     if args.for_transfer and getattr(space, "task", None) == "seq2seq":

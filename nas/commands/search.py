@@ -164,11 +164,11 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
 
     from latency.predictors import load_predictor
-    from nas.export_seq2seq import is_seq2seq_checkpoint
+    from tasks.translation.export import is_seq2seq_checkpoint
     from supernet.checkpoint import load_supernet
 
     if is_seq2seq_checkpoint(args.supernet):  # an encoder-decoder: cross-entropy per target byte (nas/search_seq2seq.py)
-        from nas.search_seq2seq import seq2seq_search_setup
+        from tasks.translation.search import seq2seq_search_setup
 
         model, payload, fitness = seq2seq_search_setup(args, device)
         space, data_digest = model.space, fitness.data_digest
@@ -569,7 +569,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     from supernet.task import task_for
 
     if getattr(space, "task", None) == "seq2seq":
-        from nas.search_seq2seq import METRIC as metric  # cross-entropy per target byte
+        from tasks.translation.search import METRIC as metric  # cross-entropy per target byte
     else:
         metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
     wl = max([10] + [len(s.label) for s in searches])

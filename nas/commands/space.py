@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     if space.task == "seq2seq":
-        from supernet.seq2seq import Seq2SeqSuperTransformer as SuperTransformer  # noqa: N814 (the task's supernet)
+        from tasks.translation.model import Seq2SeqSuperTransformer as SuperTransformer  # noqa: N814 (the task's supernet)
     with torch.device("meta"):  # shapes only: no memory, no init cost
         model = SuperTransformer(space)
     print(describe(space))

@@ -6,7 +6,7 @@ trains exactly ``20M // (batch x seq_len)`` steps, and step ``k`` always draws t
 (seeded by ``--seed`` and ``k``), so models trained with one budget and seed see the same bytes.
 ``--out DIR`` becomes a model folder in ``nas export``'s format; ``DIR/train/`` holds the run's
 checkpoints, ``log.jsonl`` and the corpus cache.  On a seq2seq space (``--space translate-tiny``) it trains
-one encoder-decoder (:func:`nas.train_seq2seq.run_seq2seq_subnet`: the seq2seq loop, ``--tokens`` in target
+one encoder-decoder (:func:`tasks.translation.workflows.run_seq2seq_subnet`: the seq2seq loop, ``--tokens`` in target
 bytes, ``--lang`` or ``--data`` for the pairs) and writes an export that ``nas translate --model`` reads.
 
 This module also holds the training flags that ``nas finetune`` shares (:func:`add_training_arguments`,
@@ -230,7 +230,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _seq2seq_run(args: argparse.Namespace, space) -> bool:
     """Whether this is an encoder-decoder run: a seq2seq --space, or --resume of a seq2seq run in --out."""
-    from nas.train_seq2seq import stored_task
+    from tasks.translation.workflows import stored_task
     from nas.train_subnet import LATEST, run_dir
 
     if space is not None:
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     space = load_space(args.space) if args.space else None
     if _seq2seq_run(args, space):
-        from nas.train_seq2seq import run_seq2seq_subnet
+        from tasks.translation.workflows import run_seq2seq_subnet
 
         return run_seq2seq_subnet(args, space)
     if args.lang is not None:

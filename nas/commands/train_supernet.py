@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     latest = out / "latest.pt"
     space = load_space(args.space) if args.space else None
-    from nas.train_seq2seq import run_seq2seq, stored_task  # the encoder-decoder (translation) branch
+    from tasks.translation.workflows import run_seq2seq, stored_task  # the encoder-decoder (translation) branch
 
     if space.task == "seq2seq" if space is not None else args.resume and stored_task(latest) == "seq2seq":
         return run_seq2seq(args, space)

@@ -245,7 +245,7 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
     precision = precision_of(predictor.fingerprint or {})  # the device times the models at the predictor's precision
     check_device(precision, settings.device)
     if getattr(supernet.space, "task", None) == "seq2seq":  # the translate workload: the devices that time it
-        from latency.translate_timing import require_device
+        from tasks.translation.timing import require_device
 
         require_device(supernet.space, settings.device, precision)
     device = get_device(settings.device, threads=settings.threads, clock=settings.clock,

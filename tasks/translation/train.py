@@ -29,12 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from search_spaces import UserError
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
-
-from .checkpoint import fill_supernet, load_checkpoint, save_checkpoint
-from .distributed import SINGLE, Dist
-from .seq2seq import Seq2SeqSuperTransformer, Seq2SeqTransformer
-from .train import (
+from supernet.checkpoint import fill_supernet, load_checkpoint, save_checkpoint
+from supernet.distributed import SINGLE, Dist
+from supernet.train import (
     EVAL_STREAM,
     PLAN_STREAM,
     JsonlLog,
@@ -48,7 +45,10 @@ from .train import (
     rng_state,
     set_rng_state,
 )
-from .translation import PAD, Pairs, collate, length_batches
+
+from .data import PAD, Pairs, collate, length_batches
+from .model import Seq2SeqSuperTransformer, Seq2SeqTransformer
+from .space import Seq2SeqSpace, Seq2SeqSubnet
 
 
 def target_ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
@@ -106,7 +106,7 @@ class Seq2SeqSandwich:
 
 @dataclass(frozen=True)
 class Seq2SeqPlain:
-    """One static encoder-decoder (:class:`~supernet.seq2seq.Seq2SeqTransformer`) trained on its own: every step one
+    """One static encoder-decoder (:class:`~tasks.translation.model.Seq2SeqTransformer`) trained on its own: every step one
     pass of the model (plan ``[("model", None)]``), cross-entropy per target byte, no distillation, no sandwich.  What
     ``nas train-subnet`` runs on a seq2seq space (retraining from scratch)."""
 

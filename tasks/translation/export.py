@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def is_seq2seq_checkpoint(path: str) -> bool:
-    from nas.train_seq2seq import stored_task
+    from .workflows import stored_task
 
     return stored_task(Path(path)) == "seq2seq"
 
@@ -31,7 +31,8 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
     from nas.export import PARITY_TOL, choose_opset
     from search_spaces import UserError
     from supernet.artifact import update_card
-    from supernet.onnx_seq2seq import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
+
+    from .onnx import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
 
     opset, notes = choose_opset(target_ort)
     export_seq2seq_onnx(static, out, opset=opset)
@@ -54,13 +55,13 @@ def export_seq2seq(args: argparse.Namespace) -> int:
     from nas.export import measure_model, parse_formats, predicted_latency, workload_text
     from nas.search.budget import parse_budget
     from search_spaces import UserError
-    from search_spaces.seq2seq import TranslateWorkload
     from supernet.artifact import update_card
-    from supernet.onnx_seq2seq import DECODER, ENCODER
-    from search_spaces.seq2seq import Seq2SeqSubnet
-    from supernet.seq2seq_artifact import save_seq2seq_model
-    from supernet.seq2seq_train import eval_batches, heldout_ce, load_seq2seq_supernet
-    from supernet.translation import check_pairs, prepare_pairs
+
+    from .artifact import save_seq2seq_model
+    from .data import check_pairs, prepare_pairs
+    from .onnx import DECODER, ENCODER
+    from .space import Seq2SeqSubnet, TranslateWorkload
+    from .train import eval_batches, heldout_ce, load_seq2seq_supernet
 
     if getattr(args, "precision", "fp32") not in (None, "fp32"):
         raise UserError(f"--precision {args.precision}: an encoder-decoder (task seq2seq) exports in fp32 only so far")
@@ -81,7 +82,8 @@ def export_seq2seq(args: argparse.Namespace) -> int:
     workload, device = None, None
     if args.measure:
         from latency.device import get_device
-        from latency.translate_timing import require_device
+
+        from .timing import require_device
 
         require_device(space, args.measure)
         workload = choose_workload(space, args.workload, predicted, default=None)  # the space's first translate workload

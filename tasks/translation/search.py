@@ -2,7 +2,7 @@
 
 The search driver, strategies, budgets, storage and outputs are the LM's (:mod:`nas.search`); what differs is
 the fitness, held-out cross-entropy per target byte (nats, EOS counted) with inherited weights
-(:func:`supernet.seq2seq_train.heldout_ce`) on a fixed subset of the validation split of the supernet's own corpus
+(:func:`tasks.translation.train.heldout_ce`) on a fixed subset of the validation split of the supernet's own corpus
 (``--val-windows`` batches of ``--eval-batch`` pairs, the first length-sorted batches of ``--val-seed``, the same for
 every subnet), and the genetic operators of a seq2seq subnet (:func:`mutate_seq2seq`, :func:`crossover_seq2seq`).
 Not yet for seq2seq: ``--hurdles``, ``--verify``, ``--precision`` other than fp32, ``--val-data``.
@@ -17,7 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from search_spaces import UserError
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
+
+from .space import Seq2SeqSubnet
 
 METRIC = "nats/target byte"
 
@@ -35,7 +36,7 @@ class Seq2SeqFitness:
         self.data_digest = corpus_hash[:16]
 
     def __call__(self, subnets: Sequence[Seq2SeqSubnet]) -> np.ndarray:
-        from supernet.seq2seq_train import heldout_ce
+        from .train import heldout_ce
 
         return np.array([heldout_ce(self.model, s, self.pairs, self.batches) for s in subnets], dtype=np.float64)
 
@@ -51,9 +52,9 @@ def check_flags(args: argparse.Namespace) -> None:
 
 def seq2seq_search_setup(args: argparse.Namespace, device: str):
     """(supernet, checkpoint, fitness) of a seq2seq checkpoint; its corpus rebuilt from the run's cache and checked."""
-    from nas.export_seq2seq import corpus_record
-    from supernet.seq2seq_train import eval_batches, load_seq2seq_supernet
-    from supernet.translation import check_pairs, prepare_pairs
+    from .data import check_pairs, prepare_pairs
+    from .export import corpus_record
+    from .train import eval_batches, load_seq2seq_supernet
 
     check_flags(args)
     if args.val_windows < 1 or args.eval_batch < 1:
@@ -68,58 +69,3 @@ def seq2seq_search_setup(args: argparse.Namespace, device: str):
     fitness = Seq2SeqFitness(model, corpus.val, batches, seed=args.val_seed, corpus_hash=str(record["corpus_hash"]),
                              where=f"validation split of {record['corpus']}")  # fmt: skip
     return model, payload, fitness
-
-
-# --------------------------------------------------------------------------- genetic operators
-
-
-def _cross_genes(space: Seq2SeqSpace, depth: int, parents: Sequence[Seq2SeqSubnet], pick) -> tuple[tuple, tuple]:
-    heads, layers = [], []
-    for i in range(depth):
-        for out, name, choices in ((heads, "cross_heads", space.cross_heads), (layers, "cross_layers", space.cross_layers)):
-            out.append(int(pick(i, [getattr(p, name)[i] for p in parents if i < p.decoder.depth], choices)))
-    return tuple(heads), tuple(layers)
-
-
-def mutate_seq2seq(space: Seq2SeqSpace, parent: Seq2SeqSubnet, rng: np.random.Generator, prob: float) -> Seq2SeqSubnet:
-    """The encoder and the decoder mutated as LM subnets of their sides; each decoder layer's cross heads and encoder
-    layers redrawn with probability ``prob`` (drawn fresh on layers a deeper child gains)."""
-    from nas.search.operators import mutate
-
-    enc, dec = mutate(space.encoder, parent.encoder, rng, prob), mutate(space.decoder, parent.decoder, rng, prob)
-
-    def pick(_i: int, have: list, choices: tuple):
-        return have[0] if have and rng.random() >= prob else choices[int(rng.integers(len(choices)))]
-
-    return Seq2SeqSubnet(enc, dec, *_cross_genes(space, dec.depth, (parent,), pick))
-
-
-def crossover_seq2seq(space: Seq2SeqSpace, a: Seq2SeqSubnet, b: Seq2SeqSubnet, rng: np.random.Generator) -> Seq2SeqSubnet:
-    """Each side crossed as LM subnets; each cross gene from a parent that has the layer."""
-    from nas.search.operators import crossover
-
-    enc, dec = crossover(space.encoder, a.encoder, b.encoder, rng), crossover(space.decoder, a.decoder, b.decoder, rng)
-
-    def pick(_i: int, have: list, _choices: tuple):
-        return have[int(rng.integers(len(have)))]
-
-    return Seq2SeqSubnet(enc, dec, *_cross_genes(space, dec.depth, (a, b), pick))
-
-
-def seq2seq_trial_params(space: Seq2SeqSpace, subnet: Seq2SeqSubnet):
-    """The subnet as Optuna parameters: each side's as an LM subnet's (prefixed ``enc.`` / ``dec.``), then the cross
-    genes per decoder layer."""
-    from optuna.distributions import CategoricalDistribution
-
-    from nas.search.storage import subnet_params
-
-    params, dists = {}, {}
-    for prefix, side, sub in (("enc.", space.encoder, subnet.encoder), ("dec.", space.decoder, subnet.decoder)):
-        p, d = subnet_params(side, sub)
-        params.update({prefix + k: v for k, v in p.items()})
-        dists.update({prefix + k: v for k, v in d.items()})
-    for i in range(subnet.decoder.depth):
-        for name, choices in (("cross_heads", space.cross_heads), ("cross_layers", space.cross_layers)):
-            params[f"dec.l{i}.{name}"] = getattr(subnet, name)[i]
-            dists[f"dec.l{i}.{name}"] = CategoricalDistribution(choices)
-    return params, dists

@@ -8,7 +8,7 @@ here.  Same flags and files as the LM run (``latest.pt``, ``final.pt``, ``log.js
 Under ``torchrun`` it trains data-parallel (DDP), as the LM run.
 
 ``nas train-subnet`` on a seq2seq space runs :func:`train_seq2seq_subnet` (one static model, the same loop
-with :class:`supernet.seq2seq_train.Seq2SeqPlain`, a token budget in target bytes, exact resume) through
+with :class:`tasks.translation.train.Seq2SeqPlain`, a token budget in target bytes, exact resume) through
 :func:`run_seq2seq_subnet`.
 """
 
@@ -40,9 +40,10 @@ def run_seq2seq(args: argparse.Namespace, space) -> int:
     from nas.commands.train_supernet import _settings
     from search_spaces import UserError
     from supernet.distributed import init_from_env, shutdown
-    from supernet.seq2seq_train import load_seq2seq_supernet
     from supernet.train import TrainConfig
-    from supernet.translation import DEFAULT_LANG
+
+    from .data import DEFAULT_LANG
+    from .train import load_seq2seq_supernet
 
     out = Path(args.out)
     latest = out / "latest.pt"
@@ -84,9 +85,10 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
 
     from nas.commands.train_supernet import _format_time, _step_bar
     from search_spaces import UserError
-    from supernet.seq2seq import Seq2SeqSuperTransformer
-    from supernet.seq2seq_train import Seq2SeqSandwich, train_seq2seq
-    from supernet.translation import DEFAULT_LANG, check_pairs, prepare_pairs
+
+    from .data import DEFAULT_LANG, check_pairs, prepare_pairs
+    from .model import Seq2SeqSuperTransformer
+    from .train import Seq2SeqSandwich, train_seq2seq
 
     out = Path(args.out)
     latest = out / "latest.pt"
@@ -142,7 +144,7 @@ class Seq2SeqSubnetTraining:
 
     ``init``: ``"scratch"`` (weights drawn from ``config.seed``) or ``"supernet:PATH"`` (the subnet's weights extracted
     from a seq2seq supernet of the same space).  ``tokens``: a budget in target bytes (EOS included, the loop's unit):
-    the most whole steps of the seeded batches that fit it (:func:`supernet.seq2seq_train.steps_for_tokens`), so
+    the most whole steps of the seeded batches that fit it (:func:`tasks.translation.train.steps_for_tokens`), so
     models trained with one budget, seed and batch size see the same pairs in the same order.  Data: the gettext
     catalogs of ``lang`` (default de) or ``data`` (a source<TAB>target file).  ``resume`` continues
     ``out/train/latest.pt`` exactly; only the bounds and outputs may change (:data:`nas.train_subnet.RESUMABLE`).
@@ -176,7 +178,8 @@ class Seq2SeqSubnetResult:
 
 def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str) -> dict:
     from supernet.data import absolute_data
-    from supernet.translation import DEFAULT_LANG
+
+    from .data import DEFAULT_LANG
 
     return {"init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
             "lang": None if s.data is not None else (s.lang or DEFAULT_LANG), "device": str(s.device),
@@ -188,8 +191,9 @@ def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
     import torch
 
     from search_spaces import UserError
-    from supernet.seq2seq import Seq2SeqTransformer
-    from supernet.seq2seq_train import load_seq2seq_supernet
+
+    from .model import Seq2SeqTransformer
+    from .train import load_seq2seq_supernet
 
     if kind == "scratch":
         return Seq2SeqTransformer(space, subnet, generator=torch.Generator().manual_seed(seed)), None
@@ -228,11 +232,12 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     from search_spaces import UserError
     from supernet.artifact import CARD
     from supernet.checkpoint import load_checkpoint
-    from supernet.seq2seq import Seq2SeqTransformer
-    from supernet.seq2seq_artifact import save_seq2seq_model
-    from supernet.seq2seq_train import Seq2SeqPlain, eval_batches, heldout_ce, steps_for_tokens, train_seq2seq
     from supernet.train import TrainConfig
-    from supernet.translation import DEFAULT_LANG, check_pairs, prepare_pairs
+
+    from .artifact import save_seq2seq_model
+    from .data import DEFAULT_LANG, check_pairs, prepare_pairs
+    from .model import Seq2SeqTransformer
+    from .train import Seq2SeqPlain, eval_batches, heldout_ce, steps_for_tokens, train_seq2seq
 
     s = settings
     out, space = Path(s.out), s.space
@@ -323,7 +328,8 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
 def stored_subnet(meta: dict, where: Path):
     """The subnet a seq2seq train-subnet checkpoint trains (its meta), or one line saying it is not such a run."""
     from search_spaces import UserError
-    from search_spaces.seq2seq import Seq2SeqSubnet
+
+    from .space import Seq2SeqSubnet
 
     if meta.get("kind") != "subnet" or "settings" not in meta:
         raise UserError(f"{where}: not a train-subnet run of an encoder-decoder (a supernet's checkpoint?); start a new run "
@@ -336,9 +342,10 @@ def run_seq2seq_subnet(args: argparse.Namespace, space) -> int:
     from nas.commands.train_subnet import NAME, _given_config, _tokens, step_bar, training_config
     from nas.train_subnet import TrainingInterrupted, run_dir
     from search_spaces import UserError
-    from search_spaces.seq2seq import Seq2SeqSubnet
     from supernet.checkpoint import load_checkpoint
     from supernet.train import TrainConfig
+
+    from .space import Seq2SeqSubnet
 
     refused = {"--distill-from": args.distill_from, "--distill": args.distill, "--mask-rate": args.mask_rate,
                "--seq-len": args.seq_len, "--val-fraction": args.val_fraction, "--format": args.format,

@@ -1,11 +1,11 @@
 """Timing HAT's ``translate`` workload of seq2seq subnets: the parts of a campaign that differ from an LM's.
 
 :mod:`latency.campaign` dispatches here for a ``task: seq2seq`` space: the static model timed is a
-:class:`supernet.seq2seq.Seq2SeqTransformer` (laid out on the meta device, parameters tiled from one seeded block:
+:class:`tasks.translation.model.Seq2SeqTransformer` (laid out on the meta device, parameters tiled from one seeded block:
 timing needs shapes, not trained values), the reference timed beside every visit is the space's smallest subnet
 (a fixed model of the same vocabulary, head size and positions), and a table row's features are the seq2seq subnet
-encoding (``space.encode``), its parameters and the analytic terms of :func:`latency.translate_features.translate_terms`.
-The workload itself is :func:`supernet.translate.translate_runner`: one encoder pass over ``source`` random bytes,
+encoding (``space.encode``), its parameters and the analytic terms of :func:`tasks.translation.features.translate_terms`.
+The workload itself is :func:`tasks.translation.decode.translate_runner`: one encoder pass over ``source`` random bytes,
 cross keys / values once, ``steps`` cached decoder steps at batch ``beam``; on ``onnxruntime`` the same loop runs the
 model's encoder and decoder-step graphs (:mod:`latency.devices.onnxruntime`); ``cuda`` runs the cpu device's loop on
 the GPU (eager); the ``arm`` bundle (and ``ssh://``) carries both graphs per subnet and runs the onnxruntime loop on the
@@ -18,11 +18,11 @@ from functools import lru_cache
 
 import torch
 
+from latency.protocol import fill_parameters
 from search_spaces import UserError
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 
-from .protocol import fill_parameters
-from .translate_features import translate_terms
+from .features import translate_terms
+from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 
 TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time a translate workload
 
@@ -44,7 +44,7 @@ def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp
 
 @lru_cache(maxsize=16)
 def _shape_model(space: Seq2SeqSpace):
-    from supernet.seq2seq import Seq2SeqSuperTransformer
+    from .model import Seq2SeqSuperTransformer
 
     with torch.device("meta"):
         return Seq2SeqSuperTransformer(space)
@@ -58,7 +58,7 @@ def seq2seq_params(space: Seq2SeqSpace, subnet: Seq2SeqSubnet) -> int:
 def seq2seq_timing_model(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, *, materialize: bool = True):
     """The static encoder-decoder of ``subnet`` with arbitrary (seeded, tiled) weights; on the meta device without
     ``materialize``."""
-    from supernet.seq2seq import Seq2SeqTransformer
+    from .model import Seq2SeqTransformer
 
     with torch.device("meta"):
         model = Seq2SeqTransformer(space, subnet)
@@ -81,14 +81,14 @@ def seq2seq_table_features(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload:
 
 def translate_call(model, workload: TranslateWorkload):
     """``call()`` running the workload once on ``model`` (its source drawn once, seeded)."""
-    from supernet.translate import translate_runner
+    from .decode import translate_runner
 
     return translate_runner(model, workload, generator=torch.Generator().manual_seed(0))
 
 
 def seq2seq_additive_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:
     """The additive predictor's columns for a seq2seq subnet (it adds the constant): each translate cost term of
-    :func:`~latency.translate_features.translate_terms` (GFLOPs; the memory positions and cache MB), plus the layer
+    :func:`~tasks.translation.features.translate_terms` (GFLOPs; the memory positions and cache MB), plus the layer
     counts of each side (per-layer overheads: launches, norms, the decoder's per-step work)."""
     terms = translate_terms(space, subnet, workload)
     out = {k: v / 1e9 for k, v in terms.items() if k.endswith("_flops")}
@@ -103,7 +103,7 @@ def seq2seq_additive_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload:
 def seq2seq_matrix(kind: str, space: Seq2SeqSpace, workload: TranslateWorkload, subnets) -> tuple:
     """What predictor ``kind`` reads of seq2seq subnets: the additive terms for ``additive``, the table's features
     (encoding, parameters, cost terms) otherwise."""
-    from .features import matrix
+    from latency.features import matrix
 
     if kind == "additive":
         return matrix([seq2seq_additive_terms(space, s, workload) for s in subnets])
