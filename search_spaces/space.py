@@ -376,6 +376,12 @@ class Space(SpaceIdentity):
             attention=tuple(str(self.attention[i]) for i in rng.integers(len(self.attention), size=depth)),
         )
 
+    def lightest(self) -> list[Subnet]:
+        """The smallest choice of every dimension, once with each attention type on every layer (the search's first
+        candidates for a tight budget: which type is the lightest depends on the device)."""
+        s = self.smallest()
+        return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in self.attention]
+
     # -- genes: what the search's operators and its storage ask of a space ---------
 
     def mutate(self, parent: Subnet, rng: np.random.Generator, prob: float) -> Subnet:

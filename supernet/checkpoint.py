@@ -18,17 +18,16 @@ from typing import Any
 import torch
 import yaml
 
-from search_spaces import Space, UserError, parse_space
+from search_spaces import Space, UserError, parse_space, tasks
 from search_spaces.errors import first_line
 
-from .elastic import SuperTransformer
 from .files import atomic_write
 
 FORMAT = "nas-supernet-checkpoint"
 VERSION = 1
 
 
-def save_checkpoint(path: str | Path, model: SuperTransformer, state: dict[str, Any] | None = None, **meta: Any) -> Path:
+def save_checkpoint(path: str | Path, model: torch.nn.Module, state: dict[str, Any] | None = None, **meta: Any) -> Path:
     """Write ``model`` (+ resumable ``state`` and small ``meta`` values) to ``path`` atomically.
 
     The file is written beside the target and renamed over it, so a kill during the save
@@ -107,14 +106,12 @@ def load_marked(path: Path, marker: str, what: str) -> dict[str, Any]:
 
 def load_supernet(
     path: str | Path, space: Space | None = None, device: str | torch.device = "cpu"
-) -> tuple[SuperTransformer, dict[str, Any]]:
-    """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The supernet stored in ``path`` (the model of its space's task: a :class:`SuperTransformer` for a one-stack
+    space; eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
-    if payload["space"].task == "seq2seq":
-        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; the commands that take one: nas search, "
-                        "nas export, nas translate, nas train-subnet --init supernet:CKPT "
-                        "(README \"Translation (encoder-decoder)\")")  # fmt: skip
-    return fill_supernet(SuperTransformer(payload["space"]), payload, path, device), payload
+    model = tasks.of(payload["space"]).supernet(payload["space"])
+    return fill_supernet(model, payload, path, device), payload
 
 
 def fill_supernet(model: torch.nn.Module, payload: dict[str, Any], path: str | Path, device: str | torch.device = "cpu"):

@@ -79,5 +79,60 @@ class Task:
                 raise UserError(f"--{dest.replace('_', '-')}: not for task {self.name}")
         return {k: v for k, v in values.items() if k in mine}
 
+    # ------------------------------------------------------------------ model
+
+    def supernet(self, space: Any, generator: Any = None):
+        """The elastic model of ``space`` (``model(*inputs, subnet)``; ``.extract(subnet)``, ``.num_params(subnet)``),
+        initialised from ``generator``."""
+        raise NotImplementedError
+
+    def scratch(self, space: Any, subnet: Any, generator: Any = None):
+        """A static model of ``subnet`` trained from scratch (``model(*inputs)``), initialised from ``generator``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ latency
+
+    def check_timing(self, space: Any, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
+        """Refuse, in one line, a device, precision or way of sampling that cannot time this task's models yet."""
+
+    def params(self, space: Any, subnet: Any) -> int:
+        """Parameters of the static model of ``subnet`` (the one count, the supernet's)."""
+        raise NotImplementedError
+
+    def timing_model(self, space: Any, subnet: Any, *, materialize: bool = True):
+        """The static model of ``subnet`` with arbitrary weights (timing needs shapes); on the meta device without
+        ``materialize`` (for a device that brings its own weights)."""
+        raise NotImplementedError
+
+    def timing_reference(self, space: Any):
+        """The fixed model a campaign times beside every visit (drift correction)."""
+        raise NotImplementedError
+
+    def table_features(self, space: Any, subnet: Any, workload: Any) -> dict[str, float]:
+        """A timing-table row's feature columns."""
+        raise NotImplementedError
+
+    def predictor_features(self, kind: str, space: Any, workload: Any, subnets: Any) -> tuple:
+        """(matrix, column names) a latency predictor of kind ``kind`` reads of ``subnets``."""
+        raise NotImplementedError
+
+    def bundle_models(self, space: Any, seed: int) -> tuple:
+        """(subnet -> the static model a latency bundle exports, the reference model)."""
+        raise NotImplementedError
+
+    # the workload kinds of the task's own (workload_kinds): how each device runs them
+
+    def torch_call(self, model: Any, workload: Any, device: str = "cpu", runtime: str = "eager"):
+        """``call()`` running ``model`` once on ``workload`` in torch (the cpu and cuda devices)."""
+        raise NotImplementedError(f"task {self.name} adds no workload kind")
+
+    def ort_runner(self, model: Any, workload: Any, threads: int | None, provider: str, clock: str, precision: str):
+        """A runner (``runner(n) -> seconds``) of ``model``'s ONNX graphs on ``workload`` (the onnxruntime device)."""
+        raise NotImplementedError(f"task {self.name} adds no workload kind")
+
+    def bundle_graphs(self, model: Any) -> tuple[dict, dict]:
+        """(a latency bundle's entry of ``model``, {file name: graph path}) at a workload kind of the task's own."""
+        raise NotImplementedError(f"task {self.name} adds no workload kind")
+
     def __repr__(self) -> str:
         return f"<task {self.name}>"

@@ -16,11 +16,10 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from search_spaces import Space, Subnet, UserError, Workload, parse_space
+from search_spaces import Space, Subnet, UserError, Workload, parse_space, tasks
 from search_spaces.errors import first_line
 from supernet.files import atomic_write, check_parts, checksums, remove_stale
 
-from .. import features as F
 from .additive import Additive
 from .base import Regressor
 from .gbt import GBT
@@ -35,20 +34,9 @@ MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
 
 
 def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
-    """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise (a seq2seq
-    space: :func:`tasks.translation.timing.seq2seq_matrix`)."""
-    from ..translate_timing import is_seq2seq, seq2seq_matrix
-
-    if is_seq2seq(space):
-        return seq2seq_matrix(kind, space, workload, subnets)
-    if kind == "additive":
-        rows = [F.additive_terms(space, s, workload) for s in subnets]
-    else:
-        rows = [
-            {**dict(zip(space.feature_names(), space.encode(s).tolist())), **F.summary_features(space, s, workload)}
-            for s in subnets
-        ]
-    return F.matrix(rows)
+    """The features model ``kind`` reads of ``subnets``: the space's task says them (a one-stack model's:
+    :func:`latency.features.stack_matrix`)."""
+    return tasks.of(space).predictor_features(kind, space, workload, subnets)
 
 
 # --------------------------------------------------------------------------- the predictor

@@ -106,15 +106,11 @@ def run(args: argparse.Namespace) -> int:
     from latency.quantize import check_device, check_precision
     from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
     from nas.cli import show_progress
-    from search_spaces import UserError, load_space
+    from search_spaces import UserError, load_space, tasks
 
     space = load_space(args.space)
-    if getattr(space, "task", None) == "seq2seq":
-        from tasks.translation.timing import require_device
-
-        require_device(space, args.device, args.precision)
-    if args.for_transfer and getattr(space, "task", None) == "seq2seq":
-        raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
+    task = tasks.of(space)
+    task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
     settings = settings_from(args)
     precision = check_precision(args.precision)
@@ -180,9 +176,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
     device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
                         precision=None if precision == "fp32" else precision)
-    from latency.campaign import task_parts
-
-    names = list(task_parts(space)[2](space, space.smallest(), workload))
+    names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
         meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them

@@ -184,6 +184,10 @@ class Seq2SeqSpace(SpaceIdentity):
         return Seq2SeqSubnet(self.encoder.smallest(), self.decoder.smallest(), (min(self.cross_heads),) * d,
                              (min(self.cross_layers),) * d)  # fmt: skip
 
+    def lightest(self) -> list[Seq2SeqSubnet]:
+        """The search's first candidates for a tight budget: the smallest subnet."""
+        return [self.smallest()]
+
     def sample(self, rng: np.random.Generator) -> Seq2SeqSubnet:
         """Each choice uniformly and independently: the encoder, the decoder, then the decoder's cross choices."""
         enc, dec = self.encoder.sample(rng), self.decoder.sample(rng)
