@@ -208,15 +208,16 @@ class Scoring:
 
 def validation_bpb(
     model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens",
-    mask_rate: float | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Bits per byte of ``model`` on fixed held-out windows: the number ``nas search`` reports as the subnet's loss
-    (for a masked-lm space: bits per masked byte, the description says ``metric``)."""
+    (scored as the space's task scores, ``options`` its settings: a masked LM's bits per masked byte, the description
+    says ``metric``)."""
     from nas.search.fitness import InheritedLoss
 
     seq_len = min(scoring.seq_len, space.max_seq_len)
     score = InheritedLoss(StaticAsSupernet(model.eval(), space), tokens, seq_len=seq_len, windows=scoring.windows,
-                          batch_size=scoring.batch_size, seed=scoring.seed, where=where, mask_rate=mask_rate)
+                          batch_size=scoring.batch_size, seed=scoring.seed, where=where, options=options)
     bpb = float(score([model.subnet])[0])
     return {"bits_per_byte": bpb, **score.description, "source": where}
 

@@ -26,8 +26,8 @@ LN2 = float(np.log(2.0))
 def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16) -> np.ndarray:
     """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
     ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches); targets equal to
-    ``supernet.masking.IGNORE`` (the unmasked positions of a masked-LM window) are not scored."""
-    from supernet.masking import IGNORE
+    ``supernet.heldout.IGNORE`` (the positions a task does not score: a masked LM's unmasked ones) are not scored."""
+    from supernet.heldout import IGNORE
 
     out = []
     for i in range(0, len(x), batch_size):

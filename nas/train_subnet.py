@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from search_spaces import Space, Subnet, UserError
+from search_spaces import Space, Subnet, UserError, tasks
 from supernet.train import StepInfo, TrainConfig
 
 from .export import FORMATS, ONNX_FILE, Scoring
@@ -39,7 +39,7 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
 FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
-         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup", "mask_rate": "--mask-rate"}
+         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class SubnetTraining:
     scoring: Scoring = Scoring()  # the held-out windows of the final bits/byte (the search's defaults)
     corpus_dir: Path | None = None  # where the encoded corpus is cached (default out/train): runs may share one
     target_ort: str | None = None  # the ONNX Runtime that will run model.onnx (default: the installed one)
-    mask_rate: float | None = None  # masked-lm spaces: share of positions masked and scored (default 0.15)
+    options: dict[str, Any] | None = None  # the space's task's own settings (its learner_options: a masked LM's mask_rate)
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
     """The run's settings besides its TrainConfig, as stored in every checkpoint and in the card."""
     from supernet.data import absolute_data
 
-    task = {"mask_rate": s.mask_rate} if s.mask_rate is not None else {}  # absent for causal-lm: older runs resume
+    task = {k: v for k, v in (s.options or {}).items() if v is not None}  # none for a decoder: older runs resume
     return {
         **task, "init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
         "val_fraction": s.val_fraction, "distill_from": teacher, "distill": s.distill if teacher else 0.0,
@@ -173,7 +173,7 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
 
 def _resume_problems(record: dict, config: TrainConfig, stored_meta: dict) -> list[str]:
     before = stored_meta["settings"]
-    problems = [f"{FLAGS.get(k, k)} {record[k]} differs from the run's {before.get(k)}"
+    problems = [f"{FLAGS.get(k, '--' + k.replace('_', '-'))} {record[k]} differs from the run's {before.get(k)}"
                 for k in record if k not in RESUMABLE and record[k] != before.get(k)]
     stored_config = stored_meta["train_config"]
     for name, value in config.to_dict().items():
@@ -273,7 +273,7 @@ def stored_settings(out: str | Path) -> SubnetTraining:
         distill=r["distill"], formats=tuple(r["formats"]), resume=True, device=r["device"], data_seed=r["data_seed"],
         val_fraction=r["val_fraction"], scoring=Scoring(**r["scoring"]),
         corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]), target_ort=r["target_ort"],
-        mask_rate=r.get("mask_rate"),
+        options={k: r[k] for k in tasks.of(payload["space_obj"]).learner_options if k in r},
     )
 
 
@@ -340,7 +340,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
     teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
     _check_settings(s)
-    task = task_for(space, seed=config.seed, mask_rate=s.mask_rate)  # refuses a bad --mask-rate before anything is written
+    task = task_for(space, seed=config.seed, **(s.options or {}))  # refuses a bad task setting before anything is written
     init, teacher_text = source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None
     record = _record(s, init, teacher_text)
     if kind == "model" and path.resolve() == out.resolve():
@@ -390,7 +390,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         check_corpus(corpus, stored["meta"]["corpus_hash"], str(latest))
     where = f"validation split of {record['data'] or 'the default corpus'} (seed {s.data_seed}, fraction {s.val_fraction})"
     before = (stored["meta"]["bpb_before"] if stored is not None
-              else validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate))
+              else validation_bpb(student, space, corpus.val, s.scoring, where, s.options))
 
     device = torch.device(s.device)
     model = Distilled(student.to(device).train(), teacher.to(device) if teacher is not None else None)
@@ -417,7 +417,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     log.info("scoring the model at step %d and writing %s (%s)", result.step, out,
              ", ".join(("safetensors", *s.formats)))
     student = student.cpu().eval()
-    after = validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate)
+    after = validation_bpb(student, space, corpus.val, s.scoring, where, s.options)
     card = {
         **passed_on,
         "validation": after,

@@ -90,6 +90,15 @@ class Task:
         """A static model of ``subnet`` trained from scratch (``model(*inputs)``), initialised from ``generator``."""
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ training
+
+    learner_options: tuple[str, ...] = ()  # the task's own settings of a run (a masked LM's mask_rate)
+
+    def learner(self, space: Any, seed: int = 0, **options: Any):
+        """What a run of ``seed`` learns (:class:`supernet.task.Learner`): its batches, loss, distillation and held-out
+        score; ``options``: given values of ``learner_options`` (the others take the task's defaults)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------------ latency
 
     def check_timing(self, space: Any, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:

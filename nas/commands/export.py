@@ -198,10 +198,10 @@ def run(args: argparse.Namespace) -> int:
         tokens, where = validation_tokens(args, payload)
         scoring = Scoring(windows=args.val_windows, seq_len=args.seq_len, seed=args.val_seed)
     if not args.no_eval:
-        from supernet.task import trained_mask_rate
+        from supernet.task import trained_options
 
-        mask_rate = trained_mask_rate(payload.get("meta", {}))  # masked-lm: bits per masked byte at the training rate
-        validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where, mask_rate)
+        trained = trained_options(space, payload.get("meta", {}))  # scored as trained (a masked LM: its mask rate)
+        validation = validation_bpb(_extract(supernet, subnet), space, tokens, scoring, where, trained)
     card.update(validation=validation, latency=predicted)
     result = export_subnet(supernet, subnet, args.out, formats=formats, target_ort=args.target_ort, card=card, seed=args.seed)
 

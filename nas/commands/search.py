@@ -178,12 +178,12 @@ def run(args: argparse.Namespace) -> int:
         space = model.space
         latencies, primary = workload_latencies(args, space, load_predictor)
         tokens, val_source = validation_tokens(args, payload)
-        from supernet.task import trained_mask_rate
+        from supernet.task import trained_options
 
-        # masked-lm: bits per masked byte at the rate the supernet was trained with, fixed masks of --val-seed
+        # scored as the supernet was trained (a masked LM: at its training mask rate, fixed masks of --val-seed)
         fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
                                   seed=args.val_seed, device=device, where=val_source, precision=precision,
-                                  mask_rate=trained_mask_rate(payload.get("meta", {})))
+                                  options=trained_options(space, payload.get("meta", {})))
         data_digest = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
         fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source}"
 

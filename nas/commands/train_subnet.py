@@ -138,8 +138,17 @@ def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, 
         data=args.data, distill_from=distill_from, distill=distill, formats=parse_formats(args.format or formats),
         device=_device(args.device), data_seed=0 if args.data_seed is None else args.data_seed,
         val_fraction=0.05 if args.val_fraction is None else args.val_fraction, target_ort=args.target_ort,
-        mask_rate=getattr(args, "mask_rate", None),
+        options=task_options(args, space),
     )
+
+
+def task_options(args: argparse.Namespace, space) -> dict:
+    """The values of the task flags given (a masked LM's ``--mask-rate``): the space's task's settings; a flag of
+    another task is refused by :func:`supernet.task.task_for` with the task it is for."""
+    from search_spaces import tasks
+
+    names = {name for t in tasks.tasks().values() for name in t.learner_options}
+    return {k: getattr(args, k) for k in sorted(names) if getattr(args, k, None) is not None}
 
 
 def resumed(args: argparse.Namespace, stored, **changes):
@@ -169,8 +178,9 @@ def resumed(args: argparse.Namespace, stored, **changes):
         data["device"] = _device(args.device)
     if args.target_ort is not None:
         data["target_ort"] = args.target_ort
-    if getattr(args, "mask_rate", None) is not None:
-        data["mask_rate"] = args.mask_rate
+    given_options = task_options(args, stored.space)
+    if given_options:
+        data["options"] = {**(stored.options or {}), **given_options}
     return replace(stored, tokens=tokens, config=TrainConfig.from_dict(config), resume=True, **data, **changes)
 
 

@@ -61,8 +61,9 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
 
 
 class InheritedLoss:
-    """Mean next-token loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows (for a masked-lm space:
-    bits per masked byte over fixed windows with fixed masks, ``mask_rate`` of the positions, default 0.15)."""
+    """Mean loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows, scored as the space's task scores
+    them (its learner's held-out windows: every next token for a decoder; a masked LM's fixed masks, at its
+    ``options["mask_rate"]``, bits per masked byte)."""
 
     def __init__(
         self,
@@ -76,7 +77,7 @@ class InheritedLoss:
         device: str = "cpu",
         where: str = "validation tokens",
         precision: str = "fp32",
-        mask_rate: float | None = None,
+        options: dict[str, Any] | None = None,
     ):
         tokens = np.asarray(tokens).reshape(-1)
         space = supernet.space
@@ -98,11 +99,11 @@ class InheritedLoss:
         n_starts = len(tokens) - seq_len
         starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
         self.model = supernet.to(device).eval()
-        task = task_for(space, seed=seed, mask_rate=mask_rate)  # masked-lm: fixed masks, a function of the seed only
+        task = task_for(space, seed=seed, **(options or {}))  # (a masked LM's fixed masks: a function of the seed only)
         self.heldout = task.heldout(tokens, starts, seq_len)
         self.batch_size = batch_size
         self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens,
-                            **task.to_dict()}  # (nothing more for causal-lm: studies of earlier versions still resume)
+                            **task.to_dict()}  # (nothing more for a decoder: studies of earlier versions still resume)
         self.precision, self.calibration = precision, None
         if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
             from latency.quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from search_spaces.tasks import declare
 
 from ..stack import StackTask
@@ -14,6 +16,11 @@ class CausalLMTask(StackTask):
     doc = "next-byte prediction by a decoder (causal attention); every position scored"
     form = "causal"
     metric = "bits/byte"
+
+    def learner(self, space: Any, seed: int = 0, **options: Any):
+        from .learner import CAUSAL_LM
+
+        return CAUSAL_LM
 
 
 TASK = declare(CausalLMTask())

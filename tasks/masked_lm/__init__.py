@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from search_spaces.tasks import declare
 
 from ..stack import StackTask
@@ -14,6 +16,14 @@ class MaskedLMTask(StackTask):
     doc = "BERT-style masked bytes for an encoder (bidirectional attention); the masked positions scored"
     form = "bidirectional"
     metric = "bits/masked byte"
+    learner_options = ("mask_rate",)
+
+    def learner(self, space: Any, seed: int = 0, mask_rate: float | None = None):
+        """BERT-style masking of ``mask_rate`` of the positions (default 0.15)."""
+        from .learner import DEFAULT_MASK_RATE, MaskedLM, MaskingSettings, check_mask_rate
+
+        rate = check_mask_rate(DEFAULT_MASK_RATE if mask_rate is None else mask_rate)
+        return MaskedLM(MaskingSettings(rate=rate), seed=seed)
 
 
 TASK = declare(MaskedLMTask())

@@ -45,6 +45,13 @@ class TranslationTask(Task):
 
         return Seq2SeqTransformer(space, subnet, generator=generator)
 
+    # ------------------------------------------------------------------ training
+
+    def learner(self, space: Any, seed: int = 0, **options: Any):
+        from .train import TranslationLearner
+
+        return TranslationLearner(space.max_seq_len)
+
     # ------------------------------------------------------------------ latency
 
     def check_timing(self, space: Any, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:

@@ -8,7 +8,7 @@ here.  Same flags and files as the LM run (``latest.pt``, ``final.pt``, ``log.js
 Under ``torchrun`` it trains data-parallel (DDP), as the LM run.
 
 ``nas train-subnet`` on a seq2seq space runs :func:`train_seq2seq_subnet` (one static model, the same loop
-with :class:`tasks.translation.train.Seq2SeqPlain`, a token budget in target bytes, exact resume) through
+with :class:`supernet.train.PlainObjective` and the translation learner, a token budget in target bytes, exact resume) through
 :func:`run_seq2seq_subnet`.
 """
 
@@ -88,7 +88,9 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
 
     from .data import DEFAULT_LANG, check_pairs, prepare_pairs
     from .model import Seq2SeqSuperTransformer
-    from .train import Seq2SeqSandwich, train_seq2seq
+    from supernet.train import SandwichObjective, SupernetCheckpointer, train
+
+    from .train import TranslationLearner
 
     out = Path(args.out)
     latest = out / "latest.pt"
@@ -107,7 +109,8 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
              f"{sizes['train']['target_bytes']:,}", f"{sizes['val']['pairs']:,}", f"{sizes['test']['pairs']:,}",
              corpus.hash[:16])  # fmt: skip
     model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(config.seed)).to(device)
-    objective = Seq2SeqSandwich(space, seed=config.seed, **objective_dict)
+    objective = SandwichObjective(space, seed=config.seed, task=TranslationLearner(space.max_seq_len),
+                                  **{"n_eval_random": 2, **objective_dict})  # (2 random subnets evaluated, as ever)
     log.info("space %s: %s parameters in the largest subnet; batch %d pairs on %s", space.name,
              f"{model.num_params(space.largest()):,}", config.batch_size, device)  # fmt: skip
     meta = {**data, "val_fraction": None, "lang": lang, "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash,
@@ -115,8 +118,9 @@ def _train(args, space, stored, config, objective_dict, data, lang, dist, device
     state = stored["state"] if stored else {}
     bar, update = _step_bar(config, state.get("step", 0), state.get("elapsed", 0.0)) if dist.is_main else (None, None)
     try:
-        result = train_seq2seq(model, objective, corpus.train, corpus.val, config, out=out, meta=meta, resume=stored,
-                               progress=update, report=log.info, dist=dist)  # fmt: skip
+        result = train(model, objective, corpus.train, corpus.val, config, out=out, checkpointer=SupernetCheckpointer(space),
+                       meta=meta, resume=stored if stored is not None else False, progress=update, report=log.info,
+                       dist=dist)  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
@@ -217,7 +221,7 @@ def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | 
 
 
 def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2SeqSubnetResult:
-    """Train ``settings.subnet`` as its own model with the seq2seq training loop (:class:`Seq2SeqPlain`: one pass a
+    """Train ``settings.subnet`` as its own model with the training loop (:class:`PlainObjective`: one pass a
     step, no distillation) and write ``settings.out`` as ``nas export`` does for seq2seq (safetensors + model card,
     which ``nas translate --model`` reads); ``out/train/`` holds ``latest.pt``, ``final.pt``, ``log.jsonl`` and the
     corpus cache.  Every check runs before anything is written; SIGINT / SIGTERM save ``latest.pt`` and raise
@@ -237,7 +241,9 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     from .artifact import save_seq2seq_model
     from .data import DEFAULT_LANG, check_pairs, prepare_pairs
     from .model import Seq2SeqTransformer
-    from .train import Seq2SeqPlain, eval_batches, heldout_ce, steps_for_tokens, train_seq2seq
+    from supernet.train import PlainObjective, SupernetCheckpointer, train
+
+    from .train import TranslationLearner, eval_batches, heldout_ce, steps_for_tokens
 
     s = settings
     out, space = Path(s.out), s.space
@@ -304,8 +310,9 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                  f"{student.num_params():,}", record["init"], before,
                  f"{config.max_steps:,} steps of {config.batch_size} pairs" if config.max_steps else f"{config.max_time:g} s")
     model = student.to(torch.device(s.device)).train()
-    result = train_seq2seq(model, Seq2SeqPlain(), corpus.train, corpus.val, config, out=state_dir, meta=meta,
-                           resume=stored, progress=progress, report=log.info)  # fmt: skip
+    result = train(model, PlainObjective(TranslationLearner(space.max_seq_len)), corpus.train, corpus.val, config,
+                   out=state_dir, checkpointer=SupernetCheckpointer(space), meta=meta,
+                   resume=stored if stored is not None else False, progress=progress, report=log.info)  # fmt: skip
     if result.stopped == "interrupted":
         raise TrainingInterrupted(result.step, result.checkpoint)
     model = model.cpu().eval()
