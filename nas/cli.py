@@ -26,8 +26,8 @@ from search_spaces.errors import UserError
 from . import __version__
 
 # The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "export", "train-subnet",
-            "finetune", "classify", "generate"]
+COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
+            "train-subnet", "finetune", "classify", "generate"]
 
 
 def command_modules() -> dict:

@@ -15,7 +15,6 @@ under the budget.  All of them are scored on held-out windows the search never s
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import time
@@ -205,8 +204,7 @@ def _search_best(search_dir: Path) -> Path | None:
 
 def uniform_subnets(space) -> list[Subnet]:
     """Every hand-scaled Transformer of the space: all layers the same heads, FFN width and attention type."""
-    grid = itertools.product(space.embed_dim, space.depth, space.heads, space.ffn_dim, space.attention)
-    return [s for e, d, h, f, a in grid if (s := Subnet(e, d, (h,) * d, (f,) * d, (a,) * d)) in space]
+    return space.uniform()
 
 
 def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:

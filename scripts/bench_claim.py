@@ -1,32 +1,35 @@
 """The measured claim: does the search find better models than hand-scaled Transformers, after retraining?
 
-    python scripts/bench_claim.py --out runs/claim                 # long.yaml, ONNX Runtime on this CPU (about 2 hours)
-    python scripts/bench_claim.py --out runs/claim --supernet CKPT # reuse a trained supernet
-    python scripts/bench_claim.py --out runs/claim-quick --quick --space tests/fixtures/spaces/claim_quick.yaml
+    python scripts/bench_claim.py --out runs/claim          # long.yaml, ONNX Runtime on this CPU (about 2.5 hours)
+    python scripts/bench_claim.py --out runs/claim --quick  # the whole path in minutes (long.yaml, tiny budgets)
+    python scripts/bench_claim.py --out runs/q --quick --space tests/fixtures/claim_quick.yaml   # the CI test's space
 
-Stages (each the documented command run in-process, each resumable: run the same command again):
+Stages (each the documented command, each resumable: run the same command again):
 
-1. train the supernet (``nas train-supernet``; skipped with ``--supernet``);
-2. time subnets with ONNX Runtime (one thread, the thread's CPU time) and fit a predictor;
-3. budgets at the 25th, 50th and 75th percentile of the measured latencies;
-4. search (``nas search``, inherited-weight fitness on validation windows as long as the prefill
-   workload) under the three budgets, verified on the device; then the same search with
-   progressive dynamic hurdles (``--hurdles``: the top candidates trained in rounds);
-5. baselines: per budget and attention type, the largest uniform model (every layer the same width,
-   heads, FFN and type) under the budget by the predictor, checked on the device;
-6. retrain from scratch every found subnet and baseline with ``nas train-subnet``: the same token
-   budget, seed, schedule and data for all (two at a time, one thread each);
-7. time every retrained model's exported ``model.onnx`` side by side (one campaign, interleaved);
-8. score every model on the test split (windows as long as the prefill; no search, hurdle or
-   training ever saw them), with inherited and retrained weights.
+1. two supernets of the same steps, one thread each, side by side: ``shared`` (``--balance types``: the sandwich's
+   largest and smallest rotate over the attention types; one Q/K/V/O for all) and ``split`` (the same plus
+   ``--split families``: Q/K/V/O per attention family from half-way, few-shot NAS);
+2. time subnets with ONNX Runtime (one thread, the thread's CPU time) and fit a latency predictor;
+3. three budgets: the lowest under every type's largest uniform model (so that each type's ladder reaches past it:
+   0.9 x the fastest type's largest uniform model, or the 25th percentile of the measured latencies if lower), the
+   50th and the 75th percentile;
+4. baselines: per budget and attention type the largest uniform model under the budget (checked on the device), the
+   largest softmax model; a held-out set of mixed subnets spread over the latencies;
+5. retrain every baseline from scratch (``nas train-subnet``: the same tokens, seed, schedule and data for all);
+6. fit the calibrated ranker on the retrained baselines' *validation* loss (``nas fit-accuracy``);
+7. search with it (``nas search --fitness calibrated:DIR``): each type's largest uniform model opens the first
+   generation; the top candidates and the hurdle cohort are timed on the device; successive halving from scratch
+   (``--hurdles --hurdle-from scratch``) among those that hold picks the found model;
+8. retrain the found models and the held-out mixed set; 9. time every retrained export side by side (one campaign)
+   and score every model on the *test* split, which no search, ranker or training saw;
+10. retrain the found model and the best baseline of each budget at two more seeds and score them.
 
-Writes ``claim.csv``, ``claim.json`` and ``claim.png`` (test bits/byte against measured latency) and
-prints, per budget, the found subnet against the best uniform baseline at equal or lower measured
-latency; the speedup over uniform softmax at equal or better bits/byte; Kendall tau between
-inherited and retrained bits/byte; whether hurdles changed the winner; the share of time the
-largest subnet spends in attention; the wall time.  All figures are on the space's prefill workload
-(ONNX Runtime runs the sparse types' prefill with a dense mask: there the linear and convolutional
-types are where it sees a type's savings).
+Reports (``claim.json``, ``claim.csv``, ``claim.png``): each ranker's Kendall tau against retrained test bits/byte
+on the held-out models (the mixed set and the found models: no ranker was fitted on them), with a bootstrap 95%
+interval; the seed standard deviation; per budget the found model against the best uniform model at or below its
+measured latency, judged with that noise (better / tie within 2 SD / worse); the speedup over uniform softmax at
+equal test bits/byte along the retrained softmax ladder (or the bound, where the ladder never reaches the found
+model); whether every found model holds its budget on the device.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import argparse
 import csv
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -48,19 +52,21 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nas.demo import Stages, budget_from_table, run_stage_command, uniform_subnets  # noqa: E402
+from nas.demo import Stages, budget_from_table, run_stage_command  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_claim")
 PERCENTILES = (25.0, 50.0, 75.0)
+RANKERS = ("calibrated", "inherited", "few-shot split", "parameters", "FLOPs")
 
 
 @dataclass(frozen=True)
 class Plan:
-    """How big each stage is; ``FULL`` fits about two hours on an idle 2-core CPU."""
+    """How big each stage is; ``FULL`` fits about 2.5 hours on an idle 2-core CPU."""
 
-    train_time: str = "30m"
+    train_steps: int = 800  # steps of each supernet (one thread each, the two side by side)
     train_batch: int = 8
+    split_at: float = 0.5
     samples: int = 60  # subnets timed (+ 20% re-measured)
     warmup: int = 2
     repeats: int = 5
@@ -71,31 +77,32 @@ class Plan:
     mutations: int = 9
     crossovers: int = 9
     generations: int = 6
-    val_windows: int = 32  # fitness windows (each as long as the prefill)
-    hurdles: int = 2  # rounds
+    val_windows: int = 32  # fitness windows (each as long as the prefill): the search's and the ranker's
+    hurdles: int = 2  # rounds of successive halving from scratch among the device-verified candidates
     hurdle_candidates: int = 4
-    hurdle_tokens: str = "300K"  # per round
-    # Also the best candidate of each attention type: the 6M-token run found the supernet misjudging whole types
-    # (convmod inherited 3.18 bits/byte, retrained 1.88), so the top 4 by inherited loss never held one.
-    hurdle_per_type: int = 1
+    hurdle_tokens: str = "500K"  # per round (batch retrain_batch x the prefill)
+    verify_top: int = 3
     baseline_checks: int = 2  # largest uniform models per (budget, type) timed on the device
-    # The retraining budget of every model: 6M tokens (1,464 steps of 4 x 1024) takes 1-5 minutes a model here, about
-    # an hour for the ~27 models of long.yaml at two at a time; 1.5M left every model near 3.1 bits/byte, early in training.
-    tokens: str = "6M"
+    heldout_mixed: int = 6  # mixed subnets retrained as held-out models for the rankers
+    # every model's retraining: 4M tokens = 976 steps of 4 x 1024 bytes
+    tokens: str = "4M"
     retrain_batch: int = 4
     retrain_lr: float = 3e-3
     retrain_warmup: int = 30
+    seeds: int = 3  # the found model and the best baseline of each budget
     jobs: int = 2  # retrainings at a time (one thread each)
     test_windows: int = 64
     compare_repeats: int = 7
     compare_rounds: int = 4
+    bootstrap: int = 2000
 
 
 FULL = Plan()
 QUICK = replace(
-    FULL, train_time="40s", train_batch=4, samples=10, repeats=3, rounds=2, min_sample_ms=5.0, population=6, parents=2,
-    mutations=2, crossovers=2, generations=2, val_windows=4, hurdles=1, hurdle_candidates=2, hurdle_tokens="2K",
-    baseline_checks=1, tokens="4K", retrain_batch=4, retrain_warmup=2, test_windows=4, compare_repeats=3, compare_rounds=2,
+    FULL, train_steps=12, train_batch=2, samples=10, repeats=3, rounds=2, min_sample_ms=5.0, population=6, parents=2,
+    mutations=2, crossovers=2, generations=2, val_windows=4, hurdles=1, hurdle_candidates=2, hurdle_tokens="8K",
+    verify_top=2, baseline_checks=1, heldout_mixed=3, tokens="8K", retrain_warmup=2, test_windows=4, compare_repeats=3,
+    compare_rounds=2, bootstrap=200,
 )  # fmt: skip
 
 
@@ -162,18 +169,107 @@ def attention_share(space, threads: int = 1, runs: int = 5) -> dict:
             "top_ops": {k: round(v / total, 4) for k, v in top}}  # fmt: skip
 
 
-def interpolate_latency(curve: list[tuple[float, float]], bpb: float) -> tuple[float | None, str]:
-    """Along (latency, bpb) points of one family, the latency at which it reaches ``bpb`` (linear between points)."""
-    pts = sorted(curve)
-    for (l0, b0), (l1, b1) in zip(pts, pts[1:]):
-        if min(b0, b1) <= bpb <= max(b0, b1) and b0 != b1:
-            return l0 + (l1 - l0) * (b0 - bpb) / (b0 - b1), "interpolated"
-    at_or_worse = [lat for lat, b in pts if b >= bpb]
-    if len(at_or_worse) == len(pts):  # every softmax point is worse: the cheapest of them already is
-        return min(at_or_worse), "every softmax baseline is worse; the fastest of them"
-    if not at_or_worse:
-        return None, "no softmax baseline is as bad; the found model is worse than all of them"
-    return max(at_or_worse), "the slowest softmax baseline that is no better"
+
+
+def lower_envelope(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(latency, bpb) points of a ladder, by latency, each kept only if better than every faster one."""
+    out: list[tuple[float, float]] = []
+    for lat, bpb in sorted(points):
+        if not out or bpb < out[-1][1]:
+            out.append((lat, bpb))
+    return out
+
+
+def speedup(ladder: list[tuple[float, float]], bpb: float, ms: float) -> dict:
+    """How much faster a model of ``bpb`` at ``ms`` is than the ``ladder`` (softmax's retrained (latency, bpb)) at equal
+    bpb: the ladder's latency where its lower envelope reaches ``bpb`` (linear between its points) over ``ms``.  Where
+    no ladder model is as good, the slowest one gives a lower bound ("at least"); where every one is better, the
+    fastest gives an upper bound ("at most")."""
+    env = lower_envelope(ladder)
+    if not env:
+        return {"ratio": None, "bound": None, "how": "no retrained softmax models"}
+    if bpb < env[-1][1]:
+        return {"ratio": env[-1][0] / ms, "bound": "lower", "ladder_ms": env[-1][0],
+                "how": f"no softmax model reaches it; the best, {env[-1][1]:.4f} at {env[-1][0]:.3f} ms, gives a lower bound"}
+    if bpb >= env[0][1]:
+        return {"ratio": env[0][0] / ms, "bound": "upper", "ladder_ms": env[0][0],
+                "how": f"every softmax model is as good; the fastest, {env[0][1]:.4f} at {env[0][0]:.3f} ms, "
+                       "gives an upper bound"}
+    for (l0, b0), (l1, b1) in zip(env, env[1:]):
+        if b1 <= bpb < b0:
+            lat = l0 + (l1 - l0) * (b0 - bpb) / (b0 - b1)
+            return {"ratio": lat / ms, "bound": None, "ladder_ms": lat, "how": f"interpolated: softmax at {lat:.3f} ms"}
+    raise AssertionError((env, bpb))
+
+
+def kendall(a, b) -> float:
+    from scipy.stats import kendalltau
+
+    return float(kendalltau(a, b).statistic) if len(a) > 2 else float("nan")
+
+
+def tau_interval(score: np.ndarray, truth: np.ndarray, reps: int, seed: int) -> tuple[float, float, float]:
+    """Kendall tau of ``score`` against ``truth`` and its bootstrap 95% interval (models resampled with replacement)."""
+    tau = kendall(score, truth)
+    rng = np.random.default_rng(seed)
+    taus = []
+    for _ in range(reps):
+        idx = rng.integers(len(score), size=len(score))
+        if len(set(idx)) > 2:
+            t = kendall(score[idx], truth[idx])
+            if np.isfinite(t):
+                taus.append(t)
+    lo, hi = (np.percentile(taus, [2.5, 97.5]) if taus else (math.nan, math.nan))
+    return tau, float(lo), float(hi)
+
+
+def judge(found: list[float], base: list[float], sd: float) -> str:
+    """better / tie / worse: the difference of the seed means against 2 seed standard deviations."""
+    d = float(np.mean(found) - np.mean(base))
+    if not np.isfinite(sd) or sd == 0:
+        return "better" if d < 0 else ("worse" if d > 0 else "tie")
+    return "better" if d < -2 * sd else ("worse" if d > 2 * sd else "tie")
+
+
+def budgets_of(space, predictor_dir: Path, timings: Path) -> list[float]:
+    """The three budgets: the lowest below every type's largest uniform model, then the 50th and 75th percentiles."""
+    from latency.predictors import load_predictor
+
+    types = space.attention
+    largest = [space.largest(a) for a in types]  # each type's largest uniform model
+    fastest = float(np.min(load_predictor(predictor_dir).predict(largest)))
+    low = min(budget_from_table(timings, PERCENTILES[0]), 0.9 * fastest)
+    mid = max(budget_from_table(timings, PERCENTILES[1]), 1.2 * low)
+    return [low, mid, max(budget_from_table(timings, PERCENTILES[2]), 1.2 * mid)]
+
+
+def mixed_heldout(space, predictor_dir: Path, n: int, seed: int) -> list[Subnet]:
+    """``n`` subnets of at least two attention types, spread over the predicted latencies (quantiles of 400 draws)."""
+    from latency.predictors import load_predictor
+
+    rng = np.random.default_rng([seed, 43])
+    pool = list(dict.fromkeys(s for s in (space.sample(rng) for _ in range(400)) if len(set(s.attention)) > 1))
+    ms = load_predictor(predictor_dir).predict(pool)
+    order = np.argsort(ms, kind="stable")
+    picks = [pool[order[int(round(q * (len(pool) - 1)))]] for q in np.linspace(0.05, 0.95, n)]
+    return list(dict.fromkeys(picks))
+
+
+def wait_quiet(what: str, max_load: float, loads: dict, poll: float = 10.0, calm: int = 3) -> None:
+    """Before a timing stage: wait until the 1-minute load average has stayed under ``max_load`` for ``calm`` polls (the
+    machine is shared: other jobs would distort the times); the loads are kept for the report."""
+    if max_load <= 0:
+        return
+    waited, quiet = 0.0, 0
+    while quiet < calm:
+        load = os.getloadavg()[0]
+        quiet = quiet + 1 if load < max_load else 0
+        if quiet < calm:
+            if waited == 0 or waited % 300 < poll:
+                log.info("%s: waiting for a quiet machine (load %.2f, need < %.2f)", what, load, max_load)
+            time.sleep(poll)
+            waited += poll
+    loads[what] = {"load_before": round(os.getloadavg()[0], 2), "waited_s": waited}
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -189,119 +285,158 @@ def run(args, plan: Plan) -> dict:
     w = space.workload()
     seq = w.seq_len
     stage = Stages(out, log)
+    tokens = parse_tokens(plan.tokens)
+    loads_file = out / "loads.json"
+    loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
+
+    def timed(name: str, fn) -> None:  # a stage whose figures are times: on a quiet machine, the load recorded
+        def go() -> None:
+            wait_quiet(name, args.max_load, loads)
+            fn()
+            loads[name]["load_after"] = round(os.getloadavg()[0], 2)
+            loads_file.write_text(json.dumps(loads, indent=1))
+
+        stage(name, go)
 
     def cli(argv: list[str], ok=(0,)) -> None:
         run_stage_command(nas_main, argv, ok, rerun="the benchmark")
 
-    # 1. supernet
-    ckpt = Path(args.supernet) if args.supernet else out / "supernet" / "latest.pt"
-    if not args.supernet:
-
-        def train() -> None:
-            common = ["--max-time", plan.train_time, "--threads", str(args.threads)]
-            if ckpt.exists():
-                cli(["train-supernet", "--out", str(ckpt.parent), "--resume", *common])
-            else:
-                cli(["train-supernet", str(args.space), "--out", str(ckpt.parent), "--seq-len", str(seq),
-                     "--batch-size", str(plan.train_batch), "--seed", str(args.seed), *common])  # fmt: skip
-
-        stage("train the supernet", train)
+    # 1. the two supernets, side by side
+    supernets = {"shared": out / "supernet" / "latest.pt", "split": out / "supernet-split" / "latest.pt"}
+    stage("train the supernets", lambda: train_supernets(supernets, plan, args, seq))
+    ckpt = supernets["shared"]
 
     # 2. latency on ONNX Runtime, one thread, CPU clock
     timings, predictor = out / "latency" / "timings.csv", out / "predictor"
-    stage("measure latency", lambda: cli([
+    timed("measure latency", lambda: cli([
         "measure-latency", str(args.space), "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
         "--samples", str(plan.samples), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
         "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(args.seed),
         "--out", str(timings)]))  # fmt: skip
     stage("fit the predictor", lambda: cli(["fit-predictor", str(timings), "--out", str(predictor), "--seed", str(args.seed)]))
 
-    # 3. budgets
-    budgets = [budget_from_table(timings, p) for p in PERCENTILES]
-    labels = [f"{b:.3f}ms" for b in budgets]  # as given to --budget; the search's own labels come from search.json below
-    log.info(
-        "budgets: %s (the %s percentiles of the measured latencies)", ", ".join(labels), "/".join(f"{p:g}th" for p in PERCENTILES)
-    )
+    # 3. budgets; 4. baselines and the held-out mixed set
+    budgets = budgets_of(space, predictor, timings)
+    labels = [f"{b:.3f}ms" for b in budgets]
+    log.info("budgets: %s", ", ".join(labels))
+    picks_file = out / "baselines.json"
+    timed("pick baselines", lambda: picks_file.write_text(json.dumps({
+        "baselines": pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed),
+        "heldout": [s.to_dict() for s in mixed_heldout(space, predictor, plan.heldout_mixed, args.seed)]}, indent=1)))
+    picked = json.loads(picks_file.read_text())
+    baselines = {(e["budget"], e["attention"]): Subnet.from_dict(e["subnet"]) for e in picked["baselines"]}
+    heldout = [Subnet.from_dict(d) for d in picked["heldout"]]
 
-    # 4. search, then the same search with hurdles
-    search_dir = out / "search"
-    search = ["search", str(ckpt), "--predictor", str(predictor), "--budget", ",".join(labels),
-              "--population", str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations),
-              "--crossovers", str(plan.crossovers), "--generations", str(plan.generations), "--seq-len", str(seq),
-              "--val-windows", str(plan.val_windows), "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
-              "--verify", "onnxruntime", "--verify-top", "3", "--verify-threads", "1", "--verify-clock", "cpu"]  # fmt: skip
-    stage("search", lambda: cli(search, ok=(0, 1)))
-    hurdle_flags = ["--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates),
-                    "--hurdle-tokens", plan.hurdle_tokens, "--hurdle-per-type", str(plan.hurdle_per_type)]  # fmt: skip
-    no_verify = search[: search.index("--verify")]  # the search's candidates were verified above
-    stage("search with hurdles", lambda: cli([*no_verify, *hurdle_flags], ok=(0, 1)))
-    summary = json.loads((search_dir / "search.json").read_text())
-    labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given
-    assert len(labels) == len(budgets), (labels, budgets)
-    found, found_h = {}, {}
-    for label in labels:
-        verified = search_dir / f"verified_{label}.yaml"
-        best = summary["budgets"].get(label, {}).get("best")
-        path = verified if verified.exists() else (search_dir / best["file"] if best else None)
-        if path is not None:
-            found[label] = Subnet.load(path)
-        hurdled = search_dir / f"hurdles_{label}.yaml"
-        if hurdled.exists():
-            found_h[label] = Subnet.load(hurdled)
-
-    # 5. baselines: the largest uniform model per (budget, type) under the budget by the predictor, checked on the device
-    baselines_file = out / "baselines.json"
-    stage(
-        "pick baselines",
-        lambda: baselines_file.write_text(
-            json.dumps(pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed), indent=1)
-        ),
-    )
-    picked = json.loads(baselines_file.read_text())
-    baselines = {(e["budget"], e["attention"]): Subnet.from_dict(e["subnet"]) for e in picked}
-
-    # 6. retrain from scratch: the same tokens, seed, schedule and data for every model
     models: dict[str, Subnet] = {}
     roles: dict[str, list[str]] = {}
 
     def add(role: str, s: Subnet) -> None:
         models.setdefault(s.key, s)
-        roles.setdefault(s.key, []).append(role)
+        if role not in roles.setdefault(s.key, []):
+            roles[s.key].append(role)
 
-    for label in labels:
-        if label in found:
-            add(f"found@{label}", found[label])
-        if label in found_h:
-            add(f"found+hurdles@{label}", found_h[label])
     for (label, attention), s in baselines.items():
         add(f"uniform {attention}@{label}", s)
-    softmax = [s for s in uniform_subnets(space) if s.attention[0] == space.attention[0]]
-    add(f"uniform {space.attention[0]} (largest)", max(softmax, key=lambda s: (params_of(space, s), s.key)))
+    soft = space.attention[0]
+    add(f"uniform {soft} (largest)", space.largest(soft))
+    calibration = dict(models)  # what the ranker is fitted on: the uniform models, known before the search
     retrain_dir = out / "retrain"
-    tokens = parse_tokens(plan.tokens)
-    log.info(
-        "retraining %d models from scratch, %s tokens each (%d at a time, one thread each)", len(models), f"{tokens:,}", plan.jobs
-    )
     check_token_budget(retrain_dir, models, tokens)
-    stage("retrain", lambda: retrain_all(space, models, retrain_dir, tokens, plan, args))
 
-    # 7. time every retrained export side by side; 8. score on the test split
-    stage(
-        "measure and score",
-        lambda: (out / "measured.json").write_text(
-            json.dumps(measure_and_score(space, ckpt, models, retrain_dir, timings, plan, args.seed), indent=1)
-        ),
-    )
-    measured = json.loads((out / "measured.json").read_text())
+    # 5. retrain the baselines; 6. fit the ranker on their validation loss
+    stage("retrain baselines", lambda: retrain_all(space, calibration, retrain_dir, tokens, plan, args))
+    ranker = out / "ranker"
+    fitness_flags = ["--val-windows", str(plan.val_windows), "--seq-len", str(seq), "--val-seed", "0"]
+    stage("fit the ranker", lambda: cli(["fit-accuracy", str(ckpt), *(str(retrain_dir / k / "model") for k in calibration),
+                                         "--out", str(ranker), "--device", "cpu", *fitness_flags]))
+
+    # 7. the search with the calibrated ranker, verified on the device, hurdles from scratch among what holds
+    search_dir = out / "search"
+    search = ["search", str(ckpt), "--predictor", str(predictor), "--budget", ",".join(labels),
+              "--fitness", f"calibrated:{ranker}", "--population", str(plan.population), "--parents", str(plan.parents),
+              "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
+              *fitness_flags, "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
+              "--verify", "onnxruntime", "--verify-top", str(plan.verify_top), "--verify-threads", "1", "--verify-clock", "cpu",
+              "--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates), "--hurdle-from", "scratch",
+              "--hurdle-batch", str(plan.retrain_batch), "--hurdle-tokens", plan.hurdle_tokens, "--no-progress"]  # fmt: skip
+    timed("search", lambda: cli(search, ok=(0, 1)))  # (its --verify times the candidates)
+    summary = json.loads((search_dir / "search.json").read_text())
+    labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given
+    found = found_subnets(search_dir, labels, summary)
+    for label, s in found.items():
+        add(f"found@{label}", s)
+    for s in heldout:
+        add("held-out mixed", s)
+
+    # 8. retrain the found models and the held-out set; 9. time everything side by side, score on the test split
+    stage("retrain found and held-out", lambda: retrain_all(space, models, retrain_dir, tokens, plan, args))
+    measured_file = out / "measured.json"
+    timed("measure and score", lambda: measured_file.write_text(json.dumps(
+        measure_and_score(space, supernets, ranker, models, retrain_dir, timings, plan, args.seed), indent=1)))
+    measured = json.loads(measured_file.read_text())
+
+    # 10. seeds: the found model and the best baseline at or below its latency, per budget
+    pairs = seed_pairs(labels, models, roles, measured)
+    seeded = sorted({k for pair in pairs.values() for k in pair if k})
+    jobs = {f"{k}-s{s}": (models[k], s) for k in seeded for s in range(1, plan.seeds)}
+    stage("retrain seeds", lambda: retrain_all(space, {n: m for n, (m, _) in jobs.items()}, retrain_dir, tokens, plan, args,
+                                                seeds={n: args.seed + s for n, (_, s) in jobs.items()}))
+    seeds_file = out / "seeds.json"
+    stage("score seeds", lambda: seeds_file.write_text(json.dumps(score_seeds(space, ckpt, jobs, retrain_dir, plan, args.seed),
+                                                                   indent=1)))
     share_file = out / "attention_share.json"
     stage("attention share", lambda: share_file.write_text(json.dumps(attention_share(space), indent=1)))
 
-    result = report(space, labels, budgets, models, roles, measured, json.loads(share_file.read_text()), plan, tokens, out)
+    result = report(space, labels, budgets, models, roles, calibration, measured, json.loads(seeds_file.read_text()),
+                    pairs, json.loads(share_file.read_text()), summary, plan, tokens, out, args.seed)
     result["stage_seconds"] = stage.all_seconds()
+    result["loads"] = loads  # the 1-minute load average before and after each timing stage
     result["wall_seconds_this_run"] = round(time.perf_counter() - t_start, 1)
     result["plan"] = asdict(plan)
     (out / "claim.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def train_supernets(paths: dict[str, Path], plan: Plan, args, seq: int) -> None:
+    """Both supernets at once, one thread each (``nas train-supernet`` in a subprocess; a started one resumes)."""
+
+    def one(name: str, ckpt: Path) -> None:
+        d = ckpt.parent
+        if (d / "final.pt").exists():
+            return
+        common = ["--max-steps", str(plan.train_steps), "--threads", "1", "-q"]
+        if ckpt.exists():
+            cmd = ["train-supernet", "--out", str(d), "--resume", *common]
+        else:
+            split = ["--split", "families", "--split-at", str(plan.split_at)] if name == "split" else []
+            cmd = ["train-supernet", str(args.space), "--out", str(d), "--seq-len", str(seq), "--batch-size",
+                   str(plan.train_batch), "--seed", str(args.seed), "--balance", "types", *split, *common]  # fmt: skip
+        d.mkdir(parents=True, exist_ok=True)
+        log.info("supernet %s: nas %s", name, " ".join(cmd))
+        with open(d.parent / f"{d.name}.log", "a") as f:
+            proc = subprocess.run([sys.executable, "-m", "nas.cli", *cmd], stdout=f, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if proc.returncode != 0:
+            raise UserError(f"training the {name} supernet failed (exit {proc.returncode}); see {d.parent / (d.name + '.log')}")
+
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        list(pool.map(lambda kv: one(*kv), paths.items()))
+
+
+def found_subnets(search_dir: Path, labels: list[str], summary: dict) -> dict[str, Subnet]:
+    """Per budget: the hurdles' winner (trained from scratch among the device-verified candidates), else the verified
+    subnet, else the search's best by the predictor."""
+    out = {}
+    for label in labels:
+        for name in (f"hurdles_{label}.yaml", f"verified_{label}.yaml"):
+            if (search_dir / name).exists():
+                out[label] = Subnet.load(search_dir / name)
+                break
+        else:
+            best = summary["budgets"].get(label, {}).get("best")
+            if best:
+                out[label] = Subnet.load(search_dir / best["file"])
+    return out
 
 
 def params_of(space, subnet: Subnet) -> int:
@@ -319,7 +454,7 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     from latency.table import read_timings
     from latency.timing_core import Settings
 
-    uniform = uniform_subnets(space)
+    uniform = space.uniform()
     table = read_timings(timings)
     fp = table.fingerprint
     device = get_device("onnxruntime", threads=fp.get("threads") or 1, clock=fp.get("clock", "cpu"))
@@ -376,25 +511,28 @@ def check_token_budget(root: Path, models: dict[str, Subnet], tokens: int) -> No
                         f"{tokens:,}: give --tokens {other[0]} to report that run, or another --out for a new one")
 
 
-def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan: Plan, args) -> None:
-    """``nas train-subnet`` for every model not yet done (resuming a started one), ``plan.jobs`` at a time."""
+def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan: Plan, args,
+                seeds: dict[str, int] | None = None) -> None:
+    """``nas train-subnet`` for every model not yet done (resuming a started one), ``plan.jobs`` at a time; ``models``:
+    folder name -> subnet, ``seeds``: folder name -> seed (default the run's)."""
     root.mkdir(parents=True, exist_ok=True)
 
-    def one(key: str, subnet: Subnet) -> None:
-        d = root / key
+    def one(name: str, subnet: Subnet) -> None:
+        d = root / name
         if (d / "model" / "model_card.json").exists() and (d / "model" / "model.onnx").exists():
             return
         d.mkdir(parents=True, exist_ok=True)
         spec = d / "subnet.yaml"
         spec.write_text(subnet.to_yaml())
+        seed = (seeds or {}).get(name, args.seed)
         cmd = [sys.executable, "-m", "nas.cli", "train-subnet", str(spec), "--space", str(args.space), "--out", str(d / "model"),
                "--init", "scratch", "--tokens", str(tokens), "--seq-len", str(space.workload().seq_len),
                "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--warmup", str(plan.retrain_warmup),
-               "--seed", str(args.seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4",
+               "--seed", str(seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4",
                "--ckpt-interval", "50", "-q"]  # fmt: skip
         if (d / "model" / "train" / "latest.pt").exists():
             cmd.append("--resume")
-        log.info("retrain %s %s", key, subnet)
+        log.info("retrain %s (seed %d) %s", name, seed, subnet)
         with open(d / "log.txt", "a") as f:
             proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0:
@@ -404,18 +542,38 @@ def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan:
         list(pool.map(lambda kv: one(*kv), models.items()))
 
 
-def measure_and_score(space, ckpt: Path, models: dict[str, Subnet], root: Path, timings: Path, plan: Plan, seed: int) -> dict:
-    """Every retrained export timed side by side (one campaign); test bits/byte with retrained and inherited weights."""
+def test_windows(ckpt: Path, plan: Plan, seed: int):
+    """The test split's fixed windows (as long as the prefill) of the supernet's corpus: what every model is scored on."""
+    from supernet.checkpoint import load_checkpoint
+    from supernet.data import prepare_corpus
+    from supernet.heldout import HeldOut
+
+    payload = load_checkpoint(ckpt)
+    meta, space = payload["meta"], payload["space"]
+    corpus = prepare_corpus(meta["data"], ckpt.resolve().parent, meta["data_seed"], meta["val_fraction"])
+    seq = space.workload().seq_len
+    if len(corpus.test) <= seq:
+        raise UserError(f"{ckpt}: its corpus has no test split long enough for a window of {seq} bytes")
+    rng = np.random.default_rng(seed + 7)
+    starts = np.sort(rng.choice(len(corpus.test) - seq, size=min(plan.test_windows, len(corpus.test) - seq), replace=False))
+    return HeldOut(corpus.test, starts, seq), int(len(corpus.test))
+
+
+def measure_and_score(space, supernets: dict[str, Path], ranker: Path, models: dict[str, Subnet], root: Path, timings: Path,
+                      plan: Plan, seed: int) -> dict:
+    """Every retrained export timed side by side (one campaign); test bits/byte of the retrained models; every ranker's
+    score (on the search's validation windows, as the search sees them)."""
     import torch
 
     from latency.device import get_device
+    from latency.features import flops
     from latency.protocol import measure
     from latency.table import read_timings
     from latency.timing_core import Settings
+    from nas.search import inherited_fitness
+    from nas.search.calibrated import load_ranker
     from supernet.artifact import load_model
     from supernet.checkpoint import load_supernet
-    from supernet.data import prepare_corpus
-    from supernet.heldout import HeldOut
 
     statics = {key: load_model(root / key / "model").eval() for key in models}
     files = {id(m): root / key / "model" / "model.onnx" for key, m in statics.items()}
@@ -426,16 +584,18 @@ def measure_and_score(space, ckpt: Path, models: dict[str, Subnet], root: Path, 
         warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms
     )
     m = measure(device, statics, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
-
-    supernet, payload = load_supernet(ckpt, device="cpu")
-    meta = payload["meta"]
-    corpus = prepare_corpus(meta["data"], ckpt.resolve().parent, meta["data_seed"], meta["val_fraction"])
-    if len(corpus.test) == 0:
-        raise UserError(f"{ckpt}: its corpus has no test split (too few documents)")
+    test, test_bytes = test_windows(supernets["shared"], plan, seed)
     seq = space.workload().seq_len
-    rng = np.random.default_rng(seed + 7)
-    starts = np.sort(rng.choice(len(corpus.test) - seq, size=min(plan.test_windows, len(corpus.test) - seq), replace=False))
-    test = HeldOut(corpus.test, starts, seq)
+    inherited = {}
+    for name, path in supernets.items():  # the search's fitness windows, with each supernet's weights
+        net, payload = load_supernet(path, device="cpu")
+        fit, _ = inherited_fitness(path, net, payload, seq_len=seq, windows=plan.val_windows, batch_size=16, val_seed=0,
+                                   device="cpu")
+        inherited[name] = dict(zip(models, (float(x) for x in fit(list(models.values())))))
+    calibrated = load_ranker(ranker)
+    n_params = {k: params_of(space, s) for k, s in models.items()}
+    predicted = dict(zip(models, (float(x) for x in calibrated.predict(
+        space, list(models.values()), [inherited["shared"][k] for k in models], [n_params[k] for k in models]))))
     out = {}
     with torch.no_grad():
         for key, s in models.items():
@@ -443,148 +603,201 @@ def measure_and_score(space, ckpt: Path, models: dict[str, Subnet], root: Path, 
                 "measured_ms": m.results[key].median_ms,
                 "iqr_ms": m.results[key].iqr_ms,
                 "test_bpb": test.bits(statics[key], mixed_precision=False),
-                "inherited_test_bpb": test.bits(supernet, s, mixed_precision=False),
+                "val_bpb": json.loads((root / key / "model" / "model_card.json").read_text()).get("validation", {}).get(
+                    "bits_per_byte"),
+                "scores": {"calibrated": predicted[key], "inherited": inherited["shared"][key],
+                           "few-shot split": inherited["split"][key], "parameters": -float(n_params[key]),
+                           "FLOPs": -flops(space, s, space.workload())},
+                "params": n_params[key],
                 "card": str(root / key / "model" / "model_card.json"),
             }
-    return {"test": {"windows": len(starts), "seq_len": seq, "tokens": test.tokens, "bytes_in_split": int(len(corpus.test))},
-            "models": out}  # fmt: skip
+    return {"test": {"windows": len(test.starts) if hasattr(test, "starts") else plan.test_windows, "seq_len": seq,
+                     "tokens": test.tokens, "bytes_in_split": test_bytes},
+            "ranker": {"kind": calibrated.kind, "report": calibrated.report}, "models": out}  # fmt: skip
 
 
-def report(space, labels, budgets, models, roles, measured, share, plan: Plan, tokens: int, out: Path) -> dict:
-    from scipy.stats import kendalltau
+def seed_pairs(labels: list[str], models: dict[str, Subnet], roles: dict[str, list[str]], measured: dict) -> dict:
+    """Per budget: (the found model's key, the best uniform baseline's key at or below its measured latency, by seed 0)."""
+    rows = measured["models"]
+    out = {}
+    for label in labels:
+        mine = [k for k in models if f"found@{label}" in roles[k]]
+        if not mine:
+            continue
+        me = mine[0]
+        base = [k for k in models if k != me and any(r.startswith("uniform") and r.endswith(f"@{label}") for r in roles[k])]
+        base += [k for k in models if k != me and k not in base and any(r.startswith("uniform") and "(largest)" in r
+                                                                         for r in roles[k])]
+        at_or_below = [k for k in base if rows[k]["measured_ms"] <= rows[me]["measured_ms"]]
+        best = min(at_or_below, key=lambda k: rows[k]["test_bpb"]) if at_or_below else None
+        out[label] = (me, best)
+    return out
+
+
+def score_seeds(space, ckpt: Path, jobs: dict, root: Path, plan: Plan, seed: int) -> dict:
+    """Test bits/byte of the models retrained at the other seeds: {folder name: {key, seed, test_bpb}}."""
+    import torch
+
+    from supernet.artifact import load_model
+
+    test, _ = test_windows(ckpt, plan, seed)
+    out = {}
+    with torch.no_grad():
+        for name, (subnet, s) in jobs.items():
+            model = load_model(root / name / "model").eval()
+            out[name] = {"key": subnet.key, "seed": seed + s, "test_bpb": test.bits(model, mixed_precision=False)}
+    return out
+
+
+def report(space, labels, budgets, models, roles, calibration, measured, seeds, pairs, share, summary, plan: Plan,
+           tokens: int, out: Path, seed: int) -> dict:
+    rows_by_key = measured["models"]
+    per_seed: dict[str, list[float]] = {k: [r["test_bpb"]] for k, r in rows_by_key.items()}
+    for entry in seeds.values():
+        per_seed[entry["key"]].append(entry["test_bpb"])
+    seeded = {k: v for k, v in per_seed.items() if len(v) > 1}
+    seed_sd = float(np.sqrt(np.mean([np.var(v, ddof=1) for v in seeded.values()]))) if seeded else math.nan
+
+    def mean_bpb(k: str) -> float:
+        return float(np.mean(per_seed[k]))
 
     rows = []
     for key, s in models.items():
-        r = measured["models"][key]
-        rows.append({"key": key, "roles": ";".join(roles[key]), "subnet": str(s), "params": params_of(space, s),
-                     "attention": ",".join(dict.fromkeys(s.attention)), **r})  # fmt: skip
+        r = rows_by_key[key]
+        rows.append({"key": key, "roles": ";".join(roles[key]), "subnet": str(s), "params": r["params"],
+                     "attention": ",".join(dict.fromkeys(s.attention)), "measured_ms": r["measured_ms"], "iqr_ms": r["iqr_ms"],
+                     "test_bpb": r["test_bpb"], "test_bpb_mean": mean_bpb(key), "seeds": len(per_seed[key]),
+                     "val_bpb": r["val_bpb"], "in_ranker_fit": key in calibration,
+                     **{f"score:{n}": r["scores"][n] for n in RANKERS}})  # fmt: skip
     with open(out / "claim.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
         wr.writerows(rows)
-    by_key = {r["key"]: r for r in rows}
+
+    # rankers: tau against retrained test bits/byte, on the models no ranker was fitted on
+    held = [r for r in rows if not r["in_ranker_fit"]]
+    truth = np.array([r["test_bpb"] for r in held])
+    rankers, rankers_all = {}, {}
+    for name in RANKERS:
+        tau, lo, hi = tau_interval(np.array([r[f"score:{name}"] for r in held]), truth, plan.bootstrap, seed)
+        rankers[name] = {"tau": tau, "ci_low": lo, "ci_high": hi, "n": len(held)}
+        rankers_all[name] = {"tau": kendall([r[f"score:{name}"] for r in rows], [r["test_bpb"] for r in rows]), "n": len(rows)}
     w = space.workload()
-    lines = [f"the claim on space {space.name!r}, {w} on ONNX Runtime (1 thread, CPU clock); every model retrained from scratch "
-             f"on {tokens:,} tokens (same seed, schedule, data); test split: {measured['test']['windows']} windows x "
-             f"{measured['test']['seq_len']} bytes"]  # fmt: skip
-    verdicts = {}
+    lines = [f"the claim on space {space.name!r}, {w} on ONNX Runtime (1 thread, CPU clock); every model retrained from "
+             f"scratch on {tokens:,} tokens (same schedule and data); the found model and the best baseline of each budget "
+             f"at {plan.seeds} seeds; test split: {measured['test']['windows']} windows x {measured['test']['seq_len']} bytes",
+             f"\nrankers, Kendall tau against retrained test bits/byte on {len(held)} held-out models (no ranker was fitted "
+             "on them), bootstrap 95% interval; beside it over all models:"]  # fmt: skip
+    for name, r in rankers.items():
+        default = "  (the search's ranker)" if name == "calibrated" else ""
+        lines.append(f"  {name:16} {r['tau']:+.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]   all {len(rows)}: "
+                     f"{rankers_all[name]['tau']:+.3f}{default}")
+    fit = measured["ranker"]
+    lines.append(f"  calibrated ranker: {fit['kind']} features, fitted on {len(calibration)} retrained uniform models "
+                 f"(leave-one-out MAE {fit['report']['candidates'][fit['kind']]['loo_mae']:.3f})")
+    lines.append(f"\nseed standard deviation of test bits/byte (pooled over {len(seeded)} models x {plan.seeds} seeds): "
+                 f"{seed_sd:.4f}")
+    by_key = {r["key"]: r for r in rows}
+    entries, speed = [], []
+    ladder = [(r["measured_ms"], r["test_bpb"]) for r in rows if r["attention"] == space.attention[0]
+              and any(x.startswith(f"uniform {space.attention[0]}") for x in r["roles"].split(";"))]
     for label, budget in zip(labels, budgets):
-        mine = [r for r in rows if f"found@{label}" in r["roles"].split(";")]
-        if not mine:
+        if label not in pairs:
             lines.append(f"\nbudget {label}: the search found nothing")
             continue
-        me = mine[0]
-        base = [
-            r
-            for r in rows
-            if r is not me and any(x.startswith("uniform") and x.endswith(f"@{label}") for x in r["roles"].split(";"))
-        ]
-        at_or_below = [r for r in base if r["measured_ms"] <= me["measured_ms"]]
-        best = min(at_or_below, key=lambda r: r["test_bpb"]) if at_or_below else None
-        ok = all(me["test_bpb"] < r["test_bpb"] for r in at_or_below)
-        verdicts[label] = {"found": me["key"], "found_bpb": me["test_bpb"], "found_ms": me["measured_ms"],
-                           "baselines_at_or_below": len(at_or_below), "beats_all": ok,
-                           "best_baseline": best["key"] if best else None}  # fmt: skip
-        pct = PERCENTILES[labels.index(label)]
-        lines.append(f"\nbudget {label} (the {pct:g}th percentile of the measured latencies):")
-        lines.append(f"  {'model':34} {'test bpb':>9} {'measured':>10} {'inherited':>9}  subnet")
+        me_key, best_key = pairs[label]
+        me = by_key[me_key]
+        within = me["measured_ms"] <= budget * 1.02
+        lines.append(f"\nbudget {label}: found {me['subnet']}")
+        lines.append(f"  {'model':36} {'test bpb':>9} {'+-seeds':>8} {'measured':>10}  subnet")
 
-        def tag(r: dict) -> str:  # the model's role at this budget
-            return "found" if r is me else next(x for x in r["roles"].split(";") if x.endswith(f"@{label}")).split("@")[0]
+        def line(tag: str, r: dict) -> str:
+            v = per_seed[r["key"]]
+            spread = f"{np.std(v, ddof=1):.4f}" if len(v) > 1 else "-"
+            return f"  {tag:36} {np.mean(v):>9.4f} {spread:>8} {r['measured_ms']:>8.3f}ms  {r['subnet']}"
 
-        for r in [me] + sorted(base, key=lambda r: r["measured_ms"]):
-            lines.append(
-                f"  {tag(r):34} {r['test_bpb']:>9.4f} {r['measured_ms']:>8.3f}ms {r['inherited_test_bpb']:>9.4f}  {r['subnet']}"
-            )
-        if best is None:
+        lines.append(line("found", me))
+        base = sorted((r for r in rows if r is not me and any(x.startswith("uniform") and (x.endswith(f"@{label}") or
+                       "(largest)" in x) for x in r["roles"].split(";"))), key=lambda r: r["measured_ms"])  # fmt: skip
+        for r in base:
+            lines.append(line(next(x for x in r["roles"].split(";") if x.startswith("uniform")).split("@")[0], r))
+        entry = {"budget_ms": budget, "label": label, "within_budget": within,
+                 "found": {"subnet": me["subnet"], "key": me_key, "test_bpb": mean_bpb(me_key),
+                           "test_bpb_seeds": per_seed[me_key], "measured_ms": me["measured_ms"]}}  # fmt: skip
+        if best_key is None:
+            entry.update(verdict="no baseline at or below", best_uniform=None)
             lines.append("  no uniform baseline measured at or below the found model's latency")
         else:
-            worse = f"NOT lower than all (best: {tag(best)}, {best['test_bpb']:.4f} at {best['measured_ms']:.3f} ms)"
-            lines.append(
-                f"  found vs the {len(at_or_below)} baselines at equal or lower measured latency: "
-                + ("LOWER bits/byte than all" if ok else worse)
-            )
-        hurdled = [r for r in rows if f"found+hurdles@{label}" in r["roles"].split(";")]
-        if hurdled:
-            h = hurdled[0]
-            same = h["key"] == me["key"]
-            over = h["measured_ms"] > budget  # the hurdle stage ranks the search's candidates by the predictor alone
-            verdicts[label]["hurdles"] = {"changed": not same, "bpb": h["test_bpb"], "delta": h["test_bpb"] - me["test_bpb"],
-                                          "measured_ms": h["measured_ms"], "over_budget": over}  # fmt: skip
-            lines.append(
-                "  hurdles: "
-                + (
-                    "kept the same winner"
-                    if same
-                    else f"another winner, {h['test_bpb']:.4f} bits/byte ({h['test_bpb'] - me['test_bpb']:+.4f}), "
-                    f"{h['measured_ms']:.3f} ms" + (" (over the budget as measured)" if over else "")
-                )
-            )
-    # speedup over uniform softmax at equal or better bpb
-    soft = space.attention[0]
-    curve = [
-        (r["measured_ms"], r["test_bpb"])
-        for r in rows
-        if r["attention"] == soft and any(x.startswith(f"uniform {soft}") for x in r["roles"].split(";"))
-    ]
-    speedups = {}
-    lines.append(f"\nspeedup over uniform {soft} at equal or better bits/byte (its {len(curve)} retrained baselines):")
-    for label in labels:
-        if label not in verdicts:
-            continue
-        me = by_key[verdicts[label]["found"]]
-        lat, how = interpolate_latency(curve, me["test_bpb"]) if curve else (None, "no softmax baselines")
-        speedups[label] = None if lat is None else lat / me["measured_ms"]
-        lines.append(
-            f"  {label}: "
-            + (
-                f"{speedups[label]:.2f}x ({how}: {soft} at {lat:.3f} ms vs found {me['measured_ms']:.3f} ms)"
-                if lat is not None
-                else how
-            )
-        )
-    inh, ret = [r["inherited_test_bpb"] for r in rows], [r["test_bpb"] for r in rows]
-    tau = float(kendalltau(inh, ret).statistic) if len(rows) > 2 else float("nan")
-    lines.append(f"\nKendall tau, inherited vs retrained test bits/byte over {len(rows)} models: {tau:.3f}")
+            b = by_key[best_key]
+            verdict = judge(per_seed[me_key], per_seed[best_key], seed_sd)
+            d = mean_bpb(me_key) - mean_bpb(best_key)
+            entry.update(verdict=verdict, difference=d, best_uniform={
+                "subnet": b["subnet"], "key": best_key, "test_bpb": mean_bpb(best_key), "test_bpb_seeds": per_seed[best_key],
+                "measured_ms": b["measured_ms"]})  # fmt: skip
+            lines.append(f"  verdict: {verdict.upper()} than the best uniform model at or below its latency "
+                         f"({b['subnet']}, {b['measured_ms']:.3f} ms): {d:+.4f} bits/byte, 2 seed SD = {2 * seed_sd:.4f}")
+        lines.append(f"  measured {me['measured_ms']:.3f} ms against the budget {budget:.3f} ms: "
+                     + ("within (+2% at most)" if within else "OVER the budget by more than 2%"))
+        sp = speedup(ladder, mean_bpb(me_key), me["measured_ms"])
+        speed.append({"budget_ms": budget, "ratio": sp["ratio"], "bound": sp["bound"], "how": sp["how"]})
+        if sp["ratio"] is not None:
+            word = {"lower": "at least ", "upper": "at most "}.get(sp["bound"], "")
+            lines.append(f"  speedup over uniform softmax at equal test bits/byte: {word}{sp['ratio']:.2f}x ({sp['how']})")
+        entries.append(entry)
+    hurdles = (summary.get("hurdles") or {}).get("budgets", {})
+    for label, h in hurdles.items():
+        best = h.get("best") or {}
+        lines.append(f"hurdles {label}: winner {Subnet.from_dict(best['subnet']) if best else None}, trained "
+                     f"{best.get('trained_bpb', math.nan):.4f} bits/byte (validation windows), round {best.get('round')}")
     lines.append(f"largest subnet {share['subnet']}: {share['attention_share']:.1%} of ONNX Runtime's node time in Attention "
                  f"(top ops: {', '.join(f'{k} {v:.0%}' for k, v in share['top_ops'].items())})")  # fmt: skip
-    plot(rows, labels, budgets, soft, out / "claim.png")
+    plot(rows, per_seed, labels, budgets, space.attention[0], rankers, out / "claim.png")
     text = "\n".join(lines)
     print(text)
-    return {"verdicts": verdicts, "speedup_over_softmax": speedups, "kendall_tau": tau, "attention_share": share,
-            "tokens_per_model": tokens, "rows": rows, "text": text}  # fmt: skip
+    return {"rankers": rankers, "rankers_all_models": rankers_all, "seed_sd": seed_sd, "budgets": entries,
+            "speedup_vs_softmax": speed, "attention_share": share, "tokens_per_model": tokens, "rows": rows,
+            "test": measured["test"], "text": text}  # fmt: skip
 
 
-def plot(rows, labels, budgets, soft: str, path: Path) -> None:
+def plot(rows, per_seed, labels, budgets, soft: str, rankers: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    types = sorted({r["attention"] for r in rows if "uniform" in r["roles"]})
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5), gridspec_kw={"width_ratios": [2.2, 1]})
+    types = sorted({r["attention"] for r in rows if "uniform" in r["roles"] and "," not in r["attention"]})
     cmap = plt.get_cmap("tab20")
     for i, t in enumerate(types):
-        pts = [
-            (r["measured_ms"], r["test_bpb"])
-            for r in rows
-            if r["attention"] == t and "uniform" in r["roles"] and "found" not in r["roles"]
-        ]
+        pts = [r for r in rows if r["attention"] == t and "uniform" in r["roles"] and "found" not in r["roles"]]
         if pts:
-            ax.scatter(*zip(*pts), marker="o", s=30, color=cmap(i % 20), label=f"uniform {t}")
-    for role, marker, name in (("found@", "*", "found"), ("found+hurdles@", "D", "found + hurdles")):
-        pts = [(r["measured_ms"], r["test_bpb"]) for r in rows if any(x.startswith(role) for x in r["roles"].split(";"))]
-        if pts:
-            ax.scatter(*zip(*pts), marker=marker, s=160 if marker == "*" else 60, color="black", label=name, zorder=3)
+            ax.errorbar([r["measured_ms"] for r in pts], [np.mean(per_seed[r["key"]]) for r in pts],
+                        yerr=[np.std(per_seed[r["key"]], ddof=1) if len(per_seed[r["key"]]) > 1 else 0 for r in pts],
+                        fmt="o", ms=5, color=cmap(i % 20), label=f"uniform {t}", capsize=2)  # fmt: skip
+    held = [r for r in rows if r["roles"] == "held-out mixed"]
+    if held:
+        ax.scatter([r["measured_ms"] for r in held], [r["test_bpb"] for r in held], marker="x", color="grey",
+                   label="held-out mixed (ranker test)")
+    found = [r for r in rows if "found@" in r["roles"]]
+    if found:
+        ax.errorbar([r["measured_ms"] for r in found], [np.mean(per_seed[r["key"]]) for r in found],
+                    yerr=[np.std(per_seed[r["key"]], ddof=1) if len(per_seed[r["key"]]) > 1 else 0 for r in found],
+                    fmt="*", ms=14, color="black", label="found (mean of seeds, +-1 SD)", capsize=3, zorder=3)
     for b in budgets:
         ax.axvline(b, color="grey", linestyle=":", linewidth=1)
-    ax.set(
-        xlabel="measured latency, ms (ONNX Runtime, 1 thread)",
-        ylabel="test bits/byte (retrained)",
-        title="found vs hand-scaled, retrained",
-    )
+    ax.set(xlabel="measured latency, ms (ONNX Runtime, 1 thread, CPU clock)", ylabel="test bits/byte (retrained from scratch)",
+           title="found vs hand-scaled, every model retrained; dotted: budgets")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=7, loc="upper right")
+    names = list(rankers)
+    taus = [rankers[n]["tau"] for n in names]
+    err = [[t - rankers[n]["ci_low"] for n, t in zip(names, taus)], [rankers[n]["ci_high"] - t for n, t in zip(names, taus)]]
+    bx.barh(names, taus, xerr=err, color=["black" if n == "calibrated" else "grey" for n in names], capsize=3)
+    bx.axvline(0.7, color="red", linestyle="--", linewidth=1, label="target 0.7")
+    bx.set(xlim=(-1, 1), xlabel="Kendall tau vs retrained test bits/byte",
+           title=f"rankers on {rankers[names[0]]['n']} held-out models (95% bootstrap)")
+    bx.legend(fontsize=7)
+    bx.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -594,19 +807,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (resumable: run again to continue)")
     p.add_argument("--space", default="long", help="space name or YAML (default long)")
-    p.add_argument("--supernet", help="a trained supernet checkpoint of the space (skips training)")
     p.add_argument("--quick", action="store_true", help="the whole path in minutes (tiny budgets; for the test)")
-    p.add_argument("--tokens", help="retraining tokens per model (default: the plan's, 6M; quick 4K)")
-    p.add_argument("--train-time", help="supernet training time (default 30m)")
-    p.add_argument("--threads", type=int, default=2, help="threads for supernet training (default 2)")
+    p.add_argument("--tokens", help="retraining tokens per model (default: the plan's, 4M; quick 8K)")
+    p.add_argument("--train-steps", type=int, help="steps of each supernet (default 900; quick 12)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-load", type=float, default=1.6,
+                   help="timing stages wait until the 1-minute load average stays under this (0: do not wait; default 1.6)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     plan = QUICK if args.quick else FULL
     if args.tokens:
         plan = replace(plan, tokens=args.tokens)
-    if args.train_time:
-        plan = replace(plan, train_time=args.train_time)
+    if args.train_steps:
+        plan = replace(plan, train_steps=args.train_steps)
     t0 = time.perf_counter()
     try:
         run(args, plan)

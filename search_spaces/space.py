@@ -12,6 +12,7 @@ of the space it came from; ``space.check(subnet)`` says whether it belongs.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -355,15 +356,24 @@ class Space(SpaceIdentity):
 
     # -- members ------------------------------------------------------------------
 
-    def largest(self) -> Subnet:
-        """Widest and deepest subnet; every layer uses the first listed attention type."""
-        d = self.max_depth
-        return Subnet(self.max_embed_dim, d, (self.max_heads,) * d, (self.max_ffn_dim,) * d, (self.attention[0],) * d)
+    def largest(self, attention: str | None = None) -> Subnet:
+        """Widest and deepest subnet; every layer uses ``attention`` (default: the first listed type)."""
+        d, a = self.max_depth, self._type_or_first(attention)
+        return Subnet(self.max_embed_dim, d, (self.max_heads,) * d, (self.max_ffn_dim,) * d, (a,) * d)
 
-    def smallest(self) -> Subnet:
-        """Narrowest and shallowest subnet; every layer uses the first listed attention type."""
-        d = min(self.depth)
-        return Subnet(min(self.embed_dim), d, (min(self.heads),) * d, (min(self.ffn_dim),) * d, (self.attention[0],) * d)
+    def smallest(self, attention: str | None = None) -> Subnet:
+        """Narrowest and shallowest subnet; every layer uses ``attention`` (default: the first listed type)."""
+        d, a = min(self.depth), self._type_or_first(attention)
+        return Subnet(min(self.embed_dim), d, (min(self.heads),) * d, (min(self.ffn_dim),) * d, (a,) * d)
+
+    def _type_or_first(self, attention: str | None) -> str:
+        assert attention is None or attention in self.attention, (attention, self.attention)
+        return self.attention[0] if attention is None else attention
+
+    def uniform(self) -> list[Subnet]:
+        """Every hand-scaled Transformer of the space: all layers the same heads, FFN width and attention type."""
+        grid = itertools.product(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention)
+        return [Subnet(e, d, (h,) * d, (f,) * d, (a,) * d) for e, d, h, f, a in grid]
 
     def sample(self, rng: np.random.Generator) -> Subnet:
         """Draw each choice uniformly and independently (depth first, then every layer)."""

@@ -110,7 +110,8 @@ def load_supernet(
     """The supernet stored in ``path`` (the model of its space's task: a :class:`SuperTransformer` for a one-stack
     space; eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
-    model = tasks.of(payload["space"]).supernet(payload["space"])
+    split = any(".attn.fam." in name for name in payload["model"])  # a --split families run: Q/K/V/O per family too
+    model = tasks.of(payload["space"]).supernet(payload["space"], **({"split_families": True} if split else {}))
     return fill_supernet(model, payload, path, device), payload
 
 

@@ -125,13 +125,29 @@ class _Weights(nn.Module):
         self.w = nn.ParameterDict({n: nn.Parameter(torch.empty(s)) for n, s in shapes.items()})
 
 
+class Projections(nn.Module):
+    """Q/K/V/O at max size (``heads`` x head_dim of them are active)."""
+
+    def __init__(self, max_embed_dim: int, width: int):
+        super().__init__()
+        self.q = nn.Linear(max_embed_dim, width)
+        self.k = nn.Linear(max_embed_dim, width)
+        self.v = nn.Linear(max_embed_dim, width)
+        self.o = nn.Linear(width, max_embed_dim)
+
+
+PROJECTIONS = ("q", "k", "v", "o")
+
+
 class ElasticAttention(nn.Module):
     """Q/K/V/O projections at max size (``heads`` x head_dim of them are active) and each attention
-    kind's own weights at max size (``mix.<kind>``)."""
+    kind's own weights at max size (``mix.<kind>``).  With ``families`` (a ``--split families`` supernet),
+    also one set of Q/K/V/O per attention family (``fam.<family>``), which a layer uses once ``split`` is
+    passed True (:meth:`SuperTransformer.split_families`); the shared ones serve before that."""
 
     def __init__(
         self, max_embed_dim: int, max_heads: int, head_dim: int, mix_shapes: dict[str, dict[str, tuple[int, ...]]],
-        max_seq_len: int | None = None,
+        max_seq_len: int | None = None, families: tuple[str, ...] = (),
     ):
         super().__init__()
         width = max_heads * head_dim
@@ -141,30 +157,45 @@ class ElasticAttention(nn.Module):
         self.v = nn.Linear(max_embed_dim, width)
         self.o = nn.Linear(width, max_embed_dim)
         self.mix = nn.ModuleDict({kind: _Weights(shapes) for kind, shapes in mix_shapes.items()})
+        self.fam = nn.ModuleDict({f: Projections(max_embed_dim, width) for f in families}) if families else None
 
     def mix_params(self):
         return [(REGISTRY[kind], n, p) for kind, m in self.mix.items() for n, p in m.w.items()]
 
-    def slices(self, e: int, layer: LayerChoice) -> tuple:
+    def projections(self, family: str, split: bool) -> nn.Module:
+        """The module whose q, k, v, o a layer of ``family`` uses: its family's once split, else the shared ones."""
+        return self.fam[family] if split else self
+
+    @torch.no_grad()
+    def split_families(self) -> None:
+        """Warm-start every family's Q/K/V/O from the shared ones."""
+        for proj in self.fam.values():
+            for name in PROJECTIONS:
+                for a, b in zip(getattr(proj, name).parameters(), getattr(self, name).parameters()):
+                    a.copy_(b)
+
+    def slices(self, e: int, layer: LayerChoice, split: bool = False) -> tuple:
         """(q, k or None, v, o, mix) of ``layer`` at embedding width ``e``: leading slices."""
         spec, hd = layer.attention_spec, self.head_dim
         typ, a = get(spec), layer.heads * hd
         hk, hv = typ.heads(spec, layer.heads)
         shapes = typ.weights(spec, layer.heads, hd, max_seq_len=self.max_seq_len)
         mix = {n: leading_slice(self.mix[typ.name].w[n], s) for n, s in shapes.items()}
-        k = linear_slice(self.k, e, hk * hd) if hk else None
-        return linear_slice(self.q, e, a), k, linear_slice(self.v, e, hv * hd), linear_slice(self.o, a, e), mix
+        p = self.projections(typ.family, split)
+        k = linear_slice(p.k, e, hk * hd) if hk else None
+        return linear_slice(p.q, e, a), k, linear_slice(p.v, e, hv * hd), linear_slice(p.o, a, e), mix
 
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
         q, k, v, o, mix = self.slices(embed_dim, layer)
         return sum(t.numel() for pair in (q, k, v, o) if pair is not None for t in pair) + sum(t.numel() for t in mix.values())
 
-    def extract_into(self, static: Attention) -> None:
-        for name in ("q", "k", "v", "o"):
+    def extract_into(self, static: Attention, split: bool = False) -> None:
+        p = self.projections(static.typ.family, split)
+        for name in PROJECTIONS:
             if getattr(static, name) is not None:
-                _copy_linear(getattr(static, name), getattr(self, name))
-        for name, p in static.mix.items():
-            copy_into(p, leading_slice(self.mix[static.typ.name].w[name], tuple(p.shape)))
+                _copy_linear(getattr(static, name), getattr(p, name))
+        for name, w in static.mix.items():
+            copy_into(w, leading_slice(self.mix[static.typ.name].w[name], tuple(w.shape)))
 
 
 class ElasticMLP(nn.Module):
@@ -182,26 +213,27 @@ class ElasticMLP(nn.Module):
 
 
 class ElasticBlock(nn.Module):
-    def __init__(self, space: Space, mix_shapes: dict[str, dict[str, tuple[int, ...]]]):
+    def __init__(self, space: Space, mix_shapes: dict[str, dict[str, tuple[int, ...]]], families: tuple[str, ...] = ()):
         super().__init__()
         e = space.max_embed_dim
         self.ln1 = ElasticLayerNorm(e)
-        self.attn = ElasticAttention(e, space.max_heads, space.head_dim, mix_shapes, space.max_seq_len)
+        self.attn = ElasticAttention(e, space.max_heads, space.head_dim, mix_shapes, space.max_seq_len, families)
         self.ln2 = ElasticLayerNorm(e)
         self.mlp = ElasticMLP(e, space.max_ffn_dim)
 
-    def weights(self, e: int, layer: LayerChoice) -> BlockWeights:
+    def weights(self, e: int, layer: LayerChoice, split: bool = False) -> BlockWeights:
         """The block's weights for ``layer`` at embedding width ``e``: leading slices, no copies."""
-        q, k, v, o, mix = self.attn.slices(e, layer)
+        q, k, v, o, mix = self.attn.slices(e, layer, split)
         f = layer.ffn_dim
         fc1, fc2 = linear_slice(self.mlp.fc1, e, f), linear_slice(self.mlp.fc2, f, e)
         return BlockWeights(norm_slice(self.ln1, e), q, k, v, o, norm_slice(self.ln2, e), fc1, fc2, mix)
 
     def forward(
         self, x: Tensor, layer: LayerChoice, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None,
-        causal: bool = True,
+        causal: bool = True, split: bool = False,
     ):
-        return block(x, self.weights(x.shape[-1], layer), layer.attention_spec, self.attn.head_dim, rope, cache, causal)
+        w = self.weights(x.shape[-1], layer, split)
+        return block(x, w, layer.attention_spec, self.attn.head_dim, rope, cache, causal)
 
     def num_params(self, embed_dim: int, layer: LayerChoice) -> int:
         return (
@@ -211,24 +243,35 @@ class ElasticBlock(nn.Module):
             + self.mlp.num_params(embed_dim, layer.ffn_dim)
         )
 
-    def extract_into(self, static: Block) -> None:
+    def extract_into(self, static: Block, split: bool = False) -> None:
         _copy_norm(static.ln1, self.ln1)
         _copy_norm(static.ln2, self.ln2)
-        self.attn.extract_into(static.attn)
+        self.attn.extract_into(static.attn, split)
         self.mlp.extract_into(static.mlp)
 
 
-class SuperTransformer(nn.Module):
-    """All subnets of ``space`` in one set of weights. ``forward(idx, subnet)`` runs one of them."""
+def space_families(space: Space) -> tuple[str, ...]:
+    """The attention families of the space's types, in the order the space first lists one of each."""
+    return tuple(dict.fromkeys(get(parse_attention(a)).family for a in space.attention))
 
-    def __init__(self, space: Space, generator: torch.Generator | None = None):
+
+class SuperTransformer(nn.Module):
+    """All subnets of ``space`` in one set of weights. ``forward(idx, subnet)`` runs one of them.
+
+    ``split_families=True`` (a ``--split families`` run): each block also holds one Q/K/V/O per attention family of
+    the space; :meth:`split_families` warm-starts them from the shared ones and from then on each layer uses its
+    family's (the state is the buffer ``families_split``, saved with the weights).  Extraction copies what the
+    subnet's layers use, so the static model is the same class either way."""
+
+    def __init__(self, space: Space, generator: torch.Generator | None = None, split_families: bool = False):
         super().__init__()
         self.space = space
         e = space.max_embed_dim
         self.tok_emb = nn.Embedding(space.vocab_size, e)
         self.pos_emb = nn.Embedding(space.max_seq_len, e) if space.positions == "learned" else None
         mix_shapes = _max_shapes(space)
-        self.blocks = nn.ModuleList(ElasticBlock(space, mix_shapes) for _ in range(space.max_depth))
+        self.families = space_families(space) if split_families else ()
+        self.blocks = nn.ModuleList(ElasticBlock(space, mix_shapes, self.families) for _ in range(space.max_depth))
         self.ln_f = ElasticLayerNorm(e)
         if space.positions == "rope":
             cos, sin = rope_tables(space.max_seq_len, space.head_dim)
@@ -236,6 +279,27 @@ class SuperTransformer(nn.Module):
             self.register_buffer("rope_sin", sin, persistent=False)
         init_weights(self, n_layers=space.max_depth, generator=generator)
         self._check = lru_cache(maxsize=4096)(space.check)
+        self._split = False  # a Python copy of the buffer below (no tensor read in forward: torch.compile keeps one graph)
+        if self.families:
+            self.register_buffer("split_state", torch.zeros((), dtype=torch.bool))  # saved with the weights
+            self.register_load_state_dict_post_hook(lambda module, keys: module._sync_split())
+
+    def _sync_split(self) -> None:
+        self._split = bool(self.split_state)
+
+    @property
+    def families_split(self) -> bool:
+        """Whether each attention family uses its own Q/K/V/O now."""
+        return self._split
+
+    @torch.no_grad()
+    def split_families(self) -> None:
+        """From now on each attention family uses its own Q/K/V/O, copied from the shared ones."""
+        assert self.families, "a supernet built without split_families"
+        for blk in self.blocks:
+            blk.attn.split_families()
+        self.split_state.fill_(True)
+        self._split = True
 
     def forward(self, idx: Tensor, subnet: Subnet) -> Tensor:
         """idx (B, T) token ids -> logits (B, T, vocab) of ``subnet``."""
@@ -246,7 +310,7 @@ class SuperTransformer(nn.Module):
         x = embed(idx, tok, embedding_slice(self.pos_emb, e) if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk, layer in zip(self.blocks, subnet.layers):
-            x, _ = blk(x, layer, rope, causal=self.space.causal)
+            x, _ = blk(x, layer, rope, causal=self.space.causal, split=self._split)
         return lm_head(x, norm_slice(self.ln_f, e), tok)  # (B, T, vocab), tied head
 
     def num_params(self, subnet: Subnet) -> int:
@@ -269,7 +333,7 @@ class SuperTransformer(nn.Module):
             copy_into(static.pos_emb.weight, embedding_slice(self.pos_emb, e))
         _copy_norm(static.ln_f, self.ln_f)
         for blk, static_block in zip(self.blocks, static.blocks):
-            blk.extract_into(static_block)
+            blk.extract_into(static_block, self._split)
         return static.train(self.training)
 
 

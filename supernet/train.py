@@ -167,6 +167,10 @@ class Objective(Protocol):
         """The subnets every step runs: with ``compile``, only these passes are compiled (once each)."""
         ...
 
+    # Optional: ``before_step(model, step, progress) -> str | None`` changes the model before step ``step`` (progress:
+    # the run's fraction done, 0..1) and says what it did; ``usage(steps) -> {attention type: layer-passes}`` of the
+    # first ``steps`` steps (reported at each validation and written to ``OUT/type_passes.json``).
+
     def to_dict(self) -> dict[str, Any]: ...
 
     @property
@@ -181,6 +185,10 @@ def _pass_loss(task: Learner, logits: Tensor, targets: Tensor, per: float | None
     return ce, ce.detach() if per is None else task.loss(logits.detach(), targets).detach()
 
 
+BALANCES = ("types", "first")  # --balance: the sandwich's largest / smallest rotate over the types, or use the first
+SPLITS = ("none", "families")  # --split: one Q/K/V/O for every type, or one per attention family (few-shot NAS)
+
+
 @dataclass(frozen=True)
 class SandwichObjective:
     """Largest, smallest and ``n_random`` uniformly sampled subnets per step; in-place distillation.
@@ -189,6 +197,16 @@ class SandwichObjective:
     ``(1 - distill) * CE(data) + distill * KL(largest || it)``, the largest subnet's
     predictions taken as fixed soft targets.  Both terms are over the ``task``'s scored positions (for
     a masked LM: the chosen ones).  ``task``: the learner (default: the space's task's, :func:`supernet.task.task_for`).
+
+    ``balance="types"``: step ``k``'s largest and smallest subnets have every layer of the space's type
+    ``k mod n`` (FairNAS's rule: each type is the sandwich's largest, smallest and teacher equally often; the
+    sampled ones draw types uniformly already).  ``"first"``: both always use the first listed type (the
+    rule before; a resumed run of that time keeps it): with 11 types that trains the first about 12x more.
+    A space of a task's own shape without one list of types (an encoder-decoder's) takes its own extremes.
+
+    ``split="families"``: from the step where the run's progress reaches ``split_at``, each attention family
+    (``AttentionType.family``) has its own Q/K/V/O, warm-started from the shared ones then
+    (:meth:`~supernet.SuperTransformer.split_families`; few-shot NAS's split of a one-shot supernet).
     """
 
     space: Space
@@ -197,6 +215,9 @@ class SandwichObjective:
     seed: int = 0
     n_eval_random: int = 3
     task: Learner | None = None
+    balance: str = "types"
+    split: str = "none"
+    split_at: float = 0.5
 
     def __post_init__(self) -> None:
         if self.task is None:
@@ -205,11 +226,54 @@ class SandwichObjective:
             raise UserError(f"--random-subnets: {self.n_random} is negative")
         if not 0.0 <= self.distill <= 1.0:
             raise UserError(f"--distill: {self.distill} is not between 0 and 1")
+        if self.balance not in BALANCES:
+            raise UserError(f"--balance: {self.balance!r} is not one of {', '.join(BALANCES)}")
+        if self.split not in SPLITS:
+            raise UserError(f"--split: {self.split!r} is not one of {', '.join(SPLITS)}")
+        if not 0.0 <= self.split_at < 1.0:  # NaN fails too
+            raise UserError(f"--split-at: {self.split_at} is not a fraction of the run in [0, 1)")
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The attention types the extremes are built of: a one-stack space's list; none for a space of a task's own
+        shape (an encoder-decoder's sides list their own), whose extremes are its ``largest()`` and ``smallest()``."""
+        return tuple(getattr(self.space, "attention", ()))
+
+    def sandwich_type(self, step: int) -> str | None:
+        """The attention type of step ``step``'s largest and smallest subnets (None: the space's own extremes)."""
+        types = self.types
+        if not types:
+            return None
+        return types[step % len(types)] if self.balance == "types" else types[0]
+
+    def extremes(self, t: str | None) -> tuple[Subnet, Subnet]:
+        """The largest and smallest subnets of type ``t`` (None: the space's own)."""
+        return (self.space.largest(), self.space.smallest()) if t is None else (self.space.largest(t), self.space.smallest(t))
 
     def plan(self, step: int) -> Plan:
         rng = np.random.default_rng([self.seed, PLAN_STREAM, step])
         random = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
-        return [("largest", self.space.largest()), ("smallest", self.space.smallest()), *random]
+        largest, smallest = self.extremes(self.sandwich_type(step))
+        return [("largest", largest), ("smallest", smallest), *random]
+
+    def before_step(self, model: nn.Module, step: int, progress: float) -> str | None:
+        """Split the projections by family once the run's ``progress`` (0..1) reaches ``split_at``; what happened, or None."""
+        if self.split != "families" or model.families_split or progress < self.split_at:
+            return None
+        model.split_families()
+        return f"step {step}: each attention family has its own Q/K/V/O from here ({', '.join(model.families)})"
+
+    def usage(self, steps: int) -> dict[str, int]:
+        """Layer-passes per attention type of the first ``steps`` steps (every pass of every layer counts one); empty for
+        a space without one list of types."""
+        if not self.types:
+            return {}
+        counts = dict.fromkeys(self.space.attention, 0)
+        for step in range(steps):
+            for _, subnet in self.plan(step):
+                for a in subnet.attention:
+                    counts[a] += 1
+        return counts
 
     def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
         ce, logged = _pass_loss(self.task, logits, targets, per)
@@ -228,7 +292,8 @@ class SandwichObjective:
         return {"largest": self.space.largest(), "smallest": self.space.smallest(), **fixed}
 
     def fixed_subnets(self) -> set[Subnet | None]:
-        return {self.space.largest(), self.space.smallest()}
+        types = (self.types if self.balance == "types" else self.types[:1]) or (None,)
+        return {s for t in types for s in self.extremes(t)}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -237,6 +302,8 @@ class SandwichObjective:
             "distill": self.distill,
             "seed": self.seed,
             "n_eval_random": self.n_eval_random,
+            "balance": self.balance,
+            **({"split": self.split, "split_at": self.split_at} if self.split != "none" else {}),
             **self.task.to_dict(),
         }
 
@@ -525,6 +592,10 @@ class Trainer:
         lr = self.schedule(self.step, self.elapsed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        before = getattr(self.objective, "before_step", None)
+        if before is not None and (note := before(self.model, self.step, self.schedule.progress(self.step, self.elapsed))):
+            self.say(note)
+            self.log.write("note", step=self.step, note=note)
         b = self.batch()
         plan = self.objective.plan(self.step)
         memo: dict = {}
@@ -545,6 +616,25 @@ class Trainer:
         self.tokens += b.tokens
         return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr, b.tokens
 
+    def report_usage(self) -> None:
+        """Layer-passes per attention type so far (objectives with ``usage``): logged, said, and ``OUT/type_passes.json``."""
+        usage = getattr(self.objective, "usage", None)
+        if usage is None or self.step == 0:
+            return
+        counts = usage(self.step)
+        if not counts:
+            return
+        used = [n for n in counts.values() if n]
+        ratio = max(used) / min(used) if used and len(used) == len(counts) else math.inf
+        self.log.write("type_passes", step=self.step, passes=counts, max_over_min=round(ratio, 3))
+        self.say(f"layer-passes per attention type over {self.step} steps (max/min {ratio:.2f}): "
+                 + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        if self.out is not None:
+            from .files import atomic_write
+
+            doc = {"step": self.step, "passes": counts, "max_over_min": ratio if math.isfinite(ratio) else None}
+            atomic_write(self.out / "type_passes.json", json.dumps(doc, indent=1) + "\n")
+
     def evaluate(self) -> None:
         """The held-out score (the learner's metric) of the objective's evaluation subnets (rank 0; the others wait)."""
         self.evaluated_at = self.step
@@ -555,6 +645,7 @@ class Trainer:
             self.log.write("eval", step=self.step, **{key: scores}, seconds=round(time.perf_counter() - t0, 3))
             text = "  ".join(f"{k} {v:.3f}" for k, v in scores.items())
             self.say(f"step {self.step}: validation {self.learner.metric}  {text}")
+            self.report_usage()
         self.dist.barrier()
 
 

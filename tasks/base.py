@@ -81,9 +81,9 @@ class Task:
 
     # ------------------------------------------------------------------ model
 
-    def supernet(self, space: Any, generator: Any = None):
+    def supernet(self, space: Any, generator: Any = None, **options: Any):
         """The elastic model of ``space`` (``model(*inputs, subnet)``; ``.extract(subnet)``, ``.num_params(subnet)``),
-        initialised from ``generator``."""
+        initialised from ``generator``; ``options``: how a run built it (a one-stack supernet's ``split_families``)."""
         raise NotImplementedError
 
     def scratch(self, space: Any, subnet: Any, generator: Any = None):

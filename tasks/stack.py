@@ -31,10 +31,10 @@ class StackTask(Task):
 
     # ------------------------------------------------------------------ model
 
-    def supernet(self, space: Any, generator: Any = None):
+    def supernet(self, space: Any, generator: Any = None, **options: Any):
         from supernet import SuperTransformer
 
-        return SuperTransformer(space, generator=generator)
+        return SuperTransformer(space, generator=generator, **options)
 
     def scratch(self, space: Any, subnet: Any, generator: Any = None):
         from supernet import Transformer, TransformerConfig

@@ -64,6 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-tries", type=int, default=100, help="redraw rounds for children that break a constraint (default 100)")
     g.add_argument("--seed", type=int, default=0, help="the search's seed (default 0): same seed, same search")
     f = p.add_argument_group("fitness")
+    f.add_argument("--fitness", default="inherited", metavar="RANKER",
+                   help="inherited: the subnet's validation loss with the supernet's weights (default); calibrated:DIR: the "
+                        "retrained validation loss a ranker of `nas fit-accuracy --out DIR` predicts from the subnet's "
+                        "types, size and inherited loss (fitted on the same windows and supernet)")
+    f.add_argument("--no-uniform-seeds", action="store_true",
+                   help="do not open the first generation with each attention type's largest feasible uniform subnet")
     add_scoring_arguments(f)
     f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
     f.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
@@ -88,13 +94,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
     h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
                    help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "
-                        "from inherited weights); after each round those worse than the round's mean stop; the best by trained "
-                        "bits/byte: hurdles_<budget>.yaml, hurdles.csv (default 0: off)")
+                        "from --hurdle-from; with --verify only candidates whose measured latency holds); after each round "
+                        "those worse than the round's mean stop; the best by trained bits/byte: hurdles_<budget>.yaml, "
+                        "hurdles.csv (default 0: off)")
     h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
                    help="candidates per budget, the best by the search's fitness (default 8)")
     h.add_argument("--hurdle-per-type", type=int, default=0, metavar="N",
                    help="also train the best N candidates of each attention type (the type most of a subnet's layers use) "
                         "that are not among the top K: inherited weights can misjudge a whole type (default 0: off)")
+    h.add_argument("--hurdle-from", default="scratch", choices=("scratch", "inherited"),
+                   help="round 0 starts from scratch at `nas train-subnet`'s rates (lr 3e-3; default: inherited weights misjudge "
+                        "whole types, so training from them keeps the misjudgement), or from the supernet's weights at "
+                        "fine-tuning rates (lr 3e-4)")
+    h.add_argument("--hurdle-batch", type=int, default=16, metavar="N", help="windows per training step (default 16)")
     h.add_argument("--hurdle-tokens", default="1M", metavar="N",
                    help="training tokens per round (500k, 2M; rounded down to whole steps of 16 windows of --seq-len tokens, at "
                         "least one; default 1M)")
@@ -154,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--batch: {args.batch} is not a positive integer")
     hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
                               step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations,
-                              per_type=args.hurdle_per_type)
+                              per_type=args.hurdle_per_type, init=args.hurdle_from, batch=args.hurdle_batch)
     make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
     from latency.quantize import check_precision
@@ -170,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
     if is_seq2seq_checkpoint(args.supernet):  # an encoder-decoder: cross-entropy per target byte (nas/search_seq2seq.py)
         from tasks.translation.search import seq2seq_search_setup
 
+        if args.fitness != "inherited":
+            raise UserError("--fitness: an encoder-decoder supernet is ranked by its inherited loss only (for now)")
         model, payload, fitness = seq2seq_search_setup(args, device)
         space, data_digest = model.space, fitness.data_digest
         latencies, primary = workload_latencies(args, space, load_predictor)
@@ -177,15 +191,11 @@ def run(args: argparse.Namespace) -> int:
         model, payload = load_supernet(args.supernet, device=device)
         space = model.space
         latencies, primary = workload_latencies(args, space, load_predictor)
-        tokens, val_source = validation_tokens(args, payload)
-        from supernet.task import trained_options
-
-        # scored as the supernet was trained (a masked LM: at its training mask rate, fixed masks of --val-seed)
-        fitness = S.InheritedLoss(model, tokens, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-                                  seed=args.val_seed, device=device, where=val_source, precision=precision,
-                                  options=trained_options(space, payload.get("meta", {})))
-        data_digest = hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
-        fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {val_source}"
+        fitness, data_digest = S.inherited_fitness(
+            args.supernet, model, payload, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
+            val_seed=args.val_seed, device=device, val_data=args.val_data, data_cache=args.data_cache, precision=precision)
+        if args.fitness != "inherited":
+            fitness = calibrated(args, fitness, space, model.num_params, data_digest)
 
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
@@ -217,6 +227,10 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         raise UserError("\n".join(dict.fromkeys(problems)))
 
+    from nas.search.calibrated import best_uniform_per_type
+
+    first = {} if args.no_uniform_seeds or not hasattr(space, "uniform") else {  # (an encoder-decoder space: not yet)
+        label: best_uniform_per_type(space, cons.feasible, params) for label, cons in plans}
     identity = {
         "space": space.hash,
         "supernet": file_digest(Path(args.supernet)),
@@ -229,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         "budgets": [label for label, _ in plans],
         "max_params": max_params,
         **({"margin_pct": args.margin} if args.margin else {}),  # absent at 0: studies of earlier versions still resume
+        **({"first": {label: [s.key for s in ss] for label, ss in first.items()}} if first else {}),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
 
     searches = [
         S.BudgetSearch(
-            label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label])
+            label, cons, S.STRATEGIES[args.strategy](space, config, cons.feasible, S.strategy_rng(args.seed, label), seeds[label],
+                                                     first=first.get(label, ()))
         )
         for label, cons in plans
     ]
@@ -276,13 +292,37 @@ def run(args: argparse.Namespace) -> int:
                   "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
             if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
         trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens, seq_len=args.seq_len,
-                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch, **corpus)
+                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch,
+                               **({"init": hurdles.init, "batch": hurdles.batch}
+                                  if (hurdles.init, hurdles.batch) != ("inherited", S.TRAIN_BATCH) else {}), **corpus)
+        from nas.search import hurdles as H
+
+        cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates, hurdles.per_type)
+        verified = True
+        if args.verify:  # the cohort is timed first: only candidates whose measured latency holds are trained
+            verified, cohorts = verify_on_device(args, model, searches, result, out, latencies[primary].path, cohorts)
         with S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url)) as store:  # this worker again, beating
-            trained = hurdle_stage(args, hurdles, trainer, searches, result, store, out, space)
+            trained = hurdle_stage(args, hurdles, trainer, cohorts, store, out, space)
         if trained is None:
             return 130
-    verified = verify_on_device(args, model, searches, result, out, latencies[primary].path) if args.verify else True
+    else:
+        verified = verify_on_device(args, model, searches, result, out, latencies[primary].path)[0] if args.verify else True
     return 0 if verified and trained and all(r is not None for r in result.best.values()) else 1
+
+
+def calibrated(args: argparse.Namespace, inherited, space, params, data_digest: str):
+    """``--fitness calibrated:DIR``: the ranker's prediction over ``inherited`` (checked against its windows and supernet)."""
+    from nas.search.calibrated import CalibratedFitness, load_ranker
+    from search_spaces import UserError
+
+    kind, _, where = args.fitness.partition(":")
+    if kind != "calibrated" or not where:
+        raise UserError(f"--fitness: {args.fitness!r} is not 'inherited' or 'calibrated:DIR' (a folder of `nas fit-accuracy`)")
+    ranker = load_ranker(where)
+    fitness = CalibratedFitness(inherited, ranker, space, params, {**inherited.description, "data": data_digest},
+                                file_digest(Path(args.supernet)), where)
+    fitness.summary = f"retrained loss predicted by the {ranker.kind} ranker of {where} from {inherited.summary}"
+    return fitness
 
 
 def trainer_factory():
@@ -299,17 +339,18 @@ def trainer_factory():
     return SubnetTrainer
 
 
-def hurdle_stage(args: argparse.Namespace, hurdles, trainer, searches, result, store, out: Path, space) -> bool | None:
-    """``--hurdles``: train the top candidates in rounds (nas.search.hurdles), write and print the outcome; True when
-    every budget has a best after hurdles, None when a training was interrupted."""
+def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out: Path, space) -> bool | None:
+    """``--hurdles``: train each budget's cohort (``nas.search.hurdles.hurdle_candidates``, device-verified with
+    ``--verify``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
+    training was interrupted."""
     from nas.cli import show_progress
     from nas.search import hurdles as H
 
-    cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates, hurdles.per_type)
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
     per_type = f" and the best {hurdles.per_type} of each attention type" if hurdles.per_type else ""
-    log.info("hurdles: %d rounds of %s tokens for the top %d of each budget%s; trained models in %s",
-             hurdles.rounds, f"{hurdles.tokens:,}", hurdles.candidates, per_type, models)
+    verified = f", those whose latency held on {args.verify}" if args.verify else ""
+    log.info("hurdles: %d rounds of %s tokens (from %s) for the top %d of each budget%s%s; trained models in %s",
+             hurdles.rounds, f"{hurdles.tokens:,}", hurdles.init, hurdles.candidates, per_type, verified, models)
     try:
         with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
             outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
@@ -357,23 +398,34 @@ def report_separability(fitness, searches, result, out: Path, top: int = 5) -> l
     return lines
 
 
-def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str) -> bool:
-    """``--verify``: time the top candidates on the device (nas.search.verify), print the table; True when every budget holds."""
+def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str,
+                     cohorts: dict | None = None) -> tuple[bool, dict | None]:
+    """``--verify``: time the top candidates on the device (nas.search.verify), print the table; whether every budget
+    holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose latency holds."""
     from latency.timing_core import Settings
     from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
-    from nas.search.verify import VerifySettings, report, run_verify
+    from nas.search.verify import VerifySettings, report, run_verify, with_cohorts
 
     settings = VerifySettings(device=args.verify, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
                               threads=args.verify_threads, clock=args.verify_clock, seed=args.seed)
     bar, update = measurement_bar(f"verifying on {args.verify}")
     try:
-        verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update)
+        verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update,
+                                  extra=None if cohorts is None else with_cohorts(cohorts))
     finally:
         bar.close()
     unit = "nats" if getattr(model.space, "task", None) == "seq2seq" else "bpb"
     print(report(verification.verdicts, verification.device, unit))
     print(f"wrote {', '.join(p.name for p in verification.files)} to {out}")
-    return verification.holds
+    if cohorts is not None:
+        holds = {label: {c.candidate.subnet for c in v.checks if c.holds} for label, v in verification.verdicts.items()}
+        kept = {label: [c for c in cands if c.subnet in holds.get(label, ())] for label, cands in cohorts.items()}
+        for label in cohorts:
+            if len(kept[label]) < len(cohorts[label]):
+                log.info("hurdles (%s): %d of %d candidates measured over the budget on %s, not trained", label,
+                         len(cohorts[label]) - len(kept[label]), len(cohorts[label]), args.verify)
+        cohorts = kept
+    return verification.holds, cohorts
 
 
 def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:

@@ -59,6 +59,28 @@ OBJECTIVE_FLAGS = {
         "W",
         "weight of the largest subnet's soft targets in the smaller subnets' loss, 0..1 (default {default})",
     ),
+    "--balance": (
+        "balance",
+        str,
+        "RULE",
+        "types: the sandwich's largest and smallest subnets (and the distillation teacher) rotate over the space's "
+        "attention types, each equally often; first: always the first listed type (the rule before 2026-11-26; "
+        "it trains that type about 12x more in an 11-type space) (default {default})",
+    ),
+    "--split": (
+        "split",
+        str,
+        "HOW",
+        "none: one Q/K/V/O per layer for every attention type; families: one per attention family (dot-product, "
+        "kernel-feature, gating), warm-started from the shared ones at --split-at (few-shot NAS) (default {default})",
+    ),
+    "--split-at": (
+        "split_at",
+        float,
+        "F",
+        "with --split families: the fraction of the run after which each family has its own projections "
+        "(default {default})",
+    ),
     "--mask-rate": (
         "mask_rate",
         float,
@@ -81,7 +103,8 @@ DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 HELP_DEFAULTS = {
     "batch_size": 16, "seq_len": 128, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
     "beta2": 0.95, "grad_clip": 1.0, "max_steps": 2000, "eval_interval": 250, "eval_batches": 16, "ckpt_interval": 250,
-    "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, "mask_rate": 0.15, **DATA_DEFAULTS,
+    "log_interval": 10, "seed": 0, "n_random": 2, "distill": 0.5, "balance": "types", "split": "none", "split_at": 0.5,
+    "mask_rate": 0.15, **DATA_DEFAULTS,
 }
 
 
@@ -132,6 +155,9 @@ def parse_duration(text: str) -> float:
     return h * 3600 + m * 60 + s
 
 
+OBJECTIVE_KEYS = ("n_random", "distill", "balance", "split", "split_at", "mask_rate")  # what a resumed run keeps
+
+
 def _given(args: argparse.Namespace, flags: dict) -> dict:
     return {dest: getattr(args, dest) for dest, *_ in flags.values() if getattr(args, dest) is not None}
 
@@ -170,7 +196,8 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
     for dest, value in {**given, **given_obj, **given_data}.items():
         if dest in TrainConfig.RESUMABLE:
             continue
-        before = {**stored["train_config"], **stored["objective"], "data": stored["data"], "data_seed": stored["data_seed"],
+        before = {**stored["train_config"], "balance": "first", "split": "none", "split_at": 0.5, **stored["objective"],
+                  "data": stored["data"], "data_seed": stored["data_seed"],
                   "val_fraction": stored["val_fraction"]}.get(dest)
         if value != before:
             flag = "--data" if dest == "data" else _flag(dest)
@@ -183,7 +210,8 @@ def _settings(args: argparse.Namespace, space, stored: dict | None) -> tuple[dic
     config = {**stored["train_config"], **{k: v for k, v in given.items() if k in TrainConfig.RESUMABLE}}
     if "max_time" in given and "max_steps" not in given and stored["train_config"]["max_steps"] is None:
         config["max_steps"] = None
-    objective = {k: stored["objective"][k] for k in ("n_random", "distill", "mask_rate") if k in stored["objective"]}
+    objective = {k: stored["objective"][k] for k in OBJECTIVE_KEYS if k in stored["objective"]}
+    objective.setdefault("balance", "first")  # a run from before --balance: its sandwich used the first type
     data = {k: stored[k] for k in ("data", "data_seed", "val_fraction")}
     return config, objective, data
 
@@ -297,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
         if stored_ckpt is not None:
             check_corpus(corpus, stored_ckpt["meta"]["corpus_hash"], str(latest))
         objective = SandwichObjective(space, seed=config.seed, task=task, **objective_dict)
-        model = SuperTransformer(space, generator=torch.Generator().manual_seed(config.seed)).to(device)
+        model = SuperTransformer(space, generator=torch.Generator().manual_seed(config.seed),
+                                 split_families=objective.split == "families").to(device)
         meta = {
             **data,
             "corpus": corpus.meta["corpus"],

@@ -14,7 +14,7 @@ from .cache import BatchCache, CachedFitness, CachedLatency
 from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
 from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
 from .evolution import Evolution
-from .fitness import InheritedLoss, pick_device
+from .fitness import InheritedLoss, inherited_fitness, pick_device
 from .hurdles import (
     TRAIN_BATCH,
     CandidateTrainer,
@@ -50,6 +50,7 @@ __all__ = [
     "HurdleConfig",
     "HurdleOutcome",
     "InheritedLoss",
+    "inherited_fitness",
     "LatencyBudget",
     "ParamLimit",
     "Progress",

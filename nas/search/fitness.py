@@ -169,3 +169,21 @@ def separability_text(label: str, sep: dict[str, Any]) -> str:
         f"a candidate's estimate +-{sep['se']:.4f} bits (SE); top {len(sep['means'])} spread {sep['spread']:.4f}; "
         f"#2 - #1 = {second['diff']:+.4f} +- {second['se']:.4f} (paired SE): {verdict}"
     )
+
+
+def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any], *, seq_len: int, windows: int,
+                      batch_size: int, val_seed: int, device: str, val_data: str | Path | None = None,
+                      data_cache: str | Path | None = None, precision: str = "fp32") -> tuple["InheritedLoss", str]:
+    """The search's fitness of a one-stack supernet (``model``, loaded from ``supernet_path`` as ``payload``) and the
+    digest of its held-out tokens: the windows that ``nas search`` and ``nas fit-accuracy`` score alike."""
+    import hashlib
+
+    from supernet.task import trained_options
+
+    tokens, source = validation_tokens(supernet_path, payload, val_data=val_data, data_cache=data_cache)
+    # scored as the supernet was trained (a masked LM: at its training mask rate, fixed masks of the seed)
+    fitness = InheritedLoss(model, tokens, seq_len=seq_len, windows=windows, batch_size=batch_size, seed=val_seed,
+                            device=device, where=source, precision=precision,
+                            options=trained_options(model.space, payload.get("meta", {})))
+    fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {source}"
+    return fitness, hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]

@@ -58,6 +58,9 @@ Training = tuple[str, int]  # (subnet key, round)
 # --------------------------------------------------------------------------- settings
 
 
+HURDLE_INITS = ("inherited", "scratch")  # --hurdle-from: round 0 starts from the supernet's weights, or from scratch
+
+
 @dataclass(frozen=True)
 class HurdleConfig:
     """``--hurdles ROUNDS --hurdle-candidates K --hurdle-tokens N``: K candidates per budget, ROUNDS rounds of N tokens."""
@@ -66,10 +69,12 @@ class HurdleConfig:
     candidates: int = 8
     tokens: int = 999_424  # training tokens per round, whole steps (1M rounded down to steps of 16 x 128)
     per_type: int = 0  # --hurdle-per-type: also the best N of each attention type (:func:`hurdle_candidates`)
+    init: str = "inherited"  # --hurdle-from
+    batch: int = TRAIN_BATCH  # --hurdle-batch: windows per training step
 
 
 def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int,
-                  per_type: int = 0) -> HurdleConfig | None:
+                  per_type: int = 0, init: str = "inherited", batch: int = TRAIN_BATCH) -> HurdleConfig | None:
     """Check the hurdle flags (every problem at once, each naming its flag); None when ``rounds`` is 0 (off).
 
     ``step_tokens``: tokens of one training step (the smallest ``--hurdle-tokens``; the tokens are rounded down to
@@ -97,9 +102,15 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
         n = parse_count(tokens, "--hurdle-tokens")
     except UserError as e:
         problems.append(str(e).replace("parameters", "tokens"))
+    if init not in HURDLE_INITS:
+        problems.append(f"--hurdle-from: {init!r} is not one of {', '.join(HURDLE_INITS)}")
+    if not isinstance(batch, int) or batch < 1:
+        problems.append(f"--hurdle-batch: {batch!r} is not a positive number of windows")
+        batch = TRAIN_BATCH
+    step_tokens = step_tokens // TRAIN_BATCH * batch  # (given at the default batch of 16 windows)
     if n and n < step_tokens:
-        problems.append(f"--hurdle-tokens: {tokens} is less than one training step ({TRAIN_BATCH} windows x "
-                        f"{step_tokens // TRAIN_BATCH} tokens = {step_tokens:,} tokens); write {COUNT_FORMS}")
+        problems.append(f"--hurdle-tokens: {tokens} is less than one training step ({batch} windows x "
+                        f"{step_tokens // batch} tokens = {step_tokens:,} tokens); write {COUNT_FORMS}")
     if problems:
         raise UserError("\n".join(problems))
     if not rounds:
@@ -108,7 +119,7 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     if whole != n:
         log.info("--hurdle-tokens %s: %s tokens per round, %d whole steps of %s", tokens, f"{whole:,}", whole // step_tokens,
                  f"{step_tokens:,}")
-    return HurdleConfig(rounds, k, whole, per_type)
+    return HurdleConfig(rounds, k, whole, per_type, init, batch)
 
 
 def training_seed(seed: int, round: int) -> int:
@@ -147,8 +158,10 @@ class CandidateTrainer(Protocol):
 class SubnetTrainer:
     """The real trainer: ``nas.train_subnet`` (the ``nas train-subnet`` library), torch model folders only.
 
-    Round 0 starts from ``supernet:CKPT``, round r from ``model:<round r-1's folder>``; each round runs its
-    own schedule over exactly ``tokens // (batch x seq_len)`` steps (``training_seed(seed, round)``).
+    Round 0 starts from ``supernet:CKPT`` (``init="inherited"``: fine-tuning rates, as ``nas finetune``) or from
+    scratch (``init="scratch"``: ``nas train-subnet``'s rates, lr 3e-3 to 3e-4), round r from ``model:<round r-1's
+    folder>``; each round runs its own schedule over exactly ``tokens // (batch x seq_len)`` steps
+    (``training_seed(seed, round)``).
     ``score`` is the bits/byte of the folder's model on ``heldout``, the search's fitness windows.
     ``data``, ``data_seed``, ``val_fraction``: the supernet's corpus and split (its checkpoint's record), so the
     trainings never see the validation split the search scores on; ``corpus_dir``: where that corpus is cached
@@ -167,18 +180,24 @@ class SubnetTrainer:
     corpus_dir: Path | None = None
     device: str = "cpu"
     eval_batch: int = 16
+    init: str = "inherited"  # round 0 from the supernet's weights, or "scratch"
+    batch: int = TRAIN_BATCH  # windows per step
     description: dict[str, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         self.description = {"trainer": "train_subnet", "tokens": self.tokens, "train": self.config(0).to_dict() | {"seed": None},
-                            "seed": self.seed, "data": self.data, "data_seed": self.data_seed, "val_fraction": self.val_fraction}
+                            "seed": self.seed, "data": self.data, "data_seed": self.data_seed, "val_fraction": self.val_fraction,
+                            **({"init": self.init} if self.init != "inherited" else {})}  # (the tag of earlier runs kept)
 
     def config(self, round: int):
-        """The round's TrainConfig: fine-tuning rates (as ``nas finetune``), a short warm-up, a few checkpoints."""
+        """The round's TrainConfig: fine-tuning rates (as ``nas finetune``) from inherited weights, ``nas train-subnet``'s
+        from scratch; a short warm-up, a few checkpoints."""
         from supernet.train import TrainConfig
 
-        steps = self.tokens // (TRAIN_BATCH * self.seq_len)
-        return TrainConfig(batch_size=TRAIN_BATCH, seq_len=self.seq_len, lr=3e-4, min_lr=3e-5, warmup_steps=min(20, steps // 10),
+        steps = self.tokens // (self.batch * self.seq_len)
+        scratch = self.init == "scratch"
+        lr, min_lr, warmup = (3e-3, 3e-4, min(30, steps // 10)) if scratch else (3e-4, 3e-5, min(20, steps // 10))
+        return TrainConfig(batch_size=self.batch, seq_len=self.seq_len, lr=lr, min_lr=min_lr, warmup_steps=warmup,
                            max_steps=steps, eval_interval=steps, ckpt_interval=max(1, min(100, steps // 4)),
                            seed=training_seed(self.seed, round))
 
@@ -187,8 +206,9 @@ class SubnetTrainer:
 
         split = {k: v for k, v in (("data_seed", self.data_seed), ("val_fraction", self.val_fraction),
                                    ("corpus_dir", self.corpus_dir)) if v is not None}
+        first = f"supernet:{self.supernet}" if self.init == "inherited" else "scratch"
         settings = SubnetTraining(
-            space=self.space, subnet=subnet, out=out, init=f"supernet:{self.supernet}" if init is None else f"model:{init}",
+            space=self.space, subnet=subnet, out=out, init=first if init is None else f"model:{init}",
             tokens=self.tokens, config=self.config(round), data=self.data, formats=("torch",), resume=resume, device=self.device,
             **split,
         )

@@ -109,6 +109,7 @@ class GenerationalStrategy:
     feasible: Feasible
     rng: np.random.Generator
     seeds: Sequence[Subnet] = ()  # known-feasible subnets (the lightest ones) for tight budgets
+    first: Sequence[Subnet] = ()  # subnets that open generation 0 (each type's largest feasible uniform model)
     name: str = "strategy"
     generation: int = 0
     notes: list[str] = field(default_factory=list)
@@ -152,7 +153,10 @@ class GenerationalStrategy:
 
     def _initial(self) -> list[Subnet]:
         n = self.config.population
-        found = self._draw(lambda: self.space.sample(self.rng), n, "random subnets")
+        opening = [s for s in dict.fromkeys(self.first) if s not in self.seen][:n]
+        opening = [s for s, good in zip(opening, self.feasible(opening)) if good] if opening else []
+        self.seen.update(opening)
+        found = opening + self._draw(lambda: self.space.sample(self.rng), n - len(opening), "random subnets")
         if len(found) < n:  # tight constraints: take the known-feasible seeds, then grow around them
             seeds = [s for s in dict.fromkeys(self.seeds) if s not in self.seen][: n - len(found)]
             self.seen.update(seeds)

@@ -81,6 +81,25 @@ def top_candidates(searches, records, k: int) -> dict[str, list[Candidate]]:
     return out
 
 
+def with_cohorts(cohorts: Mapping[str, Sequence]) -> dict[str, list[Subnet]]:
+    """The subnets of each budget's hurdle cohort (``nas.search.hurdles.Candidate``), to verify after the top ones."""
+    return {label: [c.subnet for c in cands] for label, cands in cohorts.items()}
+
+
+def add_extra(candidates: dict[str, list[Candidate]], extra: Mapping[str, Sequence[Subnet]],
+              records) -> dict[str, list[Candidate]]:
+    """``candidates`` with each budget's ``extra`` subnets appended (those not already there), as the search scored them."""
+    seen = {}
+    for r in records:
+        seen.setdefault(r.subnet, r)
+    out = {}
+    for label, cands in candidates.items():
+        have = {c.subnet for c in cands}
+        more = [seen[s] for s in dict.fromkeys(extra.get(label, ())) if s not in have and s in seen]
+        out[label] = list(cands) + [Candidate(r.subnet, r.loss, r.latency, r.params, r.trial) for r in more]
+    return out
+
+
 def budget_of(search, workload: str | None = None) -> float | None:
     """The budget (ms) among a budget search's constraints (on ``workload`` when given), None when it has none.
 
@@ -224,7 +243,8 @@ class Verification:
 
 
 def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, predictor_path: str,
-               progress: Callable[[int, int, str], None] | None = None) -> Verification:
+               progress: Callable[[int, int, str], None] | None = None,
+               extra: Mapping[str, Sequence[Subnet]] | None = None) -> Verification:
     """Verify a finished search on the device: time the top candidates, decide, write the files.
 
     The device times the workload of ``predictor_path``, the search's primary predictor (budgets on other
@@ -247,6 +267,8 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
     if fp_device and fp_device != device.name:
         log.warning("the predictor was fitted on %r, verifying on %r: expect large errors", fp_device, device.name)
     candidates = top_candidates(searches, result.records, settings.top)
+    if extra:  # e.g. the hurdle cohorts: timed in the same campaign, after the top ones (the verdict's ranks)
+        candidates = add_extra(candidates, extra, result.records)
     verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
                       device_measure(device, supernet, workload, settings.protocol, seed=settings.seed,
                                      baseline_ms=predictor.reference_ms, progress=progress))

@@ -23,7 +23,10 @@ that differs between types is a method here, in this order:
   encoder form; ``mixing_flops`` picks by the task's form); the bytes a decode step
   reads come from ``state`` (:func:`state_bytes`).  Latency features, the search's analytic
   proxy and the benchmarks read these, never the type's name;
-* ``position_limit``: a position past which the type's definition changes (cosFormer's horizon).
+* ``position_limit``: a position past which the type's definition changes (cosFormer's horizon);
+* ``family``: how the type uses the block's projections (``dot-product``: q and k rotated and compared;
+  ``kernel-feature``: q and k through a feature map or a normalisation; ``gating``: q gates v).  A supernet
+  trained with ``--split families`` gives each family its own Q/K/V/O (few-shot NAS's split by operator).
 
 A type with weights receives them as ``w`` (name -> tensor, already sliced to the layer); others
 get an empty dict.  Every method receives the parsed ``spec`` (``local:64`` ->
@@ -41,6 +44,7 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec
 
+FAMILIES = ("dot-product", "kernel-feature", "gating")
 Weights = dict[str, Tensor]
 State = dict[str, Tensor]
 INIT_STD = 0.02
@@ -75,6 +79,7 @@ class AttentionType:
     doc: str = ""
     fused_onnx: bool = False  # exports as one opset-23 Attention node (the block-local sparse types do not)
     forms: tuple[str, ...] = ("causal",)  # of search_spaces.attention.FORMS; "bidirectional" needs the two methods below
+    family: str = "dot-product"  # of FAMILIES: how the type uses q, k, v (the projections a --split families supernet gives it)
 
     # ------------------------------------------------------------------ spelling and shape
 

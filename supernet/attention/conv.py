@@ -148,6 +148,7 @@ class ConvType(AttentionType):
 
 class ConvMod(ConvType):
     name = "convmod"
+    family = "gating"  # dwconv(q) * v
     doc = "Conv2Former convolutional modulation, causal: a depthwise convolution of kernel K over q gates v (no keys)"
 
     def heads(self, spec, heads):
@@ -193,6 +194,7 @@ def _split(heads: int) -> tuple[int, int]:
 
 class LongShortRange(ConvType):
     name = "lsra"
+    family = "gating"  # ceil(H/2) heads dot products, the rest GLU(v, q): grouped with the gates
     doc = (
         "Lite Transformer long-short range: ceil(H/2) heads causal softmax, the rest GLU(v, q) "
         "through a causal depthwise convolution of kernel K"
@@ -284,6 +286,7 @@ class MultiScaleLinear(ConvType):
     both linear attentions over every token (no prefix sums)."""
 
     name = "msla"
+    family = "kernel-feature"  # ReLU features of q, k and of their convolutions
     doc = (
         "EfficientViT multi-scale linear attention: ReLU linear attention of q, k, v plus of their "
         "causal depthwise convolutions (kernel K)"

@@ -113,6 +113,7 @@ def _l2_reference(x: Tensor, dim: int) -> Tensor:
 
 class Additive(EncoderType):
     name = "additive"
+    family = "gating"  # a pooled query gates v
     doc = "SwiftFormer efficient additive attention: a learned global query (softmax-pooled q) gates v, O(T D^2)"
 
     def heads(self, spec, heads):
@@ -149,6 +150,7 @@ class Additive(EncoderType):
 
 class CrossCovariance(EncoderType):
     name = "xca"
+    family = "kernel-feature"  # l2-normalised q and k across tokens
     doc = "XCiT/EdgeNeXt cross-covariance (transposed) attention: a (D, D) softmax across channels per head, O(T D^2)"
 
     def weights(self, spec, heads, head_dim, max_seq_len=None):

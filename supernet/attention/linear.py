@@ -141,6 +141,7 @@ class KernelType(AttentionType):
     """A linear-attention type, given its feature map."""
 
     forms = ("causal", "bidirectional")
+    family = "kernel-feature"
     native_feature: str | None = None  # the feature map by name where the compiled kernel applies it itself
 
     def features(self, q: Tensor, k: Tensor, spec: AttentionSpec, start: int | Tensor = 0) -> tuple[Tensor, Tensor]:

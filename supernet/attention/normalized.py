@@ -45,6 +45,7 @@ def _counts(t: int, start, device) -> Tensor:
 
 class Hydra(AttentionType):
     name = "hydra"
+    family = "kernel-feature"  # n(q), n(k): normalised, not compared
     doc = "Hydra attention, causal: n(q) * running mean of n(k) * v per channel (n: L2 normalisation), O(T D)"
     forms = ("causal", "bidirectional")
 
@@ -99,6 +100,7 @@ def _l1(x: Tensor) -> Tensor:
 
 class SimA(AttentionType):
     name = "sima"
+    family = "kernel-feature"  # l1-normalised q and k
     doc = "SimA, causal: l1-normalised queries, keys l1-normalised per channel over the prefix, no softmax, O(T D^2)"
     forms = ("causal", "bidirectional")
 

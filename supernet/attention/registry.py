@@ -14,7 +14,7 @@ from torch import Tensor
 
 from search_spaces.attention import AttentionSpec, declare, parse_attention, withdraw
 
-from .base import AttentionType, Weights
+from .base import FAMILIES, AttentionType, Weights
 
 REGISTRY: dict[str, AttentionType] = {}
 T = TypeVar("T", bound=AttentionType)
@@ -23,6 +23,7 @@ T = TypeVar("T", bound=AttentionType)
 def register(typ: T) -> T:
     """Register a type object (and declare its spelling to the space layer); returns it."""
     assert typ.name and typ.doc, f"{type(typ).__name__}: a type needs a name and one line of doc"
+    assert typ.family in FAMILIES, f"{typ.name}: family {typ.family!r} is not one of {FAMILIES}"
     declare(typ)
     REGISTRY[typ.name] = typ
     return typ

@@ -35,9 +35,10 @@ class TranslationTask(Task):
 
     # ------------------------------------------------------------------ model
 
-    def supernet(self, space: Any, generator: Any = None):
+    def supernet(self, space: Any, generator: Any = None, **options: Any):
         from .model import Seq2SeqSuperTransformer
 
+        assert not options, f"an encoder-decoder supernet takes no {', '.join(options)}"
         return Seq2SeqSuperTransformer(space, generator=generator)
 
     def scratch(self, space: Any, subnet: Any, generator: Any = None):

@@ -1,0 +1,114 @@
+"""``nas fit-accuracy``: a ranker calibrated on retrained models, for ``nas search --fitness calibrated:DIR``.
+
+Each MODEL is a folder of ``nas train-subnet`` (a subnet of the supernet's space trained from scratch).  Every model
+is scored on the search's fitness windows (the supernet's validation split: ``--val-windows``, ``--seq-len``,
+``--val-seed``, as ``nas search`` takes them) twice: with its own weights (the target) and with the supernet's
+(a feature).  The ranker (nas/search/calibrated.py) predicts the retrained loss from the subnet's attention types,
+size and inherited loss; the feature set is chosen by leave-one-out error, reported per model.  Writes
+``ranker.json`` (coefficients: loading it runs no code), ``ranker.csv`` and ``ranker.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+NAME = "fit-accuracy"
+HELP = "fit a ranker of subnets on retrained models' validation loss (for nas search --fitness calibrated:DIR)"
+EXAMPLE = "nas fit-accuracy runs/long/latest.pt runs/retrained/* --val-windows 32 --seq-len 1024 --out runs/ranker"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from nas.commands.search import add_scoring_arguments
+
+    p.add_argument("supernet", help="the supernet checkpoint the search ranks with (its inherited loss is a feature)")
+    p.add_argument("models", nargs="+", metavar="MODEL", help="folders of `nas train-subnet` (at least 4; 10+ across the types)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where ranker.json, ranker.csv and ranker.png go")
+    f = p.add_argument_group("the search's fitness windows (give the same values to nas search)")
+    add_scoring_arguments(f)
+    f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
+    p.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from latency.quantize import check_precision
+    from nas.commands.search import file_digest
+    from nas.search import inherited_fitness, pick_device
+    from nas.search.calibrated import Retrained, fit_ranker, report_text
+    from search_spaces import UserError
+    from supernet import load_model
+    from supernet.artifact import open_export
+    from supernet.checkpoint import load_supernet
+
+    if check_precision(args.precision) != "fp32":
+        raise UserError("--precision: the ranker is fitted at fp32 only (for now)")
+    device = pick_device(args.device)
+    supernet, payload = load_supernet(args.supernet, device=device)
+    space = supernet.space
+    fitness, digest = inherited_fitness(args.supernet, supernet, payload, seq_len=args.seq_len, windows=args.val_windows,
+                                        batch_size=args.eval_batch, val_seed=args.val_seed, device=device,
+                                        val_data=args.val_data, data_cache=args.data_cache)
+    models = []
+    for folder in map(Path, dict.fromkeys(args.models)):
+        _, _, model_space, subnet = open_export(folder)
+        if model_space.arch_hash != space.arch_hash:
+            raise UserError(f"{folder}: a model of space {model_space.name!r} (hash {model_space.hash}), not of the "
+                            f"supernet's {space.name!r} ({space.hash})")
+        model = load_model(folder, device=device)
+        retrained = fitness.heldout.bits(model, None, args.eval_batch, mixed_precision=False)  # fp32, as the search scores
+        inherited = float(fitness([subnet])[0])
+        if not (np.isfinite(retrained) and np.isfinite(inherited)):
+            raise UserError(f"{folder}: a loss that is not finite (retrained {retrained}, inherited {inherited})")
+        models.append(Retrained(folder.name, subnet, supernet.num_params(subnet), inherited, float(retrained)))
+        print(f"{folder}: retrained {retrained:.4f}, inherited {inherited:.4f} bits  {subnet}")
+    ranker = fit_ranker(space, models, {**fitness.description, "data": digest}, file_digest(Path(args.supernet)))
+    out = Path(args.out)
+    ranker.save(out)
+    write_table(out, ranker)
+    plot(out / "ranker.png", ranker, fitness.description)
+    print(report_text(ranker))
+    print(f"wrote {out / 'ranker.json'}, ranker.csv, ranker.png; search with: nas search {args.supernet} "
+          f"--fitness calibrated:{out} --val-windows {args.val_windows} --seq-len {args.seq_len} --val-seed {args.val_seed}")
+    return 0
+
+
+def write_table(out: Path, ranker) -> None:
+    from search_spaces import Subnet
+    from supernet.files import atomic_write_csv
+
+    loo = ranker.report["candidates"][ranker.kind]["loo"]
+    rows = [{"model": m["name"], "subnet": str(Subnet.from_dict(m["subnet"])), "params": m["params"],
+             "inherited": f"{m['inherited']:.5f}", "retrained": f"{m['retrained']:.5f}", "loo_predicted": f"{p:.5f}"}
+            for m, p in zip(ranker.models, loo)]  # fmt: skip
+    atomic_write_csv(out / "ranker.csv", list(rows[0]), rows)
+
+
+def plot(path: Path, ranker, windows: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from supernet.files import atomic_write
+
+    y = [m["retrained"] for m in ranker.models]
+    inh = [m["inherited"] for m in ranker.models]
+    c = ranker.report["candidates"][ranker.kind]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
+    what = f"validation loss, bits ({windows['windows']} windows x {windows['seq_len']})"
+    axes[0].scatter(inh, y)
+    axes[0].set(xlabel=f"inherited {what}", ylabel=f"retrained {what}",
+                title=f"inherited weights (Kendall tau {ranker.report['inherited_tau']:.3f})")
+    axes[1].scatter(c["loo"], y)
+    lo, hi = min(min(y), min(c["loo"])), max(max(y), max(c["loo"]))
+    axes[1].plot([lo, hi], [lo, hi], color="grey", linewidth=1)
+    axes[1].set(xlabel=f"ranker's leave-one-out prediction ({ranker.kind})", ylabel=f"retrained {what}",
+                title=f"calibrated: LOO MAE {c['loo_mae']:.3f}, tau {c['loo_tau']:.3f}")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{len(y)} retrained models")
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    plt.close(fig)
