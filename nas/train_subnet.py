@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -73,7 +73,8 @@ class SubnetTraining:
     scoring: Scoring = Scoring()  # the held-out windows of the final bits/byte (the search's defaults)
     corpus_dir: Path | None = None  # where the encoded corpus is cached (default out/train): runs may share one
     target_ort: str | None = None  # the ONNX Runtime that will run model.onnx (default: the installed one)
-    options: dict[str, Any] | None = None  # the space's task's own settings (its learner_options: a masked LM's mask_rate)
+    options: dict[str, Any] | None = None  # the space's task's own settings (its flags: a masked LM's mask_rate, ...)
+    stored: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # a resumed run's loaded checkpoint
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,18 @@ class SubnetTrainingResult:
     val_bpb_before: float = math.nan  # the same figure for the initial model
     stopped: str = "max_steps"  # "max_steps" or "max_time"
     parameters: int = 0
+
+    def summary(self) -> list[str]:
+        """The lines a command prints about the finished run."""
+        from supernet.artifact import read_card
+
+        card = read_card(self.out)
+        files = ", ".join(name for name in card["files"] if name != "model.safetensors")
+        metric = card.get("validation", {}).get("metric", "bits/byte")
+        return [f"trained {self.steps:,} steps ({self.tokens:,} tokens) in {self.seconds:.0f} s; validation {metric} "
+                f"{self.val_bpb_before:.4f} -> {self.val_bpb:.4f}",
+                f"wrote {self.out} (load: supernet.load_model({str(self.out)!r})" + (f"; also {files}" if files else "")
+                + f"); checkpoints and log in {self.out / RUN_DIR}"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -254,26 +267,45 @@ def resumable(out: str | Path) -> bool:
     return (run_dir(out) / LATEST).is_file()
 
 
-def stored_settings(out: str | Path) -> SubnetTraining:
-    """The settings of the run in ``out`` (from ``out/train/latest.pt``), with ``resume=True``."""
-    from supernet.train import read_static_checkpoint
+def read_run(latest: Path) -> dict[str, Any]:
+    """A subnet run's checkpoint, loaded once: a one-stack model's training checkpoint or a task's own model's (a supernet
+    checkpoint format holding a static model); ``space_obj`` and ``subnet_obj`` parsed and checked either way."""
+    from supernet.checkpoint import load_checkpoint, read_torch
+    from supernet.train import STATIC_FORMAT, read_static_checkpoint
 
+    raw = read_torch(latest, "training checkpoint")
+    if isinstance(raw, dict) and raw.get("format") != STATIC_FORMAT and "space" in raw:
+        payload = load_checkpoint(latest, payload=raw)  # a task's own model, in the supernet checkpoint format
+    else:
+        return read_static_checkpoint(latest, raw)
+    meta, space = payload["meta"], payload["space"]
+    if meta.get("kind") != "subnet" or "settings" not in meta:
+        raise UserError(f"{latest}: not a train-subnet run (a supernet's checkpoint?); start a new run in another --out")
+    subnet = space.subnet_type.from_dict(meta["subnet"], where=f"{latest}[subnet]")
+    return {**payload, "space_obj": space, "subnet_obj": space.check(subnet)}
+
+
+def stored_settings(out: str | Path) -> SubnetTraining:
+    """The settings of the run in ``out`` (from ``out/train/latest.pt``, loaded once and kept in ``stored``), with
+    ``resume=True``."""
     latest = run_dir(out) / LATEST
     if not latest.is_file():
         raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-    payload = read_static_checkpoint(latest)
+    payload = read_run(latest)
     meta = payload["meta"]
     if "settings" not in meta or "train_config" not in meta:
         raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
                         "run in another --out")
-    r = meta["settings"]
+    r, defaults = meta["settings"], SubnetTraining.__dataclass_fields__
+    kept = {k: r[k] for k in ("distill_from", "distill", "val_fraction", "target_ort") if k in r}  # (a task's run may lack some)
+    flags = {f.dest for f in tasks.of(payload["space_obj"]).flags}
     return SubnetTraining(
         space=payload["space_obj"], subnet=payload["subnet_obj"], out=Path(out), init=r["init"], tokens=r["tokens"],
-        config=TrainConfig.from_dict(meta["train_config"]), data=r["data"], distill_from=r["distill_from"],
-        distill=r["distill"], formats=tuple(r["formats"]), resume=True, device=r["device"], data_seed=r["data_seed"],
-        val_fraction=r["val_fraction"], scoring=Scoring(**r["scoring"]),
-        corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]), target_ort=r["target_ort"],
-        options={k: r[k] for k in tasks.of(payload["space_obj"]).learner_options if k in r},
+        config=TrainConfig.from_dict(meta["train_config"]), data=r["data"], resume=True, device=r["device"],
+        data_seed=r["data_seed"], formats=tuple(r.get("formats", defaults["formats"].default)),
+        scoring=Scoring(**r["scoring"]) if "scoring" in r else Scoring(),
+        corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]),
+        options={k: r[k] for k in flags if r.get(k) is not None} or None, stored=payload, **kept,
     )
 
 
@@ -351,7 +383,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     if s.resume:
         if not latest.is_file():
             raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-        stored = read_static_checkpoint(latest)
+        stored = s.stored if s.stored is not None else read_static_checkpoint(latest)  # (loaded once by stored_settings)
         theirs, their_subnet = stored["space_obj"], stored["subnet_obj"]
         if theirs.arch_hash != space.arch_hash or their_subnet != subnet:
             raise UserError(f"--resume: {latest} trains {their_subnet} of space {theirs.name!r} (arch hash {theirs.arch_hash}), "

@@ -105,6 +105,21 @@ def of(space: Any) -> Any:
     return get(space.task, f"{getattr(space, 'source', 'space')}: task")
 
 
+def refuse_foreign(space: Any, given: dict[str, Any]) -> None:
+    """Refuse, in one line, a task flag given (``dest`` -> value) that the space's task does not take: another task's
+    (``Task.flags``), named with the task it is for."""
+    mine = {f.dest for f in getattr(of(space), "flags", ())}
+    for dest, value in given.items():
+        if value is None or dest in mine:
+            continue
+        owners = [(t, f) for t in tasks().values() for f in getattr(t, "flags", ()) if f.dest == dest]
+        assert owners, f"{dest}: no task declares this flag"
+        flag = owners[0][1]
+        why = flag.elsewhere or (f"only for a {' or '.join(t.name for t, _ in owners)} space; {space.source} is task "
+                                 f"{space.task}")
+        raise UserError(f"{flag.name}: {why}")
+
+
 def owning(kind: str) -> Any | None:
     """The task that adds the latency workload kind ``kind`` (None for the generic kinds, prefill and decode)."""
     return next((t for t in tasks().values() if kind in getattr(t, "workload_kinds", ())), None)

@@ -48,17 +48,25 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, state: dict[str, A
     return atomic_write(path, lambda f: torch.save(payload, f))
 
 
-def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, Any]:
-    """Read and validate a checkpoint dict; with ``space``, refuse one trained on another space."""
+def read_torch(path: str | Path, what: str = "supernet checkpoint") -> Any:
+    """``torch.load(weights_only=True)`` of a file of ours (nothing in it runs code); one line naming it otherwise."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
     try:
         with warnings.catch_warnings():  # a foreign pickle makes torch warn before it refuses; the error below says it all
             warnings.simplefilter("ignore")
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
-        raise UserError(f"{path}: not a readable supernet checkpoint {load_problem(path, e)}") from None
+        raise UserError(f"{path}: not a readable {what} {load_problem(path, e)}") from None
+
+
+def load_checkpoint(path: str | Path, space: Space | None = None, payload: dict | None = None) -> dict[str, Any]:
+    """Read and validate a checkpoint dict (``payload``: the file already read by :func:`read_torch`); with ``space``,
+    refuse one trained on another space."""
+    path = Path(path)
+    if payload is None:
+        payload = read_torch(path)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UserError(f"{path}: not a supernet checkpoint of this tool (no '{FORMAT}' format marker)")
     if payload.get("version") != VERSION:
@@ -92,13 +100,11 @@ def load_problem(path: Path, e: BaseException) -> str:
     return f"(truncated or foreign file): {type(e).__name__}: {first_line(e)}"
 
 
-def load_marked(path: Path, marker: str, what: str) -> dict[str, Any]:
-    """A training checkpoint of ours (``torch.load(weights_only=True)``) checked for its ``format`` marker;
-    one line naming the file otherwise.  ``what``: the kind of checkpoint expected, for the message."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
+def load_marked(path: Path, marker: str, what: str, payload: dict | None = None) -> dict[str, Any]:
+    """A training checkpoint of ours (``torch.load(weights_only=True)``; ``payload``: already read) checked for its
+    ``format`` marker; one line naming the file otherwise.  ``what``: the kind of checkpoint expected, for the message."""
+    if payload is None:
+        payload = read_torch(path, "training checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != marker:
         raise UserError(f"{path}: not a {what} (no '{marker}' format marker)")
     return payload

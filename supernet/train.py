@@ -830,7 +830,7 @@ class StaticCheckpointer:
         return payload
 
 
-def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_static_checkpoint(path: str | Path, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """A static model's training checkpoint (:class:`StaticCheckpointer`), with ``space_obj`` (its
     :class:`~search_spaces.Space`) and ``subnet_obj`` (its :class:`~search_spaces.Subnet`) parsed and checked."""
     from search_spaces import parse_space
@@ -840,7 +840,7 @@ def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path}: no such checkpoint file")
     from .checkpoint import load_marked
 
-    payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool")
+    payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool", payload)
     try:
         space = parse_space(payload["space"], where=f"{path.name}[space]", source=str(path))
         subnet = Subnet.from_dict(payload["subnet"], where=f"{path.name}[subnet]")

@@ -41,6 +41,7 @@ class Flag:
     metavar: str = "X"
     help: str = ""
     commands: tuple[str, ...] = field(default=())  # the commands that take it
+    elsewhere: str = ""  # what to say when it is given for another task's space (default: the task it is for)
 
 
 class Task:
@@ -64,20 +65,11 @@ class Task:
     def workload_from_record(self, data: dict, where: str) -> Any:
         raise NotImplementedError(f"task {self.name} adds no workload kind")
 
-    def options(self, given: dict[str, Any], stored: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The task's settings from its flags' values (``dest`` -> value, None = not given) and, on a resumed run,
-        what the run stored (its objective's record); a flag that is not the task's, given, is refused in one line."""
-        return {}
+    # ------------------------------------------------------------------ commands
 
-    def flag_values(self, command: str, values: dict[str, Any]) -> dict[str, Any]:
-        """The values of the extra flags of every task given to ``command``; a flag of another task is refused."""
-        from search_spaces import UserError
-
-        mine = {f.dest for f in self.flags if command in f.commands}
-        for dest, value in values.items():
-            if value is not None and dest not in mine:
-                raise UserError(f"--{dest.replace('_', '-')}: not for task {self.name}")
-        return {k: v for k, v in values.items() if k in mine}
+    def refuse(self, command: str, given: dict[str, Any]) -> None:
+        """Refuse, in one line, a generic flag of ``command`` given (``dest`` -> value; None = not given) that this task
+        does not take (an encoder-decoder has no ``--seq-len``)."""
 
     # ------------------------------------------------------------------ model
 
@@ -93,10 +85,74 @@ class Task:
     # ------------------------------------------------------------------ training
 
     learner_options: tuple[str, ...] = ()  # the task's own settings of a run (a masked LM's mask_rate)
+    objective_defaults: dict[str, Any] = {}  # the sandwich objective's defaults where the task's differ
+    data_keys: tuple[str, ...] = ("data", "data_seed")  # the generic data flags it takes; a run records them in its meta
+    data_defaults: dict[str, Any] = {"data": None, "data_seed": 0}
+    token_unit: str = "tokens"  # what a run's token count counts
+
+    def data_settings(self, settings: dict[str, Any], flags: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
+        """A run's data settings (recorded flat in its checkpoints' meta): the generic ones (``settings``, already
+        merged with a resumed run's) and the task's own from its ``flags`` given; ``stored``: a resumed run's meta."""
+        return settings
+
+    def data_record(self, meta: dict[str, Any], where: str, hint: str = "") -> dict[str, Any]:
+        """The data settings a run's checkpoint (its ``meta``) was trained with; one line naming ``where`` when missing."""
+        from search_spaces import UserError
+
+        missing = [k for k in self.data_keys if k not in meta]
+        if missing:
+            raise UserError(f"{where}: the checkpoint does not say which data it was trained on (meta lacks "
+                            f"{', '.join(missing)}){hint}")
+        return {k: meta[k] for k in self.data_keys}
+
+    def describe_split(self, record: dict[str, Any]) -> str:
+        """``validation split of ...``: where held-out data of a run with data settings ``record`` comes from."""
+        return f"validation split of {record.get('data') or 'the default data'} (seed {record.get('data_seed')})"
+
+    def prepare_data(self, settings: dict[str, Any], cache_dir: Any, progress: Any = None):
+        """The run's data (``.train``, ``.val``, ``.hash``, ``.meta`` with ``corpus`` and ``sizes``, ``.path``), cached in
+        ``cache_dir``; ``progress(done, total)`` while it is encoded."""
+        raise NotImplementedError
+
+    def check_data(self, data: Any, expected_hash: str, where: str) -> None:
+        """Refuse data whose contents differ from what ``where`` (a checkpoint) was trained on."""
+        if data.hash != expected_hash:
+            from search_spaces import UserError
+
+            raise UserError(f"{where}: trained on data {expected_hash[:16]}, but the data now hashes to {data.hash[:16]}")
+
+    def describe_data(self, data: Any, settings: dict[str, Any]) -> str:
+        """One line about the data, for the run's log."""
+        return f"data {data.meta.get('corpus')}: hash {data.hash[:16]}"
+
+    def describe_batch(self, config: Any) -> str:
+        """``batch 16 x 128 bytes``: what a step trains on, for the run's log."""
+        return f"batch {config.batch_size}"
 
     def learner(self, space: Any, seed: int = 0, **options: Any):
         """What a run of ``seed`` learns (:class:`supernet.task.Learner`): its batches, loss, distillation and held-out
         score; ``options``: given values of ``learner_options`` (the others take the task's defaults)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ search and export
+
+    unit: str = "bpb"  # the held-out score's short unit in tables ("bpb", "nats")
+    default_workload: str | None = None  # the workload an export is timed at without --workload (None: the space's first)
+
+    def train_subnet(self, settings: Any, progress: Any = None):
+        """Train one subnet on its own (``settings``: :class:`nas.train_subnet.SubnetTraining`, its ``options`` the task's
+        flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
+        raise NotImplementedError
+
+    def export(self, supernet: Any, payload: dict[str, Any], subnet: Any, settings: Any, predicted: dict | None):
+        """Write ``subnet``'s artifacts (``settings``: :class:`nas.export.ExportSettings`) with their parity checks and a
+        card (``predicted``: the predictor's estimate, for it); a :class:`nas.export.Exported`."""
+        raise NotImplementedError
+
+    def fitness(self, model: Any, payload: dict[str, Any], settings: Any) -> tuple[Any, str]:
+        """(fitness, digest of its held-out data): ``fitness(subnets)`` -> each subnet's held-out score with the weights
+        of ``model`` (the supernet, loaded as ``payload``); ``.description`` (what a study's identity records),
+        ``.summary`` (one line); ``settings``: :class:`nas.search.fitness.FitnessSettings`."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ latency

@@ -41,6 +41,56 @@ class StackTask(Task):
 
         return Transformer(TransformerConfig.from_subnet(space, space.check(subnet)), generator=generator)
 
+    # ------------------------------------------------------------------ data: a byte corpus (supernet.data)
+
+    data_keys = ("data", "data_seed", "val_fraction")
+    data_defaults = {"data": None, "data_seed": 0, "val_fraction": 0.05}
+
+    def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
+        from supernet.data import prepare_corpus
+
+        return prepare_corpus(settings["data"], cache_dir, settings["data_seed"], settings["val_fraction"], progress=progress)
+
+    def check_data(self, data: Any, expected_hash: str, where: str) -> None:
+        from supernet.data import check_corpus
+
+        check_corpus(data, expected_hash, where)
+
+    def describe_data(self, data: Any, settings: dict) -> str:
+        sizes = data.meta["sizes"]
+        what = "the Python standard library (PSF licence)" if settings["data"] is None else settings["data"]
+        return (f"corpus: {what}: {sizes['train']:,} training bytes ({sizes['train_docs']} docs), {sizes['val']:,} validation "
+                f"bytes ({sizes['val_docs']} docs), hash {data.hash[:16]}")
+
+    def describe_batch(self, config: Any) -> str:
+        return f"batch {config.batch_size} x {config.seq_len} bytes"
+
+    def describe_split(self, record: dict) -> str:
+        return (f"validation split of {record['data'] or 'the default corpus'} (seed {record['data_seed']}, fraction "
+                f"{record['val_fraction']})")
+
+    # ------------------------------------------------------------------ search and export
+
+    def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
+        from nas.search.fitness import inherited_fitness
+
+        s = settings
+        return inherited_fitness(s.path, model, payload, seq_len=s.seq_len, windows=s.windows, batch_size=s.batch_size,
+                                 val_seed=s.val_seed, device=s.device, val_data=s.val_data, data_cache=s.data_cache,
+                                 precision=s.precision)
+
+    default_workload = "prefill"
+
+    def train_subnet(self, settings: Any, progress: Any = None):
+        from nas.train_subnet import train_subnet
+
+        return train_subnet(settings, progress)
+
+    def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
+        from nas.export import export_stack
+
+        return export_stack(supernet, payload, subnet, settings, predicted)
+
     # ------------------------------------------------------------------ latency
 
     def params(self, space: Any, subnet: Any) -> int:

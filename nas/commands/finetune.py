@@ -57,13 +57,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _progress_bar():
-    from nas.commands.train_subnet import step_bar
+    from nas.commands.common import step_bar
 
     return step_bar(NAME)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.commands.train_subnet import new_settings, report, resumed, set_threads
+    from nas.commands.common import set_threads
+    from nas.commands.train_subnet import new_settings, resumed
     from nas.train_subnet import TrainingInterrupted, parse_source, source_text, stored_settings, train_subnet
     from search_spaces import Subnet, UserError
     from supernet.artifact import card_space, read_card
@@ -101,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         return 130
     finally:
         close()
-    report(result)
+    for line in result.summary():
+        print(line)
     return 0
 
 
@@ -115,7 +117,7 @@ NOT_FOR_CLASSIFY = {"supernet": "--supernet", "distill": "--distill", "tokens": 
 
 def _classify_flags() -> dict[str, str]:
     """Settings field -> flag, for the library's messages."""
-    from nas.commands.train_supernet import CONFIG_FLAGS
+    from nas.commands.common import CONFIG_FLAGS
 
     flags = {dest: flag for flag, (dest, *_) in CONFIG_FLAGS.items()}
     return {**flags, "model": "--model", "data": "--data", "text_column": "--text-column", "label_column": "--label-column",
@@ -128,20 +130,20 @@ def _classify_settings(args: argparse.Namespace):
 
     from nas.classify import DEFAULTS as CLASSIFY_DEFAULTS
     from nas.classify import VAL_FRACTION, ClassifyTraining, stored_settings
-    from nas.commands.train_subnet import _device, _given_config
+    from nas.commands.common import given_config, train_device
     from search_spaces import UserError
     from supernet.artifact import card_space
     from supernet.train import TrainConfig
 
     out = Path(args.out)
-    given = _given_config(args)
+    given = given_config(args)
     fields = {k: getattr(args, k) for k in ("text_column", "label_column", "data_seed", "val_fraction")
               if getattr(args, k) is not None}
     if args.resume:
         stored = stored_settings(out)
         return replace(stored, model=Path(args.model), data=Path(args.data) if args.data else stored.data,
                        config=TrainConfig.from_dict({**stored.config.to_dict(), **given}),
-                       device=_device(args.device) if args.device else stored.device, **fields)
+                       device=train_device(args.device) if args.device else stored.device, **fields)
     if not args.data:
         raise UserError("--data: --task classify needs a labelled CSV (--data FILE.csv with a text and a label column)")
     values = {**CLASSIFY_DEFAULTS, **given}
@@ -151,12 +153,12 @@ def _classify_settings(args: argparse.Namespace):
         values["max_steps"] = None
     fields.setdefault("val_fraction", VAL_FRACTION)
     return ClassifyTraining(model=Path(args.model), data=Path(args.data), out=out, config=TrainConfig.from_dict(values),
-                            device=_device(args.device), **fields)
+                            device=train_device(args.device), **fields)
 
 
 def _run_classify(args: argparse.Namespace) -> int:
     from nas.classify import ClassifyInterrupted, finetune_classifier
-    from nas.commands.train_subnet import set_threads
+    from nas.commands.common import set_threads
     from search_spaces import UserError
 
     if args.task not in TASKS:

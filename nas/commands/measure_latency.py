@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from .common import protocol_settings, visit_bar
+
 log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
@@ -78,41 +80,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def settings_from(args: argparse.Namespace):
-    from latency.timing_core import Settings
-    from search_spaces import UserError
-
-    try:
-        return Settings(
-            warmup=args.warmup,
-            repeats=args.repeats,
-            rounds=args.rounds,
-            min_sample_ms=args.min_sample_ms,
-            tolerance=args.tolerance,
-            max_retries=args.max_retries,
-            combine=args.combine,
-            correct_drift=not args.no_drift_correction,
-            paired=args.paired,
-        )
-    except ValueError as e:
-        raise UserError(f"protocol flags: {e}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tqdm import tqdm
-
     from latency.quantize import check_device, check_precision
     from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
-    from nas.cli import show_progress
     from search_spaces import UserError, load_space, tasks
 
     space = load_space(args.space)
     task = tasks.of(space)
     task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
-    settings = settings_from(args)
+    settings = protocol_settings(args)
     precision = check_precision(args.precision)
     check_device(precision, args.device, args.provider)
     if not 0 <= args.retest <= 1:
@@ -132,17 +111,6 @@ def run(args: argparse.Namespace) -> int:
         workload,
     )
 
-    def bar(desc: str):
-        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
-
-        def update(done: int, total: int, info: str) -> None:
-            b.total = total
-            b.n = done
-            b.set_postfix_str(info[:30], refresh=False)
-            b.refresh()
-
-        return b, update
-
     if args.device == "arm" or args.device.startswith("ssh://"):
         import tempfile
 
@@ -156,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         if args.device != "arm" and not args.out:
             raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
         target = Path(args.bundle) if args.bundle else Path(tempfile.mkdtemp()) / "bundle.tar.gz"
-        b, update = bar("exporting")
+        b, update = visit_bar("exporting")
         write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
         b.close()
         print(f"wrote {target}")
@@ -184,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
-    b, update = bar(f"{args.device}")
+    b, update = visit_bar(f"{args.device}")
     n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb, progress=update)
     b.close()
     print(

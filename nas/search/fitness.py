@@ -10,6 +10,7 @@ windows score every subnet, so differences between subnets are not sampling nois
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,21 +44,12 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
         if not path.is_file():
             raise UserError(f"--val-data: {path}: no such file")
         return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
-    meta = payload.get("meta", {})
-    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
-    if missing:
-        raise UserError(
-            f"{supernet_path}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); "
-            "pass --val-data FILE"
-        )
-    from supernet.data import prepare_corpus
+    from search_spaces import tasks
 
+    task = tasks.of(payload["space"])  # the data is the checkpoint's task's
+    record = task.data_record(payload.get("meta", {}), str(supernet_path), hint="; pass --val-data FILE")
     cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
-    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
-    return (
-        corpus.val,
-        f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})",
-    )
+    return task.prepare_data(record, cache).val, task.describe_split(record)
 
 
 class InheritedLoss:
@@ -169,6 +161,29 @@ def separability_text(label: str, sep: dict[str, Any]) -> str:
         f"a candidate's estimate +-{sep['se']:.4f} bits (SE); top {len(sep['means'])} spread {sep['spread']:.4f}; "
         f"#2 - #1 = {second['diff']:+.4f} +- {second['se']:.4f} (paired SE): {verdict}"
     )
+
+
+@dataclass(frozen=True)
+class FitnessSettings:
+    """How ``nas search`` (and ``nas fit-accuracy``) score a subnet with inherited weights: the scoring flags."""
+
+    path: str | Path  # the supernet checkpoint (its folder holds the data cache unless ``data_cache``)
+    seq_len: int = 128
+    windows: int = 16  # held-out windows (a task's own examples: batches) per subnet
+    batch_size: int = 16
+    val_seed: int = 0
+    device: str = "cpu"
+    val_data: str | Path | None = None
+    data_cache: str | Path | None = None
+    precision: str = "fp32"
+
+
+def task_fitness(model, payload: dict[str, Any], settings: FitnessSettings) -> tuple[Any, str]:
+    """(fitness, digest of its held-out data) of a supernet (``model``, loaded as ``payload``): the space's task scores
+    (a one-stack LM's :func:`inherited_fitness`)."""
+    from search_spaces import tasks
+
+    return tasks.of(model.space).fitness(model, payload, settings)
 
 
 def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any], *, seq_len: int, windows: int,

@@ -6,6 +6,7 @@ from typing import Any
 
 from search_spaces.tasks import declare
 
+from ..base import Flag
 from ..stack import StackTask
 
 NAME = "masked-lm"
@@ -17,6 +18,9 @@ class MaskedLMTask(StackTask):
     form = "bidirectional"
     metric = "bits/masked byte"
     learner_options = ("mask_rate",)
+    flags = (Flag("--mask-rate", "mask_rate", float, "F", "masked-lm spaces: share of each window's positions chosen "
+                  "(BERT-style 80/10/10) and scored, strictly between 0 and 1 (default 0.15)",
+                  ("train-supernet", "train-subnet")),)
 
     def learner(self, space: Any, seed: int = 0, mask_rate: float | None = None):
         """BERT-style masking of ``mask_rate`` of the positions (default 0.15)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from search_spaces.tasks import declare
 
-from ..base import Task
+from ..base import Flag, Task
 from .space import TASK as NAME
 from .space import TRANSLATE, TranslateWorkload, describe_seq2seq, parse_seq2seq
 
@@ -21,6 +21,38 @@ class TranslationTask(Task):
     metric = "nats/target byte"
     workload_kinds = (TRANSLATE,)
     commands = ("tasks.translation.command",)  # nas translate
+    flags = (Flag("--lang", "lang", str, "LANG", "seq2seq spaces: the target language of the system's gettext catalogs "
+                  "(default de; English is the source); --data takes a source<TAB>target file instead",
+                  ("train-supernet", "train-subnet"), elsewhere="for a seq2seq (translation) space only; a language model "
+                  "reads --data"),)
+    objective_defaults = {"n_eval_random": 2}  # two random subnets evaluated (the records of earlier runs)
+    token_unit = "target bytes"
+
+    # ------------------------------------------------------------------ commands
+
+    def refuse(self, command: str, given: dict[str, Any]) -> None:
+        from . import search, workflows
+
+        (search.refuse(given) if command == "search" else workflows.refuse(command, given))
+
+    # ------------------------------------------------------------------ search and export
+
+    unit = "nats"
+
+    def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
+        from .search import seq2seq_fitness
+
+        return seq2seq_fitness(model, payload, settings)
+
+    def train_subnet(self, settings: Any, progress: Any = None):
+        from .workflows import train_subnet
+
+        return train_subnet(settings, progress)
+
+    def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
+        from .export import export_seq2seq
+
+        return export_seq2seq(supernet, payload, subnet, settings, predicted)
 
     # ------------------------------------------------------------------ space
 
@@ -52,6 +84,37 @@ class TranslationTask(Task):
         from .train import TranslationLearner
 
         return TranslationLearner(space.max_seq_len)
+
+    # ------------------------------------------------------------------ data: sentence pairs (.data)
+
+    def data_settings(self, settings: dict, flags: dict, stored: dict | None) -> dict:
+        from .workflows import data_settings
+
+        return data_settings(settings, flags, stored)
+
+    def data_record(self, meta: dict, where: str, hint: str = "") -> dict:
+        from .workflows import corpus_record
+
+        return corpus_record(meta)
+
+    def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
+        from .data import DEFAULT_LANG, prepare_pairs
+
+        return prepare_pairs(settings["data"], cache_dir, seed=settings["data_seed"] or 0, lang=settings["lang"] or DEFAULT_LANG)
+
+    def check_data(self, data: Any, expected_hash: str, where: str) -> None:
+        from .data import check_pairs
+
+        check_pairs(data, expected_hash, where)
+
+    def describe_data(self, data: Any, settings: dict) -> str:
+        sizes = data.meta["sizes"]
+        return (f"corpus {data.meta['corpus']}: {sizes['train']['pairs']:,} training pairs ({sizes['train']['source_bytes']:,} + "
+                f"{sizes['train']['target_bytes']:,} bytes), {sizes['val']['pairs']:,} validation pairs, "
+                f"{sizes['test']['pairs']:,} test pairs, hash {data.hash[:16]}")
+
+    def describe_batch(self, config: Any) -> str:
+        return f"batch {config.batch_size} pairs"
 
     # ------------------------------------------------------------------ latency
 

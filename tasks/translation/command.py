@@ -110,7 +110,7 @@ def _load(path, subnet_arg: str, device: str):
     from search_spaces import UserError
 
     from .artifact import is_seq2seq_export, load_seq2seq_model
-    from .export import corpus_record
+    from .workflows import corpus_record
     from .space import Seq2SeqSubnet
     from .train import load_seq2seq_supernet
 

@@ -11,19 +11,9 @@ Not yet: ``--precision`` (fp32 only), ``model.pt2``.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-
-def is_seq2seq_checkpoint(path: str) -> bool:
-    from .workflows import stored_task
-
-    return stored_task(Path(path)) == "seq2seq"
-
-
-def corpus_record(meta: dict) -> dict:
-    """What a card keeps of a run's corpus: enough to rebuild it and check it is the same."""
-    return {k: meta.get(k) for k in ("corpus", "data", "data_seed", "lang", "corpus_hash")}
+from .workflows import corpus_record
 
 
 def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
@@ -49,51 +39,25 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
     return record
 
 
-def export_seq2seq(args: argparse.Namespace) -> int:
-    from nas.commands.export import choose_workload, measurement_bar, report_measured
-    from nas.commands.measure_latency import settings_from
-    from nas.export import measure_model, parse_formats, predicted_latency, workload_text
-    from nas.search.budget import parse_budget
+def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | None):
+    """The translation task's export (:meth:`tasks.base.Task.export`): safetensors + card (the corpus, the held-out
+    cross-entropy per target byte on the batches training evaluated on), the two ONNX graphs (parity-checked)."""
+    from nas.export import Exported, measure_model, predicted_line
     from search_spaces import UserError
-    from supernet.artifact import update_card
 
     from .artifact import save_seq2seq_model
     from .data import check_pairs, prepare_pairs
     from .onnx import DECODER, ENCODER
-    from .space import Seq2SeqSubnet, TranslateWorkload
-    from .train import eval_batches, heldout_ce, load_seq2seq_supernet
+    from .train import eval_batches, heldout_ce
 
-    if getattr(args, "precision", "fp32") not in (None, "fp32"):
-        raise UserError(f"--precision {args.precision}: an encoder-decoder (task seq2seq) exports in fp32 only so far")
-    formats = parse_formats(args.format)
-    budget = parse_budget(args.budget) if getattr(args, "budget", None) else None
-    if budget is not None and not args.measure:
-        raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
-    settings = settings_from(args) if getattr(args, "measure", None) else None
-    supernet, payload = load_seq2seq_supernet(args.supernet)
-    space, meta = supernet.space, payload["meta"]
-    subnet = space.check(Seq2SeqSubnet.load(args.subnet))
-    predicted, reference_ms = None, None
-    if getattr(args, "predictor", None):
-        from latency.predictors import load_predictor
-
-        predictor = load_predictor(args.predictor)
-        predicted, reference_ms = predicted_latency(predictor, space, subnet, str(args.predictor)), predictor.reference_ms
-    workload, device = None, None
-    if args.measure:
-        from latency.device import get_device
-
-        from .timing import require_device
-
-        require_device(space, args.measure)
-        workload = choose_workload(space, args.workload, predicted, default=None)  # the space's first translate workload
-        device = get_device(args.measure, threads=args.threads, runtime=args.runtime, provider=args.provider,
-                            clock=args.clock)  # fmt: skip
+    s, space, meta = settings, supernet.space, payload["meta"]
+    if s.precision != "fp32":
+        raise UserError(f"--precision {s.precision}: an encoder-decoder (task seq2seq) exports in fp32 only so far")
+    path = Path(s.scoring.path)
     static = supernet.extract(subnet).eval()
     record = corpus_record(meta)
-    corpus = prepare_pairs(record["data"], Path(args.supernet).parent, seed=record["data_seed"] or 0,
-                           lang=record["lang"] or "de")  # fmt: skip
-    check_pairs(corpus, record["corpus_hash"], args.supernet)
+    corpus = prepare_pairs(record["data"], path.parent, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
+    check_pairs(corpus, record["corpus_hash"], str(path))
     config = meta["train_config"]
     batches = eval_batches(corpus.val, config["batch_size"], space.max_seq_len, config["eval_batches"], config["seed"])
     ce = heldout_ce(static, None, corpus.val, batches)
@@ -101,35 +65,28 @@ def export_seq2seq(args: argparse.Namespace) -> int:
         "corpus": record,
         "validation": {"ce_per_target_byte": ce, "unit": "nats per target byte (EOS included)",
                        "pairs": int(sum(len(b) for b in batches))},  # fmt: skip
-        "supernet": {"checkpoint": str(Path(args.supernet).resolve()), "step": meta.get("step")},
+        "supernet": {"checkpoint": str(path.resolve()), "step": meta.get("step")},
         "latency": predicted,
         "not_yet": "model.pt2",
     }
-    out = Path(args.out)
+    out = Path(s.out)
     for name in (ENCODER, DECODER):  # an earlier export's graphs are not this model's
         (out / name).unlink(missing_ok=True)
     save_seq2seq_model(static, out, card)
-    print(f"wrote {args.out}: {static.num_params():,} parameters, subnet {subnet}")
-    if "onnx" in formats:
-        onnx = write_seq2seq_onnx(static, out, getattr(args, "target_ort", None), getattr(args, "seed", 0) or 0)
+    lines = [f"wrote {s.out}: {static.num_params():,} parameters, subnet {subnet}"]
+    if "onnx" in s.formats:
+        onnx = write_seq2seq_onnx(static, out, s.target_ort, s.seed)
         p = onnx["parity_max_abs"]
-        print(f"  onnx              {out / ENCODER}, {out / DECODER}  (opset {onnx['opset']})")
-        print(f"  parity            max |onnxruntime - torch| = {p['encoder']:.2e} (encoder), {p['decoder_step']:.2e} "
-              "(decoder step)")  # fmt: skip
-    if "torch" in formats:
-        print("not written for an encoder-decoder yet: model.pt2 (the safetensors and the card are)")
-    print(f"validation {ce:.4f} nats/target byte; chrF / BLEU: nas translate --model {args.out} --eval test --beam 5")
+        lines.append(f"  onnx              {out / ENCODER}, {out / DECODER}  (opset {onnx['opset']})")
+        lines.append(f"  parity            max |onnxruntime - torch| = {p['encoder']:.2e} (encoder), {p['decoder_step']:.2e} "
+                     "(decoder step)")  # fmt: skip
+    if "torch" in s.formats:
+        lines.append("not written for an encoder-decoder yet: model.pt2 (the safetensors and the card are)")
+    lines.append(f"validation {ce:.4f} nats/target byte; chrF / BLEU: nas translate --model {s.out} --eval test --beam 5")
     if predicted:
-        w = TranslateWorkload.from_record(predicted["workload"], "the predictor's workload")
-        print(f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
-              f"{predicted['device'].get('device', 'unknown device')})")
-    if not args.measure:
-        return 0
-    bar, update = measurement_bar(f"measuring on {args.measure}")
-    try:
-        measured = measure_model(device, static, workload, settings, budget_ms=budget, seed=args.seed, baseline_ms=reference_ms,
-                                 predicted_ms=predicted["predicted_ms"] if predicted else None, progress=update)  # fmt: skip
-    finally:
-        bar.close()
-    update_card(out, measured=measured)
-    return report_measured(args, measured, workload, predicted, budget)
+        lines.append(predicted_line(predicted))
+
+    def time(device, workload, protocol, **kw) -> dict:
+        return measure_model(device, static, workload, protocol, **kw)
+
+    return Exported(out, lines, [], time)

@@ -1,11 +1,10 @@
-"""``nas train-supernet`` on a ``task: seq2seq`` space: the encoder-decoder branch of the command.
+"""The translation task's parts of the generic workflows: the flags it refuses, its data settings, and training one
+encoder-decoder subnet.
 
-The command (:mod:`nas.commands.train_supernet`) hands a seq2seq space (or a ``--resume`` of a seq2seq run)
-here.  Same flags and files as the LM run (``latest.pt``, ``final.pt``, ``log.jsonl``, the corpus cache in
-``--out``), with sentence pairs for data: the system's gettext catalogs of ``--lang`` (default de) or
-``--data pairs.tsv``; ``--batch-size`` counts pairs.  Not for seq2seq: ``--compile``, ``--seq-len`` and
-``--val-fraction`` (a pair is bounded by the space's ``max_seq_len``; the split is 80/10/10 by catalog or line).
-Under ``torchrun`` it trains data-parallel (DDP), as the LM run.
+``nas train-supernet`` on a ``task: seq2seq`` space is the generic workflow (:mod:`nas.train_supernet`) with the
+translation task's data: sentence pairs, the system's gettext catalogs of ``--lang`` (default de) or ``--data
+pairs.tsv``; ``--batch-size`` counts pairs.  Not for seq2seq: ``--compile``, ``--seq-len`` and ``--val-fraction``
+(a pair is bounded by the space's ``max_seq_len``; the split is 80/10/10 by catalog or line).
 
 ``nas train-subnet`` on a seq2seq space runs :func:`train_seq2seq_subnet` (one static model, the same loop
 with :class:`supernet.train.PlainObjective` and the translation learner, a token budget in target bytes, exact resume) through
@@ -14,129 +13,61 @@ with :class:`supernet.train.PlainObjective` and the translation learner, a token
 
 from __future__ import annotations
 
-import argparse
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from search_spaces import UserError
 
 log = logging.getLogger(__name__)
 
 
-def stored_task(latest: Path) -> str | None:
-    """The task of the run in ``latest`` (None when there is no readable checkpoint: the LM path reports that)."""
-    from search_spaces import UserError
-    from supernet.checkpoint import load_checkpoint
+# Refused generic flags, per command: why an encoder-decoder does not take them (yet).
+REFUSED = {
+    "train-supernet": (("seq_len", "--seq-len"), ("val_fraction", "--val-fraction"), ("compile", "--compile")),
+    "train-subnet": (("distill_from", "--distill-from"), ("distill", "--distill"), ("mask_rate", "--mask-rate"),
+                     ("seq_len", "--seq-len"), ("val_fraction", "--val-fraction"), ("formats", "--format"),
+                     ("target_ort", "--target-ort")),
+}
+WHY = {
+    "train-supernet": "not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is 80/10/10 by "
+                      "catalog or by line; compiling is for the LM run so far)",
+    "train-subnet": "not for an encoder-decoder (task seq2seq) subnet (a pair is bounded by the space's max_seq_len; the "
+                    "split is by catalog or line; the model is written as safetensors + card; no distillation yet)",
+}
 
-    try:
-        return load_checkpoint(latest)["space"].task if latest.exists() else None
-    except UserError:
-        return None
 
-
-def run_seq2seq(args: argparse.Namespace, space) -> int:
-    import torch
-
-    from nas.commands.train_supernet import _settings
-    from search_spaces import UserError
-    from supernet.distributed import init_from_env, shutdown
-    from supernet.train import TrainConfig
-
-    from .data import DEFAULT_LANG
-    from .train import load_seq2seq_supernet
-
-    out = Path(args.out)
-    latest = out / "latest.pt"
-    for flag, value in (("--seq-len", args.seq_len), ("--val-fraction", args.val_fraction), ("--compile", args.compile)):
-        if value is not None:
-            raise UserError(f"{flag}: not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is "
-                            "80/10/10 by catalog or by line; compiling is for the LM run so far)")  # fmt: skip
-    if args.data is not None and args.lang is not None:
+def refuse(command: str, given: dict) -> None:
+    """The generic flags of ``command`` an encoder-decoder does not take, refused in one line each (first given first);
+    ``--data`` and ``--lang`` together."""
+    for dest, flag in REFUSED.get(command, ()):
+        if given.get(dest) is not None:
+            raise UserError(f"{flag}: {WHY[command]}")
+    if given.get("split") == "families":
+        raise UserError("--split families: not for an encoder-decoder supernet (its projections are not split by family)")
+    if given.get("data") is not None and given.get("lang") is not None:
         raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
-    stored = None
-    if args.resume:
-        if not latest.exists():
-            raise UserError(f"--resume: {out} holds no checkpoint (latest.pt); start a new run without --resume")
-        stored = load_seq2seq_supernet(latest, space)[1]
-        space = stored["space"]
-        lang = stored["meta"].get("lang")
-        if args.lang is not None and args.lang != lang:
-            raise UserError(f"--lang {args.lang} differs from the run's {lang} (a resumed run keeps its corpus)")
-    elif latest.exists():
-        raise UserError(f"--out {out}: already holds a run (latest.pt); add --resume to continue it, or choose another --out")
-    else:
-        lang = None if args.data is not None else (args.lang or DEFAULT_LANG)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: {args.threads} is not a positive integer")
-        torch.set_num_threads(args.threads)
-
-    config_dict, objective_dict, data = _settings(args, space, stored["meta"] if stored else None)
-    config = TrainConfig.from_dict(config_dict)
-    dist, device = init_from_env(args.device)
-    try:
-        return _train(args, space, stored, config, objective_dict, data, lang, dist, device)
-    finally:
-        shutdown()
 
 
-def _train(args, space, stored, config, objective_dict, data, lang, dist, device) -> int:
-    import torch
+def data_settings(settings: dict, flags: dict, stored: dict | None) -> dict:
+    """A run's data settings: ``data`` (a source<TAB>target file) or the gettext catalogs of ``lang`` (default de); a
+    resumed run keeps its language."""
+    from .data import DEFAULT_LANG
 
-    from nas.commands.train_supernet import _format_time, _step_bar
-    from search_spaces import UserError
-
-    from .data import DEFAULT_LANG, check_pairs, prepare_pairs
-    from .model import Seq2SeqSuperTransformer
-    from supernet.train import SandwichObjective, SupernetCheckpointer, train
-
-    from .train import TranslationLearner
-
-    out = Path(args.out)
-    latest = out / "latest.pt"
-    if config.batch_size % dist.world:
-        raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
-    corpus = None
-    for turn in (0, 1):  # rank 0 builds the cache first, the others then read it
-        if dist.is_main == (turn == 0):
-            corpus = prepare_pairs(data["data"], out, seed=data["data_seed"], lang=lang or DEFAULT_LANG)
-        dist.barrier()
+    given = flags.get("lang")
     if stored is not None:
-        check_pairs(corpus, stored["meta"]["corpus_hash"], str(latest))
-    sizes = corpus.meta["sizes"]
-    log.info("corpus %s: %s training pairs (%s + %s bytes), %s validation pairs, %s test pairs, hash %s",
-             corpus.meta["corpus"], f"{sizes['train']['pairs']:,}", f"{sizes['train']['source_bytes']:,}",
-             f"{sizes['train']['target_bytes']:,}", f"{sizes['val']['pairs']:,}", f"{sizes['test']['pairs']:,}",
-             corpus.hash[:16])  # fmt: skip
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(config.seed)).to(device)
-    objective = SandwichObjective(space, seed=config.seed, task=TranslationLearner(space.max_seq_len),
-                                  **{"n_eval_random": 2, **objective_dict})  # (2 random subnets evaluated, as ever)
-    log.info("space %s: %s parameters in the largest subnet; batch %d pairs on %s", space.name,
-             f"{model.num_params(space.largest()):,}", config.batch_size, device)  # fmt: skip
-    meta = {**data, "val_fraction": None, "lang": lang, "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash,
-            "corpus_sizes": sizes, "corpus_dir": str(corpus.path.relative_to(out))}  # fmt: skip
-    state = stored["state"] if stored else {}
-    bar, update = _step_bar(config, state.get("step", 0), state.get("elapsed", 0.0)) if dist.is_main else (None, None)
-    try:
-        result = train(model, objective, corpus.train, corpus.val, config, out=out, checkpointer=SupernetCheckpointer(space),
-                       meta=meta, resume=stored if stored is not None else False, progress=update, report=log.info,
-                       dist=dist)  # fmt: skip
-    finally:
-        if bar is not None:
-            bar.close()
-    if not dist.is_main:
-        return 0
-    if result.stopped == "interrupted":
-        print(f"interrupted at step {result.step}; saved {result.checkpoint}. Continue with: nas train-supernet --out {out} "
-              "--resume")  # fmt: skip
-        return 130
-    print(f"trained {result.step} steps ({result.tokens:,} target bytes) in {_format_time(result.elapsed)}; stopped by "
-          f"--{result.stopped.replace('_', '-')}")  # fmt: skip
-    if result.evals:
-        last = result.evals[-1]
-        print(f"validation nats/target byte at step {last['step']}: " + ", ".join(f"{k} {v:.3f}" for k, v in last["ce"].items()))
-    print(f"checkpoint: {result.checkpoint} (and {latest}); metrics: {out / 'log.jsonl'}")
-    return 0
+        lang = stored.get("lang")
+        if given is not None and given != lang:
+            raise UserError(f"--lang {given} differs from the run's {lang} (a resumed run keeps its corpus)")
+    else:
+        lang = None if settings.get("data") is not None else (given or DEFAULT_LANG)
+    return {**settings, "val_fraction": None, "lang": lang}
+
+
+def corpus_record(meta: dict) -> dict:
+    """What a card keeps of a run's corpus: enough to rebuild it and check it is the same."""
+    return {k: meta.get(k) for k in ("corpus", "data", "data_seed", "lang", "corpus_hash")}
 
 
 # --------------------------------------------------------------------------- nas train-subnet on a seq2seq space
@@ -166,6 +97,7 @@ class Seq2SeqSubnetTraining:
     resume: bool = False
     device: str = "cpu"
     corpus_dir: Path | None = None  # where the pairs are cached (default out/train): runs may share one
+    stored: dict | None = field(default=None, compare=False, repr=False)  # a resumed run's loaded checkpoint
 
 
 @dataclass(frozen=True)
@@ -178,6 +110,26 @@ class Seq2SeqSubnetResult:
     seconds: float
     stopped: str
     parameters: int
+
+    def summary(self) -> list[str]:
+        """The lines a command prints about the finished run."""
+        from nas.train_subnet import run_dir
+
+        return [f"trained {self.steps:,} steps ({self.tokens:,} target bytes) in {self.seconds:.0f} s; validation nats/"
+                f"target byte {self.val_ce_before:.4f} -> {self.val_ce:.4f}",
+                f"wrote {self.out} ({self.parameters:,} parameters; chrF / BLEU: nas translate --model {self.out} --eval test "
+                f"--beam 5); checkpoints and log in {run_dir(self.out)}"]
+
+
+def train_subnet(settings, progress=None) -> Seq2SeqSubnetResult:
+    """The translation task's ``nas train-subnet``: the generic settings (:class:`nas.train_subnet.SubnetTraining`, its
+    ``options`` the task's flags: ``lang``) as :class:`Seq2SeqSubnetTraining`, trained by :func:`train_seq2seq_subnet`."""
+    s = settings
+    device = "cpu" if s.device in (None, "auto") else s.device
+    return train_seq2seq_subnet(Seq2SeqSubnetTraining(
+        space=s.space, subnet=s.subnet, out=s.out, init=s.init, tokens=s.tokens, config=s.config, data=s.data,
+        lang=(s.options or {}).get("lang"), data_seed=s.data_seed, resume=s.resume, device=device, corpus_dir=s.corpus_dir,
+        stored=s.stored), progress=progress)  # fmt: skip
 
 
 def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str) -> dict:
@@ -259,7 +211,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     if s.resume:
         if not latest.is_file():
             raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-        stored = load_checkpoint(latest)
+        stored = s.stored if s.stored is not None else load_checkpoint(latest)  # (loaded once by the command's resume)
         meta = stored["meta"]
         their = stored_subnet(meta, latest)
         if stored["space"].arch_hash != space.arch_hash or their != subnet:
@@ -342,67 +294,3 @@ def stored_subnet(meta: dict, where: Path):
         raise UserError(f"{where}: not a train-subnet run of an encoder-decoder (a supernet's checkpoint?); start a new run "
                         "in another --out")  # fmt: skip
     return Seq2SeqSubnet.from_dict(meta["subnet"], where=f"{where}[subnet]")
-
-
-def run_seq2seq_subnet(args: argparse.Namespace, space) -> int:
-    """``nas train-subnet`` on a seq2seq space (``space`` None with ``--resume``: the run's own)."""
-    from nas.commands.train_subnet import NAME, _given_config, _tokens, step_bar, training_config
-    from nas.train_subnet import TrainingInterrupted, run_dir
-    from search_spaces import UserError
-    from supernet.checkpoint import load_checkpoint
-    from supernet.train import TrainConfig
-
-    from .space import Seq2SeqSubnet
-
-    refused = {"--distill-from": args.distill_from, "--distill": args.distill, "--mask-rate": args.mask_rate,
-               "--seq-len": args.seq_len, "--val-fraction": args.val_fraction, "--format": args.format,
-               "--target-ort": args.target_ort}  # fmt: skip
-    for flag, value in refused.items():
-        if value is not None:
-            raise UserError(f"{flag}: not for an encoder-decoder (task seq2seq) subnet (a pair is bounded by the space's "
-                            "max_seq_len; the split is by catalog or line; the model is written as safetensors + card; "
-                            "no distillation yet)")  # fmt: skip
-    if args.data is not None and args.lang is not None:
-        raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
-    out = Path(args.out)
-    tokens = _tokens(args)
-    if args.resume:
-        latest = run_dir(out) / "latest.pt"
-        if not latest.is_file():
-            raise UserError(f"--resume: {out} holds no checkpoint (train/latest.pt); start a new run without --resume")
-        stored = load_checkpoint(latest)
-        meta = stored["meta"]
-        subnet = stored_subnet(meta, latest)
-        if args.subnet:
-            subnet = stored["space"].check(Seq2SeqSubnet.load(args.subnet))
-        r = meta["settings"]
-        given = _given_config(args)  # every config flag given: the library refuses those a resumed run may not change
-        config = {**meta["train_config"], **given}
-        if tokens is None and "max_steps" not in given:
-            tokens = r["tokens"]
-        settings = Seq2SeqSubnetTraining(
-            space=space or stored["space"], subnet=subnet, out=out, init=args.init or r["init"], tokens=tokens,
-            config=TrainConfig.from_dict(config), data=args.data if args.data is not None else r["data"],
-            lang=args.lang or r["lang"], data_seed=r["data_seed"] if args.data_seed is None else args.data_seed,
-            resume=True, device=args.device or r["device"], corpus_dir=r["corpus_dir"])  # fmt: skip
-    else:
-        if not args.subnet:
-            raise UserError("give the subnet (SUBNET.yaml) and --space SPACE, or --resume to continue the run in --out")
-        subnet = space.check(Seq2SeqSubnet.load(args.subnet))
-        settings = Seq2SeqSubnetTraining(
-            space=space, subnet=subnet, out=out, init=args.init or "scratch", tokens=tokens,
-            config=training_config(args, {}, space), data=args.data, lang=args.lang,
-            data_seed=args.data_seed or 0, device=args.device if args.device not in (None, "auto") else "cpu")  # fmt: skip
-    close, update = step_bar(NAME)
-    try:
-        result = train_seq2seq_subnet(settings, progress=update)
-    except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out {out} --resume")
-        return 130
-    finally:
-        close()
-    print(f"trained {result.steps:,} steps ({result.tokens:,} target bytes) in {result.seconds:.0f} s; validation nats/"
-          f"target byte {result.val_ce_before:.4f} -> {result.val_ce:.4f}")  # fmt: skip
-    print(f"wrote {out} ({result.parameters:,} parameters; chrF / BLEU: nas translate --model {out} --eval test --beam 5); "
-          f"checkpoints and log in {run_dir(out)}")  # fmt: skip
-    return 0
