@@ -470,12 +470,37 @@ def predicted_line(predicted: dict[str, Any]) -> str:
             f"{predicted['device'].get('device', 'unknown device')})")
 
 
+def held_out_tokens(payload: dict[str, Any], scoring) -> tuple[np.ndarray, str, Scoring]:
+    """(held-out tokens, where they come from, the windows): the search's scoring of a one-stack LM (``scoring``:
+    :class:`nas.search.fitness.FitnessSettings`)."""
+    from nas.search.fitness import validation_tokens
+
+    tokens, where = validation_tokens(scoring.path, payload, val_data=scoring.val_data, data_cache=scoring.data_cache)
+    return tokens, where, Scoring(windows=scoring.windows, seq_len=scoring.seq_len, seed=scoring.val_seed)
+
+
+def stack_validation(model, payload: dict[str, Any], scoring) -> dict[str, Any]:
+    """The card's ``validation`` of a one-stack LM: :func:`validation_bpb` on the search's held-out windows, scored as
+    the supernet was trained (a masked LM: at its mask rate)."""
+    from supernet.task import trained_options
+
+    space = payload["space"]
+    tokens, where, windows = held_out_tokens(payload, scoring)
+    return validation_bpb(model, space, tokens, windows, where, trained_options(space, payload.get("meta", {})))
+
+
+def validation_text(validation: dict[str, Any]) -> str:
+    """What a card's validation was scored on, in words."""
+    if "windows" in validation and "seq_len" in validation:
+        return f"{validation['windows']} x {validation['seq_len']} tokens of the {validation['source']}"
+    return f"{validation.get('examples', '?')} examples of the {validation.get('source', 'validation data')}"
+
+
 def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: ExportSettings,
                  predicted: dict[str, Any] | None) -> Exported:
     """A one-stack subnet's export: safetensors + card, ``model.pt2`` and ``model.onnx`` (parity-checked), scored on the
     search's held-out windows (``validation``), quantized at ``settings.precision`` (INT8: the quantized ONNX beside)."""
-    from nas.search.fitness import validation_tokens
-    from supernet.task import trained_options
+    from search_spaces import tasks
 
     s, space = settings, supernet.space
     if s.precision != "fp32" and "onnx" not in s.formats:
@@ -483,13 +508,9 @@ def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: Ex
     if s.measure == "onnxruntime" and "onnx" in s.formats:
         choose_opset(s.target_ort)  # fail early on a bad --target-ort
     card = {"source": {"supernet": str(s.scoring.path), "step": payload["meta"].get("step"), "space_hash": space.hash}}
-    validation = None
-    if s.evaluate or s.precision != "fp32":  # INT8: calibration windows from the same held-out tokens
-        tokens, where = validation_tokens(s.scoring.path, payload, val_data=s.scoring.val_data, data_cache=s.scoring.data_cache)
-        scoring = Scoring(windows=s.scoring.windows, seq_len=s.scoring.seq_len, seed=s.scoring.val_seed)
-    if s.evaluate:
-        trained = trained_options(space, payload.get("meta", {}))  # scored as trained (a masked LM: its mask rate)
-        validation = validation_bpb(extract(supernet, subnet).eval(), space, tokens, scoring, where, trained)
+    validation = tasks.of(space).validation(extract(supernet, subnet).eval(), payload, s.scoring) if s.evaluate else None
+    if s.precision != "fp32":  # INT8: calibration windows from the same held-out tokens
+        tokens, where, scoring = held_out_tokens(payload, s.scoring)
     card.update(validation=validation, latency=predicted)
     result = export_subnet(supernet, subnet, s.out, formats=s.formats, target_ort=s.target_ort, card=card, seed=s.seed)
 
@@ -518,7 +539,7 @@ def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: Ex
                      f"({b['int8_onnxruntime'] - b['fp32_onnxruntime']:+.4f}; torch estimate {b['int8_torch_estimate']:.4f})")
     if validation:
         lines.append(f"  validation        {validation['bits_per_byte']:.4f} {validation.get('metric', 'bits/byte')} "
-                     f"({validation['windows']} x {validation['seq_len']} tokens of the {validation['source']})")
+                     f"({validation_text(validation)})")
     if predicted:
         lines.append(predicted_line(predicted))
 

@@ -56,6 +56,16 @@ class HeldOut:
         self.scored = (self.y != IGNORE).sum(1).double()  # (W,) scored positions per window
         self.seq_len = seq_len
 
+    @classmethod
+    def of(cls, inputs: np.ndarray, targets: np.ndarray) -> "HeldOut":
+        """Fixed held-out examples given whole: ``inputs`` and ``targets`` (W, T), targets :data:`IGNORE` where a position
+        is not scored (a classification task's: every position but the one that predicts the label)."""
+        held = cls.__new__(cls)
+        held.x, held.y = torch.as_tensor(np.asarray(inputs)), torch.as_tensor(np.asarray(targets))
+        held.scored = (held.y != IGNORE).sum(1).double()  # (W,)
+        held.seq_len = held.x.shape[1]
+        return held
+
     @property
     def tokens(self) -> int:
         """Scored (predicted) tokens."""

@@ -166,6 +166,73 @@ class NextToken(WindowLearner):
         return {}
 
 
+@dataclass(frozen=True)
+class Examples:
+    """Fixed-length examples: ``inputs`` and ``targets`` (N, T) int64, targets :data:`IGNORE` where a position is not
+    scored (a sequence classification's: all but the position that predicts the label)."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+
+    def __post_init__(self) -> None:
+        assert self.inputs.shape == self.targets.shape and self.inputs.ndim == 2, (self.inputs.shape, self.targets.shape)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+@dataclass(frozen=True)
+class ExampleBatches:
+    """Step ``k``'s batch: ``batch_size`` examples drawn by ``default_rng([seed, 0, k])`` (the global batch), this rank's
+    rows of it."""
+
+    examples: Examples
+    batch_size: int
+    seed: int
+    rank: int = 0
+    world: int = 1
+    sampler: str = "examples drawn by default_rng([seed, 0, step])"
+
+    def __call__(self, step: int) -> Batch:
+        rows = np.random.default_rng([self.seed, DATA_STREAM, step]).integers(0, len(self.examples), size=self.batch_size)
+        b = self.batch_size // self.world
+        mine = rows[self.rank * b : (self.rank + 1) * b]
+        x, y = (torch.from_numpy(np.ascontiguousarray(a[mine])) for a in (self.examples.inputs, self.examples.targets))
+        return Batch((x,), y, int(self.batch_size * self.examples.inputs.shape[1]))
+
+
+class ExampleLearner:
+    """The learner of a task of fixed-length examples (:class:`Examples`: a sequence classification, ...): batches of
+    examples, cross-entropy and distillation over the scored positions, the held-out score in bits per scored position
+    on the first ``eval_batches x batch_size`` validation examples (the same for every subnet)."""
+
+    metric = "bits/label"
+    eval_key = "bpb"
+    mixed_precision = True
+
+    def train_batches(self, examples: Examples, config: Any, dist: Any) -> ExampleBatches:
+        return ExampleBatches(examples, config.batch_size, config.seed, dist.rank, dist.world)
+
+    def heldout(self, examples: Examples, n: int) -> HeldOut:
+        """The first ``n`` examples, fixed."""
+        return HeldOut.of(examples.inputs[:n], examples.targets[:n])
+
+    def evaluator(self, examples: Examples, config: Any) -> Score:
+        held = self.heldout(examples, config.eval_batches * config.batch_size)
+        return lambda model, subnet: held.bits(model, subnet, config.batch_size)
+
+    def loss(self, logits: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        assert per is None, "examples of equal length: every rank's mean"
+        return scored_loss(logits, targets)
+
+    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        scored = targets.flatten() != IGNORE  # (B*T,)
+        return kl_rows(student.flatten(0, 1)[scored], teacher.flatten(0, 1)[scored])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {}
+
+
 def scored_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy (nats) over the scored positions (targets other than ``IGNORE``)."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)

@@ -144,6 +144,12 @@ class Task:
         flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
         raise NotImplementedError
 
+    def validation(self, model: Any, payload: dict[str, Any], scoring: Any) -> dict[str, Any]:
+        """A static model's held-out score as the search scored its subnet (``scoring``:
+        :class:`nas.search.fitness.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``
+        (``bits_per_byte``: the score, ``metric``, ``source``, and what it was scored on)."""
+        raise NotImplementedError
+
     def export(self, supernet: Any, payload: dict[str, Any], subnet: Any, settings: Any, predicted: dict | None):
         """Write ``subnet``'s artifacts (``settings``: :class:`nas.export.ExportSettings`) with their parity checks and a
         card (``predicted``: the predictor's estimate, for it); a :class:`nas.export.Exported`."""

@@ -86,6 +86,11 @@ class StackTask(Task):
 
         return train_subnet(settings, progress)
 
+    def validation(self, model: Any, payload: dict, scoring: Any) -> dict:
+        from nas.export import stack_validation
+
+        return stack_validation(model, payload, scoring)
+
     def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
         from nas.export import export_stack
 

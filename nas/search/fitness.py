@@ -163,6 +163,25 @@ def separability_text(label: str, sep: dict[str, Any]) -> str:
     )
 
 
+class HeldOutFitness:
+    """``fitness(subnets)`` -> each subnet's mean bits per scored position over fixed held-out examples (a task's own:
+    :class:`supernet.heldout.HeldOut`) with the supernet's weights, fp32: what a task of fixed-length examples searches
+    with (``heldout`` gives :func:`separability` its per-example scores)."""
+
+    def __init__(self, supernet, heldout, *, batch_size: int = 16, device: str = "cpu", description: dict | None = None,
+                 summary: str = ""):
+        self.model, self.heldout, self.batch_size = supernet.to(device).eval(), heldout, batch_size
+        self.description = {"examples": int(len(heldout.x)), "tokens": heldout.tokens, **(description or {})}
+        self.summary = summary or f"{len(heldout.x)} held-out examples"
+
+    def scorer(self, subnet):
+        return self.model
+
+    def __call__(self, subnets) -> np.ndarray:
+        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets],
+                        dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class FitnessSettings:
     """How ``nas search`` (and ``nas fit-accuracy``) score a subnet with inherited weights: the scoring flags."""
