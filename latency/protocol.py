@@ -81,11 +81,12 @@ class Measurement:
 
 
 def default_reference(model):
-    """The model timed beside every visit when none is given: a model of a task's own shape says it
-    (``model.timing_reference()``: the translation task's encoder-decoder, its space's smallest subnet); a one-stack
-    model gets :func:`reference_model` of its config."""
-    own = getattr(model, "timing_reference", None)
-    return own() if own is not None else reference_model(model.config)
+    """The model timed beside every visit when none is given: :func:`reference_model` of a one-stack model's config; a
+    model of a task's own shape carries its space, whose task says it (the encoder-decoder's smallest subnet)."""
+    from search_spaces import tasks
+
+    space = getattr(model, "space", None)
+    return tasks.of(space).timing_reference(space) if space is not None else reference_model(model.config)
 
 
 def measure(

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
-            from .checks import check_flags
+            from .commands.checks import check_flags
 
             check_flags(args)
             return int(args.run(args) or 0)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a file system failure (full disk, read-only, a file where a folder goes): one line, exit 2
-        from .checks import io_failure
+        from .commands.checks import io_failure
 
         line = io_failure(e, args)
         if line is None:

@@ -18,9 +18,11 @@ import torch
 
 from search_spaces import Space, Subnet, UserError, Workload
 from supernet.files import check_room
+from supernet.heldout import StaticAsSupernet
 from supernet.artifact import PROGRAM, export_program, load_program, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
 from supernet.model import Transformer
+
 
 ONNX_FILE = "model.onnx"
 STEP_FILE = "step.onnx"  # the decode step graph, written when a decode workload is timed on ONNX Runtime
@@ -181,19 +183,6 @@ def export_subnet(
 
 
 # --------------------------------------------------------------------------- bits per byte
-
-
-class StaticAsSupernet(torch.nn.Module):
-    """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only),
-    so :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
-
-    def __init__(self, model: Transformer, space: Space):
-        super().__init__()
-        self.model, self.space = model, space
-
-    def forward(self, idx: torch.Tensor, subnet: Subnet) -> torch.Tensor:
-        assert subnet == self.model.subnet, "a static model runs only its own subnet"
-        return self.model(idx)  # (B, T, V)
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def export_quantized(model, space, onnx_path: Path, precision: str, tokens: np.n
     """Write ``model.onnx`` at ``precision`` beside it (calibrated on held-out windows of ``tokens``, the per-layer rule)
     and score both files with ONNX Runtime on the search's windows (``scoring``: :class:`nas.export.Scoring`), plus the
     torch estimate the search uses: the card's ``quantized`` entry."""
-    from nas.export import StaticAsSupernet
+    from supernet.heldout import StaticAsSupernet
     from nas.search.fitness import InheritedLoss
 
     seq_len = min(scoring.seq_len, space.max_seq_len)

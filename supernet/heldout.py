@@ -38,6 +38,19 @@ def run_model(model: nn.Module, inputs: torch.Tensor | tuple[torch.Tensor, ...],
     return model(*inputs) if subnet is None else model(*inputs, subnet=subnet)
 
 
+class StaticAsSupernet(nn.Module):
+    """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only), so
+    :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
+
+    def __init__(self, model: nn.Module, space):
+        super().__init__()
+        self.model, self.space = model, space
+
+    def forward(self, idx: torch.Tensor, subnet: Subnet) -> torch.Tensor:
+        assert subnet == self.model.subnet, "a static model runs only its own subnet"
+        return self.model(idx)  # (B, T, V)
+
+
 class HeldOut:
     """The windows ``tokens[s : s + seq_len + 1]`` for each start ``s`` in ``starts``.
 

@@ -29,7 +29,7 @@ from latency.predictors import Predictor, load_predictor
 from latency.predictors.additive import Additive
 from latency.predictors.predictor import subnet_matrix
 from latency.table import TimingTable, make_meta, read_timings
-from nas.checks import io_failure
+from nas.commands.checks import io_failure
 from nas.cli import build_parser, main
 from search_spaces import Subnet, UserError
 from supernet import SuperTransformer, load_model

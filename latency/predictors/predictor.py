@@ -16,27 +16,19 @@ from typing import Sequence
 import numpy as np
 import yaml
 
-from search_spaces import Space, Subnet, UserError, Workload, parse_space, tasks
+from search_spaces import Space, Subnet, UserError, Workload, parse_space
 from search_spaces.errors import first_line
 from supernet.files import atomic_write, check_parts, checksums, remove_stale
 
-from .additive import Additive
 from .base import Regressor
-from .gbt import GBT
-from .mlp import MLP
+from .models import MODELS, subnet_matrix
 
 FORMAT = "nas-latency-predictor"
 VERSION = 1
-MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
+__all__ = ["FORMAT", "MODELS", "VERSION", "Predictor", "load_predictor", "subnet_matrix"]  # (MODELS, subnet_matrix: .models)
 
 
 # --------------------------------------------------------------------------- features of subnets
-
-
-def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
-    """The features model ``kind`` reads of ``subnets``: the space's task says them (a one-stack model's:
-    :func:`latency.features.stack_matrix`)."""
-    return tasks.of(space).predictor_features(kind, space, workload, subnets)
 
 
 # --------------------------------------------------------------------------- the predictor

@@ -244,13 +244,6 @@ class Seq2SeqTransformer(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def timing_reference(self) -> nn.Module:
-        """The model a latency measurement times beside this one (:func:`latency.protocol.default_reference`): the
-        space's smallest subnet, a fixed model of the same vocabulary, head size and positions."""
-        from .timing import seq2seq_reference
-
-        return seq2seq_reference(self.space)
-
 
 # --------------------------------------------------------------------------- the supernet
 
