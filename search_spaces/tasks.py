@@ -88,8 +88,14 @@ def tasks() -> dict[str, Any]:
 
 
 def names() -> str:
-    """``causal-lm, masked-lm, ...``: the registered task names, for messages."""
+    """The registered task names (``a, b, ...``), for messages."""
     return ", ".join(tasks())
+
+
+def with_form(form: str) -> str:
+    """The registered tasks whose one-stack model has attention of ``form`` (``causal`` or ``bidirectional``), named
+    for messages (``a`` or ``a or b``)."""
+    return " or ".join(t.name for t in tasks().values() if getattr(t, "form", None) == form)
 
 
 def get(name: Any, where: str = "task") -> Any:

@@ -7,9 +7,11 @@ workloads and cost features, its export artifacts, and the extra flags of the co
 registry (:mod:`search_spaces.tasks`), which imports it through the ``nas_transformers.tasks`` entry
 point.  The tasks, one folder each:
 
-* :mod:`.causal_lm`: ``causal-lm``, next-byte prediction by a decoder (every position scored);
-* :mod:`.masked_lm`: ``masked-lm``, BERT-style masked bytes for an encoder (the chosen positions scored);
-* :mod:`.translation`: ``seq2seq``, an encoder-decoder translating sentence pairs (HAT's space and workload).
+* :mod:`.causal_lm`: next-byte prediction by a decoder (every position scored);
+* :mod:`.masked_lm`: BERT-style masked bytes for an encoder (the chosen positions scored);
+* :mod:`.translation`: an encoder-decoder translating sentence pairs (HAT's space and workload).
+
+Each declares its name (the ``task:`` of a space file) in its own folder.
 
 To add a task: a folder with a :class:`~.base.Task` subclass (:class:`~.stack.StackTask` for a model that is
 one stack of blocks over a sequence) and ``register(MyTask())``; the commands then run it.

@@ -1,5 +1,5 @@
 """Tasks whose model is one stack of blocks over a sequence: the :class:`~supernet.SuperTransformer` and the
-static :class:`~supernet.Transformer` (``causal-lm``, ``masked-lm``, and the classification tasks to come).
+static :class:`~supernet.Transformer` (the decoder and the encoder byte LMs, and the classification tasks to come).
 
 :class:`StackTask` gives every method of :class:`~tasks.base.Task` for that model: the one-stack space format
 (:func:`search_spaces.space.parse_stack`, with the attention ``form`` the task's model runs), the elastic

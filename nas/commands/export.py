@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)",
     )
     m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
-    m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else prefill; seq2seq: the first)")
+    m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else the task's: prefill for "
+                   "a one-stack model, the space's first for a task's own model)")
     m.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads")
     m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --threads 1)")
     m.add_argument("--provider", help="onnxruntime: cpu (default) or cuda")

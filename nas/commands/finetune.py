@@ -8,7 +8,7 @@ layout as ``nas export``, card with bits per byte before and after); its ``train
 ``latest.pt`` (every ``--ckpt-interval`` steps, on Ctrl-C and at the end), ``log.jsonl`` and the
 corpus cache.  ``--resume`` continues a killed or interrupted run exactly.
 
-``--task classify`` fine-tunes an exported *encoder* (a model of a ``task: masked-lm`` space) for text
+``--task classify`` fine-tunes an exported *encoder* (a model whose attention is bidirectional) for text
 classification instead: ``--data`` is then a UTF-8 CSV with a text and a label column, a mean-pooled
 linear head goes on the encoder, and ``--out`` gets the classifier (:mod:`nas.classify`; ``nas classify``
 runs it).  Without ``--task`` the command fine-tunes the language model as above.
@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with --supernet)"
     )
     c = p.add_argument_group("classification (--task classify)")
-    c.add_argument("--task", metavar="TASK", help="classify: fine-tune an exported encoder (task masked-lm) with a pooled head "
-                   "on a labelled CSV (--data); its defaults: lr 1e-3, min-lr 1e-4, warm-up 20, 300 steps, batch 16, "
+    c.add_argument("--task", metavar="TASK", help="classify: fine-tune an exported encoder (bidirectional attention) with a "
+                   "pooled head on a labelled CSV (--data); its defaults: lr 1e-3, min-lr 1e-4, warm-up 20, 300 steps, batch 16, "
                    "weight decay 0.01, seq-len the model's max_seq_len, val-fraction 0.2.  Default: language-model "
                    "fine-tuning")
     c.add_argument("--text-column", metavar="NAME", help="the CSV column of the texts (default text)")

@@ -5,9 +5,9 @@ train-supernet``, on one static model (:func:`nas.train_subnet.train_subnet`).  
 trains exactly ``20M // (batch x seq_len)`` steps, and step ``k`` always draws the same windows
 (seeded by ``--seed`` and ``k``), so models trained with one budget and seed see the same bytes.
 ``--out DIR`` becomes a model folder in ``nas export``'s format; ``DIR/train/`` holds the run's
-checkpoints, ``log.jsonl`` and the corpus cache.  On a seq2seq space (``--space translate-tiny``) it trains
-one encoder-decoder (:func:`tasks.translation.workflows.run_seq2seq_subnet`: the seq2seq loop, ``--tokens`` in target
-bytes, ``--lang`` or ``--data`` for the pairs) and writes an export that ``nas translate --model`` reads.
+checkpoints, ``log.jsonl`` and the data cache.  The space's task trains and writes the model
+(:meth:`tasks.base.Task.train_subnet`: a task of its own model, the encoder-decoder's, counts ``--tokens`` in its own
+unit and writes the folder its own commands read) and says which flags it takes.
 
 This module also holds the training flags that ``nas finetune`` shares (:func:`add_training_arguments`,
 :func:`training_config`, :func:`resumed`).

@@ -38,6 +38,7 @@ import numpy as np
 
 from search_spaces.attention import has_form, parse_attention, spec_problems
 from search_spaces.errors import SpaceError, SubnetError, UserError
+from search_spaces.tasks import with_form
 from search_spaces.space import POSITIONS, WORKLOAD_KINDS, Checker, Space, SpaceIdentity, Subnet, SubnetFile, is_int
 
 TASK = "seq2seq"
@@ -396,8 +397,9 @@ def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[Tran
         named = wname if wname in (*WORKLOAD_KINDS, TRANSLATE) else None
         kind = (wdata.get("kind") if isinstance(wdata, dict) else None) or named
         if kind != TRANSLATE:
-            c.error(path, f"a seq2seq space is timed with translate workloads (source, steps, beam), not "
-                          f"{kind or 'this'} ({'a causal-lm workload' if kind in WORKLOAD_KINDS else 'give kind: translate'})")
+            other = f"a {with_form('causal')} workload" if kind in WORKLOAD_KINDS else "give kind: translate"
+            c.error(path, f"a seq2seq space is timed with translate workloads (source, steps, beam), not {kind or 'this'} "
+                          f"({other})")
             continue
         w = c.keys(path, wdata, required=("source", "steps", "beam"), optional=("kind",))
         vals = {k: c.pos_int(f"{path}.{k}", w[k]) for k in ("source", "steps", "beam") if k in w}
