@@ -184,6 +184,34 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
     }
 
 
+def run_state(out: Path, resume: bool, stored: dict[str, Any] | None, load: Callable[[Path], dict]) -> tuple[Path, dict | None]:
+    """(``out/train/latest.pt``, a resumed run's checkpoint: ``stored`` if the caller loaded it, else ``load(latest)``);
+    for a new run, the checks that ``out`` holds neither a run nor a model."""
+    from supernet.artifact import CARD
+
+    latest = run_dir(out) / LATEST
+    if resume:
+        if not latest.is_file():
+            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
+        return latest, stored if stored is not None else load(latest)
+    if latest.exists():
+        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
+                        "or choose another --out")
+    if (out / CARD).exists():
+        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
+    return latest, None
+
+
+def check_resumable(record: dict, config: TrainConfig, stored_meta: dict, formats: bool = True) -> None:
+    """Refuse, in one line, a resumed run whose settings differ from the run's where they may not (``formats``: whether
+    ``--format`` is among what may change)."""
+    problems = _resume_problems(record, config, stored_meta)
+    if problems:
+        raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
+                        "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
+                        f"--log-interval, {'--format, ' if formats else ''}--device)")
+
+
 def _resume_problems(record: dict, config: TrainConfig, stored_meta: dict) -> list[str]:
     before = stored_meta["settings"]
     problems = [f"{FLAGS.get(k, '--' + k.replace('_', '-'))} {record[k]} differs from the run's {before.get(k)}"
@@ -358,7 +386,6 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
 
     from nas import __version__
     from supernet import Transformer, TransformerConfig
-    from supernet.artifact import CARD
     from supernet.data import check_corpus, prepare_corpus
     from supernet.task import task_for
     from supernet.train import Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train
@@ -378,12 +405,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     if kind == "model" and path.resolve() == out.resolve():
         raise UserError(f"--out {out}: is the source model directory; choose a new directory")
     state_dir = run_dir(out)
-    latest = state_dir / LATEST
-    stored = None
-    if s.resume:
-        if not latest.is_file():
-            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-        stored = s.stored if s.stored is not None else read_static_checkpoint(latest)  # (loaded once by stored_settings)
+    latest, stored = run_state(out, s.resume, s.stored, read_static_checkpoint)  # (loaded once by stored_settings)
+    if stored is not None:
         theirs, their_subnet = stored["space_obj"], stored["subnet_obj"]
         if theirs.arch_hash != space.arch_hash or their_subnet != subnet:
             raise UserError(f"--resume: {latest} trains {their_subnet} of space {theirs.name!r} (arch hash {theirs.arch_hash}), "
@@ -391,11 +414,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if "settings" not in stored["meta"]:
             raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
                             "run in another --out")
-        problems = _resume_problems(record, config, stored["meta"])
-        if problems:
-            raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
-                            "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
-                            "--log-interval, --format, --device)")
+        check_resumable(record, config, stored["meta"])
         if path is not None and path.exists() and _digest(kind, path) != stored["meta"]["init_sha256"]:
             raise UserError(f"--init {init}: not the {'model' if kind == 'model' else 'checkpoint'} this run started from "
                             f"(its weights changed since; the run's sha256 {stored['meta']['init_sha256'][:12]}...)")
@@ -403,11 +422,6 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if finished is not None:
             log.info("%s: the run already reached step %d and wrote its model", out, finished.steps)
             return finished
-    elif latest.exists():
-        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
-                        "or choose another --out")
-    elif (out / CARD).exists():
-        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
 
     if stored is None:
         student, passed_on, digest = _initial(kind, path, space, subnet, config.seed)

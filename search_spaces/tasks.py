@@ -24,6 +24,7 @@ import importlib
 from typing import Any, Protocol
 
 from .errors import UserError
+from .plugins import load_entry_points
 
 ENTRY_POINTS = "nas_transformers.tasks"
 BUILTIN = "tasks"  # the package this project declares under ENTRY_POINTS
@@ -77,12 +78,7 @@ def tasks() -> dict[str, Any]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from importlib.metadata import entry_points
-
-        found = entry_points(group=ENTRY_POINTS)
-        for ep in found:
-            ep.load()
-        if not found:
+        if not load_entry_points(ENTRY_POINTS):  # an install made before the entry point: the project's own package
             importlib.import_module(BUILTIN)
     return _TASKS
 

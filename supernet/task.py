@@ -95,6 +95,23 @@ def eval_starts(n_tokens: int, batch_size: int, seq_len: int, n_batches: int, se
     return np.random.default_rng([seed, EVAL_STREAM]).integers(0, n_tokens - seq_len, size=n_batches * batch_size)
 
 
+def draw(seed: int, step: int, high: int, size: int) -> np.ndarray:
+    """Step ``step``'s global batch: ``size`` indices below ``high`` drawn by ``default_rng([seed, 0, step])``."""
+    return np.random.default_rng([seed, DATA_STREAM, step]).integers(0, high, size=size)
+
+
+def rank_rows(batch_size: int, rank: int, world: int) -> slice:
+    """The rows of a global batch that rank ``rank`` of ``world`` trains on."""
+    b = batch_size // world
+    return slice(rank * b, (rank + 1) * b)
+
+
+def scored_kl(student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
+    """KL(teacher || student) over the scored positions (targets other than ``IGNORE``): log-probabilities (B, T, V)."""
+    scored = targets.flatten() != IGNORE  # (B*T,)
+    return kl_rows(student.flatten(0, 1)[scored], teacher.flatten(0, 1)[scored])
+
+
 @dataclass(frozen=True)
 class WindowBatches:
     """Step ``k``'s batch: ``batch_size`` windows of ``tokens`` at starts drawn by ``default_rng([seed, 0, k])`` (the
@@ -110,10 +127,9 @@ class WindowBatches:
     sampler: str = "windows drawn by default_rng([seed, 0, step])"
 
     def __call__(self, step: int) -> Batch:
-        rng = np.random.default_rng([self.seed, DATA_STREAM, step])
-        starts = rng.integers(0, len(self.tokens) - self.seq_len, size=self.batch_size)  # (B,) the global batch
-        b = self.batch_size // self.world
-        x, y = self.learner.batch(self.tokens, starts, slice(self.rank * b, (self.rank + 1) * b), self.seq_len, step)
+        starts = draw(self.seed, step, len(self.tokens) - self.seq_len, self.batch_size)  # (B,) the global batch
+        rows = rank_rows(self.batch_size, self.rank, self.world)
+        x, y = self.learner.batch(self.tokens, starts, rows, self.seq_len, step)
         return Batch((x,), y, self.batch_size * self.seq_len)
 
 
@@ -194,9 +210,7 @@ class ExampleBatches:
     sampler: str = "examples drawn by default_rng([seed, 0, step])"
 
     def __call__(self, step: int) -> Batch:
-        rows = np.random.default_rng([self.seed, DATA_STREAM, step]).integers(0, len(self.examples), size=self.batch_size)
-        b = self.batch_size // self.world
-        mine = rows[self.rank * b : (self.rank + 1) * b]
+        mine = draw(self.seed, step, len(self.examples), self.batch_size)[rank_rows(self.batch_size, self.rank, self.world)]
         x, y = (torch.from_numpy(np.ascontiguousarray(a[mine])) for a in (self.examples.inputs, self.examples.targets))
         return Batch((x,), y, int(self.batch_size * self.examples.inputs.shape[1]))
 
@@ -226,8 +240,7 @@ class ExampleLearner:
         return scored_loss(logits, targets)
 
     def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
-        scored = targets.flatten() != IGNORE  # (B*T,)
-        return kl_rows(student.flatten(0, 1)[scored], teacher.flatten(0, 1)[scored])
+        return scored_kl(student, teacher, targets)
 
     def to_dict(self) -> dict[str, Any]:
         return {}

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from supernet.data import windows
-from supernet.heldout import IGNORE, HeldOut
-from supernet.task import WindowLearner, kl_rows, scored_loss
+from supernet.heldout import HeldOut
+from supernet.task import WindowLearner, scored_kl, scored_loss
 
 from .masking import MaskingSettings, apply_mask, draw_mask
 
@@ -51,8 +51,7 @@ class MaskedLM(WindowLearner):
         return scored_loss(logits, targets)
 
     def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
-        chosen = targets.flatten() != IGNORE  # (B*T,)
-        return kl_rows(student.flatten(0, 1)[chosen], teacher.flatten(0, 1)[chosen])
+        return scored_kl(student, teacher, targets)  # over the chosen positions
 
     def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
         g = torch.Generator().manual_seed(_torch_seed(self.seed, EVAL_MASK_STREAM))

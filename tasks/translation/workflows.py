@@ -184,9 +184,8 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     import torch
 
     from nas import __version__
-    from nas.train_subnet import LATEST, RUN_DIR, TrainingInterrupted, _resume_problems, parse_source, run_dir, source_text
+    from nas.train_subnet import TrainingInterrupted, check_resumable, parse_source, run_dir, run_state, source_text
     from search_spaces import UserError
-    from supernet.artifact import CARD
     from supernet.checkpoint import load_checkpoint
     from supernet.train import TrainConfig
 
@@ -206,27 +205,14 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
         raise UserError(f"--device {s.device}: CUDA is not available on this machine")
     record = _seq2seq_record(s, source_text(kind, path))
     state_dir = run_dir(out)
-    latest = state_dir / LATEST
-    stored = None
-    if s.resume:
-        if not latest.is_file():
-            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-        stored = s.stored if s.stored is not None else load_checkpoint(latest)  # (loaded once by the command's resume)
+    latest, stored = run_state(out, s.resume, s.stored, load_checkpoint)  # (loaded once by the command's resume)
+    if stored is not None:
         meta = stored["meta"]
         their = stored_subnet(meta, latest)
         if stored["space"].arch_hash != space.arch_hash or their != subnet:
             raise UserError(f"--resume: {latest} trains {their} of space {stored['space'].name!r}, not {subnet} of space "
                             f"{space.name!r}")  # fmt: skip
-        problems = _resume_problems(record, config, meta)
-        if problems:
-            raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
-                            "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
-                            "--log-interval, --device)")  # fmt: skip
-    elif latest.exists():
-        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
-                        "or choose another --out")  # fmt: skip
-    elif (out / CARD).exists():
-        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
+        check_resumable(record, config, meta, formats=False)
 
     corpus_dir = state_dir if s.corpus_dir is None else Path(s.corpus_dir)
     corpus = prepare_pairs(record["data"], corpus_dir, seed=s.data_seed, lang=record["lang"] or DEFAULT_LANG)
