@@ -377,6 +377,25 @@ def step_bar(desc: str):
     return close, update
 
 
+def train_and_report(train, settings, bar, again: str) -> int:
+    """``train(settings, progress=...)`` (one model's training run) under ``bar`` (``(close, update)`` of
+    :func:`step_bar`); print its summary, or how to continue it when it was interrupted (``again``: the command line;
+    exit status 130)."""
+    from nas.train_subnet import TrainingInterrupted
+
+    close, update = bar
+    try:
+        result = train(settings, progress=update)
+    except TrainingInterrupted as e:
+        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: {again}")
+        return 130
+    finally:
+        close()
+    for line in result.summary():
+        print(line)
+    return 0
+
+
 def measurement_bar(desc: str):
     """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
     from tqdm import tqdm

@@ -65,7 +65,8 @@ def _progress_bar():
 def run(args: argparse.Namespace) -> int:
     from nas.commands.common import set_threads
     from nas.commands.train_subnet import new_settings, resumed
-    from nas.train_subnet import TrainingInterrupted, parse_source, source_text, stored_settings, train_subnet
+    from nas.commands.common import train_and_report
+    from nas.train_subnet import parse_source, source_text, stored_settings, train_subnet
     from search_spaces import Subnet, UserError
     from supernet.artifact import card_space, read_card
 
@@ -93,18 +94,7 @@ def run(args: argparse.Namespace) -> int:
         space = card_space(src, card)
         subnet = Subnet.from_dict(card.get("subnet"), where=f"{src / 'model_card.json'}[subnet]")
         settings = new_settings(args, space, subnet, out, f"model:{src}", teacher, DEFAULTS, FORMATS)
-    close, update = _progress_bar()
-    try:
-        result = train_subnet(settings, progress=update)
-    except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --model {src} --out {out} "
-              "--resume")
-        return 130
-    finally:
-        close()
-    for line in result.summary():
-        print(line)
-    return 0
+    return train_and_report(train_subnet, settings, _progress_bar(), f"nas finetune --model {src} --out {out} --resume")
 
 
 # --------------------------------------------------------------------------- --task classify

@@ -28,6 +28,7 @@ from .common import (
     parse_duration,
     set_threads,
     step_bar,
+    train_and_report,
     task_flags,
     token_budget,
     train_device,
@@ -163,7 +164,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.train_subnet import TrainingInterrupted, check_subnet, stored_settings
+    from nas.train_subnet import check_subnet, stored_settings
     from search_spaces import UserError, load_space, tasks
 
     set_threads(args)
@@ -187,14 +188,4 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give the subnet (SUBNET.yaml) and --space SPACE, or --resume to continue the run in --out")
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
-    close, update = step_bar(NAME)
-    try:
-        result = task.train_subnet(settings, progress=update)
-    except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out {out} --resume")
-        return 130
-    finally:
-        close()
-    for line in result.summary():
-        print(line)
-    return 0
+    return train_and_report(task.train_subnet, settings, step_bar(NAME), f"nas train-subnet --out {out} --resume")
