@@ -49,7 +49,10 @@ def graph_dir() -> Path:
 
     from supernet.onnx_export import DEFAULT_OPSET
 
-    return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}-format{GRAPH_FORMAT}"
+    from supernet.attention import ort_ops
+
+    custom = "-nas.kernels" if ort_ops.active() else ""  # --custom-ops: graphs of their own
+    return cache_root() / "onnx" / f"torch-{torch.__version__}-opset{DEFAULT_OPSET}-format{GRAPH_FORMAT}{custom}"
 
 
 def weights_location(name: str) -> str:
@@ -371,6 +374,7 @@ def _block_part(key: dict, batch, seq, E, F_):
 def export_part(key: dict, path: Path) -> Path:
     """One generic part to ONNX (opset and exporter of supernet.onnx_export), inputs and outputs named as
     :func:`generic_part` says (``x``, ``w0, w1, ...`` for the weights, ``y``, ...)."""
+    from supernet.attention import ort_ops
     from supernet.onnx_export import DEFAULT_OPSET, _quiet
 
     module, example, shapes, names, outputs = generic_part(key)
@@ -384,6 +388,7 @@ def export_part(key: dict, path: Path) -> Path:
             input_names=names,
             output_names=outputs,
             verbose=False,
+            custom_translation_table=ort_ops.translation_table(),  # --custom-ops: the nas.kernels operators
         )
         program.save(str(path))
     return path

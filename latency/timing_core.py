@@ -579,6 +579,9 @@ def ort_session(graph: str, tensors: list[dict], *, threads: int | None = None, 
         materialize_weights(os.path.join(tmp, os.path.splitext(os.path.basename(graph))[0] + ".weights"), tensors, seed)
         if transform is not None:
             local = transform(local, tmp)
+        from supernet.attention import ort_ops
+
+        ort_ops.register_if_used(options, local)  # a graph exported with --custom-ops: their library
         return ort.InferenceSession(local, options, providers=providers)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

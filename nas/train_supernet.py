@@ -151,6 +151,12 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
             log.info("space %s: %s parameters in the largest subnet; %s on %s%s", space.name,
                      f"{model.num_params(space.largest()):,}", task.describe_batch(config), device,
                      f" x {dist.world} ranks" if dist.enabled else "")
+        if torch.device(device).type == "cpu":  # the compiled attention kernels: built (once) before the clock starts
+            from supernet.attention import native
+
+            note = native.prebuild()
+            if dist.is_main:
+                log.info("%s", note)
         result = train(model, objective, corpus.train, corpus.val, config, out=out, checkpointer=SupernetCheckpointer(space),
                        meta=meta, resume=stored if stored is not None else False, dist=dist,
                        progress=progress if dist.is_main else None, report=log.info if dist.is_main else None)

@@ -35,6 +35,8 @@ def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OP
     example = torch.zeros(2, model.config.max_seq_len, dtype=torch.long)
     batch = torch.export.Dim("batch", max=4096)
     seq = torch.export.Dim("seq", max=model.config.max_seq_len)
+    from .attention import ort_ops
+
     with _quiet():
         program = torch.onnx.export(
             model,
@@ -45,6 +47,7 @@ def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OP
             input_names=["tokens"],
             output_names=["logits"],
             verbose=False,
+            custom_translation_table=ort_ops.translation_table(),  # inside ort_ops.emitting(): the nas.kernels ops
         )
         program.save(str(path))
     return path
@@ -66,6 +69,9 @@ def onnx_session(path: str | Path, threads: int | None = None):
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    from .attention import ort_ops
+
+    ort_ops.register_if_used(options, path)  # a graph exported with --custom-ops: their library
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

@@ -253,7 +253,7 @@ def test_bench_onnx_attention_runs_and_checks_parity(capsys):
                        "--rounds", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert out.count("[PASS <= 0.0001]") == 3  # every exported graph matches the torch reference
-    assert "load average" in out and "local:64" in out and ">= 5x]" in out
+    assert "load average" in out and "local:64" in out and ">= 20x]" in out  # issue 39: local:64 and linear 20x
     with pytest.raises(SystemExit) as e:
         bench.main(["--types", "local:64,softmax"])
     assert e.value.code == 2

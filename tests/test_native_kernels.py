@@ -1,10 +1,12 @@
-"""The compiled window-attention kernel (supernet/attention/native.py): it builds on this machine, it
+"""The compiled window-attention kernel (supernet/attention/native.py), for each instruction set this CPU runs (AVX-512
+and AVX2 on an AVX-512 host; ``isa`` below): it builds on this machine, it
 gives the reference's numbers and gradients for local:W, dilated:W:D and longformer:W:G (causal and bidirectional;
 bigbird:W:G:R, fixed:S and strided:S causal;
 lengths on and off its 16-query blocks; windows wider than the sequence; head sizes 16-128; strided
 views of a fused projection), it is the path taken, and the block engine takes over wherever it does
 not apply."""
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -31,6 +33,14 @@ def projected(b: int, h: int, t: int, d: int, seed: int, scale: float = 1.0):
     return [x[:, :, i].transpose(1, 2) for i in range(3)]
 
 
+@pytest.fixture(autouse=True, params=native.runnable_isas() or ("none",))
+def isa(request):
+    """Every test of the module runs with the kernels of each instruction set this CPU runs (the same source, simd.h's
+    vectors); "none" where it runs none of them (the engine's tests still run)."""
+    with native.using_isa(request.param) if request.param != "none" else contextlib.nullcontext():
+        yield request.param
+
+
 @pytest.fixture
 def calls(monkeypatch):
     """Counts the kernel's forward calls."""
@@ -49,15 +59,35 @@ def calls(monkeypatch):
     return count
 
 
-def test_the_kernel_builds_here():
-    """On an AVX-512 CPU with a C++ compiler (this project's machines and CI) the kernel is built and used;
-    elsewhere status() names what is missing."""
+def test_the_kernel_builds_here(isa):
+    """On a CPU that runs one of the kernels' instruction sets, with a C++ compiler (this project's machines and CI), the
+    kernel of each such set is built and used, its build folder named by it; elsewhere status() names what is missing."""
     used, why = native.status()
-    capable = torch.backends.cpu.get_cpu_capability() == "AVX512" and shutil.which(os.environ.get("CXX", "c++"))
+    capable = isa != "none" and shutil.which(os.environ.get("CXX", "c++"))
     if capable and os.environ.get(native.ENV_OFF, "1") != "0":
         assert used and why == "", why
+        assert native.isa() == isa
+        assert f"{os.sep}{isa}-" in native._kernel().__file__
     else:
         assert not used and why
+
+
+def test_the_instruction_set_follows_torch_and_the_override():
+    """torch's capability picks the kernels' ISA (ATEN_CPU_CAPABILITY=avx2 lowers both, for a fair comparison); the
+    NAS_KERNEL_ISA override takes one the CPU runs, and says why not otherwise."""
+    runnable = native.runnable_isas()
+    if "avx2" not in runnable:
+        pytest.skip(f"this CPU ({native.machine()}) runs {runnable or 'none of the kernels instruction sets'}")
+    code = (
+        "import os\nfrom supernet.attention import native\nprint(native.choose_isa())\n"
+        "for v in ('avx2', 'neon', 'sse4'):\n    os.environ[native.ENV_ISA] = v\n    print(native.choose_isa())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != native.ENV_ISA}
+    got = subprocess.run([sys.executable, "-c", code], env={**env, "ATEN_CPU_CAPABILITY": "avx2"}, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    assert got[:2] == ["('avx2', '')", "('avx2', '')"]
+    assert got[2] == f"(None, 'NAS_KERNEL_ISA=neon: this CPU ({native.machine()}) runs {', '.join(runnable)}')"
+    assert got[3] == "(None, 'NAS_KERNEL_ISA=sse4: not one of avx512, avx2, neon')"
 
 
 @pytest.mark.parametrize("spec", TYPES)

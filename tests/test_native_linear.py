@@ -5,6 +5,8 @@ kernel's 16-token blocks, every value head size, strided views of a fused projec
 gradient recorded the kernel takes the features the torch maps give and its backward (``linear_backward``) gives the
 reference's gradients; the torch code runs where the features are not a multiple of 16, off float32."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -18,6 +20,13 @@ CONVS = ["lsra:4", "convmod:3"]
 LENGTHS = [1, 2, 15, 16, 17, 33, 100, 257]
 
 pytestmark = pytest.mark.skipif(not native.status()[0], reason=f"the compiled kernels are not used: {native.status()[1]}")
+
+
+@pytest.fixture(autouse=True, params=native.runnable_isas() or ("none",))
+def isa(request):
+    """Every test runs with the kernels of each instruction set this CPU runs (tests/test_native_kernels.py)."""
+    with native.using_isa(request.param) if request.param != "none" else contextlib.nullcontext():
+        yield request.param
 
 
 def weights(spec, heads: int, d: int, seed: int = 0):

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="ONNX Runtime version that will run the model (default: the installed one); older than 1.23 exports opset 18",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the parity-check inputs and of the measurement's order")
+    p.add_argument("--custom-ops", action="store_true", help="write the attention types that have one as ONNX Runtime "
+                   "custom operators (nas.kernels; the library is built here and must be registered by whoever runs the "
+                   "model: see nas doctor); default: standard operators only")
     v = p.add_argument_group("validation bits per byte (the search's scoring and defaults)")
     add_scoring_arguments(v)
     v.add_argument("--no-eval", action="store_true", help="do not score the model (the card's validation entry stays empty)")
@@ -57,6 +60,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "custom_ops", False):
+        from supernet.attention import ort_ops
+
+        with ort_ops.requested():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from latency.quantize import check_device, check_precision
     from nas.export import ExportSettings, export_chosen, parse_formats
     from nas.search.budget import parse_budget

@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
                    "(one new token at a context), as the space's latency section names them (default: its first)")
     p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
+    p.add_argument("--custom-ops", action="store_true", help="onnxruntime: time the graphs with the attention types' ONNX "
+                   "Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them); default: standard "
+                   "operators only")
     p.add_argument(
         "--clock",
         help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)",
@@ -81,6 +84,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "custom_ops", False):
+        from search_spaces import UserError
+        from supernet.attention import ort_ops
+
+        if args.device != "onnxruntime":
+            raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime), not {args.device}: the "
+                            "ARM bundle and remote devices carry no custom-op library yet")
+        with ort_ops.requested():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from latency.quantize import check_device, check_precision

@@ -413,9 +413,7 @@ def traced_window_attention(
     b, h, t, d = q.shape
     n = block_count(t, c)
     span = (before + 1 + after) * c
-    q, k, v = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)) for x in (q, k, v))
-    qb = q.reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
-    kb, vb = (x.reshape(b, h, n, c, x.shape[-1]) for x in (k, v))
+    qb = torch.nn.functional.pad(q, (0, 0, 0, n * c - t)).reshape(b, h, n, c, d) * (1.0 / math.sqrt(d))
 
     def window(xb: Tensor) -> Tensor:  # (B, H, N, C, D) -> (B, H, N, span, D): blocks m-before .. m+after
         xb = torch.nn.functional.pad(xb, (0, 0, 0, 0, before, after))  # (B, H, before+N+after, C, D)
@@ -424,16 +422,23 @@ def traced_window_attention(
     blk = torch.arange(n, device=q.device)[:, None, None]
     i = blk * c + torch.arange(c, device=q.device)[None, :, None]  # (N, C, 1)
     j = (blk - before) * c + torch.arange(span, device=q.device)[None, None, :]  # (N, 1, span)
+    # Each block's keys and values by one Gather from the unpadded tensors (rows clamped into the sequence; the mask
+    # hides those): ONNX Runtime spent more on the Pad / Slice / Concat that cut the windows out than on the MatMuls.
+    rows = j.reshape(n * span).clamp(min=0, max=t - 1)
+    kw, vw = (x.index_select(2, rows).reshape(b, h, n, span, x.shape[-1]) for x in (k, v))  # (B, H, N, span, D)
     seen = allowed(i, j) & (j >= 0)
     if real is not None:  # keys that hold no token hidden (a padded query keeps itself: no empty row)
         ok = torch.nn.functional.pad(real.to(q.dtype), (0, n * c - t)).reshape(*real.shape[:2], n, c, 1)
         seen = seen & ((window(ok).transpose(-2, -1) > 0) | (j == i))  # (B or 1, H or 1, N, C, span)
     elif after:
         seen = seen & ((j < t) | (j == i))
-    scores = (qb @ window(kb).transpose(-2, -1)).masked_fill(~seen, NEG_INF)  # (B, H, N, C, span)
-    groups = [(scores, lambda p: p @ window(vb))] + (extra(TracedBlocks(qb, kb, vb, i)) if extra else [])
+    scores = (qb @ kw.transpose(-2, -1)).masked_fill(~seen, NEG_INF)  # (B, H, N, C, span)
+    groups = [(scores, lambda p: p @ vw)]
+    if extra:  # further key groups read the keys and values cut into blocks
+        kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, n * c - t)).reshape(b, h, n, c, x.shape[-1]) for x in (k, v))
+        groups += extra(TracedBlocks(qb, kb, vb, i))
     if len(groups) == 1:
-        out = torch.softmax(scores, dim=-1) @ window(vb)
+        out = torch.softmax(scores, dim=-1) @ vw
     else:
         p = torch.softmax(torch.cat([s for s, _ in groups], dim=-1), dim=-1)
         parts = p.split([s.shape[-1] for s, _ in groups], dim=-1)

@@ -14,7 +14,9 @@ form (each block's R picked blocks are further key segments; W a multiple of 16,
 segment of keys S apart; S a multiple of 16) and strided:S (any S: the columns as causal attention within each
 residue stream, merged into the window's softmax; its backward the window's and the streams' in two calls) when:
 
-* float32 on the CPU, the CPU runs AVX-512 (torch's CPU capability) and a C++ compiler is found,
+* float32 on the CPU, a C++ compiler is found, and the CPU runs one of the instruction sets the kernels are written for
+  (``kernels/simd.h``): AVX-512 or AVX2 (+FMA) as torch's CPU capability says (``ATEN_CPU_CAPABILITY=avx2`` lowers
+  torch and the kernels alike), Neon on aarch64; ``NAS_KERNEL_ISA`` picks one the CPU runs,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
 
 Otherwise the engine runs, with the same result to float rounding (tests/test_native_kernels.py).
@@ -30,18 +32,23 @@ reverse for dk and dv.  The torch code (chunked GEMMs, grouped conv1d) runs off 
 of 16, and for the convolutions' gradients (tests/test_native_linear.py).
 
 It is built by ``torch.utils.cpp_extension`` the first time it is needed in a process (about 25 s on
-a 2-core machine, once: the build is cached per source and torch version under
+a 2-core machine, once: the build is cached per torch version, instruction set and source under
 ``$NAS_KERNEL_CACHE`` or ``~/.cache/nas-transformers/kernels``; concurrent processes wait on
-one build).  ``NAS_NATIVE_KERNELS=0`` turns it off; :func:`status` says whether it is in use and why not.
-Nothing is downloaded: the source ships with the package.
+one build); :func:`prebuild` does it up front (``train-supernet`` before its clock starts).
+``NAS_NATIVE_KERNELS=0`` turns it off; :func:`status` says whether it is in use and why not, ``nas doctor`` prints it.
+The same source builds without torch: ``kernels/c_api.cpp`` (a C library for ctypes: the Neon build's parity check
+under emulated aarch64, tests/test_neon_kernels.py).  Nothing is downloaded: the source ships with the package.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import platform
 import shutil
 import sys
+import time
 import warnings
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -52,44 +59,105 @@ from torch import Tensor
 
 ENV_OFF = "NAS_NATIVE_KERNELS"  # "0": never build or use the compiled kernels
 ENV_CACHE = "NAS_KERNEL_CACHE"
-SOURCE = Path(__file__).with_name("kernels") / "window_attention.cpp"
+ENV_ISA = "NAS_KERNEL_ISA"  # avx512, avx2 or neon: build and use that one (a benchmark's or a test's choice)
+KERNELS = Path(__file__).with_name("kernels")
+SOURCE = KERNELS / "window_attention.cpp"  # the kernels; simd.h holds each instruction set's vectors
+BINDING = KERNELS / "torch_module.cpp"  # the torch extension around them
+HEADERS = (KERNELS / "window_attention.h", KERNELS / "simd.h")
 NAME = "nas_window_attention"
+# The compiler flags of each instruction set the kernels are written for (simd.h), best first.
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx512dq", "-mfma"], "avx2": ["-mavx2", "-mfma"], "neon": []}
 HEAD_SIZES = (16, 32, 48, 64, 128)  # query/key and value head sizes with a register layout
 _NO_LSE = torch.empty(0)
 _NO_PICKS = torch.empty(0, 0, dtype=torch.long)
 _NO_PROJ = torch.empty(0, 0)
 
 _off = False  # :func:`disabled` (benchmarks compare the engine and the kernel in one process)
+_forced: str | None = None  # :func:`using_isa`
 
 
-def _cache_dir() -> Path:
+def _cache_dir(isa: str, flags: list[str]) -> Path:
+    """The build folder of one instruction set: per torch version, ISA and the kernels' sources and flags."""
     root = os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "nas-transformers" / "kernels"
     version = torch.__version__.replace("+", "_")
-    return Path(root) / f"torch-{version}"
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for f in (SOURCE, BINDING, *HEADERS):
+        digest.update(f.name.encode() + b"\0" + (f.read_bytes() if f.exists() else b""))
+    return Path(root) / f"torch-{version}" / f"{isa}-{digest.hexdigest()[:12]}"
+
+
+def machine() -> str:
+    return platform.machine().lower()
 
 
 @lru_cache(maxsize=1)
-def _build():
-    """(module, "") or (None, why not); built at most once per process."""
-    if os.environ.get(ENV_OFF, "1") == "0":
-        return None, f"{ENV_OFF}=0"
+def runnable_isas() -> tuple[str, ...]:
+    """The instruction sets of :data:`ISA_FLAGS` this CPU executes, best first (whatever torch's capability is set to):
+    aarch64 always has Neon; on x86 the CPU's flags (Linux's /proc/cpuinfo), else torch's capability."""
+    if machine() in ("aarch64", "arm64"):
+        return ("neon",)
+    if machine() not in ("x86_64", "amd64", "x64"):
+        return ()
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    if not flags:  # no cpuinfo (macOS, Windows): what torch reports, unless forced lower by ATEN_CPU_CAPABILITY
+        capability = torch.backends.cpu.get_cpu_capability()
+        return ("avx512", "avx2") if capability == "AVX512" else ("avx2",) if capability == "AVX2" else ()
+    have = []
+    if {"avx512f", "avx512dq", "fma"} <= flags:
+        have.append("avx512")
+    if {"avx2", "fma"} <= flags:
+        have.append("avx2")
+    return tuple(have)
+
+
+def choose_isa() -> tuple[str | None, str]:
+    """(the instruction set the kernels use here, "") or (None, why none): ``$NAS_KERNEL_ISA`` if set (one this CPU
+    runs), else torch's CPU capability (``ATEN_CPU_CAPABILITY=avx2`` lowers both: a fair comparison) on x86, Neon on
+    aarch64."""
+    runnable = runnable_isas()
+    wanted = _forced or os.environ.get(ENV_ISA, "").strip().lower()
+    if wanted:
+        if wanted not in ISA_FLAGS:
+            return None, f"{ENV_ISA}={wanted}: not one of {', '.join(ISA_FLAGS)}"
+        if wanted not in runnable:
+            return None, f"{ENV_ISA}={wanted}: this CPU ({machine()}) runs {', '.join(runnable) or 'none of them'}"
+        return wanted, ""
+    if "neon" in runnable:
+        return "neon", ""
     capability = torch.backends.cpu.get_cpu_capability()
-    if capability != "AVX512":
-        return None, f"the CPU capability is {capability}, the kernel needs AVX512"
+    isa = {"AVX512": "avx512", "AVX2": "avx2"}.get(capability)
+    if isa is None or isa not in runnable:
+        return None, f"the CPU capability is {capability}: the kernels need AVX2 (+FMA), AVX-512 or aarch64 Neon"
+    return isa, ""
+
+
+@lru_cache(maxsize=None)
+def _build(isa: str):
+    """(module, "") or (None, why not): the kernels for ``isa``, built at most once per process (and once per cache)."""
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return None, f"no C++ compiler ({compiler!r} not on PATH)"
     from torch.utils import cpp_extension
 
-    where = _cache_dir()
+    flags = ["-O3", "-std=c++17", *ISA_FLAGS[isa]]
+    where = _cache_dir(isa, flags)
+    name = f"{NAME}_{isa}"
+    started = time.perf_counter()
     try:
         where.mkdir(parents=True, exist_ok=True)
-        if not (where / f"{NAME}.so").exists():  # long work says so (a changed source rebuilds silently, as quickly)
-            print(f"nas: building the compiled window-attention kernel in {where} (once, about 25 s)", file=sys.stderr)
+        fresh = not (where / f"{name}.so").exists()
+        if fresh:  # long work says so
+            print(f"nas: building the compiled attention kernels ({isa}) in {where} (once, about 25 s)", file=sys.stderr)
         module = cpp_extension.load(
-            name=NAME,
-            sources=[str(SOURCE)],
-            extra_cflags=["-O3", "-mavx512f", "-mavx512dq", "-mfma"],
+            name=name,
+            sources=[str(SOURCE), str(BINDING)],
+            extra_cflags=flags,
+            extra_include_paths=[str(KERNELS)],
             build_directory=str(where),
             verbose=False,
         )
@@ -98,20 +166,70 @@ def _build():
         why = f"the build failed ({first[:200]})"
         warnings.warn(f"nas: the compiled window-attention kernel is not used: {why}", RuntimeWarning, stacklevel=3)
         return None, why
+    seconds = time.perf_counter() - started
+    _builds[isa] = (seconds, fresh)
+    if fresh:
+        print(f"nas: built the compiled attention kernels ({isa}) in {seconds:.1f} s", file=sys.stderr)
     return module, ""
+
+
+_builds: dict[str, tuple[float, bool]] = {}  # isa: (seconds the build or load took, built in this process)
+
+
+def _loaded():
+    """(module, "") or (None, why not) for the instruction set in use."""
+    if os.environ.get(ENV_OFF, "1") == "0":
+        return None, f"{ENV_OFF}=0"
+    isa, why = choose_isa()
+    return (None, why) if isa is None else _build(isa)
 
 
 def _kernel():
     """The built module (callers checked :func:`fits`)."""
-    return _build()[0]
+    return _loaded()[0]
 
 
 def status() -> tuple[bool, str]:
     """(in use, why not): builds the kernel if it has not been built in this process."""
     if _off:
         return False, "turned off in this process (native.disabled())"
-    module, why = _build()
+    module, why = _loaded()
     return module is not None, why
+
+
+def isa() -> str | None:
+    """The instruction set of the kernels in use (building them if needed), or None."""
+    module = _kernel() if not _off else None
+    return None if module is None else module.isa()
+
+
+def cached(isa: str) -> Path | None:
+    """The build folder of ``isa``'s kernels where they are built already (this torch, these sources), else None."""
+    where = _cache_dir(isa, ["-O3", "-std=c++17", *ISA_FLAGS[isa]])
+    return where if (where / f"{NAME}_{isa}.so").exists() else None
+
+
+def prebuild() -> str:
+    """Build (or load) the kernels now, before any timed work (``train-supernet`` calls it before its clock starts);
+    returns a note saying which, how long it took, or why they are not used."""
+    used, why = status()
+    if not used:
+        return f"compiled attention kernels not used: {why}"
+    chosen = choose_isa()[0]
+    seconds, fresh = _builds.get(chosen, (0.0, False))
+    return f"compiled attention kernels ({chosen}): {'built' if fresh else 'loaded from the cache'} in {seconds:.2f} s"
+
+
+@contextlib.contextmanager
+def using_isa(name: str):
+    """Use the kernels of instruction set ``name`` inside this block (tests and benchmarks compare them in one
+    process); one this CPU does not run leaves :func:`status` saying so."""
+    global _forced
+    was, _forced = _forced, name
+    try:
+        yield
+    finally:
+        _forced = was
 
 
 @contextlib.contextmanager
