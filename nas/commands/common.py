@@ -184,14 +184,18 @@ def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- measurement protocol
 
 
-# One model, measured once: more samples and rounds than a campaign's defaults (measure-latency: 10 / 30 / 5).
+# A campaign's protocol (measure-latency: many subnets, each visited in every round) ...
+CAMPAIGN_DEFAULTS = {"warmup": 10, "repeats": 30, "rounds": 5, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 1}
+# ... and one model's, measured once (export, search --verify): more samples and rounds.
 PROTOCOL_DEFAULTS = {"warmup": 20, "repeats": 60, "rounds": 10, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 2}
 
 
-def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
-    """The measurement protocol's flags (``--warmup`` ...), with one model's defaults."""
-    d = PROTOCOL_DEFAULTS
-    g = p.add_argument_group("measurement protocol")
+def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", defaults: dict | None = None,
+                           title: str = "measurement protocol"):
+    """The measurement protocol's flags (``--warmup`` ...), with one model's defaults (``defaults``: a campaign's);
+    returns their group."""
+    d = defaults or PROTOCOL_DEFAULTS
+    g = p.add_argument_group(title)
     g.add_argument(
         f"--{prefix}warmup",
         dest="warmup",
@@ -238,6 +242,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None
         action="store_true",
         help="a reference sample after every sample (fast machine swings)",
     )
+    return g
 
 
 def protocol_settings(args: argparse.Namespace):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import protocol_settings, visit_bar
+from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, protocol_settings, visit_bar
 
 log = logging.getLogger(__name__)
 
@@ -45,30 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
     p.add_argument("--precision", help="fp32 (default), int8-dynamic or int8-static: onnxruntime (cpu) times the graphs "
                    "quantized as an export is (onnxruntime.quantization); recorded in the table, which holds one precision")
-    g = p.add_argument_group("protocol")
-    g.add_argument("--warmup", type=int, default=10, help="untimed calls per subnet before timing (default 10)")
-    g.add_argument("--repeats", type=int, default=30, help="timed samples per subnet, spread over the rounds (default 30)")
-    g.add_argument("--rounds", type=int, default=5, help="interleaved rounds in shuffled order (default 5)")
-    g.add_argument(
-        "--min-sample-ms", type=float, default=30.0, help="a sample times back-to-back calls for at least this long (default 30)"
-    )
-    g.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.15,
-        help="reference change across a visit that marks it disturbed and re-measured (default 0.15)",
-    )
-    g.add_argument("--max-retries", type=int, default=1, help="re-measure passes for disturbed visits (default 1)")
-    g.add_argument("--combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
-    g.add_argument(
-        "--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit"
-    )
-    g.add_argument(
-        "--paired",
-        action="store_true",
-        help="time the reference after every sample and rescale each sample by the two "
-        "around it: cancels fast machine-speed swings (shared hosts), twice the timing cost",
-    )
+    g = add_protocol_arguments(p, defaults=CAMPAIGN_DEFAULTS, title="protocol")
     g.add_argument(
         "--retest",
         type=float,
