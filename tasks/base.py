@@ -4,25 +4,28 @@ The layers ask a task (through :mod:`search_spaces.tasks`) where what they do de
 differs between tasks is a method here, grouped by the layer that asks:
 
 * **space** (``search_spaces``): ``name``, ``doc``, ``parse_space`` (a space file's YAML mapping -> its space
-  object, whose class owns the *genes*: ``sample``, ``largest`` / ``smallest``, ``mutate``, ``crossover``,
-  ``genes`` (the search's trial parameters), ``encode`` / ``decode``, membership), ``describe``, and the latency
-  workload kinds the task adds (``workload_kinds``, ``workload_from_record``);
-* **model** (``supernet``): ``supernet`` (the elastic model of a space), ``extract`` (the static model of a subnet,
-  the same numbers), ``scratch`` (a freshly initialised static model);
-* **training** (``supernet.train``, one loop for every task): ``learner`` (what a step's batches, loss,
-  distillation and held-out score are, :class:`supernet.task.Learner`), ``prepare_data`` (the task's data:
-  a corpus, sentence pairs, a generator), the held-out ``metric``;
+  object, whose class owns the *genes*: ``sample``, ``largest`` / ``smallest``, ``lightest``, ``mutate``,
+  ``crossover``, ``genes`` (a search's trial parameters), ``encode`` / ``decode``, membership), ``describe``, and
+  the latency workload kinds the task adds (``workload_kinds``, ``workload_from_record``);
+* **model** (``supernet``): ``supernet`` (the elastic model of a space: ``.extract(subnet)``, the static model of
+  a subnet, the same numbers), ``scratch`` (a freshly initialised static model);
+* **training** (:func:`supernet.train.train`, one loop for every task): ``learner`` (what a step's batches, loss,
+  distillation and held-out score are, :class:`supernet.task.Learner`; ``learner_options``, the task's settings
+  of a run), the data (``data_keys``, ``data_settings``, ``prepare_data``, ``check_data``, ``data_record``,
+  ``describe_*``), ``objective_defaults``, ``token_unit``, ``metric``;
 * **latency** (``latency``): ``params``, ``timing_model`` and ``timing_reference`` (static models with arbitrary
-  weights), ``table_features`` and ``predictor_features`` (a timing table's columns, a predictor's inputs), and
-  for a workload kind of its own the timed call (``torch_call``), the ONNX Runtime runner (``ort_runner``)
-  and the devices that time it (``timed_on``);
-* **search and export** (``nas``): ``fitness`` (a subnet's held-out score with inherited weights), ``export``
-  (the artifacts of a chosen subnet and their parity checks);
-* **commands** (``nas.commands``): ``flags`` (a command's extra flags for this task, as typed settings), and
-  ``commands`` (whole subcommands of its own: ``nas translate``).
+  weights), ``table_features`` and ``predictor_features`` (a timing table's columns, a predictor's inputs),
+  ``bundle_models``, and for a workload kind of its own the timed call (``torch_call``), the ONNX Runtime runner
+  (``ort_runner``), a latency bundle's graphs (``bundle_graphs``) and the devices that time it (``check_timing``);
+* **search and export** (``nas``): ``fitness`` (a subnet's held-out score with inherited weights), ``validation``
+  (a static model's, for its card), ``export`` (the artifacts of a chosen subnet and their parity checks),
+  ``train_subnet``, ``default_workload``, ``unit``;
+* **commands** (``nas.commands``): ``flags`` (a command's extra flags for this task: :class:`Flag`), ``refuse``
+  (the generic flags it does not take), ``commands`` (whole subcommands of its own: ``nas translate``).
 
 Most tasks train one stack of blocks over a sequence (:class:`~tasks.stack.StackTask` gives every method of
-that model); a task with a model of another shape (the encoder-decoder) gives its own.
+that model); a task with a model of another shape (the encoder-decoder) gives its own.  docs/adding-a-task.md
+says how to add one; ``tests/test_task_in_one_file.py`` declares one in a test file alone.
 """
 
 from __future__ import annotations
