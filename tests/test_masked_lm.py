@@ -1,4 +1,4 @@
-"""The masked-LM task (issue 17): batches, losses and held-out scoring of ``supernet.task.MaskedLM``, sandwich
+"""The masked-LM task (issue 17): batches, losses and held-out scoring of ``tasks.masked_lm.learner.MaskedLM``, sandwich
 training of an encoder supernet with exact resume, and the ``--mask-rate`` flag of train-supernet / train-subnet."""
 
 import json
