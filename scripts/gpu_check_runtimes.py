@@ -67,8 +67,10 @@ def main(argv=None) -> int:
                               timeout=300)  # fmt: skip
         lines = proc.stdout.strip().splitlines()
         if proc.returncode or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            return f"FAIL  exit {proc.returncode}: {tail[:300]}"
+            err = proc.stderr.strip().splitlines() or ["no output"]
+            # the exception's own line (torch's dynamo errors end with advice on logging, not with what went wrong)
+            cause = next((x for x in reversed(err) if "Error" in x or "Exception" in x or "Unsupported" in x), err[-1])
+            return f"FAIL  exit {proc.returncode}: {cause[:400]}"
         return lines[-1]
 
     failed = 0

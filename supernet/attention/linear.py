@@ -307,7 +307,19 @@ def _orthogonal_features(m: int, d: int) -> np.ndarray:
 def performer_projection(m: int, d: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """(M, D) orthogonal random features: blocks of D orthonormal rows (QR of a Gaussian), each row
     scaled to the norm of a Gaussian row, drawn once from :data:`PERFORMER_SEED` (numpy, so a trace
-    or a device never changes them): every model and every device uses the same features."""
+    or a device never changes them): every model and every device uses the same features.
+
+    On a GPU the tensor is made once per (shape, device, dtype) and kept: a CUDA graph capture may not copy from the
+    host (an H200 refused performer's every call under ``--runtime cudagraph``), and the features never change.  Traced
+    (torch.export, ONNX, torch.compile) it is made afresh, a constant of the trace."""
+    device = torch.device(device)
+    if device.type == "cuda" and not (torch.compiler.is_compiling() or torch.compiler.is_exporting()):
+        return _projection_on(m, d, device, dtype)
+    return torch.tensor(_orthogonal_features(m, d), dtype=dtype, device=device)
+
+
+@lru_cache(maxsize=64)
+def _projection_on(m: int, d: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.tensor(_orthogonal_features(m, d), dtype=dtype, device=device)
 
 
