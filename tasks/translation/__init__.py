@@ -1,7 +1,13 @@
 """``seq2seq``: translation by an encoder-decoder (HAT's elastic space, arbitrary encoder-decoder attention and
 ``translate`` latency workload), trained on sentence pairs; the held-out score is cross-entropy per target byte.
 
-The folder: :mod:`.space` (the space format, subnets, genes and the ``translate`` workload), ...
+The folder: :mod:`.space` (the space format, subnets, genes and the ``translate`` workload), :mod:`.model` (the
+elastic and the static encoder-decoder, one forward), :mod:`.data` (sentence pairs: gettext catalogs or a TSV, split
+and cached), :mod:`.train` (the learner of the one training loop, its batches and held-out score), :mod:`.decode`
+(greedy and beam search, chrF / BLEU), :mod:`.onnx` (the encoder and decoder-step graphs), :mod:`.artifact` (an
+exported model), :mod:`.features` and :mod:`.timing` (the workload's cost terms, timing models, the devices' loops),
+:mod:`.search` (the fitness), :mod:`.export`, :mod:`.workflows` (the flags it refuses, its data settings, training
+one subnet) and :mod:`.command` (``nas translate``).
 """
 
 from __future__ import annotations
