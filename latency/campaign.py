@@ -16,32 +16,21 @@ from typing import Callable
 
 import numpy as np
 
-from search_spaces import Space, Subnet, UserError, Workload
+from search_spaces import Space, Subnet, UserError, Workload, tasks
 
 from .device import Device
-from .features import params, table_features
-from .protocol import measure, reference_model, timing_model
+from .protocol import measure
 from .table import TimingTable
 from .timing_core import Journal, Settings, format_row
 
 log = logging.getLogger(__name__)
 
 
-def task_parts(space: Space):
-    """(params, timing_model, table_features) of the space's task: an LM's, or a seq2seq space's
-    (:mod:`latency.translate_timing`)."""
-    from . import translate_timing as tt
-
-    if tt.is_seq2seq(space):
-        return tt.seq2seq_params, tt.seq2seq_timing_model, tt.seq2seq_table_features
-    return params, timing_model, table_features
-
-
 def chunks(subnets: list[Subnet], space: Space, memory_mb: float) -> list[list[Subnet]]:
     """Consecutive groups whose fp32 weights together stay under ``memory_mb`` (at least one subnet each)."""
     out: list[list[Subnet]] = []
     used = memory_mb + 1
-    count = task_parts(space)[0]
+    count = tasks.of(space).params
     for s in subnets:
         mb = count(space, s) * 4 / 2**20
         if used + mb > memory_mb and (not out or out[-1]):
@@ -56,7 +45,7 @@ def check_memory(space: Space, chunk: list[Subnet]) -> None:
     """Refuse, before allocating, a chunk whose fp32 weights need more memory than the machine has free."""
     import os
 
-    count = task_parts(space)[0]
+    count = tasks.of(space).params
     need = sum(count(space, s) for s in chunk) * 4
     try:
         free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -96,11 +85,8 @@ def _run(device, space, workload, passes, table, settings, seed, memory_mb, prog
     if not total:
         table.journal_path.unlink(missing_ok=True)
         return 0
-    _, build, features = task_parts(space)
-    if build is timing_model:
-        ref = reference_model(timing_model(space, space.smallest(), materialize=False).config)
-    else:  # a seq2seq space: its smallest subnet is the fixed reference
-        ref = build(space, space.smallest())
+    task = tasks.of(space)  # the static models, the reference and a row's features are the task's
+    build, features, ref = task.timing_model, task.table_features, task.timing_reference(space)
     materialize = getattr(device, "needs_weights", True)  # ONNX Runtime draws its own: no torch weights needed
     if materialize:  # every chunk checked before the first is built: a huge subnet is refused before anything is timed
         for subnets in todo.values():

@@ -134,3 +134,14 @@ def table_features(space: Space, subnet: Subnet, workload: Workload) -> dict[str
 def matrix(rows: list[dict[str, float]]) -> tuple[np.ndarray, list[str]]:
     names = list(rows[0])
     return np.array([[r[n] for n in names] for r in rows], dtype=np.float64), names
+
+
+def stack_matrix(kind: str, space: Space, workload: Workload, subnets) -> tuple[np.ndarray, list[str]]:
+    """What a predictor of kind ``kind`` reads of one-stack subnets: the additive terms for ``additive``; the
+    encoding and the summaries otherwise."""
+    if kind == "additive":
+        rows = [additive_terms(space, s, workload) for s in subnets]
+    else:
+        rows = [{**dict(zip(space.feature_names(), space.encode(s).tolist())), **summary_features(space, s, workload)}
+                for s in subnets]
+    return matrix(rows)

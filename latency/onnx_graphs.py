@@ -577,7 +577,7 @@ def _cached_part(directory: Path, key: dict) -> Path:
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
             export_part(key, Path(tmp) / "part.onnx")
             os.replace(Path(tmp) / "part.onnx", path)  # atomic: a present file is a complete one
-            _write_json(path.with_suffix(".json"), key)  # what it is, for people reading the cache
+            write_json(path.with_suffix(".json"), key)  # what it is, for people reading the cache
     return path
 
 
@@ -587,31 +587,23 @@ def _save(directory: Path, name: str, model, layout: dict) -> None:
     tmp = directory / f".{name}.onnx.tmp"
     onnx.save(model, str(tmp))
     os.replace(tmp, directory / f"{name}.onnx")
-    _write_json(directory / f"{name}.json", layout)
+    write_json(directory / f"{name}.json", layout)
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, default=str))
     os.replace(tmp, path)
 
 
-# --------------------------------------------------------------------------- encoder-decoders
+# --------------------------------------------------------------------------- whole graphs, stripped
 #
-# An encoder-decoder's two graphs (supernet.onnx_seq2seq: encoder.onnx, decoder_step.onnx) are exported whole, once
-# per architecture (a few seconds each on 2 cores), then stripped of their weights like the stitched graphs: every
-# float initializer of rank >= 2 and at least STRIP_MIN values (the weight matrices, the embeddings) becomes
-# external data whose file is not kept; small ones (biases, norms, rotary frequencies, shape constants) stay inline.
+# A model whose graphs are exported whole (a task's own model: tasks.translation's encoder and decoder step), once
+# per architecture, is stripped of its weights like the stitched graphs: every float initializer of rank >= 2 and at
+# least STRIP_MIN values (the weight matrices, the embeddings) becomes external data whose file is not kept; small
+# ones (biases, norms, rotary frequencies, shape constants) stay inline.
 
 STRIP_MIN = 256
-
-
-def seq2seq_key(model) -> str:
-    """A stable name for a static encoder-decoder's shape: what of its space the graphs depend on, and its subnet."""
-    space = model.space
-    fields = {"vocab": space.vocab_size, "max_seq_len": space.max_seq_len, "head_dim": space.head_dim,
-              "positions": space.positions, "subnet": model.subnet.to_dict()}  # fmt: skip
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def strip_weights(path: Path) -> list[dict]:
@@ -637,36 +629,3 @@ def strip_weights(path: Path) -> list[dict]:
         offset += nbytes
     onnx.save(model, str(path))
     return tensors
-
-
-def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
-    """The weight-stripped ``encoder`` and ``decoder_step`` graphs of a static encoder-decoder (paths), their weight
-    layouts (``encoder_tensors``, ``decoder_step_tensors``) and the step's input layout (``inputs``), exported once per
-    architecture.  ``model`` may live on the meta device (seeded weights are drawn for the export, then stripped)."""
-    directory, key = directory or graph_dir(), seq2seq_key(model)
-    folder = directory / f"s2s-{key}"
-    names = {"encoder": f"{key}-encoder.onnx", "decoder_step": f"{key}-decoder_step.onnx"}  # unique: a bundle holds many
-    if not (folder / "layout.json").exists():
-        from supernet.onnx_seq2seq import DECODER, ENCODER, export_seq2seq_onnx, step_layout
-
-        from .translate_timing import seq2seq_timing_model
-
-        if any(p.is_meta for p in model.parameters()):
-            model = seq2seq_timing_model(model.space, model.subnet)
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            export_seq2seq_onnx(model, tmp)
-            os.replace(Path(tmp) / ENCODER, Path(tmp) / names["encoder"])
-            os.replace(Path(tmp) / DECODER, Path(tmp) / names["decoder_step"])
-            layout = {"encoder_tensors": strip_weights(Path(tmp) / names["encoder"]),
-                      "decoder_step_tensors": strip_weights(Path(tmp) / names["decoder_step"]), "inputs": step_layout(model),
-                      "subnet": model.subnet.to_dict()}  # fmt: skip
-            _write_json(Path(tmp) / "layout.json", layout)
-            try:
-                os.replace(tmp, folder)  # atomic: a present folder is a complete one
-            except OSError:  # another process wrote it first (or an old partial folder): keep the one there
-                if not (folder / "layout.json").exists():
-                    raise
-            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
-    data = json.loads((folder / "layout.json").read_text())
-    return {"encoder": folder / names["encoder"], "decoder_step": folder / names["decoder_step"], **data}

@@ -81,13 +81,12 @@ class Measurement:
 
 
 def default_reference(model):
-    """The model timed beside every visit when none is given: :func:`reference_model` of an LM's config, the space's
-    smallest subnet for an encoder-decoder (a ``Seq2SeqTransformer``, as a seq2seq campaign uses)."""
-    if getattr(getattr(model, "space", None), "task", None) == "seq2seq":
-        from .translate_timing import seq2seq_reference
+    """The model timed beside every visit when none is given: :func:`reference_model` of a one-stack model's config; a
+    model of a task's own shape carries its space, whose task says it (the encoder-decoder's smallest subnet)."""
+    from search_spaces import tasks
 
-        return seq2seq_reference(model.space)
-    return reference_model(model.config)
+    space = getattr(model, "space", None)
+    return tasks.of(space).timing_reference(space) if space is not None else reference_model(model.config)
 
 
 def measure(
@@ -102,8 +101,8 @@ def measure(
     progress: Progress | None = None,
     journal: Journal | None = None,
 ) -> Measurement:
-    """Time each static model in ``models`` (key -> :class:`supernet.Transformer`, or a
-    :class:`supernet.seq2seq.Seq2SeqTransformer` at a ``translate`` workload) at ``workload``.
+    """Time each static model in ``models`` (key -> :class:`supernet.Transformer`, or a task's own static model at
+    a workload kind of that task's) at ``workload``.
 
     ``reference`` (default :func:`reference_model` of the first model's config) is timed beside
     every visit to correct drift and detect interference; ``baseline_ms`` chains calls of one

@@ -277,3 +277,12 @@ def quantized_copy(graph: str, directory: str, precision: str, feeds: list[dict]
     out = os.path.join(directory, f"model.{precision}.onnx")
     quantize_model(graph, out, precision, feeds, max_error=None)
     return out
+
+
+def check_predictor_precision(predictor, path, precision: str) -> None:
+    """Refuse a predictor fitted on timings at another precision than ``--precision``, naming both."""
+    theirs = precision_of(getattr(predictor, "fingerprint", None) or {})
+    if theirs != precision:
+        raise UserError(f"--predictor {path}: fitted on timings at precision {theirs}, but --precision is {precision}; "
+                        f"measure at {precision} (nas measure-latency --device onnxruntime --precision {precision}) "
+                        "and fit a predictor on them")

@@ -185,7 +185,7 @@ def read_timings(path: str | Path) -> Timings:
         if rec["pass"] not in PASSES:
             raise UserError(f"{path}: line {line}: column 'pass': {rec['pass']!r} is not one of {', '.join(PASSES)}")
         try:
-            subnet = space.subnet_type.from_json(rec["subnet"])  # an LM or a seq2seq subnet, as the space says
+            subnet = space.subnet_type.from_json(rec["subnet"])  # the subnet type of the space's task
         except (json.JSONDecodeError, UserError) as e:
             raise UserError(f"{path}: line {line}: column 'subnet': not a subnet: {str(e).splitlines()[0]}") from None
         problems = space.problems(subnet)

@@ -617,7 +617,7 @@ def _alive(pid: int) -> bool:
 
 
 def translate_start(layout: dict, batch: int) -> dict:
-    """The decoder step's first inputs at ``batch`` rows (a step graph's input layout, ``supernet.onnx_seq2seq``):
+    """The decoder step's first inputs at ``batch`` rows (a step graph's input layout, ``tasks.translation.onnx``):
     empty caches, zero states, the start token (BOS) at position 0; the cross inputs still to add."""
     feed = {}
     for name, spec in layout.items():

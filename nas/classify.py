@@ -3,7 +3,7 @@
 :func:`finetune_classifier` is the library entry point behind ``nas finetune --task classify``;
 :func:`load_classifier` and :meth:`Classifier.predict` behind ``nas classify``.
 
-The model: an exported encoder (a ``Transformer`` of a ``task: masked-lm`` space, bidirectional
+The model: an exported encoder (a one-stack ``Transformer`` whose task has bidirectional
 attention) with a pooled head: the final hidden states (after the final norm) averaged over the
 text's bytes, then one linear layer to the classes.  Mean pooling, not a [CLS]-style first byte:
 the encoder was trained BERT-style on bytes without a class token, so no position carries a
@@ -179,10 +179,12 @@ def text_bytes(texts: list[str] | tuple[str, ...], seq_len: int) -> list[bytes]:
 
 
 def check_encoder(card: Path, space: Space) -> None:
-    """Refuse a model that is not a byte-level encoder (task masked-lm); ``card`` names the file in the message."""
+    """Refuse a model that is not a byte-level encoder (bidirectional attention); ``card`` names the file in the message."""
+    from search_spaces import tasks
+
     if space.causal:
         raise UserError(f"{card}: a {space.task} model (space {space.name!r}: causal attention); "
-                        "--task classify needs an encoder (a model of a task: masked-lm space)")
+                        f"--task classify needs an encoder (a model of a task: {tasks.with_form('bidirectional')} space)")
     if space.vocab_size < 256:
         raise UserError(f"{card}: vocab_size {space.vocab_size}; --task classify reads texts as bytes "
                         "(vocab_size 256 or more)")

@@ -1,7 +1,8 @@
 """``nas``: one entry point, one small module per subcommand in :mod:`nas.commands`.
 
 Each subcommand module defines ``NAME``, ``HELP``, ``EXAMPLE``, ``add_arguments(parser)``
-and ``run(args) -> int``.  Heavy imports stay inside ``run`` so ``nas --help`` is fast.
+and ``run(args) -> int``; a task adds commands of its own the same way
+(:attr:`tasks.base.Task.commands`).  Heavy imports stay inside ``run`` so ``nas --help`` is fast.
 A :class:`search_spaces.UserError` becomes its message on stderr and exit status 2.
 
 Output: results (tables, summaries, paths written) go to stdout, printed by the command modules.
@@ -24,9 +25,23 @@ from search_spaces.errors import UserError
 
 from . import __version__
 
-# The subcommands that exist, in the order --help lists them.
+# The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
 COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
-            "train-subnet", "finetune", "classify", "generate", "translate", "doctor"]
+            "train-subnet", "finetune", "classify", "generate", "doctor"]
+
+
+def command_modules() -> dict:
+    """Every subcommand's module by its name: the generic ones (:mod:`nas.commands`), then the tasks' own (each
+    registered task's ``commands``, in registration order)."""
+    from search_spaces.tasks import tasks
+
+    out = {name: importlib.import_module(f"nas.commands.{name.replace('-', '_')}") for name in COMMANDS}
+    for task in tasks().values():
+        for path in getattr(task, "commands", ()):
+            module = importlib.import_module(path)
+            assert module.NAME not in out, f"task {task.name}: command {module.NAME!r} exists already"
+            out[module.NAME] = module
+    return out
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other
@@ -112,8 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     common = _output_flags()
-    for name in COMMANDS:
-        module = importlib.import_module(f"nas.commands.{name.replace('-', '_')}")
+    for name, module in command_modules().items():
         p = sub.add_parser(
             name,
             help=module.HELP,
@@ -142,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
-            from .checks import check_flags
+            from .commands.checks import check_flags
 
             check_flags(args, _command_parser(parser, args.command))
             return int(args.run(args) or 0)
@@ -150,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a file system failure (full disk, read-only, a file where a folder goes): one line, exit 2
-        from .checks import io_failure
+        from .commands.checks import io_failure
 
         line = io_failure(e, args)
         if line is None:

@@ -228,12 +228,12 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     predictor = load_predictor(p.predictor)
     found = Subnet.from_dict(read_card(p.model)["subnet"])
     tokens, _ = validation_tokens(p.checkpoint, payload)
-    from supernet.task import trained_mask_rate
+    from supernet.task import trained_options
 
-    rate = trained_mask_rate(payload["meta"])  # a masked-lm supernet: bits per masked byte at its training rate
-    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0, mask_rate=rate)  # the search's windows
+    trained = trained_options(space, payload["meta"])  # scored as trained (a masked LM: at its training mask rate)
+    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0, options=trained)  # the search's windows
     # never seen by the search
-    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000, mask_rate=rate)
+    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000, options=trained)
 
     # the best uniform subnet of each attention type that the predictor puts under the budget
     uniform = uniform_subnets(space)

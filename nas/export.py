@@ -18,9 +18,11 @@ import torch
 
 from search_spaces import Space, Subnet, UserError, Workload
 from supernet.files import check_room
+from supernet.heldout import StaticAsSupernet
 from supernet.artifact import PROGRAM, export_program, load_program, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
 from supernet.model import Transformer
+
 
 ONNX_FILE = "model.onnx"
 STEP_FILE = "step.onnx"  # the decode step graph, written when a decode workload is timed on ONNX Runtime
@@ -183,19 +185,6 @@ def export_subnet(
 # --------------------------------------------------------------------------- bits per byte
 
 
-class StaticAsSupernet(torch.nn.Module):
-    """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only),
-    so :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
-
-    def __init__(self, model: Transformer, space: Space):
-        super().__init__()
-        self.model, self.space = model, space
-
-    def forward(self, idx: torch.Tensor, subnet: Subnet) -> torch.Tensor:
-        assert subnet == self.model.subnet, "a static model runs only its own subnet"
-        return self.model(idx)  # (B, T, V)
-
-
 @dataclass(frozen=True)
 class Scoring:
     """The held-out windows: the search's fitness defaults (``nas search --val-windows/--seq-len/--val-seed``)."""
@@ -208,15 +197,16 @@ class Scoring:
 
 def validation_bpb(
     model: Transformer, space: Space, tokens: np.ndarray, scoring: Scoring = Scoring(), where: str = "validation tokens",
-    mask_rate: float | None = None,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Bits per byte of ``model`` on fixed held-out windows: the number ``nas search`` reports as the subnet's loss
-    (for a masked-lm space: bits per masked byte, the description says ``metric``)."""
+    (scored as the space's task scores, ``options`` its settings: a masked LM's bits per masked byte, the description
+    says ``metric``)."""
     from nas.search.fitness import InheritedLoss
 
     seq_len = min(scoring.seq_len, space.max_seq_len)
     score = InheritedLoss(StaticAsSupernet(model.eval(), space), tokens, seq_len=seq_len, windows=scoring.windows,
-                          batch_size=scoring.batch_size, seed=scoring.seed, where=where, mask_rate=mask_rate)
+                          batch_size=scoring.batch_size, seed=scoring.seed, where=where, options=options)
     bpb = float(score([model.subnet])[0])
     return {"bits_per_byte": bpb, **score.description, "source": where}
 
@@ -368,3 +358,194 @@ def measure_model(
         "over_budget": None if budget_ms is None else bool(result.median_ms > budget_ms),
     }
     return entry
+
+
+# --------------------------------------------------------------------------- nas export: the workflow
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """What ``nas export`` is asked to do, from its flags (the subnet and the supernet are loaded by the caller)."""
+
+    out: Path
+    formats: tuple[str, ...] = FORMATS
+    target_ort: str | None = None
+    seed: int = 0  # the parity inputs' and the measurement order's
+    scoring: Any = None  # nas.search.fitness.FitnessSettings: the held-out scoring (the search's defaults)
+    evaluate: bool = True  # score the model for the card
+    precision: str = "fp32"
+    predictor: str | None = None
+    measure: str | None = None  # a device to time the exported model on
+    device_options: dict[str, Any] = field(default_factory=dict)  # threads, runtime, provider, clock
+    workload: str | None = None
+    budget_ms: float | None = None
+    protocol: Any = None  # latency.timing_core.Settings of the measurement
+
+
+@dataclass
+class Exported:
+    """What a task's export wrote: the lines the command prints, the notes it logs, and how to time the export
+    (``time(device, workload, protocol, **measure_model's keywords) -> its measured entry``; None: not timed)."""
+
+    out: Path
+    lines: list[str]
+    notes: list[str] = field(default_factory=list)
+    time: Callable[..., dict[str, Any]] | None = None
+
+
+@dataclass
+class ExportOutcome:
+    exported: Exported
+    predicted: dict[str, Any] | None = None
+    workload: Any = None
+    measured: dict[str, Any] | None = None
+
+
+def export_chosen(supernet, payload: dict[str, Any], subnet, settings: ExportSettings,
+                  progress: Callable[[int, int, str], None] | None = None) -> ExportOutcome:
+    """``nas export``: the subnet's artifacts as its task writes them (:meth:`tasks.base.Task.export`), the predictor's
+    estimate and, with ``settings.measure``, the exported model timed on the device (both in the card)."""
+    from search_spaces import tasks
+
+    space = supernet.space
+    task = tasks.of(space)
+    s = settings
+    if s.budget_ms is not None and not s.measure:
+        raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
+    predicted, reference_ms = None, None
+    if s.predictor:
+        from latency.predictors import load_predictor
+        from latency.quantize import check_predictor_precision
+
+        predictor = load_predictor(s.predictor)
+        check_predictor_precision(predictor, s.predictor, s.precision)
+        predicted, reference_ms = predicted_latency(predictor, space, subnet, str(s.predictor)), predictor.reference_ms
+    workload = device = None
+    if s.measure:
+        from latency.device import get_device
+
+        task.check_timing(space, s.measure, s.precision)
+        workload = choose_workload(space, s.workload, predicted, default=task.default_workload)
+        device = get_device(s.measure, **{k: v for k, v in s.device_options.items() if v is not None},
+                            precision=None if s.precision == "fp32" else s.precision)
+    exported = task.export(supernet, payload, subnet, settings, predicted)
+    outcome = ExportOutcome(exported, predicted, workload)
+    if s.measure:
+        assert exported.time is not None, f"task {task.name}: an export that cannot be timed"
+        outcome.measured = exported.time(device, workload, s.protocol, budget_ms=s.budget_ms, seed=s.seed,
+                                         baseline_ms=reference_ms, progress=progress,
+                                         predicted_ms=predicted["predicted_ms"] if predicted else None)
+        update_card(exported.out, measured=outcome.measured)
+    return outcome
+
+
+def choose_workload(space, name: str | None, predicted: dict | None, default: str | None = "prefill"):
+    """``--workload``, else the predictor's, else ``default`` (None: the space's first); a predictor fitted at another
+    workload is refused."""
+    wanted = name or (predicted["workload"]["name"] if predicted else default)
+    workload = space.workload(wanted)
+    if predicted and predicted["workload"]["name"] != workload.name:
+        raise UserError(f"--workload {workload.name}: the predictor was fitted at workload {predicted['workload']['name']!r}; "
+                        "its estimate would not be comparable (drop --workload or use a predictor of that workload)")
+    return workload
+
+
+def predicted_line(predicted: dict[str, Any]) -> str:
+    """The card's prediction, one line of the export's summary."""
+    from search_spaces import Workload
+
+    w = Workload.from_record(predicted["workload"], "the predictor's workload")
+    return (f"  predicted         {predicted['predicted_ms']:.3f} ms  ({predicted['model']} predictor, {workload_text(w)}, "
+            f"{predicted['device'].get('device', 'unknown device')})")
+
+
+def held_out_tokens(payload: dict[str, Any], scoring) -> tuple[np.ndarray, str, Scoring]:
+    """(held-out tokens, where they come from, the windows): the search's scoring of a one-stack LM (``scoring``:
+    :class:`nas.search.fitness.FitnessSettings`)."""
+    from nas.search.fitness import validation_tokens
+
+    tokens, where = validation_tokens(scoring.path, payload, val_data=scoring.val_data, data_cache=scoring.data_cache)
+    return tokens, where, Scoring(windows=scoring.windows, seq_len=scoring.seq_len, seed=scoring.val_seed)
+
+
+def stack_validation(model, payload: dict[str, Any], scoring) -> dict[str, Any]:
+    """The card's ``validation`` of a one-stack LM: :func:`validation_bpb` on the search's held-out windows, scored as
+    the supernet was trained (a masked LM: at its mask rate)."""
+    from supernet.task import trained_options
+
+    space = payload["space"]
+    tokens, where, windows = held_out_tokens(payload, scoring)
+    return validation_bpb(model, space, tokens, windows, where, trained_options(space, payload.get("meta", {})))
+
+
+def validation_text(validation: dict[str, Any]) -> str:
+    """What a card's validation was scored on, in words."""
+    if "windows" in validation and "seq_len" in validation:
+        return f"{validation['windows']} x {validation['seq_len']} tokens of the {validation['source']}"
+    return f"{validation.get('examples', '?')} examples of the {validation.get('source', 'validation data')}"
+
+
+def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: ExportSettings,
+                 predicted: dict[str, Any] | None) -> Exported:
+    """A one-stack subnet's export: safetensors + card, ``model.pt2`` and ``model.onnx`` (parity-checked), scored on the
+    search's held-out windows (``validation``), quantized at ``settings.precision`` (INT8: the quantized ONNX beside)."""
+    from search_spaces import tasks
+
+    s, space = settings, supernet.space
+    if s.precision != "fp32" and "onnx" not in s.formats:
+        raise UserError(f"--precision {s.precision}: quantizes the ONNX model; --format must include onnx")
+    if s.measure == "onnxruntime" and "onnx" in s.formats:
+        choose_opset(s.target_ort)  # fail early on a bad --target-ort
+    card = {"source": {"supernet": str(s.scoring.path), "step": payload["meta"].get("step"), "space_hash": space.hash}}
+    validation = tasks.of(space).validation(extract(supernet, subnet).eval(), payload, s.scoring) if s.evaluate else None
+    if s.precision != "fp32":  # INT8: calibration windows from the same held-out tokens
+        tokens, where, scoring = held_out_tokens(payload, s.scoring)
+    card.update(validation=validation, latency=predicted)
+    result = export_subnet(supernet, subnet, s.out, formats=s.formats, target_ort=s.target_ort, card=card, seed=s.seed)
+
+    quantized = None
+    if s.precision != "fp32":
+        from nas.precision import export_quantized
+
+        quantized = export_quantized(extract(supernet, subnet).eval(), space, result.onnx_path, s.precision, tokens, scoring,
+                                     where)
+        update_card(result.out, files=[quantized["file"]], quantized=quantized)
+
+    lines = [f"exported {subnet}", f"  parameters        {result.parameters:,}",
+             f"  torch             {result.out / 'model.safetensors'}  (load: supernet.load_model({str(result.out)!r}))"]
+    if result.program_path:
+        lines.append(f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = "
+                     f"{result.program_parity:.1e})")
+    if result.onnx_path:
+        lines.append(f"  onnx              {result.onnx_path}  (opset {result.opset}, {result.attention_nodes} fused Attention "
+                     "nodes)")
+        lines.append(f"  parity            max |onnxruntime - torch| = {result.parity:.2e}")
+    if quantized:
+        b, kept = quantized["bits_per_byte"], quantized["kept_fp32"]
+        lines.append(f"  {s.precision:<17} {result.out / quantized['file']}  ({quantized['quantized_matmuls']} MatMuls INT8, "
+                     f"{len(kept)} kept fp32 by the {quantized['max_error']:g} error rule)")
+        lines.append(f"  onnxruntime bpb   fp32 {b['fp32_onnxruntime']:.4f}, {s.precision} {b['int8_onnxruntime']:.4f} "
+                     f"({b['int8_onnxruntime'] - b['fp32_onnxruntime']:+.4f}; torch estimate {b['int8_torch_estimate']:.4f})")
+    if validation:
+        lines.append(f"  validation        {validation['bits_per_byte']:.4f} {validation.get('metric', 'bits/byte')} "
+                     f"({validation_text(validation)})")
+    if predicted:
+        lines.append(predicted_line(predicted))
+
+    def time(device, workload, protocol, **kw) -> dict[str, Any]:
+        from supernet import load_model
+
+        model = load_model(result.out)
+        timed, step_transform = result.onnx_path, None
+        if quantized:  # INT8: the quantized files themselves (a decode step graph quantized as the model was)
+            from nas.precision import quantize_step
+
+            def step_transform(step):
+                path, entry = quantize_step(step, s.precision, tokens, min(s.scoring.seq_len, space.max_seq_len), where)
+                update_card(result.out, files=[path.name], quantized_step=entry)
+                return path
+
+            timed = result.out / quantized["file"]
+        return measure_model(device, model, workload, protocol, onnx_path=timed, step_transform=step_transform, **kw)
+
+    return Exported(result.out, lines, list(result.notes), time)

@@ -26,8 +26,8 @@ LN2 = float(np.log(2.0))
 def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16) -> np.ndarray:
     """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
     ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches); targets equal to
-    ``supernet.masking.IGNORE`` (the unmasked positions of a masked-LM window) are not scored."""
-    from supernet.masking import IGNORE
+    ``supernet.heldout.IGNORE`` (the positions a task does not score: a masked LM's unmasked ones) are not scored."""
+    from supernet.heldout import IGNORE
 
     out = []
     for i in range(0, len(x), batch_size):
@@ -115,7 +115,7 @@ def export_quantized(model, space, onnx_path: Path, precision: str, tokens: np.n
     """Write ``model.onnx`` at ``precision`` beside it (calibrated on held-out windows of ``tokens``, the per-layer rule)
     and score both files with ONNX Runtime on the search's windows (``scoring``: :class:`nas.export.Scoring`), plus the
     torch estimate the search uses: the card's ``quantized`` entry."""
-    from nas.export import StaticAsSupernet
+    from supernet.heldout import StaticAsSupernet
     from nas.search.fitness import InheritedLoss
 
     seq_len = min(scoring.seq_len, space.max_seq_len)

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from search_spaces import Space, Subnet, UserError
+from search_spaces import Space, Subnet, UserError, tasks
 from supernet.train import StepInfo, TrainConfig
 
 from .export import FORMATS, ONNX_FILE, Scoring
@@ -39,7 +39,7 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
 FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
-         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup", "mask_rate": "--mask-rate"}
+         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,8 @@ class SubnetTraining:
     scoring: Scoring = Scoring()  # the held-out windows of the final bits/byte (the search's defaults)
     corpus_dir: Path | None = None  # where the encoded corpus is cached (default out/train): runs may share one
     target_ort: str | None = None  # the ONNX Runtime that will run model.onnx (default: the installed one)
-    mask_rate: float | None = None  # masked-lm spaces: share of positions masked and scored (default 0.15)
+    options: dict[str, Any] | None = None  # the space's task's own settings (its flags: a masked LM's mask_rate, ...)
+    stored: dict[str, Any] | None = field(default=None, compare=False, repr=False)  # a resumed run's loaded checkpoint
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,18 @@ class SubnetTrainingResult:
     val_bpb_before: float = math.nan  # the same figure for the initial model
     stopped: str = "max_steps"  # "max_steps" or "max_time"
     parameters: int = 0
+
+    def summary(self) -> list[str]:
+        """The lines a command prints about the finished run."""
+        from supernet.artifact import read_card
+
+        card = read_card(self.out)
+        files = ", ".join(name for name in card["files"] if name != "model.safetensors")
+        metric = card.get("validation", {}).get("metric", "bits/byte")
+        return [f"trained {self.steps:,} steps ({self.tokens:,} tokens) in {self.seconds:.0f} s; validation {metric} "
+                f"{self.val_bpb_before:.4f} -> {self.val_bpb:.4f}",
+                f"wrote {self.out} (load: supernet.load_model({str(self.out)!r})" + (f"; also {files}" if files else "")
+                + f"); checkpoints and log in {self.out / RUN_DIR}"]
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -160,7 +173,7 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
     """The run's settings besides its TrainConfig, as stored in every checkpoint and in the card."""
     from supernet.data import absolute_data
 
-    task = {"mask_rate": s.mask_rate} if s.mask_rate is not None else {}  # absent for causal-lm: older runs resume
+    task = {k: v for k, v in (s.options or {}).items() if v is not None}  # none for a decoder: older runs resume
     return {
         **task, "init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
         "val_fraction": s.val_fraction, "distill_from": teacher, "distill": s.distill if teacher else 0.0,
@@ -171,9 +184,37 @@ def _record(s: SubnetTraining, init: str, teacher: str | None) -> dict[str, Any]
     }
 
 
+def run_state(out: Path, resume: bool, stored: dict[str, Any] | None, load: Callable[[Path], dict]) -> tuple[Path, dict | None]:
+    """(``out/train/latest.pt``, a resumed run's checkpoint: ``stored`` if the caller loaded it, else ``load(latest)``);
+    for a new run, the checks that ``out`` holds neither a run nor a model."""
+    from supernet.artifact import CARD
+
+    latest = run_dir(out) / LATEST
+    if resume:
+        if not latest.is_file():
+            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
+        return latest, stored if stored is not None else load(latest)
+    if latest.exists():
+        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
+                        "or choose another --out")
+    if (out / CARD).exists():
+        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
+    return latest, None
+
+
+def check_resumable(record: dict, config: TrainConfig, stored_meta: dict, formats: bool = True) -> None:
+    """Refuse, in one line, a resumed run whose settings differ from the run's where they may not (``formats``: whether
+    ``--format`` is among what may change)."""
+    problems = _resume_problems(record, config, stored_meta)
+    if problems:
+        raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
+                        "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
+                        f"--log-interval, {'--format, ' if formats else ''}--device, --threads)")
+
+
 def _resume_problems(record: dict, config: TrainConfig, stored_meta: dict) -> list[str]:
     before = stored_meta["settings"]
-    problems = [f"{FLAGS.get(k, k)} {record[k]} differs from the run's {before.get(k)}"
+    problems = [f"{FLAGS.get(k, '--' + k.replace('_', '-'))} {record[k]} differs from the run's {before.get(k)}"
                 for k in record if k not in RESUMABLE and record[k] != before.get(k)]
     stored_config = stored_meta["train_config"]
     for name, value in config.to_dict().items():
@@ -270,26 +311,45 @@ def resumable(out: str | Path) -> bool:
     return (run_dir(out) / LATEST).is_file()
 
 
-def stored_settings(out: str | Path) -> SubnetTraining:
-    """The settings of the run in ``out`` (from ``out/train/latest.pt``), with ``resume=True``."""
-    from supernet.train import read_static_checkpoint
+def read_run(latest: Path) -> dict[str, Any]:
+    """A subnet run's checkpoint, loaded once: a one-stack model's training checkpoint or a task's own model's (a supernet
+    checkpoint format holding a static model); ``space_obj`` and ``subnet_obj`` parsed and checked either way."""
+    from supernet.checkpoint import load_checkpoint, read_torch
+    from supernet.train import STATIC_FORMAT, read_static_checkpoint
 
+    raw = read_torch(latest, "training checkpoint")
+    if isinstance(raw, dict) and raw.get("format") != STATIC_FORMAT and "space" in raw:
+        payload = load_checkpoint(latest, payload=raw)  # a task's own model, in the supernet checkpoint format
+    else:
+        return read_static_checkpoint(latest, raw)
+    meta, space = payload["meta"], payload["space"]
+    if meta.get("kind") != "subnet" or "settings" not in meta:
+        raise UserError(f"{latest}: not a train-subnet run (a supernet's checkpoint?); start a new run in another --out")
+    subnet = space.subnet_type.from_dict(meta["subnet"], where=f"{latest}[subnet]")
+    return {**payload, "space_obj": space, "subnet_obj": space.check(subnet)}
+
+
+def stored_settings(out: str | Path) -> SubnetTraining:
+    """The settings of the run in ``out`` (from ``out/train/latest.pt``, loaded once and kept in ``stored``), with
+    ``resume=True``."""
     latest = run_dir(out) / LATEST
     if not latest.is_file():
         raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-    payload = read_static_checkpoint(latest)
+    payload = read_run(latest)
     meta = payload["meta"]
     if "settings" not in meta or "train_config" not in meta:
         raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
                         "run in another --out")
-    r = meta["settings"]
+    r, defaults = meta["settings"], SubnetTraining.__dataclass_fields__
+    kept = {k: r[k] for k in ("distill_from", "distill", "val_fraction", "target_ort") if k in r}  # (a task's run may lack some)
+    flags = {f.dest for f in tasks.of(payload["space_obj"]).flags}
     return SubnetTraining(
         space=payload["space_obj"], subnet=payload["subnet_obj"], out=Path(out), init=r["init"], tokens=r["tokens"],
-        config=TrainConfig.from_dict(meta["train_config"]), data=r["data"], distill_from=r["distill_from"],
-        distill=r["distill"], formats=tuple(r["formats"]), resume=True, device=r["device"], data_seed=r["data_seed"],
-        val_fraction=r["val_fraction"], scoring=Scoring(**r["scoring"]),
-        corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]), target_ort=r["target_ort"],
-        mask_rate=r.get("mask_rate"),
+        config=TrainConfig.from_dict(meta["train_config"]), data=r["data"], resume=True, device=r["device"],
+        data_seed=r["data_seed"], formats=tuple(r.get("formats", defaults["formats"].default)),
+        scoring=Scoring(**r["scoring"]) if "scoring" in r else Scoring(),
+        corpus_dir=None if r["corpus_dir"] is None else Path(r["corpus_dir"]),
+        options={k: r[k] for k in flags if r.get(k) is not None} or None, stored=payload, **kept,
     )
 
 
@@ -342,7 +402,6 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
 
     from nas import __version__
     from supernet import Transformer, TransformerConfig
-    from supernet.artifact import CARD
     from supernet.data import check_corpus, prepare_corpus
     from supernet.task import task_for
     from supernet.train import (Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint, train,
@@ -357,18 +416,14 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
     teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
     _check_settings(s)
-    task = task_for(space, seed=config.seed, mask_rate=s.mask_rate)  # refuses a bad --mask-rate before anything is written
+    task = task_for(space, seed=config.seed, **(s.options or {}))  # refuses a bad task setting before anything is written
     init, teacher_text = source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None
     record = _record(s, init, teacher_text)
     if kind == "model" and path.resolve() == out.resolve():
         raise UserError(f"--out {out}: is the source model directory; choose a new directory")
     state_dir = run_dir(out)
-    latest = state_dir / LATEST
-    stored = None
-    if s.resume:
-        if not latest.is_file():
-            raise UserError(f"--resume: {out} holds no checkpoint ({RUN_DIR}/{LATEST}); start a new run without --resume")
-        stored = read_static_checkpoint(latest)
+    latest, stored = run_state(out, s.resume, s.stored, read_static_checkpoint)  # (loaded once by stored_settings)
+    if stored is not None:
         theirs, their_subnet = stored["space_obj"], stored["subnet_obj"]
         if theirs.arch_hash != space.arch_hash or their_subnet != subnet:
             raise UserError(f"--resume: {latest} trains {their_subnet} of space {theirs.name!r} (arch hash {theirs.arch_hash}), "
@@ -376,11 +431,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if "settings" not in stored["meta"]:
             raise UserError(f"{latest}: holds no run settings (written by another tool or an older `nas finetune`); start a new "
                             "run in another --out")
-        problems = _resume_problems(record, config, stored["meta"])
-        if problems:
-            raise UserError("--resume: " + "; ".join(problems) + " (a resumed run may change only its bounds and outputs: "
-                            "--tokens, --max-steps, --max-time, --eval-interval, --eval-batches, --ckpt-interval, "
-                            "--log-interval, --format, --device, --threads)")
+        check_resumable(record, config, stored["meta"])
         if path is not None and path.exists() and _digest(kind, path) != stored["meta"]["init_sha256"]:
             raise UserError(f"--init {init}: not the {'model' if kind == 'model' else 'checkpoint'} this run started from "
                             f"(its weights changed since; the run's sha256 {stored['meta']['init_sha256'][:12]}...)")
@@ -388,11 +439,6 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         if finished is not None:
             log.info("%s: the run already reached step %d and wrote its model", out, finished.steps)
             return finished
-    elif latest.exists():
-        raise UserError(f"--out {out}: already holds a training run ({RUN_DIR}/{LATEST}); add --resume to continue it, "
-                        "or choose another --out")
-    elif (out / CARD).exists():
-        raise UserError(f"--out {out}: already holds a model ({CARD}) and no training run; choose another --out")
 
     use_threads(config)  # before any sum (train() says so where a resumed run's threads differ)
     if stored is None:
@@ -408,7 +454,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
         check_corpus(corpus, stored["meta"]["corpus_hash"], str(latest))
     where = f"validation split of {record['data'] or 'the default corpus'} (seed {s.data_seed}, fraction {s.val_fraction})"
     before = (stored["meta"]["bpb_before"] if stored is not None
-              else validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate))
+              else validation_bpb(student, space, corpus.val, s.scoring, where, s.options))
 
     device = torch.device(s.device)
     model = Distilled(student.to(device).train(), teacher.to(device) if teacher is not None else None)
@@ -435,7 +481,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
     log.info("scoring the model at step %d and writing %s (%s)", result.step, out,
              ", ".join(("safetensors", *s.formats)))
     student = student.cpu().eval()
-    after = validation_bpb(student, space, corpus.val, s.scoring, where, s.mask_rate)
+    after = validation_bpb(student, space, corpus.val, s.scoring, where, s.options)
     card = {
         **passed_on,
         "validation": after,

@@ -4,7 +4,7 @@
     python scripts/bench_encoder.py --out runs/enc-quick --quick --space tests/fixtures/encoder_quick.yaml --data FILE
 
 The stages are the demo's (:func:`nas.demo.run_demo`: each the documented command run in-process, each
-resumable: run the same command again), on a masked-lm space:
+resumable: run the same command again), on a space of the masked LM task (tasks.masked_lm):
 
 1. train the encoder supernet (``nas train-supernet``: masked-LM sandwich training, mask rate 0.15);
 2. time subnets with ONNX Runtime (one thread, the thread's CPU time; 20% re-measured) and fit a predictor
@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nas.demo import FULL, Paths, run_demo  # noqa: E402
+from tasks.masked_lm import NAME as MASKED_LM  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_encoder")
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (resumable: run again to continue)")
-    p.add_argument("--space", default="encoder-tiny", help="a masked-lm space, name or YAML (default encoder-tiny)")
+    p.add_argument("--space", default="encoder-tiny", help="a masked LM space, name or YAML (default encoder-tiny)")
     p.add_argument("--data", help="training text (train-supernet --data; default its corpus, the Python standard library)")
     p.add_argument("--quick", action="store_true", help="the whole path in about a minute (tiny budgets; for the test)")
     p.add_argument("--train-time", help="supernet training time (default 8m; quick 6s)")
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         space = load_space(args.space)
         if space.causal:
-            raise UserError(f"--space: {space.source} is task {space.task}; this benchmark needs a masked-lm space")
+            raise UserError(f"--space: {space.source} is task {space.task}; this benchmark needs a {MASKED_LM} space")
         paths = Paths(Path(args.out))
         summary = run_demo(args.out, nas_main, plan, threads=args.threads, seed=args.seed, space=args.space, data=args.data)
         pred = predictor_report(paths)

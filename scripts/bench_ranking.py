@@ -23,6 +23,7 @@ from scipy.stats import kendalltau  # noqa: E402
 
 from supernet.checkpoint import load_supernet  # noqa: E402
 from supernet.data import check_corpus, prepare_corpus  # noqa: E402
+from supernet.task import task_for  # noqa: E402
 from supernet.train import PlainObjective, TrainConfig, evaluate_bpb, train  # noqa: E402
 
 
@@ -80,7 +81,7 @@ def main() -> int:
     for i, s in enumerate(subnets.values()):
         a = evaluate_bpb(supernet, s, corpus.val, batch, seq, args.eval_batches, meta["seed"])
         static = supernet.extract(s)
-        train(static, PlainObjective(), corpus.train, corpus.val, tune)
+        train(static, PlainObjective(task_for(supernet.space)), corpus.train, corpus.val, tune)
         b = evaluate_bpb(static, None, corpus.val, batch, seq, args.eval_batches, meta["seed"])  # the same windows as `a`
         inherited.append(a)
         tuned.append(b)

@@ -2,7 +2,7 @@
 
     python scripts/bench_translate.py --out runs/bt                   # translate-tiny, ONNX Runtime (about 45 minutes)
     python scripts/bench_translate.py --out runs/bt --device cpu      # timed by torch on the CPU instead
-    python scripts/bench_translate.py --out runs/bt --supernet CKPT   # reuse a trained seq2seq supernet
+    python scripts/bench_translate.py --out runs/bt --supernet CKPT   # reuse a trained encoder-decoder supernet
     python scripts/bench_translate.py --out runs/btq --quick --space tests/fixtures/translate_quick.yaml --data toy.tsv
 
 Stages (each the documented command run in-process, each resumable: run the same command again):
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM'
 from bench_claim import parse_tokens  # noqa: E402
 from nas.demo import Stages, budget_from_table, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
-from search_spaces.seq2seq import Seq2SeqSubnet  # noqa: E402
+from tasks.translation.space import TASK as TRANSLATION, Seq2SeqSpace, Seq2SeqSubnet  # noqa: E402
 from search_spaces.space import Subnet  # noqa: E402
 
 log = logging.getLogger("bench_translate")
@@ -124,7 +124,7 @@ def uniform_seq2seq(space) -> list[Seq2SeqSubnet]:
 
 
 def params_of(space, subnet) -> int:
-    from latency.translate_timing import seq2seq_params
+    from tasks.translation.timing import seq2seq_params
 
     return seq2seq_params(space, subnet)
 
@@ -153,7 +153,7 @@ def _timing_device(name: str):
 
 def _measure(space, device, models: dict, workload, settings, seed: int, baseline_ms):
     from latency.protocol import measure
-    from latency.translate_timing import seq2seq_reference
+    from tasks.translation.timing import seq2seq_reference
 
     return measure(device, models, workload, settings, seed=seed, reference=seq2seq_reference(space), baseline_ms=baseline_ms)
 
@@ -166,7 +166,7 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     from latency.predictors import load_predictor
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from latency.translate_timing import seq2seq_timing_model
+    from tasks.translation.timing import seq2seq_timing_model
 
     uniform = uniform_seq2seq(space)
     table = read_timings(timings)
@@ -257,7 +257,7 @@ def measure_retrained(space, models: dict, root: Path, timings: Path, plan: Plan
     """Every retrained model timed side by side (one interleaved campaign), with its card's chrF / BLEU / training."""
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from supernet.seq2seq_artifact import load_seq2seq_model
+    from tasks.translation.artifact import load_seq2seq_model
 
     statics, cards = {}, {}
     for key in models:
@@ -286,8 +286,8 @@ def run(args, plan: Plan) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     space = load_space(args.space)
-    if getattr(space, "task", None) != "seq2seq":
-        raise UserError(f"--space {args.space}: task {space.task}, not seq2seq (an encoder-decoder translation space)")
+    if not isinstance(space, Seq2SeqSpace):
+        raise UserError(f"--space {args.space}: task {space.task}, not {TRANSLATION} (an encoder-decoder translation space)")
     if args.data and args.lang:
         raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
     space_arg = str(Path(args.space).resolve()) if Path(args.space).exists() else args.space
@@ -502,8 +502,8 @@ def plot(rows, budgets, device: str, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (resumable: run again to continue)")
-    p.add_argument("--space", default="translate-tiny", help="seq2seq space name or YAML (default translate-tiny)")
-    p.add_argument("--supernet", help="a trained seq2seq supernet checkpoint of the space (skips training)")
+    p.add_argument("--space", default="translate-tiny", help="translation space name or YAML (default translate-tiny)")
+    p.add_argument("--supernet", help="a trained encoder-decoder supernet checkpoint of the space (skips training)")
     p.add_argument("--device", default="onnxruntime", help="where latency is measured (default onnxruntime; cpu: torch)")
     p.add_argument("--data", help="a source<TAB>target file instead of the system's gettext catalogs")
     p.add_argument("--lang", help="target language of the gettext catalogs (default de)")

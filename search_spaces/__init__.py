@@ -3,6 +3,7 @@
 This package imports nothing else of ours; every other layer builds on it.
 """
 
+from . import tasks
 from .attention import AttentionSpec, allowed_forms, parse_attention, types
 from .errors import SpaceError, SubnetError, UserError
 from .space import SPACES_DIR, LayerChoice, Space, Subnet, Workload, describe, load_space, parse_space
@@ -22,5 +23,6 @@ __all__ = [
     "load_space",
     "parse_attention",
     "parse_space",
+    "tasks",
     "types",
 ]

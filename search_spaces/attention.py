@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from .plugins import load_entry_points
+
 ENTRY_POINTS = "nas_transformers.attention"
 FORMS = ("causal", "bidirectional")  # causal: query i sees keys j <= i; bidirectional: every key
 
@@ -61,12 +63,7 @@ def types() -> dict[str, TypeSignature]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from importlib.metadata import entry_points
-
-        found = entry_points(group=ENTRY_POINTS)
-        for ep in found:
-            ep.load()
-        if not found and not _TYPES:
+        if not load_entry_points(ENTRY_POINTS) and not _TYPES:
             raise RuntimeError(
                 f"no attention types: no package declares the {ENTRY_POINTS!r} entry point "
                 "(install this project with `pip install -e .`, or import supernet.attention first)"

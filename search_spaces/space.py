@@ -23,15 +23,12 @@ from typing import Any, Iterator
 import numpy as np
 import yaml
 
-from .attention import AttentionSpec, has_form, parse_attention, spec_problems
+from . import tasks as registry
+from .attention import FORMS, AttentionSpec, has_form, parse_attention, spec_problems
 from .errors import SpaceError, SubnetError, UserError, shown
 from .yamlio import load_yaml, read_text
 
 SPACES_DIR = Path(__file__).resolve().parent
-TASKS = ("causal-lm", "masked-lm", "seq2seq")
-# The attention form a task's model runs: a decoder LM sees the past only, a masked-LM encoder the whole sequence.
-# seq2seq (translation) has both: a bidirectional encoder and a causal decoder (search_spaces.seq2seq, its own format).
-TASK_FORMS = {"causal-lm": "causal", "masked-lm": "bidirectional"}
 POSITIONS = ("learned", "rope")
 
 
@@ -52,7 +49,7 @@ class LayerChoice:
 
 
 class SubnetFile:
-    """What every subnet value (an LM :class:`Subnet`, an encoder-decoder ``Seq2SeqSubnet``) shares: JSON and YAML
+    """What every subnet value (the one-stack :class:`Subnet`, a task's own subnet type) shares: JSON and YAML
     forms, a stable key, loading from a file.  A subclass gives ``to_dict`` and ``from_dict(data, where)``."""
 
     def to_json(self) -> str:
@@ -101,7 +98,7 @@ class Subnet(SubnetFile):
         # Structural checks only (types and lengths); membership is Space.check's job.
         for name in ("embed_dim", "depth"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise SubnetError(f"subnet.{name}: {shown(value)} is not a positive integer")
         for name in ("heads", "ffn_dim", "attention"):
             value = getattr(self, name)
@@ -111,7 +108,7 @@ class Subnet(SubnetFile):
                 raise SubnetError(f"subnet.{name}: has {len(value)} entries but depth is {self.depth}")
         for name in ("heads", "ffn_dim"):
             for i, v in enumerate(getattr(self, name)):
-                if not _is_int(v) or v < 1:
+                if not is_int(v) or v < 1:
                     raise SubnetError(f"subnet.{name}[{i}]: {shown(v)} is not a positive integer")
         for i, a in enumerate(self.attention):
             try:
@@ -251,11 +248,10 @@ class Workload:
     @classmethod
     def from_record(cls, data: Any, where: str = "workload") -> "Workload":
         """Inverse of :meth:`record`; a record without ``kind`` (written before decode existed) is a prefill; a
-        ``translate`` record (a seq2seq space's) is a :class:`~search_spaces.seq2seq.TranslateWorkload`."""
-        if isinstance(data, dict) and data.get("kind") == "translate":
-            from .seq2seq import TranslateWorkload
-
-            return TranslateWorkload.from_record(data, where)
+        record of a kind a task adds is read back by that task (:func:`search_spaces.tasks.owning`)."""
+        owner = registry.owning(data.get("kind")) if isinstance(data, dict) and isinstance(data.get("kind"), str) else None
+        if owner is not None:
+            return owner.workload_from_record(data, where)
         if not isinstance(data, dict) or "name" not in data or "batch_size" not in data:
             raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), "
                             f"got {shown(data)}")
@@ -267,7 +263,7 @@ class Workload:
 
 
 class SpaceIdentity:
-    """What every space (an LM :class:`Space`, an encoder-decoder ``Seq2SeqSpace``) shares: its hashes, the
+    """What every space (the one-stack :class:`Space`, a task's own space type) shares: its hashes, the
     membership check and the workload lookup.  A subclass gives ``to_dict``, ``problems``, ``name``, ``source``,
     ``workloads`` and ``subnet_type`` (its subnet class)."""
 
@@ -326,19 +322,25 @@ class Space(SpaceIdentity):
     attention: tuple[str, ...]
     workloads: tuple[Workload, ...]
     source: str = field(default="<memory>", compare=False)
+    form: str = field(default="", compare=False)  # the attention form; "" = the task's (search_spaces.tasks)
 
     subnet_type = Subnet  # (a class attribute, not a field: SpaceIdentity.check)
 
     # -- shape facts --------------------------------------------------------------
 
     @property
+    def attention_form(self) -> str:
+        """``causal`` (a query sees the keys before it: a decoder) or ``bidirectional`` (every key: an encoder)."""
+        return self.form or registry.get(self.task).form
+
+    @property
     def causal(self) -> bool:
-        """Whether the task's attention is causal (``causal-lm``) rather than bidirectional (``masked-lm``)."""
-        return TASK_FORMS[self.task] == "causal"
+        """Whether the model's attention is causal (a decoder) rather than bidirectional (an encoder)."""
+        return self.attention_form == "causal"
 
     def require_one_stack(self, command: str) -> None:
-        """The commands that run one stack of blocks (a causal or masked LM) call this; an encoder-decoder space
-        (:class:`search_spaces.seq2seq.Seq2SeqSpace`) refuses in one line the commands it does not run yet."""
+        """The commands that run one stack of blocks call this; a space of another shape (a task's own space
+        type) refuses in one line the commands it does not run yet."""
 
     @property
     def max_depth(self) -> int:
@@ -387,6 +389,49 @@ class Space(SpaceIdentity):
             ffn_dim=tuple(int(x) for x in rng.choice(self.ffn_dim, size=depth)),
             attention=tuple(str(self.attention[i]) for i in rng.integers(len(self.attention), size=depth)),
         )
+
+    def lightest(self) -> list[Subnet]:
+        """The smallest choice of every dimension, once with each attention type on every layer (the search's first
+        candidates for a tight budget: which type is the lightest depends on the device)."""
+        s = self.smallest()
+        return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in self.attention]
+
+    # -- genes: what the search's operators and its storage ask of a space ---------
+
+    def mutate(self, parent: Subnet, rng: np.random.Generator, prob: float) -> Subnet:
+        """Redraw every gene (embed_dim, depth, each layer's heads / FFN / attention) with probability ``prob``;
+        layers a deeper child gains are drawn fresh."""
+        embed = _pick(rng, self.embed_dim) if rng.random() < prob else parent.embed_dim
+        depth = _pick(rng, self.depth) if rng.random() < prob else parent.depth
+        genes = {"heads": self.heads, "ffn_dim": self.ffn_dim, "attention": self.attention}
+        layers = {name: [] for name in genes}
+        for i in range(depth):
+            for name, choices in genes.items():
+                inherited = i < parent.depth and rng.random() >= prob
+                layers[name].append(getattr(parent, name)[i] if inherited else _pick(rng, choices))
+        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+
+    def crossover(self, a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
+        """Each gene from ``a`` or ``b`` with equal chance; layers only one parent has come from it."""
+        parents = (a, b)
+        embed = parents[int(rng.integers(2))].embed_dim
+        depth = parents[int(rng.integers(2))].depth
+        layers = {name: [] for name in ("heads", "ffn_dim", "attention")}
+        for i in range(depth):
+            for name in layers:
+                have = [getattr(p, name)[i] for p in parents if i < p.depth]
+                layers[name].append(have[int(rng.integers(len(have)))])
+        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+
+    def genes(self, subnet: Subnet) -> dict[str, tuple[Any, tuple]]:
+        """The subnet's genes by name, each ``(value, choices)``: a search's storage keeps them as categorical
+        parameters (``embed_dim``, ``depth``, then ``l{i}.heads``, ``l{i}.ffn_dim``, ``l{i}.attention`` per layer)."""
+        out: dict[str, tuple[Any, tuple]] = {"embed_dim": (subnet.embed_dim, self.embed_dim), "depth": (subnet.depth, self.depth)}
+        for i, layer in enumerate(subnet.layers):
+            for name, value, choices in (("heads", layer.heads, self.heads), ("ffn_dim", layer.ffn_dim, self.ffn_dim),
+                                         ("attention", layer.attention, self.attention)):
+                out[f"l{i}.{name}"] = (value, choices)
+        return out
 
     def problems(self, subnet: Subnet) -> list[str]:
         """Every reason ``subnet`` is not in this space (empty when it is)."""
@@ -491,11 +536,15 @@ LIMITS = {
 }
 
 
-def _is_int(x: object) -> bool:
+def _pick(rng: np.random.Generator, choices: tuple):
+    return choices[int(rng.integers(len(choices)))]
+
+
+def is_int(x: object) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
-class _Checker:
+class Checker:
     """Collects every error of one file, each as ``file: path: value: what is allowed``."""
 
     def __init__(self, where: str):
@@ -520,7 +569,7 @@ class _Checker:
         return data
 
     def pos_int(self, path: str, value: Any) -> int | None:
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             self.error(path, f"{shown(value)} is not a positive integer")
             return None
         field = re.sub(r"\[\d+\]$", "", path)
@@ -574,13 +623,21 @@ def resolve_space_path(source: str | Path) -> Path:
 def parse_space(text: str, where: str = "<string>", source: str = "<string>") -> Space:
     """Validate YAML text as a space; raise :class:`SpaceError` with every problem found.
 
-    A ``task: seq2seq`` file is an encoder-decoder space (:mod:`search_spaces.seq2seq`, its own format)."""
+    The file's ``task:`` names the task whose format it is (:mod:`search_spaces.tasks`): a one-stack model's
+    (:func:`parse_stack`, most tasks), or a format of the task's own (an encoder-decoder's)."""
     data = load_yaml(text, where, SpaceError)
-    if isinstance(data, dict) and data.get("task") == "seq2seq":
-        from .seq2seq import parse_seq2seq
+    task = data.get("task") if isinstance(data, dict) else None
+    known = registry.tasks()
+    if isinstance(task, str) and task in known:
+        return known[task].parse_space(data, where, source)
+    return parse_stack(data, where, source)  # no known task: every problem of the file at once, the task's among them
 
-        return parse_seq2seq(data, where, source)
-    c = _Checker(where)
+
+def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> Space:
+    """A one-stack space (YAML-loaded ``data``; ``tiny.yaml`` is annotated) whose model's attention has ``form``
+    (``causal`` or ``bidirectional``: every type must have it); :class:`SpaceError` lists every problem."""
+    assert form is None or form in FORMS, form
+    c = Checker(where)
     top = c.keys(
         "",
         data,
@@ -592,7 +649,7 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
     name = top.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
         c.error("name", f"{shown(name)} is not a non-empty string")
-    task = c.choice("task", top.get("task"), TASKS) if "task" in top else None
+    task = c.choice("task", top.get("task"), tuple(registry.tasks())) if "task" in top else None
     vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
     max_seq = c.pos_int("max_seq_len", top["max_seq_len"]) if "max_seq_len" in top else None
     head_dim = c.pos_int("head_dim", top.get("head_dim", 64))
@@ -621,13 +678,13 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
                 if max_seq is not None:
                     for problem in spec_problems(spec, max_seq, heads or ()):
                         c.error(f"layers.attention[{i}]", problem)
-                if task is not None and not has_form(spec, TASK_FORMS[task]):
-                    c.error(f"layers.attention[{i}]", f"{spec} has no {TASK_FORMS[task]} form, which task {task} needs")
+                if task is not None and form is not None and not has_form(spec, form):
+                    c.error(f"layers.attention[{i}]", f"{spec} has no {form} form, which task {task} needs")
                 specs.append(str(spec))
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    workloads = _workloads(c, top["latency"], max_seq, positions, task) if "latency" in top else []
+    workloads = _workloads(c, top["latency"], max_seq, positions, task, form) if "latency" in top else []
 
     if c.errors:
         raise SpaceError(c.errors)
@@ -645,10 +702,12 @@ def parse_space(text: str, where: str = "<string>", source: str = "<string>") ->
         attention=attention,
         workloads=tuple(workloads),
         source=source,
+        form=form or "",
     )
 
 
-def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None, task: str | None) -> list[Workload]:
+def _workloads(c: Checker, lat: Any, max_seq: int | None, positions: str | None, task: str | None,
+               form: str | None) -> list[Workload]:
     """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len) or
     ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
 
@@ -669,7 +728,7 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
             c.error(f"{path}.kind", f"{shown(kind)} is not one of {', '.join(WORKLOAD_KINDS)}" if kind is not None else
                     f"missing (the name {shown(wname)} is not a kind; give kind: {' or '.join(WORKLOAD_KINDS)})")
             continue
-        if kind == "decode" and task is not None and TASK_FORMS[task] != "causal":
+        if kind == "decode" and task is not None and form is not None and form != "causal":
             c.error(path, f"a decode workload needs a causal task, not {task} (an encoder reads the whole sequence at once: "
                           "give a prefill workload)")
             continue
@@ -692,11 +751,12 @@ def _workloads(c: _Checker, lat: Any, max_seq: int | None, positions: str | None
 
 
 def describe(space: Space) -> str:
-    """A few human lines about the choices (used by ``nas space``)."""
-    if space.task == "seq2seq":
-        from .seq2seq import describe_seq2seq
+    """A few human lines about the choices (used by ``nas space``): the space's task says them."""
+    return registry.of(space).describe(space)
 
-        return describe_seq2seq(space)
+
+def describe_stack(space: Space) -> str:
+    """:func:`describe` of a one-stack space."""
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
         f"  task          {space.task}, vocab {space.vocab_size}, max_seq_len {space.max_seq_len}, "

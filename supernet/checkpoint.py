@@ -18,17 +18,16 @@ from typing import Any
 import torch
 import yaml
 
-from search_spaces import Space, UserError, parse_space
+from search_spaces import Space, UserError, parse_space, tasks
 from search_spaces.errors import first_line
 
-from .elastic import SuperTransformer
 from .files import atomic_write
 
 FORMAT = "nas-supernet-checkpoint"
 VERSION = 1
 
 
-def save_checkpoint(path: str | Path, model: SuperTransformer, state: dict[str, Any] | None = None, **meta: Any) -> Path:
+def save_checkpoint(path: str | Path, model: torch.nn.Module, state: dict[str, Any] | None = None, **meta: Any) -> Path:
     """Write ``model`` (+ resumable ``state`` and small ``meta`` values) to ``path`` atomically.
 
     The file is written beside the target and renamed over it, so a kill during the save
@@ -49,17 +48,25 @@ def save_checkpoint(path: str | Path, model: SuperTransformer, state: dict[str, 
     return atomic_write(path, lambda f: torch.save(payload, f))
 
 
-def load_checkpoint(path: str | Path, space: Space | None = None) -> dict[str, Any]:
-    """Read and validate a checkpoint dict; with ``space``, refuse one trained on another space."""
+def read_torch(path: str | Path, what: str = "supernet checkpoint") -> Any:
+    """``torch.load(weights_only=True)`` of a file of ours (nothing in it runs code); one line naming it otherwise."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: no such checkpoint file")
     try:
         with warnings.catch_warnings():  # a foreign pickle makes torch warn before it refuses; the error below says it all
             warnings.simplefilter("ignore")
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, not a torch file, or a pickle that needs code to load
-        raise UserError(f"{path}: not a readable supernet checkpoint {load_problem(path, e)}") from None
+        raise UserError(f"{path}: not a readable {what} {load_problem(path, e)}") from None
+
+
+def load_checkpoint(path: str | Path, space: Space | None = None, payload: dict | None = None) -> dict[str, Any]:
+    """Read and validate a checkpoint dict (``payload``: the file already read by :func:`read_torch`); with ``space``,
+    refuse one trained on another space."""
+    path = Path(path)
+    if payload is None:
+        payload = read_torch(path)
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise UserError(f"{path}: not a supernet checkpoint of this tool (no '{FORMAT}' format marker)")
     if payload.get("version") != VERSION:
@@ -93,13 +100,11 @@ def load_problem(path: Path, e: BaseException) -> str:
     return f"(truncated or foreign file): {type(e).__name__}: {first_line(e)}"
 
 
-def load_marked(path: Path, marker: str, what: str) -> dict[str, Any]:
-    """A training checkpoint of ours (``torch.load(weights_only=True)``) checked for its ``format`` marker;
-    one line naming the file otherwise.  ``what``: the kind of checkpoint expected, for the message."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, foreign, or a pickle that needs code
-        raise UserError(f"{path}: not a readable training checkpoint {load_problem(path, e)}") from None
+def load_marked(path: Path, marker: str, what: str, payload: dict | None = None) -> dict[str, Any]:
+    """A training checkpoint of ours (``torch.load(weights_only=True)``; ``payload``: already read) checked for its
+    ``format`` marker; one line naming the file otherwise.  ``what``: the kind of checkpoint expected, for the message."""
+    if payload is None:
+        payload = read_torch(path, "training checkpoint")
     if not isinstance(payload, dict) or payload.get("format") != marker:
         raise UserError(f"{path}: not a {what} (no '{marker}' format marker)")
     return payload
@@ -107,15 +112,13 @@ def load_marked(path: Path, marker: str, what: str) -> dict[str, Any]:
 
 def load_supernet(
     path: str | Path, space: Space | None = None, device: str | torch.device = "cpu"
-) -> tuple[SuperTransformer, dict[str, Any]]:
-    """The supernet stored in ``path`` (eval mode) and the checkpoint dict."""
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The supernet stored in ``path`` (the model of its space's task: a :class:`SuperTransformer` for a one-stack
+    space; eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
-    if payload["space"].task == "seq2seq":
-        raise UserError(f"{path}: an encoder-decoder (task seq2seq) supernet; the commands that take one: nas search, "
-                        "nas export, nas translate, nas train-subnet --init supernet:CKPT "
-                        "(README \"Translation (encoder-decoder)\")")  # fmt: skip
     split = any(".attn.fam." in name for name in payload["model"])  # a --split families run: Q/K/V/O per family too
-    return fill_supernet(SuperTransformer(payload["space"], split_families=split), payload, path, device), payload
+    model = tasks.of(payload["space"]).supernet(payload["space"], **({"split_families": True} if split else {}))
+    return fill_supernet(model, payload, path, device), payload
 
 
 def fill_supernet(model: torch.nn.Module, payload: dict[str, Any], path: str | Path, device: str | torch.device = "cpu"):

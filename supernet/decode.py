@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from search_spaces import UserError
+from search_spaces import UserError, tasks
 
 from .attention import StateSpec
 from .attention.cache import SPARE
@@ -101,7 +101,8 @@ def prefill(model: Transformer, idx: Tensor, *, capacity: int | None = None) -> 
     ``capacity``: slots of the growing key/value caches (default T + SPARE; they double when full).
     """
     if not model.config.causal:
-        raise UserError("this model is a bidirectional encoder (task masked-lm): it has no decoding cache")
+        raise UserError(f"this model is a bidirectional encoder (task {tasks.with_form('bidirectional')}): it has no decoding "
+                        "cache")
     check_tokens(idx, model.config.vocab_size, model.config.max_seq_len)
     b, t = idx.shape
     positions = torch.arange(t, device=idx.device)

@@ -1,4 +1,4 @@
-"""Held-out scoring: bits per token of a model on fixed windows of a token array (per masked byte for masked-LM).
+"""Held-out scoring: bits per scored token of a model on fixed windows of a token array.
 
 One implementation serves supernet training's evaluation (``supernet.train.evaluate_bpb``), the
 search's fitness (``nas.search.fitness.InheritedLoss``) and the model card of an export.  The
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from typing import Callable
 
 import numpy as np
 import torch
@@ -19,9 +20,10 @@ import torch.nn.functional as F
 from search_spaces import Subnet
 
 from .data import windows
-from .masking import IGNORE, MaskingSettings, apply_mask, draw_mask
 
 LN2 = math.log(2.0)
+IGNORE = -100  # a target that is not scored (torch's cross-entropy ignore_index)
+Windows = tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) (W, T) each
 
 
 def autocast(device: torch.device):
@@ -29,28 +31,53 @@ def autocast(device: torch.device):
     return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
-def run_model(model: nn.Module, idx: torch.Tensor, subnet: Subnet | None) -> torch.Tensor:
-    """``model(idx, subnet)`` for a supernet, ``model(idx)`` for a static model (subnet None)."""
-    return model(idx) if subnet is None else model(idx, subnet)
+def run_model(model: nn.Module, inputs: torch.Tensor | tuple[torch.Tensor, ...], subnet: Subnet | None) -> torch.Tensor:
+    """``model(*inputs, subnet=subnet)`` for a supernet, ``model(*inputs)`` for a static model (subnet None); ``inputs``
+    one tensor (a token sequence) or a task's tuple (an encoder-decoder's source and decoder inputs)."""
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    return model(*inputs) if subnet is None else model(*inputs, subnet=subnet)
+
+
+class StaticAsSupernet(nn.Module):
+    """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only), so
+    :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
+
+    def __init__(self, model: nn.Module, space):
+        super().__init__()
+        self.model, self.space = model, space
+
+    def forward(self, idx: torch.Tensor, subnet: Subnet) -> torch.Tensor:
+        assert subnet == self.model.subnet, "a static model runs only its own subnet"
+        return self.model(idx)  # (B, T, V)
 
 
 class HeldOut:
     """The windows ``tokens[s : s + seq_len + 1]`` for each start ``s`` in ``starts``.
 
-    With ``masks`` (masked-LM settings and a seeded generator, :meth:`supernet.task.MaskedLM.heldout`) the
-    inputs are the windows ``tokens[s : s + seq_len]`` with fixed masks drawn once here, and only the chosen
-    positions are scored: the bits are per masked byte.
+    With ``transform`` (a task's: a masked LM's, :meth:`tasks.masked_lm.learner.MaskedLM.heldout`) the windows
+    become what the task scores, once, here: ``transform(inputs, targets)`` -> (inputs, targets), targets
+    :data:`IGNORE` where a position is not scored (a masked LM's inputs are the windows with fixed masks, and the
+    bits are per masked byte).
     """
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int,
-                 masks: tuple[MaskingSettings, torch.Generator] | None = None):
+                 transform: Callable[[torch.Tensor, torch.Tensor], Windows] | None = None):
         x, y = windows(np.asarray(tokens).reshape(-1), np.asarray(starts, dtype=np.int64), seq_len)  # (W, T) each
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
-        if masks is not None:
-            settings, generator = masks
-            self.x, self.y = apply_mask(self.x, draw_mask(tuple(self.x.shape), settings, generator), settings.mask_byte)
+        if transform is not None:
+            self.x, self.y = transform(self.x, self.y)
         self.scored = (self.y != IGNORE).sum(1).double()  # (W,) scored positions per window
         self.seq_len = seq_len
+
+    @classmethod
+    def of(cls, inputs: np.ndarray, targets: np.ndarray) -> "HeldOut":
+        """Fixed held-out examples given whole: ``inputs`` and ``targets`` (W, T), targets :data:`IGNORE` where a position
+        is not scored (a classification task's: every position but the one that predicts the label)."""
+        held = cls.__new__(cls)
+        held.x, held.y = torch.as_tensor(np.asarray(inputs)), torch.as_tensor(np.asarray(targets))
+        held.scored = (held.y != IGNORE).sum(1).double()  # (W,)
+        held.seq_len = held.x.shape[1]
+        return held
 
     @property
     def tokens(self) -> int:

@@ -170,7 +170,7 @@ def attention_sublayer(
     causal: bool = True,
 ) -> tuple[Tensor, State | None]:
     """The first half of :func:`block`: x + attn(ln1(x)) (an encoder-decoder's decoder puts its cross-attention
-    between the two halves, :mod:`supernet.seq2seq`)."""
+    between the two halves, :mod:`tasks.translation.model`)."""
     assert causal or cache is None, "an encoder (bidirectional attention) does not decode"
     typ = get(spec)
     b, t, e = x.shape

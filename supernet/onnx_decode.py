@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from search_spaces import UserError
+from search_spaces import UserError, tasks
 
 from .decode import layer_states, step
 from .model import Transformer
@@ -79,7 +79,8 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
     import onnx
 
     if not model.config.causal:
-        raise UserError("this model is a bidirectional encoder (task masked-lm): it has no decode step to export")
+        raise UserError(f"this model is a bidirectional encoder (task {tasks.with_form('bidirectional')}): it has no decode "
+                        "step to export")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()

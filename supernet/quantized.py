@@ -149,9 +149,9 @@ class Simulated(torch.nn.Module):
         super().__init__()
         self.model, self.plan = model, plan
 
-    def forward(self, *args):
+    def forward(self, *args, **kwargs):
         with _Linears(self.plan.linear):
-            return self.model(*args)
+            return self.model(*args, **kwargs)
 
 
 def relative_error(pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:

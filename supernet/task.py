@@ -1,151 +1,270 @@
-"""Tasks: what a training step feeds the model, what its loss scores, and how held-out text is scored.
+"""What a training run learns: a task's *learner*, the one interface of the one training loop.
 
-The trainer (:mod:`supernet.train`), the search's fitness (:class:`nas.search.fitness.InheritedLoss`) and the
-export card see the task through this one small interface, so a new task (seq2seq, ...) is one class here
-(and a name in :func:`task_for`), not branches through the training loop.  Call order per training step:
-``batch(tokens, starts, rows, seq_len, step)`` -> the model runs on ``inputs`` -> ``loss(logits, targets)`` for the
-cross-entropy and, for the smaller subnets of the sandwich rule, ``kl(student, teacher, targets)``.
+A task (``tasks/<name>/``, found through :mod:`search_spaces.tasks`) makes a learner for a run,
+configured by the run's seed and the task's own settings (a masked LM's mask rate):
+:func:`task_for` asks the space's task.  The trainer (:func:`supernet.train.train`), the search's fitness
+(:class:`nas.search.fitness.InheritedLoss`) and the export card see a task only through its learner.
+Call order per training step:
 
-* :class:`CausalLM` (``task: causal-lm``): next-byte prediction; every position is scored.
-* :class:`MaskedLM` (``task: masked-lm``): BERT-style masking (:mod:`supernet.masking`); only the chosen
-  positions are scored (cross-entropy and distillation alike); held-out windows carry fixed masks, a
-  function of the seed only, so every subnet sees the same masks; the metric is bits per masked byte.
+* ``train_batches(data, config, dist)`` once: a :class:`Batches`; ``batches(step)`` -> this rank's
+  :class:`Batch` of step ``step`` (a function of the seed and the step: the same batch on every rank
+  and after any resume);
+* the model runs on ``batch.inputs`` -> ``loss(logits, targets, per)`` for the cross-entropy and, for
+  the smaller subnets of the sandwich rule, ``kl(student, teacher, targets, per)``;
+* ``evaluator(data, config)`` once: ``score(model, subnet)`` -> the held-out ``metric`` (the same
+  held-out examples for every subnet and every call), logged under ``eval_key``.
 
-Every random choice comes from a generator seeded by ``(seed, stream, step)``: step ``k`` draws the same masks
-on every rank and after any resume (the masks of a global batch are drawn whole, each rank takes its rows).
+:class:`WindowLearner` is the base of the learners over windows of a token array (the byte LMs): a
+step's batch is ``batch_size`` windows drawn by ``default_rng([seed, 0, step])``, the held-out score is
+bits per scored token on fixed windows (:class:`supernet.heldout.HeldOut`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces import Space, UserError
+from search_spaces import Space, Subnet, UserError, tasks
 
-from .data import windows
-from .heldout import HeldOut
-from .masking import IGNORE, MaskingSettings, apply_mask, draw_mask
+from .data import check_length, windows
+from .heldout import IGNORE, HeldOut
 
-# Streams of the task's generators: default_rng([seed, stream, step]) (the trainer's own streams are 0, 1, 2).
-MASK_STREAM, EVAL_MASK_STREAM = 3, 4
+DATA_STREAM, EVAL_STREAM = 0, 2  # streams of the trainer's generators: default_rng([seed, stream, step])
+
+Score = Callable[[nn.Module, "Subnet | None"], float]  # (model, subnet or None for a static model) -> held-out score
 
 
-class Task(Protocol):
-    """What is learned: batches, losses and held-out scoring.  ``to_dict()`` is stored with the objective
-    (empty for the causal task, so checkpoints of earlier versions read the same)."""
+@dataclass
+class Batch:
+    """This rank's share of one step's batch."""
 
-    name: str
-    metric: str  # what held-out bits are per: "bits/byte", "bits/masked byte"
+    inputs: tuple[Tensor, ...]  # what the model takes: model(*inputs, subnet=...)
+    targets: Tensor
+    tokens: int  # tokens the whole step trains on (the run's count)
+    per: float | None = None  # what this rank's loss sums are divided by; None: the mean over its own scored positions
 
-    def batch(self, tokens: np.ndarray, starts: np.ndarray, rows: slice, seq_len: int, step: int) -> tuple[Tensor, Tensor]:
-        """Rows ``rows`` of the global batch of windows at ``starts`` (the whole step's): (inputs, targets) (b, T) on the CPU."""
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(tuple(x.to(device) for x in self.inputs), self.targets.to(device), self.tokens, self.per)
+
+
+class Batches(Protocol):
+    """A run's training batches: ``batches(step)`` is this rank's share of step ``step``'s batch."""
+
+    sampler: str  # how the batches are drawn (stored in checkpoints)
+
+    def __call__(self, step: int) -> Batch: ...
+
+
+class Learner(Protocol):
+    """What a run learns, configured (see the module doc)."""
+
+    metric: str  # what the held-out score is: "bits/byte", "bits/masked byte", "nats/target byte"
+    eval_key: str  # the key of the held-out scores in the run's evaluations ("bpb", "ce")
+    mixed_precision: bool  # bf16 autocast on CUDA while training
+
+    def train_batches(self, data: Any, config: Any, dist: Any) -> Batches: ...
+
+    def evaluator(self, data: Any, config: Any) -> Score: ...
+
+    def loss(self, logits: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        """Cross-entropy (nats) over the scored positions: the mean, or their sum divided by ``per``."""
         ...
 
-    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Mean cross-entropy (nats) over the scored positions: logits (B, T, V), targets (B, T)."""
+    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        """KL(teacher || student) over the scored positions (log-probabilities (B, T, V) each), normalised as ``loss``."""
         ...
 
-    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
-        """KL(teacher || student) per scored position: log-probabilities (B, T, V) each."""
+    def to_dict(self) -> dict[str, Any]:
+        """Stored with the objective (empty for a learner without settings: records of earlier versions read the same)."""
         ...
 
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
-        """Fixed held-out windows (and their fixed masks) at ``starts``."""
-        ...
 
-    def to_dict(self) -> dict[str, Any]: ...
+def kl_rows(student: Tensor, teacher: Tensor) -> Tensor:
+    """KL(teacher || student), the mean over the rows: log-probabilities (N, V) each."""
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
 
 
-def _kl(student: Tensor, teacher: Tensor) -> Tensor:
-    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")  # (N, V) each: mean over the N rows
+def eval_starts(n_tokens: int, batch_size: int, seq_len: int, n_batches: int, seed: int) -> np.ndarray:
+    """The fixed window starts an evaluation uses: (n_batches * batch_size,), a function of ``seed`` only."""
+    return np.random.default_rng([seed, EVAL_STREAM]).integers(0, n_tokens - seq_len, size=n_batches * batch_size)
+
+
+def draw(seed: int, step: int, high: int, size: int) -> np.ndarray:
+    """Step ``step``'s global batch: ``size`` indices below ``high`` drawn by ``default_rng([seed, 0, step])``."""
+    return np.random.default_rng([seed, DATA_STREAM, step]).integers(0, high, size=size)
+
+
+def rank_rows(batch_size: int, rank: int, world: int) -> slice:
+    """The rows of a global batch that rank ``rank`` of ``world`` trains on."""
+    b = batch_size // world
+    return slice(rank * b, (rank + 1) * b)
+
+
+def scored_kl(student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
+    """KL(teacher || student) over the scored positions (targets other than ``IGNORE``): log-probabilities (B, T, V)."""
+    scored = targets.flatten() != IGNORE  # (B*T,)
+    return kl_rows(student.flatten(0, 1)[scored], teacher.flatten(0, 1)[scored])
 
 
 @dataclass(frozen=True)
-class CausalLM:
-    """Next-byte prediction: targets are the inputs shifted by one; every position is scored."""
+class WindowBatches:
+    """Step ``k``'s batch: ``batch_size`` windows of ``tokens`` at starts drawn by ``default_rng([seed, 0, k])`` (the
+    global batch), this rank's rows of it made into (inputs, targets) by the learner."""
 
-    name: str = "causal-lm"
-    metric: str = "bits/byte"
+    tokens: np.ndarray
+    learner: "WindowLearner"
+    batch_size: int
+    seq_len: int
+    seed: int
+    rank: int = 0
+    world: int = 1
+    sampler: str = "windows drawn by default_rng([seed, 0, step])"
+
+    def __call__(self, step: int) -> Batch:
+        starts = draw(self.seed, step, len(self.tokens) - self.seq_len, self.batch_size)  # (B,) the global batch
+        rows = rank_rows(self.batch_size, self.rank, self.world)
+        x, y = self.learner.batch(self.tokens, starts, rows, self.seq_len, step)
+        return Batch((x,), y, self.batch_size * self.seq_len)
+
+
+class WindowLearner:
+    """Base of the learners over windows of a token array: a subclass gives ``batch`` and ``heldout`` (and ``loss``,
+    ``kl``, ``to_dict``)."""
+
+    metric = "bits/byte"
+    eval_key = "bpb"
+    mixed_precision = True
+
+    def batch(self, tokens: np.ndarray, starts: np.ndarray, rows: slice, seq_len: int, step: int) -> tuple[Tensor, Tensor]:
+        """Rows ``rows`` of the global batch of windows at ``starts`` (the whole step's): (inputs, targets) (b, T) on the CPU."""
+        raise NotImplementedError
+
+    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
+        """Fixed held-out windows (and whatever else is fixed about them, a masked LM's masks) at ``starts``."""
+        return HeldOut(tokens, starts, seq_len)
+
+    def train_batches(self, tokens: np.ndarray, config: Any, dist: Any) -> WindowBatches:
+        check_length(tokens, config.seq_len, "training")
+        return WindowBatches(tokens, self, config.batch_size, config.seq_len, config.seed, dist.rank, dist.world)
+
+    def evaluator(self, tokens: np.ndarray, config: Any) -> Score:
+        check_length(tokens, config.seq_len, "validation")
+        c = config
+
+        def score(model: nn.Module, subnet: Subnet | None) -> float:
+            starts = eval_starts(len(tokens), c.batch_size, c.seq_len, c.eval_batches, c.seed)
+            return self.heldout(tokens, starts, c.seq_len).bits(model, subnet, c.batch_size)
+
+        return score
+
+
+class NextToken(WindowLearner):
+    """The targets are the inputs shifted by one; every position is scored (a decoder's next-byte prediction)."""
 
     def batch(self, tokens: np.ndarray, starts: np.ndarray, rows: slice, seq_len: int, step: int) -> tuple[Tensor, Tensor]:
         x, y = windows(tokens, starts[rows], seq_len)  # (b, T) each
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
+    def loss(self, logits: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        assert per is None, "windows of equal length: every rank's mean"
         return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())  # mean over B*T, nats
 
-    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
-        return _kl(student.flatten(0, 1), teacher.flatten(0, 1))
-
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
-        return HeldOut(tokens, starts, seq_len)
+    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        return kl_rows(student.flatten(0, 1), teacher.flatten(0, 1))
 
     def to_dict(self) -> dict[str, Any]:
         return {}
 
 
-def _torch_seed(*key: int) -> int:
-    return int(np.random.default_rng(list(key)).integers(2**62))
+@dataclass(frozen=True)
+class Examples:
+    """Fixed-length examples: ``inputs`` and ``targets`` (N, T) int64, targets :data:`IGNORE` where a position is not
+    scored (a sequence classification's: all but the position that predicts the label)."""
+
+    inputs: np.ndarray
+    targets: np.ndarray
+
+    def __post_init__(self) -> None:
+        assert self.inputs.shape == self.targets.shape and self.inputs.ndim == 2, (self.inputs.shape, self.targets.shape)
+
+    def __len__(self) -> int:
+        return len(self.inputs)
 
 
 @dataclass(frozen=True)
-class MaskedLM:
-    """BERT-style masked-LM over bytes: the inputs are the windows with ``masking.rate`` of their positions
-    corrupted (80% mask byte, 10% random, 10% kept), the targets the original bytes at those positions."""
+class ExampleBatches:
+    """Step ``k``'s batch: ``batch_size`` examples drawn by ``default_rng([seed, 0, k])`` (the global batch), this rank's
+    rows of it."""
 
-    masking: MaskingSettings = field(default_factory=MaskingSettings)
-    seed: int = 0
-    name: str = "masked-lm"
-    metric: str = "bits/masked byte"
+    examples: Examples
+    batch_size: int
+    seed: int
+    rank: int = 0
+    world: int = 1
+    sampler: str = "examples drawn by default_rng([seed, 0, step])"
 
-    def batch(self, tokens: np.ndarray, starts: np.ndarray, rows: slice, seq_len: int, step: int) -> tuple[Tensor, Tensor]:
-        x, _ = windows(tokens, starts[rows], seq_len)  # (b, T): an encoder reads the window itself
-        g = torch.Generator().manual_seed(_torch_seed(self.seed, MASK_STREAM, step))
-        mask = draw_mask((len(starts), seq_len), self.masking, g).rows(rows)  # the global batch's masks, this rank's rows
-        return apply_mask(torch.from_numpy(x), mask, self.masking.mask_byte)
+    def __call__(self, step: int) -> Batch:
+        mine = draw(self.seed, step, len(self.examples), self.batch_size)[rank_rows(self.batch_size, self.rank, self.world)]
+        x, y = (torch.from_numpy(np.ascontiguousarray(a[mine])) for a in (self.examples.inputs, self.examples.targets))
+        return Batch((x,), y, int(self.batch_size * self.examples.inputs.shape[1]))
 
-    def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
-    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor) -> Tensor:
-        chosen = targets.flatten() != IGNORE  # (B*T,)
-        return _kl(student.flatten(0, 1)[chosen], teacher.flatten(0, 1)[chosen])
+class ExampleLearner:
+    """The learner of a task of fixed-length examples (:class:`Examples`: a sequence classification, ...): batches of
+    examples, cross-entropy and distillation over the scored positions, the held-out score in bits per scored position
+    on the first ``eval_batches x batch_size`` validation examples (the same for every subnet)."""
 
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
-        g = torch.Generator().manual_seed(_torch_seed(self.seed, EVAL_MASK_STREAM))
-        return HeldOut(tokens, starts, seq_len, masks=(self.masking, g))
+    metric = "bits/label"
+    eval_key = "bpb"
+    mixed_precision = True
+
+    def train_batches(self, examples: Examples, config: Any, dist: Any) -> ExampleBatches:
+        return ExampleBatches(examples, config.batch_size, config.seed, dist.rank, dist.world)
+
+    def heldout(self, examples: Examples, n: int) -> HeldOut:
+        """The first ``n`` examples, fixed."""
+        return HeldOut.of(examples.inputs[:n], examples.targets[:n])
+
+    def evaluator(self, examples: Examples, config: Any) -> Score:
+        held = self.heldout(examples, config.eval_batches * config.batch_size)
+        return lambda model, subnet: held.bits(model, subnet, config.batch_size)
+
+    def loss(self, logits: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        assert per is None, "examples of equal length: every rank's mean"
+        return scored_loss(logits, targets)
+
+    def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
+        return scored_kl(student, teacher, targets)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"task": self.name, "mask_rate": self.masking.rate, "metric": self.metric}
+        return {}
 
 
-CAUSAL_LM = CausalLM()
-DEFAULT_MASK_RATE = MaskingSettings.rate
+def scored_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy (nats) over the scored positions (targets other than ``IGNORE``)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
 
-def check_mask_rate(rate: float) -> float:
-    """``--mask-rate``, checked: a fraction strictly between 0 and 1."""
-    if not 0.0 < rate < 1.0:  # NaN fails too
-        raise UserError(f"--mask-rate: {rate} is not a fraction strictly between 0 and 1 (BERT uses 0.15)")
-    return rate
+def task_for(space: Space, *, seed: int = 0, **options: Any) -> Learner:
+    """The learner of ``space``'s task for a run of ``seed``; ``options``: the task's own settings (a masked LM's
+    ``mask_rate``; None = not given, the task's default).  A setting of another task is refused in one line."""
+    task = tasks.of(space)
+    given = {k: v for k, v in options.items() if v is not None}
+    for name in given:
+        if name not in task.learner_options:
+            owners = [t.name for t in tasks.tasks().values() if name in t.learner_options]
+            raise UserError(f"--{name.replace('_', '-')}: only for a {' or '.join(owners) or 'other'} space; {space.source} "
+                            f"is task {space.task}")
+    return task.learner(space, seed=seed, **given)
 
 
-def trained_mask_rate(meta: dict[str, Any]) -> float | None:
-    """The mask rate a supernet checkpoint (its ``meta``) was trained with; None for a causal-lm run."""
-    return (meta.get("objective") or {}).get("mask_rate")
-
-
-def task_for(space: Space, *, seed: int = 0, mask_rate: float | None = None) -> Task:
-    """The task of ``space`` (its ``task:`` field); ``mask_rate`` (default 0.15) only for a masked-LM space."""
-    if space.task == "masked-lm":
-        rate = check_mask_rate(DEFAULT_MASK_RATE if mask_rate is None else mask_rate)
-        return MaskedLM(MaskingSettings(rate=rate), seed=seed)
-    if mask_rate is not None:
-        raise UserError(f"--mask-rate: only for a masked-lm space; {space.source} is task {space.task}")
-    assert space.task == "causal-lm", space.task
-    return CAUSAL_LM
+def trained_options(space: Space, meta: dict[str, Any]) -> dict[str, Any]:
+    """The task's settings a checkpoint (its ``meta``) was trained with: what its objective's record keeps of them."""
+    record = meta.get("objective") or {}
+    return {k: record[k] for k in tasks.of(space).learner_options if k in record}

@@ -1,10 +1,12 @@
-"""Training: one generic driver, and small objectives that say what a step computes.
+"""Training: one generic driver for every task, and small objectives that say what a step computes.
 
 :func:`train` owns everything that does not depend on what is trained: AdamW, the
 warm-up + cosine schedule, gradient clipping, bf16 autocast on CUDA, optional
 ``torch.compile``, DistributedDataParallel, JSON Lines metrics, evaluations,
-atomic checkpoints, exact resume and SIGINT.  An :class:`Objective` says, per step,
-which passes run (which subnets) and what each pass's loss is:
+atomic checkpoints, exact resume and SIGINT.  The task's learner (:mod:`supernet.task`) says
+what a step's batch is, what a pass's loss and distillation are and what is scored on held-out
+data; an :class:`Objective` says, per step, which passes run (which subnets) and how their losses
+combine:
 
 * :class:`SandwichObjective` trains a :class:`~supernet.SuperTransformer` by the
   sandwich rule (largest, smallest and N uniformly sampled subnets, gradients
@@ -37,11 +39,11 @@ from search_spaces import Space, Subnet, UserError
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import check_length
 from .distributed import SINGLE, Dist
-from .heldout import autocast, run_model
-from .task import CAUSAL_LM, Task
+from .heldout import HeldOut, autocast, run_model
+from .task import EVAL_STREAM, Batch, Learner, eval_starts, task_for
 
-# Streams of the per-step generators: default_rng([seed, STREAM, step]).
-DATA_STREAM, PLAN_STREAM, EVAL_STREAM = 0, 1, 2
+# Streams of the per-step generators: default_rng([seed, STREAM, step]) (the data's and evaluation's: supernet.task).
+PLAN_STREAM = 1
 
 
 # --------------------------------------------------------------------------- config
@@ -167,14 +169,15 @@ class Objective(Protocol):
     """Per step: which passes run and what each pass's loss is.
 
     Call order per step: ``plan(step)``; then for each pass ``i`` in order the trainer runs the
-    model on the batch (``task.batch``) and calls ``loss(i, logits, targets, memo)``, then backpropagates it.
-    ``memo`` is a fresh dict per step, for what one pass hands to the next (e.g. soft targets).
+    model on the batch (the learner's ``train_batches``) and calls ``loss(i, logits, targets, memo, per)``,
+    then backpropagates it.  ``memo`` is a fresh dict per step, for what one pass hands to the next (e.g. soft
+    targets); ``per``: the batch's normaliser (:attr:`supernet.task.Batch.per`).
     """
 
     def plan(self, step: int) -> Plan: ...
 
-    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        """(loss to backpropagate, its cross-entropy part detached, for logging)."""
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        """(loss to backpropagate, its cross-entropy part detached, per scored position, for logging)."""
         ...
 
     def eval_subnets(self) -> dict[str, Subnet | None]: ...
@@ -190,9 +193,15 @@ class Objective(Protocol):
     def to_dict(self) -> dict[str, Any]: ...
 
     @property
-    def task(self) -> Task:
+    def task(self) -> Learner:
         """What is learned (:mod:`supernet.task`): the batches, the losses and the held-out scoring."""
         ...
+
+
+def _pass_loss(task: Learner, logits: Tensor, targets: Tensor, per: float | None) -> tuple[Tensor, Tensor]:
+    """(the cross-entropy to backpropagate, normalised by ``per``; the one logged: per scored position of this rank)."""
+    ce = task.loss(logits, targets, per)
+    return ce, ce.detach() if per is None else task.loss(logits.detach(), targets).detach()
 
 
 BALANCES = ("types", "first")  # --balance: the sandwich's largest / smallest rotate over the types, or use the first
@@ -206,12 +215,13 @@ class SandwichObjective:
     The largest subnet learns from the data.  Every smaller one learns from
     ``(1 - distill) * CE(data) + distill * KL(largest || it)``, the largest subnet's
     predictions taken as fixed soft targets.  Both terms are over the ``task``'s scored positions (for
-    masked-LM: the chosen ones).
+    a masked LM: the chosen ones).  ``task``: the learner (default: the space's task's, :func:`supernet.task.task_for`).
 
     ``balance="types"``: step ``k``'s largest and smallest subnets have every layer of the space's type
     ``k mod n`` (FairNAS's rule: each type is the sandwich's largest, smallest and teacher equally often; the
     sampled ones draw types uniformly already).  ``"first"``: both always use the first listed type (the
     rule before; a resumed run of that time keeps it): with 11 types that trains the first about 12x more.
+    A space of a task's own shape without one list of types (an encoder-decoder's) takes its own extremes.
 
     ``split="families"``: from the step where the run's progress reaches ``split_at``, each attention family
     (``AttentionType.family``) has its own Q/K/V/O, warm-started from the shared ones then
@@ -223,12 +233,14 @@ class SandwichObjective:
     distill: float = 0.5
     seed: int = 0
     n_eval_random: int = 3
-    task: Task = CAUSAL_LM
+    task: Learner | None = None
     balance: str = "types"
     split: str = "none"
     split_at: float = 0.5
 
     def __post_init__(self) -> None:
+        if self.task is None:
+            object.__setattr__(self, "task", task_for(self.space, seed=self.seed))
         if self.n_random < 0:
             raise UserError(f"--random-subnets: {self.n_random} is negative")
         if not 0.0 <= self.distill <= 1.0:
@@ -240,16 +252,28 @@ class SandwichObjective:
         if not 0.0 <= self.split_at < 1.0:  # NaN fails too
             raise UserError(f"--split-at: {self.split_at} is not a fraction of the run in [0, 1)")
 
-    def sandwich_type(self, step: int) -> str:
-        """The attention type of step ``step``'s largest and smallest subnets."""
-        types = self.space.attention
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The attention types the extremes are built of: a one-stack space's list; none for a space of a task's own
+        shape (an encoder-decoder's sides list their own), whose extremes are its ``largest()`` and ``smallest()``."""
+        return tuple(getattr(self.space, "attention", ()))
+
+    def sandwich_type(self, step: int) -> str | None:
+        """The attention type of step ``step``'s largest and smallest subnets (None: the space's own extremes)."""
+        types = self.types
+        if not types:
+            return None
         return types[step % len(types)] if self.balance == "types" else types[0]
+
+    def extremes(self, t: str | None) -> tuple[Subnet, Subnet]:
+        """The largest and smallest subnets of type ``t`` (None: the space's own)."""
+        return (self.space.largest(), self.space.smallest()) if t is None else (self.space.largest(t), self.space.smallest(t))
 
     def plan(self, step: int) -> Plan:
         rng = np.random.default_rng([self.seed, PLAN_STREAM, step])
         random = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
-        t = self.sandwich_type(step)
-        return [("largest", self.space.largest(t)), ("smallest", self.space.smallest(t)), *random]
+        largest, smallest = self.extremes(self.sandwich_type(step))
+        return [("largest", largest), ("smallest", smallest), *random]
 
     def before_step(self, model: nn.Module, step: int, progress: float) -> str | None:
         """Split the projections by family once the run's ``progress`` (0..1) reaches ``split_at``; what happened, or None."""
@@ -259,7 +283,10 @@ class SandwichObjective:
         return f"step {step}: each attention family has its own Q/K/V/O from here ({', '.join(model.families)})"
 
     def usage(self, steps: int) -> dict[str, int]:
-        """Layer-passes per attention type of the first ``steps`` steps (every pass of every layer counts one)."""
+        """Layer-passes per attention type of the first ``steps`` steps (every pass of every layer counts one); empty for
+        a space without one list of types."""
+        if not self.types:
+            return {}
         counts = dict.fromkeys(self.space.attention, 0)
         for step in range(steps):
             for _, subnet in self.plan(step):
@@ -267,16 +294,16 @@ class SandwichObjective:
                     counts[a] += 1
         return counts
 
-    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = self.task.loss(logits, targets)
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        ce, logged = _pass_loss(self.task, logits, targets, per)
         if index == 0:
             memo["teacher"] = logits.detach().float().log_softmax(-1)  # (B, T, V)
-            return ce, ce.detach()
+            return ce, logged
         if self.distill == 0.0:
-            return ce, ce.detach()
+            return ce, logged
         student = logits.float().log_softmax(-1)  # (B, T, V)
-        kd = self.task.kl(student, memo["teacher"], targets)
-        return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
+        kd = self.task.kl(student, memo["teacher"], targets, per)
+        return (1.0 - self.distill) * ce + self.distill * kd, logged
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
         rng = np.random.default_rng([self.seed, EVAL_STREAM])
@@ -284,8 +311,8 @@ class SandwichObjective:
         return {"largest": self.space.largest(), "smallest": self.space.smallest(), **fixed}
 
     def fixed_subnets(self) -> set[Subnet | None]:
-        types = self.space.attention if self.balance == "types" else self.space.attention[:1]
-        return {s for t in types for s in (self.space.largest(t), self.space.smallest(t))}
+        types = (self.types if self.balance == "types" else self.types[:1]) or (None,)
+        return {s for t in types for s in self.extremes(t)}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -302,16 +329,15 @@ class SandwichObjective:
 
 @dataclass(frozen=True)
 class PlainObjective:
-    """One pass of one static model, cross-entropy on the data."""
+    """One pass of one static model, cross-entropy on the data (``task``: the learner, :func:`supernet.task.task_for`)."""
 
-    task: Task = CAUSAL_LM
+    task: Learner
 
     def plan(self, step: int) -> Plan:
         return [("model", None)]
 
-    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = self.task.loss(logits, targets)
-        return ce, ce.detach()
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        return _pass_loss(self.task, logits, targets, per)
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
         return {"model": None}
@@ -326,11 +352,6 @@ class PlainObjective:
 # --------------------------------------------------------------------------- evaluation
 
 
-def eval_starts(n_tokens: int, batch_size: int, seq_len: int, n_batches: int, seed: int) -> np.ndarray:
-    """The fixed window starts an evaluation uses: (n_batches * batch_size,), a function of ``seed`` only."""
-    return np.random.default_rng([seed, EVAL_STREAM]).integers(0, n_tokens - seq_len, size=n_batches * batch_size)
-
-
 @torch.no_grad()
 def evaluate_bpb(
     model: nn.Module,
@@ -340,17 +361,19 @@ def evaluate_bpb(
     seq_len: int,
     n_batches: int,
     seed: int,
-    task: Task = CAUSAL_LM,
+    task: Learner | None = None,
 ) -> float:
-    """Bits per byte of ``model`` (running ``subnet``; None for a static model) on fixed windows of ``tokens``
-    (bits per masked byte for a masked-LM ``task``).
+    """Bits per byte of ``model`` (running ``subnet``; None for a static model) on fixed windows of ``tokens``, every
+    position scored; with a window ``task`` (:class:`supernet.task.WindowLearner`) its held-out windows (bits per
+    masked byte for a masked LM).
 
     The windows (and masks) depend only on ``seed`` and the sizes, so every subnet and every call sees
     the same bytes.  Runs in eval mode without gradients (bf16 autocast on CUDA).
     """
     check_length(tokens, seq_len, "validation")
     starts = eval_starts(len(tokens), batch_size, seq_len, n_batches, seed)
-    return task.heldout(tokens, starts, seq_len).bits(model, subnet, batch_size)
+    held = HeldOut(tokens, starts, seq_len) if task is None else task.heldout(tokens, starts, seq_len)
+    return held.bits(model, subnet, batch_size)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -370,8 +393,8 @@ class CompiledFor(nn.Module):
         self.fixed = fixed
         object.__setattr__(self, "_compiled", torch.compile(model, dynamic=False))
 
-    def forward(self, idx: Tensor, subnet: Subnet | None = None) -> Tensor:
-        return run_model(self._compiled if subnet in self.fixed else self.model, idx, subnet)
+    def forward(self, *inputs: Tensor, subnet: Subnet | None = None) -> Tensor:
+        return run_model(self._compiled if subnet in self.fixed else self.model, inputs, subnet)
 
 
 class Checkpointer(Protocol):
@@ -502,18 +525,18 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
 class Trainer:
     """One run: the optimizer, the schedule and the counters, and the pieces of a step.
 
-    :func:`train` drives it; the objective decides what a step computes.
+    :func:`train` drives it; the objective decides which passes a step runs, the task's learner what its
+    batches, losses and held-out scores are.
     """
 
-    def __init__(self, model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report):
+    def __init__(self, model, objective, train_data, val_data, config, out, checkpointer, meta, dist, report):
         self.model, self.objective, self.config, self.dist = model, objective, config, dist
-        self.train_tokens, self.val_tokens = train_tokens, val_tokens
+        self.learner: Learner = objective.task
         self.device = next(model.parameters()).device
-        check_length(train_tokens, config.seq_len, "training")
-        check_length(val_tokens, config.seq_len, "validation")
         if config.batch_size % dist.world:
             raise UserError(f"--batch-size: {config.batch_size} does not split evenly across {dist.world} ranks")
-        self.local_batch = config.batch_size // dist.world
+        self.batches = self.learner.train_batches(train_data, config, dist)
+        self.score = self.learner.evaluator(val_data, config)
         self.out, self.checkpointer = out, checkpointer
         self.latest = out / "latest.pt" if out is not None else None
         self.say = report if (report is not None and dist.is_main) else (lambda text: None)
@@ -554,7 +577,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng": rng_state(self.device),
-            "data": {"position": self.step, "sampler": "windows drawn by default_rng([seed, 0, step])"},
+            "data": {"position": self.step, "sampler": self.batches.sampler},
             "step": self.step,
             "elapsed": self.elapsed,
             "tokens": self.tokens,
@@ -578,16 +601,13 @@ class Trainer:
             else ("max_steps" if reached_steps else "max_time")
         )
 
-    def batch(self) -> tuple[Tensor, Tensor]:
-        """This rank's share of step ``step``'s windows: x, y (b, T)."""
-        c, r, b = self.config, self.dist.rank, self.local_batch
-        rng = np.random.default_rng([c.seed, DATA_STREAM, self.step])
-        starts = rng.integers(0, len(self.train_tokens) - c.seq_len, size=c.batch_size)  # (B,) the global batch
-        x, y = self.objective.task.batch(self.train_tokens, starts, slice(r * b, (r + 1) * b), c.seq_len, self.step)
-        return x.to(self.device), y.to(self.device)
+    def batch(self) -> Batch:
+        """This rank's share of step ``step``'s batch, on the device."""
+        return self.batches(self.step).to(self.device)
 
-    def train_step(self) -> tuple[Plan, dict[str, float], float]:
-        """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last)."""
+    def train_step(self) -> tuple[Plan, dict[str, float], float, int]:
+        """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last);
+        (plan, each pass's cross-entropy, lr, tokens trained on)."""
         lr = self.schedule(self.step, self.elapsed)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -595,15 +615,16 @@ class Trainer:
         if before is not None and (note := before(self.model, self.step, self.schedule.progress(self.step, self.elapsed))):
             self.say(note)
             self.log.write("note", step=self.step, note=note)
-        x, y = self.batch()
+        b = self.batch()
         plan = self.objective.plan(self.step)
         memo: dict = {}
         ces = []
+        amp = autocast(self.device) if self.learner.mixed_precision else nullcontext()
         for i, (_, subnet) in enumerate(plan):
             sync = not self.dist.enabled or i == len(plan) - 1
-            with (nullcontext() if sync else self.fwd.no_sync()), autocast(self.device):
-                logits = run_model(self.fwd, x, subnet)  # (b, T, V)
-                loss, ce = self.objective.loss(i, logits, y, memo)
+            with (nullcontext() if sync else self.fwd.no_sync()), amp:
+                logits = run_model(self.fwd, b.inputs, subnet)  # (b, T, V)
+                loss, ce = self.objective.loss(i, logits, b.targets, memo, b.per)
             (loss / len(plan)).backward()
             ces.append(ce)
         if self.config.grad_clip > 0:
@@ -611,8 +632,8 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens += self.config.batch_size * self.config.seq_len
-        return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr
+        self.tokens += b.tokens
+        return plan, dict(zip((name for name, _ in plan), torch.stack(ces).tolist())), lr, b.tokens
 
     def report_usage(self) -> None:
         """Layer-passes per attention type so far (objectives with ``usage``): logged, said, and ``OUT/type_passes.json``."""
@@ -620,6 +641,8 @@ class Trainer:
         if usage is None or self.step == 0:
             return
         counts = usage(self.step)
+        if not counts:
+            return
         used = [n for n in counts.values() if n]
         ratio = max(used) / min(used) if used and len(used) == len(counts) else math.inf
         self.log.write("type_passes", step=self.step, passes=counts, max_over_min=round(ratio, 3))
@@ -632,20 +655,15 @@ class Trainer:
             atomic_write(self.out / "type_passes.json", json.dumps(doc, indent=1) + "\n")
 
     def evaluate(self) -> None:
-        """Validation bits per byte (per masked byte) of the objective's evaluation subnets (rank 0; the others wait)."""
+        """The held-out score (the learner's metric) of the objective's evaluation subnets (rank 0; the others wait)."""
         self.evaluated_at = self.step
         if self.dist.is_main:
-            c, t0 = self.config, time.perf_counter()
-            bpb = {
-                name: evaluate_bpb(
-                    self.model, subnet, self.val_tokens, c.batch_size, c.seq_len, c.eval_batches, c.seed, self.objective.task
-                )
-                for name, subnet in self.objective.eval_subnets().items()
-            }
-            self.evals.append({"step": self.step, "bpb": bpb})
-            self.log.write("eval", step=self.step, bpb=bpb, seconds=round(time.perf_counter() - t0, 3))
-            scores = "  ".join(f"{k} {v:.3f}" for k, v in bpb.items())
-            self.say(f"step {self.step}: validation {self.objective.task.metric}  {scores}")
+            t0, key = time.perf_counter(), self.learner.eval_key
+            scores = {name: self.score(self.model, subnet) for name, subnet in self.objective.eval_subnets().items()}
+            self.evals.append({"step": self.step, key: scores})
+            self.log.write("eval", step=self.step, **{key: scores}, seconds=round(time.perf_counter() - t0, 3))
+            text = "  ".join(f"{k} {v:.3f}" for k, v in scores.items())
+            self.say(f"step {self.step}: validation {self.learner.metric}  {text}")
             self.report_usage()
         self.dist.barrier()
 
@@ -653,8 +671,8 @@ class Trainer:
 def train(
     model: nn.Module,
     objective: Objective,
-    train_tokens: np.ndarray,
-    val_tokens: np.ndarray,
+    train_data: Any,
+    val_data: Any,
     config: TrainConfig,
     *,
     out: Path | None = None,
@@ -667,6 +685,9 @@ def train(
 ) -> TrainResult:
     """Train ``model`` (already on its device) until ``max_steps`` or ``max_time``, or SIGINT / SIGTERM.
 
+    ``train_data`` / ``val_data``: the task's (a token array for the byte LMs, sentence pairs for translation), read
+    through the objective's learner (``objective.task``).
+
     With ``out`` and ``checkpointer``: ``out/latest.pt`` every ``ckpt_interval`` steps, on SIGINT
     or SIGTERM and at the end, ``out/final.pt`` when the run reaches its bound, ``out/log.jsonl`` metrics.
     ``resume`` continues from ``out/latest.pt`` exactly where it was written (pass the
@@ -674,7 +695,7 @@ def train(
     in every checkpoint (with the step).  Only rank 0 writes files; ``progress`` is called on
     every rank it is given to, ``report`` (human-readable lines) on rank 0.
     """
-    t = Trainer(model, objective, train_tokens, val_tokens, config, out, checkpointer, meta, dist, report)
+    t = Trainer(model, objective, train_data, val_data, config, out, checkpointer, meta, dist, report)
     resuming = resume is not False
     if resuming:
         if t.latest is None or checkpointer is None:
@@ -695,10 +716,10 @@ def train(
     with _catch_interrupts() as interrupt:
         while not (stopped := t.stop_reason(interrupt.requested)):
             t0 = time.perf_counter()
-            plan, losses, lr = t.train_step()
+            plan, losses, lr, step_tokens = t.train_step()
             now = time.perf_counter()
             t.elapsed += now - t0
-            window_tokens += config.batch_size * config.seq_len
+            window_tokens += step_tokens
             rate = window_tokens / max(now - window_t, 1e-9)
             if t.step % config.log_interval == 0 or t.step == config.max_steps:
                 t.log.write(
@@ -770,22 +791,23 @@ class DistillObjective:
 
     model: Distilled
     distill: float = 0.5
-    task: Task = CAUSAL_LM
+    task: Learner | None = None  # the learner (supernet.task.task_for): required
 
     def __post_init__(self) -> None:
+        assert self.task is not None, "DistillObjective needs the task's learner"
         if not 0.0 <= self.distill <= 1.0:
             raise UserError(f"--distill: {self.distill} is not between 0 and 1")
 
     def plan(self, step: int) -> Plan:
         return [("model", None)]
 
-    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict) -> tuple[Tensor, Tensor]:
-        ce = self.task.loss(logits, targets)
+    def loss(self, index: int, logits: Tensor, targets: Tensor, memo: dict, per: float | None = None) -> tuple[Tensor, Tensor]:
+        ce, logged = _pass_loss(self.task, logits, targets, per)
         teacher = self.model.teacher_logp
         assert teacher is not None and teacher.shape == logits.shape, "the teacher runs in Distilled.forward (training mode)"
         student = logits.float().log_softmax(-1)  # (B, T, V)
-        kd = self.task.kl(student, teacher, targets)
-        return (1.0 - self.distill) * ce + self.distill * kd, ce.detach()
+        kd = self.task.kl(student, teacher, targets, per)
+        return (1.0 - self.distill) * ce + self.distill * kd, logged
 
     def eval_subnets(self) -> dict[str, Subnet | None]:
         return {"model": None}
@@ -831,7 +853,7 @@ class StaticCheckpointer:
         return payload
 
 
-def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
+def read_static_checkpoint(path: str | Path, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """A static model's training checkpoint (:class:`StaticCheckpointer`), with ``space_obj`` (its
     :class:`~search_spaces.Space`) and ``subnet_obj`` (its :class:`~search_spaces.Subnet`) parsed and checked."""
     from search_spaces import parse_space
@@ -841,7 +863,7 @@ def read_static_checkpoint(path: str | Path) -> dict[str, Any]:
         raise UserError(f"{path}: no such checkpoint file")
     from .checkpoint import load_marked
 
-    payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool")
+    payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool", payload)
     try:
         space = parse_space(payload["space"], where=f"{path.name}[space]", source=str(path))
         subnet = Subnet.from_dict(payload["subnet"], where=f"{path.name}[subnet]")

@@ -105,7 +105,7 @@ def test_transfer_from_twenty_rows_meets_the_targets_and_beats_a_fit_from_scratc
     held = campaign_subnets(tiny, 200, seed=5)
     x_few, names = subnet_matrix("transfer", tiny, w, few)
     folders = [str(source_predictor(tiny, w, tmp_path / k, k, {"mix": 1.0 + i})) for i, k in enumerate(("additive", "mlp"))]
-    sources = load_sources(folders, tiny, w, names, "few.csv")
+    sources = load_sources(folders, tiny, w, names, "few.csv", load_predictor)
     x_held, _ = subnet_matrix("transfer", tiny, w, held)
     y_few = device_ms(tiny, w, few, TARGET, noise=0.02, seed=1)
     y_held = device_ms(tiny, w, held, TARGET, noise=0.02, seed=2)
@@ -133,7 +133,7 @@ def test_every_method_saves_and_loads_to_the_same_predictions(tiny, tmp_path):
     few = transfer_subnets(tiny, w, 12, seed=3)
     x, names = subnet_matrix("transfer", tiny, w, few)
     y = device_ms(tiny, w, few, TARGET)
-    add, gbt = load_sources([str(paths["additive"]), str(paths["gbt"])], tiny, w, names, "few.csv")
+    add, gbt = load_sources([str(paths["additive"]), str(paths["gbt"])], tiny, w, names, "few.csv", load_predictor)
     models = [fit_scale(gbt, x, y), fit_sources([add, gbt], x, y), fit_terms(add, x, y, 0.01), fit_terms(gbt, x, y, 0.01),
               fit_scratch(scratch_columns(tiny, names), x, y)]
     held = campaign_subnets(tiny, 30, seed=9)
@@ -145,7 +145,7 @@ def test_every_method_saves_and_loads_to_the_same_predictions(tiny, tmp_path):
         with np.load(tmp_path / f"m{i}" / "arrays.npz", allow_pickle=False) as z:
             assert all(z[k].dtype != object for k in z.files)
     # a transferred predictor is itself a source (its sources travel inside it)
-    (nested,) = load_sources([str(tmp_path / "m1")], tiny, w, names, "few.csv")
+    (nested,) = load_sources([str(tmp_path / "m1")], tiny, w, names, "few.csv", load_predictor)
     assert nested.kind == "transfer" and np.array_equal(nested.predict(x), models[1].predict(x))
 
 

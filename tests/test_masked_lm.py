@@ -1,4 +1,4 @@
-"""The masked-LM task (issue 17): batches, losses and held-out scoring of ``supernet.task.MaskedLM``, sandwich
+"""The masked-LM task (issue 17): batches, losses and held-out scoring of ``tasks.masked_lm.learner.MaskedLM``, sandwich
 training of an encoder supernet with exact resume, and the ``--mask-rate`` flag of train-supernet / train-subnet."""
 
 import json
@@ -13,8 +13,10 @@ from search_spaces import UserError, load_space, parse_space
 from supernet import SuperTransformer, extract
 from supernet.data import prepare_corpus
 from supernet.distributed import Dist
-from supernet.masking import IGNORE, MASK_BYTE
-from supernet.task import CAUSAL_LM, MaskedLM, task_for
+from tasks.masked_lm.masking import IGNORE, MASK_BYTE
+from supernet.task import task_for
+from tasks.causal_lm.learner import CAUSAL_LM
+from tasks.masked_lm.learner import MaskedLM
 from supernet.train import PlainObjective, SandwichObjective, SupernetCheckpointer, TrainConfig, evaluate_bpb, train
 
 from .test_data import write_docs
@@ -278,10 +280,11 @@ def test_search_and_export_an_encoder_score_bits_per_masked_byte(encoder, space_
     # the search's fitness is bits per masked byte at the trained rate, on fixed masks of the validation seed
     supernet, _ = load_supernet(run_dir / "final.pt")
     tokens = np.frombuffer((tmp_path / "val.txt").read_bytes(), dtype=np.uint8)
-    masked = InheritedLoss(supernet, tokens, seq_len=16, windows=3, mask_rate=0.2)
+    masked = InheritedLoss(supernet, tokens, seq_len=16, windows=3, options={"mask_rate": 0.2})
     assert masked.description["task"] == "masked-lm" and masked.description["mask_rate"] == 0.2
     assert loss == pytest.approx(float(masked([best])[0]), abs=1e-9)
-    assert loss != pytest.approx(float(InheritedLoss(supernet, tokens, seq_len=16, windows=3, mask_rate=0.5)([best])[0]))
+    other = InheritedLoss(supernet, tokens, seq_len=16, windows=3, options={"mask_rate": 0.5})
+    assert loss != pytest.approx(float(other([best])[0]))
 
     assert main(["export", "--supernet", str(run_dir / "final.pt"), "--subnet", str(best_file), "--out", str(tmp_path / "model"),
                  *val, "--format", "onnx"]) == 0

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from supernet.masking import IGNORE, MASK_BYTE, MaskingSettings, bits_per_masked_byte, mask_tokens, masked_loss
+from tasks.masked_lm.masking import IGNORE, MASK_BYTE, MaskingSettings, bits_per_masked_byte, mask_tokens, masked_loss
 
 
 def _batch(b=64, t=200, seed=0):

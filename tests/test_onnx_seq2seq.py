@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from search_spaces import UserError, parse_space
-from search_spaces.seq2seq import Seq2SeqSubnet
-from supernet.onnx_seq2seq import (
+from tasks.translation.space import Seq2SeqSubnet
+from tasks.translation.onnx import (
     OnnxBeams,
     OnnxSeq2Seq,
     export_seq2seq_onnx,
@@ -16,9 +16,9 @@ from supernet.onnx_seq2seq import (
     onnx_translate,
     seq2seq_parity,
 )
-from supernet.seq2seq import Seq2SeqSuperTransformer, decode, encode_memory
-from supernet.translate import beam_search, greedy, search_beams
-from supernet.translation import BOS
+from tasks.translation.model import Seq2SeqSuperTransformer, decode, encode_memory
+from tasks.translation.decode import beam_search, greedy, search_beams
+from tasks.translation.data import BOS
 from tests.seq2seq_fakes import MINI_SEQ2SEQ
 
 # translate-tiny's types on both sides, each decoder layer reading another number of encoder layers

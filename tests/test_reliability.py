@@ -29,7 +29,7 @@ from latency.predictors import Predictor, load_predictor
 from latency.predictors.additive import Additive
 from latency.predictors.predictor import subnet_matrix
 from latency.table import TimingTable, make_meta, read_timings
-from nas.checks import io_failure
+from nas.commands.checks import io_failure
 from nas.cli import build_parser, main
 from search_spaces import Subnet, UserError
 from supernet import SuperTransformer, load_model
@@ -806,7 +806,7 @@ def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(seq
     """A decoder-only subnet with an encoder-decoder space (and the reverse), an encoder-decoder supernet as --init of
     a causal-lm space: the space is named as what does not fit, not a command to run."""
     from search_spaces import Subnet as Plain
-    from search_spaces.seq2seq import Seq2SeqSubnet
+    from tasks.translation.space import Seq2SeqSubnet
 
     from .seq2seq_fakes import mini_space
 
@@ -890,9 +890,8 @@ def watched(fn, step_of):
     return call
 
 
-import latency.campaign, latency.device, nas.classify, supernet.seq2seq_train, supernet.train
+import latency.campaign, latency.device, nas.classify, supernet.train
 supernet.train.train = watched(supernet.train.train, lambda info: info.step)
-supernet.seq2seq_train.train_seq2seq = watched(supernet.seq2seq_train.train_seq2seq, lambda info: info.step)
 nas.classify.finetune_classifier = watched(nas.classify.finetune_classifier, lambda info: info.step)
 latency.campaign.run_campaign = watched(latency.campaign.run_campaign, lambda done, total, info: done)
 from tests.latency_fakes import FakeDevice
@@ -1072,7 +1071,7 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
 
 
 def test_a_tsv_line_of_more_than_two_fields_is_refused_not_trained_as_the_target(tmp_path, capsys):
-    from supernet.translation import read_tsv
+    from tasks.translation.data import read_tsv
 
     from .seq2seq_fakes import MINI_SEQ2SEQ
 
@@ -1099,7 +1098,7 @@ def test_a_tsv_line_of_more_than_two_fields_is_refused_not_trained_as_the_target
 
 
 def test_a_language_is_a_name_checked_before_any_path_is_made_of_it(tmp_path, capsys, monkeypatch):
-    import supernet.translation as tr
+    import tasks.translation.data as tr
 
     from .seq2seq_fakes import MINI_SEQ2SEQ
 

@@ -3,7 +3,7 @@
 import pytest
 
 from nas.cli import main
-from supernet.translation import languages
+from tasks.translation.data import languages
 
 from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
@@ -46,8 +46,8 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
 
     import torch
 
-    from supernet.seq2seq_artifact import load_seq2seq_model
-    from supernet.seq2seq_train import load_seq2seq_supernet
+    from tasks.translation.artifact import load_seq2seq_model
+    from tasks.translation.train import load_seq2seq_supernet
 
     root, out = trained
     (root / "sub2.yaml").write_text(

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from search_spaces.seq2seq import Seq2SeqSubnet
-from supernet.seq2seq import Seq2SeqSuperTransformer, encode, encode_memory, memory
-from supernet.translation import PAD
+from tasks.translation.space import Seq2SeqSubnet
+from tasks.translation.model import Seq2SeqSuperTransformer, encode, encode_memory, memory
+from tasks.translation.data import PAD
 
 from .seq2seq_fakes import mini_space
 
@@ -75,7 +75,7 @@ def test_cross_attention_ignores_source_padding_in_the_memory():
     model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(2))
     src, tgt = batch(2)
     w = model.weights(space.largest())
-    from supernet.seq2seq import Memory, decode
+    from tasks.translation.model import Memory, decode
 
     with torch.no_grad():
         mem = encode_memory(w, src)

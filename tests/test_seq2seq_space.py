@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from search_spaces import SubnetError, load_space
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
-from supernet.translation import VOCAB_SIZE
+from tasks.translation.space import Seq2SeqSpace, Seq2SeqSubnet
+from tasks.translation.data import VOCAB_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +19,8 @@ def test_shipped_translation_spaces(space):
     for side in (base.encoder, base.decoder):
         assert side.embed_dim == (512, 640) and side.ffn_dim == (1024, 2048, 3072) and side.heads == (4, 8)
     assert base.encoder.depth == (6,) and base.decoder.depth == (1, 2, 3, 4, 5, 6) and base.cross_layers == (1, 2, 3)
-    assert base.encoder.task == "masked-lm" and base.decoder.task == "causal-lm"  # each side's attention form
+    assert base.encoder.attention_form == "bidirectional" and base.decoder.attention_form == "causal"  # each side's form
+    assert not base.encoder.causal and base.decoder.causal
     w = base.workload("translate")
     assert (w.source, w.steps, w.beam, w.kind) == (30, 30, 5, "translate")
     assert space.cross_layers == (1, 2, 3) and space.encoder.max_embed_dim <= 128 and space.decoder.max_depth <= 3

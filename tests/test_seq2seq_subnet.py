@@ -13,13 +13,13 @@ import torch
 from safetensors.torch import load_file
 
 from nas.cli import main
-from nas.train_seq2seq import Seq2SeqSubnetTraining, train_seq2seq_subnet
+from tasks.translation.workflows import Seq2SeqSubnetTraining, train_seq2seq_subnet
 from nas.train_subnet import TrainingInterrupted
-from search_spaces.seq2seq import Seq2SeqSubnet
-from supernet.seq2seq_artifact import load_seq2seq_model
-from supernet.seq2seq_train import steps_for_tokens
+from tasks.translation.space import Seq2SeqSubnet
+from tasks.translation.artifact import load_seq2seq_model
+from tasks.translation.train import steps_for_tokens
 from supernet.train import TrainConfig
-from supernet.translation import prepare_pairs
+from tasks.translation.data import prepare_pairs
 
 from .seq2seq_fakes import MINI_SEQ2SEQ, mini_space, write_toy_tsv
 

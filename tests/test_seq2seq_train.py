@@ -6,10 +6,10 @@ import signal
 
 import torch
 
-from supernet.seq2seq import Seq2SeqSuperTransformer
-from supernet.seq2seq_train import Seq2SeqSandwich, heldout_ce, load_seq2seq_supernet, train_seq2seq
-from supernet.train import TrainConfig
-from supernet.translation import prepare_pairs
+from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train
+from tasks.translation.data import prepare_pairs
+from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.train import TranslationLearner, heldout_ce, load_seq2seq_supernet
 
 from .seq2seq_fakes import mini_space, write_toy_tsv
 
@@ -24,9 +24,15 @@ def run(space, corpus, out, resume=None, stop_at=None):
         if info.step == stop_at:
             os.kill(os.getpid(), signal.SIGINT)  # caught by the loop: it finishes the step, saves latest.pt, stops
 
-    result = train_seq2seq(model, Seq2SeqSandwich(space, n_random=1), corpus.train, corpus.val, TrainConfig(**CONFIG),
-                           out=out, resume=resume, progress=progress)  # fmt: skip
+    result = train(model, sandwich(space), corpus.train, corpus.val, TrainConfig(**CONFIG), out=out,
+                   checkpointer=SupernetCheckpointer(space), resume=resume if resume is not None else False,
+                   progress=progress)  # fmt: skip
     return model, result
+
+
+def sandwich(space):
+    """The one training loop's sandwich objective with the translation task's learner (two random subnets evaluated)."""
+    return SandwichObjective(space, n_random=1, n_eval_random=2, task=TranslationLearner(space.max_seq_len))
 
 
 def train_losses(path):
@@ -51,7 +57,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
 
     # The held-out loss is per target byte, with the supernet's inherited weights, and training lowered it.
     fresh = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
-    from supernet.seq2seq_train import eval_batches
+    from tasks.translation.train import eval_batches
 
     batches = eval_batches(corpus.val, 8, space.max_seq_len, 2, 0)
     before, after = (heldout_ce(m, space.largest(), corpus.val, batches) for m in (fresh, full))
@@ -69,8 +75,9 @@ def _rank(rank, world, tsv, out, store):
     model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     plans = []
     config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
-    train_seq2seq(model, Seq2SeqSandwich(space, n_random=1), corpus.train, corpus.val, config, out=out / f"rank{rank}",
-                  dist=Dist(rank, world, rank), progress=lambda info: plans.append(info.subnets))  # fmt: skip
+    train(model, sandwich(space), corpus.train, corpus.val, config, out=out / f"rank{rank}",
+          checkpointer=SupernetCheckpointer(space), dist=Dist(rank, world, rank),
+          progress=lambda info: plans.append(info.subnets))  # fmt: skip
     torch.save({"model": model.state_dict(), "plans": plans}, out / f"weights{rank}.pt")
     torch.distributed.destroy_process_group()
 
@@ -89,5 +96,5 @@ def test_two_ranks_over_gloo_equal_one_process(tmp_path):
     corpus = prepare_pairs(str(tsv), tmp_path / "cache")
     single = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
-    train_seq2seq(single, Seq2SeqSandwich(space, n_random=1), corpus.train, corpus.val, config)
+    train(single, sandwich(space), corpus.train, corpus.val, config)
     assert max((single.state_dict()[k] - r0["model"][k]).abs().max().item() for k in r0["model"]) <= 1e-5

@@ -17,6 +17,7 @@ from supernet import SuperTransformer, extract
 from supernet.checkpoint import save_checkpoint
 from supernet.data import prepare_corpus
 from supernet.distributed import Dist
+from supernet.task import task_for
 from supernet.train import (
     PlainObjective,
     SandwichObjective,
@@ -238,7 +239,7 @@ def test_plain_objective_fine_tunes_a_static_model(micro, docs, tmp_path):
     corpus = prepare_corpus(str(docs), tmp_path, val_fraction=0.2)
     static = extract(SuperTransformer(micro, generator=torch.Generator().manual_seed(0)), micro.largest())
     before = evaluate_bpb(static, None, corpus.val, 4, 16, 2, seed=0)
-    result = train(static, PlainObjective(), corpus.train, corpus.val, TrainConfig(**CONFIG, max_steps=30))
+    result = train(static, PlainObjective(task_for(micro)), corpus.train, corpus.val, TrainConfig(**CONFIG, max_steps=30))
     assert result.evals[-1]["bpb"]["model"] < before - 1.0
 
 

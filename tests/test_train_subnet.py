@@ -201,9 +201,9 @@ def test_equal_token_budgets_train_two_subnets_on_the_same_batches(micro, files,
     real_batch = supernet_train.Trainer.batch
 
     def recording_batch(self):
-        x, y = real_batch(self)
-        seen[-1].append(x.clone())
-        return x, y
+        batch = real_batch(self)  # (a supernet.task.Batch: the model's inputs, the windows here)
+        seen[-1].append(batch.inputs[0].clone())
+        return batch
 
     monkeypatch.setattr(supernet_train.Trainer, "batch", recording_batch)
     budget = 5 * STEP + 7  # not a whole number of steps: the remainder is not trained on

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from supernet.seq2seq import Seq2SeqSuperTransformer
-from supernet.translate import beam_search, greedy, score_translations
-from supernet.translation import EOS
+from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.decode import beam_search, greedy, score_translations
+from tasks.translation.data import EOS
 
 from .seq2seq_fakes import mini_space
 

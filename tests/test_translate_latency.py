@@ -8,7 +8,7 @@ import pytest
 
 from latency.predictors import load_predictor
 from latency.table import read_timings
-from latency.translate_features import translate_terms
+from tasks.translation.features import translate_terms
 from nas.cli import main
 from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
 
@@ -116,9 +116,9 @@ def _search(run, pred, out, budget, strategy="evolution"):
 
 
 def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
-    from search_spaces.seq2seq import Seq2SeqSubnet
-    from supernet.seq2seq_train import eval_batches, heldout_ce, load_seq2seq_supernet
-    from supernet.translation import prepare_pairs
+    from tasks.translation.space import Seq2SeqSubnet
+    from tasks.translation.train import eval_batches, heldout_ce, load_seq2seq_supernet
+    from tasks.translation.data import prepare_pairs
 
     root, run, pred, budget = searched
     out = root / "search"
@@ -169,7 +169,7 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
 def test_a_seq2seq_search_verified_on_the_device(searched, capsys):
     """--verify: the top candidates of the budget extracted and timed on the cpu (the translate workload of the
     predictor), the best that holds written as verified_<budget>.yaml."""
-    from search_spaces.seq2seq import Seq2SeqSubnet
+    from tasks.translation.space import Seq2SeqSubnet
 
     root, run, pred, budget = searched
     out = root / "search-verified"

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from latency.device import get_device
-from latency.onnx_graphs import cached_seq2seq_graphs, graph_dir
+from latency.onnx_graphs import graph_dir
 from latency.protocol import measure
 from latency.timing_core import Settings, ort_session, translate_ort_runner
 from nas.cli import main
-from supernet.seq2seq import Seq2SeqSuperTransformer
+from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.timing import cached_seq2seq_graphs
 from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
 
 FAST = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
@@ -76,7 +77,7 @@ class Counting:
 def test_the_timed_loop_runs_the_encoder_once_and_the_step_steps_times():
     space = mini_space()
     with torch.device("meta"):
-        from supernet.seq2seq import Seq2SeqTransformer
+        from tasks.translation.model import Seq2SeqTransformer
 
         model = Seq2SeqTransformer(space, space.largest())  # softmax decoder layers: growing k / v caches
     g = cached_seq2seq_graphs(model)

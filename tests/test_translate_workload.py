@@ -5,11 +5,11 @@ import dataclasses
 import pytest
 import torch
 
-from latency.translate_features import translate_terms
-from search_spaces.seq2seq import TranslateWorkload
-from supernet.seq2seq import Seq2SeqSuperTransformer
-from supernet.translate import translate_runner
-from supernet.translation import BOS
+from tasks.translation.features import translate_terms
+from tasks.translation.space import TranslateWorkload
+from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.decode import translate_runner
+from tasks.translation.data import BOS
 
 from .seq2seq_fakes import mini_space
 

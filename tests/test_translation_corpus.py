@@ -5,9 +5,9 @@ import struct
 import numpy as np
 import pytest
 
-import supernet.translation as tr
+import tasks.translation.data as tr
 from search_spaces import UserError
-from supernet.translation import BOS, EOS, PAD, collate, length_batches, prepare_pairs, split_of
+from tasks.translation.data import BOS, EOS, PAD, collate, length_batches, prepare_pairs, split_of
 
 HEADER = "Content-Type: text/plain; charset=UTF-8\nPlural-Forms: nplurals=2; plural=(n != 1);\n"
 

@@ -1,5 +1,1 @@
-"""One file per device; each defines ``DEVICE`` (see :mod:`latency.device`)."""
-
-from ..device import Device, available, get_device
-
-__all__ = ["Device", "available", "get_device"]
+"""One file per device; each defines ``DEVICE`` (see :mod:`latency.device`: the registry, ``get_device``)."""

@@ -7,9 +7,9 @@
   onnxruntime (>= :data:`MIN_ONNXRUNTIME`, for opset-23 ``Attention``), and checks all three first;
 * ``manifest.json``: the space, workload, protocol, seed, and per subnet its key, pass, features
   and weight layout (and, for a decode workload, the step graph's input layout, from which the
-  runner draws the inputs of ``context`` tokens seen; for a ``translate`` workload of an encoder-decoder
-  the encoder and decoder-step graphs and the step's input layout, run by HAT's loop,
-  :func:`latency.timing_core.translate_ort_runner`); the table sidecar the runner completes
+  runner draws the inputs of ``context`` tokens seen; at a workload kind of a task's own, the task's entry:
+  for the translation task's ``translate``, the encoder and decoder-step graphs and the step's input layout, run
+  by HAT's loop, :func:`latency.timing_core.translate_ort_runner`); the table sidecar the runner completes
   with the board's fingerprint;
 * ``models/*.onnx``: weight-stripped graphs (the runner draws random weights: timing does not
   depend on their values), a few hundred KB each;
@@ -40,11 +40,10 @@ from typing import Callable
 
 import torch
 
-from search_spaces import Space, Subnet, UserError, Workload
+from search_spaces import Space, Subnet, UserError, Workload, tasks
+from search_spaces.space import WORKLOAD_KINDS
 
-from ..features import table_features
-from ..onnx_graphs import cached_decode_graph, cached_graph, cached_seq2seq_graphs
-from ..protocol import reference_model
+from ..onnx_graphs import cached_decode_graph, cached_graph
 from ..sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
 from ..table import make_meta
 from ..timing_core import Settings, sidecar_path
@@ -121,36 +120,24 @@ def write_bundle(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> Path:
     """Write the bundle for ``passes`` (``{"measure": [...], "retest": [...]}``) to ``path`` (.tar.gz)."""
-    from supernet import SuperTransformer
     from supernet.onnx_export import DEFAULT_OPSET
 
     path = Path(path)
     if not path.name.endswith((".tar.gz", ".tgz")):
         raise UserError(f"--bundle: {path} should end in .tar.gz")
-    from .. import translate_timing as tt
-
-    seq2seq = tt.is_seq2seq(space)
-    if seq2seq:  # an encoder-decoder: meta-device models (the graphs are exported from seeded weights, then stripped)
-        features, reference_of = tt.seq2seq_table_features, lambda: tt.seq2seq_timing_model(space, space.smallest(),
-                                                                                             materialize=False)  # fmt: skip
-        extract = lambda s: tt.seq2seq_timing_model(space, s, materialize=False)  # noqa: E731
-    else:
-        supernet = SuperTransformer(space, generator=torch.Generator().manual_seed(seed)).eval()
-        features, extract = table_features, supernet.extract
-        reference_of = lambda: reference_model(supernet.extract(space.smallest()).config)  # noqa: E731
-    names = list(features(space, space.smallest(), workload))
+    task = tasks.of(space)  # the models exported, the reference and a row's features are the task's
+    extract, reference_model = task.bundle_models(space, seed)
+    names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta({}, space, workload, settings.to_dict(), seed, names)
     graphs: dict[str, Path] = {}
 
     def add_graph(model) -> dict:
-        """The model's graph entry: file, weight layout and, for a decode step, its input layout; for an
-        encoder-decoder its two graphs (``graph`` the encoder, ``step_graph`` the decoder step) and the step's inputs."""
-        if seq2seq:
-            g = cached_seq2seq_graphs(model)
-            graphs[g["encoder"].name], graphs[g["decoder_step"].name] = g["encoder"], g["decoder_step"]
-            return {"graph": f"models/{g['encoder'].name}", "tensors": g["encoder_tensors"],
-                    "step_graph": f"models/{g['decoder_step'].name}", "step_tensors": g["decoder_step_tensors"],
-                    "inputs": g["inputs"]}  # fmt: skip
+        """The model's graph entry: file, weight layout and, for a decode step, its input layout; at a workload kind of
+        a task's own, the task's entry (the translation task's: its encoder and decoder-step graphs)."""
+        if workload.kind not in WORKLOAD_KINDS:
+            entry, files = task.bundle_graphs(model)
+            graphs.update(files)
+            return entry
         if workload.kind == "decode":
             graph, tensors, inputs = cached_decode_graph(model)
         else:
@@ -158,11 +145,11 @@ def write_bundle(
         graphs[graph.name] = graph
         return {"graph": f"models/{graph.name}", "tensors": tensors, **({"inputs": inputs} if inputs else {})}
 
-    reference = add_graph(reference_of())
+    reference = add_graph(reference_model)
     models, total = [], sum(len(v) for v in passes.values())
     for pass_, subnets in passes.items():
         for s in subnets:
-            feats = features(space, s, workload)
+            feats = task.table_features(space, s, workload)
             models.append({"key": s.key, "pass": pass_, "subnet": s.to_json(), "features": feats, **add_graph(extract(s))})
             if progress is not None:
                 progress(len(models), total, s.key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from search_spaces import UserError, Workload
+from search_spaces import UserError, Workload, tasks
 
 from ..device import host_fingerprint
 from ..timing_core import CLOCKS, Runner, check_clock
@@ -38,6 +38,17 @@ def decode_setup(model, workload: Workload, device: str = "cpu"):
         return step(model, token, pos, cache.layers, length=workload.context)[0]  # the new states are dropped
 
     return call, cache
+
+
+def torch_call(model, workload: Workload, device: str = "cpu", runtime: str = "eager"):
+    """``call()`` running ``model`` once on ``workload``: a prefill (one forward pass over fixed tokens), a decode
+    step (:func:`decode_setup`), or a workload kind a task adds (the task's ``torch_call``)."""
+    if workload.kind == "decode":
+        return decode_setup(model, workload, device)[0]
+    if workload.kind == "prefill":
+        tokens = workload_tokens(model, workload, device)
+        return lambda: model(tokens)
+    return tasks.owning(workload.kind).torch_call(model, workload, device, runtime)
 
 
 class CPU:
@@ -67,17 +78,7 @@ class CPU:
     def prepare(self, model, workload: Workload) -> Runner:
         model = model.eval()
         now = CLOCKS[self.clock]
-        if workload.kind == "decode":
-            call, _ = decode_setup(model, workload)
-        elif workload.kind == "translate":  # a seq2seq model: encoder pass, then cached decoder steps at the beam
-            from ..translate_timing import translate_call
-
-            call = translate_call(model, workload)
-        else:
-            tokens = workload_tokens(model, workload)
-
-            def call():
-                return model(tokens)
+        call = torch_call(model, workload)
 
         @torch.inference_mode()
         def run(n: int) -> float:

@@ -5,8 +5,8 @@ forward once and replays it (one launch), ``compile`` runs ``torch.compile`` (in
 without CUDA graphs).  Timing: CUDA events recorded around ``n`` back-to-back calls, read
 after ``torch.cuda.synchronize()``.
 
-A ``translate`` workload (an encoder-decoder) runs the cpu device's loop (:func:`latency.translate_timing.translate_call`:
-one encoder pass, ``steps`` cached decoder steps at the beam) on the GPU, eager only.
+A workload kind a task adds (the translation task's ``translate``) runs the cpu device's call
+(:func:`latency.devices.cpu.torch_call`, the task's loop) on the GPU.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from search_spaces import UserError, Workload
 
 from ..device import host_fingerprint
 from ..timing_core import Runner
-from .cpu import decode_setup, workload_tokens
+from .cpu import torch_call
 
 RUNTIMES = ("eager", "cudagraph", "compile")
 
@@ -63,21 +63,8 @@ class CUDA:
 
     def prepare(self, model, workload: Workload) -> Runner:
         model = model.eval().to(self.device)
-        if workload.kind == "decode":  # one decode step at the context (the cache built once, its length reset per step)
-            call, _ = decode_setup(model, workload, str(self.device))
-        elif workload.kind == "translate":  # an encoder-decoder: the cpu device's loop (encoder pass, cached steps)
-            if self.runtime != "eager":
-                raise UserError(f"--runtime {self.runtime}: a translate workload (an encoder-decoder) is timed with "
-                                "--runtime eager only so far (its decoding loop grows its caches step by step)")  # fmt: skip
-            from ..translate_timing import translate_call
-
-            call = translate_call(model, workload)
-        else:
-            tokens = workload_tokens(model, workload, str(self.device))
-
-            def call():
-                return model(tokens)
-
+        # a decode step: the cache built once, its length reset per step; a task's own kind: its loop, eager
+        call = torch_call(model, workload, str(self.device), self.runtime)
         layers = getattr(model.config, "layers", ())
         what = "the model [" + ", ".join(str(layer.attention) for layer in layers) + "]" if layers else "the model"
         step = self._step(call, what)

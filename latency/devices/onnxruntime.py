@@ -6,11 +6,8 @@ stitched from generic parts, the inputs and outputs of :mod:`supernet.onnx_decod
 and the past states in; logits and the present states out, as a generation loop runs it) on inputs
 of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same inputs every call.
 
-A ``translate`` workload (an encoder-decoder, :class:`supernet.seq2seq.Seq2SeqTransformer`) runs HAT's protocol on
-the model's two graphs (:func:`latency.onnx_graphs.cached_seq2seq_graphs`, exported once per architecture, weights
-drawn in the session like the LM's): one encoder run over ``source`` random bytes, then ``steps`` decoder-step runs
-at batch ``beam``, each feeding back the states of the one before (the caches grow as in real decoding), the cross
-keys / values from the encoder run (:func:`latency.timing_core.translate_ort_runner`).
+A workload kind a task adds runs the task's own runner (``Task.ort_runner``: the translation task's ``translate``
+runs HAT's loop on an encoder-decoder's two graphs).
 
 ``precision`` ``int8-dynamic`` / ``int8-static`` (:mod:`latency.quantize`) quantizes the graph, with its weights,
 the way an export is quantized (ONNX Runtime's basic optimizations, then its quantizer; the static ranges are
@@ -18,11 +15,12 @@ calibrated on the timed input itself: timing does not depend on the values) befo
 
 from __future__ import annotations
 
-from search_spaces import UserError, Workload
+from search_spaces import UserError, Workload, tasks
+from search_spaces.space import WORKLOAD_KINDS
 
 from ..device import host_fingerprint
-from ..onnx_graphs import cached_decode_graph, cached_graph, cached_seq2seq_graphs
-from ..timing_core import Runner, check_clock, decode_inputs, ort_runner, ort_session, prefill_tokens, translate_ort_runner
+from ..onnx_graphs import cached_decode_graph, cached_graph
+from ..timing_core import Runner, check_clock, decode_inputs, ort_runner, ort_session, prefill_tokens
 
 PROVIDERS = ("cpu", "cuda")
 
@@ -82,8 +80,9 @@ class OnnxRuntime:
         return fp
 
     def prepare(self, model, workload: Workload) -> Runner:
-        if workload.kind == "translate":  # an encoder-decoder: its two graphs, HAT's loop
-            return self._translate(model, workload)
+        if workload.kind not in WORKLOAD_KINDS:  # a workload kind of a task's own: the task's runner
+            return tasks.owning(workload.kind).ort_runner(model, workload, self.threads, self.provider, self.clock,
+                                                          self.precision)
         graph, tensors, feed = timing_graph(model, workload)
         quantize = None
         if self.precision != "fp32":
@@ -97,16 +96,6 @@ class OnnxRuntime:
         session = ort_session(str(graph), tensors, threads=self.threads, provider=self.provider, transform=quantize,
                               register=register_if_used)
         return ort_runner(session, feed, self.clock)
-
-
-    def _translate(self, model, workload) -> Runner:
-        if self.precision != "fp32":
-            raise UserError(f"--precision {self.precision}: a translate workload (an encoder-decoder) is timed in fp32 only "
-                            "so far")  # fmt: skip
-        g = cached_seq2seq_graphs(model)
-        encoder = ort_session(str(g["encoder"]), g["encoder_tensors"], threads=self.threads, provider=self.provider)
-        step = ort_session(str(g["decoder_step"]), g["decoder_step_tensors"], threads=self.threads, provider=self.provider)
-        return translate_ort_runner(encoder, step, g["inputs"], workload.source, workload.steps, workload.beam, self.clock)
 
 
 def timing_graph(model, workload: Workload) -> tuple:

@@ -20,35 +20,15 @@ from search_spaces import Space, Subnet, UserError, Workload, parse_space
 from search_spaces.errors import first_line, shown
 from supernet.files import atomic_write, check_parts, checksums, remove_stale
 
-from .. import features as F
-from .additive import Additive
 from .base import Regressor
-from .gbt import GBT
-from .mlp import MLP
+from .models import MODELS, subnet_matrix
 
 FORMAT = "nas-latency-predictor"
 VERSION = 1
-MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
+__all__ = ["FORMAT", "MODELS", "VERSION", "Predictor", "load_predictor", "subnet_matrix"]  # (MODELS, subnet_matrix: .models)
 
 
 # --------------------------------------------------------------------------- features of subnets
-
-
-def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:
-    """The features model ``kind`` reads: additive terms for ``additive``; encoding + summaries otherwise (a seq2seq
-    space: :func:`latency.translate_timing.seq2seq_matrix`)."""
-    from ..translate_timing import is_seq2seq, seq2seq_matrix
-
-    if is_seq2seq(space):
-        return seq2seq_matrix(kind, space, workload, subnets)
-    if kind == "additive":
-        rows = [F.additive_terms(space, s, workload) for s in subnets]
-    else:
-        rows = [
-            {**dict(zip(space.feature_names(), space.encode(s).tolist())), **F.summary_features(space, s, workload)}
-            for s in subnets
-        ]
-    return F.matrix(rows)
 
 
 # --------------------------------------------------------------------------- the predictor

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..report import agreement
-from .predictor import MODELS
+from .models import MODELS
 
 
 @dataclass

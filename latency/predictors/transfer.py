@@ -228,10 +228,11 @@ def source_columns(predictor, view_names: list[str]) -> list[str]:
 
 
 def load_sources(
-    paths: Sequence[str], space: Space | None, workload: Workload | None, view_names: list[str], table: str
+    paths: Sequence[str], space: Space | None, workload: Workload | None, view_names: list[str], table: str,
+    load_predictor: Callable,
 ) -> list[Source]:
-    """Load and check the ``--from`` predictors against the new table (``space`` None: a plain table of ``view_names``)."""
-    from .predictor import load_predictor
+    """Load (``load_predictor``: :func:`latency.predictors.load_predictor`, which reads transfer predictors through this
+    module) and check the ``--from`` predictors against the new table (``space`` None: a plain table of ``view_names``)."""
 
     if len(set(paths)) != len(paths):
         twice = sorted({p for p in paths if list(paths).count(p) > 1})
@@ -284,7 +285,7 @@ def read_as_terms(source: Source, space: Space, workload: Workload, pool: int = 
     """A learned source of subnets as a per-layer sum: the additive model fitted to its predictions on ``pool``
     seeded uniform subnets of the space (the columns it reads: the additive terms of the view)."""
     from ..sampling import campaign_subnets
-    from .predictor import subnet_matrix
+    from .models import subnet_matrix
 
     x, names = subnet_matrix(Transfer.kind, space, workload, campaign_subnets(space, min(pool, space.size()), seed=0))
     cols = scratch_columns(space, names)

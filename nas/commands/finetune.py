@@ -8,7 +8,7 @@ layout as ``nas export``, card with bits per byte before and after); its ``train
 ``latest.pt`` (every ``--ckpt-interval`` steps, on Ctrl-C and at the end), ``log.jsonl`` and the
 corpus cache.  ``--resume`` continues a killed or interrupted run exactly.
 
-``--task classify`` fine-tunes an exported *encoder* (a model of a ``task: masked-lm`` space) for text
+``--task classify`` fine-tunes an exported *encoder* (a model whose attention is bidirectional) for text
 classification instead: ``--data`` is then a UTF-8 CSV with a text and a label column, a mean-pooled
 linear head goes on the encoder, and ``--out`` gets the classifier (:mod:`nas.classify`; ``nas classify``
 runs it).  Without ``--task`` the command fine-tunes the language model as above.
@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with --supernet)"
     )
     c = p.add_argument_group("classification (--task classify)")
-    c.add_argument("--task", metavar="TASK", help="classify: fine-tune an exported encoder (task masked-lm) with a pooled head "
-                   "on a labelled CSV (--data); its defaults: lr 1e-3, min-lr 1e-4, warm-up 20, 300 steps, batch 16, "
+    c.add_argument("--task", metavar="TASK", help="classify: fine-tune an exported encoder (bidirectional attention) with a "
+                   "pooled head on a labelled CSV (--data); its defaults: lr 1e-3, min-lr 1e-4, warm-up 20, 300 steps, batch 16, "
                    "weight decay 0.01, seq-len the model's max_seq_len, val-fraction 0.2.  Default: language-model "
                    "fine-tuning")
     c.add_argument("--text-column", metavar="NAME", help="the CSV column of the texts (default text)")
@@ -58,14 +58,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _progress_bar():
-    from nas.commands.train_subnet import step_bar
+    from nas.commands.common import step_bar
 
     return step_bar(NAME)
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.commands.train_subnet import new_settings, report, resumed, set_threads
-    from nas.train_subnet import TrainingInterrupted, parse_source, source_text, stored_settings, train_subnet
+    from nas.commands.common import set_threads
+    from nas.commands.train_subnet import new_settings, resumed
+    from nas.commands.common import train_and_report
+    from nas.train_subnet import parse_source, source_text, stored_settings, train_subnet
     from search_spaces import Subnet, UserError
     from supernet.artifact import card_space, read_card
 
@@ -93,17 +95,8 @@ def run(args: argparse.Namespace) -> int:
         space = card_space(src, card)
         subnet = Subnet.from_dict(card.get("subnet"), where=f"{src / 'model_card.json'}[subnet]")
         settings = new_settings(args, space, subnet, out, f"model:{src}", teacher, DEFAULTS, FORMATS)
-    close, update = _progress_bar()
-    try:
-        result = train_subnet(settings, progress=update)
-    except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas finetune --model "
-              f"{shlex.quote(str(src))} --out {shlex.quote(str(out))} --resume")  # (exact: --threads etc. are kept)
-        return 130
-    finally:
-        close()
-    report(result)
-    return 0
+    return train_and_report(train_subnet, settings, _progress_bar(), f"nas finetune --model {shlex.quote(str(src))} "
+                            f"--out {shlex.quote(str(out))} --resume")  # (exact: --threads etc. are kept)
 
 
 # --------------------------------------------------------------------------- --task classify
@@ -116,7 +109,7 @@ NOT_FOR_CLASSIFY = {"supernet": "--supernet", "distill": "--distill", "tokens": 
 
 def _classify_flags() -> dict[str, str]:
     """Settings field -> flag, for the library's messages."""
-    from nas.commands.train_supernet import CONFIG_FLAGS
+    from nas.commands.common import CONFIG_FLAGS
 
     flags = {dest: flag for flag, (dest, *_) in CONFIG_FLAGS.items()}
     return {**flags, "model": "--model", "data": "--data", "text_column": "--text-column", "label_column": "--label-column",
@@ -129,20 +122,20 @@ def _classify_settings(args: argparse.Namespace):
 
     from nas.classify import DEFAULTS as CLASSIFY_DEFAULTS
     from nas.classify import VAL_FRACTION, ClassifyTraining, stored_settings
-    from nas.commands.train_subnet import _device, _given_config
+    from nas.commands.common import given_config, train_device
     from search_spaces import UserError
     from supernet.artifact import card_space
     from supernet.train import TrainConfig
 
     out = Path(args.out)
-    given = _given_config(args)
+    given = given_config(args)
     fields = {k: getattr(args, k) for k in ("text_column", "label_column", "data_seed", "val_fraction")
               if getattr(args, k) is not None}
     if args.resume:
         stored = stored_settings(out)
         return replace(stored, model=Path(args.model), data=Path(args.data) if args.data else stored.data,
                        config=TrainConfig.from_dict({**stored.config.to_dict(), **given}),
-                       device=_device(args.device) if args.device else stored.device, **fields)
+                       device=train_device(args.device) if args.device else stored.device, **fields)
     if not args.data:
         raise UserError("--data: --task classify needs a labelled CSV (--data FILE.csv with a text and a label column)")
     values = {**CLASSIFY_DEFAULTS, **given}
@@ -152,12 +145,12 @@ def _classify_settings(args: argparse.Namespace):
         values["max_steps"] = None
     fields.setdefault("val_fraction", VAL_FRACTION)
     return ClassifyTraining(model=Path(args.model), data=Path(args.data), out=out, config=TrainConfig.from_dict(values),
-                            device=_device(args.device), **fields)
+                            device=train_device(args.device), **fields)
 
 
 def _run_classify(args: argparse.Namespace) -> int:
     from nas.classify import ClassifyInterrupted, finetune_classifier
-    from nas.commands.train_subnet import set_threads
+    from nas.commands.common import set_threads
     from search_spaces import UserError
 
     if args.task not in TASKS:

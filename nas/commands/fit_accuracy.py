@@ -19,7 +19,7 @@ EXAMPLE = "nas fit-accuracy runs/long/latest.pt runs/retrained/* --val-windows 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from nas.commands.search import add_scoring_arguments
+    from nas.commands.common import add_scoring_arguments
 
     p.add_argument("supernet", help="the supernet checkpoint the search ranks with (its inherited loss is a feature)")
     p.add_argument("models", nargs="+", metavar="MODEL", help="folders of `nas train-subnet` (at least 4; 10+ across the types)")
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from latency.quantize import check_precision
-    from nas.commands.search import file_digest
+    from nas.commands.common import file_digest
     from nas.search import inherited_fitness, pick_device
     from nas.search.calibrated import Retrained, fit_ranker, report_text
     from search_spaces import UserError
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     supernet, payload = load_supernet(args.supernet, device=device)
     space = supernet.space
+    space.require_one_stack(NAME)  # a ranker of one-stack subnets (its features are per attention type)
     fitness, digest = inherited_fitness(args.supernet, supernet, payload, seq_len=args.seq_len, windows=args.val_windows,
                                         batch_size=args.eval_batch, val_seed=args.val_seed, device=device,
                                         val_data=args.val_data, data_cache=args.data_cache)

@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
 
-    from latency.predictors.predictor import MODELS, Predictor, subnet_matrix
+    from latency.predictors.predictor import MODELS, Predictor, load_predictor, subnet_matrix
     from latency.predictors.select import holdout, select
     from latency.predictors.transfer import MIN_ROWS, load_sources, scratch_columns, select_transfer
     from latency.report import HEADER, agreement, format_row, plot
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             f"flags: {flagged} of {len(keys)} subnets flagged "
             f"({', '.join(sorted({f for k in keys for f in measured[k].flags})) or 'none'})"
         )
-    sources = load_sources(args.sources, space, workload, view_names, args.timings) if args.sources else []
+    sources = load_sources(args.sources, space, workload, view_names, args.timings, load_predictor) if args.sources else []
     for text in intro:
         say(text)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, protocol_settings, visit_bar
+
 log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
@@ -43,30 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
     p.add_argument("--precision", help="fp32 (default), int8-dynamic or int8-static: onnxruntime (cpu) times the graphs "
                    "quantized as an export is (onnxruntime.quantization); recorded in the table, which holds one precision")
-    g = p.add_argument_group("protocol")
-    g.add_argument("--warmup", type=int, default=10, help="untimed calls per subnet before timing (default 10)")
-    g.add_argument("--repeats", type=int, default=30, help="timed samples per subnet, spread over the rounds (default 30)")
-    g.add_argument("--rounds", type=int, default=5, help="interleaved rounds in shuffled order (default 5)")
-    g.add_argument(
-        "--min-sample-ms", type=float, default=30.0, help="a sample times back-to-back calls for at least this long (default 30)"
-    )
-    g.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.15,
-        help="reference change across a visit that marks it disturbed and re-measured (default 0.15)",
-    )
-    g.add_argument("--max-retries", type=int, default=1, help="re-measure passes for disturbed visits (default 1)")
-    g.add_argument("--combine", choices=["median", "min"], default="median", help="round medians -> one figure (default median)")
-    g.add_argument(
-        "--no-drift-correction", action="store_true", help="do not rescale by the reference model timed beside each visit"
-    )
-    g.add_argument(
-        "--paired",
-        action="store_true",
-        help="time the reference after every sample and rescale each sample by the two "
-        "around it: cancels fast machine-speed swings (shared hosts), twice the timing cost",
-    )
+    g = add_protocol_arguments(p, defaults=CAMPAIGN_DEFAULTS, title="protocol")
     g.add_argument(
         "--retest",
         type=float,
@@ -79,26 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2048,
         help="weights held at once; subnets are timed in interleaved groups this size (default 2048)",
     )
-
-
-def settings_from(args: argparse.Namespace):
-    from latency.timing_core import Settings
-    from search_spaces import UserError
-
-    try:
-        return Settings(
-            warmup=args.warmup,
-            repeats=args.repeats,
-            rounds=args.rounds,
-            min_sample_ms=args.min_sample_ms,
-            tolerance=args.tolerance,
-            max_retries=args.max_retries,
-            combine=args.combine,
-            correct_drift=not args.no_drift_correction,
-            paired=args.paired,
-        )
-    except ValueError as e:
-        raise UserError(f"protocol flags: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,22 +76,15 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tqdm import tqdm
-
     from latency.quantize import check_device, check_precision
     from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
-    from nas.cli import show_progress
-    from search_spaces import UserError, load_space
+    from search_spaces import UserError, load_space, tasks
 
     space = load_space(args.space)
-    if getattr(space, "task", None) == "seq2seq":
-        from latency.translate_timing import require_device
-
-        require_device(space, args.device, args.precision)
-    if args.for_transfer and getattr(space, "task", None) == "seq2seq":
-        raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
+    task = tasks.of(space)
+    task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
-    settings = settings_from(args)
+    settings = protocol_settings(args)
     precision = check_precision(args.precision)
     check_device(precision, args.device, args.provider)
     if not 0 <= args.retest <= 1:
@@ -152,17 +104,6 @@ def _run(args: argparse.Namespace) -> int:
         workload,
     )
 
-    def bar(desc: str):
-        b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
-
-        def update(done: int, total: int, info: str) -> None:
-            b.total = total
-            b.n = done
-            b.set_postfix_str(info[:30], refresh=False)
-            b.refresh()
-
-        return b, update
-
     if args.device == "arm" or args.device.startswith("ssh://"):
         import tempfile
 
@@ -172,14 +113,14 @@ def _run(args: argparse.Namespace) -> int:
         if args.device == "arm" and not args.bundle:
             raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
         if args.device != "arm":
-            parse_target(args.device)  # the URL before anything is built (nas.checks did too; a library caller may not)
+            parse_target(args.device)  # the URL before anything is built (nas.commands.checks did too; a library caller may not)
             if not args.out:
                 raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
         for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
             log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
         with tempfile.TemporaryDirectory(prefix="nas-bundle-") as scratch:  # an ssh run's bundle: removed however it ends
             target = Path(args.bundle) if args.bundle else Path(scratch) / "bundle.tar.gz"
-            b, update = bar("exporting")
+            b, update = visit_bar("exporting")
             write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
             b.close()
             if args.bundle:
@@ -202,9 +143,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
     device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
                         precision=None if precision == "fp32" else precision)
-    from latency.campaign import task_parts
-
-    names = list(task_parts(space)[2](space, space.smallest(), workload))
+    names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
         meta["sampling"] = "transfer"  # checked on resume: a table holds the subnets of one way of choosing them
@@ -213,7 +152,7 @@ def _run(args: argparse.Namespace) -> int:
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
-    b, update = bar(f"{args.device}")
+    b, update = visit_bar(f"{args.device}")
     try:
         n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb,
                          progress=update)

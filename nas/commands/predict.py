@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         predictor.check_space(load_space(args.space))
     if args.workload:
         predictor.check_workload(predictor.space.workload(args.workload))
-    subnets = [predictor.space.subnet_type.load(p) for p in args.subnets]  # an LM or a seq2seq subnet
+    subnets = [predictor.space.subnet_type.load(p) for p in args.subnets]  # the subnet type of the space's task
     for path, s in zip(args.subnets, subnets):
         problems = predictor.space.problems(s)
         if problems:

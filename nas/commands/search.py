@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import logging
 import re
 from pathlib import Path
+
+from .common import PROTOCOL_DEFAULTS, add_scoring_arguments, file_digest, measurement_bar, scoring_settings
 
 log = logging.getLogger(__name__)
 
@@ -112,34 +113,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "least one; default 1M)")
 
 
-def add_scoring_arguments(group) -> None:
-    """The held-out scoring flags, shared with ``nas export`` so its card scores a model as the search did."""
-    group.add_argument(
-        "--val-data", metavar="FILE", help="held-out bytes to score on (default: the checkpoint's validation split)"
-    )
-    group.add_argument(
-        "--data-cache", metavar="DIR", help="corpus cache of the training run (default: the checkpoint's directory)"
-    )
-    group.add_argument("--val-windows", type=int, default=16, help="fixed held-out windows per subnet (default 16)")
-    group.add_argument("--seq-len", type=int, default=128, help="tokens per window (default 128)")
-    group.add_argument(
-        "--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)"
-    )
-    group.add_argument(
-        "--precision", default="fp32", help="fp32 (default), int8-dynamic or int8-static: the bits/byte of the model quantized "
-        "by ONNX Runtime (search: simulated in torch, calibrated on held-out windows; export: the quantized ONNX beside "
-        "model.onnx); the --predictor must be fitted on timings at the same precision"
-    )
-
-
-def file_digest(path: Path) -> str:
-    """Short content hash of a file, or of a predictor folder's predictor.json and arrays.npz."""
-    from supernet.artifact import sha256_file
-
-    files = [path / "predictor.json", path / "arrays.npz"] if path.is_dir() else [path]
-    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
-
-
 def validation_tokens(args: argparse.Namespace, payload):
     """The held-out tokens of the scoring flags (``--val-data``, ``--data-cache``; shared with ``nas export``)."""
     from nas.search.fitness import validation_tokens as load
@@ -176,26 +149,17 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
 
     from latency.predictors import load_predictor
-    from nas.export_seq2seq import is_seq2seq_checkpoint
+    from search_spaces import tasks
     from supernet.checkpoint import load_supernet
 
-    if is_seq2seq_checkpoint(args.supernet):  # an encoder-decoder: cross-entropy per target byte (nas/search_seq2seq.py)
-        from nas.search_seq2seq import seq2seq_search_setup
-
-        if args.fitness != "inherited":
-            raise UserError("--fitness: an encoder-decoder supernet is ranked by its inherited loss only (for now)")
-        model, payload, fitness = seq2seq_search_setup(args, device)
-        space, data_digest = model.space, fitness.data_digest
-        latencies, primary = workload_latencies(args, space, load_predictor)
-    else:
-        model, payload = load_supernet(args.supernet, device=device)
-        space = model.space
-        latencies, primary = workload_latencies(args, space, load_predictor)
-        fitness, data_digest = S.inherited_fitness(
-            args.supernet, model, payload, seq_len=args.seq_len, windows=args.val_windows, batch_size=args.eval_batch,
-            val_seed=args.val_seed, device=device, val_data=args.val_data, data_cache=args.data_cache, precision=precision)
-        if args.fitness != "inherited":
-            fitness = calibrated(args, fitness, space, model.num_params, data_digest)
+    model, payload = load_supernet(args.supernet, device=device)  # the supernet of the checkpoint's task, loaded once
+    space = model.space
+    task = tasks.of(space)
+    task.refuse(NAME, {"hurdles": args.hurdles, "val_data": args.val_data, "precision": precision, "fitness": args.fitness})
+    latencies, primary = workload_latencies(args, space, load_predictor)
+    fitness, data_digest = S.task_fitness(model, payload, scoring_settings(args, device, precision))
+    if args.fitness != "inherited":
+        fitness = calibrated(args, fitness, space, model.num_params, data_digest)
 
     params = functools.lru_cache(maxsize=None)(model.num_params)  # exact, as the extracted model
     limits = (S.ParamLimit(max_params, params),) if max_params else ()
@@ -373,8 +337,8 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out
 
 def report_separability(fitness, searches, result, out: Path, top: int = 5) -> list[str]:
     """Per budget: the standard error of the fitness beside the spread of its top candidates (also in search.json)."""
-    if getattr(fitness, "task", None) == "seq2seq":
-        return []  # not yet for an encoder-decoder's fitness (batches of pairs, not windows)
+    if not hasattr(fitness, "heldout"):
+        return []  # a fitness without held-out windows (an encoder-decoder's batches of pairs): not yet
     import numpy as np
 
     from nas.search.fitness import separability, separability_text
@@ -403,7 +367,6 @@ def verify_on_device(args: argparse.Namespace, model, searches, result, out: Pat
     """``--verify``: time the top candidates on the device (nas.search.verify), print the table; whether every budget
     holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose latency holds."""
     from latency.timing_core import Settings
-    from nas.commands.export import PROTOCOL_DEFAULTS, measurement_bar
     from nas.search.verify import VerifySettings, report, run_verify, with_cohorts
 
     settings = VerifySettings(device=args.verify, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
@@ -414,7 +377,9 @@ def verify_on_device(args: argparse.Namespace, model, searches, result, out: Pat
                                   extra=None if cohorts is None else with_cohorts(cohorts))
     finally:
         bar.close()
-    unit = "nats" if getattr(model.space, "task", None) == "seq2seq" else "bpb"
+    from search_spaces import tasks
+
+    unit = tasks.of(model.space).unit
     print(report(verification.verdicts, verification.device, unit))
     print(f"wrote {', '.join(p.name for p in verification.files)} to {out}")
     if cohorts is not None:
@@ -441,6 +406,8 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
     for path in args.predictor:
         predictor = load_predictor(path)
         predictor.check_space(space)
+        from latency.quantize import check_predictor_precision
+
         check_predictor_precision(predictor, path, getattr(args, "precision", None) or "fp32")
         name = predictor.workload or "prefill"
         if name in paths:
@@ -460,18 +427,6 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
         raise UserError(f"--workload {primary}: no --predictor is fitted at it (they are at {have}); "
                         f"fit one on `nas measure-latency --workload {primary}` timings and pass it with --predictor")
     return latencies, primary
-
-
-def check_predictor_precision(predictor, path, precision: str) -> None:
-    """Refuse a predictor fitted on timings at another precision than ``--precision``, naming both."""
-    from latency.quantize import precision_of
-    from search_spaces import UserError
-
-    theirs = precision_of(getattr(predictor, "fingerprint", None) or {})
-    if theirs != precision:
-        raise UserError(f"--predictor {path}: fitted on timings at precision {theirs}, but --precision is {precision}; "
-                        f"measure at {precision} (nas measure-latency --device onnxruntime --precision {precision}) "
-                        "and fit a predictor on them")
 
 
 def describe_predictor(path: str, predictor) -> str:
@@ -618,14 +573,12 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
 
     summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
                "evaluations": result.evaluations, "budgets": {}}
-    from supernet.task import task_for
+    from search_spaces import tasks
 
-    if getattr(space, "task", None) == "seq2seq":
-        from nas.search_seq2seq import METRIC as metric  # cross-entropy per target byte
-    else:
-        metric = task_for(space).metric  # bits/byte, or bits/masked byte for a masked-lm space
+    task = tasks.of(space)
+    metric = task.metric  # what the loss is: bits/byte, bits/masked byte, nats/target byte
     wl = max([10] + [len(s.label) for s in searches])
-    loss_head = "loss (nats)" if metric == "nats/target byte" else "loss (bpb)"  # an encoder-decoder's: per target byte
+    loss_head = f"loss ({task.unit})"
     lines = [f"{'budget':<{wl}} {loss_head:>10} {'latency':>10} {'params':>11} {'evals':>6}  subnet"]
     summary["workload"] = primary  # the workload of "latency_ms" (records, the Pareto front)
     ref = (

@@ -19,14 +19,11 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from search_spaces import describe, load_space
-    from supernet import SuperTransformer
+    from search_spaces import describe, load_space, tasks
 
     space = load_space(args.space)
-    if space.task == "seq2seq":
-        from supernet.seq2seq import Seq2SeqSuperTransformer as SuperTransformer  # noqa: N814 (the task's supernet)
     with torch.device("meta"):  # shapes only: no memory, no init cost
-        model = SuperTransformer(space)
+        model = tasks.of(space).supernet(space)  # the task's model
     print(describe(space))
     for label, subnet in (("largest", space.largest()), ("smallest", space.smallest())):
         print(f"  {label:<13} {model.num_params(subnet):>12,} parameters   {subnet}")

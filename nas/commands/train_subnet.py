@@ -5,9 +5,9 @@ train-supernet``, on one static model (:func:`nas.train_subnet.train_subnet`).  
 trains exactly ``20M // (batch x seq_len)`` steps, and step ``k`` always draws the same windows
 (seeded by ``--seed`` and ``k``), so models trained with one budget and seed see the same bytes.
 ``--out DIR`` becomes a model folder in ``nas export``'s format; ``DIR/train/`` holds the run's
-checkpoints, ``log.jsonl`` and the corpus cache.  On a seq2seq space (``--space translate-tiny``) it trains
-one encoder-decoder (:func:`nas.train_seq2seq.run_seq2seq_subnet`: the seq2seq loop, ``--tokens`` in target
-bytes, ``--lang`` or ``--data`` for the pairs) and writes an export that ``nas translate --model`` reads.
+checkpoints, ``log.jsonl`` and the data cache.  The space's task trains and writes the model
+(:meth:`tasks.base.Task.train_subnet`: a task of its own model, the encoder-decoder's, counts ``--tokens`` in its own
+unit and writes the folder its own commands read) and says which flags it takes.
 
 This module also holds the training flags that ``nas finetune`` shares (:func:`add_training_arguments`,
 :func:`training_config`, :func:`resumed`).
@@ -20,6 +20,21 @@ import logging
 import shlex
 from pathlib import Path
 
+from .common import (
+    CONFIG_FLAGS,
+    DATA_FLAGS,
+    HELP_DEFAULTS,
+    add_task_flags,
+    given_config,
+    parse_duration,
+    set_threads,
+    step_bar,
+    train_and_report,
+    task_flags,
+    token_budget,
+    train_device,
+)
+
 log = logging.getLogger(__name__)
 
 NAME = "train-subnet"
@@ -27,13 +42,10 @@ HELP = ("train one subnet on its own (from scratch, inherited supernet weights o
         "resumable; writes a model folder as nas export does")
 EXAMPLE = "nas train-subnet runs/search/best_30ms.yaml --space tiny --out runs/found --init scratch --tokens 20M"
 
-TOKEN_FORMS = "a whole number of tokens, optionally with a suffix K, M or G (powers of 1000): 20M, 500k, 1.5G"
 
 
 def _config_flags() -> dict:
     """train-supernet's flag table (flag -> (field, type, metavar, help)), worded for one model in one process."""
-    from nas.commands.train_supernet import CONFIG_FLAGS
-
     return {**CONFIG_FLAGS, "--batch-size": ("batch_size", int, "N", "windows per step (default {default})"),
             "--seed": ("seed", int, "S", "seed of the batches and of initial weights drawn from scratch (default {default})")}
 
@@ -45,8 +57,6 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
     ``formats`` is the default of ``--format``.  Every flag defaults to None ("not given"), so a
     resumed run keeps its stored value unless the flag is given.
     """
-    from nas.commands.train_supernet import DATA_FLAGS, HELP_DEFAULTS, parse_duration
-
     shown = {**HELP_DEFAULTS, **defaults}
     g = p.add_argument_group("training (the trainer, corpus and schedule of nas train-supernet)")
     g.add_argument("--data", metavar="PATH", help="a text file, a directory of text files, or a glob; default: the running "
@@ -70,45 +80,6 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    "the first run's settings, --threads included); only the bounds and outputs may change")
 
 
-def set_threads(args: argparse.Namespace) -> None:
-    import torch
-
-    from search_spaces import UserError
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: {args.threads} is not a positive integer")
-        torch.set_num_threads(args.threads)
-
-
-def _given_config(args: argparse.Namespace) -> dict:
-    given = {dest: getattr(args, dest) for dest, *_ in _config_flags().values() if getattr(args, dest) is not None}
-    if args.max_time is not None:
-        given["max_time"] = args.max_time
-    if getattr(args, "threads", None) is not None:
-        given["threads"] = args.threads  # kept in the run's settings: a resumed run sums as the first did
-    return given
-
-
-def _tokens(args: argparse.Namespace) -> int | None:
-    from nas.search.budget import MAX_TOKENS, parse_count
-    from search_spaces import UserError
-
-    if args.tokens is None:
-        return None
-    if args.max_steps is not None:
-        raise UserError(f"--tokens {args.tokens} and --max-steps {args.max_steps}: give one (a token budget sets the steps)")
-    return parse_count(args.tokens, "--tokens", "tokens", limit=MAX_TOKENS, forms=TOKEN_FORMS, noun="token budget")
-
-
-def _device(name: str | None) -> str:
-    import torch
-
-    if name in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
 def training_config(args: argparse.Namespace, defaults: dict, space):
     """The TrainConfig of a new run: TrainConfig's defaults < ``defaults`` < the flags given.
 
@@ -117,7 +88,7 @@ def training_config(args: argparse.Namespace, defaults: dict, space):
     """
     from supernet.train import TrainConfig
 
-    given = _given_config(args)
+    given = given_config(args)
     values = {**defaults, **given}
     if "seq_len" not in given:
         values["seq_len"] = min(values.get("seq_len", TrainConfig.seq_len), space.max_seq_len)
@@ -132,14 +103,14 @@ def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, 
     from nas.export import parse_formats
     from nas.train_subnet import SubnetTraining
 
-    tokens = _tokens(args)
+    tokens = token_budget(args)
     distill = (0.5 if args.distill is None else args.distill) if distill_from else (args.distill or 0.0)
     return SubnetTraining(
         space=space, subnet=subnet, out=out, init=init, tokens=tokens, config=training_config(args, defaults, space),
         data=args.data, distill_from=distill_from, distill=distill, formats=parse_formats(args.format or formats),
-        device=_device(args.device), data_seed=0 if args.data_seed is None else args.data_seed,
+        device=train_device(args.device), data_seed=0 if args.data_seed is None else args.data_seed,
         val_fraction=0.05 if args.val_fraction is None else args.val_fraction, target_ort=args.target_ort,
-        mask_rate=getattr(args, "mask_rate", None),
+        options=task_flags(args, NAME) or None,
     )
 
 
@@ -154,8 +125,8 @@ def resumed(args: argparse.Namespace, stored, **changes):
     from nas.export import parse_formats
     from supernet.train import TrainConfig
 
-    given = _given_config(args)
-    tokens = _tokens(args)
+    given = given_config(args)
+    tokens = token_budget(args)
     if tokens is None and "max_steps" not in given:
         tokens = stored.tokens
     config = {**stored.config.to_dict(), **given}
@@ -167,45 +138,13 @@ def resumed(args: argparse.Namespace, stored, **changes):
     if args.format is not None:
         data["formats"] = parse_formats(args.format)
     if args.device is not None:
-        data["device"] = _device(args.device)
+        data["device"] = train_device(args.device)
     if args.target_ort is not None:
         data["target_ort"] = args.target_ort
-    if getattr(args, "mask_rate", None) is not None:
-        data["mask_rate"] = args.mask_rate
+    given_options = task_flags(args, NAME)
+    if given_options:
+        data["options"] = {**(stored.options or {}), **given_options}
     return replace(stored, tokens=tokens, config=TrainConfig.from_dict(config), resume=True, **data, **changes)
-
-
-def step_bar(desc: str):
-    """(close, update): a tqdm bar over steps (or seconds) that opens on the first step (hidden with ``-q``)."""
-    from nas.commands.train_supernet import _step_bar
-
-    state: dict = {}
-
-    def update(info) -> None:
-        if "bar" not in state:  # StepInfo carries max_steps and max_time, as a TrainConfig does
-            state["bar"], state["update"] = _step_bar(info, info.step - 1, info.elapsed, desc)
-        state["update"](info)
-        if info.max_steps is not None and info.step >= info.max_steps:
-            state["bar"].close()  # the last step: what follows (scoring, export) is not training
-
-    def close() -> None:
-        if "bar" in state:
-            state["bar"].close()
-
-    return close, update
-
-
-def report(result) -> None:
-    """The summary lines of a finished run (stdout)."""
-    from supernet.artifact import read_card
-
-    card = read_card(result.out)
-    files = ", ".join(name for name in card["files"] if name != "model.safetensors")
-    metric = card.get("validation", {}).get("metric", "bits/byte")
-    print(f"trained {result.steps:,} steps ({result.tokens:,} tokens) in {result.seconds:.0f} s; validation {metric} "
-          f"{result.val_bpb_before:.4f} -> {result.val_bpb:.4f}")
-    print(f"wrote {result.out} (load: supernet.load_model({str(result.out)!r})" + (f"; also {files}" if files else "")
-          + f"); checkpoints and log in {result.out / 'train'}")
 
 
 # --------------------------------------------------------------------------- the command
@@ -222,57 +161,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="distil from this supernet's largest subnet (its soft targets weigh --distill)")
     p.add_argument("--distill", type=float, metavar="W", help="weight of the teacher's soft targets, 0..1 (default 0.5 with "
                    "--distill-from)")
-    p.add_argument("--mask-rate", type=float, metavar="F", help="masked-lm spaces: share of each window's positions chosen "
-                   "(BERT-style 80/10/10) and scored, strictly between 0 and 1 (default 0.15)")
-    p.add_argument("--lang", metavar="LANG", help="seq2seq spaces: the target language of the system's gettext catalogs "
-                   "(default de; or --data pairs.tsv)")
+    add_task_flags(p, NAME)
     add_training_arguments(p, {}, "torch,onnx")
 
 
-def _seq2seq_run(args: argparse.Namespace, space) -> bool:
-    """Whether this is an encoder-decoder run: a seq2seq --space, or --resume of a seq2seq run in --out."""
-    from nas.train_seq2seq import stored_task
-    from nas.train_subnet import LATEST, run_dir
-
-    if space is not None:
-        return getattr(space, "task", None) == "seq2seq"
-    return bool(args.resume) and stored_task(run_dir(args.out) / LATEST) == "seq2seq"
-
-
 def run(args: argparse.Namespace) -> int:
-    from nas.train_subnet import TrainingInterrupted, check_subnet, stored_settings, train_subnet
-    from search_spaces import Subnet, UserError, load_space
+    from nas.train_subnet import check_subnet, stored_settings
+    from search_spaces import UserError, load_space, tasks
 
     set_threads(args)
     out = Path(args.out)
     space = load_space(args.space) if args.space else None
-    if _seq2seq_run(args, space):
-        from nas.train_seq2seq import run_seq2seq_subnet
-
-        return run_seq2seq_subnet(args, space)
-    if args.lang is not None:
-        raise UserError("--lang: for seq2seq spaces (the target language of their gettext pairs)")
-    if space is not None:
-        space.require_one_stack("train-subnet")
-    subnet = Subnet.load(args.subnet) if args.subnet else None
+    stored = stored_settings(out) if args.resume else None  # the run's checkpoint, loaded once
+    task = tasks.of(space or stored.space)
+    flags = task_flags(args, NAME)
+    task.refuse(NAME, {"distill_from": args.distill_from, "distill": args.distill, "seq_len": args.seq_len,
+                       "val_fraction": args.val_fraction, "formats": args.format, "target_ort": args.target_ort,
+                       "data": args.data, **flags})  # the generic flags the task does not take
+    tasks.refuse_foreign(space or stored.space, flags)
+    subnet = (space or stored.space).subnet_type.load(args.subnet) if args.subnet else None
     if space is not None and subnet is not None:
         check_subnet(space, subnet, where=str(args.subnet))
     changes = {k: v for k, v in (("space", space), ("subnet", subnet), ("init", args.init), ("distill_from", args.distill_from))
                if v is not None}
-    if args.resume:
-        settings = resumed(args, stored_settings(out), **changes)
+    if stored is not None:
+        settings = resumed(args, stored, **changes)
     elif space is None or subnet is None:
         raise UserError("give the subnet (SUBNET.yaml) and --space SPACE, or --resume to continue the run in --out")
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
-    close, update = step_bar(NAME)
-    try:
-        result = train_subnet(settings, progress=update)
-    except TrainingInterrupted as e:
-        print(f"interrupted at step {e.step}; saved {e.checkpoint}. Continue with: nas train-subnet --out "
-              f"{shlex.quote(str(out))} --resume")  # (exact: the run's settings, --threads included, are kept)
-        return 130
-    finally:
-        close()
-    report(result)
-    return 0
+    again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
+    return train_and_report(task.train_subnet, settings, step_bar(NAME), again)

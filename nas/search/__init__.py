@@ -14,7 +14,7 @@ from .cache import BatchCache, CachedFitness, CachedLatency
 from .constraints import AnalyticLatency, Constraints, LatencyBudget, ParamLimit, feasible_seeds, param_counter
 from .driver import BudgetSearch, Progress, SearchResult, best_per_budget, run_search, strategy_rng
 from .evolution import Evolution
-from .fitness import InheritedLoss, inherited_fitness, pick_device
+from .fitness import FitnessSettings, InheritedLoss, inherited_fitness, pick_device, task_fitness
 from .hurdles import (
     TRAIN_BATCH,
     CandidateTrainer,
@@ -49,8 +49,10 @@ __all__ = [
     "Evolution",
     "HurdleConfig",
     "HurdleOutcome",
+    "FitnessSettings",
     "InheritedLoss",
     "inherited_fitness",
+    "task_fitness",
     "LatencyBudget",
     "ParamLimit",
     "Progress",

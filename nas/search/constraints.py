@@ -16,7 +16,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from latency.features import flops
-from search_spaces import Space, Subnet, UserError
+from search_spaces import Space, Subnet, UserError, tasks
 
 from .budget import format_ms
 
@@ -99,26 +99,18 @@ class Constraints:
 
 
 def param_counter(space: Space) -> Callable[[Subnet], int]:
-    """Exact parameter count of a subnet (as an extracted model), from a shape-only supernet."""
-    import torch
-
-    from supernet import SuperTransformer
-
-    with torch.device("meta"):
-        model = SuperTransformer(space)
-    return lru_cache(maxsize=None)(model.num_params)
+    """Exact parameter count of a subnet (as an extracted model), from a shape-only supernet (the task's)."""
+    task = tasks.of(space)
+    return lru_cache(maxsize=None)(lambda subnet: task.params(space, subnet))
 
 
 # --------------------------------------------------------------------------- feasibility
 
 
 def lightest_subnets(space: Space) -> list[Subnet]:
-    """The smallest choice of every dimension, once with each attention type on every layer (a seq2seq space: its
-    smallest subnet)."""
-    s = space.smallest()
-    if getattr(space, "task", None) == "seq2seq":
-        return [s]
-    return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in space.attention]
+    """The lightest subnets of the space (:meth:`search_spaces.Space.lightest`: the smallest choice of every dimension,
+    once with each attention type on every layer)."""
+    return space.lightest()
 
 
 def feasible_seeds(space: Space, constraints: Constraints, rng: np.random.Generator, n_sample: int = 512) -> list[Subnet]:

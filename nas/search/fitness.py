@@ -10,6 +10,7 @@ windows score every subnet, so differences between subnets are not sampling nois
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -43,26 +44,18 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
         if not path.is_file():
             raise UserError(f"--val-data: {path}: no such file")
         return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
-    meta = payload.get("meta", {})
-    missing = [k for k in ("data", "data_seed", "val_fraction") if k not in meta]
-    if missing:
-        raise UserError(
-            f"{supernet_path}: the checkpoint does not say which data it was trained on (meta lacks {', '.join(missing)}); "
-            "pass --val-data FILE"
-        )
-    from supernet.data import prepare_corpus
+    from search_spaces import tasks
 
+    task = tasks.of(payload["space"])  # the data is the checkpoint's task's
+    record = task.data_record(payload.get("meta", {}), str(supernet_path), hint="; pass --val-data FILE")
     cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
-    corpus = prepare_corpus(meta["data"], cache, meta["data_seed"], meta["val_fraction"])
-    return (
-        corpus.val,
-        f"validation split of {meta['data'] or 'the default corpus'} (seed {meta['data_seed']}, fraction {meta['val_fraction']})",
-    )
+    return task.prepare_data(record, cache).val, task.describe_split(record)
 
 
 class InheritedLoss:
-    """Mean next-token loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows (for a masked-lm space:
-    bits per masked byte over fixed windows with fixed masks, ``mask_rate`` of the positions, default 0.15)."""
+    """Mean loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows, scored as the space's task scores
+    them (its learner's held-out windows: every next token for a decoder; a masked LM's fixed masks, at its
+    ``options["mask_rate"]``, bits per masked byte)."""
 
     def __init__(
         self,
@@ -76,7 +69,7 @@ class InheritedLoss:
         device: str = "cpu",
         where: str = "validation tokens",
         precision: str = "fp32",
-        mask_rate: float | None = None,
+        options: dict[str, Any] | None = None,
     ):
         tokens = np.asarray(tokens).reshape(-1)
         space = supernet.space
@@ -98,11 +91,11 @@ class InheritedLoss:
         n_starts = len(tokens) - seq_len
         starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
         self.model = supernet.to(device).eval()
-        task = task_for(space, seed=seed, mask_rate=mask_rate)  # masked-lm: fixed masks, a function of the seed only
+        task = task_for(space, seed=seed, **(options or {}))  # (a masked LM's fixed masks: a function of the seed only)
         self.heldout = task.heldout(tokens, starts, seq_len)
         self.batch_size = batch_size
         self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens,
-                            **task.to_dict()}  # (nothing more for causal-lm: studies of earlier versions still resume)
+                            **task.to_dict()}  # (nothing more for a decoder: studies of earlier versions still resume)
         self.precision, self.calibration = precision, None
         if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
             from latency.quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds
@@ -170,6 +163,48 @@ def separability_text(label: str, sep: dict[str, Any]) -> str:
     )
 
 
+class HeldOutFitness:
+    """``fitness(subnets)`` -> each subnet's mean bits per scored position over fixed held-out examples (a task's own:
+    :class:`supernet.heldout.HeldOut`) with the supernet's weights, fp32: what a task of fixed-length examples searches
+    with (``heldout`` gives :func:`separability` its per-example scores)."""
+
+    def __init__(self, supernet, heldout, *, batch_size: int = 16, device: str = "cpu", description: dict | None = None,
+                 summary: str = ""):
+        self.model, self.heldout, self.batch_size = supernet.to(device).eval(), heldout, batch_size
+        self.description = {"examples": int(len(heldout.x)), "tokens": heldout.tokens, **(description or {})}
+        self.summary = summary or f"{len(heldout.x)} held-out examples"
+
+    def scorer(self, subnet):
+        return self.model
+
+    def __call__(self, subnets) -> np.ndarray:
+        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets],
+                        dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class FitnessSettings:
+    """How ``nas search`` (and ``nas fit-accuracy``) score a subnet with inherited weights: the scoring flags."""
+
+    path: str | Path  # the supernet checkpoint (its folder holds the data cache unless ``data_cache``)
+    seq_len: int = 128
+    windows: int = 16  # held-out windows (a task's own examples: batches) per subnet
+    batch_size: int = 16
+    val_seed: int = 0
+    device: str = "cpu"
+    val_data: str | Path | None = None
+    data_cache: str | Path | None = None
+    precision: str = "fp32"
+
+
+def task_fitness(model, payload: dict[str, Any], settings: FitnessSettings) -> tuple[Any, str]:
+    """(fitness, digest of its held-out data) of a supernet (``model``, loaded as ``payload``): the space's task scores
+    (a one-stack LM's :func:`inherited_fitness`)."""
+    from search_spaces import tasks
+
+    return tasks.of(model.space).fitness(model, payload, settings)
+
+
 def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any], *, seq_len: int, windows: int,
                       batch_size: int, val_seed: int, device: str, val_data: str | Path | None = None,
                       data_cache: str | Path | None = None, precision: str = "fp32") -> tuple["InheritedLoss", str]:
@@ -177,12 +212,12 @@ def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any],
     digest of its held-out tokens: the windows that ``nas search`` and ``nas fit-accuracy`` score alike."""
     import hashlib
 
-    from supernet.task import trained_mask_rate
+    from supernet.task import trained_options
 
     tokens, source = validation_tokens(supernet_path, payload, val_data=val_data, data_cache=data_cache)
-    # masked-lm: bits per masked byte at the rate the supernet was trained with, fixed masks of the seed
+    # scored as the supernet was trained (a masked LM: at its training mask rate, fixed masks of the seed)
     fitness = InheritedLoss(model, tokens, seq_len=seq_len, windows=windows, batch_size=batch_size, seed=val_seed,
                             device=device, where=source, precision=precision,
-                            mask_rate=trained_mask_rate(payload.get("meta", {})))
+                            options=trained_options(model.space, payload.get("meta", {})))
     fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {source}"
     return fitness, hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]

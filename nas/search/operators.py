@@ -3,6 +3,7 @@
 All randomness comes from the ``rng`` passed in.  ``mutate`` redraws each gene with
 probability ``prob`` (layers a deeper child gains are drawn fresh); ``crossover`` takes
 each gene from one of the two parents (a layer only one parent has comes from that one).
+The genes are the space's (its task's space type says what they are): these two ask it.
 ``draw`` asks a proposer for candidates until it has ``n`` feasible, unseen subnets or has
 spent ``max_tries`` rounds, and says how many it found and why the others were dropped.
 """
@@ -19,42 +20,14 @@ from search_spaces import Space, Subnet
 Feasible = Callable[[Sequence[Subnet]], np.ndarray]  # subnets -> bool mask
 
 
-def _pick(rng: np.random.Generator, choices: tuple):
-    return choices[int(rng.integers(len(choices)))]
-
-
 def mutate(space: Space, parent: Subnet, rng: np.random.Generator, prob: float) -> Subnet:
-    """Redraw every gene (embed_dim, depth, each layer's heads / FFN / attention) with probability ``prob``."""
-    if getattr(space, "task", None) == "seq2seq":
-        from nas.search_seq2seq import mutate_seq2seq
-
-        return mutate_seq2seq(space, parent, rng, prob)
-    embed = _pick(rng, space.embed_dim) if rng.random() < prob else parent.embed_dim
-    depth = _pick(rng, space.depth) if rng.random() < prob else parent.depth
-    genes = {"heads": space.heads, "ffn_dim": space.ffn_dim, "attention": space.attention}
-    layers = {name: [] for name in genes}
-    for i in range(depth):
-        for name, choices in genes.items():
-            inherited = i < parent.depth and rng.random() >= prob
-            layers[name].append(getattr(parent, name)[i] if inherited else _pick(rng, choices))
-    return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+    """Redraw every gene with probability ``prob`` (the space's own genes: :meth:`search_spaces.Space.mutate`)."""
+    return space.mutate(parent, rng, prob)
 
 
 def crossover(space: Space, a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
-    """Each gene from ``a`` or ``b`` with equal chance; layers only one parent has come from it."""
-    if getattr(space, "task", None) == "seq2seq":
-        from nas.search_seq2seq import crossover_seq2seq
-
-        return crossover_seq2seq(space, a, b, rng)
-    parents = (a, b)
-    embed = parents[int(rng.integers(2))].embed_dim
-    depth = parents[int(rng.integers(2))].depth
-    layers = {name: [] for name in ("heads", "ffn_dim", "attention")}
-    for i in range(depth):
-        for name in layers:
-            have = [getattr(p, name)[i] for p in parents if i < p.depth]
-            layers[name].append(have[int(rng.integers(len(have)))])
-    return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+    """Each gene from ``a`` or ``b`` with equal chance (:meth:`search_spaces.Space.crossover`)."""
+    return space.crossover(a, b, rng)
 
 
 @dataclass

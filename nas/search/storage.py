@@ -224,26 +224,11 @@ class _Heartbeat:
 
 
 def trial_params(space: Space, subnet: Subnet):
-    """The Optuna parameters of a subnet of ``space``: an LM's (:func:`subnet_params`) or a seq2seq subnet's."""
-    if getattr(space, "task", None) == "seq2seq":
-        from nas.search_seq2seq import seq2seq_trial_params
-
-        return seq2seq_trial_params(space, subnet)
-    return subnet_params(space, subnet)
-
-
-def subnet_params(space: Space, subnet: Subnet):
-    """The subnet as Optuna parameters with their (categorical) distributions."""
+    """The subnet as Optuna parameters with their (categorical) distributions: the space's genes."""
     from optuna.distributions import CategoricalDistribution
 
-    params: dict[str, Any] = {"embed_dim": subnet.embed_dim, "depth": subnet.depth}
-    dists = {"embed_dim": CategoricalDistribution(space.embed_dim), "depth": CategoricalDistribution(space.depth)}
-    for i, layer in enumerate(subnet.layers):
-        for name, value, choices in (("heads", layer.heads, space.heads), ("ffn_dim", layer.ffn_dim, space.ffn_dim),
-                                     ("attention", layer.attention, space.attention)):
-            params[f"l{i}.{name}"] = value
-            dists[f"l{i}.{name}"] = CategoricalDistribution(choices)
-    return params, dists
+    genes = space.genes(subnet)
+    return {k: v for k, (v, _) in genes.items()}, {k: CategoricalDistribution(c) for k, (_, c) in genes.items()}
 
 
 @dataclass(frozen=True)
@@ -319,7 +304,7 @@ class TrialStore:
         if t.state.name != "COMPLETE" or slot is None:
             return None
         u = t.user_attrs
-        subnet = self.space.subnet_type.from_json(u["subnet"])  # an LM or a seq2seq subnet
+        subnet = self.space.subnet_type.from_json(u["subnet"])  # the subnet type of the space's task
         return Record(t.number, slot, subnet, float(t.value), float(u["latency_ms"]), int(u["params"]),
                       bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from latency.report import latency_error_pct
 from latency.timing_core import Settings
-from search_spaces import Subnet, UserError
+from search_spaces import Subnet, UserError, tasks
 from supernet.files import atomic_write, atomic_write_csv
 
 log = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
 
 
 def _unit(space) -> str:
-    return "nats/target byte" if getattr(space, "task", None) == "seq2seq" else "bits/byte"
+    return tasks.of(space).metric
 
 
 # --------------------------------------------------------------------------- the command's side
@@ -207,13 +207,9 @@ def device_measure(
     """A :data:`MeasureFn` that extracts each subnet from ``supernet`` and times it with the protocol
     (drift correction anchored to ``baseline_ms``, the predictor's campaign, when given)."""
     from latency.protocol import measure
-    from supernet import extract
-
-    def static(s):  # an encoder-decoder supernet extracts its own subnets
-        return supernet.extract(s) if hasattr(supernet, "extract") else extract(supernet, s)
 
     def run(subnets: Sequence[Subnet]) -> dict[Subnet, tuple[float, list[str]]]:
-        models = {s.key: static(s).cpu().eval() for s in subnets}
+        models = {s.key: supernet.extract(s).cpu().eval() for s in subnets}  # every task's supernet extracts its own
         results = measure(device, models, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress).results
         return {s: (results[s.key].median_ms, list(results[s.key].flags)) for s in subnets}
 
@@ -264,10 +260,7 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
 
     precision = precision_of(predictor.fingerprint or {})  # the device times the models at the predictor's precision
     check_device(precision, settings.device)
-    if getattr(supernet.space, "task", None) == "seq2seq":  # the translate workload: the devices that time it
-        from latency.translate_timing import require_device
-
-        require_device(supernet.space, settings.device, precision)
+    tasks.of(supernet.space).check_timing(supernet.space, settings.device, precision)  # the devices that time the task
     device = get_device(settings.device, threads=settings.threads, clock=settings.clock,
                         precision=None if precision == "fp32" else precision)
     fp_device = (predictor.fingerprint or {}).get("device")

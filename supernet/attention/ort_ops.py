@@ -244,6 +244,11 @@ def active() -> bool:
     return _emitting
 
 
+def _export_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) -> Tensor | None:
+    """:func:`custom_form` inside :func:`emitting` (the registry's export hook); None outside it."""
+    return custom_form(q, k, v, spec, w, causal) if _emitting else None
+
+
 def translation_table() -> dict | None:
     """What ``torch.onnx.export(custom_translation_table=...)`` takes inside :func:`emitting`; None outside it."""
     return _define() if _emitting else None
@@ -281,3 +286,14 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
 
         return ops.hydra(q, k, v, causal, NORM_EPS)
     return None
+
+
+def _install() -> None:
+    """The registry traces :func:`custom_form` where a type has one (inside :func:`emitting` only)."""
+    from .registry import EXPORT_FORMS
+
+    if _export_form not in EXPORT_FORMS:
+        EXPORT_FORMS.append(_export_form)
+
+
+_install()

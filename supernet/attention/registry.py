@@ -17,6 +17,9 @@ from search_spaces.attention import AttentionSpec, declare, parse_attention, wit
 from .base import FAMILIES, AttentionType, Weights
 
 REGISTRY: dict[str, AttentionType] = {}
+# What an export traces in place of a type's own form, where it gives one (not None): set by supernet.attention.ort_ops
+# when it is imported (an export with --custom-ops), so that the registry does not import it.
+EXPORT_FORMS: list = []
 T = TypeVar("T", bound=AttentionType)
 
 
@@ -60,13 +63,10 @@ def attend(
     steps in bf16 and others in fp32 (the linear family's fp32 prefix sums took bf16 products in place)."""
     path = REGISTRY[spec.kind].path(q.device.type, exporting(), causal)
     w = w or {}
-    if exporting():
-        from . import ort_ops
-
-        if ort_ops.active():  # an export with --custom-ops: the type's nas.kernels operator, where it has one
-            out = ort_ops.custom_form(q, k, v, spec, w, causal)
-            if out is not None:
-                return out
+    if exporting() and EXPORT_FORMS:  # an export with --custom-ops: the type's nas.kernels operator, where it has one
+        out = EXPORT_FORMS[0](q, k, v, spec, w, causal)
+        if out is not None:
+            return out
     if q.device.type == "meta" or not torch.is_autocast_enabled(q.device.type):  # (meta: shapes only; no autocast there)
         return path(q, k, v, spec, w)
     dt = q.dtype

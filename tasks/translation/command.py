@@ -35,8 +35,9 @@ def run(args: argparse.Namespace) -> int:
 
     from nas.cli import show_progress
     from search_spaces import UserError
-    from supernet.translate import evaluate_translation, translate
-    from supernet.translation import check_pairs, prepare_pairs
+
+    from .data import check_pairs, prepare_pairs
+    from .decode import evaluate_translation, translate
 
     for flag, value in (("--beam", args.beam), ("--max-bytes", args.max_bytes), ("--limit", args.limit)):
         if value is not None and value < 1:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give text to translate, or --eval val|test to score the model on its corpus")
     if args.runtime == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
-        from supernet.seq2seq_artifact import read_card
+        from .artifact import read_card
 
         vocab = read_card(export_dir)["space"]["vocab_size"]
     else:
@@ -97,9 +98,10 @@ def _load_onnx(path, device: str):
     from functools import partial
 
     from search_spaces import UserError
-    from search_spaces.seq2seq import Seq2SeqSubnet
-    from supernet.onnx_seq2seq import OnnxSeq2Seq, onnx_translate
-    from supernet.seq2seq_artifact import is_seq2seq_export, read_card
+
+    from .artifact import is_seq2seq_export, read_card
+    from .onnx import OnnxSeq2Seq, onnx_translate
+    from .space import Seq2SeqSubnet
 
     if not (path.is_dir() and is_seq2seq_export(path)):
         raise UserError(f"--runtime onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
@@ -116,11 +118,11 @@ def _load(path, subnet_arg: str, device: str):
     """(static model, corpus record, corpus cache folder, export folder or None) of ``--model``: an export of
     ``nas export``, a train-supernet run folder or a checkpoint (then ``--subnet`` picks the subnet)."""
     from search_spaces import UserError
-    from search_spaces.seq2seq import Seq2SeqSubnet
-    from supernet.seq2seq_artifact import is_seq2seq_export, load_seq2seq_model
-    from supernet.seq2seq_train import load_seq2seq_supernet
 
-    from nas.export_seq2seq import corpus_record
+    from .artifact import is_seq2seq_export, load_seq2seq_model
+    from .workflows import corpus_record
+    from .space import Seq2SeqSubnet
+    from .train import load_seq2seq_supernet
 
     if path.is_dir() and is_seq2seq_export(path):
         if subnet_arg != "largest":

@@ -78,10 +78,13 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
     if isinstance(out, str) and out:
         check_out(Path(out), file=args.command in OUT_IS_FILE)
         check_out_is_no_input(args, Path(out))
-    if isinstance(getattr(args, "lang", None), str):  # a language name, not '' (the default's) nor a path
-        from supernet.translation import check_lang
+    from search_spaces.tasks import tasks
 
-        check_lang(args.lang)
+    for task in tasks().values():  # a task's own flags with a check of their own (translation's --lang: a locale name)
+        for flag in task.flags:
+            value = getattr(args, flag.dest, None)
+            if flag.check is not None and value is not None:
+                flag.check(value, flag.name)
     for field in ("device", "verify", "measure"):  # an ssh:// device anywhere: its URL, before any bundle is built
         value = getattr(args, field, None)
         if isinstance(value, str) and value.startswith("ssh://"):

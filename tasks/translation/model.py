@@ -3,7 +3,7 @@
 Both models hand their weights to the same pure functions as a :class:`Seq2SeqWeights` (the supernet
 its leading slices for a subnet, the static model its own tensors), so the static model that
 :meth:`Seq2SeqSuperTransformer.extract` returns computes exactly what the supernet computes under
-that subnet, and decoding (:mod:`supernet.translate`) runs either.
+that subnet, and decoding (:mod:`tasks.translation.decode`) runs either.
 
 * encoder layer: :func:`~supernet.model.block` with ``causal=False`` (bidirectional self-attention, MLP);
 * decoder layer: :func:`~supernet.model.attention_sublayer` (causal self-attention, with the LM's
@@ -14,7 +14,7 @@ that subnet, and decoding (:mod:`supernet.translate`) runs either.
   of the ``cross_layers[i] - 1`` encoder layers before the last (HAT's ``encoder_out``,
   ``encoder_out_all[-2]``, ``encoder_out_all[-3]``), its key padding mask repeated as many times.
 
-Source and target ids are bytes plus PAD / BOS / EOS (:mod:`supernet.translation`).  The decoder's
+Source and target ids are bytes plus PAD / BOS / EOS (:mod:`tasks.translation.data`).  The decoder's
 output projection is tied to its token embedding.  Known limit: the encoder's self-attention
 types take no padding mask, so in a padded batch a source sees the PAD bytes after it (batches
 group similar lengths; translating one sentence pads nothing); cross-attention masks them.
@@ -32,10 +32,8 @@ from torch import Tensor
 
 from search_spaces import LayerChoice, UserError
 from search_spaces.attention import AttentionSpec
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet
-
-from .attention import State
-from .elastic import (
+from supernet.attention import State
+from supernet.elastic import (
     ElasticBlock,
     ElasticLayerNorm,
     _copy_linear,
@@ -46,7 +44,7 @@ from .elastic import (
     linear_slice,
     norm_slice,
 )
-from .model import (
+from supernet.model import (
     Block,
     BlockWeights,
     Pair,
@@ -62,7 +60,9 @@ from .model import (
     mlp_sublayer,
     rope_at,
 )
-from .translation import BOS, PAD
+
+from .data import BOS, PAD
+from .space import Seq2SeqSpace, Seq2SeqSubnet
 
 # --------------------------------------------------------------------------- the functions
 

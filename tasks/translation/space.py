@@ -13,7 +13,7 @@ then the raw outputs of the layers before it: HAT's ``encoder_out`` and ``encode
 The format (``translate-tiny.yaml`` is annotated)::
 
     task: seq2seq
-    vocab_size: 259          # bytes + PAD, BOS, EOS (supernet.translation)
+    vocab_size: 259          # bytes + PAD, BOS, EOS (tasks.translation.data)
     max_seq_len: 128         # longest source and longest target + 1, in bytes
     head_dim: 32
     positions: rope
@@ -22,9 +22,9 @@ The format (``translate-tiny.yaml`` is annotated)::
     latency:
       translate: {source: 30, steps: 30, beam: 5}
 
-Each side is also an LM :class:`~search_spaces.space.Space` (``space.encoder``, task masked-lm:
-bidirectional forms; ``space.decoder``, task causal-lm), so the elastic blocks, the attention-type
-checks and the per-side subnets are the LM ones.
+Each side is also a one-stack :class:`~search_spaces.space.Space` (``space.encoder`` of bidirectional
+attention, ``space.decoder`` of causal attention), so the elastic blocks, the attention-type checks and the
+per-side subnets and genes are the one-stack ones.
 """
 
 from __future__ import annotations
@@ -32,17 +32,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from .attention import has_form, parse_attention, spec_problems
-from .errors import SpaceError, SubnetError, UserError, shown
-from .space import POSITIONS, WORKLOAD_KINDS, Space, SpaceIdentity, Subnet, SubnetFile, _Checker, _is_int
+from search_spaces.attention import has_form, parse_attention, spec_problems
+from search_spaces.errors import SpaceError, SubnetError, UserError, shown
+from search_spaces.tasks import with_form
+from search_spaces.space import POSITIONS, WORKLOAD_KINDS, Checker, Space, SpaceIdentity, Subnet, SubnetFile, is_int
 
 TASK = "seq2seq"
-VOCAB_SIZE = 259  # 256 bytes + PAD (256), BOS (257), EOS (258): supernet.translation
-SIDES = {"encoder": "masked-lm", "decoder": "causal-lm"}  # the LM task whose attention form a side runs
+VOCAB_SIZE = 259  # 256 bytes + PAD (256), BOS (257), EOS (258): tasks.translation.data
+SIDES = {"encoder": "bidirectional", "decoder": "causal"}  # the attention form of each side's self-attention
 CROSS_LAYERS = (1, 2, 3)  # HAT's arbitrary encoder-decoder attention: the last 1, 2 or 3 encoder layers
 TRANSLATE = "translate"
 
@@ -67,7 +68,7 @@ class Seq2SeqSubnet(SubnetFile):
                 raise SubnetError(f"subnet.decoder.{name}: expected a tuple of {self.decoder.depth} (decoder depth) "
                                   f"positive integers, got {shown(value)}")  # fmt: skip
             for i, v in enumerate(value):
-                if not _is_int(v) or v < 1:
+                if not is_int(v) or v < 1:
                     raise SubnetError(f"subnet.decoder.{name}[{i}]: {shown(v)} is not a positive integer")
 
     def to_dict(self) -> dict[str, Any]:
@@ -187,12 +188,56 @@ class Seq2SeqSpace(SpaceIdentity):
         return Seq2SeqSubnet(self.encoder.smallest(), self.decoder.smallest(), (min(self.cross_heads),) * d,
                              (min(self.cross_layers),) * d)  # fmt: skip
 
+    def lightest(self) -> list[Seq2SeqSubnet]:
+        """The search's first candidates for a tight budget: the smallest subnet."""
+        return [self.smallest()]
+
     def sample(self, rng: np.random.Generator) -> Seq2SeqSubnet:
         """Each choice uniformly and independently: the encoder, the decoder, then the decoder's cross choices."""
         enc, dec = self.encoder.sample(rng), self.decoder.sample(rng)
         heads = tuple(int(x) for x in rng.choice(self.cross_heads, size=dec.depth))
         layers = tuple(int(x) for x in rng.choice(self.cross_layers, size=dec.depth))
         return Seq2SeqSubnet(enc, dec, heads, layers)
+
+    # -- genes --------------------------------------------------------------------
+
+    def _cross_genes(self, depth: int, parents: Sequence[Seq2SeqSubnet], pick) -> tuple[tuple, tuple]:
+        heads, layers = [], []
+        for i in range(depth):
+            for out, name, choices in ((heads, "cross_heads", self.cross_heads), (layers, "cross_layers", self.cross_layers)):
+                out.append(int(pick(i, [getattr(p, name)[i] for p in parents if i < p.decoder.depth], choices)))
+        return tuple(heads), tuple(layers)
+
+    def mutate(self, parent: Seq2SeqSubnet, rng: np.random.Generator, prob: float) -> Seq2SeqSubnet:
+        """The encoder and the decoder mutated as one-stack subnets of their sides; each decoder layer's cross heads and
+        encoder layers redrawn with probability ``prob`` (drawn fresh on layers a deeper child gains)."""
+        enc, dec = self.encoder.mutate(parent.encoder, rng, prob), self.decoder.mutate(parent.decoder, rng, prob)
+
+        def pick(_i: int, have: list, choices: tuple):
+            return have[0] if have and rng.random() >= prob else choices[int(rng.integers(len(choices)))]
+
+        return Seq2SeqSubnet(enc, dec, *self._cross_genes(dec.depth, (parent,), pick))
+
+    def crossover(self, a: Seq2SeqSubnet, b: Seq2SeqSubnet, rng: np.random.Generator) -> Seq2SeqSubnet:
+        """Each side crossed as one-stack subnets; each cross gene from a parent that has the layer."""
+        enc = self.encoder.crossover(a.encoder, b.encoder, rng)
+        dec = self.decoder.crossover(a.decoder, b.decoder, rng)
+
+        def pick(_i: int, have: list, _choices: tuple):
+            return have[int(rng.integers(len(have)))]
+
+        return Seq2SeqSubnet(enc, dec, *self._cross_genes(dec.depth, (a, b), pick))
+
+    def genes(self, subnet: Seq2SeqSubnet) -> dict[str, tuple[Any, tuple]]:
+        """Each side's genes as a one-stack subnet's (prefixed ``enc.`` / ``dec.``), then the cross genes per decoder
+        layer: ``(value, choices)`` by name."""
+        out: dict[str, tuple[Any, tuple]] = {}
+        for prefix, side, sub in (("enc.", self.encoder, subnet.encoder), ("dec.", self.decoder, subnet.decoder)):
+            out.update({prefix + k: v for k, v in side.genes(sub).items()})
+        for i in range(subnet.decoder.depth):
+            for name, choices in (("cross_heads", self.cross_heads), ("cross_layers", self.cross_layers)):
+                out[f"dec.l{i}.{name}"] = (getattr(subnet, name)[i], choices)
+        return out
 
     def problems(self, subnet: Seq2SeqSubnet) -> list[str]:
         out = [f"encoder.{p}" for p in self.encoder.problems(subnet.encoder)]
@@ -277,7 +322,7 @@ class Seq2SeqSpace(SpaceIdentity):
 
 def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
     """Validate a ``task: seq2seq`` mapping (already YAML-loaded); raise :class:`SpaceError` with every problem."""
-    c = _Checker(where)
+    c = Checker(where)
     top = c.keys("", data, required=("task", "vocab_size", "max_seq_len", "encoder", "decoder", "latency"),
                  optional=("name", "head_dim", "positions"))  # fmt: skip
     name = top.get("name", Path(where).stem)
@@ -292,7 +337,7 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
     if positions == "rope" and head_dim is not None and head_dim % 2:
         c.error("head_dim", f"{head_dim} must be even for rotary positions")
     sides, cross = {}, {}
-    for side, task in SIDES.items():
+    for side, form in SIDES.items():
         extra = ("cross_heads", "cross_layers") if side == "decoder" else ()
         sec = c.keys(side, top.get(side, {}), required=("embed_dim", "depth", "layers")) if side in top else {}
         embed = c.int_list(f"{side}.embed_dim", sec["embed_dim"]) if "embed_dim" in sec else None
@@ -301,12 +346,12 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
         layers = c.keys(f"{side}.layers", sec["layers"], required=required) if "layers" in sec else {}
         heads = c.int_list(f"{side}.layers.heads", layers["heads"]) if "heads" in layers else None
         ffn = c.int_list(f"{side}.layers.ffn_dim", layers["ffn_dim"]) if "ffn_dim" in layers else None
-        attention = _attention(c, f"{side}.layers.attention", layers.get("attention"), max_seq, heads, task)
+        attention = _attention(c, f"{side}.layers.attention", layers.get("attention"), max_seq, heads, form)
         for k in extra:
             cross[k] = c.int_list(f"decoder.layers.{k}", layers[k]) if k in layers else None
         if None not in (embed, depth, heads, ffn, attention, max_seq, head_dim, positions):
-            sides[side] = Space(f"{name}.{side}", task, VOCAB_SIZE, max_seq, head_dim, positions, embed, depth, heads, ffn,
-                                attention, (), source)  # fmt: skip
+            sides[side] = Space(f"{name}.{side}", TASK, VOCAB_SIZE, max_seq, head_dim, positions, embed, depth, heads, ffn,
+                                attention, (), source, form)  # fmt: skip
     if cross.get("cross_layers"):
         bad = [k for k in cross["cross_layers"] if k not in CROSS_LAYERS]
         if bad:
@@ -322,13 +367,12 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
                         cross["cross_heads"], cross["cross_layers"], tuple(workloads), source)  # fmt: skip
 
 
-def _attention(c: _Checker, path: str, raw: Any, max_seq: int | None, heads, task: str) -> tuple[str, ...] | None:
+def _attention(c: Checker, path: str, raw: Any, max_seq: int | None, heads, form: str) -> tuple[str, ...] | None:
     if raw is None:
         return None
     if not isinstance(raw, list) or not raw:
         c.error(path, f"expected a non-empty list of attention types, got {shown(raw)}")
         return None
-    form = "bidirectional" if task == "masked-lm" else "causal"
     specs = []
     for i, a in enumerate(raw):
         try:
@@ -344,7 +388,7 @@ def _attention(c: _Checker, path: str, raw: Any, max_seq: int | None, heads, tas
     return c.unique(path, tuple(specs)) if len(specs) == len(raw) else None
 
 
-def _translate_workloads(c: _Checker, lat: Any, max_seq: int | None) -> list[TranslateWorkload]:
+def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[TranslateWorkload]:
     """The ``latency:`` section of a seq2seq space: named ``translate`` workloads (source, steps, beam)."""
     if not isinstance(lat, dict) or not lat:
         c.error("latency", f"expected a mapping of named workloads, e.g. {{translate: {{source: 30, steps: 30, beam: 5}}}}, "
@@ -356,8 +400,9 @@ def _translate_workloads(c: _Checker, lat: Any, max_seq: int | None) -> list[Tra
         named = wname if wname in (*WORKLOAD_KINDS, TRANSLATE) else None
         kind = (wdata.get("kind") if isinstance(wdata, dict) else None) or named
         if kind != TRANSLATE:
-            c.error(path, f"a seq2seq space is timed with translate workloads (source, steps, beam), not "
-                          f"{kind or 'this'} ({'a causal-lm workload' if kind in WORKLOAD_KINDS else 'give kind: translate'})")
+            other = f"a {with_form('causal')} workload" if kind in WORKLOAD_KINDS else "give kind: translate"
+            c.error(path, f"a seq2seq space is timed with translate workloads (source, steps, beam), not {kind or 'this'} "
+                          f"({other})")
             continue
         w = c.keys(path, wdata, required=("source", "steps", "beam"), optional=("kind",))
         vals = {k: c.pos_int(f"{path}.{k}", w[k]) for k in ("source", "steps", "beam") if k in w}

@@ -9,16 +9,16 @@ is the attention type's own count (``prefill_flops`` for the encoder, an approxi
 causal count, the bidirectional form sees about twice the pairs; ``decode_flops`` per decoder step).
 
 These are the feature columns of a ``translate`` timing table and of its predictors
-(:mod:`latency.translate_timing`); every device times the workload (README "Translation (encoder-decoder)").
+(:mod:`tasks.translation.timing`); every device times the workload (README "Translation (encoder-decoder)").
 """
 
 from __future__ import annotations
 
+from latency.features import layer_cache_bytes, projection_flops
 from search_spaces.attention import parse_attention
-from search_spaces.seq2seq import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 from supernet.attention import get
 
-from .features import layer_cache_bytes, projection_flops
+from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 
 
 def translate_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:

@@ -1,9 +1,9 @@
-"""ONNX export of a static encoder-decoder (:class:`~supernet.seq2seq.Seq2SeqTransformer`): two graphs, and a
+"""ONNX export of a static encoder-decoder (:class:`~tasks.translation.model.Seq2SeqTransformer`): two graphs, and a
 decoding loop on ONNX Runtime.
 
 ``encoder.onnx``: ``source`` (batch, S) int64, S dynamic -> per decoder layer i ``cross.{i}.k``, ``cross.{i}.v``
 (batch, cross heads, k_i x S, head_dim) and ``cross.{i}.mask`` (batch, 1, 1, k_i x S) bool, True where a source
-byte is real: what :func:`supernet.seq2seq.encode_memory` computes once per source, HAT's arbitrary
+byte is real: what :func:`tasks.translation.model.encode_memory` computes once per source, HAT's arbitrary
 encoder-decoder attention included (layer i reads the last k_i = ``cross_layers[i]`` encoder layers).
 
 ``decoder_step.onnx``: ``token`` (batch, 1) int64, ``position`` (1,) int64, each decoder layer's self-attention
@@ -13,7 +13,7 @@ cross keys, values and masks of the encoder graph -> ``logits`` (batch, 1, vocab
 feed back as ``past.*`` at the next step.  Batch, ``past`` and each layer's memory length are dynamic.  Both
 graphs carry their input layout in their metadata (``seq2seq_inputs``), so the loop below builds its inputs from
 the graph files alone.  Beam search runs the step at batch B (one row per hypothesis; the encoder's outputs
-repeated B times, and the states gathered by hypothesis between steps, as :mod:`supernet.translate` does).
+repeated B times, and the states gathered by hypothesis between steps, as :mod:`tasks.translation.decode` does).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch.nn as nn
 from torch import Tensor
 
 from search_spaces import UserError
+from supernet.model import Step, attention_sublayer, embed, lm_head, mlp_sublayer, rope_at
+from supernet.onnx_export import DEFAULT_OPSET, _quiet, onnx_session
 
-from .model import Step, attention_sublayer, embed, lm_head, mlp_sublayer, rope_at
-from .onnx_export import DEFAULT_OPSET, _quiet, onnx_session
-from .seq2seq import Memory, Seq2SeqTransformer, Seq2SeqWeights, cross_attention, encode_memory
-from .translation import BOS, EOS, PAD
+from .data import BOS, EOS, PAD
+from .model import Memory, Seq2SeqTransformer, Seq2SeqWeights, cross_attention, encode_memory
 
 META_KEY = "seq2seq_inputs"
 ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
@@ -86,7 +86,7 @@ class EncoderGraph(nn.Module):
 
 def decoder_step(w: Seq2SeqWeights, token: Tensor, position: Tensor, states: list[dict], mem: Memory) -> tuple[Tensor, list]:
     """One decoder step, functional (growing caches hold exactly the past; the new entry is concatenated):
-    token (B, 1) at ``position`` (1,) -> logits (B, 1, V) and each layer's next state (:func:`supernet.seq2seq.decode`
+    token (B, 1) at ``position`` (1,) -> logits (B, 1, V) and each layer's next state (:func:`tasks.translation.model.decode`
     with :class:`~supernet.model.Step` caches, the position a tensor so that it traces)."""
     x = embed(token, w.dec_tok, w.dec_pos, position if w.dec_pos is not None else None)  # (B, 1, Ed)
     rope = rope_at(position, w.head_dim) if w.positions == "rope" else None
@@ -246,7 +246,7 @@ def seq2seq_parity(model: Seq2SeqTransformer, directory: str | Path, *, source: 
                    seed: int = 0) -> dict[str, float]:  # fmt: skip
     """Max abs differences between ONNX Runtime and torch: ``encoder`` (every cross key / value) over a random source
     of ``source`` bytes, and ``decoder_step`` (logits of ``steps`` steps at ``batch`` rows, cache fed back)."""
-    from .seq2seq import decode
+    from .model import decode
 
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(0, 256, (1, min(source, model.space.max_seq_len)), generator=g)  # (1, S)
@@ -290,7 +290,7 @@ def onnx_greedy(model: OnnxSeq2Seq, source: bytes, max_len: int) -> tuple[list[i
 
 class OnnxBeams:
     """Next-byte log-probabilities of live hypotheses through the step graph (one source, its cross keys / values
-    computed once): the decoder :func:`supernet.translate.search_beams` drives, as it drives torch's."""
+    computed once): the decoder :func:`tasks.translation.decode.search_beams` drives, as it drives torch's."""
 
     def __init__(self, model: OnnxSeq2Seq, source: bytes):
         if not source:
@@ -311,8 +311,8 @@ class OnnxBeams:
 
 def onnx_translate(model: OnnxSeq2Seq, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None):
     """The best translation of ``source`` through the two graphs: greedy for ``beam`` 1, else beam search (the
-    same search as torch's :func:`supernet.translate.translate`); a :class:`~supernet.translate.Hypothesis`."""
-    from .translate import Hypothesis, decode_limit, search_beams
+    same search as torch's :func:`tasks.translation.decode.translate`); a :class:`~tasks.translation.decode.Hypothesis`."""
+    from .decode import Hypothesis, decode_limit, search_beams
 
     limit = decode_limit(source, max_seq_len, max_len)
     if beam == 1:

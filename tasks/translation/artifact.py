@@ -1,11 +1,11 @@
-"""An exported encoder-decoder: a static :class:`~supernet.seq2seq.Seq2SeqTransformer` that loads without the supernet.
+"""An exported encoder-decoder: a static :class:`~tasks.translation.model.Seq2SeqTransformer` that loads without the supernet.
 
 The layout and checks of :mod:`supernet.artifact` (``model.safetensors``, ``subnet.yaml``, ``model_card.json``
 with the format marker, the full space, the subnet, the parameter count and the checksums, written last);
 the card says ``task: seq2seq`` and carries the corpus the model was trained on (so ``nas translate --eval``
 can score it on that corpus's test split, hash checked) and what was measured (held-out cross-entropy per
 target byte; chrF / BLEU once ``nas translate --eval`` has run).  ``nas export`` adds the ONNX graphs of the
-encoder and the decoder step (:mod:`supernet.onnx_seq2seq`) and lists them in the card.
+encoder and the decoder step (:mod:`tasks.translation.onnx`) and lists them in the card.
 """
 
 from __future__ import annotations
@@ -15,11 +15,22 @@ from typing import Any
 
 import torch
 
-from search_spaces.seq2seq import Seq2SeqSubnet
+from supernet.artifact import (
+    CARD,
+    FORMAT,
+    OUTPUTS,
+    SUBNET,
+    VERSION,
+    WEIGHTS,
+    load_weights,
+    open_export,
+    read_card,
+    write_json_atomic,
+)
+from supernet.files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
 
-from .artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, load_weights, open_export, read_card, write_json_atomic
-from .files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
-from .seq2seq import Seq2SeqTransformer
+from .model import Seq2SeqTransformer
+from .space import Seq2SeqSubnet
 
 
 def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[str, Any] | None = None) -> Path:

@@ -7,7 +7,7 @@ by a uniformly random byte with probability ``random``, and keeps it otherwise (
 :data:`IGNORE` elsewhere: the loss (:func:`masked_loss`) is on the chosen positions only, reported
 as bits per masked byte (:func:`bits_per_masked_byte`).  Every draw comes from the generator passed in.
 
-:class:`supernet.task.MaskedLM` draws the masks of a training step (a generator seeded per step) and of
+:class:`tasks.masked_lm.learner.MaskedLM` draws the masks of a training step (a generator seeded per step) and of
 the held-out windows (seeded by the run's seed only) with :func:`draw_mask`.
 """
 
@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from supernet.heldout import IGNORE  # a target that is not scored (torch's cross-entropy ignore_index)
+
 MASK_BYTE = 0xFF  # never occurs in UTF-8 text (the corpus's NUL, 0, separates documents)
-IGNORE = -100  # a target that is not scored (torch's cross-entropy ignore_index)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Translating with an encoder-decoder: greedy and beam search, with and without the decoding cache; chrF / BLEU.
 
 The source is encoded once and every decoder layer's cross-attention keys and values are computed
-once per source (:func:`supernet.seq2seq.encode_memory`).  With ``cache=True`` each decoder layer keeps
+once per source (:func:`tasks.translation.model.encode_memory`).  With ``cache=True`` each decoder layer keeps
 its self-attention state (its attention type's, :class:`~supernet.model.Prefill` then
 :class:`~supernet.model.Step`, as LM decoding does) and a step feeds one byte; with ``cache=False``
 every step reruns the decoder over the whole prefix (the reference the tests hold the cache to).
@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from search_spaces import UserError
+from supernet.model import Prefill, Step
 
-from .model import Prefill, Step
-from .seq2seq import Memory, Seq2SeqWeights, decode, decoder_start, encode_memory
-from .translation import BOS, EOS, PAD, Pairs
+from .data import BOS, EOS, PAD, Pairs
+from .model import Memory, Seq2SeqWeights, decode, decoder_start, encode_memory
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class NextBytes(Protocol):
 
 def search_beams(dec: NextBytes, beam: int, limit: int, device: torch.device | str = "cpu") -> list[Hypothesis]:
     """Beam search (the module doc) over any decoder: torch's (:class:`_Decoder`) or ONNX Runtime's
-    (:class:`supernet.onnx_seq2seq.OnnxBeams`); the hypotheses found, best first."""
+    (:class:`tasks.translation.onnx.OnnxBeams`); the hypotheses found, best first."""
     prefixes = decoder_start(1, device)  # (B, t), one live hypothesis at first
     scores = torch.zeros(1, device=device)  # (B,)
     ended: list[Hypothesis] = []

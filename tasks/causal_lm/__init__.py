@@ -1,0 +1,26 @@
+"""``causal-lm``: next-byte prediction by a decoder; every position is scored (bits per byte)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from search_spaces.tasks import declare
+
+from ..stack import StackTask
+
+NAME = "causal-lm"
+
+
+class CausalLMTask(StackTask):
+    name = NAME
+    doc = "next-byte prediction by a decoder (causal attention); every position scored"
+    form = "causal"
+    metric = "bits/byte"
+
+    def learner(self, space: Any, seed: int = 0, **options: Any):
+        from .learner import CAUSAL_LM
+
+        return CAUSAL_LM
+
+
+TASK = declare(CausalLMTask())
