@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -276,6 +277,11 @@ def test_hurdles_from_scratch_train_at_train_subnets_rates(tiny):
         hurdle_config(2, 4, "1K", step_tokens=16 * 128, evaluations=50, init="warm", batch=0)
     assert "--hurdle-from: 'warm' is not one of inherited, scratch" in str(e.value)
     assert "--hurdle-batch: 0 is not a positive number of windows" in str(e.value)
+    from nas.search.hurdles import HurdleOutcome, report
+
+    for cfg, said in ((config, "(from scratch)"), (hurdle_config(2, 4, "64K", step_tokens=16 * 128, evaluations=50),
+                                                   "(from inherited weights)")):
+        assert f"2 rounds of {cfg.tokens:,} training tokens {said}" in report(HurdleOutcome(cfg, "t", Path("r"), {}))
 
 
 def test_the_hurdle_cohort_is_timed_after_the_top_candidates(tiny):

@@ -547,7 +547,8 @@ def report(outcome: HurdleOutcome) -> str:
     c = outcome.config
     wl = max([6] + [len(label) for label in outcome.budgets])
     lines = [f"hurdles: top {c.candidates} per budget, {c.rounds} round{'s' * (c.rounds != 1)} of {c.tokens:,} training tokens "
-             "(from inherited weights); bits/byte on the search's validation windows",
+             f"({'from scratch' if c.init == 'scratch' else 'from inherited weights'}); bits/byte on the search's "
+             "validation windows",
              f"{'budget':<{wl}} {'cand':>4} {'round':>5} {'inherited':>9} {'trained':>9} {'hurdle':>9}  verdict  subnet"]
     for label, b in outcome.budgets.items():
         for row in b.rows:
