@@ -734,7 +734,8 @@ def report(space, labels, budgets, models, roles, calibration, measured, seeds, 
             entry.update(verdict=verdict, difference=d, best_uniform={
                 "subnet": b["subnet"], "key": best_key, "test_bpb": mean_bpb(best_key), "test_bpb_seeds": per_seed[best_key],
                 "measured_ms": b["measured_ms"]})  # fmt: skip
-            lines.append(f"  verdict: {verdict.upper()} than the best uniform model at or below its latency "
+            lines.append(f"  verdict: {verdict.upper()} {'with' if verdict == 'tie' else 'than'} the best uniform model at or "
+                         "below its latency "
                          f"({b['subnet']}, {b['measured_ms']:.3f} ms): {d:+.4f} bits/byte, 2 seed SD = {2 * seed_sd:.4f}")
         lines.append(f"  measured {me['measured_ms']:.3f} ms against the budget {budget:.3f} ms: "
                      + ("within (+2% at most)" if within else "OVER the budget by more than 2%"))
