@@ -320,3 +320,19 @@ def test_a_failed_build_leaves_the_engine_in_charge(tmp_path, monkeypatch):
             assert (attend(q, k, v, s) - attend_reference(q, k, v, s)).abs().max().item() <= 1e-5
     finally:
         native._build.cache_clear()  # the next test builds (loads) the real kernel again
+
+
+def test_a_killed_build_leaves_no_lock_that_hangs_the_next(tmp_path):
+    """torch's cpp_extension waits forever on its baton file ``lock``, which a build killed half-way leaves behind;
+    under the OS lock of :func:`native.build_lock` (released however its holder ends) it can only be stale: removed."""
+    import fcntl
+
+    (tmp_path / "lock").write_text("")  # the baton of a build that was killed
+    with native.build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        probe = ("import fcntl, sys; f = open(sys.argv[1], 'a+')\n"
+                 "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)")
+        held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "nas-build.lock")])
+        assert held.returncode == 3  # another process's build waits for this one
+    with open(tmp_path / "nas-build.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on leaving

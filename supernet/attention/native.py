@@ -136,6 +136,22 @@ def choose_isa() -> tuple[str | None, str]:
     return isa, ""
 
 
+@contextlib.contextmanager
+def build_lock(where: Path):
+    """Hold an OS lock on ``where`` (released by the kernel however the holder ends) for a build; under it, torch's
+    own baton file (``where/lock``, which cpp_extension waits on forever and a killed build leaves behind) can only
+    be stale, and is removed: a build killed half-way no longer hangs every later process."""
+    import fcntl
+
+    with open(where / "nas-build.lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # another process's build in progress: wait for it
+        try:
+            (where / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @lru_cache(maxsize=None)
 def _build(isa: str):
     """(module, "") or (None, why not): the kernels for ``isa``, built at most once per process (and once per cache)."""
@@ -150,17 +166,18 @@ def _build(isa: str):
     started = time.perf_counter()
     try:
         where.mkdir(parents=True, exist_ok=True)
-        fresh = not (where / f"{name}.so").exists()
-        if fresh:  # long work says so
-            print(f"nas: building the compiled attention kernels ({isa}) in {where} (once, about 25 s)", file=sys.stderr)
-        module = cpp_extension.load(
-            name=name,
-            sources=[str(SOURCE), str(BINDING)],
-            extra_cflags=flags,
-            extra_include_paths=[str(KERNELS)],
-            build_directory=str(where),
-            verbose=False,
-        )
+        with build_lock(where):
+            fresh = not (where / f"{name}.so").exists()
+            if fresh:  # long work says so
+                print(f"nas: building the compiled attention kernels ({isa}) in {where} (once, about 25 s)", file=sys.stderr)
+            module = cpp_extension.load(
+                name=name,
+                sources=[str(SOURCE), str(BINDING)],
+                extra_cflags=flags,
+                extra_include_paths=[str(KERNELS)],
+                build_directory=str(where),
+                verbose=False,
+            )
     except Exception as exc:  # a failed build leaves the engine in charge, said once
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         why = f"the build failed ({first[:200]})"
