@@ -214,7 +214,9 @@ def run(args: argparse.Namespace) -> int:
     url = args.storage or S.default_storage(out)
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
     storage = S.open_storage(url)
-    study = S.open_study(storage, study_name, identity)
+    # the objective's name in the study (dashboards label the value with it): what fitness returns, in the task's metric
+    metric = f"{'loss' if args.fitness == 'inherited' else 'predicted retrained loss'} ({task.metric or task.unit})"
+    study = S.open_study(storage, study_name, identity, metric=metric)
     store = S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url))  # a database server: heartbeats for other hosts
 
     searches = [

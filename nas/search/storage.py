@@ -43,6 +43,7 @@ from typing import Any, Sequence
 from search_spaces import Space, Subnet, UserError
 
 SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
+BEST = "best_trial_per_budget"  # study user attr: each budget's best trial (:meth:`TrialStore.mark_best`)
 ALIVE, ENDED = "nas:alive:", "nas:ended:"  # study user attr prefixes: a worker's heartbeat, why a trial ended early
 HEARTBEAT_S, GRACE_S = 10.0, 60.0
 Slot = tuple[str, int, int]  # (budget label, generation, index)
@@ -122,8 +123,11 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def open_study(storage, name: str, config: dict, attempts: int = 20):
-    """Create the study ``name`` once (several workers may race here) or load it; check its settings."""
+def open_study(storage, name: str, config: dict, attempts: int = 20, *, metric: str = "loss"):
+    """Create the study ``name`` once (several workers may race here) or load it; check its settings.
+
+    ``metric`` names the objective (``study.set_metric_names``: dashboards label the value with it), e.g.
+    ``loss (bits/byte)``; a study of an earlier version, or named otherwise, gets it."""
     optuna = _optuna()
     for attempt in range(attempts):
         try:
@@ -135,6 +139,8 @@ def open_study(storage, name: str, config: dict, attempts: int = 20):
             if stored is None:
                 study.set_user_attr(CONFIG, config)
                 stored = config
+            if study.metric_names != [metric]:
+                study.set_metric_names([metric])
             break
         except Exception as e:  # noqa: BLE001 - a lost creation race surfaces as several exception types
             if attempt == attempts - 1 or not _is_race(e):
@@ -339,8 +345,8 @@ class TrialStore:
     def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
         """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
         return self.add_running([
-            (subnet, {"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params), "budget": slot[0],
-                      "generation": slot[1], "cached": bool(cached)}, {SLOT: list(slot)})
+            (subnet, {"stage": "search", "budget": slot[0], "generation": slot[1], "latency_ms": float(latency),
+                      "params": int(params), "subnet": subnet.to_json(), "cached": bool(cached)}, {SLOT: list(slot)})
             for slot, subnet, latency, params, cached in claims
         ])
 
@@ -371,6 +377,14 @@ class TrialStore:
         missing = [n for n in names if n not in found]
         assert not missing, f"storage: the trials of claims {missing} were added but are not found"
         return [found[n] for n in names]
+
+    def mark_best(self, best: dict[str, Record | None]) -> None:
+        """Name each budget's best trial in the study user attr ``best_trial_per_budget`` (a budget label -> its trial
+        number, None where nothing feasible was found): the study's own best trial mixes budgets.  Written when it
+        changes; every worker that ends the search computes the same."""
+        want = {label: None if r is None else r.trial for label, r in best.items()}
+        if self.study.user_attrs.get(BEST) != want:
+            self.study.set_user_attr(BEST, want)
 
     def finish(self, number: int, loss: float) -> bool:
         """Complete the trial with ``loss``; False when it had been failed meanwhile (the slot went to another)."""
