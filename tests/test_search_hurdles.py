@@ -117,6 +117,10 @@ def test_the_stage_trains_only_the_survivors_and_shares_trainings_between_budget
         key, r = t.system_attrs[HURDLE][1:]
         assert t.value == by_hand(five)[(key, r)] and t.user_attrs["round"] == r and t.user_attrs["tokens"] == 300 * (r + 1)
         assert Subnet.from_json(t.user_attrs["subnet"]).key == key
+        c = next(c for c in five if c.subnet.key == key)  # and, for a dashboard, what the search's trials say
+        want = "A,B" if any(o.subnet.key == key for o in others) else "A"  # the budgets whose cohort holds it
+        assert (t.user_attrs["stage"], t.user_attrs["budget"]) == ("hurdles", want)
+        assert (t.user_attrs["latency_ms"], t.user_attrs["params"]) == (c.latency, c.params)
     best = outcome.budgets["A"].best
     model = json.loads((outcome.folder(best) / MODEL).read_text())  # round 2 went on from round 1's weights
     assert model["tokens"] == 3 * 300 and best.round == 2
