@@ -267,7 +267,8 @@ def search_and_hurdles(url: str, study: str, root: Path, sleep: float = 0.0, han
     """The synthetic search, then the hurdle stage on the fake trainer, in one storage (what one worker runs)."""
     space = load_space("tiny")
     searches, latency = searches_for(space, seed=3)
-    with TrialStore(open_study(open_storage(url), study, {"seed": 3, "config": CONFIG.to_dict()}), space) as store:
+    storage = open_storage(url, grace_s=600)  # PostgreSQL: Optuna's heartbeat, no trial stale while the machine is busy
+    with TrialStore(open_study(storage, study, {"seed": 3, "config": CONFIG.to_dict()}), space) as store:
         result = run_search(searches, synthetic_fitness(), latency, params_of, store, batch=4, poll_s=0.2)
         trainer = FakeTrainer(HURDLES.tokens, sleep=sleep, hang_after=hang_after, marker=marker)
         cohorts = hurdle_candidates(searches, result.records, HURDLES.candidates)
