@@ -117,6 +117,10 @@ def test_the_stage_trains_only_the_survivors_and_shares_trainings_between_budget
         key, r = t.system_attrs[HURDLE][1:]
         assert t.value == by_hand(five)[(key, r)] and t.user_attrs["round"] == r and t.user_attrs["tokens"] == 300 * (r + 1)
         assert Subnet.from_json(t.user_attrs["subnet"]).key == key
+        c = next(c for c in five if c.subnet.key == key)  # and, for a dashboard, what the search's trials say
+        want = "A,B" if any(o.subnet.key == key for o in others) else "A"  # the budgets whose cohort holds it
+        assert (t.user_attrs["stage"], t.user_attrs["budget"]) == ("hurdles", want)
+        assert (t.user_attrs["latency_ms"], t.user_attrs["params"]) == (c.latency, c.params)
     best = outcome.budgets["A"].best
     model = json.loads((outcome.folder(best) / MODEL).read_text())  # round 2 went on from round 1's weights
     assert model["tokens"] == 3 * 300 and best.round == 2
@@ -263,7 +267,8 @@ def search_and_hurdles(url: str, study: str, root: Path, sleep: float = 0.0, han
     """The synthetic search, then the hurdle stage on the fake trainer, in one storage (what one worker runs)."""
     space = load_space("tiny")
     searches, latency = searches_for(space, seed=3)
-    with TrialStore(open_study(open_storage(url), study, {"seed": 3, "config": CONFIG.to_dict()}), space) as store:
+    storage = open_storage(url, grace_s=600)  # PostgreSQL: Optuna's heartbeat, no trial stale while the machine is busy
+    with TrialStore(open_study(storage, study, {"seed": 3, "config": CONFIG.to_dict()}), space) as store:
         result = run_search(searches, synthetic_fitness(), latency, params_of, store, batch=4, poll_s=0.2)
         trainer = FakeTrainer(HURDLES.tokens, sleep=sleep, hang_after=hang_after, marker=marker)
         cohorts = hurdle_candidates(searches, result.records, HURDLES.candidates)

@@ -214,8 +214,10 @@ def run(args: argparse.Namespace) -> int:
     url = args.storage or S.default_storage(out)
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
     storage = S.open_storage(url)
-    study = S.open_study(storage, study_name, identity)
-    store = S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url))  # a database server: heartbeats for other hosts
+    # the objective's name in the study (dashboards label the value with it): what fitness returns, in the task's metric
+    metric = f"{'loss' if args.fitness == 'inherited' else 'predicted retrained loss'} ({task.metric or task.unit})"
+    study = S.open_study(storage, study_name, identity, metric=metric)
+    store = S.TrialStore(study, space)  # on a database server (open_storage): Optuna's heartbeat, for workers on other hosts
 
     searches = [
         S.BudgetSearch(
@@ -265,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
         verified = True
         if args.verify:  # the cohort is timed first: only candidates whose measured latency holds are trained
             verified, cohorts = verify_on_device(args, model, searches, result, out, latencies[primary].path, cohorts)
-        with S.TrialStore(study, space, heartbeat_s=S.heartbeat_interval(url)) as store:  # this worker again, beating
+        with S.TrialStore(study, space) as store:  # this worker again, its heartbeat on where the storage has one
             trained = hurdle_stage(args, hurdles, trainer, cohorts, store, out, space)
         if trained is None:
             return 130

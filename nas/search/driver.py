@@ -163,9 +163,11 @@ def run_search(
     if progress:
         progress(_progress(searches, snap, waiting=False))
     records = sorted(snap.complete.values(), key=lambda r: r.trial)
+    best = best_per_budget(searches, records)
+    store.mark_best(best)
     return SearchResult(
         records=records,
-        best=best_per_budget(searches, records),
+        best=best,
         notes={s.label: list(s.strategy.notes) for s in searches},
         evaluations=sum(not r.cached for r in records),
         claimed_here=claimed,

@@ -466,11 +466,15 @@ def run_hurdles(
              if len(c) < config.candidates else [] for label, c in cohorts.items()}
     trials = TrainingTrials(store, tag)
     trained = 0
+    labels: dict[str, list[str]] = {}  # subnet key -> the budgets whose cohort holds it (the trial's "budget" attr)
+    for label, cohort in cohorts.items():
+        for c in cohort:
+            labels.setdefault(c.subnet.key, []).append(label)
     store.recover()
     while True:
         trials.refresh()
         plans = {label: replay(label, c, config.rounds, trials.scores) for label, c in cohorts.items()}
-        wanted = {(c.subnet.key, p.round): c.subnet for p in plans.values() for c in p.waiting}
+        wanted = {(c.subnet.key, p.round): c for p in plans.values() for c in p.waiting}
         if not wanted:
             break
         open_ = sorted((r, key) for key, r in wanted if trials.owner_of((key, r)) is None)
@@ -484,17 +488,20 @@ def run_hurdles(
         lowest = [t for t in open_ if t[0] == open_[0][0]]
         others = any(o != store.owner for claims in trials.running.values() for _, o in claims)
         r, key = lowest[int(rng.integers(len(lowest)))] if others else lowest[0]
-        trained += _train(store, trials, trainer, tag, Path(root), wanted[(key, r)], r)
+        trained += _train(store, trials, trainer, tag, Path(root), wanted[(key, r)], r, ",".join(labels[key]))
     return HurdleOutcome(config, tag, Path(root), plans, trained, notes)
 
 
-def _train(store: TrialStore, trials: TrainingTrials, trainer: CandidateTrainer, tag: str, root: Path, subnet: Subnet,
-           round: int) -> int:
-    """Claim the training (subnet, round); unless another worker claimed it first, train, score and complete it."""
+def _train(store: TrialStore, trials: TrainingTrials, trainer: CandidateTrainer, tag: str, root: Path, candidate: Candidate,
+           round: int, budgets: str) -> int:
+    """Claim the training (subnet, round); unless another worker claimed it first, train, score and complete it.
+    ``budgets``: the labels of the budgets whose cohort holds it, comma-separated (a training serves them all)."""
+    subnet = candidate.subnet
     folder = training_folder(root, tag, subnet, round)
-    (number,) = store.add_running([(subnet, {"subnet": subnet.to_json(), "round": round, "tokens": trainer.tokens * (round + 1),
-                                             "folder": str(folder.relative_to(root))},
-                                    {HURDLE: [tag, subnet.key, round]})])
+    attrs = {"stage": "hurdles", "budget": budgets, "round": round, "latency_ms": float(candidate.latency),
+             "params": int(candidate.params), "subnet": subnet.to_json(), "tokens": trainer.tokens * (round + 1),
+             "folder": str(folder.relative_to(root))}
+    (number,) = store.add_running([(subnet, attrs, {HURDLE: [tag, subnet.key, round]})])
     owner = trials.refresh().owner_of((subnet.key, round))
     if owner != number:
         store.drop(number, f"training {subnet.key} round {round} was claimed first by trial {owner}")

@@ -14,12 +14,17 @@ and attrs included) and ends it with ``study.tell(number, ...)``.  The lowest-nu
 trial of a slot owns it; a later one is PRUNED unevaluated.  Trials left RUNNING by a dead
 worker are failed, so the slot is open again: at once when the worker ran on this host (its
 process is gone or its pid was reused: psutil, so Linux and macOS alike), and on a database
-server, when its heartbeat stops.  A worker's heartbeat is the study user attr
-``nas:alive:<owner>``, rewritten every ``HEARTBEAT_S`` seconds by a thread while it runs; a
-worker is dead once another has seen that attr unchanged for ``GRACE_S`` seconds of its own
-clock (no clocks are compared across hosts).  Why a trial was failed or dropped is the study
-user attr ``nas:ended:<number>`` (:func:`ended`).  The study's settings live in its user attr
-``nas:config``; opening it with other settings is refused.
+server, when its heartbeat stops.  The heartbeat is Optuna's own (``RDBStorage(heartbeat_interval=
+HEARTBEAT_S, grace_period=GRACE_S)``, :func:`open_storage`): a thread of the worker records it for each
+of its RUNNING trials (``storage.record_heartbeat``, in Optuna's heartbeat table, read by no dashboard),
+and ``optuna.storages.fail_stale_trials`` fails a trial whose heartbeat is older than the grace period
+by the database server's clock (no clocks are compared across hosts).  A claim is marked with the
+system attr ``nas:beating`` once its first heartbeat is recorded; one a worker died before marking is
+failed when another worker has seen it unmarked for the grace period.  Nothing of this is left in the
+study's attrs (earlier versions kept a ``nas:alive:<owner>`` study user attr per worker, which Optuna's
+API cannot delete).  Why a trial was failed or dropped is the study user attr
+``nas:ended:<number>`` (:func:`ended`).  The study's settings live in its user attr ``nas:config``;
+opening it with other settings is refused.
 
 The hurdle stage (:mod:`.hurdles`) keeps its trainings in the same study, claimed the same way
 (:meth:`TrialStore.add_running`): those trials carry ``nas:hurdle`` instead of ``nas:slot``, so the
@@ -36,6 +41,7 @@ import socket
 import threading
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -43,8 +49,10 @@ from typing import Any, Sequence
 from search_spaces import Space, Subnet, UserError
 
 SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
-ALIVE, ENDED = "nas:alive:", "nas:ended:"  # study user attr prefixes: a worker's heartbeat, why a trial ended early
-HEARTBEAT_S, GRACE_S = 10.0, 60.0
+BEATING = "nas:beating"  # trial system attr: its worker has recorded its first heartbeat
+BEST = "best_trial_per_budget"  # study user attr: each budget's best trial (:meth:`TrialStore.mark_best`)
+ENDED = "nas:ended:"  # study user attr prefix: why a trial ended early
+HEARTBEAT_S, GRACE_S = 10, 60  # whole seconds, as Optuna's RDBStorage takes them
 Slot = tuple[str, int, int]  # (budget label, generation, index)
 _CLAIMS = itertools.count()  # the claim numbers of this process
 
@@ -61,17 +69,20 @@ def default_storage(out_dir: str | Path) -> str:
     return f"sqlite:///{Path(out_dir).resolve() / 'search.db'}"
 
 
-def heartbeat_interval(url: str) -> float | None:
+def heartbeat_interval(url: str) -> int | None:
     """Seconds between a worker's heartbeats on storage ``url``: ``HEARTBEAT_S`` on a database server, where
     workers may run on several hosts; None for SQLite (one host: a dead worker is found by its process) and memory."""
     return None if url == "memory" or url.startswith("sqlite") else HEARTBEAT_S
 
 
-def open_storage(url: str, attempts: int = 20):
+def open_storage(url: str, attempts: int = 20, *, heartbeat_s: int | None = None, grace_s: int = GRACE_S):
     """An Optuna storage for ``url`` (any SQLAlchemy database URL Optuna takes; ``memory``: in-process).
 
     SQLite waits up to 60 s for a lock instead of 5.  Creating the tables races when several
-    workers open a fresh database at once; that is retried.
+    workers open a fresh database at once; that is retried.  ``heartbeat_s`` (default
+    :func:`heartbeat_interval`: on a database server; 0: none) turns on Optuna's heartbeat with
+    ``grace_s``: a :class:`TrialStore` on a study of this storage then records it for its trials and
+    fails other workers' stale ones (the reason in ``nas:ended:<number>``).
     """
     optuna = _optuna()
     from sqlalchemy.exc import SQLAlchemyError
@@ -83,6 +94,16 @@ def open_storage(url: str, attempts: int = 20):
         # WAL + synchronous=NORMAL: a commit is not an fsync (a killed process loses nothing; a power cut may lose
         # the last trials).
         kwargs["engine_kwargs"] = {"creator": _sqlite_creator(url)}
+    heartbeat_s = heartbeat_interval(url) if heartbeat_s is None else heartbeat_s
+    if heartbeat_s:
+        if int(heartbeat_s) != heartbeat_s or int(grace_s) != grace_s or not 0 < heartbeat_s < grace_s:
+            raise ValueError(f"heartbeat every {heartbeat_s} s, grace {grace_s} s: whole seconds, the grace the longer")
+        import inspect
+
+        named = "heartbeat_stale_trial_callback"  # Optuna 5's name; 4's: failed_trial_callback
+        if named not in inspect.signature(optuna.storages.RDBStorage).parameters:
+            named = "failed_trial_callback"
+        kwargs.update({"heartbeat_interval": int(heartbeat_s), "grace_period": int(grace_s), named: _stale(int(grace_s))})
     for attempt in range(attempts):
         try:
             return optuna.storages.RDBStorage(url, **kwargs)
@@ -122,8 +143,11 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:8]
 
 
-def open_study(storage, name: str, config: dict, attempts: int = 20):
-    """Create the study ``name`` once (several workers may race here) or load it; check its settings."""
+def open_study(storage, name: str, config: dict, attempts: int = 20, *, metric: str = "loss"):
+    """Create the study ``name`` once (several workers may race here) or load it; check its settings.
+
+    ``metric`` names the objective (``study.set_metric_names``: dashboards label the value with it), e.g.
+    ``loss (bits/byte)``; a study of an earlier version, or named otherwise, gets it."""
     optuna = _optuna()
     for attempt in range(attempts):
         try:
@@ -135,6 +159,8 @@ def open_study(storage, name: str, config: dict, attempts: int = 20):
             if stored is None:
                 study.set_user_attr(CONFIG, config)
                 stored = config
+            if study.metric_names != [metric]:
+                study.set_metric_names([metric])
             break
         except Exception as e:  # noqa: BLE001 - a lost creation race surfaces as several exception types
             if attempt == attempts - 1 or not _is_race(e):
@@ -148,7 +174,11 @@ def open_study(storage, name: str, config: dict, attempts: int = 20):
             f"--study {name}: the storage holds this study with other settings ({', '.join(diff)}: "
             f"{', '.join(f'{k}={stored.get(k)!r}' for k in diff)}); use another --study or --out"
         )
+    _STORAGES[study] = storage
     return study
+
+
+_STORAGES: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()  # study -> the storage open_study opened it on
 
 
 # --------------------------------------------------------------------------- workers
@@ -190,30 +220,64 @@ def worker_is_dead(owner: str) -> bool:
     return "?" not in (now, start) and now != start
 
 
+_RECOVERING = threading.local()  # TrialStore.recover's worker and the trials its fail_stale_trials call failed
+
+
+def _stale(grace_s: int):
+    """The storage's callback for each trial ``optuna.storages.fail_stale_trials`` failed (in the calling thread)."""
+
+    def failed(study, trial) -> None:
+        owner = trial.system_attrs.get(OWNER, "?")
+        by = getattr(_RECOVERING, "owner", None) or worker_id()
+        study.set_user_attr(f"{ENDED}{trial.number}",
+                            {"state": "FAIL", "why": f"worker {owner} sent no heartbeat for {grace_s} s", "by": by})
+        getattr(_RECOVERING, "failed", []).append(trial.number)
+
+    return failed
+
+
 def ended(study) -> dict[int, dict[str, str]]:
     """Why trials were failed or dropped: trial number -> {"state", "why", "by"} (the ``nas:ended:<number>`` attrs)."""
     return {int(k[len(ENDED):]): v for k, v in study.user_attrs.items() if k.startswith(ENDED)}
 
 
 class _Heartbeat:
-    """Rewrites the study user attr ``nas:alive:<owner>`` every ``interval`` seconds from a daemon thread."""
+    """Records Optuna's heartbeat of this worker's RUNNING trials (``storage.record_heartbeat``) every ``interval``
+    seconds from a daemon thread: the first at once, as a trial is claimed, then marked ``nas:beating``."""
 
-    def __init__(self, study, owner: str, interval: float):
-        self.study, self.key, self.interval = study, ALIVE + owner, interval
-        self.stop = threading.Event()
-        self.beat()  # before the first claim, so others see it at once
+    def __init__(self, storage, study, owner: str, interval: int):
+        self.storage, self.interval = storage, interval
+        self.study_id = storage.get_study_id_from_name(study.study_name)
+        self.trials: dict[int, int] = {}  # trial number -> trial id, while it runs
+        self.lock, self.stop = threading.Lock(), threading.Event()
         self.thread = threading.Thread(target=self._run, name=f"nas heartbeat {owner}", daemon=True)
         self.thread.start()
 
-    def beat(self) -> None:
-        self.study.set_user_attr(self.key, round(time.time(), 3))
+    def add(self, numbers: Sequence[int]) -> None:
+        optuna = _optuna()
+        for number in numbers:
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
+            self.storage.record_heartbeat(trial_id)  # first the heartbeat, then the mark that says there is one
+            try:
+                self.storage.set_trial_system_attr(trial_id, BEATING, True)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # ended meanwhile
+            with self.lock:
+                self.trials[number] = trial_id
+
+    def discard(self, number: int) -> None:
+        with self.lock:
+            self.trials.pop(number, None)
 
     def _run(self) -> None:
         while not self.stop.wait(self.interval):
-            try:
-                self.beat()
-            except Exception:  # noqa: BLE001 - a lost connection: try again at the next beat
-                continue
+            with self.lock:
+                ids = list(self.trials.values())
+            for trial_id in ids:
+                try:
+                    self.storage.record_heartbeat(trial_id)
+                except Exception:  # noqa: BLE001 - a lost connection: try again at the next beat
+                    break
 
     def close(self) -> None:
         self.stop.set()
@@ -269,24 +333,25 @@ def _slot(t) -> Slot | None:
 class TrialStore:
     """Reads the search's trials (parsing each finished one once) and claims / finishes / recovers slots.
 
-    ``heartbeat_s`` (a database server shared by hosts: :func:`heartbeat_interval`): this worker's heartbeat
-    interval, and RUNNING trials of workers on other hosts whose heartbeat stays unchanged for ``grace_s``
-    are failed; None: other hosts' trials are never failed (SQLite, memory).  :meth:`close` stops the heartbeat.
+    ``storage``: the study's (default: the one :func:`open_study` opened it on).  Where it has Optuna's heartbeat
+    (:func:`open_storage`: a database server shared by hosts), this worker records it for its RUNNING trials and
+    :meth:`recover` fails stale ones of any worker; otherwise other hosts' trials are never failed (SQLite,
+    memory).  :meth:`close` stops the heartbeat.
     """
 
-    def __init__(
-        self, study, space: Space, owner: str | None = None, *, heartbeat_s: float | None = None, grace_s: float = GRACE_S
-    ):
+    def __init__(self, study, space: Space, owner: str | None = None, *, storage=None):
         self.study, self.space = study, space
         self.owner = owner or worker_id()
-        self.heartbeat_s, self.grace_s = heartbeat_s, grace_s
+        storage = storage if storage is not None else _STORAGES.get(study)
+        self.heartbeat_s = storage.get_heartbeat_interval() if hasattr(storage, "get_heartbeat_interval") else None
+        self.grace_s = (getattr(storage, "grace_period", None) or 2 * self.heartbeat_s) if self.heartbeat_s else None
         self._claims = _CLAIMS  # names this worker's claims: owner#n, unique in the process (stores of one study share names)
         self._complete: dict[Slot, Record] = {}  # grows as trials finish; shared by the snapshots
         self._losses: dict[Subnet, float] = {}
         self._scanned = 0  # trials (by number) looked at so far
         self._unfinished: set[int] = set()  # of those, the ones not finished when last looked at
-        self._heard: dict[str, tuple[Any, float]] = {}  # owner -> (its heartbeat value, when this worker first saw it)
-        self._heartbeat = _Heartbeat(study, self.owner, heartbeat_s) if heartbeat_s else None
+        self._unmarked: dict[int, float] = {}  # others' trials seen without nas:beating -> when this worker first saw it
+        self._heartbeat = _Heartbeat(storage, study, self.owner, self.heartbeat_s) if self.heartbeat_s else None
 
     def close(self) -> None:
         if self._heartbeat is not None:
@@ -339,8 +404,8 @@ class TrialStore:
     def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
         """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
         return self.add_running([
-            (subnet, {"subnet": subnet.to_json(), "latency_ms": float(latency), "params": int(params), "budget": slot[0],
-                      "generation": slot[1], "cached": bool(cached)}, {SLOT: list(slot)})
+            (subnet, {"stage": "search", "budget": slot[0], "generation": slot[1], "latency_ms": float(latency),
+                      "params": int(params), "subnet": subnet.to_json(), "cached": bool(cached)}, {SLOT: list(slot)})
             for slot, subnet, latency, params, cached in claims
         ])
 
@@ -370,7 +435,18 @@ class TrialStore:
                     found.setdefault(name, t.number)
         missing = [n for n in names if n not in found]
         assert not missing, f"storage: the trials of claims {missing} were added but are not found"
-        return [found[n] for n in names]
+        numbers = [found[n] for n in names]
+        if self._heartbeat is not None:
+            self._heartbeat.add(numbers)
+        return numbers
+
+    def mark_best(self, best: dict[str, Record | None]) -> None:
+        """Name each budget's best trial in the study user attr ``best_trial_per_budget`` (a budget label -> its trial
+        number, None where nothing feasible was found): the study's own best trial mixes budgets.  Written when it
+        changes; every worker that ends the search computes the same."""
+        want = {label: None if r is None else r.trial for label, r in best.items()}
+        if self.study.user_attrs.get(BEST) != want:
+            self.study.set_user_attr(BEST, want)
 
     def finish(self, number: int, loss: float) -> bool:
         """Complete the trial with ``loss``; False when it had been failed meanwhile (the slot went to another)."""
@@ -386,6 +462,8 @@ class TrialStore:
 
     def _tell(self, number: int, values: float | None = None, state: str | None = None) -> bool:
         optuna = _optuna()
+        if self._heartbeat is not None:
+            self._heartbeat.discard(number)
         try:
             self.study.tell(number, values, state=None if state is None else optuna.trial.TrialState[state])
         except optuna.exceptions.UpdateFinishedTrialError:
@@ -402,31 +480,35 @@ class TrialStore:
         self.study.set_user_attr(f"{ENDED}{number}", {"state": state, "why": reason, "by": self.owner})
         return True
 
-    def _silent(self, owner: str, beat: Any, now: float) -> bool:
-        """Whether ``owner``'s heartbeat value has stayed ``beat`` for ``grace_s`` seconds, by this worker's clock."""
-        seen = self._heard.get(owner)
-        if seen is None or seen[0] != beat:
-            self._heard[owner] = (beat, now)
-            return False
-        return now - seen[1] >= self.grace_s
+    def _unmarked_for(self, number: int, now: float) -> float:
+        """Seconds, by this worker's clock, since it first saw the trial ``number`` without ``nas:beating``."""
+        return now - self._unmarked.setdefault(number, now)
 
     def recover(self) -> list[int]:
-        """Fail the RUNNING trials of dead workers (this host: process gone; elsewhere: heartbeat silent); their numbers."""
+        """Fail the RUNNING trials of dead workers (this host: process gone; elsewhere: heartbeat stale, or none
+        recorded for the grace period); their numbers."""
         optuna = _optuna()
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         others = [(t, t.system_attrs.get(OWNER, "")) for t in running]
         others = [(t, owner) for t, owner in others if owner != self.owner]
         here = socket.gethostname()
-        beats = self.study.user_attrs if self.heartbeat_s and any(o.rsplit(":", 2)[0] != here for _, o in others) else {}
         now = time.monotonic()
         failed = []
         for t, owner in others:
             if worker_is_dead(owner):
                 why = f"worker {owner} died"
-            elif self.heartbeat_s and owner.rsplit(":", 2)[0] != here and self._silent(owner, beats.get(ALIVE + owner), now):
-                why = f"worker {owner} sent no heartbeat for {self.grace_s:g} s"
+            elif (self.heartbeat_s and owner.rsplit(":", 2)[0] != here and not t.system_attrs.get(BEATING)
+                  and self._unmarked_for(t.number, now) >= self.grace_s):
+                why = f"worker {owner} recorded no heartbeat for {self.grace_s:g} s after claiming it"
             else:
                 continue
             if self.fail(t.number, why):
                 failed.append(t.number)
+        if self.heartbeat_s:  # Optuna's own check, by the database server's clock; the callback says why (_stale)
+            _RECOVERING.owner, _RECOVERING.failed = self.owner, []
+            try:
+                optuna.storages.fail_stale_trials(self.study)
+                failed += _RECOVERING.failed
+            finally:
+                del _RECOVERING.owner, _RECOVERING.failed
         return failed
