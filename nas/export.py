@@ -88,6 +88,33 @@ def choose_opset(target_ort: str | None) -> tuple[int, list[str]]:
     raise UserError(f"--target-ort: ONNX Runtime {target_ort} is too old; this tool exports opset >= 18 (ONNX Runtime >= 1.14)")
 
 
+def onnx_metadata(space, subnet) -> dict[str, str]:
+    """The ``nas.*`` entries of the ONNX metadata (``metadata_props``; in ONNX Runtime
+    ``session.get_modelmeta().custom_metadata_map``) of every graph an export writes, so that the file describes
+    itself without its card: ``nas.task``, ``nas.vocab_size``, ``nas.max_seq_len`` (the longest input the model
+    reads), ``nas.tokenizer`` (``bytes``: UTF-8 bytes are the ids 0-255), ``nas.specials`` (JSON: the task's ids of
+    special meaning, :attr:`tasks.base.Task.specials`; ``{}`` for a causal LM), ``nas.subnet`` (the subnet's canonical
+    JSON, whose sha256 prefix is its key), ``nas.space_hash`` and ``nas.version`` (this package's).
+
+    No card hash: the card is written after the graphs and lists their sha256, so a graph cannot hold the hash of
+    the card that hashes it; the graph and its card agree through that checksum (add the metadata before it)."""
+    import json
+
+    from nas import __version__
+    from search_spaces import tasks
+
+    return {
+        "nas.task": space.task,
+        "nas.vocab_size": str(space.vocab_size),
+        "nas.max_seq_len": str(space.max_seq_len),
+        "nas.tokenizer": "bytes",
+        "nas.specials": json.dumps(tasks.of(space).specials, sort_keys=True),
+        "nas.subnet": subnet.to_json(),
+        "nas.space_hash": space.hash,
+        "nas.version": __version__,
+    }
+
+
 def parity_tokens(space: Space, seed: int) -> torch.Tensor:
     """The inputs of the parity checks: (max(2, batch), seq_len) of the prefill workload, seeded."""
     workload = space.workload("prefill")
@@ -120,9 +147,10 @@ def write_model(
 
     ``torch``: ``model.safetensors`` + ``subnet.yaml`` + ``model_card.json`` (always) and
     ``model.pt2`` (a torch.export program, within 1e-4 of eager).  ``onnx``: ``model.onnx``
-    (opset 23 where the target ONNX Runtime runs it), within 1e-4 of torch in ONNX Runtime.
+    (opset 23 where the target ONNX Runtime runs it), within 1e-4 of torch in ONNX Runtime, described by its
+    metadata (:func:`onnx_metadata`).
     """
-    from supernet.onnx_export import export_onnx, onnx_parity, op_counts
+    from supernet.onnx_export import add_metadata, export_onnx, onnx_parity, op_counts
 
     out = Path(out)
     model = model.eval().cpu()
@@ -151,6 +179,7 @@ def write_model(
     opset, notes = choose_opset(target_ort)
     result.opset, result.notes = opset, notes
     path = export_onnx(model, out / ONNX_FILE, opset=opset)
+    add_metadata(path, onnx_metadata(space, model.subnet))  # before update_card below takes the file's sha256
     parity = onnx_parity(path, model, tokens)
     if not parity <= PARITY_TOL:  # also catches NaN
         path.unlink(missing_ok=True)
@@ -238,14 +267,17 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
 
     The check feeds ``tokens`` seeded tokens through the step graph one at a time and compares the
     logits with the model's forward pass; over :data:`PARITY_TOL` the file is removed and a
-    :class:`UserError` says so.  The card lists the file (checksum) and the parity.
+    :class:`UserError` says so.  The card lists the file (checksum) and the parity; the graph carries
+    :func:`onnx_metadata` (of the space in ``out``'s card) as ``model.onnx`` does.
     """
+    from supernet.artifact import card_space
     from supernet.onnx_decode import export_decode_onnx, onnx_decode_logits
-    from supernet.onnx_export import onnx_session
+    from supernet.onnx_export import add_metadata, onnx_session
 
     out = Path(out)
     model = model.eval().cpu()
     path = export_decode_onnx(model, out / STEP_FILE, opset=opset)
+    add_metadata(path, onnx_metadata(card_space(out), model.subnet))  # beside decode_inputs; before the card's sha256
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, model.config.vocab_size, (2, min(tokens, model.config.max_seq_len)), generator=g)  # (B, T)
     with torch.no_grad():

@@ -4,6 +4,9 @@ torch's dynamo exporter at opset 23 turns ``scaled_dot_product_attention`` into 
 standard ONNX ``Attention`` op (one fused node per softmax / masked layer) and layer
 norms into ``LayerNormalization``. The exported graph takes ``tokens`` (batch, seq) int64
 and returns ``logits`` (batch, seq, vocab), both axes dynamic.
+
+:func:`add_metadata` writes ONNX model metadata (``metadata_props``, which ONNX Runtime reads as
+``session.get_modelmeta().custom_metadata_map``) into a file written; :func:`read_metadata` reads it back.
 """
 
 from __future__ import annotations
@@ -51,6 +54,33 @@ def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OP
         )
         program.save(str(path))
     return path
+
+
+def add_metadata(path: str | Path, props: dict[str, str]) -> Path:
+    """Set ``props`` in the ``metadata_props`` of the ONNX file ``path`` (a key already there is replaced, every other
+    key kept) and rewrite the file whole or not at all.  The weights are not read: an external data file beside
+    the graph (``model.onnx.data``) stays as it is and is still referenced.  Write before any checksum of the file."""
+    import onnx
+
+    from .files import atomic_write
+
+    path = Path(path)
+    graph = onnx.load(str(path), load_external_data=False)
+    kept = [(p.key, p.value) for p in graph.metadata_props if p.key not in props]
+    del graph.metadata_props[:]
+    for key, value in [*kept, *props.items()]:
+        graph.metadata_props.add(key=key, value=str(value))
+    atomic_write(path, graph.SerializeToString())
+    return path
+
+
+def read_metadata(graph) -> dict[str, str]:
+    """Every ``metadata_props`` entry of an ONNX graph: a path (the weights are not read) or an ONNX Runtime session."""
+    if isinstance(graph, (str, Path)):
+        import onnx
+
+        return {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
+    return dict(graph.get_modelmeta().custom_metadata_map)
 
 
 def op_counts(path: str | Path) -> Counter:

@@ -19,7 +19,8 @@ differs between tasks is a method here, grouped by the layer that asks:
   (``ort_runner``), a latency bundle's graphs (``bundle_graphs``) and the devices that time it (``check_timing``);
 * **search and export** (``nas``): ``fitness`` (a subnet's held-out score with inherited weights), ``validation``
   (a static model's, for its card), ``export`` (the artifacts of a chosen subnet and their parity checks),
-  ``train_subnet``, ``default_workload``, ``unit``;
+  ``specials`` (the token ids of special meaning, named in an exported ONNX file's metadata), ``train_subnet``,
+  ``default_workload``, ``unit``;
 * **commands** (``nas.commands``): ``flags`` (a command's extra flags for this task: :class:`Flag`), ``refuse``
   (the generic flags it does not take), ``commands`` (whole subcommands of its own: ``nas translate``).
 
@@ -142,6 +143,12 @@ class Task:
 
     unit: str = "bpb"  # the held-out score's short unit in tables ("bpb", "nats")
     default_workload: str | None = None  # the workload an export is timed at without --workload (None: the space's first)
+
+    @property
+    def specials(self) -> dict[str, int]:
+        """The token ids of special meaning (ids after the bytes 0-255, or a byte that stands for something else), name
+        -> id, as an exported ONNX file's ``nas.specials`` says them; none by default."""
+        return {}
 
     def train_subnet(self, settings: Any, progress: Any = None):
         """Train one subnet on its own (``settings``: :class:`nas.train_subnet.SubnetTraining`, its ``options`` the task's

@@ -22,6 +22,13 @@ class MaskedLMTask(StackTask):
                   "(BERT-style 80/10/10) and scored, strictly between 0 and 1 (default 0.15)",
                   ("train-supernet", "train-subnet")),)
 
+    @property
+    def specials(self) -> dict[str, int]:
+        """The byte that stands for a masked position (inside 0-255: it never occurs in UTF-8 text)."""
+        from .masking import MASK_BYTE
+
+        return {"MASK": MASK_BYTE}
+
     def learner(self, space: Any, seed: int = 0, mask_rate: float | None = None):
         """BERT-style masking of ``mask_rate`` of the positions (default 0.15)."""
         from .learner import DEFAULT_MASK_RATE, MaskedLM, MaskingSettings, check_mask_rate

@@ -51,6 +51,13 @@ class TranslationTask(Task):
 
     unit = "nats"
 
+    @property
+    def specials(self) -> dict[str, int]:
+        """The ids after the bytes: PAD, BOS (the decoder's first input) and EOS (the end of a translation)."""
+        from .data import SPECIALS
+
+        return dict(SPECIALS)
+
     def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
         from .search import seq2seq_fitness
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_bytes is not None and args.max_bytes > max_seq_len:
         raise UserError(f"--max-bytes: {args.max_bytes} is more than the model's max_seq_len of {max_seq_len} bytes, the "
                         "longest translation it decodes (give at most that)")
+    check_lengths(args.text, max_seq_len)  # every text before the first translation is printed
     for text in args.text:
         hyp = translator(text.encode("utf-8"), beam=args.beam or 1, max_len=args.max_bytes)
         print(hyp.text.decode("utf-8", errors="replace").replace("\n", "\\n"))
@@ -92,15 +93,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_lengths(texts: list[str], max_seq_len: int) -> None:
+    """Refuse, in one line, a text longer in UTF-8 bytes than the model reads (an encoder-decoder's max_seq_len), naming
+    it, before any is translated (the decoders' own check, :func:`tasks.translation.decode.decode_limit`, comes at the
+    text's turn, after the translations before it were printed, and names no argument)."""
+    from search_spaces import UserError
+
+    for i, text in enumerate(texts, 1):
+        n = len(text.encode("utf-8"))
+        if n > max_seq_len:
+            raise UserError(f"text {i}: {n} bytes (UTF-8); the model reads at most {max_seq_len} (its max_seq_len): shorten "
+                            f"it or split it into sentences of at most {max_seq_len} bytes")
+
+
 def _load_onnx(path, device: str):
     """(max_seq_len, corpus record, corpus cache folder, export folder, subnet, translator) of an export's two ONNX
-    graphs (what ``nas export`` wrote and parity-checked): ``translator(source, beam=, max_len=)`` -> Hypothesis."""
+    graphs (what ``nas export`` wrote and parity-checked, checked against the card's checksums):
+    ``translator(source, beam=, max_len=)`` -> Hypothesis.  max_seq_len: the encoder graph's ``nas.max_seq_len``
+    (the card's space's for an export written before the graphs carried it)."""
     from functools import partial
 
     from search_spaces import UserError
+    from supernet.artifact import verify_file
+    from supernet.onnx_export import read_metadata
 
     from .artifact import is_seq2seq_export, read_card
-    from .onnx import OnnxSeq2Seq, onnx_translate
+    from .onnx import DECODER, ENCODER, OnnxSeq2Seq, onnx_translate
     from .space import Seq2SeqSubnet
 
     if not (path.is_dir() and is_seq2seq_export(path)):
@@ -108,8 +126,10 @@ def _load_onnx(path, device: str):
     if device != "cpu":
         raise UserError("--device: not with --runtime onnxruntime (its sessions run on the CPU)")
     card = read_card(path)
-    max_seq_len = card["space"]["max_seq_len"]
-    model = OnnxSeq2Seq.load(path)
+    model = OnnxSeq2Seq.load(path)  # (a missing graph named first)
+    for name in (ENCODER, DECODER):
+        verify_file(path, name, card)
+    max_seq_len = int(read_metadata(model.encoder).get("nas.max_seq_len", card["space"]["max_seq_len"]))
     subnet = Seq2SeqSubnet.from_dict(card["subnet"], where=f"{path / 'model_card.json'}: subnet")
     return max_seq_len, card["corpus"], path, path, subnet, partial(onnx_translate, model, max_seq_len=max_seq_len)
 

@@ -3,9 +3,10 @@
 The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The card records the corpus the
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
-ONNX: the encoder and the decoder step (parity-checked).  ``--predictor`` records the predicted latency of the
-subnet at the predictor's translate workload; ``--measure DEVICE [--budget T]`` times the exported model on that
-workload with the measurement protocol (on ``onnxruntime`` the same two graphs, exported by the device).
+ONNX: the encoder and the decoder step (parity-checked; each carries :func:`nas.export.onnx_metadata`).
+``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--measure DEVICE
+[--budget T]`` times the exported model on that workload with the measurement protocol (on ``onnxruntime`` the same
+two graphs, exported by the device).
 Not yet: ``--precision`` (fp32 only), ``model.pt2``.
 """
 
@@ -18,14 +19,16 @@ from .workflows import corpus_record
 
 def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
     """Write and parity-check the two graphs of ``static`` into ``out``; record them in the card; return the record."""
-    from nas.export import PARITY_TOL, choose_opset
+    from nas.export import PARITY_TOL, choose_opset, onnx_metadata
     from search_spaces import UserError
     from supernet.artifact import update_card
+    from supernet.onnx_export import add_metadata
 
     from .onnx import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
 
     opset, notes = choose_opset(target_ort)
-    export_seq2seq_onnx(static, out, opset=opset)
+    for path in export_seq2seq_onnx(static, out, opset=opset):  # described (beside seq2seq_inputs) before the card's sha256
+        add_metadata(path, onnx_metadata(static.space, static.subnet))
     parity = seq2seq_parity(static, out, batch=2, seed=seed)
     worst = max(parity.values())
     if not worst <= PARITY_TOL:  # also catches NaN
