@@ -343,6 +343,12 @@ class TimingTable:
         for key in ("protocol", "seed", "sampling", "subnets"):  # sampling: absent for uniform draws, "transfer" for
             if key == "subnets" and key not in stored:  # --for-transfer; subnets: how many (--samples, --retest), absent
                 continue  # in tables written before it was kept
+            if key == "subnets" and isinstance(self.meta.get(key), dict):  # more subnets extend the table (the draw is
+                theirs_n, mine_n = stored[key], self.meta[key]  # prefix-stable); fewer would leave its counts a lie
+                if set(theirs_n) == set(mine_n) and all(mine_n[k] >= theirs_n[k] for k in theirs_n):
+                    continue
+                raise UserError(f"{where} its subnets is {theirs_n}, this run's is {mine_n}; a rerun may add subnets (more "
+                                "--samples or --retest), not drop them: give at least its counts, or another --out")
             if stored.get(key) != self.meta.get(key):
                 raise UserError(
                     f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another "

@@ -382,10 +382,15 @@ def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, 
     assert io_failure(e.value, args).startswith(f"{full_disk / 'latest.pt'}: No space left on device: the disk is full")
     # no temporary or half file left behind (the empty folders made, and the empty database SQLite opened, stay)
     assert [p.name for p in full_disk.rglob("*") if p.is_file() and p.name not in ("filler", "search.db")] == []
-    subprocess.run(["mount", "-o", "remount,ro", str(full_disk)], check=True)
-    assert one_error(capsys, ["fit-predictor", str(table), "--out", str(full_disk / "p2")]) == (
-        f"nas fit-predictor: error: --out: {full_disk / 'p2'}: {full_disk} is not writable (read-only or no permission); "
-        "write elsewhere")
+    ro = tmp_path / "ro"  # a read-only disk: a tmpfs of its own (remounting this one read-only fails while the search's
+    ro.mkdir()  # database, which the failed search opened in this process, is still open for writing)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], check=True)
+    try:
+        assert one_error(capsys, ["fit-predictor", str(table), "--out", str(ro / "p2")]) == (
+            f"nas fit-predictor: error: --out: {ro / 'p2'}: {ro} is not writable (read-only or no permission); "
+            "write elsewhere")
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
     # a disk that fills during a search: the storage opens, later trials cannot be written
     subprocess.run(["mount", "-o", "remount,rw,size=4m", str(full_disk)], check=True)
     search = ["search", "-q", files["ckpt"], "--predictor", files["pred"], "--budget", "2ms", "--population", "4",
@@ -1056,8 +1061,9 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
     cases = [
         ([], "it was measured on another device or runtime (mixing fingerprints in one file is refused; use another --out):"
              "\n  threads: file has 1, this run has 0"),
-        (["--threads", "1", "--samples", "5"], "its subnets is {'measure': 4, 'retest': 2}, this run's is {'measure': 5, "
-                                               "'retest': 2}; use the same flags or another --out"),
+        (["--threads", "1", "--samples", "3"], "its subnets is {'measure': 4, 'retest': 2}, this run's is {'measure': 3, "
+                                               "'retest': 2}; a rerun may add subnets (more --samples or --retest), not "
+                                               "drop them: give at least its counts, or another --out"),
         (["--threads", "1", "--seed", "1"], "its seed is 0, this run's is 1; use the same flags or another --out"),
     ]
     for extra, expected in cases:
