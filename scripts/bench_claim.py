@@ -102,7 +102,7 @@ QUICK = replace(
     FULL, train_steps=12, train_batch=2, samples=10, repeats=3, rounds=2, min_sample_ms=5.0, population=6, parents=2,
     mutations=2, crossovers=2, generations=2, val_windows=4, hurdles=1, hurdle_candidates=2, hurdle_tokens="8K",
     verify_top=2, baseline_checks=1, heldout_mixed=3, tokens="8K", retrain_warmup=2, test_windows=4, compare_repeats=3,
-    compare_rounds=2, bootstrap=200,
+    compare_rounds=2, bootstrap=200, seeds=2,
 )  # fmt: skip
 
 
