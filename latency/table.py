@@ -340,20 +340,19 @@ class TimingTable:
                 f"{where} it was measured on another device or runtime (mixing fingerprints in one file is refused; "
                 "use another --out):\n  " + "\n  ".join(diff)
             )
-        for key in ("protocol", "seed", "sampling", "subnets"):  # sampling: absent for uniform draws, "transfer" for
-            if key == "subnets" and key not in stored:  # --for-transfer; subnets: how many (--samples, --retest), absent
-                continue  # in tables written before it was kept
-            if key == "subnets" and isinstance(self.meta.get(key), dict):  # more subnets extend the table (the draw is
-                theirs_n, mine_n = stored[key], self.meta[key]  # prefix-stable); fewer would leave its counts a lie
-                if set(theirs_n) == set(mine_n) and all(mine_n[k] >= theirs_n[k] for k in theirs_n):
-                    continue
-                raise UserError(f"{where} its subnets is {theirs_n}, this run's is {mine_n}; a rerun may add subnets (more "
-                                "--samples or --retest), not drop them: give at least its counts, or another --out")
+        for key in ("protocol", "seed", "sampling"):  # sampling: absent for uniform draws, "transfer" for --for-transfer
             if stored.get(key) != self.meta.get(key):
                 raise UserError(
                     f"{where} its {key} is {stored.get(key)}, this run's is {self.meta.get(key)}; use the same flags or another "
                     "--out"
                 )
+        # subnets: how many (--samples, --retest), absent in tables written before it was kept; more extend the table
+        # (the draw is prefix-stable), fewer would leave its counts a lie
+        theirs_n, mine_n = stored.get("subnets"), self.meta.get("subnets")
+        if theirs_n is not None and theirs_n != mine_n and not (
+                isinstance(mine_n, dict) and set(theirs_n) == set(mine_n) and all(mine_n[k] >= theirs_n[k] for k in theirs_n)):
+            raise UserError(f"{where} its subnets is {theirs_n}, this run's is {mine_n}; a rerun may add subnets (more "
+                            "--samples or --retest), not drop them: give at least its counts, or another --out")
         for row in read_timings(self.path).rows:
             self.done[row.pass_].add(row.key)
         self.meta["baseline_ms"] = stored.get("baseline_ms")
