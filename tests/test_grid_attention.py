@@ -318,3 +318,27 @@ def test_window_types_cost_less_than_softmax_by_the_pair_ratio():
     softmax = get("softmax").bidirectional_flops(parse_attention("softmax"), 1, t, 4, 32)
     assert math.isclose(softmax / get(s).bidirectional_flops(s, 1, t, 4, 32), t / 49)
     assert math.isclose(softmax / get("axial").bidirectional_flops(parse_attention("axial"), 1, t, 4, 32), t / 56)
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def test_bench_quick_times_every_type_and_prints_the_target(tmp_path, capsys):
+    import json
+
+    from scripts.bench_attention_2d import main, targets
+
+    assert main(["--quick", "--out", str(tmp_path / "b")]) == 0
+    meta = json.loads((tmp_path / "b.json").read_text())
+    assert meta["tokens"] == 16 and meta["grid"] == 4 and meta["threads"] == 1
+    rows = {r["type"]: r for r in meta["rows"]}
+    assert list(rows) == ["softmax", "swin:2", "swin-shift:2", "axial", "convmod2d:3", "msla2d:3"]
+    assert all(len(r["times_ms"]) == 2 and r["ms"] > 0 for r in rows.values())
+    assert rows["swin:2"]["flops"] == 4 * 2 * 16 * 4 * 8  # B=1, 2 heads of 8, 16 tokens, 4 keys each
+    assert "target: swin:2 forward" in capsys.readouterr().out
+    lines = targets({"softmax": 10.0, "swin:7": 2.0, "axial": 4.0, "convmod2d:7": 1.0}, 56, 2)
+    assert lines == ["target: swin:7 forward 5.00x faster than softmax [PASS >= 4x]",
+                     "target: axial forward 2.50x faster than softmax [FAIL >= 4x]"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        main(["--types", "softmax,swin:5", "--out", str(tmp_path / "c")])
+    assert "swin:5: the window W=5 does not divide the grid side 28 of max_seq_len 784 (grid 28 x 28" in capsys.readouterr().err

@@ -7,8 +7,9 @@ column).  So every token reaches every other one in one layer (through the token
 other's column), as the paper's row-then-column stack does, here with one set of projections.
 
 * reference: the two dense (T, T) masks (same row; same column) under a full softmax each, composed;
-* fast path: rows are a free view of (B, H, T, D) as (B, H * S, S, D): one SDPA; the columns a transposed
-  copy of q, k and the row output: one SDPA; transposed back;
+* fast path: rows are a free view of (B, H, T, D) as (B, H * S, S, D), the columns a transposed copy of
+  q, k and the row output; each softmax attention over the S-token sequences as batched GEMMs
+  (:func:`.grid.small_softmax`); transposed back;
 * ONNX form: the same views and two SDPAs (two opset-23 ``Attention`` nodes), no branch on the length;
 * cost: 4 D FLOPs per (query, key) pair: 2 S pairs per token.
 """
@@ -19,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .grid import GridType, grid_side
+from .grid import GridType, grid_side, small_softmax
 from .patterns import masked_softmax_reference
 from .registry import register
 
@@ -46,14 +47,18 @@ class Axial(GridType):
         same_row, same_col = axis_masks(grid_side(q.shape[2]), q.device)
         return masked_softmax_reference(q, k, masked_softmax_reference(q, k, v, same_row), same_col)
 
-    def bidirectional(self, q, k, v, spec, w):
+    def _mix(self, q, k, v, attention):
         b, h, t, d = q.shape
         s = grid_side(t)
-        rows = F.scaled_dot_product_attention(*(x.reshape(b, h * s, s, d) for x in (q, k, v)))  # (B, H*S, S, D)
-        y = F.scaled_dot_product_attention(_columns(q, s), _columns(k, s), _columns(rows.reshape(b, h, t, d), s))
+        rows = attention(*(x.reshape(b, h * s, s, d) for x in (q, k, v)))  # (B, H*S, S, D): a free view of each
+        y = attention(_columns(q, s), _columns(k, s), _columns(rows.reshape(b, h, t, d), s))  # (B, H*S, S, D)
         return y.reshape(b, h, s, s, d).transpose(2, 3).reshape(b, h, t, d)  # (B, H, T, D) row-major again
 
-    bidirectional_onnx = bidirectional  # views and two SDPAs: nothing branches on the traced length
+    def bidirectional(self, q, k, v, spec, w):
+        return self._mix(q, k, v, small_softmax)
+
+    def bidirectional_onnx(self, q, k, v, spec, w):
+        return self._mix(q, k, v, F.scaled_dot_product_attention)  # two Attention nodes
 
     def bidirectional_flops(self, spec, batch, t, heads, head_dim):
         s = grid_side(t)

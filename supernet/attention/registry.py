@@ -50,9 +50,7 @@ def exporting() -> bool:
     return torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
 
 
-def attend(
-    q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True
-) -> Tensor:
+def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True) -> Tensor:
     """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``.
 
     ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one.

@@ -9,12 +9,12 @@ shift parameter would not do: a parameter is a positive integer, and the unshift
 
 * reference: the dense (T, T) mask of the definition (query i sees key j when they fall in the same
   window: ``floor((row - shift) / W)`` and ``floor((col - shift) / W)`` equal) under a full softmax;
-* fast path: the tokens gathered window by window (one cached permutation: Swin's cyclic shift
-  ``torch.roll`` and the window partition in one ``index_select``), one batched SDPA over the (B,
-  heads x windows, W*W, D) windows, under Swin's mask for the windows that hold rolled tokens (the
-  tokens that came round the border may not see the others: its ``calculate_mask``), and back;
-* ONNX form: ``torch.roll``, reshapes and one SDPA (an opset-23 ``Attention`` node, with the shifted
-  form's in-graph mask), no branch on the traced length;
+* fast path: Swin's cyclic shift (``torch.roll`` by -W // 2) and window partition (reshapes), softmax
+  attention over the (B, H, windows, W*W, D) windows as batched GEMMs (:func:`.grid.small_softmax`) under
+  Swin's mask (made once per grid) where tokens that came round the border share a window with others
+  (its ``calculate_mask``), then the windows merged and rolled back;
+* ONNX form: the same roll and reshapes, one SDPA over (B, H x windows, W*W, D) (an opset-23 ``Attention``
+  node, with the shifted form's mask built in the graph), no branch on the traced length;
 * cost: 4 D FLOPs per (query, key) pair computed: T * W * W pairs (the mask skips nothing in SDPA).
 
 No relative position bias: positions are the model's (its learned or rotary positions).
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .grid import GridType, grid_side
+from .grid import GridType, grid_side, small_softmax
 from .patterns import masked_softmax_reference
 from .registry import register
 
@@ -63,21 +63,31 @@ def rolled_window_mask(s, w: int, shift: int, device=None) -> Tensor:
 
 
 @lru_cache(maxsize=64)
-def _plan(s: int, w: int, shift: int, heads: int, device: torch.device, dtype: torch.dtype):
-    """The fast path's constants: the gather into windows, its inverse, and the additive mask (None unshifted)."""
+def _additive_mask(s: int, w: int, shift: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The fast path's mask of the rolled windows: (nW, L, L), 0 where allowed, -inf elsewhere (made once)."""
+    allowed = rolled_window_mask(s, w, shift, device)
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+
+
+def partition(x: Tensor, s, w: int, shift: int) -> Tensor:
+    """(B, H, T, D) row-major -> (B, H, nW, W*W, D): Swin's cyclic shift (``torch.roll`` by -shift) and its
+    window partition (windows row-major, a window's tokens row-major)."""
+    b, h, t, d = x.shape
     n = s // w
-    r = torch.arange(s, device=device)
-    src = torch.remainder(r + shift, s)  # rolled row r' holds original row src[r'] (Swin's roll by -shift)
-    wins = src.view(n, w)
-    perm = (wins[:, None, :, None] * s + wins[None, :, None, :]).reshape(-1)  # window-major: (wr, wc, ir, ic)
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(s * s, device=device)
-    mask = None
+    g = x.reshape(b, h, s, s, d)
     if shift:
-        allowed = rolled_window_mask(s, w, shift, device)  # (nW, L, L)
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
-        mask = additive.repeat(heads, 1, 1)  # (H * nW, L, L): heads and windows share SDPA's batch axis
-    return perm, inverse, mask
+        g = torch.roll(g, (-shift, -shift), (2, 3))
+    return g.reshape(b, h, n, w, n, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, h, n * n, w * w, d)
+
+
+def merge(y: Tensor, s, w: int, shift: int) -> Tensor:
+    """The inverse of :func:`partition`: (B, H, nW, W*W, D) -> (B, H, T, D) row-major."""
+    b, h, _, _, d = y.shape
+    n = s // w
+    g = y.reshape(b, h, n, n, w, w, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, h, s, s, d)
+    if shift:
+        g = torch.roll(g, (shift, shift), (2, 3))
+    return g.reshape(b, h, s * s, d)
 
 
 class ShiftedWindows(GridType):
@@ -115,34 +125,19 @@ class ShiftedWindows(GridType):
         return masked_softmax_reference(q, k, v, window_mask(s, win, shift, q.device))
 
     def bidirectional(self, q, k, v, spec, w):
-        b, h, t, d = q.shape
-        s, win, shift = self.geometry(spec, t)
-        perm, inverse, mask = _plan(s, win, shift, h, q.device, q.dtype)
-        nw, length = (s // win) ** 2, win * win
-        qw, kw, vw = (x.index_select(2, perm).view(b, h * nw, length, d) for x in (q, k, v))  # (B, H*nW, L, D)
-        y = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask)
-        return y.view(b, h, t, d).index_select(2, inverse)  # (B, H, T, D) row-major again
+        s, win, shift = self.geometry(spec, q.shape[2])
+        mask = _additive_mask(s, win, shift, q.device, q.dtype) if shift else None  # (nW, L, L), over B and H
+        y = small_softmax(*(partition(x, s, win, shift) for x in (q, k, v)), mask)  # (B, H, nW, L, D)
+        return merge(y, s, win, shift)
 
     def bidirectional_onnx(self, q, k, v, spec, w):
         b, h, t, d = q.shape
         s, win, shift = self.geometry(spec, t)
         n = s // win
-
-        def windows(x: Tensor) -> Tensor:  # (B, H, T, D) -> (B, H * nW, L, D)
-            g = x.reshape(b, h, s, s, d)
-            if shift:
-                g = torch.roll(g, (-shift, -shift), (2, 3))
-            g = g.reshape(b, h, n, win, n, win, d).permute(0, 1, 2, 4, 3, 5, 6)
-            return g.reshape(b, h * n * n, win * win, d)
-
-        mask = None
-        if shift:
-            mask = rolled_window_mask(s, win, shift, q.device).repeat(h, 1, 1)  # (H * nW, L, L)
-        y = F.scaled_dot_product_attention(windows(q), windows(k), windows(v), attn_mask=mask)
-        y = y.reshape(b, h, n, n, win, win, d).permute(0, 1, 2, 4, 3, 5, 6).reshape(b, h, s, s, d)
-        if shift:
-            y = torch.roll(y, (shift, shift), (2, 3))
-        return y.reshape(b, h, t, d)
+        qw, kw, vw = (partition(x, s, win, shift).reshape(b, h * n * n, win * win, d) for x in (q, k, v))
+        mask = rolled_window_mask(s, win, shift, q.device).repeat(h, 1, 1) if shift else None  # (H * nW, L, L)
+        y = F.scaled_dot_product_attention(qw, kw, vw, attn_mask=mask)  # one Attention node
+        return merge(y.reshape(b, h, n * n, win * win, d), s, win, shift)
 
     def bidirectional_flops(self, spec, batch, t, heads, head_dim):
         w = spec.param("W")
