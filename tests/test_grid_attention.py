@@ -273,7 +273,7 @@ def test_encoder_models_extract_and_slice_the_kernels_elastically(encoder):
 
 
 def test_onnx_export_serves_every_grid_side(tmp_path):
-    layers = tuple(LayerChoice(2, 16, a) for a in ["swin:2", "swin-shift:2", "axial", "convmod2d:2", "msla2d:2"])
+    layers = tuple(LayerChoice(2, 16, a) for a in ["swin:2", "swin-shift:2", "axial", "msla2d:2"])  # convmod2d: below
     config = TransformerConfig(64, 64, 8, "learned", 16, layers, causal=False)
     model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
     with torch.no_grad():  # the kernels away from their near-identity start, so a wrong tap shows
@@ -342,3 +342,23 @@ def test_bench_quick_times_every_type_and_prints_the_target(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--types", "softmax,swin:5", "--out", str(tmp_path / "c")])
     assert "swin:5: the window W=5 does not divide the grid side 28 of max_seq_len 784 (grid 28 x 28" in capsys.readouterr().err
+
+
+def test_stitched_timing_graphs_compute_them(tmp_path):
+    """The latency tables' shape-generic ONNX parts: a 2D type's block is traced on the whole grid (its
+    trace_length: one token less is not a square) and serves every grid side and head count."""
+    from latency.onnx_graphs import cached_graph, with_weights
+    from supernet.onnx_export import onnx_session
+
+    for heads in (2, 4):
+        layers = (LayerChoice(heads, 16, "swin-shift:2"), LayerChoice(2, 16, "convmod2d:2"))
+        config = TransformerConfig(64, 64, 8, "learned", 16, layers, causal=False)
+        model = Transformer(config, generator=torch.Generator().manual_seed(heads)).eval()
+        graph, tensors = cached_graph(model, tmp_path)
+        session = onnx_session(with_weights(graph, tensors, model, tmp_path / f"own{heads}"), threads=1)
+        for shape in [(2, 64), (1, 16)]:
+            x = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(3))
+            with torch.no_grad():
+                assert np.abs(session.run(None, {"tokens": x.numpy()})[0] - model(x).numpy()).max() <= 1e-4, (heads, shape)
+    parts = [p.read_text() for p in (tmp_path / "generic").glob("*.json")]
+    assert sum('"swin-shift:2"' in p for p in parts) == 1  # one part for 2 and 4 heads

@@ -65,6 +65,9 @@ class GridType(EncoderType):
     def problems(self, spec, max_seq_len, heads):
         return square_problems(spec, max_seq_len)
 
+    def trace_length(self, max_seq_len):
+        return max_seq_len  # the whole grid (one token less is not a square); no weight spans the sequence
+
 
 # --------------------------------------------------------------------------- the 2D depthwise convolution
 
