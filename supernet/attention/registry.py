@@ -70,9 +70,7 @@ def exporting() -> bool:
     return torch.compiler.is_exporting() and not _COMPILING_FOR_SPEED[0]
 
 
-def attend(
-    q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True
-) -> Tensor:
+def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True) -> Tensor:
     """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``.
 
     ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one.
