@@ -24,7 +24,7 @@ CONFIG_FLAGS = {
     "--seq-len": ("seq_len", int, "N", "window length in bytes (default {default}, at most the space's max_seq_len)"),
     "--lr": ("lr", float, "LR", "peak learning rate (default {default})"),
     "--min-lr": ("min_lr", float, "LR", "learning rate at the end of the cosine (default {default})"),
-    "--warmup": ("warmup_steps", int, "N", "linear warm-up steps (default {default})"),
+    "--lr-warmup": ("warmup_steps", int, "N", "linear learning-rate warm-up steps (default {default})"),
     "--weight-decay": ("weight_decay", float, "X", "AdamW weight decay of matrices and embeddings (default {default})"),
     "--beta1": ("beta1", float, "X", "AdamW beta1 (default {default})"),
     "--beta2": ("beta2", float, "X", "AdamW beta2 (default {default})"),
@@ -196,8 +196,8 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
     d = defaults or PROTOCOL_DEFAULTS
     g = p.add_argument_group(title)
     g.add_argument(
-        f"--{prefix}warmup",
-        dest="warmup",
+        f"--{prefix}timing-warmup",
+        dest="timing_warmup",
         type=int,
         default=d["warmup"],
         help=f"untimed calls before timing (default {d['warmup']})",
@@ -244,13 +244,29 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
     return g
 
 
+def timing_flags(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (the latency library's device checks), its refusals naming the timing target's flags
+    (``--timing-target``, ``--timing-threads``) where the library names a device's own (``--device``, ``--threads``)."""
+    from search_spaces import UserError
+
+    try:
+        return fn(*args, **kwargs)
+    except UserError as e:
+        raise UserError(timing_names(str(e))) from None
+
+
+def timing_names(text: str, target: str = "--timing-target") -> str:
+    """A latency-library message with the timing target's flag names (``--device`` -> ``target``)."""
+    return re.sub(r"--threads\b", "--timing-threads", re.sub(r"--device\b", target, text))
+
+
 def protocol_settings(args: argparse.Namespace):
     from latency.timing_core import Settings
     from search_spaces import UserError
 
     try:
         return Settings(
-            warmup=args.warmup,
+            warmup=args.timing_warmup,
             repeats=args.repeats,
             rounds=args.rounds,
             min_sample_ms=args.min_sample_ms,
@@ -294,7 +310,7 @@ def scoring_settings(args: argparse.Namespace, device: str = "cpu", precision: s
     from nas.search.fitness import FitnessSettings
 
     return FitnessSettings(args.supernet, seq_len=args.seq_len, windows=args.val_windows,
-                           batch_size=getattr(args, "eval_batch", 16), val_seed=args.val_seed, device=device,
+                           batch_size=getattr(args, "eval_batch_size", 16), val_seed=args.val_seed, device=device,
                            val_data=args.val_data, data_cache=args.data_cache, precision=precision)
 
 
@@ -430,3 +446,13 @@ def visit_bar(desc: str):
         b.refresh()
 
     return b, update
+
+
+# --------------------------------------------------------------------------- --json
+
+
+def emit(args: argparse.Namespace, doc: dict) -> None:
+    """The command's result as one JSON document: printed on stdout by :func:`nas.cli.main` with ``--json`` (where
+    the command's printed lines go to stderr instead); without ``--json`` nothing more is printed."""
+    if getattr(args, "json", False):
+        args.result = doc
