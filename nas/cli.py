@@ -170,6 +170,13 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
     return None
 
 
+def _jsonable(value):
+    """A value ``json`` does not know: numpy scalars and arrays as numbers and lists, anything else as its text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
 def _command_of(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
     """The command named in ``argv`` (its first word that is one), before parsing."""
     names = _command_names(parser)
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.redirect_stdout(sys.stderr):  # what the command prints: notes, next to the document
                 status = int(args.run(args) or 0)
             if getattr(args, "result", None) is not None:
-                print(json.dumps(args.result, indent=1, default=str))
+                print(json.dumps(args.result, indent=1, default=_jsonable))
             return status
     except UserError as e:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)

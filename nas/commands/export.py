@@ -112,9 +112,19 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
     for note in outcome.exported.notes:
         log.warning("%s", note)
-    if outcome.measured is None:
-        return 0
-    return report_measured(args, outcome.measured, outcome.workload, outcome.predicted, budget)
+    status = 0 if outcome.measured is None else report_measured(args, outcome.measured, outcome.workload,
+                                                                outcome.predicted, budget)
+    if getattr(args, "json", False):
+        from supernet.artifact import read_card
+
+        from .common import emit
+
+        out = outcome.exported.out
+        card = read_card(out) if (Path(out) / "model_card.json").exists() else None
+        emit(args, {"out": str(out), "exit_status": status, "predicted": outcome.predicted, "measured": outcome.measured,
+                    "workload": None if outcome.workload is None else str(outcome.workload), "notes": outcome.exported.notes,
+                    "card": card})
+    return status
 
 
 def report_measured(args: argparse.Namespace, measured: dict, workload, predicted: dict | None, budget: float | None) -> int:

@@ -71,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     write_table(out, ranker)
     plot(out / "ranker.png", ranker, fitness.description)
     print(report_text(ranker))
+    from nas.commands.common import emit
+
+    emit(args, {"ranker": str(out / "ranker.json"), "kind": ranker.kind, "report": ranker.report,
+                "models": [{"name": m.name, "params": m.params, "inherited": m.inherited, "retrained": m.retrained,
+                            "key": m.subnet.key} for m in models]})
     print(f"wrote {out / 'ranker.json'}, ranker.csv, ranker.png; search with: nas search {args.supernet} "
           f"--fitness calibrated:{out} --val-windows {args.val_windows} --seq-len {args.seq_len} --val-seed {args.val_seed}")
     return 0

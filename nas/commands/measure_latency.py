@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, protocol_settings, timing_flags, visit_bar
+from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_flags, visit_bar
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,8 @@ def _run(args: argparse.Namespace) -> int:
             b.close()
             if args.bundle:
                 print(f"wrote {target}")
+                emit(args, {"bundle": str(target), "timing_target": args.timing_target, "space": space.name,
+                            "workload": str(workload), "subnets": len(subnets), "retest": len(passes["retest"])})
             if args.timing_target == "arm":
                 print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` "
                       "there (README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor "
@@ -138,6 +140,8 @@ def _run(args: argparse.Namespace) -> int:
             run_remote(args.timing_target, target, Path(args.out), threads=args.timing_threads, clock=args.clock,
                        memory_mb=args.memory_mb)
         print(f"fetched {args.out}")
+        emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+                    "subnets": len(subnets), "retest": len(passes["retest"])})
         return 0
 
     from latency.campaign import run_campaign
@@ -172,4 +176,7 @@ def _run(args: argparse.Namespace) -> int:
         if n
         else f"{args.out}: nothing left to measure"
     )
+    emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+                "measured": n, "rows": sum(len(v) for v in table.done.values()), "baseline_ms": table.baseline_ms,
+                "fingerprint": device.fingerprint()})
     return 0

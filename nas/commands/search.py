@@ -127,6 +127,19 @@ def validation_tokens(args: argparse.Namespace, payload):
 
 
 def run(args: argparse.Namespace) -> int:
+    status = _run(args)
+    out = Path(args.out)
+    if getattr(args, "json", False) and (out / "search.json").exists():  # --json: search.json, with verify.json in it
+        from .common import emit
+
+        doc = {"out": str(out), "exit_status": status, **json.loads((out / "search.json").read_text())}
+        if args.timing_target and (out / "verify.json").exists():
+            doc["verify"] = json.loads((out / "verify.json").read_text())
+        emit(args, doc)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nas import search as S
@@ -374,7 +387,8 @@ def report_separability(fitness, searches, result, out: Path, top: int = 5) -> l
 def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str,
                      cohorts: dict | None = None) -> tuple[bool, dict | None]:
     """``--timing-target``: time the top candidates on the timing target (nas.search.verify), print the table;
-    whether every budget holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose latency holds."""
+    whether every budget holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose
+    latency holds."""
     from latency.timing_core import Settings
     from nas.search.verify import VerifySettings, report, run_verify, with_cohorts
 
