@@ -8,6 +8,7 @@ Only the command modules import this; the library workflows take the typed setti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import re
 from pathlib import Path
@@ -244,13 +245,15 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
     return g
 
 
-def timing_flags(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` (the latency library's device checks), its refusals naming the timing target's flags
-    (``--timing-target``, ``--timing-threads``) where the library names a device's own (``--device``, ``--threads``)."""
+@contextlib.contextmanager
+def timing_messages():
+    """Refusals raised inside, naming the timing target's flags (``--timing-target``, ``--timing-threads``) where the
+    latency library names a device's own (``--device``, ``--threads``): for the commands whose only device is the
+    timing target (``measure-latency``, ``export``)."""
     from search_spaces import UserError
 
     try:
-        return fn(*args, **kwargs)
+        yield
     except UserError as e:
         raise UserError(timing_names(str(e))) from None
 

@@ -82,6 +82,10 @@ def find_action(parser: argparse.ArgumentParser, key: str) -> argparse.Action | 
         return None
     flag = "--" + key.replace("_", "-")
     action = parser._option_string_actions.get(flag)  # noqa: SLF001
+    from .vocabulary import _Alias
+
+    if isinstance(action, _Alias) and action.target.dest == key.replace("-", "_"):
+        return action.target  # the field's own name (export's positional supernet), not the old flag of that name
     if action is not None:
         return action
     field = key.replace("-", "_")
@@ -192,7 +196,11 @@ def override(args: argparse.Namespace, lists: dict[str, list]) -> None:
 
 def effective(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
     """``{key: value}`` of every configurable flag of the command (what ``--print-config`` writes)."""
-    return {key_of(a): getattr(args, a.dest, None) for a in config_actions(parser) if hasattr(args, a.dest)}
+    def value(action: argparse.Action):
+        v = getattr(args, action.dest, None)  # a float flag's int default (2048) as the float a file gives back
+        return float(v) if action.type is float and isinstance(v, int) and not isinstance(v, bool) else v
+
+    return {key_of(a): value(a) for a in config_actions(parser) if hasattr(args, a.dest)}
 
 
 def dump(command: str, values: dict[str, Any]) -> str:

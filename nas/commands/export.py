@@ -14,7 +14,7 @@ from .common import (
     measurement_bar,
     protocol_settings,
     scoring_settings,
-    timing_flags,
+    timing_messages,
 )
 
 log = logging.getLogger(__name__)
@@ -67,12 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "custom_ops", False):
-        from supernet.attention import ort_ops
+    with timing_messages():  # the latency library's "--device" / "--threads" are this command's timing target's
+        if getattr(args, "custom_ops", False):
+            from supernet.attention import ort_ops
 
-        with ort_ops.requested():
-            return _run(args)
-    return _run(args)
+            with ort_ops.requested():
+                return _run(args)
+        return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -90,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget) if args.budget else None
     precision = check_precision(args.precision)
     if args.timing_target:
-        timing_flags(check_device, precision, args.timing_target, args.provider)
+        check_device(precision, args.timing_target, args.provider)
     protocol = protocol_settings(args) if args.timing_target else None
     supernet, payload = load_supernet(args.supernet)  # the checkpoint's task's supernet, loaded once
     space = supernet.space

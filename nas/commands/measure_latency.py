@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_flags, visit_bar
+from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_messages, visit_bar
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with timing_messages():  # the latency library's "--device" / "--threads" are this command's timing target's
+        return _run_with_ops(args)
+
+
+def _run_with_ops(args: argparse.Namespace) -> int:
     if getattr(args, "custom_ops", False):
         from search_spaces import UserError
         from supernet.attention import ort_ops
@@ -90,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     workload = space.workload(args.workload)
     settings = protocol_settings(args)
     precision = check_precision(args.precision)
-    timing_flags(check_device, precision, args.timing_target, args.provider)
+    check_device(precision, args.timing_target, args.provider)
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
@@ -150,8 +155,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise UserError(f"--timing-target {args.timing_target}: give --out TABLE.csv")
-    device = timing_flags(get_device, args.timing_target, threads=args.timing_threads, runtime=args.runtime,
-                          provider=args.provider, clock=args.clock, precision=None if precision == "fp32" else precision)
+    device = get_device(args.timing_target, threads=args.timing_threads, runtime=args.runtime, provider=args.provider,
+                        clock=args.clock, precision=None if precision == "fp32" else precision)
     names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:

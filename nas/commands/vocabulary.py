@@ -233,6 +233,9 @@ def add_aliases(p: argparse.ArgumentParser, command: str) -> None:
     by_flag = {o: a for a in p._actions for o in a.option_strings}  # noqa: SLF001
     for old, new in DEPRECATED.get(command, {}).items():
         target = by_flag.get(new) or actions[new.lower()]  # a flag, or a positional by its metavar / field
+        if not target.option_strings:  # an optional positional left out must not overwrite what the old flag stored
+            p.set_defaults(**{target.dest: target.default})
+            target.default = argparse.SUPPRESS
         p.add_argument(old, action=_Alias, dest=target.dest, target=target, command=command, new=new)
 
 
@@ -247,3 +250,38 @@ def markdown() -> str:
         for old, new in table.items():
             lines.append(f"| `{old}` | {command} | `{new}` |")
     return "\n".join(lines)
+
+
+def problems(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
+    """What breaks the vocabulary in ``parsers`` (``{command: its parser}``): a long flag not in :data:`VOCABULARY`,
+    one that stores into another field than the table says, one in a command the table does not list for it (or
+    listed for a command that lacks it), an old spelling that is not hidden or names no flag of the command."""
+    out, seen = [], {}
+    for command, p in parsers.items():
+        for action in p._actions:  # noqa: SLF001
+            if isinstance(action, _Alias):
+                if action.help != argparse.SUPPRESS or DEPRECATED.get(command, {}).get(action.option_strings[0]) is None:
+                    out.append(f"{command} {action.option_strings[0]}: an old spelling not in DEPRECATED or not hidden")
+                continue
+            for flag in (o for o in action.option_strings if o.startswith("--")):
+                term = VOCABULARY.get(flag)
+                if term is None:
+                    out.append(f"{command} {flag}: not in the vocabulary (nas/commands/vocabulary.py)")
+                    continue
+                if action.dest != term.dest:
+                    out.append(f"{command} {flag}: stores into {action.dest!r}; the vocabulary says {term.dest!r}")
+                seen.setdefault(flag, set()).add(command)
+    for flag, term in VOCABULARY.items():
+        have = {c for c in seen.get(flag, set())}
+        want = {c for c in term.commands if c in parsers}
+        for command in sorted(have - want):
+            out.append(f"{command} {flag}: not listed for {command} in the vocabulary (a new meaning needs a new name)")
+        for command in sorted(want - have):
+            out.append(f"{command} {flag}: listed in the vocabulary, but {command} takes no {flag}")
+    for command, table in DEPRECATED.items():
+        if command in parsers:
+            flags = {o for a in parsers[command]._actions for o in a.option_strings}  # noqa: SLF001
+            for old in table:
+                if old not in flags:
+                    out.append(f"{command} {old}: an old spelling in DEPRECATED that {command} does not accept")
+    return out
