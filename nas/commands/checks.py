@@ -19,6 +19,7 @@ import argparse
 import errno
 import math
 import os
+import re
 from pathlib import Path
 
 from search_spaces import UserError
@@ -169,9 +170,13 @@ def check_device(flag: str, name: str, **options) -> None:
     try:
         get_device(name, **options)
     except UserError as e:
-        from .common import timing_names
-
         raise UserError(timing_names(str(e), flag)) from None
+
+
+def timing_names(text: str, target: str = "--timing-target") -> str:
+    """A latency-library message with the timing target's flag names (``--device`` -> ``target``, ``--threads`` ->
+    ``--timing-threads``)."""
+    return re.sub(r"--threads\b", "--timing-threads", re.sub(r"--device\b", target, text))
 
 
 # --------------------------------------------------------------------------- the top-level handler

@@ -255,12 +255,9 @@ def timing_messages():
     try:
         yield
     except UserError as e:
+        from .checks import timing_names
+
         raise UserError(timing_names(str(e))) from None
-
-
-def timing_names(text: str, target: str = "--timing-target") -> str:
-    """A latency-library message with the timing target's flag names (``--device`` -> ``target``)."""
-    return re.sub(r"--threads\b", "--timing-threads", re.sub(r"--device\b", target, text))
 
 
 def protocol_settings(args: argparse.Namespace):
