@@ -210,7 +210,8 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     assert capsys.readouterr().err == f"nas space: error: --config: {tmp_path / 'nope.yaml'}: no such file\n"
 
 
-def test_nas_search_runs_from_a_config_file_and_prints_json(run_dir, capsys):  # noqa: F811
+def test_nas_search_runs_from_a_config_file_and_prints_json(run_dir, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("NAS_NATIVE_KERNELS", "0")  # torch's attention paths: no wait on a kernel build (this is about flags)
     tmp, ckpt, _ = run_dir
     argv = search_args(tmp, ckpt, "--budget", "8ms", "--seed", "3", "--generations", "1", "--population", "4",
                        "--no-uniform-seeds")
