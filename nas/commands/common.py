@@ -186,13 +186,13 @@ def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 # A campaign's protocol (measure-latency: many subnets, each visited in every round) ...
 CAMPAIGN_DEFAULTS = {"warmup": 10, "repeats": 30, "rounds": 5, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 1}
-# ... and one model's, measured once (export, search --verify): more samples and rounds.
+# ... and one model's, measured once (export, search --timing-target): more samples and rounds.
 PROTOCOL_DEFAULTS = {"warmup": 20, "repeats": 60, "rounds": 10, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 2}
 
 
 def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", defaults: dict | None = None,
                            title: str = "measurement protocol"):
-    """The measurement protocol's flags (``--warmup`` ...), with one model's defaults (``defaults``: a campaign's);
+    """The measurement protocol's flags (``--timing-warmup`` ...), with one model's defaults (``defaults``: a campaign's);
     returns their group."""
     d = defaults or PROTOCOL_DEFAULTS
     g = p.add_argument_group(title)

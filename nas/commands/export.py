@@ -27,7 +27,8 @@ EXAMPLE = ("nas export runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("supernet", nargs="?", metavar="SUPERNET", help="supernet checkpoint written by `nas train-supernet`")
+    p.add_argument("supernet", nargs="?", metavar="SUPERNET", help="supernet checkpoint written by `nas train-supernet` "
+                   "(required; the old spelling --supernet CKPT works for one release)")
     p.add_argument("--subnet", required=True, help="subnet YAML or JSON (e.g. the best subnet `nas search` wrote)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(

@@ -10,7 +10,7 @@ EXAMPLE = "nas predict --predictor runs/pred-cpu subnet.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --sample` prints)")
+    p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --samples` prints)")
     p.add_argument("--predictor", required=True, help="a folder written by `nas fit-predictor --out`")
     p.add_argument("--space", help="refuse unless the predictor was fitted on this space (YAML file or shipped name)")
     p.add_argument(

@@ -327,7 +327,7 @@ def trainer_factory():
 
 def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out: Path, space) -> bool | None:
     """``--hurdles``: train each budget's cohort (``nas.search.hurdles.hurdle_candidates``, device-verified with
-    ``--verify``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
+    ``--timing-target``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
     training was interrupted."""
     from nas.cli import show_progress
     from nas.search import hurdles as H
