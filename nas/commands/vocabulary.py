@@ -110,6 +110,7 @@ VOCABULARY: dict[str, Term] = {
     "--eval-batches": Term("eval_batches", "validation batches per subnet during training", TRAIN),
     "--ckpt-interval": Term("ckpt_interval", "write latest.pt every N steps", TRAIN),
     "--log-interval": Term("log_interval", "write training metrics every N steps", TRAIN),
+    "--log": Term("log", "where training metrics go besides OUT/log.jsonl: jsonl (nowhere else) or tensorboard", TRAIN),
     "--random-subnets": Term("n_random", "random subnets per sandwich step", ("train-supernet",)),
     "--distill": Term("distill", "weight of a teacher's soft targets, 0..1", TRAIN),
     "--distill-from": Term("distill_from", "the teacher: supernet:CKPT", ("train-subnet",)),
