@@ -1,0 +1,171 @@
+"""Long Range Arena's attention types (issue 41), encoder-only: ``nystrom:M``, ``synthesizer-dense``,
+``synthesizer-random``, ``reformer:B``, ``sinkhorn:B``.  Each fast path equals its reference in float64 and
+float32 (forward and gradients, the type's own weights included) at lengths on and off its blocks, each
+reference is its paper's definition, encoder models with them extract and export to ONNX with ONNX Runtime
+parity, two calls give the same output, and their cost grows as their papers say."""
+
+import numpy as np
+import pytest
+import torch
+
+from search_spaces import LayerChoice, SpaceError, Subnet, parse_space
+from search_spaces.attention import parse_attention
+from supernet import SuperTransformer, Transformer, TransformerConfig, extract
+from supernet.attention import attend, attend_reference, get
+from supernet.onnx_export import export_onnx, onnx_parity
+
+from tests.test_attention_types import mix, qkv
+from tests.test_bidirectional import ENCODER
+from tests.test_train import one_thread  # noqa: F401  (autouse)
+
+LRA = ["nystrom:1", "nystrom:4", "nystrom:8"]
+LENGTHS = (16, 37, 64)  # on and off every block size
+
+
+def _inputs(s, t, dtype, seed):
+    q, k, v = (x.to(dtype).requires_grad_() if x is not None else None for x in qkv(s, t, seed=seed))
+    w = {n: x.to(dtype).requires_grad_() for n, x in mix(s, max_seq_len=64).items()}
+    return q, k, v, w
+
+
+@pytest.mark.parametrize("spec", LRA)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_fast_path_equals_reference_forward_and_gradients(spec, dtype):
+    s = parse_attention(spec)
+    typ = get(s)
+    assert typ.forms == ("bidirectional",) and type(typ).bidirectional is not type(typ).bidirectional_reference
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    for t in LENGTHS:
+        q, k, v, w = _inputs(s, t, dtype, seed=t)
+        fast, ref = attend(q, k, v, s, w, causal=False), attend_reference(q, k, v, s, w, causal=False)
+        assert fast.shape == ref.shape == q.shape and fast.dtype == dtype
+        assert (fast - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item()), (spec, t)
+        inputs = [x for x in (q, k, v, *w.values()) if x is not None]
+        grad_out = torch.randn(fast.shape, generator=torch.Generator().manual_seed(99), dtype=dtype)
+        fast_grads, ref_grads = torch.autograd.grad(fast, inputs, grad_out), torch.autograd.grad(ref, inputs, grad_out)
+        for a, b in zip(fast_grads, ref_grads):
+            assert (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item()), (spec, t)
+        assert all(g.abs().sum() > 0 for g in fast_grads), spec  # every input and weight trains
+
+
+@pytest.mark.parametrize("spec", LRA)
+def test_two_calls_give_the_same_output(spec):
+    s = parse_attention(spec)
+    q, k, v = qkv(s, 37)
+    w = mix(s, max_seq_len=64)
+    assert torch.equal(attend(q, k, v, s, w, causal=False), attend(q, k, v, s, w, causal=False))
+
+
+@pytest.mark.parametrize("spec", LRA)
+def test_every_query_sees_every_token(spec):
+    s = parse_attention(spec)
+    q, k, v = qkv(s, 40)
+    w = mix(s, max_seq_len=64)
+    v2 = v.clone()
+    v2[:, :, 39] += 1.0  # the last token's value
+    moved = (attend(q, k, v2, s, w, causal=False) - attend(q, k, v, s, w, causal=False)).abs().amax(dim=(0, 1, 3))
+    assert moved[0] > 1e-6, moved  # the first token sees it (reformer: through the chunk graph, see its own test)
+
+
+# --------------------------------------------------------------------------- nystrom
+
+
+def _separated(t, m, d=16, scale=2.0, seed=0):
+    """q = k whose M segments point along orthogonal directions: a well-conditioned landmark kernel."""
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0][:m] * scale * d**0.25
+    q = basis.repeat_interleave(t // m, 0)[None, None] + 0.1 * torch.randn(1, 2, t, d, generator=g, dtype=torch.float64)
+    return q, q.clone(), torch.randn(1, 2, t, d, generator=g, dtype=torch.float64)
+
+
+def test_nystrom_iterative_pinv_is_close_to_the_exact_one():
+    from supernet.attention.nystrom import _kernels, iterative_pinv, nystrom_exact
+
+    q, k, v = _separated(64, 8, scale=1.0)
+    a = _kernels(q, k, 8)[1]  # the (M, M) landmark kernel, condition number about 6
+    exact = torch.linalg.pinv(a)
+    errors = [((iterative_pinv(a, n) - exact).norm() / exact.norm()).item() for n in (1, 3, 6)]
+    assert errors[0] > 0.5 and errors[1] > 0.1 and errors[2] < 1e-10, errors  # it converges within the paper's 6
+    s = parse_attention("nystrom:8")
+    torch.testing.assert_close(attend_reference(q, k, v, s, {}, causal=False), nystrom_exact(q, k, v, 8), rtol=1e-9, atol=1e-9)
+
+
+def test_nystrom_with_a_landmark_per_token_is_softmax_attention():
+    from supernet.attention.nystrom import nystrom_exact
+
+    q, k, v = _separated(8, 8, scale=3.0)
+    full = torch.softmax(q @ k.transpose(-2, -1) / 4.0, dim=-1) @ v  # sqrt(D) = 4
+    torch.testing.assert_close(nystrom_exact(q, k, v, 8), full)  # A pinv(A) A v = A v
+    torch.testing.assert_close(attend_reference(q, k, v, parse_attention("nystrom:8"), {}, causal=False), full)
+
+
+def test_nystrom_landmarks_are_the_papers_padded_segment_means():
+    from supernet.attention.nystrom import segment_means
+
+    x = torch.arange(2 * 7 * 3, dtype=torch.float64).reshape(1, 2, 7, 3)
+    means = segment_means(x, 3)  # segments of ceil(7/3) = 3 tokens: 0-2, 3-5, 6 and two zero rows
+    torch.testing.assert_close(means[0, 1, 0], x[0, 1, 0:3].mean(0))
+    torch.testing.assert_close(means[0, 1, 2], x[0, 1, 6] / 3)
+    assert segment_means(x, 8)[0, 0, 7].abs().sum() == 0  # more landmarks than tokens: all-padding ones are zero
+
+
+# --------------------------------------------------------------------------- the space layer and models
+
+SPACE_TYPES = ["nystrom:4"]
+
+
+def test_a_causal_space_refuses_them_and_a_too_long_parameter_is_refused():
+    for spec in SPACE_TYPES:
+        text = ENCODER.format(attention=f"softmax, '{spec}'").replace("task: masked-lm", "task: causal-lm")
+        with pytest.raises(SpaceError) as info:
+            parse_space(text, where="dec.yaml")
+        assert info.value.errors == [f"dec.yaml: layers.attention[1]: {spec} has no causal form, which task causal-lm needs"]
+    with pytest.raises(SpaceError) as info:
+        parse_space(ENCODER.format(attention="'nystrom:64'"), where="enc.yaml")
+    want = "enc.yaml: layers.attention[0]: nystrom:64: M=64 exceeds max_seq_len 48 (more landmarks than tokens)"
+    assert info.value.errors == [want]
+
+
+@pytest.fixture(scope="module")
+def encoder():
+    space = parse_space(ENCODER.format(attention=", ".join(f"'{a}'" for a in ["softmax", *SPACE_TYPES])))
+    return space, SuperTransformer(space, torch.Generator().manual_seed(0)).eval()
+
+
+def test_encoder_models_with_each_type_extract_and_count(encoder):
+    space, supernet = encoder
+    subnets = [Subnet(24, 2, (4, 2), (32, 16), (a, a)) for a in SPACE_TYPES]
+    subnets += [space.sample(np.random.default_rng(s)) for s in range(3)]
+    idx = torch.randint(0, 64, (2, 37), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for sub in subnets:
+            static = extract(supernet, sub).eval()
+            assert (static(idx) - supernet(idx, sub)).abs().max().item() <= 1e-5, sub
+            assert supernet.num_params(sub) == static.num_params()
+            Transformer(TransformerConfig.from_subnet(space, sub)).load_state_dict(static.state_dict())
+
+
+@pytest.mark.parametrize("spec", SPACE_TYPES)
+def test_onnx_export_matches_onnx_runtime(tmp_path, spec):
+    layers = (LayerChoice(2, 16, spec), LayerChoice(2, 16, "softmax"))
+    config = TransformerConfig(64, 64, 8, "rope", 16, layers, causal=False)
+    model = Transformer(config, generator=torch.Generator().manual_seed(0)).eval()
+    path = export_onnx(model, tmp_path / "enc.onnx")
+    g = torch.Generator().manual_seed(1)
+    for shape in [(1, 16), (3, 37), (2, 64), (1, 5)]:  # dynamic batch and length, on and off the blocks, the longest
+        assert onnx_parity(path, model, torch.randint(0, 64, shape, generator=g)) <= 1e-4, shape
+
+
+# --------------------------------------------------------------------------- cost
+
+
+def _flops(spec, t, batch=1, heads=4, head_dim=64):
+    return get(spec).bidirectional_flops(parse_attention(spec), batch, t, heads, head_dim)
+
+
+def test_costs_grow_as_the_papers_say():
+    softmax = [_flops("softmax", t) for t in (1024, 2048, 4096)]
+    assert softmax[2] / softmax[1] == pytest.approx(4.0)  # quadratic
+    nys = [_flops("nystrom:64", t) for t in (1024, 2048, 3072)]
+    assert nys[2] - 2 * nys[1] + nys[0] == 0 and nys[2] < softmax[1] / 4  # affine in T (the M^3 pseudo-inverse fixed)
+    assert _flops("nystrom:64", 2048, batch=2, heads=8) == 4 * _flops("nystrom:64", 2048)
