@@ -18,7 +18,7 @@ from tests.test_attention_types import mix, qkv
 from tests.test_bidirectional import ENCODER
 from tests.test_train import one_thread  # noqa: F401  (autouse)
 
-LRA = ["nystrom:1", "nystrom:4", "nystrom:8"]
+LRA = ["nystrom:1", "nystrom:4", "nystrom:8", "synthesizer-dense", "synthesizer-random"]
 LENGTHS = (16, 37, 64)  # on and off every block size
 
 
@@ -40,7 +40,7 @@ def test_fast_path_equals_reference_forward_and_gradients(spec, dtype):
         fast, ref = attend(q, k, v, s, w, causal=False), attend_reference(q, k, v, s, w, causal=False)
         assert fast.shape == ref.shape == q.shape and fast.dtype == dtype
         assert (fast - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item()), (spec, t)
-        inputs = [x for x in (q, k, v, *w.values()) if x is not None]
+        inputs = [x for x in (q if s.kind != "synthesizer-random" else None, k, v, *w.values()) if x is not None]
         grad_out = torch.randn(fast.shape, generator=torch.Generator().manual_seed(99), dtype=dtype)
         fast_grads, ref_grads = torch.autograd.grad(fast, inputs, grad_out), torch.autograd.grad(ref, inputs, grad_out)
         for a, b in zip(fast_grads, ref_grads):
@@ -109,9 +109,57 @@ def test_nystrom_landmarks_are_the_papers_padded_segment_means():
     assert segment_means(x, 8)[0, 0, 7].abs().sum() == 0  # more landmarks than tokens: all-padding ones are zero
 
 
+# --------------------------------------------------------------------------- synthesizers
+
+
+def test_synthesizer_dense_reference_is_the_definition():
+    s = parse_attention("synthesizer-dense")
+    q, _, v = qkv(s, 6, b=1, h=2, d=4)
+    w = mix(s, h=2, d=4, max_seq_len=10)
+    out = torch.empty_like(q)
+    for h in range(2):
+        for i in range(6):  # logits over the 6 positions: relu(q_i) W2[:, j] + b2[j], the leading 6 of the 10 columns
+            logits = torch.stack([(torch.relu(q[0, h, i]) * w["w"][h, :, j]).sum() + w["b"][h, j] for j in range(6)])
+            out[0, h, i] = sum(p * v[0, h, j] for j, p in enumerate(logits.softmax(0)))
+    torch.testing.assert_close(attend_reference(q, None, v, s, w, causal=False), out)
+
+
+def test_synthesizer_random_reference_is_the_definition_and_ignores_the_input():
+    s = parse_attention("synthesizer-random")
+    q, _, v = qkv(s, 5, b=2, h=2, d=4)
+    w = mix(s, h=2, d=4, max_seq_len=9)
+    out = attend_reference(q, None, v, s, w, causal=False)
+    for h in range(2):
+        a = w["r"][h, :5, :5].softmax(-1)  # the leading 5 x 5 block of the (9, 9) logits
+        torch.testing.assert_close(out[:, h], a @ v[:, h])
+    torch.testing.assert_close(attend(q * 3.0 + 1.0, None, v, s, w, causal=False), out)  # no query enters
+
+
+@pytest.mark.parametrize("spec", ["synthesizer-dense", "synthesizer-random"])
+def test_synthesizer_weights_are_sliced_elastically(spec):
+    space = parse_space(ENCODER.format(attention=f"softmax, '{spec}'"))
+    supernet = SuperTransformer(space, torch.Generator().manual_seed(0))
+    kind = parse_attention(spec).kind
+    full = supernet.blocks[0].attn.mix[kind].w
+    want = {"w": (4, 8, 48), "b": (4, 48)} if kind == "synthesizer-dense" else {"r": (4, 48, 48)}
+    assert {n: tuple(p.shape) for n, p in full.items()} == want  # the most heads x max_seq_len
+    sub = Subnet(16, 1, (2,), (16,), (spec,))
+    idx = torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(3))
+    supernet(idx, sub).square().mean().backward()
+    for name, p in full.items():  # a layer of 2 heads over 20 tokens trains the leading 2 heads' 20 positions only
+        g = p.grad.clone()
+        lead = g[:2, ..., :20] if name != "r" else g[:2, :20, :20]
+        assert lead.abs().amin() > 0, (spec, name)
+        lead.zero_()
+        assert g.abs().sum() == 0, (spec, name)
+    static = extract(supernet, sub)
+    assert {n: tuple(t.shape) for n, t in static.blocks[0].attn.mix.items()} == {n: (2, *s[1:]) for n, s in want.items()}
+    assert static.blocks[0].attn.k is None  # no keys
+
+
 # --------------------------------------------------------------------------- the space layer and models
 
-SPACE_TYPES = ["nystrom:4"]
+SPACE_TYPES = ["nystrom:4", "synthesizer-dense", "synthesizer-random"]
 
 
 def test_a_causal_space_refuses_them_and_a_too_long_parameter_is_refused():
@@ -169,3 +217,10 @@ def test_costs_grow_as_the_papers_say():
     nys = [_flops("nystrom:64", t) for t in (1024, 2048, 3072)]
     assert nys[2] - 2 * nys[1] + nys[0] == 0 and nys[2] < softmax[1] / 4  # affine in T (the M^3 pseudo-inverse fixed)
     assert _flops("nystrom:64", 2048, batch=2, heads=8) == 4 * _flops("nystrom:64", 2048)
+    for spec in ("synthesizer-dense", "synthesizer-random"):  # quadratic, as the paper says
+        syn = [_flops(spec, t) for t in (1024, 2048, 4096)]
+        assert 3.9 < syn[2] / syn[1] <= 4.0, spec
+    # by hand, B=2, H=4, D=16, T=64: dense: relu, logits + bias, softmax, weighted sum; random: softmax once per head
+    assert get("synthesizer-dense").bidirectional_flops(parse_attention("synthesizer-dense"), 2, 64, 4, 16) == 2 * 4 * (
+        64 * 16 + 2 * 64 * 64 * 16 + 64 * 64 + 3 * 64 * 64 + 2 * 64 * 64 * 16)
+    assert _flops("synthesizer-random", 64, batch=2, heads=4, head_dim=16) == 4 * 3 * 64 * 64 + 2 * 4 * 2 * 64 * 64 * 16
