@@ -19,7 +19,7 @@ from tests.test_bidirectional import ENCODER
 from tests.test_train import one_thread  # noqa: F401  (autouse)
 
 LRA = ["nystrom:1", "nystrom:4", "nystrom:8", "synthesizer-dense", "synthesizer-random", "reformer:1", "reformer:4",
-       "reformer:8", "reformer:64"]  # fmt: skip
+       "reformer:8", "reformer:64", "sinkhorn:1", "sinkhorn:5", "sinkhorn:8", "sinkhorn:64"]  # fmt: skip
 LENGTHS = (16, 37, 64)  # on and off every block size
 
 
@@ -46,7 +46,9 @@ def test_fast_path_equals_reference_forward_and_gradients(spec, dtype):
         fast_grads, ref_grads = torch.autograd.grad(fast, inputs, grad_out), torch.autograd.grad(ref, inputs, grad_out)
         for a, b in zip(fast_grads, ref_grads):
             assert (a - b).abs().max().item() <= tol * max(1.0, b.abs().max().item()), (spec, t)
-        if spec != "reformer:1":  # (its chunks of one token: all the weight on the token before, none on q)
+        # (reformer:1: chunks of one token put all the weight on the token before, none on q; sinkhorn, one block:
+        # nothing to sort, no gradient to the sorting network)
+        if spec != "reformer:1" and not (s.kind == "sinkhorn" and t <= s.params[0]):
             assert all(g.abs().sum() > 0 for g in fast_grads), spec  # every input and weight trains
 
 
@@ -203,9 +205,50 @@ def test_reformer_hash_is_seeded_local_and_leaves_the_global_generator_alone():
     assert all(buckets[0, 0, i] == buckets[0, 0, 3] for i in between)
 
 
+# --------------------------------------------------------------------------- sinkhorn
+
+
+def test_sinkhorn_normalisation_is_doubly_stochastic_and_sharpens_to_a_permutation():
+    from supernet.attention.sinkhorn import sinkhorn
+
+    g = torch.Generator().manual_seed(0)
+    p = sinkhorn(torch.randn(3, 5, 5, generator=g, dtype=torch.float64))
+    torch.testing.assert_close(p.sum(-2), torch.ones(3, 5, dtype=torch.float64))  # columns (normalised last)
+    torch.testing.assert_close(p.sum(-1), torch.ones(3, 5, dtype=torch.float64), atol=1e-2, rtol=0)  # rows, nearly
+    perm = torch.tensor([2, 0, 4, 1, 3])
+    peaked = sinkhorn(10.0 * torch.eye(5, dtype=torch.float64)[perm])
+    assert torch.equal(peaked.argmax(-1), perm) and peaked.amax(-1).min() > 0.99
+
+
+@pytest.mark.parametrize("t", [7, 8])
+def test_sinkhorn_reference_is_the_definition_row_by_row(t):
+    from supernet.attention.sinkhorn import sinkhorn
+
+    s = parse_attention("sinkhorn:4")
+    q, k, v = qkv(s, t, b=1, h=2, d=4, seed=t)
+    w = mix(s, h=2, d=4, max_seq_len=12)  # w2 spans 3 blocks; a layer of 2 blocks uses 2 columns
+    out = torch.empty_like(q)
+    for h in range(2):
+        rows = [list(range(0, 4)), list(range(4, t))]  # block 1 of 7 tokens: 3 real, 1 padding
+        kbar = torch.stack([sum(k[0, h, j] for j in r) / 4 for r in rows])  # padding counts as a zero row
+        p = sinkhorn((torch.relu(kbar @ w["w1"][h]) @ w["w2"][h, :, :2])[None])[0]  # (2, 2)
+        for n, r in enumerate(rows):
+            keys, vals, bias = [k[0, h, j] for j in r], [v[0, h, j] for j in r], [0.0] * len(r)
+            for slot in range(4):  # slot c of the block sorted to n: p[n, m] times slot c of block m (zero if padding)
+                src = [(m, rows[m][slot]) for m in range(2) if slot < len(rows[m])]
+                keys.append(sum(p[n, m] * k[0, h, j] for m, j in src))
+                vals.append(sum(p[n, m] * v[0, h, j] for m, j in src))
+                bias.append(torch.log(sum(p[n, m] for m, _ in src)))  # the share of real tokens mixed into the slot
+            for i in r:
+                scores = torch.stack([q[0, h, i] @ kk / 2.0 + b for kk, b in zip(keys, bias)])
+                out[0, h, i] = sum(a * vv for a, vv in zip(scores.softmax(0), vals))
+    torch.testing.assert_close(attend_reference(q, k, v, s, w, causal=False), out)
+    torch.testing.assert_close(attend(q, k, v, s, w, causal=False), out)
+
+
 # --------------------------------------------------------------------------- the space layer and models
 
-SPACE_TYPES = ["nystrom:4", "synthesizer-dense", "synthesizer-random", "reformer:8"]
+SPACE_TYPES = ["nystrom:4", "synthesizer-dense", "synthesizer-random", "reformer:8", "sinkhorn:8"]
 
 
 def test_a_causal_space_refuses_them_and_a_too_long_parameter_is_refused():
@@ -265,6 +308,8 @@ def test_costs_grow_as_the_papers_say():
     assert _flops("nystrom:64", 2048, batch=2, heads=8) == 4 * _flops("nystrom:64", 2048)
     ref = [_flops("reformer:64", t) for t in (1024, 2048, 4096)]
     assert 2.0 < ref[2] / ref[1] < 2.3 and ref[2] < softmax[2] / 8  # O(T B D) + the sort's T log T + the hash's T^2 D / B
+    sink = [_flops("sinkhorn:64", t) for t in (1024, 2048, 4096)]
+    assert 2.0 < sink[2] / sink[1] < 2.5 and sink[2] < softmax[2] / 8  # O(T B D) + the sorting's O(T^2 D / B)
     for spec in ("synthesizer-dense", "synthesizer-random"):  # quadratic, as the paper says
         syn = [_flops(spec, t) for t in (1024, 2048, 4096)]
         assert 3.9 < syn[2] / syn[1] <= 4.0, spec

@@ -14,14 +14,15 @@ one function, :func:`supernet.model.block`.  The families, one file each:
 * :mod:`.encoder`: ``linformer:K``, ``additive``, ``xca`` (encoder-only: bidirectional, no causal form);
 * Long Range Arena's lineup, encoder-only, one file each: :mod:`.nystrom` (``nystrom:M``),
   :mod:`.synthesizer_dense` (``synthesizer-dense``), :mod:`.synthesizer_random` (``synthesizer-random``),
-  :mod:`.reformer` (``reformer:B``).
+  :mod:`.reformer` (``reformer:B``), :mod:`.sinkhorn` (``sinkhorn:B``).
 
 To add a type: subclass :class:`~.base.AttentionType` (or a family's base) in one file and
 ``register(MyType())``; the space layer, models, decoding, latency features and ONNX graphs
 then know it.
 """
 
-from . import softmax, sparse, linear, normalized, conv, encoder, nystrom, synthesizer_dense, synthesizer_random, reformer  # noqa: F401, I001  (importing registers the types, in this order)
+from . import softmax, sparse, linear, normalized, conv, encoder  # noqa: F401, I001  (importing registers the types, in this order)
+from . import nystrom, synthesizer_dense, synthesizer_random, reformer, sinkhorn  # noqa: F401, I001  (LRA's lineup)
 from .base import AttentionType, State, StateSpec, Weights, state_bytes
 from .patterns import PatternType, causal_mask
 from .registry import REGISTRY, attend, attend_reference, exporting, get, kv_heads, register, unregister
