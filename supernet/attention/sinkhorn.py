@@ -38,9 +38,15 @@ def sinkhorn(logits: Tensor, iterations: int = SINKHORN_ITERATIONS, temperature:
     """(..., N, N) logits -> a doubly stochastic matrix: rows then columns normalised in log space, ``iterations`` times."""
     r = logits / temperature
     for _ in range(iterations):
-        r = r - torch.logsumexp(r, dim=-1, keepdim=True)
-        r = r - torch.logsumexp(r, dim=-2, keepdim=True)
+        r = r - _logsumexp(r, -1)
+        r = r - _logsumexp(r, -2)
     return torch.exp(r)
+
+
+def _logsumexp(x: Tensor, dim: int) -> Tensor:
+    """torch.logsumexp written out (torch's checks for an empty tensor guard on a symbolic block count when exporting)."""
+    m = x.amax(dim, keepdim=True).detach()
+    return m + torch.log(torch.exp(x - m).sum(dim, keepdim=True))
 
 
 def _safe_log(x: Tensor) -> Tensor:
@@ -71,6 +77,10 @@ class Sinkhorn(EncoderType):
     @staticmethod
     def _permutation(kbar: Tensor, w: dict, n) -> Tensor:
         """kbar (B, H, N, D) the blocks' mean keys -> P (B, H, N, N): P[n, m] how much of block m is sorted to block n."""
+        if torch.compiler.is_exporting():  # (symbolic sizes: the block count fits the layer, no size is 0)
+            torch._check(n <= w["w2"].shape[-1])
+            torch._check(kbar.shape[0] >= 1)
+            torch._check(kbar.shape[1] >= 1)
         hidden = torch.relu(kbar @ w["w1"][None])  # (B, H, N, D)
         return sinkhorn(hidden @ w["w2"][None, :, :, :n])  # (B, H, N, N)
 
