@@ -20,7 +20,7 @@ from tests.test_train import one_thread  # noqa: F401  (autouse)
 
 LRA = ["nystrom:1", "nystrom:4", "nystrom:8", "synthesizer-dense", "synthesizer-random", "reformer:1", "reformer:4",
        "reformer:8", "reformer:64", "sinkhorn:3", "sinkhorn:5", "sinkhorn:8", "sinkhorn:64"]  # fmt: skip
-LENGTHS = (16, 37, 64)  # on and off every block size
+LENGTHS = (16, 37, 64, 5)  # on and off every block size; 5: one block or chunk, fewer tokens than landmarks
 
 
 def _inputs(s, t, dtype, seed):
@@ -258,9 +258,17 @@ def test_a_causal_space_refuses_them_and_a_too_long_parameter_is_refused():
             parse_space(text, where="dec.yaml")
         assert info.value.errors == [f"dec.yaml: layers.attention[1]: {spec} has no causal form, which task causal-lm needs"]
     with pytest.raises(SpaceError) as info:
-        parse_space(ENCODER.format(attention="'nystrom:64'"), where="enc.yaml")
-    want = "enc.yaml: layers.attention[0]: nystrom:64: M=64 exceeds max_seq_len 48 (more landmarks than tokens)"
-    assert info.value.errors == [want]
+        parse_space(ENCODER.format(attention="'nystrom:64', 'reformer:49', 'sinkhorn:50', 'reformer:48'"), where="enc.yaml")
+    assert info.value.errors == [
+        "enc.yaml: layers.attention[0]: nystrom:64: M=64 exceeds max_seq_len 48 (more landmarks than tokens)",
+        "enc.yaml: layers.attention[1]: reformer:49: B=49 exceeds max_seq_len 48 (a bucket longer than the sequence)",
+        "enc.yaml: layers.attention[2]: sinkhorn:50: B=50 exceeds max_seq_len 48 (a block longer than the sequence)",
+    ]
+    from supernet.attention.reformer import MAX_ROTATIONS
+
+    assert get("reformer:1").problems(parse_attention("reformer:1"), 2 * MAX_ROTATIONS, (4,)) == []
+    assert get("reformer:1").problems(parse_attention("reformer:1"), 2 * MAX_ROTATIONS + 1, (4,)) == [
+        f"reformer:1: max_seq_len {2 * MAX_ROTATIONS + 1} needs more than {2 * MAX_ROTATIONS} buckets of 1"]
 
 
 @pytest.fixture(scope="module")
@@ -338,6 +346,14 @@ def test_they_train_under_bf16_autocast_close_to_fp32():
 
 
 # --------------------------------------------------------------------------- cost
+
+
+def test_latency_features_cost_them_by_their_own_count():
+    from latency.features import mixing_flops
+    from search_spaces import Workload
+
+    for spec in SPACE_TYPES:
+        assert mixing_flops(spec, Workload("p", 2, 48), 4, 16, causal=False) == _flops(spec, 48, 2, 4, 16), spec
 
 
 def _flops(spec, t, batch=1, heads=4, head_dim=64):
