@@ -199,6 +199,8 @@ def test_reformer_hash_is_seeded_local_and_leaves_the_global_generator_alone():
     assert torch.equal(torch.random.get_rng_state(), state)  # no global RNG
     assert buckets[0, 0, 40] == buckets[0, 0, 3] and buckets.max() < 8 and len(buckets.unique()) > 4  # 8 chunks: 8 buckets
     assert torch.equal(reformer_sort(q.clone(), 8)[1], order)
+    half = q.to(torch.bfloat16)  # bf16 queries hash as their float32 values: no near-tie flipped by a bf16 product
+    assert torch.equal(reformer_sort(half, 8)[0], reformer_sort(half.float(), 8)[0])
     # the two tokens are neighbours after the sort (same bucket, nothing of it between their positions but its own)
     rank = torch.argsort(order[0, 0])
     between = [i for i in range(64) if rank[3] < rank[i] < rank[40]]

@@ -44,6 +44,11 @@ def iterative_pinv(a: Tensor, iterations: int = PINV_ITERATIONS) -> Tensor:
     return z
 
 
+def _pinv(a: Tensor) -> Tensor:
+    """:func:`iterative_pinv` in float32 at least (bf16 iterations drift; the (M, M) work is small), in a's dtype."""
+    return iterative_pinv(a.to(torch.promote_types(a.dtype, torch.float32))).to(a.dtype)
+
+
 def segment_means(x: Tensor, m: int) -> Tensor:
     """(B, H, T, D) -> (B, H, M, D): sums of M segments of ceil(T/M) tokens (zero-padded at the end) over ceil(T/M),
     as one (M, T) averaging matrix (no padding copy; no reshape by a length-dependent size: it traces)."""
@@ -96,7 +101,8 @@ class Nystrom(EncoderType):
 
     def bidirectional_reference(self, q, k, v, spec, w):
         k1, k2, k3 = _kernels(q, k, spec.param("M"))
-        return k1 @ iterative_pinv(k2) @ (k3 @ v)  # (T, M) (M, M) (M, T) (T, D), left to right
+        z = _pinv(k2)
+        return k1 @ z @ (k3 @ v)  # (T, M) (M, M) (M, T) (T, D), left to right
 
     def bidirectional(self, q, k, v, spec, w):
         m = spec.param("M")
@@ -105,7 +111,8 @@ class Nystrom(EncoderType):
         k1 = torch.softmax((q * scale) @ kl.transpose(-2, -1), dim=-1)  # (B, H, T, M)
         k2 = torch.softmax(ql @ kl.transpose(-2, -1), dim=-1)  # (B, H, M, M)
         k3v = torch.softmax(ql @ (k * scale).transpose(-2, -1), dim=-1) @ v  # (B, H, M, D)
-        return k1 @ (iterative_pinv(k2) @ k3v)  # the (M, D) product first: O(T M D)
+        z = _pinv(k2)
+        return k1 @ (z @ k3v)  # the (M, D) product first: O(T M D)
 
     def bidirectional_flops(self, spec, batch, t, heads, head_dim):
         m, d = spec.param("M"), head_dim

@@ -69,7 +69,8 @@ def reformer_sort(q: Tensor, b: int) -> tuple[Tensor, Tensor]:
     """The LSH of the queries q (B, H, T, D): (buckets (B, H, T), the sort by bucket then position (B, H, T))."""
     t, d = q.shape[2], q.shape[3]
     _, n_rot = reformer_chunks(t, b)
-    proj = q.detach() @ reformer_rotations(n_rot, d, q.device, q.dtype)  # (B, H, T, n/2)
+    # in float32 whatever q's dtype: a bf16 product would flip near-ties, and a bucket is all or nothing
+    proj = q.detach().float() @ reformer_rotations(n_rot, d, q.device, torch.float32)  # (B, H, T, n/2)
     buckets = torch.cat([proj, -proj], dim=-1).argmax(-1)  # (B, H, T), in [0, n)
     key = buckets * t + torch.arange(t, device=q.device)  # unique: a stable order
     return buckets, torch.argsort(key, dim=-1)
