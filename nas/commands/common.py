@@ -94,7 +94,8 @@ DATA_DEFAULTS = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 HELP_DEFAULTS = {
     "batch_size": 16, "seq_len": 128, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "weight_decay": 0.1, "beta1": 0.9,
     "beta2": 0.95, "grad_clip": 1.0, "max_steps": 2000, "eval_interval": 250, "eval_batches": 16, "ckpt_interval": 250,
-    "log_interval": 10, "log": "jsonl", "seed": 0, "n_random": 2, "distill": 0.5, "balance": "types", "split": "none", "split_at": 0.5,
+    "log_interval": 10, "log": "jsonl", "seed": 0, "n_random": 2, "distill": 0.5, "balance": "types", "split": "none",
+    "split_at": 0.5,
     **DATA_DEFAULTS,
 }
 
