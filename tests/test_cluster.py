@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import optuna
 import pytest
 import torch
+import yaml
 
-from nas.cli import main
 from nas.search import open_storage
 from search_spaces import Subnet, load_space
 
@@ -33,7 +36,7 @@ from .test_workloads import fit_predictor
 TRAIN = ["--batch-size", "8", "--seq-len", "16", "--max-steps", "4", "--warmup", "2", "--eval-interval", "4",
          "--eval-batches", "2", "--ckpt-interval", "4", "--threads", "1", "--device", "cpu"]
 SEARCH = ["--budget", "5ms", "--population", "12", "--parents", "3", "--mutations", "4", "--crossovers", "4",
-          "--generations", "3", "--val-windows", "6", "--seq-len", "16", "--no-progress", "-q"]
+          "--generations", "3", "--val-windows", "12", "--seq-len", "16", "--batch", "2", "--no-progress", "-q"]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +48,16 @@ def micro_files(tmp_path_factory):
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    """The processes' environment: this checkout, one thread, the plain torch attention (the compiled kernels are
+    another test's business, and their first build would hold every process up)."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "NAS_NATIVE_KERNELS": "0"}
+
+
+def nas(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "nas", *args], cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def test_two_node_torchrun_rendezvous_trains_what_one_process_trains(micro_files, tmp_path):
@@ -68,7 +80,7 @@ def test_two_node_torchrun_rendezvous_trains_what_one_process_trains(micro_files
     ddp = torch.load(written[0], weights_only=True)
     assert ddp["meta"]["world_size"] == 2 and ddp["meta"]["step"] == 4
 
-    assert main(["train-supernet", str(space), "--out", str(tmp_path / "single"), "--data", str(docs), *TRAIN]) == 0
+    nas("train-supernet", str(space), "--out", str(tmp_path / "single"), "--data", str(docs), *TRAIN)
     single = torch.load(tmp_path / "single" / "final.pt", weights_only=True)
     assert single["meta"]["world_size"] == 1
     # --batch-size is global: two ranks of 4 windows each compute what one process computes with 8
@@ -88,34 +100,83 @@ def best_of(out):
     return Subnet.load(out / "best_5ms.yaml").key, summary["loss_bpb"]
 
 
+def table_row(stdout: str) -> str:
+    """The 5ms row of the table a search prints (budget, loss, latency, params, evaluations, subnet)."""
+    (row,) = [line for line in stdout.splitlines() if line.startswith("5ms ")]
+    return row
+
+
 def test_three_search_workers_share_one_postgresql_study(postgres_url, micro_files, tmp_path):  # noqa: F811
     space_file, docs = micro_files
-    assert main(["train-supernet", str(space_file), "--out", str(tmp_path / "sn"), "--data", str(docs), *TRAIN]) == 0
+    nas("train-supernet", str(space_file), "--out", str(tmp_path / "sn"), "--data", str(docs), *TRAIN)
     pred = fit_predictor(load_space(str(space_file)), load_space(str(space_file)).workload("prefill"), tmp_path / "pred")
     val = tmp_path / "val.txt"
     val.write_bytes((docs / "doc00.txt").read_bytes() * 4)
     ckpt = tmp_path / "sn" / "final.pt"
 
+    # docs/cluster.md's recipe: the same command N times, one study, one --out that all of them see
     started = time.monotonic()
-    workers = [search_worker(ckpt, pred, val, tmp_path / f"w{i}", postgres_url) for i in range(3)]
+    workers = [search_worker(ckpt, pred, val, tmp_path / "shared", postgres_url) for _ in range(3)]
+    outputs = []
     for w in workers:
         out, err = w.communicate(timeout=300)
         assert w.returncode == 0, err[-3000:]
+        outputs.append(out)
     took = time.monotonic() - started
 
     trials = optuna.load_study(study_name="shared", storage=open_storage(postgres_url)).get_trials(deepcopy=False)
     complete = [t for t in trials if t.state.name == "COMPLETE"]
     slots = [tuple(t.system_attrs["nas:slot"]) for t in complete]
     assert len(set(slots)) == len(slots), "no slot evaluated twice"
-    owners = {t.system_attrs["nas:owner"] for t in complete}
     assert not any(t.state.name in ("RUNNING", "FAIL") for t in trials)
-    assert len(owners) >= 2, f"the 3 workers shared the work ({took:.0f} s): owners {owners}"
+    owners = Counter(t.system_attrs["nas:owner"] for t in complete)
+    assert len(owners) >= 2, f"the 3 workers shared the work ({took:.0f} s): evaluations per worker {owners}"
 
     # one worker alone, on its own SQLite storage: the same slots, the same best subnet and loss
-    assert main(["search", str(ckpt), "--predictor", str(pred), "--val-data", str(val), *SEARCH,
-                 "--out", str(tmp_path / "alone")]) == 0
+    alone = nas("search", str(ckpt), "--predictor", str(pred), "--val-data", str(val), *SEARCH, "--out", str(tmp_path / "alone"))
     name = json.loads((tmp_path / "alone" / "search.json").read_text())["study"]
-    alone = optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{tmp_path / 'alone' / 'search.db'}"))
-    assert len(complete) == sum(t.state.name == "COMPLETE" for t in alone.get_trials(deepcopy=False))
-    for i in range(3):
-        assert best_of(tmp_path / f"w{i}") == best_of(tmp_path / "alone")
+    by_one = optuna.load_study(study_name=name, storage=open_storage(f"sqlite:///{tmp_path / 'alone' / 'search.db'}"))
+    assert sorted(slots) == sorted(tuple(t.system_attrs["nas:slot"]) for t in by_one.get_trials(deepcopy=False)
+                                   if t.state.name == "COMPLETE")
+    assert best_of(tmp_path / "shared") == best_of(tmp_path / "alone")
+    assert [table_row(o) for o in outputs] == [table_row(alone.stdout)] * 3  # each worker reports the whole search
+
+
+# --------------------------------------------------------------------------- the recipes' command lines
+
+
+def recipe_commands() -> list[list[str]]:
+    """Every ``nas`` command of docs/cluster.md: shell lines (continuations joined, shell expansions replaced by a
+    word) and the Kubernetes Job's container command."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    commands = []
+    for lang, block in re.findall(r"^ *```(bash|yaml)\n(.*?)^ *```", text, re.S | re.M):
+        if lang == "yaml":
+            job = yaml.safe_load(block)
+            for container in job["spec"]["template"]["spec"]["containers"]:
+                commands.append([a.replace("$(NAS_STORAGE)", "postgresql://nas@db/nas_search") for a in container["command"]])
+            continue
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.split(" #")[0].replace("$resume", "--resume")  # the SLURM script's "--resume once there is one"
+            line = re.sub(r"\$\([^()]*(\([^()]*\)[^()]*)*\)|\$\{[^}]*\}|\$[A-Za-z_]+", "X", line).replace('"', "")
+            for part in line.split("&&"):
+                found = re.search(r"(?:^|-m\s+)(nas [a-z-]+\b.*)$", part.strip())
+                if found:
+                    commands.append(shlex.split(found.group(1)))
+    return commands
+
+
+def test_every_nas_command_in_the_recipes_parses():
+    from nas.cli import build_parser
+
+    commands = recipe_commands()
+    seen = {c[1] for c in commands}
+    assert {"search", "train-supernet", "train-subnet", "measure-latency", "fit-predictor"} <= seen, seen
+    parser = build_parser()
+    for command in commands:
+        assert command[0] == "nas"
+        try:
+            parser.parse_args(command[1:])
+        except SystemExit:
+            pytest.fail(f"docs/cluster.md: {shlex.join(command)} does not parse")
