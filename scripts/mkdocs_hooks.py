@@ -5,7 +5,8 @@ copied there as they are.  A link that leaves ``docs/`` for one of them (``../RE
 docs/index.md) is pointed at its copy, and the root files' own links into ``docs/`` (``docs/workflow.md``
 from README.md) at the pages.  A link to any other file of the repository (a script, a space YAML) becomes
 a plain code span naming the path, and so does a link to a folder: the site holds the manuals, not the
-sources.  Nothing else is changed.
+sources.  In the rendered docstrings, Sphinx's roles (``:func:`supernet.extract```, ``:class:`~x.Y```) become
+cross-references to the API pages where the name is known there, plain code where not.  Nothing else is changed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("README.md", "CHANGELOG.md", "CONTRIBUTING.md")  # rendered as pages
 COPIES = ("LICENSE", "CITATION.cff")  # copied as they are
 PROJECT = "project"
+ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|const):<code>(~?)\.?([^<\s]+?)(?:\(\))?</code>")
 LINK = re.compile(r"(?<!!)\[([^\]\n]*)\]\(([^)\s#]*)(#[^)\s]*)?\)")
 
 
@@ -59,3 +61,12 @@ def on_page_markdown(markdown, page, config, files):
     src = page.file.src_uri
     repo_path = src[len(PROJECT) + 1:] if src.startswith(f"{PROJECT}/") else f"docs/{src}"
     return rewrite(markdown, repo_path, src)
+
+
+def on_page_content(html, page, config, files):
+    def cross_reference(m: re.Match) -> str:
+        target = m.group(2)
+        shown = target.rsplit(".", 1)[-1] if m.group(1) else target
+        return f'<autoref identifier="{target}" optional><code>{shown}</code></autoref>'  # resolved by mkdocs-autorefs
+
+    return ROLE.sub(cross_reference, html)

@@ -50,6 +50,7 @@ def test_the_version_is_written_once_and_the_wheel_carries_it(wheel, capsys):
     project = pyproject()["project"]
     assert "version" not in project and project["dynamic"] == ["version"]
     assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "nas.__version__"}
+    assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(), re.M)  # `nas --version` says it
     hits = [p for p in ROOT.rglob("*.py") if re.search(r"^__version__\s*=", p.read_text(errors="ignore"), re.M)]
     assert [p.relative_to(ROOT).as_posix() for p in hits if p.parts[len(ROOT.parts)] not in ("build", ".venv")] == [
         "nas/__init__.py"]
@@ -190,8 +191,10 @@ def test_the_docs_site_builds_with_no_warning_and_the_api_reference(tmp_path):
     assert "WARNING" not in built.stderr
     api = (site / "api" / "supernet" / "index.html").read_text()
     assert 'id="supernet.train.train"' in api and "already on its device" in api  # from train()'s docstring
+    assert 'class="autorefs autorefs-internal"' in api  # a :func:`...` of a docstring, linked
     for package in PACKAGES:
-        assert (site / "api" / package / "index.html").exists()
+        page = (site / "api" / package / "index.html").read_text()
+        assert not re.search(r":(func|class|meth|mod|attr):<code>", page), package  # no Sphinx role left raw
     readme = (site / "project" / "index.html").read_text()  # README.md: the index of its folder
     assert "python3 scripts/install.py &amp;&amp; nas demo" in readme
     assert 'href="../workflow/"' in readme  # README's docs/workflow.md link, pointed at the page
