@@ -347,8 +347,8 @@ def _block_part(key: dict, batch, seq, E, F_):
     rope = key["positions"] == "rope"
     if key["part"] == "block":
         # (2, T, E) with T below max_seq_len: at T == L the exporter would fix T where a type slices a (., L)
-        # weight to the first T columns (linformer's projections)
-        x = torch.randn(2, max(L - 1, 2), e)
+        # weight to the first T columns (linformer's projections); a 2D type's T: a square grid (its trace_length)
+        x = torch.randn(2, typ.trace_length(L), e)
         module = _Block(key["attention"], hd, L, rope, names, key.get("causal", True))
         return module, (x, *weights), ({0: batch, 1: seq, 2: E}, tuple(wdims)), ["x", *wnames], ["y"]  # forward(x, *weights)
     assert key["part"] == "decode-block", key

@@ -9,7 +9,12 @@ Output: results (tables, summaries, paths written) go to stdout, printed by the 
 Notes and warnings go through :mod:`logging` (``logging.getLogger(__name__)`` in every module),
 set up here once per command: one line each on stderr, ``nas COMMAND: message``, written through
 tqdm so progress bars stay whole.  ``-q`` keeps warnings and errors only (and hides the progress
-bars), ``-v`` adds debug detail.
+bars), ``-v`` adds debug detail.  With ``--json`` (the commands that print a result) the command's
+printed lines go to stderr too and stdout gets one JSON document (:func:`nas.commands.common.emit`).
+
+Every command takes ``--config FILE`` (YAML; flags given override it) and ``--print-config``
+(:mod:`nas.commands.config`); the flags' names mean one thing each across the commands, and the old
+spellings of one release print which flag to use instead (:mod:`nas.commands.vocabulary`, docs/cli.md).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Iterator
@@ -27,7 +33,7 @@ from . import __version__
 
 # The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
 COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
-            "train-subnet", "finetune", "classify", "generate", "doctor"]
+            "train-subnet", "finetune", "classify", "generate", "doctor", "completion"]
 
 
 def command_modules() -> dict:
@@ -116,10 +122,23 @@ def _output_flags() -> argparse.ArgumentParser:
     g.add_argument(
         "-q", "--quiet", action="count", default=0, help="no notes or progress bars on stderr, only warnings and errors"
     )
+    c = common.add_argument_group("configuration (docs/cli.md)")
+    c.add_argument("--config", metavar="FILE", help="read the flags from this YAML file (keys: the flags' names, e.g. "
+                   "max_steps or max-steps; positional arguments by name); flags given on the command line override it")
+    c.add_argument("--print-config", action="store_true",
+                   help="print the effective flags (the file and the command line merged) as YAML and exit")
     return common
 
 
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout (what the "
+                   "command prints otherwise goes to stderr)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .commands.vocabulary import JSON as JSON_COMMANDS
+    from .commands.vocabulary import add_aliases
+
     parser = argparse.ArgumentParser(
         prog="nas",
         description="Hardware-aware neural architecture search for Transformers.",
@@ -137,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
             parents=[common],
         )
         module.add_arguments(p)
+        if name in JSON_COMMANDS:
+            _json_flag(p)
+        add_aliases(p, name)
         p.set_defaults(run=module.run)
     return parser
 
@@ -148,18 +170,75 @@ def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.A
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def _jsonable(value):
+    """A value ``json`` does not know: numpy scalars and arrays as numbers and lists, anything else as its text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _command_of(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """The command named in ``argv`` (its first word that is one), before parsing."""
+    names = _command_names(parser)
+    return next((a for a in argv if a in names), None)
+
+
+def _command_names(parser: argparse.ArgumentParser) -> set[str]:
+    for action in parser._actions:  # noqa: SLF001
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return set(action.choices)
+    return set()
+
+
+def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The parser and the parsed flags of ``argv``, a ``--config`` file's values under them (UserError: a bad file)."""
+    from .commands import config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    try:  # shell completion through argcomplete, where it is installed (nas completion prints a script that needs none)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    except ImportError:
+        pass
+    command = _command_of(parser, argv)
+    path = config.find_config(argv) if command else None
+    lists = {}
+    if path is not None:
+        lists = config.apply(_command_parser(parser, command), path, config.load(path), command)
     args = parser.parse_args(argv)
+    config.override(args, lists)
+    return parser, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        parser, args = parse(argv)
+    except UserError as e:  # a bad --config file
+        command = _command_of(build_parser(), list(sys.argv[1:] if argv is None else argv))
+        print(f"nas {command}: error: {e}", file=sys.stderr)
+        return 2
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    if args.print_config:
+        from .commands import config
+
+        sys.stdout.write(config.dump(args.command, config.effective(_command_parser(parser, args.command), args)))
+        return 0
     try:
         with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
             from .commands.checks import check_flags
 
             check_flags(args, _command_parser(parser, args.command))
-            return int(args.run(args) or 0)
+            if not getattr(args, "json", False):
+                return int(args.run(args) or 0)
+            with contextlib.redirect_stdout(sys.stderr):  # what the command prints: notes, next to the document
+                status = int(args.run(args) or 0)
+            if getattr(args, "result", None) is not None:
+                print(json.dumps(args.result, indent=1, default=_jsonable))
+            return status
     except UserError as e:
         print(f"nas {args.command}: error: {e}", file=sys.stderr)
         return 2

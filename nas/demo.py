@@ -141,8 +141,8 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     stage("train the supernet", train)
 
     # 2. latency: time subnets with ONNX Runtime on this CPU (one thread, the thread's CPU time: steady on a busy machine)
-    measure = ["measure-latency", space, "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
-               "--samples", str(plan.samples), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
+    measure = ["measure-latency", space, "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+               "--samples", str(plan.samples), "--timing-warmup", str(plan.warmup), "--repeats", str(plan.repeats),
                "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
                "--out", str(p.timings)]  # fmt: skip
     stage("measure latency", lambda: cli(measure))
@@ -160,14 +160,14 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
               "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
               "--val-windows", str(plan.val_windows), "--seed", str(seed), "--out", str(p.search), "--device", "cpu",
               # then time the top candidates with ONNX Runtime and keep the best whose measured latency holds
-              "--verify", "onnxruntime", "--verify-top", "5", "--verify-threads", "1", "--verify-clock", "cpu"]  # fmt: skip
+              "--timing-target", "onnxruntime", "--verify-top", "5", "--timing-threads", "1", "--clock", "cpu"]  # fmt: skip
     stage("search", lambda: cli(search, ok=(0, 1)))  # 1: no candidate held on the device; the demo goes on and says so
     best_file = _search_best(p.search)
     if best_file is None:
         raise UserError(f"{p.search}/search.json: the search found no subnet under {budget_ms:.3f} ms")
 
     # 4. export the winner (ONNX with fused attention, parity checked)
-    stage("export", lambda: cli(["export", "--supernet", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model)]))
+    stage("export", lambda: cli(["export", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model)]))
 
     # 5. the export and the hand-scaled baselines, measured side by side, scored on fresh windows
     log.info("== measure the export beside uniform baselines")

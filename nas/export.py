@@ -443,7 +443,7 @@ def export_chosen(supernet, payload: dict[str, Any], subnet, settings: ExportSet
     task = tasks.of(space)
     s = settings
     if s.budget_ms is not None and not s.measure:
-        raise UserError("--budget: needs --measure DEVICE (the budget is checked against the measured latency)")
+        raise UserError("--budget: needs --timing-target DEVICE (the budget is checked against the measured latency)")
     predicted, reference_ms = None, None
     if s.predictor:
         from latency.predictors import load_predictor

@@ -39,7 +39,7 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
 FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
-         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--warmup"}
+         "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--lr-warmup"}
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from search_spaces import Space, UserError, tasks
 log = logging.getLogger(__name__)
 
 # A setting's flag where it is not "--" + the field's name with dashes (for messages).
-FLAG_NAMES = {"warmup_steps": "--warmup", "n_random": "--random-subnets"}
+FLAG_NAMES = {"warmup_steps": "--lr-warmup", "n_random": "--random-subnets"}
 OBJECTIVE_KEYS = ("n_random", "distill", "balance", "split", "split_at")  # what a resumed run keeps of its objective
 
 

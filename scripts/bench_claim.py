@@ -309,8 +309,8 @@ def run(args, plan: Plan) -> dict:
     # 2. latency on ONNX Runtime, one thread, CPU clock
     timings, predictor = out / "latency" / "timings.csv", out / "predictor"
     timed("measure latency", lambda: cli([
-        "measure-latency", str(args.space), "--device", "onnxruntime", "--threads", "1", "--clock", "cpu",
-        "--samples", str(plan.samples), "--warmup", str(plan.warmup), "--repeats", str(plan.repeats),
+        "measure-latency", str(args.space), "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+        "--samples", str(plan.samples), "--timing-warmup", str(plan.warmup), "--repeats", str(plan.repeats),
         "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(args.seed),
         "--out", str(timings)]))  # fmt: skip
     stage("fit the predictor", lambda: cli(["fit-predictor", str(timings), "--out", str(predictor), "--seed", str(args.seed)]))
@@ -356,10 +356,10 @@ def run(args, plan: Plan) -> dict:
               "--fitness", f"calibrated:{ranker}", "--population", str(plan.population), "--parents", str(plan.parents),
               "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
               *fitness_flags, "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
-              "--verify", "onnxruntime", "--verify-top", str(plan.verify_top), "--verify-threads", "1", "--verify-clock", "cpu",
+              "--timing-target", "onnxruntime", "--verify-top", str(plan.verify_top), "--timing-threads", "1", "--clock", "cpu",
               "--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates), "--hurdle-from", "scratch",
-              "--hurdle-batch", str(plan.retrain_batch), "--hurdle-tokens", plan.hurdle_tokens, "--no-progress"]  # fmt: skip
-    timed("search", lambda: cli(search, ok=(0, 1)))  # (its --verify times the candidates)
+              "--hurdle-batch-size", str(plan.retrain_batch), "--hurdle-tokens", plan.hurdle_tokens, "--no-progress"]  # fmt: skip
+    timed("search", lambda: cli(search, ok=(0, 1)))  # (its --timing-target times the candidates)
     summary = json.loads((search_dir / "search.json").read_text())
     labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given
     found = found_subnets(search_dir, labels, summary)
@@ -527,7 +527,7 @@ def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan:
         seed = (seeds or {}).get(name, args.seed)
         cmd = [sys.executable, "-m", "nas.cli", "train-subnet", str(spec), "--space", str(args.space), "--out", str(d / "model"),
                "--init", "scratch", "--tokens", str(tokens), "--seq-len", str(space.workload().seq_len),
-               "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--warmup", str(plan.retrain_warmup),
+               "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--lr-warmup", str(plan.retrain_warmup),
                "--seed", str(seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4",
                "--ckpt-interval", "50", "-q"]  # fmt: skip
         if (d / "model" / "train" / "latest.pt").exists():

@@ -6,7 +6,7 @@
 
 1. **Per type and width** (``--space``, default tiny): for each attention type of the space and the smallest and
    largest embedding width, a uniform subnet (the space's depth, heads and FFN at their largest, every layer that
-   type) is timed at each of the space's workloads (prefill and decode) as ``nas measure-latency --device
+   type) is timed at each of the space's workloads (prefill and decode) as ``nas measure-latency --timing-target
    onnxruntime --precision P`` times it (the stitched timing graph, quantized by :mod:`latency.quantize`) at fp32,
    int8-dynamic and int8-static.  ``--rounds`` rounds visit the three sessions in a fresh random order each; a
    round's ratio is INT8 / fp32 of that round, the figure the median over rounds (below 1: INT8 is faster).
@@ -18,7 +18,7 @@
 4. With ``--search-budget B --predictor-int8 P8 --predictor-fp32 P32`` (and ``--supernet``): the issue's question, does
    searching at INT8 find a better model than searching at fp32 and quantizing the winner?  Both searches run
    (``nas search``, ``--population`` x ``--generations``) under the budget B, each with its predictor; both winners
-   are exported at P8's precision (``nas export --precision --measure onnxruntime``), timed as INT8 and scored as
+   are exported at P8's precision (``nas export --precision --timing-target onnxruntime``), timed as INT8 and scored as
    ONNX Runtime's INT8 models on the search's held-out windows; prints both and the difference.
 Writes ``<out>.csv`` (one row per type, width, workload) and ``<out>.json`` (everything, with the load average).
 """
@@ -148,8 +148,9 @@ def search_comparison(args) -> dict:
             raise SystemExit(f"nas search ({name}) exited with {code}")
         best = next(folder.glob("best_*.yaml"))  # one budget: one file
         model = folder.with_name(folder.name + "-export")
-        code = nas(["export", "--supernet", args.supernet, "--subnet", str(best), "--out", str(model),
-                    "--format", "onnx", "--precision", precision, "--measure", "onnxruntime", "--threads", str(args.threads),
+        code = nas(["export", args.supernet, "--subnet", str(best), "--out", str(model),
+                    "--format", "onnx", "--precision", precision, "--timing-target", "onnxruntime",
+                    "--timing-threads", str(args.threads),
                     "--predictor", args.predictor_int8, "--budget", budget, "-q", *scoring])
         if code != 0:
             raise SystemExit(f"nas export ({name}) exited with {code}")

@@ -8,7 +8,7 @@
 Stages (each the documented command run in-process, each resumable: run the same command again):
 
 1. train the supernet (``nas train-supernet``, sandwich + distillation; skipped with ``--supernet``);
-2. time sampled subnets on the translate workload (``nas measure-latency --device D``, one thread, the thread's
+2. time sampled subnets on the translate workload (``nas measure-latency --timing-target D``, one thread, the thread's
    CPU time) and fit a predictor (``nas fit-predictor``);
 3. budgets at the 25th, 50th and 75th percentile of the measured latencies;
 4. search (``nas search``: held-out cross-entropy per target byte with inherited weights) under the three budgets;
@@ -226,7 +226,7 @@ def retrain_all(models: dict, root: Path, tokens: int, plan: Plan, args, space_a
         if not (model / "model_card.json").exists():
             train = ["train-subnet", str(spec), "--space", space_arg, "--out", str(model), "--init", "scratch",
                      "--tokens", str(tokens), "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr),
-                     "--warmup", str(plan.retrain_warmup), "--seed", str(args.seed), "--threads", "1",
+                     "--lr-warmup", str(plan.retrain_warmup), "--seed", str(args.seed), "--threads", "1",
                      "--eval-interval", "1000000", "--eval-batches", "4", "--ckpt-interval", "100", *data, "-q"]  # fmt: skip
             if (model / "train" / "latest.pt").exists():
                 train = ["train-subnet", "--out", str(model), "--resume", "--threads", "1", "-q"]
@@ -315,8 +315,8 @@ def run(args, plan: Plan) -> dict:
     # 2. latency of sampled subnets on the device, one thread, CPU clock; the predictor
     timings, predictor = out / "latency" / "timings.csv", out / "predictor"
     stage("measure latency", lambda: cli([
-        "measure-latency", space_arg, "--device", args.device, "--threads", "1", "--clock", "cpu",
-        "--samples", str(plan.samples), "--retest", str(plan.retest), "--warmup", str(plan.warmup),
+        "measure-latency", space_arg, "--timing-target", args.device, "--timing-threads", "1", "--clock", "cpu",
+        "--samples", str(plan.samples), "--retest", str(plan.retest), "--timing-warmup", str(plan.warmup),
         "--repeats", str(plan.repeats), "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms),
         "--seed", str(args.seed), "--out", str(timings)]))  # fmt: skip
     stage("fit the predictor", lambda: cli(["fit-predictor", str(timings), "--out", str(predictor), "--seed", str(args.seed)]))
@@ -332,7 +332,7 @@ def run(args, plan: Plan) -> dict:
         "search", str(ckpt), "--predictor", str(predictor), "--budget", ",".join(labels), "--population",
         str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations), "--crossovers",
         str(plan.crossovers), "--generations", str(plan.generations), "--val-windows", str(plan.val_windows),
-        "--eval-batch", str(plan.eval_batch), "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
+        "--eval-batch-size", str(plan.eval_batch), "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
         "--no-progress"], ok=(0, 1)))  # fmt: skip
     summary = json.loads((search_dir / "search.json").read_text())
     labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from search_spaces import Space, Subnet, UserError
 
+from .attention.registry import fast_paths
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import check_length
 from .distributed import SINGLE, Dist
@@ -71,11 +72,12 @@ class TrainConfig:
     seed: int = 0
     compile: bool = False
     threads: int | None = None  # torch's intra-op CPU threads (None: torch's choice); kept for the resumed run
+    log: str = "jsonl"  # of LOGS: log.jsonl always; "tensorboard" also writes TensorBoard event files to OUT/tensorboard
 
     # May differ between a run and its resumption (they bound or observe the run, not its maths; ``threads`` does change
     # the float sums, so a resumed run keeps the stored value unless told otherwise, and says so when told).
     RESUMABLE = ("max_steps", "max_time", "eval_interval", "eval_batches", "ckpt_interval", "log_interval", "compile",
-                 "threads")
+                 "threads", "log")
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,6 +100,8 @@ class TrainConfig:
             problems.append(f"--max-time: {self.max_time} is not a positive number of seconds")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             problems.append(f"--threads: {self.threads} is not a positive integer")
+        if self.log not in LOGS:
+            problems.append(f"--log: {self.log!r} is not one of {', '.join(LOGS)}")
         if problems:
             raise UserError("\n".join(problems))
 
@@ -105,6 +109,8 @@ class TrainConfig:
         d = asdict(self)
         if d["threads"] is None:  # absent when not given: the settings (and hashes) of runs from before stay as they were
             del d["threads"]
+        if d["log"] == "jsonl":  # likewise
+            del d["log"]
         return d
 
     @classmethod
@@ -204,6 +210,7 @@ def _pass_loss(task: Learner, logits: Tensor, targets: Tensor, per: float | None
     return ce, ce.detach() if per is None else task.loss(logits.detach(), targets).detach()
 
 
+LOGS = ("jsonl", "tensorboard")  # --log: training metrics as log.jsonl alone, or also as TensorBoard event files
 BALANCES = ("types", "first")  # --balance: the sandwich's largest / smallest rotate over the types, or use the first
 SPLITS = ("none", "families")  # --split: one Q/K/V/O for every type, or one per attention family (few-shot NAS)
 
@@ -394,7 +401,10 @@ class CompiledFor(nn.Module):
         object.__setattr__(self, "_compiled", torch.compile(model, dynamic=False))
 
     def forward(self, *inputs: Tensor, subnet: Subnet | None = None) -> Tensor:
-        return run_model(self._compiled if subnet in self.fixed else self.model, inputs, subnet)
+        if subnet not in self.fixed:
+            return run_model(self.model, inputs, subnet)
+        with fast_paths():  # the types' fast paths (torch 2.11 calls a compile an export)
+            return run_model(self._compiled, inputs, subnet)
 
 
 class Checkpointer(Protocol):
@@ -491,6 +501,58 @@ class JsonlLog:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps({"event": event, "time": round(time.time(), 3), **values}) + "\n")
+
+
+class TensorBoardLog(JsonlLog):
+    """log.jsonl, and the same training and validation scalars as TensorBoard event files in ``folder``
+    (``tensorboard --logdir OUT/tensorboard``).  log.jsonl is the record: a resumed run rewrites the event files from
+    its kept lines (those past the checkpoint's step were dropped), so its curves are the uninterrupted run's, each
+    step once."""
+
+    def __init__(self, path: Path, folder: Path, resume_step: int | None = None):
+        super().__init__(path, resume_step)
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise UserError("--log tensorboard: the tensorboard package is not installed "
+                            "(pip install 'nas-transformers[tensorboard]')") from e  # fmt: skip
+        for old in folder.glob("events.out.tfevents.*"):
+            old.unlink()
+        self.writer = SummaryWriter(str(folder))
+        for line in path.read_text().splitlines() if resume_step is not None and path.exists() else ():
+            record = json.loads(line)
+            self._scalars(record.pop("event"), record)
+        self.writer.flush()
+
+    def write(self, event: str, **values: Any) -> None:
+        super().write(event, **values)
+        self._scalars(event, values)
+        if event == "end":
+            self.writer.close()
+        else:
+            self.writer.flush()
+
+    def _scalars(self, event: str, values: dict[str, Any]) -> None:
+        step = values.get("step")
+        if event == "train":
+            for name, loss in values["loss"].items():
+                self.writer.add_scalar(f"train/loss/{name}", loss, step)
+            self.writer.add_scalar("train/lr", values["lr"], step)
+            self.writer.add_scalar("train/tokens_per_s", values["tokens_per_s"], step)
+        elif event == "eval":
+            for key, scores in values.items():
+                if isinstance(scores, dict):
+                    for name, score in scores.items():
+                        self.writer.add_scalar(f"validation/{key}/{name}", score, step)
+
+
+def metrics_log(out: Path | None, config: TrainConfig, resume_step: int | None) -> JsonlLog:
+    """Where metrics go: ``out/log.jsonl`` (and ``out/tensorboard`` with ``--log tensorboard``); nowhere without ``out``."""
+    if out is None:
+        return JsonlLog(None)
+    if config.log == "tensorboard":
+        return TensorBoardLog(out / "log.jsonl", out / "tensorboard", resume_step)
+    return JsonlLog(out / "log.jsonl", resume_step)
 
 
 def _line_step(line: str) -> float:
@@ -705,10 +767,10 @@ def train(
         resume = resume if isinstance(resume, dict) else checkpointer.load(t.latest)
         use_threads(config, resume.get("meta", {}).get("train_config", {}), t.say)
         t.restore(resume)
+        t.say(f"resumed from {t.latest} at step {t.step}")
     else:
         use_threads(config)
-        t.say(f"resumed from {t.latest} at step {t.step}")
-    t.log = JsonlLog(out / "log.jsonl" if (out is not None and dist.is_main) else None, resume_step=t.step if resuming else None)
+    t.log = metrics_log(out if dist.is_main else None, config, t.step if resuming else None)
     t.log.write("resume" if resuming else "start", step=t.step, meta=_jsonable(t.meta))
 
     model.train()

@@ -42,7 +42,7 @@ def test_space_prints_choices_size_and_param_counts(capsys):
 def test_space_sample_prints_loadable_subnets(capsys):
     from search_spaces import Subnet
 
-    assert main(["space", "tiny", "--sample", "2", "--seed", "4"]) == 0
+    assert main(["space", "tiny", "--samples", "2", "--seed", "4"]) == 0
     out = capsys.readouterr().out
     docs = out.split("# sample ")[1:]
     assert len(docs) == 2
@@ -51,9 +51,9 @@ def test_space_sample_prints_loadable_subnets(capsys):
 
 
 def test_user_errors_are_one_line_exit_2():
-    out = nas("space", "tiny", "--sample", "-1")
+    out = nas("space", "tiny", "--samples", "-1")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == "nas space: error: --sample: -1 is negative; give a count >= 0"
+    assert out.stderr.strip() == "nas space: error: --samples: -1 is negative; give a count >= 0"
 
 
 def test_notes_go_through_logging_to_stderr_and_quiet_keeps_warnings(capsys):

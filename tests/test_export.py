@@ -108,7 +108,6 @@ def test_export_cli(supernet, tmp_path, capsys):
         main(
             [
                 "export",
-                "--supernet",
                 str(ckpt),
                 "--subnet",
                 str(tmp_path / "s.yaml"),
@@ -127,7 +126,6 @@ def test_export_cli(supernet, tmp_path, capsys):
         main(
             [
                 "export",
-                "--supernet",
                 str(ckpt),
                 "--subnet",
                 str(tmp_path / "s.yaml"),
@@ -141,7 +139,7 @@ def test_export_cli(supernet, tmp_path, capsys):
     )
     assert "--format: 'tflite'" in capsys.readouterr().err
     (tmp_path / "big.yaml").write_text(Subnet(256, 1, (1,), (128,), ("softmax",)).to_yaml())
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "o2")]) == 2
+    assert main(["export", str(ckpt), "--subnet", str(tmp_path / "big.yaml"), "--out", str(tmp_path / "o2")]) == 2
     assert "embed_dim: 256 is not one of 64, 96, 128" in capsys.readouterr().err
     assert main(["generate", "--model", str(tmp_path / "o"), "--prompt", "ab", "--max-new-tokens", "5"]) == 0
     assert capsys.readouterr().out.startswith("ab")
@@ -255,9 +253,9 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     pred = fake_predictor(supernet.space, tmp_path / "pred")
     monkeypatch.setattr(latency.device, "get_device", lambda name, **kw: SlowFakeDevice((96,), factor=1000.0))
     out = tmp_path / "o"
-    args = ["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "torch",
+    args = ["export", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "torch",
             "--val-data", str(tmp_path / "val.txt"), "--val-windows", "4", "--seq-len", "64", "--predictor", str(pred),
-            "--measure", "fake", "--budget", "50ms", "--repeats", "4", "--rounds", "2", "--warmup", "1"]
+            "--timing-target", "fake", "--budget", "50ms", "--repeats", "4", "--rounds", "2", "--timing-warmup", "1"]
     assert main(args) == 0  # over budget: a warning, exit 0 without --strict
     captured = capsys.readouterr()
     warnings = [line for line in captured.err.splitlines() if "warning" in line]
@@ -285,8 +283,8 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     assert main(args + ["--strict", "-q"]) == 1
     quiet = capsys.readouterr().err.splitlines()  # -q: no notes, no progress bars; the warning stays
     assert len(quiet) == 1 and quiet[0].startswith("nas export: warning: measured latency") and "over the budget 50ms" in quiet[0]
-    no_measure = [a for a in args if a not in ("--measure", "fake")]
-    assert main(no_measure) == 2 and "--budget: needs --measure" in capsys.readouterr().err
+    no_measure = [a for a in args if a not in ("--timing-target", "fake")]
+    assert main(no_measure) == 2 and "--budget: needs --timing-target" in capsys.readouterr().err
     assert main(args + ["--workload", "decode"]) == 2
     assert "workload" in capsys.readouterr().err
 
@@ -321,9 +319,9 @@ def test_export_measure_times_the_decode_step_at_the_workloads_context(supernet,
     ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
     (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
     out = tmp_path / "o"
-    assert main(["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "onnx",
-                 "--no-eval", "--measure", "onnxruntime", "--workload", "decode", "--threads", "1",
-                 "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]) == 0
+    assert main(["export", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(out), "--format", "onnx",
+                 "--no-eval", "--timing-target", "onnxruntime", "--workload", "decode", "--timing-threads", "1",
+                 "--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]) == 0
     printed = capsys.readouterr().out
     assert len(fed) == 1  # the exported model, from its file; the reference goes through the device
     names, feed = fed[0]

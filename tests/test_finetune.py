@@ -50,7 +50,7 @@ def interrupting_bar(real_bar, step):
 def args(root, out, *extra):
     return ["finetune", "--model", str(root / "model"), "--out", str(out), "--data", str(root / "docs"), "--batch-size", "4",
             "--seq-len", "64", "--max-steps", "6", "--ckpt-interval", "2", "--eval-interval", "3", "--eval-batches", "2",
-            "--warmup", "2", "--lr", "1e-3", *extra]
+            "--lr-warmup", "2", "--lr", "1e-3", *extra]
 
 
 def test_finetune_interrupted_and_resumed_equals_uninterrupted(setup, capsys, monkeypatch):

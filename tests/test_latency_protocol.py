@@ -168,6 +168,31 @@ def test_cuda_runtimes_check_their_output_against_eager():
         dev._check(torch.full((2,), float("nan")), lambda: torch.ones(2), "the model [hydra]")
 
 
+def test_a_compile_failure_is_one_line_naming_the_model(monkeypatch):
+    """--runtime compile: Inductor failing on a model (torch 2.11's Triton codegen on hydra's running mean, an H200,
+    2026-11-27) is one line naming the model's types and Inductor's first line, not a traceback ending the campaign."""
+    import re
+
+    import torch
+
+    from latency.devices.cuda import CUDA
+    from search_spaces import UserError
+
+    def broken(call, **kwargs):
+        def run():
+            raise RuntimeError("\nInductorError: TypeError: list indices must be integers or slices, not NoneType\nmore")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    dev = object.__new__(CUDA)
+    dev.runtime = "compile"
+    with pytest.raises(UserError, match=rf"^--runtime compile: torch {re.escape(torch.__version__)} could not compile the model "
+                                        r"\[hydra, softmax\] \(InductorError: TypeError: list indices must be integers "
+                                        r"or slices, not NoneType\); time it with --runtime eager or cudagraph"):  # fmt: skip
+        dev._step(lambda: torch.ones(2), "the model [hydra, softmax]")
+
+
 def test_a_cuda_graph_runner_keeps_alive_what_its_graph_reads():
     """The runner of --runtime cudagraph holds the model call (weights, input tokens) and the static output: once
     prepare returns, nothing else does, and a freed input's memory went to the next model (a GPU's replay then read
@@ -198,3 +223,30 @@ def test_a_cuda_graph_runner_keeps_alive_what_its_graph_reads():
     del run
     gc.collect()
     assert tokens() is None and out() is None
+
+
+def test_compiled_runs_take_the_fast_paths_even_where_torch_calls_a_compile_an_export(monkeypatch):
+    """torch 2.11 says ``torch.compiler.is_exporting()`` is True under torch.compile (an H200, 2026-11-27): the
+    registry then sent compiled runs (latency's compile runtime, train-supernet --compile) down the export forms.
+    Inside ``fast_paths()`` the types take their fast paths; a real export still gets the traceable forms."""
+    import torch
+
+    from supernet.attention import registry
+
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # torch 2.11 under torch.compile
+    assert registry.exporting()  # torch.export: the traceable forms
+    with registry.fast_paths():
+        assert not registry.exporting()
+        with registry.fast_paths():
+            assert not registry.exporting()
+        assert not registry.exporting()
+    assert registry.exporting()
+    picked = []
+    typ = registry.get("local:32")
+    monkeypatch.setattr(type(typ), "forward_onnx", lambda self, *a: picked.append("export") or a[2])
+    monkeypatch.setattr(type(typ), "forward", lambda self, *a: picked.append("fast") or a[2])
+    q = torch.zeros(1, 1, 4, 8)
+    registry.attend(q, q, q, registry.parse_attention("local:32"))
+    with registry.fast_paths():
+        registry.attend(q, q, q, registry.parse_attention("local:32"))
+    assert picked == ["export", "fast"]

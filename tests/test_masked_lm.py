@@ -286,7 +286,7 @@ def test_search_and_export_an_encoder_score_bits_per_masked_byte(encoder, space_
     other = InheritedLoss(supernet, tokens, seq_len=16, windows=3, options={"mask_rate": 0.5})
     assert loss != pytest.approx(float(other([best])[0]))
 
-    assert main(["export", "--supernet", str(run_dir / "final.pt"), "--subnet", str(best_file), "--out", str(tmp_path / "model"),
+    assert main(["export", str(run_dir / "final.pt"), "--subnet", str(best_file), "--out", str(tmp_path / "model"),
                  *val, "--format", "onnx"]) == 0
     assert "bits/masked byte" in capsys.readouterr().out
     card = json.loads((tmp_path / "model" / "model_card.json").read_text())

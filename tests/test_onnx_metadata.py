@@ -125,12 +125,12 @@ def test_translate_refuses_an_over_long_text_in_one_line(exports, capsys):
     at_limit, over = "a" * 40, "ü" * 21  # 40 bytes; 42 bytes of UTF-8 in 21 characters
     for runtime in ("onnxruntime", "torch"):
         capsys.readouterr()
-        assert main(["translate", "--model", str(folder), "open", over, "--runtime", runtime, "--max-bytes", "2", "-q"]) == 2
+        assert main(["translate", "--model", str(folder), "open", over, "--engine", runtime, "--max-bytes", "2", "-q"]) == 2
         out, err = capsys.readouterr()
         assert out == ""  # refused before the first text was translated
         assert err == ("nas translate: error: text 2: 42 bytes (UTF-8); the model reads at most 40 (its max_seq_len): "
                        "shorten it or split it into sentences of at most 40 bytes\n")  # fmt: skip
-    assert main(["translate", "--model", str(folder), at_limit, "--runtime", "onnxruntime", "--max-bytes", "2", "-q"]) == 0
+    assert main(["translate", "--model", str(folder), at_limit, "--engine", "onnxruntime", "--max-bytes", "2", "-q"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
 
 
@@ -140,7 +140,7 @@ def test_a_graph_whose_metadata_changed_after_its_card_is_refused(exports, tmp_p
     shutil.copytree(folder, copy)
     add_metadata(copy / "encoder.onnx", {"nas.max_seq_len": "1000"})
     capsys.readouterr()
-    assert main(["translate", "--model", str(copy), "open", "--runtime", "onnxruntime", "-q"]) == 2
+    assert main(["translate", "--model", str(copy), "open", "--engine", "onnxruntime", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"nas translate: error: {copy / 'encoder.onnx'}: checksum ") and "does not match the model card" in err
     assert err.count("\n") == 1

@@ -51,8 +51,8 @@ def test_search_at_int8_scores_int8_and_refuses_a_predictor_of_another_precision
     assert main(search_args(tmp, ckpt, "--budget", "6ms", "--precision", "int8-dynamic")) == 2
     assert capsys.readouterr().err.strip() == (
         f"nas search: error: --predictor {tmp / 'pred.json'}: fitted on timings at precision fp32, but --precision is "
-        "int8-dynamic; measure at int8-dynamic (nas measure-latency --device onnxruntime --precision int8-dynamic) and fit "
-        "a predictor on them")
+        "int8-dynamic; measure at int8-dynamic (nas measure-latency --timing-target onnxruntime --precision int8-dynamic) "
+        "and fit a predictor on them")
     assert not (tmp / "out" / "search.json").exists()
     spaces["pred.json"].fingerprint["precision"] = "int8-dynamic"
     assert main(search_args(tmp, ckpt, "--budget", "6ms")) == 2  # an INT8 predictor in an fp32 search
@@ -74,7 +74,7 @@ def supernet_of(ckpt):
     return load_supernet(ckpt)[0]
 
 
-FAST = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
+FAST = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
 
 
 def export_args(model, tmp_path, subnet: Subnet, windows: int, seq_len: int) -> list[str]:
@@ -84,7 +84,7 @@ def export_args(model, tmp_path, subnet: Subnet, windows: int, seq_len: int) -> 
     ckpt = save_checkpoint(tmp_path / "ck.pt", model, {}, step=3)
     (tmp_path / "s.yaml").write_text(subnet.to_yaml())
     (tmp_path / "val.txt").write_bytes(TEXT)
-    return ["export", "--supernet", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"),
+    return ["export", str(ckpt), "--subnet", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "o"),
             "--format", "onnx", "--val-data", str(tmp_path / "val.txt"), "--val-windows", str(windows), "--seq-len", str(seq_len)]
 
 
@@ -98,12 +98,12 @@ def test_export_at_int8_writes_the_quantized_onnx_scores_both_and_times_it(super
     out = tmp_path / "o"
     args = export_args(supernet, tmp_path, Subnet(96, 2, (2, 4), (256, 128), ("softmax", "local:32")), 4, 32)
     args += ["--precision", "int8-static"]
-    assert main(args + ["--measure", "cpu"]) == 2  # torch cannot run it: refused before anything is written
+    assert main(args + ["--timing-target", "cpu"]) == 2  # torch cannot run it: refused before anything is written
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "nas export: error: --precision int8-static: --device cpu runs fp32 only; int8-static runs on --device onnxruntime "
         "(--provider cpu; the ARM bundle will follow)")
     assert not out.exists()
-    assert main(args + ["--measure", "onnxruntime", *FAST]) == 0
+    assert main(args + ["--timing-target", "onnxruntime", *FAST]) == 0
     printed = capsys.readouterr().out
     card = read_card(out)
     q = card["quantized"]
@@ -128,7 +128,7 @@ def test_export_at_int8_times_a_decode_workload_on_the_quantized_step_graph(supe
 
     out = tmp_path / "o"
     args = export_args(supernet, tmp_path, Subnet(64, 2, (2, 1), (128, 128), ("softmax", "linear")), 2, 16)
-    args += ["--no-eval", "--precision", "int8-dynamic", "--measure", "onnxruntime", "--workload", "decode"]
+    args += ["--no-eval", "--precision", "int8-dynamic", "--timing-target", "onnxruntime", "--workload", "decode"]
     assert main(args + FAST) == 0
     card = read_card(out)
     step = card["quantized_step"]

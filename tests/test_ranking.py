@@ -276,7 +276,7 @@ def test_hurdles_from_scratch_train_at_train_subnets_rates(tiny):
     with pytest.raises(UserError) as e:
         hurdle_config(2, 4, "1K", step_tokens=16 * 128, evaluations=50, init="warm", batch=0)
     assert "--hurdle-from: 'warm' is not one of inherited, scratch" in str(e.value)
-    assert "--hurdle-batch: 0 is not a positive number of windows" in str(e.value)
+    assert "--hurdle-batch-size: 0 is not a positive number of windows" in str(e.value)
     from nas.search.hurdles import HurdleOutcome, report
 
     for cfg, said in ((config, "(from scratch)"), (hurdle_config(2, 4, "64K", step_tokens=16 * 128, evaluations=50),

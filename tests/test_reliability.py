@@ -98,7 +98,7 @@ def test_a_table_of_bad_inputs_each_one_line_exit_2(files, tmp_path, capsys):
     (tmp_path / "dup.yaml").write_text("embed_dim: 64\ndepth: 1\nheads: [1]\nffn_dim: [128]\nembed_dim: 96\n"
                                        "attention: [softmax]\n")
     (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
-    export = ["export", "--supernet", ckpt, "--subnet", subnet, "--no-eval", "--format", "torch"]
+    export = ["export", ckpt, "--subnet", subnet, "--no-eval", "--format", "torch"]
     cases = [
         (["space", space_file(tmp_path, "wide", embed="[64, 1000000000]")],
          "nas space: error: wide.yaml: embed_dim[1]: 1000000000 is above the limit of 65,536 for embed_dim"),
@@ -112,10 +112,10 @@ def test_a_table_of_bad_inputs_each_one_line_exit_2(files, tmp_path, capsys):
         (export[:4] + [str(tmp_path / "dup.yaml"), "--out", str(tmp_path / "e")],
          "nas export: error: dup.yaml: duplicate key 'embed_dim' at line 5 (first at line 1): a key may appear once in a "
          "mapping"),
-        (["export", "--supernet", str(d / "empty.pt"), "--subnet", subnet, "--out", str(tmp_path / "e")],
+        (["export", str(d / "empty.pt"), "--subnet", subnet, "--out", str(tmp_path / "e")],
          f"nas export: error: {d / 'empty.pt'}: not a readable supernet checkpoint (the file is empty: 0 bytes, a copy or a "
          "save that did not finish)"),
-        (["export", "--supernet", str(d / "evil.pt"), "--subnet", subnet, "--out", str(tmp_path / "e")],
+        (["export", str(d / "evil.pt"), "--subnet", subnet, "--out", str(tmp_path / "e")],
          f"nas export: error: {d / 'evil.pt'}: not a readable supernet checkpoint (it holds objects that need code to load, "
          "a pickle: refused, loading runs no code)"),
         (export + ["--out", afile], f"nas export: error: --out: {afile} is a file; expected a folder"),
@@ -123,12 +123,13 @@ def test_a_table_of_bad_inputs_each_one_line_exit_2(files, tmp_path, capsys):
         (["search", ckpt, "--predictor", "p", "--budget", "1ms", "--out", afile],
          f"nas search: error: --out: {afile} is a file; expected a folder"),
         (["train-supernet", "tiny", "--out", afile], f"nas train-supernet: error: --out: {afile} is a file; expected a folder"),
-        (["measure-latency", "tiny", "--device", "cpu", "--out", str(tmp_path)],
+        (["measure-latency", "tiny", "--timing-target", "cpu", "--out", str(tmp_path)],
          f"nas measure-latency: error: --out: {tmp_path} is a folder; expected a file (the table)"),
-        (["measure-latency", "tiny", "--device", "cpu", "--out", f"{afile}/t.csv"],
+        (["measure-latency", "tiny", "--timing-target", "cpu", "--out", f"{afile}/t.csv"],
          f"nas measure-latency: error: --out: {afile}/t.csv: {afile} is a file, not a folder"),
-        (["search", ckpt, "--predictor", files["pred"], "--budget", "1ms", "--verify", "bogus", "--out", str(tmp_path / "s")],
-         "nas search: error: --verify: 'bogus' is not a device (available: cpu, cuda, onnxruntime, arm --bundle FILE, "
+        (["search", ckpt, "--predictor", files["pred"], "--budget", "1ms", "--timing-target", "bogus", "--out",
+          str(tmp_path / "s")],
+         "nas search: error: --timing-target: 'bogus' is not a device (available: cpu, cuda, onnxruntime, arm --bundle FILE, "
          "ssh://user@host)"),
         (["train-supernet", "tiny", "--out", str(tmp_path / "t"), "--lr", "nan"],
          "nas train-supernet: error: --lr: nan is not a finite number"),
@@ -177,7 +178,7 @@ def _npz(**arrays) -> bytes:
 
 def test_reexport_removes_the_previous_runs_outputs_and_stale_parts_are_refused(files, tmp_path, capsys):
     out = tmp_path / "o"
-    base = ["export", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval", "--out", str(out)]
+    base = ["export", files["ckpt"], "--subnet", files["subnet"], "--no-eval", "--out", str(out)]
     assert main(base + ["--format", "torch,onnx"]) == 0
     assert (out / "model.onnx").exists()
     other = tmp_path / "s2.yaml"
@@ -265,7 +266,7 @@ def test_disk_full_during_an_append_leaves_the_table_whole(tiny, tmp_path, whole
     with pytest.raises(OSError) as e:
         campaign(tiny, path, memory_mb=1.0)
     monkeypatch.undo()
-    args = build_parser().parse_args(["measure-latency", "tiny", "--device", "cpu", "--out", str(path)])
+    args = build_parser().parse_args(["measure-latency", "tiny", "--timing-target", "cpu", "--out", str(path)])
     assert io_failure(e.value, args) == (
         f"{path}: No space left on device: the disk is full: free some space or write elsewhere (--out); what was written "
         "before is kept"
@@ -359,14 +360,14 @@ def fill(path: Path) -> None:
 
 
 def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, files, tiny, tmp_path, capsys):
-    assert one_error(capsys, ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "2", "--out",
+    assert one_error(capsys, ["measure-latency", "-q", "tiny", "--timing-target", "cpu", "--samples", "2", "--out",
                               str(full_disk / "t.csv")]).startswith(
         f"nas measure-latency: error: {full_disk / 't.csv.json'}: No space left on device: the disk is full")
     table = tmp_path / "t.csv"
     campaign(tiny, table, n=16)
     line = one_error(capsys, ["fit-predictor", "-q", str(table), "--out", str(full_disk / "p"), "--models", "additive"])
     assert line.startswith(f"nas fit-predictor: error: {full_disk / 'p'}") and "No space left on device" in line
-    line = one_error(capsys, ["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
+    line = one_error(capsys, ["export", "-q", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
                               "--out", str(full_disk / "e")])
     assert line.startswith(f"nas export: error: {full_disk / 'e'}: No space left on device: the exported model needs about ")
     val = tmp_path / "val.txt"
@@ -414,7 +415,7 @@ def test_a_huge_subnet_is_refused_before_allocation_and_dead_runs_temporary_fold
 
     huge = space_file(tmp_path, "huge", embed="[65536]", depth="[256]")
     Path(huge).write_text(Path(huge).read_text().replace("ffn_dim: [64]", "ffn_dim: [262144]"))
-    line = one_error(capsys, ["measure-latency", "-q", huge, "--device", "cpu", "--samples", "2", "--retest", "0",
+    line = one_error(capsys, ["measure-latency", "-q", huge, "--timing-target", "cpu", "--samples", "2", "--retest", "0",
                               "--out", str(tmp_path / "t.csv")])
     assert line.startswith("nas measure-latency: error: the weights of 1 subnet(s) need 33,563,329 MB, ")
     assert line.endswith("(the largest: d65536 L256 [256x 2h/262144/softmax], 8,798,425,210,880 parameters); lower "
@@ -441,7 +442,7 @@ def test_kill_9_during_an_export_leaves_a_folder_that_loads_whole_or_is_refused_
     from safetensors.torch import load_file
 
     whole, out = tmp_path / "whole", tmp_path / "o"
-    argv = ["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval", "--format", "torch,onnx"]
+    argv = ["export", "-q", files["ckpt"], "--subnet", files["subnet"], "--no-eval", "--format", "torch,onnx"]
     assert main(argv + ["--out", str(whole)]) == 0
     other = tmp_path / "s2.yaml"
     other.write_text(Subnet(96, 2, (2, 1), (256, 128), ("softmax", "linear")).to_yaml())
@@ -503,7 +504,7 @@ def test_hostile_yaml_is_refused_before_it_is_parsed_whole(files, tmp_path, caps
         line = one_error(capsys, ["space", str(tmp_path / name)])
         where = name if name in ("bomb.yaml", "aliased.yaml", "deep.yaml", "digits.yaml") else tmp_path / name
         assert line.startswith(f"nas space: error: {where}: ") and expected in line and len(line) < 300, line
-    line = one_error(capsys, ["export", "--supernet", files["ckpt"], "--subnet", str(tmp_path / "subnet.yaml"),
+    line = one_error(capsys, ["export", files["ckpt"], "--subnet", str(tmp_path / "subnet.yaml"),
                               "--out", str(tmp_path / "e")])
     assert "subnet.yaml: line 7, column 4: an alias (*s): aliases are not accepted" in line, line
     assert not (tmp_path / "e").exists()
@@ -577,7 +578,7 @@ def test_every_file_a_command_writes_respects_the_umask(files, tiny, tmp_path, c
     data.write_text((Path(json.__file__).read_text() * 2)[:40000])
     old = os.umask(0o027)
     try:
-        assert main(["export", "-q", "--supernet", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
+        assert main(["export", "-q", files["ckpt"], "--subnet", files["subnet"], "--no-eval",
                      "--format", "torch", "--out", str(tmp_path / "w" / "export")]) == 0
         assert main(["fit-predictor", "-q", str(table), "--models", "additive", "--out", str(tmp_path / "w" / "pred")]) == 0
         assert main(["train-supernet", "-q", "tiny", "--data", str(data), "--max-steps", "2", "--batch-size", "2",
@@ -670,7 +671,7 @@ def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(files, t
          f"nas fit-predictor: error: --out {tmp_path / 'link'}: is the source predictor (--from {pred}); {overwrite}"),
         (["fit-predictor", str(table), "--from", str(tmp_path / "link"), "--out", f"{pred}/."],
          f"nas fit-predictor: error: --out {pred}: is the source predictor (--from {tmp_path / 'link'}); {overwrite}"),
-        (["measure-latency", str(space), "--device", "cpu", "--out", str(space)],
+        (["measure-latency", str(space), "--timing-target", "cpu", "--out", str(space)],
          f"nas measure-latency: error: --out {space}: is the source search space (SPACE {space}); {overwrite}"),
         (["train-supernet", "tiny", "--data", str(corpus), "--out", str(corpus)],
          f"nas train-supernet: error: --out {corpus}: is the source corpus (--data {corpus}); {overwrite}"),
@@ -719,10 +720,11 @@ def test_ssh_urls_are_checked_before_any_bundle_and_never_reach_ssh_as_options(t
         "ssh://[::1]x": "has 'x' after the address",
     }
     for url, expected in cases.items():
-        line = one_error(capsys, ["measure-latency", "tiny", "--device", url, "--out", str(tmp_path / "t.csv")])
-        assert line == f"nas measure-latency: error: --device: {url!r} {expected}; {SSH_FORMS}", url
-    assert one_error(capsys, ["search", "ck.pt", "--predictor", "p", "--verify", "ssh://-Fx", "--out", str(tmp_path / "s")]) \
-        == f"nas search: error: --verify: 'ssh://-Fx' has a host name '-Fx' {PLAIN}; {SSH_FORMS}"
+        line = one_error(capsys, ["measure-latency", "tiny", "--timing-target", url, "--out", str(tmp_path / "t.csv")])
+        assert line == f"nas measure-latency: error: --timing-target: {url!r} {expected}; {SSH_FORMS}", url
+    assert one_error(capsys, ["search", "ck.pt", "--predictor", "p", "--timing-target", "ssh://-Fx", "--out",
+                              str(tmp_path / "s")]) \
+        == f"nas search: error: --timing-target: 'ssh://-Fx' has a host name '-Fx' {PLAIN}; {SSH_FORMS}"
     assert built == [] and list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "t.csv").exists()
     for url, parts in {"ssh://user@host:2222": ("user", "host", 2222), "ssh://board": (None, "board", None),
                        "ssh://pi@[fe80::1]:22": ("pi", "[fe80::1]", 22),
@@ -763,10 +765,10 @@ def test_an_ssh_run_that_fails_leaves_no_temporary_bundle(tmp_path, capsys, monk
     (tmp_path / "ssh").write_text("#!/bin/sh\necho 'ssh: connect to host board port 22: Connection refused' >&2\nexit 255\n")
     (tmp_path / "ssh").chmod(0o755)
     monkeypatch.setenv("NAS_SSH", str(tmp_path / "ssh"))
-    assert main(["measure-latency", "-q", "tiny", "--device", "ssh://board", "--samples", "2", "--retest", "0",
+    assert main(["measure-latency", "-q", "tiny", "--timing-target", "ssh://board", "--samples", "2", "--retest", "0",
                  "--out", str(tmp_path / "t.csv")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # (after the small-sample warnings)
-    assert errors == ["nas measure-latency: error: --device ssh://board: ssh could not reach board (creating the remote "
+    assert errors == ["nas measure-latency: error: --timing-target ssh://board: ssh could not reach board (creating the remote "
                       "folder): ssh: connect to host board port 22: Connection refused"]
     left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]  # (torch's own cache)
     assert left == [] and not (tmp_path / "t.csv").exists()
@@ -964,10 +966,11 @@ def resumable_cases(r: dict) -> dict:
     corpus = ["--data", str(d / "text")]
     search = ["search", r["ckpt"], "--predictor", r["pred"], "--budget", "2ms", "--val-data", str(d / "val.txt"),
               "--val-windows", "2", "--seq-len", "32", "--population", "4", "--parents", "2", "--mutations", "2",
-              "--crossovers", "2", "--generations", "2", "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-batch", "4",
+              "--crossovers", "2", "--generations", "2", "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-batch-size", "4",
               "--hurdle-from", "inherited", "--hurdle-tokens", "768", "--device", "cpu", "--no-progress", "--out", "OUT"]
-    measure = ["measure-latency", r["space"], "--device", "cpu", "--threads", "1", "--samples", "8", "--retest", "0.25",
-               "--seed", "3", "--warmup", "1", "--repeats", "4", "--rounds", "2", "--min-sample-ms", "1", "--out", "OUT/t.csv"]
+    measure = ["measure-latency", r["space"], "--timing-target", "cpu", "--timing-threads", "1", "--samples", "8", "--retest",
+               "0.25", "--seed", "3", "--timing-warmup", "1", "--repeats", "4", "--rounds", "2", "--min-sample-ms", "1", "--out",
+               "OUT/t.csv"]
     return {
         "train-supernet": (["train-supernet", r["space"], *corpus, *TRAIN, "--out", "OUT"],
                            ["train-supernet", "--out", "OUT", "--resume"], 5, "final.pt"),
@@ -1053,24 +1056,25 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
 
     monkeypatch.setattr(latency.device, "get_device", lambda name, **o: FakeDevice(threads=o.get("threads") or 0))
     out = tmp_path / "t.csv"
-    argv = ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "4", "--retest", "0.5", "--warmup", "1",
+    argv = ["measure-latency", "-q", "tiny", "--timing-target", "cpu", "--samples", "4", "--retest", "0.5",
+            "--timing-warmup", "1",
             "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "--out", str(out)]
-    assert main(argv + ["--threads", "1"]) == 0
+    assert main(argv + ["--timing-threads", "1"]) == 0
     before = out.read_text()
     capsys.readouterr()
     cases = [
         ([], "it was measured on another device or runtime (mixing fingerprints in one file is refused; use another --out):"
              "\n  threads: file has 1, this run has 0"),
-        (["--threads", "1", "--samples", "3"], "its subnets is {'measure': 4, 'retest': 2}, this run's is {'measure': 3, "
+        (["--timing-threads", "1", "--samples", "3"], "its subnets is {'measure': 4, 'retest': 2}, this run's is {'measure': 3, "
                                                "'retest': 2}; a rerun may add subnets (more --samples or --retest), not "
                                                "drop them: give at least its counts, or another --out"),
-        (["--threads", "1", "--seed", "1"], "its seed is 0, this run's is 1; use the same flags or another --out"),
+        (["--timing-threads", "1", "--seed", "1"], "its seed is 0, this run's is 1; use the same flags or another --out"),
     ]
     for extra, expected in cases:
         assert main(argv + extra) == 2
         assert capsys.readouterr().err == f"nas measure-latency: error: {out}: cannot append: {expected}\n"
     assert out.read_text() == before
-    assert main(argv + ["--threads", "1"]) == 0 and "nothing left to measure" in capsys.readouterr().out
+    assert main(argv + ["--timing-threads", "1"]) == 0 and "nothing left to measure" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- translation: pairs, languages, decoding bounds

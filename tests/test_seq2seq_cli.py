@@ -16,7 +16,7 @@ def trained(tmp_path_factory):
     tsv = write_toy_tsv(root / "toy.tsv")
     out = root / "run"
     code = main(["train-supernet", str(space), "--data", str(tsv), "--out", str(out), "--max-steps", "3", "--batch-size", "8",
-                 "--eval-batches", "1", "--warmup", "1", "-q"])  # fmt: skip
+                 "--eval-batches", "1", "--lr-warmup", "1", "-q"])  # fmt: skip
     assert code == 0
     return root, out
 
@@ -56,7 +56,7 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
         "cross_heads: [2, 1], cross_layers: [3, 1]}\n"
     )
     export = root / "export"
-    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
+    assert main(["export", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out", str(export),
                  "-q"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "nats/target byte" in printed and "max |onnxruntime - torch|" in printed
@@ -74,7 +74,7 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     capsys.readouterr()
     assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "-q"]) == 0
     by_torch = capsys.readouterr().out
-    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "--runtime",
+    assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "--engine",
                  "onnxruntime", "-q"]) == 0  # fmt: skip
     assert capsys.readouterr().out == by_torch and len(by_torch.splitlines()) == 2
     # beam search and --eval through ONNX Runtime: the same translations and scores as torch's
@@ -82,17 +82,17 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
                  "-q"]) == 0  # fmt: skip
     by_torch = capsys.readouterr().out
     assert main(["translate", "--model", str(export), "file not found", "open", "--beam", "3", "--max-bytes", "8",
-                 "--runtime", "onnxruntime", "-q"]) == 0  # fmt: skip
+                 "--engine", "onnxruntime", "-q"]) == 0  # fmt: skip
     assert capsys.readouterr().out == by_torch
-    assert main(["translate", "--model", str(export), "open", "--device", "cuda", "--runtime", "onnxruntime"]) == 2
-    assert capsys.readouterr().err == ("nas translate: error: --device: not with --runtime onnxruntime (its sessions "
+    assert main(["translate", "--model", str(export), "open", "--device", "cuda", "--engine", "onnxruntime"]) == 2
+    assert capsys.readouterr().err == ("nas translate: error: --device: not with --engine onnxruntime (its sessions "
                                        "run on the CPU)\n")  # fmt: skip
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
                  "-q"]) == 0  # fmt: skip
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
     assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
-                 "--runtime", "onnxruntime", "-q"]) == 0  # fmt: skip
+                 "--engine", "onnxruntime", "-q"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "beam 2, onnxruntime" in printed and printed.rstrip().endswith("(quality.val.onnxruntime)")
     card_quality = json.loads((export / "model_card.json").read_text())["quality"]
@@ -101,9 +101,9 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     assert by_ort["runtime"] == "onnxruntime" and {k: by_ort[k] for k in ("chrf", "bleu", "pairs")} == {
         k: quality[k] for k in ("chrf", "bleu", "pairs")}  # the same hypotheses, so the same scores
     capsys.readouterr()
-    assert main(["export", "--supernet", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
+    assert main(["export", str(out / "final.pt"), "--subnet", str(root / "sub2.yaml"), "--out",
                  str(root / "e2"), "--budget", "5ms", "--format", "torch", "-q"]) == 2  # fmt: skip
-    assert capsys.readouterr().err == ("nas export: error: --budget: needs --measure DEVICE (the budget is checked "
+    assert capsys.readouterr().err == ("nas export: error: --budget: needs --timing-target DEVICE (the budget is checked "
                                        "against the measured latency)\n")  # fmt: skip
     assert not (root / "e2").exists()
 
@@ -136,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
          "catalog or by line; compiling is for the LM run so far)"),
         (["train-supernet", "tiny", "--lang", "de", "--out", str(tmp_path / "r4")],
          "--lang: for a seq2seq (translation) space only; a language model reads --data"),
-        (["measure-latency", "translate-tiny", "--device", "onnxruntime", "--precision", "int8-static", "--out",
+        (["measure-latency", "translate-tiny", "--timing-target", "onnxruntime", "--precision", "int8-static", "--out",
           str(tmp_path / "t.csv")],
          "--precision int8-static: a seq2seq space (translate-tiny) is timed in fp32 only so far"),
         (["train-subnet", "--space", "translate-tiny", "--out", str(tmp_path / "r6")],

@@ -113,8 +113,8 @@ depth: [1, 2]
 layers: {{heads: [1, 2], ffn_dim: [16, 32], attention: [softmax, "local:4", linear]}}
 latency: {{prefill: {{batch_size: 1, seq_len: {T}}}}}
 """
-QUICK = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
-TRAIN = ["--batch-size", "16", "--lr", "1e-2", "--warmup", "5", "--eval-interval", "20", "--eval-batches", "2",
+QUICK = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
+TRAIN = ["--batch-size", "16", "--lr", "1e-2", "--lr-warmup", "5", "--eval-interval", "20", "--eval-batches", "2",
          "--ckpt-interval", "10", "--log-interval", "1", "--examples", "256", "-q"]
 
 
@@ -137,7 +137,7 @@ def test_the_space_layer_and_nas_space(task, tmp_path, capsys):
     space = parse_space(SPACE, where="last.yaml")
     assert space.task == "test-last-token" and space.causal and space.vocab_size == V
     (tmp_path / "s.yaml").write_text(SPACE)
-    assert main(["space", str(tmp_path / "s.yaml"), "--sample", "1"]) == 0
+    assert main(["space", str(tmp_path / "s.yaml"), "--samples", "1"]) == 0
     out = capsys.readouterr().out
     assert "task          test-last-token" in out and "largest" in out and "# sample 0" in out
     with pytest.raises(UserError, match=r"task: 'test-last-tokens' is not one of .*test-last-token"):
@@ -202,8 +202,8 @@ def test_measure_latency_fit_a_predictor_search_and_export(root, capsys):
 
     for device in ("cpu", "onnxruntime"):
         table = root / f"{device}.csv"
-        assert main(["measure-latency", str(root / "space.yaml"), "--device", device, "--out", str(table), "--samples", "12",
-                     "--retest", "0.5", *QUICK, "-q"]) == 0
+        assert main(["measure-latency", str(root / "space.yaml"), "--timing-target", device, "--out", str(table),
+                     "--samples", "12", "--retest", "0.5", *QUICK, "-q"]) == 0
         timings = read_timings(table)
         assert timings.space.task == "test-last-token" and len(timings.rows) == 12 + 6
         assert all(r.median_ms > 0 for r in timings.rows)
@@ -211,14 +211,14 @@ def test_measure_latency_fit_a_predictor_search_and_export(root, capsys):
     capsys.readouterr()
     assert main(["search", str(root / "run" / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "search"),
                  "--budget", "1s", "--population", "6", "--parents", "2", "--mutations", "2", "--crossovers", "2",
-                 "--generations", "2", "--val-windows", "2", "--eval-batch", "8", "--no-progress", "-q"]) == 0
+                 "--generations", "2", "--val-windows", "2", "--eval-batch-size", "8", "--no-progress", "-q"]) == 0
     printed = capsys.readouterr().out
     assert "loss (bits)" in printed
     summary = json.loads((root / "search" / "search.json").read_text())
     assert summary["config"]["fitness"]["task"] == "test-last-token" and summary["config"]["fitness"]["examples"] == 16
     best = root / "search" / "best_1s.yaml"
     assert "bits/label with inherited weights" in best.read_text()
-    assert main(["export", "--supernet", str(root / "run" / "final.pt"), "--subnet", str(best), "--out", str(root / "model"),
+    assert main(["export", str(root / "run" / "final.pt"), "--subnet", str(best), "--out", str(root / "model"),
                  "--val-windows", "1", "-q"]) == 0  # 1 x 16: the search's 16 examples (2 x 8)
     printed = capsys.readouterr().out
     assert "bits/label (16 examples of the validation examples)" in printed

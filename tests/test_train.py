@@ -72,11 +72,11 @@ def space_file(tmp_path_factory):
     return path
 
 
-def run(space, docs, out, max_steps, resume=False, progress=None, dist=Dist(), batch_size=4):
+def run(space, docs, out, max_steps, resume=False, progress=None, dist=Dist(), batch_size=4, log="jsonl"):
     """What the CLI does, at library level: corpus, supernet, sandwich objective, train."""
     corpus = prepare_corpus(str(docs), out, seed=0, val_fraction=0.2)
     model = SuperTransformer(space, generator=torch.Generator().manual_seed(0))
-    config = TrainConfig(**{**CONFIG, "batch_size": batch_size}, max_steps=max_steps)
+    config = TrainConfig(**{**CONFIG, "batch_size": batch_size}, max_steps=max_steps, log=log)
     meta = {"data": str(docs), "data_seed": 0, "val_fraction": 0.2, "corpus_hash": corpus.hash}
     result = train(
         model, SandwichObjective(space, seed=0), corpus.train, corpus.val, config,
@@ -179,7 +179,7 @@ def test_training_learns_and_checkpoints_carry_what_search_needs(micro, docs, tm
     assert [e["step"] for e in events if e["event"] == "eval"] == list(range(4, 41, 4))
 
 
-def _train_and_die(space_text, docs, out, kill_at, threads):
+def _train_and_die(space_text, docs, out, kill_at, threads, log="jsonl"):
     torch.set_num_threads(threads)
     space = parse_space(space_text, where="micro.yaml")
 
@@ -187,7 +187,7 @@ def _train_and_die(space_text, docs, out, kill_at, threads):
         if info.step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, no last checkpoint
 
-    run(space, docs, out, max_steps=10, progress=die)
+    run(space, docs, out, max_steps=10, progress=die, log=log)
 
 
 def test_kill_9_and_resume_equals_uninterrupted(micro, docs, tmp_path):
@@ -211,6 +211,46 @@ def test_kill_9_and_resume_equals_uninterrupted(micro, docs, tmp_path):
     # The log of the resumed run has each step once (steps 7 and 8 of the killed run were dropped and redone).
     steps = [json.loads(line)["step"] for line in (killed / "log.jsonl").read_text().splitlines() if '"train"' in line]
     assert steps == list(range(1, 11))
+
+
+def test_tensorboard_log_holds_the_jsonl_metrics_and_a_resumed_run_has_each_step_once(micro, docs, tmp_path):
+    """--log tensorboard: the train losses, lr and validation scores of log.jsonl as TensorBoard scalars (read back as
+    TensorBoard reads them); killed at step 8 and resumed from step 6, the curves equal the uninterrupted run's."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(out):
+        acc = EventAccumulator(str(out / "tensorboard"))
+        acc.Reload()
+        return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+    run(micro, docs, tmp_path / "straight", max_steps=10, log="tensorboard")
+    straight = scalars(tmp_path / "straight")
+    events = [json.loads(line) for line in (tmp_path / "straight" / "log.jsonl").read_text().splitlines()]
+    train = [e for e in events if e["event"] == "train"]
+    assert [s for s, _ in straight["train/loss/largest"]] == [e["step"] for e in train] == list(range(1, 11))
+    assert [v for _, v in straight["train/loss/largest"]] == pytest.approx([e["loss"]["largest"] for e in train], rel=1e-6)
+    assert [v for _, v in straight["train/lr"]] == pytest.approx([e["lr"] for e in train], rel=1e-6)
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [v for _, v in straight["validation/bpb/smallest"]] == pytest.approx([e["bpb"]["smallest"] for e in evals], rel=1e-6)
+
+    killed = tmp_path / "killed"
+    args = (MICRO, docs, killed, 8, torch.get_num_threads(), "tensorboard")
+    child = mp.get_context("spawn").Process(target=_train_and_die, args=args)
+    child.start()
+    child.join(60)
+    assert child.exitcode == -signal.SIGKILL
+    run(micro, docs, killed, max_steps=10, resume=True, log="tensorboard")
+    resumed = scalars(killed)
+    for tag in ("train/loss/largest", "train/loss/smallest", "validation/bpb/largest"):
+        assert [s for s, _ in resumed[tag]] == [s for s, _ in straight[tag]], tag  # steps 7 and 8 once, not twice
+        assert [v for _, v in resumed[tag]] == pytest.approx([v for _, v in straight[tag]], abs=1e-5), tag
+
+
+def test_log_is_checked_and_stays_out_of_the_settings_by_default():
+    with pytest.raises(UserError, match=r"--log: 'wandb' is not one of jsonl, tensorboard"):
+        TrainConfig(log="wandb")
+    assert "log" not in TrainConfig().to_dict() and TrainConfig(log="tensorboard").to_dict()["log"] == "tensorboard"
 
 
 def _rank(rank, world, space_text, docs, out, store, threads):

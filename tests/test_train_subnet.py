@@ -75,7 +75,7 @@ def settings(micro, files, out, subnet=A, **changes):
 def cli(files, out, *extra):
     return ["train-subnet", str(files / "a.yaml"), "--space", str(files / "micro.yaml"), "--out", str(out), "--data",
             str(files / "docs"), "--val-fraction", "0.2", "--batch-size", "4", "--seq-len", "16", "--lr", "1e-3", "--min-lr",
-            "1e-4", "--warmup", "2", "--eval-interval", "4", "--eval-batches", "2", "--ckpt-interval", "3", "--threads", "1",
+            "1e-4", "--lr-warmup", "2", "--eval-interval", "4", "--eval-batches", "2", "--ckpt-interval", "3", "--threads", "1",
             *extra]
 
 

@@ -12,7 +12,7 @@ from tasks.translation.features import translate_terms
 from nas.cli import main
 from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
 
-FAST = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
+FAST = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +21,11 @@ def timed(tmp_path_factory):
     space = root / "mini.yaml"
     space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
     table = root / "t.csv"
-    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "6", "--out", str(table), "-q", *FAST]) == 0
+    assert main(["measure-latency", str(space), "--timing-target", "cpu", "--samples", "6", "--out", str(table), "-q",
+                 *FAST]) == 0
     first = table.read_text()
     # resumed with more samples: the first rows stay as they were, only the new subnets are timed
-    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+    assert main(["measure-latency", str(space), "--timing-target", "cpu", "--samples", "24", "--retest", "0.25", "--out",
                  str(table), "-q", *FAST]) == 0  # fmt: skip
     return root, space, table, first
 
@@ -49,7 +50,7 @@ def test_table_holds_translate_rows_with_seq2seq_features_and_resumes(timed, cap
     first_rows = [line for line in first.splitlines()[1:] if ",measure," in line]
     assert len(first_rows) == 6 and all(line in table.read_text().splitlines() for line in first_rows)
     # nothing left: a third run measures nothing
-    assert main(["measure-latency", str(space_path), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+    assert main(["measure-latency", str(space_path), "--timing-target", "cpu", "--samples", "24", "--retest", "0.25", "--out",
                  str(table), *FAST]) == 0  # fmt: skip
     assert capsys.readouterr().out.strip() == f"{table}: nothing left to measure"
     meta = json.loads((root / "t.csv.json").read_text())
@@ -78,10 +79,10 @@ def test_fit_and_predict_a_translate_predictor(timed, capsys):
 def test_a_device_that_cannot_time_a_seq2seq_space_is_refused_in_one_line(timed, capsys):
     root, space_path, _, _ = timed
     for device in ("tpu",):
-        assert main(["measure-latency", str(space_path), "--device", device, "--out", str(root / "x.csv")]) == 2
+        assert main(["measure-latency", str(space_path), "--timing-target", device, "--out", str(root / "x.csv")]) == 2
         assert capsys.readouterr().err == (
-            f"nas measure-latency: error: --device {device}: a seq2seq space (mini-s2s) is timed on cpu, cuda, onnxruntime, "
-            "arm, ssh://user@host "
+            f"nas measure-latency: error: --timing-target {device}: a seq2seq space (mini-s2s) is timed on cpu, cuda, "
+            "onnxruntime, arm, ssh://user@host "
             '(README "Translation (encoder-decoder)")\n'
         )
     assert not (root / "x.csv").exists()
@@ -97,7 +98,7 @@ def searched(timed):
     tsv = write_toy_tsv(root / "toy.tsv")
     run = root / "run"
     assert main(["train-supernet", str(space_path), "--data", str(tsv), "--out", str(run), "--max-steps", "3",
-                 "--batch-size", "8", "--eval-batches", "1", "--warmup", "1", "-q"]) == 0  # fmt: skip
+                 "--batch-size", "8", "--eval-batches", "1", "--lr-warmup", "1", "-q"]) == 0  # fmt: skip
     pred = root / "pred-search"
     assert main(["fit-predictor", str(table), "--out", str(pred), "--models", "additive", "-q"]) == 0
     p = load_predictor(pred)
@@ -111,7 +112,7 @@ def _search(run, pred, out, budget, strategy="evolution"):
     budget_flags = ["--budget", f"{budget}ms"] if budget is not None else []
     return main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), *budget_flags,
                  "--strategy", strategy, "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3",
-                 "--generations", "2", "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress",
+                 "--generations", "2", "--val-windows", "2", "--eval-batch-size", "4", "--device", "cpu", "--no-progress",
                  "-q"])  # fmt: skip
 
 
@@ -144,15 +145,15 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     assert again["evaluations"] == evaluations and next(iter(again["budgets"].values()))["best"]["key"] == best.key
     # nas export and nas translate accept the best subnet
     export = root / "export"
-    assert main(["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export),
+    assert main(["export", str(run / "final.pt"), "--subnet", str(best_file), "--out", str(export),
                  "--format", "torch", "-q"]) == 0  # fmt: skip
     capsys.readouterr()
     assert main(["translate", "--model", str(export), "file", "--max-bytes", "4", "-q"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 1
     # nas export --predictor --measure --budget: the predicted and the measured latency of the translate workload
     measured = root / "export-measured"
-    flags = ["export", "--supernet", str(run / "final.pt"), "--subnet", str(best_file), "--format", "torch", "--predictor",
-             str(pred), "--measure", "cpu", *FAST, "-q"]  # fmt: skip
+    flags = ["export", str(run / "final.pt"), "--subnet", str(best_file), "--format", "torch", "--predictor",
+             str(pred), "--timing-target", "cpu", *FAST, "-q"]  # fmt: skip
     assert main([*flags, "--out", str(measured), "--budget", "10s"]) == 0
     printed = capsys.readouterr().out
     card = json.loads((measured / "model_card.json").read_text())
@@ -175,8 +176,8 @@ def test_a_seq2seq_search_verified_on_the_device(searched, capsys):
     out = root / "search-verified"
     code = main(["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), "--budget", "10s",
                  "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3", "--generations", "1",
-                 "--val-windows", "2", "--eval-batch", "4", "--device", "cpu", "--no-progress", "-q", "--verify", "cpu",
-                 "--verify-top", "2", "--verify-threads", "1"])  # fmt: skip
+                 "--val-windows", "2", "--eval-batch-size", "4", "--device", "cpu", "--no-progress", "-q",
+                 "--timing-target", "cpu", "--verify-top", "2", "--timing-threads", "1"])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
     assert "verified on cpu (translate" in printed and "loss (nats)" in printed and "KEPT" in printed

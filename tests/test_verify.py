@@ -124,7 +124,7 @@ def test_search_cli_verify_drops_the_best_when_the_device_says_it_is_too_slow(ti
             return (lambda n: 5 * run(n)) if model.config.subnet == best else (lambda n: 0.97 * run(n))
 
     monkeypatch.setattr(latency.device, "get_device", lambda name, **kw: Device())
-    assert main(args + ["--verify", "fake", "--verify-top", "3"]) == 0  # the finished study is resumed, then verified
+    assert main(args + ["--timing-target", "fake", "--verify-top", "3"]) == 0  # the finished study is resumed, then verified
     out = capsys.readouterr().out
     doc = json.loads((tmp_path / "out" / "verify.json").read_text())
     checks = doc["budgets"]["6ms"]["checks"]
@@ -154,7 +154,7 @@ def test_search_margin_keeps_the_prediction_below_the_budget_and_verify_holds_th
     args = ["search", str(ckpt), "--predictor", str(pred), "--val-data", str(tmp_path / "val.txt"), "--val-windows", "2",
             "--seq-len", "32", "--population", "6", "--parents", "2", "--mutations", "3", "--crossovers", "3",
             "--generations", "2", "--out", str(tmp_path / "out"), "--no-progress", "--budget", "6ms", "--margin", "20",
-            "--verify", "fake", "--verify-top", "2"]
+            "--timing-target", "fake", "--verify-top", "2"]
     main(args)
     best = json.loads((tmp_path / "out" / "search.json").read_text())["budgets"]["6ms"]["best"]
     assert best["latency_ms"] <= 6.0 * 0.8

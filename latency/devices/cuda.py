@@ -16,6 +16,7 @@ import subprocess
 import torch
 
 from search_spaces import UserError, Workload
+from supernet.attention.registry import fast_paths
 
 from ..device import host_fingerprint
 from ..timing_core import Runner
@@ -91,9 +92,19 @@ class CUDA:
         if self.runtime == "compile":
             # inductor's default mode: kernels fused, no autotuning (max-autotune took minutes per subnet on an
             # H200, most of it in matmul templates that did not fit the GPU's shared memory)
-            compiled = torch.compile(call, dynamic=False)
-            for _ in range(3):  # compile now, not inside the timed calls
-                out = compiled()
+            traced = torch.compile(call, dynamic=False)
+
+            def compiled():
+                with fast_paths():  # the types' fast paths, not their export forms (torch 2.11 calls a compile an export)
+                    return traced()
+
+            try:
+                for _ in range(3):  # compile now, not inside the timed calls
+                    out = compiled()
+            except Exception as e:  # Inductor's own errors (e.g. torch 2.11's Triton codegen on hydra's running mean)
+                first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+                raise UserError(f"--runtime compile: torch {torch.__version__} could not compile {what} ({first}); "
+                                "time it with --runtime eager or cudagraph, or leave that type out of the space") from e
             self._check(out, call, what)
             return torch.inference_mode()(compiled)
         # cudagraph: warm up on a side stream (as torch.cuda.graphs requires), capture once, replay

@@ -5,7 +5,7 @@
   text) that is not UTF-8, an ``--out`` that is a file where a folder goes (or the reverse), sits on a
   read-only or missing place or is one of the command's inputs (:data:`INPUTS`), a ``--lang`` that is
   no language name, an ``ssh://`` URL whose parts would not reach ``ssh`` as a user and a host, a
-  device flag (``--verify``, ``--measure``) that names no device or options it does not take.  A
+  timing target (``--timing-target``) that names no device or options it does not take.  A
   search that runs for an hour and then fails on a flag is the failure this prevents.
 * :func:`io_failure`, the top-level handler's reading of an exception: a file-system failure (a full
   disk, a read-only folder, a file where a folder goes), raised as an ``OSError`` or wrapped by a
@@ -19,6 +19,7 @@ import argparse
 import errno
 import math
 import os
+import re
 from pathlib import Path
 
 from search_spaces import UserError
@@ -31,7 +32,7 @@ OUT_IS_FILE = {"measure-latency"}
 INPUTS = {
     "fit-predictor": {"timings": ("TIMINGS", "timing table"), "sources": ("--from", "predictor")},
     "measure-latency": {"space": ("SPACE", "search space")},
-    "export": {"supernet": ("--supernet", "supernet checkpoint"), "subnet": ("--subnet", "subnet file"),
+    "export": {"supernet": ("SUPERNET", "supernet checkpoint"), "subnet": ("--subnet", "subnet file"),
                "predictor": ("--predictor", "predictor")},
     "train-subnet": {"subnet": ("SUBNET", "subnet file"), "space": ("--space", "search space"),
                      "init": ("--init", "model directory"), "distill_from": ("--distill-from", "supernet checkpoint"),
@@ -46,8 +47,8 @@ INPUTS = {
 
 # Flags that name a device to time on, with the flags of its options: checked by building the device.
 DEVICE_FLAGS = {
-    "search": ("verify", {"threads": "verify_threads", "clock": "verify_clock"}),
-    "export": ("measure", {"threads": "threads", "clock": "clock"}),
+    "search": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
+    "export": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
 }
 
 _HINTS = {
@@ -85,17 +86,17 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
             value = getattr(args, flag.dest, None)
             if flag.check is not None and value is not None:
                 flag.check(value, flag.name)
-    for field in ("device", "verify", "measure"):  # an ssh:// device anywhere: its URL, before any bundle is built
+    for field in ("device", "timing_target"):  # an ssh:// device anywhere: its URL, before any bundle is built
         value = getattr(args, field, None)
         if isinstance(value, str) and value.startswith("ssh://"):
             from latency.devices.arm import parse_target
 
-            parse_target(value, "--" + field)
+            parse_target(value, "--" + field.replace("_", "-"))
     if args.command in DEVICE_FLAGS:
         flag, options = DEVICE_FLAGS[args.command]
         name = getattr(args, flag, None)
         if name:
-            check_device(f"--{flag}", name, **{k: getattr(args, v, None) for k, v in options.items()})
+            check_device(f"--{flag.replace('_', '-')}", name, **{k: getattr(args, v, None) for k, v in options.items()})
 
 
 def _names(parser: argparse.ArgumentParser | None) -> dict[str, str]:
@@ -169,7 +170,13 @@ def check_device(flag: str, name: str, **options) -> None:
     try:
         get_device(name, **options)
     except UserError as e:
-        raise UserError(str(e).replace("--device", flag)) from None
+        raise UserError(timing_names(str(e), flag)) from None
+
+
+def timing_names(text: str, target: str = "--timing-target") -> str:
+    """A latency-library message with the timing target's flag names (``--device`` -> ``target``, ``--threads`` ->
+    ``--timing-threads``)."""
+    return re.sub(r"--threads\b", "--timing-threads", re.sub(r"--device\b", target, text))
 
 
 # --------------------------------------------------------------------------- the top-level handler

@@ -8,6 +8,7 @@ Only the command modules import this; the library workflows take the typed setti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import re
 from pathlib import Path
@@ -24,7 +25,7 @@ CONFIG_FLAGS = {
     "--seq-len": ("seq_len", int, "N", "window length in bytes (default {default}, at most the space's max_seq_len)"),
     "--lr": ("lr", float, "LR", "peak learning rate (default {default})"),
     "--min-lr": ("min_lr", float, "LR", "learning rate at the end of the cosine (default {default})"),
-    "--warmup": ("warmup_steps", int, "N", "linear warm-up steps (default {default})"),
+    "--lr-warmup": ("warmup_steps", int, "N", "linear learning-rate warm-up steps (default {default})"),
     "--weight-decay": ("weight_decay", float, "X", "AdamW weight decay of matrices and embeddings (default {default})"),
     "--beta1": ("beta1", float, "X", "AdamW beta1 (default {default})"),
     "--beta2": ("beta2", float, "X", "AdamW beta2 (default {default})"),
@@ -185,19 +186,19 @@ def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
 
 # A campaign's protocol (measure-latency: many subnets, each visited in every round) ...
 CAMPAIGN_DEFAULTS = {"warmup": 10, "repeats": 30, "rounds": 5, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 1}
-# ... and one model's, measured once (export, search --verify): more samples and rounds.
+# ... and one model's, measured once (export, search --timing-target): more samples and rounds.
 PROTOCOL_DEFAULTS = {"warmup": 20, "repeats": 60, "rounds": 10, "min_sample_ms": 30.0, "tolerance": 0.15, "max_retries": 2}
 
 
 def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", defaults: dict | None = None,
                            title: str = "measurement protocol"):
-    """The measurement protocol's flags (``--warmup`` ...), with one model's defaults (``defaults``: a campaign's);
+    """The measurement protocol's flags (``--timing-warmup`` ...), with one model's defaults (``defaults``: a campaign's);
     returns their group."""
     d = defaults or PROTOCOL_DEFAULTS
     g = p.add_argument_group(title)
     g.add_argument(
-        f"--{prefix}warmup",
-        dest="warmup",
+        f"--{prefix}timing-warmup",
+        dest="timing_warmup",
         type=int,
         default=d["warmup"],
         help=f"untimed calls before timing (default {d['warmup']})",
@@ -244,13 +245,28 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
     return g
 
 
+@contextlib.contextmanager
+def timing_messages():
+    """Refusals raised inside, naming the timing target's flags (``--timing-target``, ``--timing-threads``) where the
+    latency library names a device's own (``--device``, ``--threads``): for the commands whose only device is the
+    timing target (``measure-latency``, ``export``)."""
+    from search_spaces import UserError
+
+    try:
+        yield
+    except UserError as e:
+        from .checks import timing_names
+
+        raise UserError(timing_names(str(e))) from None
+
+
 def protocol_settings(args: argparse.Namespace):
     from latency.timing_core import Settings
     from search_spaces import UserError
 
     try:
         return Settings(
-            warmup=args.warmup,
+            warmup=args.timing_warmup,
             repeats=args.repeats,
             rounds=args.rounds,
             min_sample_ms=args.min_sample_ms,
@@ -294,7 +310,7 @@ def scoring_settings(args: argparse.Namespace, device: str = "cpu", precision: s
     from nas.search.fitness import FitnessSettings
 
     return FitnessSettings(args.supernet, seq_len=args.seq_len, windows=args.val_windows,
-                           batch_size=getattr(args, "eval_batch", 16), val_seed=args.val_seed, device=device,
+                           batch_size=getattr(args, "eval_batch_size", 16), val_seed=args.val_seed, device=device,
                            val_data=args.val_data, data_cache=args.data_cache, precision=precision)
 
 
@@ -430,3 +446,13 @@ def visit_bar(desc: str):
         b.refresh()
 
     return b, update
+
+
+# --------------------------------------------------------------------------- --json
+
+
+def emit(args: argparse.Namespace, doc: dict) -> None:
+    """The command's result as one JSON document: printed on stdout by :func:`nas.cli.main` with ``--json`` (where
+    the command's printed lines go to stderr instead); without ``--json`` nothing more is printed."""
+    if getattr(args, "json", False):
+        args.result = doc

@@ -74,14 +74,24 @@ def run(args: argparse.Namespace) -> int:
 
     from nas import __version__
 
+    from nas.commands.common import emit
+
     print(f"nas-transformers {__version__}; Python {platform.python_version()}; torch {torch.__version__} "
           f"(CPU capability {torch.backends.cpu.get_cpu_capability()}); {platform.machine()}, {os.cpu_count()} logical cores")
     print(f"threads: torch {torch.get_num_threads()} intra-op (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); "
-          "ONNX Runtime sessions: the --threads of measure-latency / search --verify-threads (default 1)")
-    print(kernels_line(build=not args.no_build))
-    for line in onnx_lines():
+          "ONNX Runtime sessions: the --timing-threads of measure-latency, export and search (default 1)")
+    kernels = kernels_line(build=not args.no_build)
+    print(kernels)
+    onnx = onnx_lines()
+    for line in onnx:
         print(line)
     cuda = torch.cuda.is_available()
-    print(f"CUDA: {torch.cuda.get_device_name(0) if cuda else 'not available'}")
+    gpu = torch.cuda.get_device_name(0) if cuda else None
+    print(f"CUDA: {gpu or 'not available'}")
     sys.stdout.flush()
+    emit(args, {"nas_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
+                "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
+                "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "kernels": kernels, "onnxruntime": onnx,
+                "cuda": gpu})
     return 0

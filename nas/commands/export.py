@@ -1,6 +1,6 @@
 """``nas export``: the chosen subnet as a plain PyTorch model (safetensors + torch.export program)
 and an ONNX graph, parity-checked; the model card reports its validation bits per byte, its
-predicted latency (``--predictor``) and, with ``--measure DEVICE``, its measured latency."""
+predicted latency (``--predictor``) and, with ``--timing-target TARGET``, its measured latency."""
 
 from __future__ import annotations
 
@@ -8,19 +8,27 @@ import argparse
 import logging
 from pathlib import Path
 
-from .common import add_protocol_arguments, add_scoring_arguments, measurement_bar, protocol_settings, scoring_settings
+from .common import (
+    add_protocol_arguments,
+    add_scoring_arguments,
+    measurement_bar,
+    protocol_settings,
+    scoring_settings,
+    timing_messages,
+)
 
 log = logging.getLogger(__name__)
 
 NAME = "export"
 HELP = ("extract a subnet from a trained supernet; write safetensors + torch.export program + model card and an ONNX model "
         "(parity-checked)")
-EXAMPLE = ("nas export --supernet runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat "
-           "--measure onnxruntime --budget 50ms")
+EXAMPLE = ("nas export runs/tiny/latest.pt --subnet runs/search/best_50ms.yaml --out runs/export --predictor runs/lat "
+           "--timing-target onnxruntime --budget 50ms")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--supernet", required=True, help="supernet checkpoint written by `nas train-supernet`")
+    p.add_argument("supernet", nargs="?", metavar="SUPERNET", help="supernet checkpoint written by `nas train-supernet` "
+                   "(required; the old spelling --supernet CKPT works for one release)")
     p.add_argument("--subnet", required=True, help="subnet YAML or JSON (e.g. the best subnet `nas search` wrote)")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument(
@@ -44,15 +52,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--predictor", metavar="P", help="latency predictor (nas fit-predictor): its estimate and workload go into the card"
     )
     m.add_argument(
-        "--measure",
-        metavar="DEVICE",
-        help="time the exported model on DEVICE (cpu, cuda, onnxruntime: the exported model.onnx itself)",
+        "--timing-target",
+        metavar="TARGET",
+        help="time the exported model on TARGET (cpu, cuda, onnxruntime: the exported model.onnx itself)",
     )
     m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
     m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else the task's: prefill for "
                    "a one-stack model, the space's first for a task's own model)")
-    m.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads")
-    m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --threads 1)")
+    m.add_argument("--timing-threads", type=int, metavar="N", help="cpu / onnxruntime: intra-op threads")
+    m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --timing-threads 1)")
     m.add_argument("--provider", help="onnxruntime: cpu (default) or cuda")
     m.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
     m.add_argument("--strict", action="store_true", help="exit with status 1 when the measured latency is over --budget")
@@ -60,12 +68,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "custom_ops", False):
-        from supernet.attention import ort_ops
+    with timing_messages():  # the latency library's "--device" / "--threads" are this command's timing target's
+        if getattr(args, "custom_ops", False):
+            from supernet.attention import ort_ops
 
-        with ort_ops.requested():
-            return _run(args)
-    return _run(args)
+            with ort_ops.requested():
+                return _run(args)
+        return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -75,12 +84,16 @@ def _run(args: argparse.Namespace) -> int:
     from search_spaces import tasks
     from supernet.checkpoint import load_supernet
 
+    if not args.supernet:
+        from search_spaces import UserError
+
+        raise UserError("SUPERNET: give the supernet checkpoint (`nas export CKPT --subnet FILE --out DIR`)")
     formats = parse_formats(args.format)
     budget = parse_budget(args.budget) if args.budget else None
     precision = check_precision(args.precision)
-    if args.measure:
-        check_device(precision, args.measure, args.provider)
-    protocol = protocol_settings(args) if args.measure else None
+    if args.timing_target:
+        check_device(precision, args.timing_target, args.provider)
+    protocol = protocol_settings(args) if args.timing_target else None
     supernet, payload = load_supernet(args.supernet)  # the checkpoint's task's supernet, loaded once
     space = supernet.space
     tasks.of(space).refuse(NAME, {"precision": precision})
@@ -88,10 +101,10 @@ def _run(args: argparse.Namespace) -> int:
     settings = ExportSettings(
         out=Path(args.out), formats=formats, target_ort=args.target_ort, seed=args.seed,
         scoring=scoring_settings(args, precision=precision), evaluate=not args.no_eval, precision=precision,
-        predictor=args.predictor, measure=args.measure, workload=args.workload, budget_ms=budget, protocol=protocol,
-        device_options={"threads": args.threads, "runtime": args.runtime, "provider": args.provider, "clock": args.clock},
+        predictor=args.predictor, measure=args.timing_target, workload=args.workload, budget_ms=budget, protocol=protocol,
+        device_options={"threads": args.timing_threads, "runtime": args.runtime, "provider": args.provider, "clock": args.clock},
     )
-    bar, update = measurement_bar(f"measuring on {args.measure}") if args.measure else (None, None)
+    bar, update = measurement_bar(f"measuring on {args.timing_target}") if args.timing_target else (None, None)
     try:
         outcome = export_chosen(supernet, payload, subnet, settings, progress=update)
     finally:
@@ -101,9 +114,19 @@ def _run(args: argparse.Namespace) -> int:
         print(line)
     for note in outcome.exported.notes:
         log.warning("%s", note)
-    if outcome.measured is None:
-        return 0
-    return report_measured(args, outcome.measured, outcome.workload, outcome.predicted, budget)
+    status = 0 if outcome.measured is None else report_measured(args, outcome.measured, outcome.workload,
+                                                                outcome.predicted, budget)
+    if getattr(args, "json", False):
+        from supernet.artifact import read_card
+
+        from .common import emit
+
+        out = outcome.exported.out
+        card = read_card(out) if (Path(out) / "model_card.json").exists() else None
+        emit(args, {"out": str(out), "exit_status": status, "predicted": outcome.predicted, "measured": outcome.measured,
+                    "workload": None if outcome.workload is None else str(outcome.workload), "notes": outcome.exported.notes,
+                    "card": card})
+    return status
 
 
 def report_measured(args: argparse.Namespace, measured: dict, workload, predicted: dict | None, budget: float | None) -> int:
@@ -112,7 +135,7 @@ def report_measured(args: argparse.Namespace, measured: dict, workload, predicte
     from nas.search.budget import format_ms
 
     print(
-        f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.measure}, "
+        f"  measured          {measured['median_ms']:.3f} ms (IQR {measured['iqr_ms']:.3f}) on {args.timing_target}, "
         f"{measured['timed']}, "
         f"{workload_text(workload)}" + (f"  flags: {', '.join(measured['flags'])}" if measured["flags"] else "")
     )
@@ -125,7 +148,7 @@ def report_measured(args: argparse.Namespace, measured: dict, workload, predicte
             log.warning(
                 "measured latency %.3f ms on %s is over the budget %s%s",
                 measured["median_ms"],
-                args.measure,
+                args.timing_target,
                 format_ms(budget),
                 also,
             )

@@ -26,8 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="where ranker.json, ranker.csv and ranker.png go")
     f = p.add_argument_group("the search's fitness windows (give the same values to nas search)")
     add_scoring_arguments(f)
-    f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
-    p.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
+    f.add_argument("--eval-batch-size", type=int, default=16, metavar="N", help="windows per forward pass (default 16)")
+    p.add_argument("--device", default="auto", help="compute device of the scoring: auto (GPU when there is one), cpu, "
+                   "cuda, cuda:N")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     space = supernet.space
     space.require_one_stack(NAME)  # a ranker of one-stack subnets (its features are per attention type)
     fitness, digest = inherited_fitness(args.supernet, supernet, payload, seq_len=args.seq_len, windows=args.val_windows,
-                                        batch_size=args.eval_batch, val_seed=args.val_seed, device=device,
+                                        batch_size=args.eval_batch_size, val_seed=args.val_seed, device=device,
                                         val_data=args.val_data, data_cache=args.data_cache)
     models = []
     for folder in map(Path, dict.fromkeys(args.models)):
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{folder}: a model of space {model_space.name!r} (hash {model_space.hash}), not of the "
                             f"supernet's {space.name!r} ({space.hash})")
         model = load_model(folder, device=device)
-        retrained = fitness.heldout.bits(model, None, args.eval_batch, mixed_precision=False)  # fp32, as the search scores
+        retrained = fitness.heldout.bits(model, None, args.eval_batch_size, mixed_precision=False)  # fp32, as the search scores
         inherited = float(fitness([subnet])[0])
         if not (np.isfinite(retrained) and np.isfinite(inherited)):
             raise UserError(f"{folder}: a loss that is not finite (retrained {retrained}, inherited {inherited})")
@@ -70,6 +71,11 @@ def run(args: argparse.Namespace) -> int:
     write_table(out, ranker)
     plot(out / "ranker.png", ranker, fitness.description)
     print(report_text(ranker))
+    from nas.commands.common import emit
+
+    emit(args, {"ranker": str(out / "ranker.json"), "kind": ranker.kind, "report": ranker.report,
+                "models": [{"name": m.name, "params": m.params, "inherited": m.inherited, "retrained": m.retrained,
+                            "key": m.subnet.key} for m in models]})
     print(f"wrote {out / 'ranker.json'}, ranker.csv, ranker.png; search with: nas search {args.supernet} "
           f"--fitness calibrated:{out} --val-windows {args.val_windows} --seq-len {args.seq_len} --val-seed {args.val_seed}")
     return 0

@@ -170,4 +170,8 @@ def run(args: argparse.Namespace) -> int:
         say("additive costs (ms per unit): " + ", ".join(f"{k}={v:.3g}" for k, v in sel.final.costs().items() if v))
     say(f"saved {path} (+ arrays.npz; refit on all {len(y)} rows), {png}")
     atomic_write(out / "report.txt", "\n".join(lines) + "\n")
+    from nas.commands.common import emit
+
+    emit(args, {"predictor": str(path), "out": str(out), "chosen": sel.best, "metrics": metrics, "rows": len(y),
+                "plot": str(png), "report": str(out / "report.txt")})
     return 0

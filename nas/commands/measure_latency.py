@@ -5,20 +5,21 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, protocol_settings, visit_bar
+from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_messages, visit_bar
 
 log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
 HELP = "time sampled subnets of a space on a device (cpu, cuda, onnxruntime, arm bundle, ssh://host) into a CSV timing table"
-EXAMPLE = "nas measure-latency base --device cpu --threads 2 --samples 300 --out runs/lat-cpu.csv"
+EXAMPLE = "nas measure-latency base --timing-target cpu --timing-threads 2 --samples 300 --out runs/lat-cpu.csv"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("space", help="a search-space YAML file, or a shipped space name (tiny, base)")
-    p.add_argument("--device", required=True, help="cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host")
+    p.add_argument("--timing-target", required=True, metavar="TARGET",
+                   help="where to time: cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host")
     p.add_argument("--out", help="timing table CSV (a .json sidecar is written beside it); an existing one is resumed")
-    p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
+    p.add_argument("--bundle", help="with --timing-target arm: write a self-contained bundle (.tar.gz) to run on the board")
     p.add_argument(
         "--samples",
         type=int,
@@ -33,13 +34,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
                    "(one new token at a context), as the space's latency section names them (default: its first)")
-    p.add_argument("--threads", type=int, help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
+    p.add_argument("--timing-threads", type=int, metavar="N",
+                   help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
     p.add_argument("--custom-ops", action="store_true", help="onnxruntime: time the graphs with the attention types' ONNX "
                    "Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them); default: standard "
                    "operators only")
     p.add_argument(
         "--clock",
-        help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs --threads 1)",
+        help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs "
+        "--timing-threads 1)",
     )
     p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
     p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
@@ -61,12 +64,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with timing_messages():  # the latency library's "--device" / "--threads" are this command's timing target's
+        return _run_with_ops(args)
+
+
+def _run_with_ops(args: argparse.Namespace) -> int:
     if getattr(args, "custom_ops", False):
         from search_spaces import UserError
         from supernet.attention import ort_ops
 
-        if args.device != "onnxruntime":
-            raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime), not {args.device}: the "
+        if args.timing_target != "onnxruntime":
+            raise UserError(f"--custom-ops: for --timing-target onnxruntime (this machine's ONNX Runtime), not "
+                            f"{args.timing_target}: the "
                             "ARM bundle and remote devices carry no custom-op library yet")
         with ort_ops.requested():
             return _run(args)
@@ -82,11 +91,11 @@ def _run(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     task = tasks.of(space)
-    task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
+    task.check_timing(space, args.timing_target, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
     settings = protocol_settings(args)
     precision = check_precision(args.precision)
-    check_device(precision, args.device, args.provider)
+    check_device(precision, args.timing_target, args.provider)
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
@@ -104,18 +113,19 @@ def _run(args: argparse.Namespace) -> int:
         workload,
     )
 
-    if args.device == "arm" or args.device.startswith("ssh://"):
+    if args.timing_target == "arm" or args.timing_target.startswith("ssh://"):
         import tempfile
 
         from latency.devices.arm import parse_target, run_remote, write_bundle
         from latency.sampling import campaign_shortfalls
 
-        if args.device == "arm" and not args.bundle:
-            raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
-        if args.device != "arm":
-            parse_target(args.device)  # the URL before anything is built (nas.commands.checks did too; a library caller may not)
+        if args.timing_target == "arm" and not args.bundle:
+            raise UserError("--timing-target arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
+        if args.timing_target != "arm":
+            # the URL before anything is built (nas.commands.checks did too; a library caller may not)
+            parse_target(args.timing_target, "--timing-target")
             if not args.out:
-                raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
+                raise UserError(f"--timing-target {args.timing_target}: give --out TABLE.csv for the fetched timings")
         for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
             log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
         with tempfile.TemporaryDirectory(prefix="nas-bundle-") as scratch:  # an ssh run's bundle: removed however it ends
@@ -125,14 +135,18 @@ def _run(args: argparse.Namespace) -> int:
             b.close()
             if args.bundle:
                 print(f"wrote {target}")
-            if args.device == "arm":
+                emit(args, {"bundle": str(target), "timing_target": args.timing_target, "space": space.name,
+                            "workload": str(workload), "subnets": len(subnets), "retest": len(passes["retest"])})
+            if args.timing_target == "arm":
                 print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` "
                       "there (README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor "
                       "timings.csv`")
                 return 0
-            run_remote(args.device, target, Path(args.out), threads=args.threads, clock=args.clock,
+            run_remote(args.timing_target, target, Path(args.out), threads=args.timing_threads, clock=args.clock,
                        memory_mb=args.memory_mb)
         print(f"fetched {args.out}")
+        emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+                    "subnets": len(subnets), "retest": len(passes["retest"])})
         return 0
 
     from latency.campaign import run_campaign
@@ -140,9 +154,9 @@ def _run(args: argparse.Namespace) -> int:
     from latency.table import TimingTable, make_meta
 
     if not args.out:
-        raise UserError(f"--device {args.device}: give --out TABLE.csv")
-    device = get_device(args.device, threads=args.threads, runtime=args.runtime, provider=args.provider, clock=args.clock,
-                        precision=None if precision == "fp32" else precision)
+        raise UserError(f"--timing-target {args.timing_target}: give --out TABLE.csv")
+    device = get_device(args.timing_target, threads=args.timing_threads, runtime=args.runtime, provider=args.provider,
+                        clock=args.clock, precision=None if precision == "fp32" else precision)
     names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:
@@ -152,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
-    b, update = visit_bar(f"{args.device}")
+    b, update = visit_bar(f"{args.timing_target}")
     try:
         n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb,
                          progress=update)
@@ -167,4 +181,7 @@ def _run(args: argparse.Namespace) -> int:
         if n
         else f"{args.out}: nothing left to measure"
     )
+    emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+                "measured": n, "rows": sum(len(v) for v in table.done.values()), "baseline_ms": table.baseline_ms,
+                "fingerprint": device.fingerprint()})
     return 0

@@ -10,7 +10,7 @@ EXAMPLE = "nas predict --predictor runs/pred-cpu subnet.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --sample` prints)")
+    p.add_argument("subnets", nargs="+", help="subnet YAML or JSON files (as `nas space --samples` prints)")
     p.add_argument("--predictor", required=True, help="a folder written by `nas fit-predictor --out`")
     p.add_argument("--space", help="refuse unless the predictor was fitted on this space (YAML file or shipped name)")
     p.add_argument(
@@ -20,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from latency.predictors import load_predictor
+    from nas.commands.common import emit
     from search_spaces import UserError, load_space
 
     predictor = load_predictor(args.predictor)
@@ -37,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
         if problems:
             raise UserError(f"{path}: not in the predictor's space {predictor.space.name!r}: {'; '.join(problems)}")
     w = predictor.workload_spec
+    device = predictor.fingerprint.get("device")
+    rows = []
     for path, s, ms in zip(args.subnets, subnets, predictor.predict(subnets)):
-        print(f"{ms:10.3f} ms  {path}  {s}   ({predictor.name}, {w}, {predictor.fingerprint.get('device')})")
+        print(f"{ms:10.3f} ms  {path}  {s}   ({predictor.name}, {w}, {device})")
+        rows.append({"file": path, "predicted_ms": float(ms), "key": s.key, "subnet": s.to_dict()})
+    emit(args, {"predictor": args.predictor, "model": predictor.name, "workload": str(w), "device": device,
+                "fingerprint": predictor.fingerprint, "predictions": rows})
     return 0

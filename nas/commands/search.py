@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: the first --predictor's)")
     p.add_argument("--margin", type=float, default=0.0, metavar="PCT",
                    help="search PCT percent below each latency budget by the predictor (a guard band for its error; "
-                        "--verify still holds the device to the budget itself); default 0")
+                        "--timing-target still holds the measured latency to the budget itself); default 0")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
     g.add_argument("--strategy", default="evolution", choices=("evolution", "random", "nsga2"), help="default: evolution")
@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tournament-size", type=int, default=10, help="entrants per tournament with --selection tournament (default 10)"
     )
     g.add_argument("--aging", action="store_true", help="regularized evolution: the oldest members leave the population")
-    g.add_argument("--max-tries", type=int, default=100, help="redraw rounds for children that break a constraint (default 100)")
+    g.add_argument("--max-redraws", type=int, default=100,
+                   help="redraw rounds for children that break a constraint (default 100)")
     g.add_argument("--seed", type=int, default=0, help="the search's seed (default 0): same seed, same search")
     f = p.add_argument_group("fitness")
     f.add_argument("--fitness", default="inherited", metavar="RANKER",
@@ -72,30 +73,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--no-uniform-seeds", action="store_true",
                    help="do not open the first generation with each attention type's largest feasible uniform subnet")
     add_scoring_arguments(f)
-    f.add_argument("--eval-batch", type=int, default=16, help="windows per forward pass (default 16)")
-    f.add_argument("--device", default="auto", help="auto (GPU when there is one), cpu, cuda, cuda:N")
+    f.add_argument("--eval-batch-size", dest="eval_batch_size", type=int, default=16, metavar="N",
+                   help="windows per forward pass (default 16)")
+    f.add_argument("--device", default="auto", help="compute device of the scoring: auto (GPU when there is one), cpu, "
+                   "cuda, cuda:N")
     s = p.add_argument_group("storage and workers")
     s.add_argument("--out", default="runs/search", metavar="DIR", help="run directory (default runs/search)")
     s.add_argument("--storage", metavar="URL", help="Optuna storage URL (default sqlite:///OUT/search.db); e.g. postgresql://user@host/db")
     s.add_argument("--study", metavar="NAME", help="study name (default: derived from the settings, so the same command resumes)")
-    s.add_argument("--batch", type=int, default=8, help="subnets a worker claims and evaluates at once (default 8)")
+    s.add_argument("--worker-batch", dest="worker_batch", type=int, default=8, metavar="N",
+                   help="subnets a worker claims and evaluates at once (default 8)")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    v = p.add_argument_group("verification on the device (nas/search/verify.py)")
+    v = p.add_argument_group("verification on a timing target (nas/search/verify.py)")
     v.add_argument(
-        "--verify",
-        metavar="DEVICE",
-        help="after the search, time the top candidates of each budget on DEVICE (cpu, cuda, "
+        "--timing-target",
+        metavar="TARGET",
+        help="after the search, time the top candidates of each budget on TARGET (cpu, cuda, "
         "onnxruntime) and keep the best whose measured latency holds: verified_<budget>.yaml, verify.csv, verify.json",
     )
     v.add_argument(
         "--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)"
     )
-    v.add_argument("--verify-threads", type=int, metavar="N", help="intra-op threads of the verification device")
-    v.add_argument("--verify-clock", metavar="CLOCK", help="wall (default) or cpu (needs --verify-threads 1)")
+    v.add_argument("--timing-threads", type=int, metavar="N", help="intra-op threads of the timing target")
+    v.add_argument("--clock", metavar="CLOCK", help="the timing target's clock: wall (default) or cpu (needs "
+                   "--timing-threads 1)")
     h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
     h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
                    help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "
-                        "from --hurdle-from; with --verify only candidates whose measured latency holds); after each round "
+                        "from --hurdle-from; with --timing-target only candidates whose measured latency holds); after each "
+                        "round "
                         "those worse than the round's mean stop; the best by trained bits/byte: hurdles_<budget>.yaml, "
                         "hurdles.csv (default 0: off)")
     h.add_argument("--hurdle-candidates", type=int, default=8, metavar="K",
@@ -107,7 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="round 0 starts from scratch at `nas train-subnet`'s rates (lr 3e-3; default: inherited weights misjudge "
                         "whole types, so training from them keeps the misjudgement), or from the supernet's weights at "
                         "fine-tuning rates (lr 3e-4)")
-    h.add_argument("--hurdle-batch", type=int, default=16, metavar="N", help="windows per training step (default 16)")
+    h.add_argument("--hurdle-batch-size", type=int, default=16, metavar="N", help="windows per training step (default 16)")
     h.add_argument("--hurdle-tokens", default="1M", metavar="N",
                    help="training tokens per round (500k, 2M; rounded down to whole steps of 16 windows of --seq-len tokens, at "
                         "least one; default 1M)")
@@ -121,6 +127,19 @@ def validation_tokens(args: argparse.Namespace, payload):
 
 
 def run(args: argparse.Namespace) -> int:
+    status = _run(args)
+    out = Path(args.out)
+    if getattr(args, "json", False) and (out / "search.json").exists():  # --json: search.json, with verify.json in it
+        from .common import emit
+
+        doc = {"out": str(out), "exit_status": status, **json.loads((out / "search.json").read_text())}
+        if args.timing_target and (out / "verify.json").exists():
+            doc["verify"] = json.loads((out / "verify.json").read_text())
+        emit(args, doc)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nas import search as S
@@ -133,13 +152,13 @@ def run(args: argparse.Namespace) -> int:
     config = S.SearchConfig(
         population=args.population, parents=args.parents, mutations=args.mutations, crossovers=args.crossovers,
         generations=args.generations, mutate_prob=args.mutate_prob, selection=args.selection,
-        tournament_size=args.tournament_size, aging=args.aging, max_tries=args.max_tries,
+        tournament_size=args.tournament_size, aging=args.aging, max_tries=args.max_redraws,
     )
-    if args.batch < 1:
-        raise UserError(f"--batch: {args.batch} is not a positive integer")
+    if args.worker_batch < 1:
+        raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
     hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
                               step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations,
-                              per_type=args.hurdle_per_type, init=args.hurdle_from, batch=args.hurdle_batch)
+                              per_type=args.hurdle_per_type, init=args.hurdle_from, batch=args.hurdle_batch_size)
     make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
     from latency.quantize import check_precision
@@ -239,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
     )
     log.info("study %r in %s  (run the same command again to resume, or in parallel to add a worker)", study_name, shown)
     with store, _ProgressBar(config.generations, disable=args.no_progress or not show_progress()) as bar:
-        result = S.run_search(searches, fitness, latency, params, store, batch=args.batch, progress=bar)
+        result = S.run_search(searches, fitness, latency, params, store, batch=args.worker_batch, progress=bar)
 
     report = write_outputs(
         out, space, searches, result, identity, study_name, shown, latency.name, latencies if named else None, primary
@@ -258,21 +277,22 @@ def run(args: argparse.Namespace) -> int:
                   "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
             if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
         trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens, seq_len=args.seq_len,
-                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch,
+                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch_size,
                                **({"init": hurdles.init, "batch": hurdles.batch}
                                   if (hurdles.init, hurdles.batch) != ("inherited", S.TRAIN_BATCH) else {}), **corpus)
         from nas.search import hurdles as H
 
         cohorts = H.hurdle_candidates(searches, result.records, hurdles.candidates, hurdles.per_type)
         verified = True
-        if args.verify:  # the cohort is timed first: only candidates whose measured latency holds are trained
+        if args.timing_target:  # the cohort is timed first: only candidates whose measured latency holds are trained
             verified, cohorts = verify_on_device(args, model, searches, result, out, latencies[primary].path, cohorts)
         with S.TrialStore(study, space) as store:  # this worker again, its heartbeat on where the storage has one
             trained = hurdle_stage(args, hurdles, trainer, cohorts, store, out, space)
         if trained is None:
             return 130
     else:
-        verified = verify_on_device(args, model, searches, result, out, latencies[primary].path)[0] if args.verify else True
+        verified = (verify_on_device(args, model, searches, result, out, latencies[primary].path)[0]
+                    if args.timing_target else True)
     return 0 if verified and trained and all(r is not None for r in result.best.values()) else 1
 
 
@@ -307,14 +327,14 @@ def trainer_factory():
 
 def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out: Path, space) -> bool | None:
     """``--hurdles``: train each budget's cohort (``nas.search.hurdles.hurdle_candidates``, device-verified with
-    ``--verify``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
+    ``--timing-target``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
     training was interrupted."""
     from nas.cli import show_progress
     from nas.search import hurdles as H
 
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
     per_type = f" and the best {hurdles.per_type} of each attention type" if hurdles.per_type else ""
-    verified = f", those whose latency held on {args.verify}" if args.verify else ""
+    verified = f", those whose latency held on {args.timing_target}" if args.timing_target else ""
     log.info("hurdles: %d rounds of %s tokens (from %s) for the top %d of each budget%s%s; trained models in %s",
              hurdles.rounds, f"{hurdles.tokens:,}", hurdles.init, hurdles.candidates, per_type, verified, models)
     try:
@@ -366,14 +386,15 @@ def report_separability(fitness, searches, result, out: Path, top: int = 5) -> l
 
 def verify_on_device(args: argparse.Namespace, model, searches, result, out: Path, predictor_path: str,
                      cohorts: dict | None = None) -> tuple[bool, dict | None]:
-    """``--verify``: time the top candidates on the device (nas.search.verify), print the table; whether every budget
-    holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose latency holds."""
+    """``--timing-target``: time the top candidates on the timing target (nas.search.verify), print the table;
+    whether every budget holds, and the hurdle ``cohorts`` (timed too, after the top ones) kept to the candidates whose
+    latency holds."""
     from latency.timing_core import Settings
     from nas.search.verify import VerifySettings, report, run_verify, with_cohorts
 
-    settings = VerifySettings(device=args.verify, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
-                              threads=args.verify_threads, clock=args.verify_clock, seed=args.seed)
-    bar, update = measurement_bar(f"verifying on {args.verify}")
+    settings = VerifySettings(device=args.timing_target, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
+                              threads=args.timing_threads, clock=args.clock, seed=args.seed)
+    bar, update = measurement_bar(f"verifying on {args.timing_target}")
     try:
         verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update,
                                   extra=None if cohorts is None else with_cohorts(cohorts))
@@ -390,7 +411,7 @@ def verify_on_device(args: argparse.Namespace, model, searches, result, out: Pat
         for label in cohorts:
             if len(kept[label]) < len(cohorts[label]):
                 log.info("hurdles (%s): %d of %d candidates measured over the budget on %s, not trained", label,
-                         len(cohorts[label]) - len(kept[label]), len(cohorts[label]), args.verify)
+                         len(cohorts[label]) - len(kept[label]), len(cohorts[label]), args.timing_target)
         cohorts = kept
     return verification.holds, cohorts
 

@@ -76,7 +76,7 @@ class InheritedLoss:
         if seq_len < 1 or seq_len > space.max_seq_len:
             raise UserError(f"--seq-len: {seq_len} is not in 1..{space.max_seq_len} (max_seq_len of space {space.name!r})")
         if windows < 1 or batch_size < 1:
-            raise UserError(f"--val-windows / --eval-batch: {windows} / {batch_size} must be positive")
+            raise UserError(f"--val-windows / --eval-batch-size: {windows} / {batch_size} must be positive")
         if len(tokens) < seq_len + 1:
             raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
         if len(tokens) and int(tokens.max()) >= space.vocab_size:

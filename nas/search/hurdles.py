@@ -70,7 +70,7 @@ class HurdleConfig:
     tokens: int = 999_424  # training tokens per round, whole steps (1M rounded down to steps of 16 x 128)
     per_type: int = 0  # --hurdle-per-type: also the best N of each attention type (:func:`hurdle_candidates`)
     init: str = "inherited"  # --hurdle-from
-    batch: int = TRAIN_BATCH  # --hurdle-batch: windows per training step
+    batch: int = TRAIN_BATCH  # --hurdle-batch-size: windows per training step
 
 
 def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int,
@@ -105,7 +105,7 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     if init not in HURDLE_INITS:
         problems.append(f"--hurdle-from: {init!r} is not one of {', '.join(HURDLE_INITS)}")
     if not isinstance(batch, int) or batch < 1:
-        problems.append(f"--hurdle-batch: {batch!r} is not a positive number of windows")
+        problems.append(f"--hurdle-batch-size: {batch!r} is not a positive number of windows")
         batch = TRAIN_BATCH
     step_tokens = step_tokens // TRAIN_BATCH * batch  # (given at the default batch of 16 windows)
     if n and n < step_tokens:

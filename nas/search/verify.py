@@ -1,4 +1,4 @@
-"""``nas search --verify DEVICE``: the budget must hold on the device, not only in the predictor.
+"""``nas search --timing-target TARGET``: the budget must hold on the device, not only in the predictor.
 
 After a search, the top ``K`` candidates of each budget (feasible by the predictor, in order of
 fitness) are extracted and timed on the device with the measurement protocol; a candidate whose
@@ -180,7 +180,8 @@ def write_files(out: Path, verdicts: Mapping[str, Verdict], device_fp: dict, wor
             path = out / f"verified_{v.label}.yaml"
             atomic_write(
                 path,
-                f"# nas search --verify: the best of the top {len(v.checks)} candidates whose measured latency holds under "
+                f"# nas search --timing-target: the best of the top {len(v.checks)} candidates whose measured latency holds "
+                f"under "
                 f"{v.label}\n"
                 f"# measured {chosen.measured_ms:.4f} ms on {device_fp.get('device')} (predicted "
                 f"{chosen.candidate.predicted_ms:.4f} ms), "
@@ -218,13 +219,13 @@ def device_measure(
 
 @dataclass(frozen=True)
 class VerifySettings:
-    """What ``nas search --verify`` does after the search (built from its flags by the command)."""
+    """What ``nas search --timing-target`` does after the search (built from its flags by the command)."""
 
-    device: str  # --verify: cpu, cuda, onnxruntime, ...
+    device: str  # --timing-target: cpu, cuda, onnxruntime, ...
     protocol: Settings  # the measurement protocol (one model measured once: nas export's defaults)
     top: int = 3  # --verify-top: candidates per budget, in order of fitness
-    threads: int | None = None  # --verify-threads
-    clock: str | None = None  # --verify-clock
+    threads: int | None = None  # --timing-threads
+    clock: str | None = None  # --clock
     seed: int = 0  # the search's --seed: the order of the timed visits
 
 

@@ -107,6 +107,12 @@ class AttentionType:
     def init_weight(self, name: str, weight: Tensor, generator: torch.Generator | None) -> None:
         torch.nn.init.normal_(weight, 0.0, INIT_STD, generator=generator)
 
+    def trace_length(self, max_seq_len: int) -> int:
+        """The length a shape-generic graph of the type is traced at (:mod:`latency.onnx_graphs`): below
+        ``max_seq_len``, where the exporter would fix the length of a type that slices a (., max_seq_len) weight
+        to the first T columns (linformer's projections); a 2D type needs a square grid: its ``max_seq_len``."""
+        return max(max_seq_len - 1, 2)
+
     def position_limit(self, spec: AttentionSpec) -> int | None:
         """A position past which the type computes something else than it was trained on, or None."""
         return None

@@ -57,4 +57,3 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, pattern) -
     limit = max(torch._dynamo.config.recompile_limit, MAX_KERNELS)
     with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
         return _compiled_flex()(q, k, v, block_mask=mask)
-

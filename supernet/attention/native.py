@@ -378,8 +378,15 @@ FEATURES = {"none": 0, "relu": 1, "elu1": 2, "sima": 3, "performer": 4, "cosform
 
 
 def causal_linear(
-    q: Tensor, k: Tensor, v: Tensor, feature: str = "none", normalize: bool = True, eps: float = 1e-6,
-    l1_eps: float = 0.0, into: Tensor | None = None, proj: Tensor | None = None,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    feature: str = "none",
+    normalize: bool = True,
+    eps: float = 1e-6,
+    l1_eps: float = 0.0,
+    into: Tensor | None = None,
+    proj: Tensor | None = None,
 ) -> Tensor | None:
     """Causal kernelized attention: out_i = sum_{j<=i} (fq_i . fk_j) v_j / (sum_{j<=i} fq_i . fk_j + eps) (``normalize``;
     else the numerator), by blocks of 16 tokens and a running (F, Dv) state.  fq, fk = phi(q), phi(k)

@@ -57,8 +57,19 @@ def compile_library(out: Path, compiler: str, flags: list[str]) -> Path:
     RuntimeError with the compiler's last lines."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-    cmd = [compiler, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", *flags, f"-I{native.KERNELS}",
-           *map(str, sources()), "-o", str(tmp)]
+    cmd = [
+        compiler,
+        "-O3",
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-fvisibility=hidden",
+        *flags,
+        f"-I{native.KERNELS}",
+        *map(str, sources()),
+        "-o",
+        str(tmp),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -135,8 +146,10 @@ def register_if_used(options, model) -> bool:
         return False
     path, why = library()
     if path is None:
-        raise RuntimeError(f"this graph uses the {DOMAIN} custom operators (exported with --custom-ops) and their "
-                           f"library is not available: {why}")
+        raise RuntimeError(
+            f"this graph uses the {DOMAIN} custom operators (exported with --custom-ops) and their "
+            f"library is not available: {why}"
+        )
     options.register_custom_ops_library(str(path))
     return True
 
@@ -153,27 +166,54 @@ def _define() -> dict:
 
     def schema(name: str, inputs: list[str], optional: int, attributes: dict[str, OpSchema.AttrType]) -> None:
         params = [
-            OpSchema.FormalParameter(n, "T", param_option=OpSchema.FormalParameterOption.Optional if i >= optional
-                                     else OpSchema.FormalParameterOption.Single)
+            OpSchema.FormalParameter(
+                n,
+                "T",
+                param_option=OpSchema.FormalParameterOption.Optional if i >= optional else OpSchema.FormalParameterOption.Single,
+            )
             for i, n in enumerate(inputs)
         ]
-        s = OpSchema(name, DOMAIN, 1, inputs=params, outputs=[OpSchema.FormalParameter("y", "T")],
-                     type_constraints=[("T", ["tensor(float)"], "float32")],
-                     attributes=[OpSchema.Attribute(a, t, "") for a, t in attributes.items()])
+        s = OpSchema(
+            name,
+            DOMAIN,
+            1,
+            inputs=params,
+            outputs=[OpSchema.FormalParameter("y", "T")],
+            type_constraints=[("T", ["tensor(float)"], "float32")],
+            attributes=[OpSchema.Attribute(a, t, "") for a, t in attributes.items()],
+        )
         with contextlib.suppress(onnx.defs.SchemaError):  # registered already (a second import of this module)
             onnx.defs.register_schema(s)
 
     ints = OpSchema.AttrType.INT
-    schema("WindowAttention", ["q", "k", "v"], 3, dict.fromkeys(
-        ("before", "after", "globals", "global_after", "blocks", "columns", "step"), ints))
-    schema("LinearAttention", ["q", "k", "v", "proj"], 3,
-           {"feature": ints, "normalize": ints, "eps": OpSchema.AttrType.FLOAT, "l1_eps": OpSchema.AttrType.FLOAT})
+    schema(
+        "WindowAttention",
+        ["q", "k", "v"],
+        3,
+        dict.fromkeys(("before", "after", "globals", "global_after", "blocks", "columns", "step"), ints),
+    )
+    schema(
+        "LinearAttention",
+        ["q", "k", "v", "proj"],
+        3,
+        {"feature": ints, "normalize": ints, "eps": OpSchema.AttrType.FLOAT, "l1_eps": OpSchema.AttrType.FLOAT},
+    )
     schema("Hydra", ["q", "k", "v"], 3, {"causal": ints, "eps": OpSchema.AttrType.FLOAT})
     ops = Opset(DOMAIN, 1)
 
     @torch.library.custom_op("nas_kernels::window", mutates_args=())
-    def window(q: Tensor, k: Tensor, v: Tensor, before: int, after: int, globals_: int, global_after: int, blocks: int,
-               columns: int, step: int) -> Tensor:
+    def window(
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        before: int,
+        after: int,
+        globals_: int,
+        global_after: int,
+        blocks: int,
+        columns: int,
+        step: int,
+    ) -> Tensor:
         w = native.Window(before, after, globals_, global_after, blocks=blocks, columns=columns, step=step)
         out = native.window_attention(q, k, v, w)
         if out is None:
@@ -199,8 +239,18 @@ def _define() -> dict:
         op.register_fake(lambda q, k, v, *rest: v.new_empty(v.shape))
 
     def window_onnx(q, k, v, before: int, after: int, globals_: int, global_after: int, blocks: int, columns: int, step: int):
-        return ops.WindowAttention(q, k, v, before=before, after=after, globals=globals_, global_after=global_after,
-                                   blocks=blocks, columns=columns, step=step)
+        return ops.WindowAttention(
+            q,
+            k,
+            v,
+            before=before,
+            after=after,
+            globals=globals_,
+            global_after=global_after,
+            blocks=blocks,
+            columns=columns,
+            step=step,
+        )
 
     def linear_onnx(q, k, v, feature: int, eps: float):
         return ops.LinearAttention(q, k, v, feature=feature, normalize=1, eps=eps, l1_eps=0.0)
@@ -274,8 +324,18 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
             window = typ.native_window(spec, UNBOUNDED, causal)
         if window is None:
             return None
-        return ops.window(q, k, v, window.before, window.after, window.globals_, min(window.global_after, UNBOUNDED),
-                          window.blocks, window.columns, window.step)
+        return ops.window(
+            q,
+            k,
+            v,
+            window.before,
+            window.after,
+            window.globals_,
+            min(window.global_after, UNBOUNDED),
+            window.blocks,
+            window.columns,
+            window.step,
+        )
     feature = getattr(typ, "native_feature", None)
     if kind in ("linear", "relu-linear") and causal and feature and d % 16 == 0 and d <= 512 and dv in native.HEAD_SIZES:
         from .linear import LINEAR_EPS

@@ -7,7 +7,8 @@ type up with :func:`get`.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from contextlib import contextmanager
+from typing import Iterator, TypeVar
 
 import torch
 from torch import Tensor
@@ -45,14 +46,31 @@ def get(spec: AttentionSpec | str) -> AttentionType:
     return REGISTRY[spec.kind]
 
 
+# Set while this project's own torch.compile'd code runs (latency's compile runtime, train-supernet --compile): torch
+# 2.11 says is_exporting() is True under torch.compile too (an H200, 2026-11-27), which sent compiled runs down the
+# traceable export forms instead of the fast paths.
+_COMPILING_FOR_SPEED = [False]
+
+
+@contextmanager
+def fast_paths() -> Iterator[None]:
+    """Run ``torch.compile``d model code inside this: the types take their fast paths, not the export forms."""
+    before = _COMPILING_FOR_SPEED[0]
+    _COMPILING_FOR_SPEED[0] = True
+    try:
+        yield
+    finally:
+        _COMPILING_FOR_SPEED[0] = before
+
+
 def exporting() -> bool:
-    """Under ``torch.onnx.export`` or ``torch.export``: the traceable path."""
-    return torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+    """Under ``torch.onnx.export`` or ``torch.export``: the traceable path (not under :func:`fast_paths`)."""
+    if torch.onnx.is_in_onnx_export():
+        return True
+    return torch.compiler.is_exporting() and not _COMPILING_FOR_SPEED[0]
 
 
-def attend(
-    q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True
-) -> Tensor:
+def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True) -> Tensor:
     """Mix ``v`` by the layer's attention type on the fast path of ``q``'s device. ``(B, H, T, D)``.
 
     ``causal=False``: the type's bidirectional form (an encoder task); the space layer has checked it has one.

@@ -645,8 +645,9 @@ def _attend_with_picked_by(lay: Blocks, groups: list, qb: Tensor, k: Tensor, v: 
     r = picks.shape[1]
     a = picks.reshape(-1)  # (N*R,) the query block of each (b, r)
     scale = 1.0 / math.sqrt(qb.shape[-1])
-    kb, vb = (lay.padded(x).view(rows, n, 1, c, x.shape[-1]).expand(-1, -1, r, -1, -1).reshape(rows, n * r, c, -1)
-              for x in (k, v))  # fmt: skip  (B*H, N*R, C, D): block b for each of its picks
+    kb, vb = (
+        lay.padded(x).view(rows, n, 1, c, x.shape[-1]).expand(-1, -1, r, -1, -1).reshape(rows, n * r, c, -1) for x in (k, v)
+    )  # fmt: skip  (B*H, N*R, C, D): block b for each of its picks
     qa = qb.view(rows, n, c, -1).index_select(1, a)  # (B*H, N*R, C, D): the queries of block picks[b, r]
     s_rev = torch.add(rev, qa @ kb.transpose(-2, -1), alpha=scale)  # (B*H, N*R, C, C)
     scores = torch.cat([grp.scores for grp in groups], dim=-1).view(rows, n, c, -1)  # (B*H, N, C, L)

@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="PATH", help="a model written by `nas export`, or a train-supernet "
                    "run directory of a seq2seq space (its final.pt, else latest.pt) or a checkpoint")  # fmt: skip
     p.add_argument("--subnet", default="largest", metavar="FILE",
-                   help="the subnet to run: a YAML / JSON file (as `nas space --sample` prints), largest or smallest "
+                   help="the subnet to run: a YAML / JSON file (as `nas space --samples` prints), largest or smallest "
                    "(default largest)")  # fmt: skip
     p.add_argument("--beam", type=int, metavar="B", help="beam width; 1 = greedy (default 1 for text, 5 for --eval)")
     p.add_argument("--max-bytes", type=int, metavar="N", help="longest translation in bytes (default the space's max_seq_len)")
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "chrF and BLEU against its references (sacrebleu)")  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
-    p.add_argument("--runtime", default="torch", choices=("torch", "onnxruntime"),
+    p.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                    help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (the same "
                         "greedy and beam search, --eval too)")  # fmt: skip
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UserError("--eval: chrF and BLEU need sacrebleu, which is not installed: "
                             "pip install 'nas-transformers[translate]' (python3 scripts/install.py translate)") from None
-    if args.runtime == "onnxruntime":
+    if args.engine == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
         from .artifact import read_card
 
@@ -84,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     print(f"{args.eval}: {result['pairs']} pairs ({corpus.meta['corpus']}; {result['skipped']} skipped: source over "
-          f"{max_seq_len} bytes), beam {beam}, {args.runtime}, subnet {subnet}")  # fmt: skip
+          f"{max_seq_len} bytes), beam {beam}, {args.engine}, subnet {subnet}")  # fmt: skip
     print(f"chrF {result['chrf']:.2f}  BLEU {result['bleu']:.2f}")
     if export_dir is not None:
         from supernet.artifact import read_card, update_card
 
-        key = args.eval if args.runtime == "torch" else f"{args.eval}.onnxruntime"  # torch's figure stays as it was
+        key = args.eval if args.engine == "torch" else f"{args.eval}.onnxruntime"  # torch's figure stays as it was
         quality = dict(read_card(export_dir).get("quality") or {})
         quality[key] = {k: result[k] for k in ("chrf", "bleu", "pairs", "skipped")} | {
-            "beam": beam, "max_bytes": args.max_bytes, "limit": args.limit, "runtime": args.runtime,
+            "beam": beam, "max_bytes": args.max_bytes, "limit": args.limit, "runtime": args.engine,
             "scorer": "sacrebleu corpus_chrf / corpus_bleu"}  # fmt: skip
         update_card(export_dir, quality=quality)
         print(f"recorded in {export_dir / 'model_card.json'} (quality.{key})")
@@ -128,9 +128,9 @@ def _load_onnx(path, device: str):
     from .space import Seq2SeqSubnet
 
     if not (path.is_dir() and is_seq2seq_export(path)):
-        raise UserError(f"--runtime onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
+        raise UserError(f"--engine onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
     if device != "cpu":
-        raise UserError("--device: not with --runtime onnxruntime (its sessions run on the CPU)")
+        raise UserError("--device: not with --engine onnxruntime (its sessions run on the CPU)")
     card = read_card(path)
     model = OnnxSeq2Seq.load(path)  # (a missing graph named first)
     for name in (ENCODER, DECODER):

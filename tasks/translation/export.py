@@ -4,7 +4,7 @@ The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The c
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
 ONNX: the encoder and the decoder step (parity-checked; each carries :func:`nas.export.onnx_metadata`).
-``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--measure DEVICE
+``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--timing-target TARGET
 [--budget T]`` times the exported model on that workload with the measurement protocol (on ``onnxruntime`` the same
 two graphs, exported by the device).
 Not yet: ``--precision`` (fp32 only), ``model.pt2``.

@@ -3,7 +3,7 @@
 The search driver, strategies, budgets, storage and outputs are the LM's (:mod:`nas.search`); what differs is
 the fitness, held-out cross-entropy per target byte (nats, EOS counted) with inherited weights
 (:func:`tasks.translation.train.heldout_ce`) on a fixed subset of the validation split of the supernet's own corpus
-(``--val-windows`` batches of ``--eval-batch`` pairs, the first length-sorted batches of ``--val-seed``, the same for
+(``--val-windows`` batches of ``--eval-batch-size`` pairs, the first length-sorted batches of ``--val-seed``, the same for
 every subnet); the genetic operators are the space's (:class:`~.space.Seq2SeqSpace`).  Not yet for seq2seq:
 ``--hurdles``, ``--precision`` other than fp32, ``--val-data``, ``--fitness calibrated``.
 """
@@ -57,7 +57,7 @@ def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str
     from .workflows import corpus_record
 
     if settings.windows < 1 or settings.batch_size < 1:
-        raise UserError(f"--val-windows / --eval-batch: {settings.windows} / {settings.batch_size} must be positive")
+        raise UserError(f"--val-windows / --eval-batch-size: {settings.windows} / {settings.batch_size} must be positive")
     record = corpus_record(payload["meta"])
     cache = Path(settings.data_cache) if settings.data_cache else Path(settings.path).parent
     corpus = prepare_pairs(record["data"], cache, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
