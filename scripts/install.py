@@ -17,7 +17,9 @@ install there.  torch first, chosen in this order (``--torch`` overrides it):
 
 Then ``pip install -e ".[EXTRAS]"``, which keeps that torch.  Extras: ``translate`` (sacrebleu, for
 ``nas translate --eval``), ``postgres`` (psycopg2, for a PostgreSQL ``--storage``), ``dashboard``
-(optuna-dashboard), ``docs`` (MkDocs, to build the documentation site), ``dev`` (all of these, pytest, ruff).
+(optuna-dashboard), ``tensorboard`` (``--log tensorboard``), ``completion`` (argcomplete, for ``nas completion``),
+``docs`` (MkDocs, to build the documentation site), ``dev`` (what the test suite needs: the extras whose tests run
+in CI, pytest, ruff).
 ``--dry-run`` prints the pip commands without running them.  Only the standard library is used here.
 """
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-EXTRAS = ("translate", "postgres", "dashboard", "docs", "dev")
+EXTRAS = ("translate", "postgres", "dashboard", "tensorboard", "completion", "docs", "dev")
 
 
 def torch_floor(pyproject: Path = ROOT / "pyproject.toml") -> str:

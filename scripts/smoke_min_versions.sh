@@ -80,17 +80,17 @@ head -c 2000 "$work/docs/doc0.txt" > "$work/val.txt"
 "$nas" train-supernet -q "$work/micro.yaml" --out "$work/sn" --data "$work/docs" --max-steps 5 --batch-size 4 --seq-len 16 \
     --threads 1 --eval-batches 2
 say "trained"
-"$nas" measure-latency -q "$work/micro.yaml" --device onnxruntime --samples 12 --warmup 2 --repeats 3 --rounds 1 --threads 1 \
-    --out "$work/lat.csv"
+"$nas" measure-latency -q "$work/micro.yaml" --timing-target onnxruntime --samples 12 --timing-warmup 2 --repeats 3 \
+    --rounds 1 --timing-threads 1 --out "$work/lat.csv"
 say "timed"
 "$nas" fit-predictor -q "$work/lat.csv" --models additive --folds 2 --out "$work/pred"
 "$nas" search -q "$work/sn/final.pt" --predictor "$work/pred" --budget 50ms --population 6 --parents 2 --mutations 2 \
     --crossovers 2 --generations 2 --val-data "$work/val.txt" --val-windows 4 --seq-len 16 --out "$work/search" --no-progress
 say "searched"
-"$nas" export -q --supernet "$work/sn/final.pt" --subnet "$work/search/best_50ms.yaml" --out "$work/model" \
+"$nas" export -q "$work/sn/final.pt" --subnet "$work/search/best_50ms.yaml" --out "$work/model" \
     --val-data "$work/val.txt" --val-windows 4 --seq-len 16 --format torch,onnx
 "$py" -c "from search_spaces import load_space; print(load_space('$work/micro.yaml').largest().to_yaml())" > "$work/largest.yaml"
-"$nas" export -q --supernet "$work/sn/final.pt" --subnet "$work/largest.yaml" --out "$work/largest" --no-eval --format torch,onnx
+"$nas" export -q "$work/sn/final.pt" --subnet "$work/largest.yaml" --out "$work/largest" --no-eval --format torch,onnx
 "$py" - "$work/model" "$work/largest" <<'EOF'
 import json
 import sys

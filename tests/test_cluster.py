@@ -33,10 +33,10 @@ from .test_search_storage import _free_port, postgres_url  # noqa: F401  (the Po
 from .test_train import MICRO, max_diff
 from .test_workloads import fit_predictor
 
-TRAIN = ["--batch-size", "8", "--seq-len", "16", "--max-steps", "4", "--warmup", "2", "--eval-interval", "4",
+TRAIN = ["--batch-size", "8", "--seq-len", "16", "--max-steps", "4", "--lr-warmup", "2", "--eval-interval", "4",
          "--eval-batches", "2", "--ckpt-interval", "4", "--threads", "1", "--device", "cpu"]
 SEARCH = ["--budget", "5ms", "--population", "12", "--parents", "3", "--mutations", "4", "--crossovers", "4",
-          "--generations", "3", "--val-windows", "12", "--seq-len", "16", "--batch", "2", "--no-progress", "-q"]
+          "--generations", "3", "--val-windows", "12", "--seq-len", "16", "--worker-batch", "2", "--no-progress", "-q"]
 
 
 @pytest.fixture(scope="module")

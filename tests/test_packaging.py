@@ -77,6 +77,7 @@ def test_the_extras_and_what_every_user_gets(wheel):
         assert not any(r.startswith(heavy) for r in base), base
     extras = set(re.findall(r"^Provides-Extra: (.*)$", metadata, re.M))
     assert {"translate", "postgres", "docs", "dev", "dashboard"} <= extras
+    assert set(install.EXTRAS) == extras, "scripts/install.py names every extra of pyproject.toml"
     assert any(r.startswith("sacrebleu") and 'extra == "translate"' in r for r in requires)
     assert any(r.startswith("psycopg2-binary") and 'extra == "postgres"' in r for r in requires)
     dev = [r for r in requires if 'extra == "dev"' in r]
