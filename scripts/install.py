@@ -8,7 +8,9 @@
 Everything goes into the Python that runs this script: run it with a virtual environment's ``python`` to
 install there.  torch first, chosen in this order (``--torch`` overrides it):
 
-1. a torch this Python already imports is kept, whatever its build (your CUDA or ROCm build stays);
+1. a torch this Python already imports is kept, whatever its build (your CUDA or ROCm build stays); one older
+   than pyproject.toml's floor stops the script, which asks for ``--torch cpu`` or ``--torch cuda`` (else pip would
+   replace it with PyPI's newest, a CUDA build on Linux);
 2. else, where ``nvidia-smi`` is found (an NVIDIA driver): PyPI's torch, the CUDA build (several GB);
 3. else, on Linux: the CPU build from PyTorch's own index (``--torch-index``, by default
    https://download.pytorch.org/whl/cpu; about 200 MB instead of several GB of CUDA libraries): the newest
@@ -70,23 +72,35 @@ def available_versions(python: str, index: str) -> list[str]:
     return [v.strip() for v in line.removeprefix("Available versions:").split(",") if v.strip()]
 
 
+def installed_torch() -> tuple[str, str] | None:
+    """(version, build) of the torch this Python imports, or None."""
+    if importlib.util.find_spec("torch") is None:
+        return None
+    import torch  # only to say which build is kept
+
+    hip = getattr(torch.version, "hip", None)
+    return str(torch.__version__), f"CUDA {torch.version.cuda}" if torch.version.cuda else (f"ROCm {hip}" if hip else "CPU")
+
+
 def torch_plan(choice: str, python: str, index: str, floor: str) -> tuple[str, list[list[str]]]:
     """(what will happen, in words; the pip commands for torch)."""
     pip = [python, "-m", "pip", "install", "-q"]
     if choice == "auto":
-        if importlib.util.find_spec("torch") is not None:
-            import torch  # only to say which build is kept
-
-            hip = getattr(torch.version, "hip", None)
-            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else (f"ROCm {hip}" if hip else "CPU")
-            return f"keeping the installed torch {torch.__version__} ({build} build)", []
+        have = installed_torch()
+        if have is not None:
+            version, build = have
+            if release(version) < release(floor):  # pip would swap it for PyPI's newest, a CUDA build on Linux
+                raise SystemExit(f"install.py: the installed torch {version} ({build}) is older than {floor}, the oldest "
+                                 "this version runs on: upgrade it yourself, or say which build replaces it: --torch cpu "
+                                 "or --torch cuda")
+            return f"keeping the installed torch {version} ({build} build)", []
         choice = "cuda" if shutil.which("nvidia-smi") else "cpu"
         if choice == "cpu" and platform.system() != "Linux":
             return f"no NVIDIA driver; PyPI's torch>={floor}, a CPU build on {platform.system()}", [pip + [f"torch>={floor}"]]
     if choice == "none":
         return "torch left to pip as an ordinary dependency", []
     if choice == "cuda":
-        return f"nvidia-smi found: PyPI's torch>={floor}, the CUDA build", [pip + [f"torch>={floor}"]]
+        return f"PyPI's torch>={floor}, the CUDA build (an NVIDIA driver, or --torch cuda)", [pip + [f"torch>={floor}"]]
     version = newest_cpu_build(available_versions(python, index), floor)
     if version is None:  # pip too old for `pip index`, or nothing listed: PyTorch's own instruction
         return f"no NVIDIA driver: torch>={floor}, CPU build, from {index}", [pip + [f"torch>={floor}", "--index-url", index]]

@@ -132,7 +132,10 @@ def test_the_installer_keeps_a_torch_and_otherwise_chooses_by_the_driver(monkeyp
     said, commands = install.torch_plan("auto", "py", install.CPU_INDEX, "2.11")
     assert said.startswith("keeping the installed torch") and commands == []  # this machine has one: untouched
 
-    monkeypatch.setattr(install.importlib.util, "find_spec", lambda name: None)  # a fresh environment
+    monkeypatch.setattr(install, "installed_torch", lambda: ("2.5.1+cu121", "CUDA 12.1"))  # too old: pip would swap it
+    with pytest.raises(SystemExit, match=r"torch 2.5.1\+cu121 \(CUDA 12.1\) is older than 2.11.*--torch cpu or --torch cuda"):
+        install.torch_plan("auto", "py", install.CPU_INDEX, "2.11")
+    monkeypatch.setattr(install, "installed_torch", lambda: None)  # a fresh environment
     monkeypatch.setattr(install.platform, "system", lambda: "Linux")
     monkeypatch.setattr(install, "available_versions", lambda python, index: ["2.14.1", "2.13.0+cpu"])
     monkeypatch.setattr(install.shutil, "which", lambda name: None)
@@ -141,7 +144,7 @@ def test_the_installer_keeps_a_torch_and_otherwise_chooses_by_the_driver(monkeyp
     assert "CPU build" in said
     monkeypatch.setattr(install.shutil, "which", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
     said, commands = install.torch_plan("auto", "py", install.CPU_INDEX, "2.11")
-    assert commands == [["py", "-m", "pip", "install", "-q", "torch>=2.11"]] and "CUDA" in said
+    assert commands == [["py", "-m", "pip", "install", "-q", "torch>=2.11"]] and "CUDA build" in said
     monkeypatch.setattr(install, "available_versions", lambda python, index: [])  # `pip index` unavailable
     said, commands = install.torch_plan("cpu", "py", "https://example.org/cpu", "2.11")
     assert commands == [["py", "-m", "pip", "install", "-q", "torch>=2.11", "--index-url", "https://example.org/cpu"]]
