@@ -112,7 +112,9 @@ def open_storage(url: str, attempts: int = 20, *, heartbeat_s: int | None = None
                 raise UserError(f"--storage: cannot open {url!r}: {str(e).splitlines()[0][:300]}") from None
             time.sleep(0.05 * (attempt + 1))
         except (ValueError, ImportError, ModuleNotFoundError) as e:
-            raise UserError(f"--storage: cannot open {url!r}: {e}") from None
+            hint = " (PostgreSQL's driver is the postgres extra: pip install 'nas-transformers[postgres]')" if (
+                isinstance(e, ImportError) and url.startswith("postgres")) else ""
+            raise UserError(f"--storage: cannot open {url!r}: {e}{hint}") from None
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 

@@ -44,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{flag}: {value} is not a positive integer")
     if not args.text and args.eval is None:
         raise UserError("give text to translate, or --eval val|test to score the model on its corpus")
+    if args.eval is not None:
+        try:
+            import sacrebleu  # noqa: F401  (the translate extra; checked before anything is loaded)
+        except ImportError:
+            raise UserError("--eval: chrF and BLEU need sacrebleu, which is not installed: "
+                            "pip install 'nas-transformers[translate]' (python3 scripts/install.py translate)") from None
     if args.engine == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
         from .artifact import read_card
