@@ -42,6 +42,18 @@ def format_row(label: str, m: dict[str, float]) -> str:
     )
 
 
+def log_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """At most ``n`` round tick values (two significant digits) in [lo, hi], about evenly spaced on a log scale."""
+    if not (0 < lo < hi and np.isfinite(hi)):
+        raise ValueError(f"log_ticks: needs 0 < lo < hi, got lo={lo!r}, hi={hi!r}")
+    out: list[float] = []
+    for v in np.geomspace(lo, hi, n + 2)[1:-1]:  # inside the range, clear of its ends
+        r = float(f"{v:.2g}")
+        if lo <= r <= hi and (not out or r / out[-1] > 1.15):  # rounding can bring two together: keep them apart
+            out.append(r)
+    return out
+
+
 def plot(
     path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None
 ) -> Path:
@@ -50,7 +62,7 @@ def plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(6, 6), dpi=120)
     lo = min(measured.min(), pred.min()) * 0.9
@@ -63,9 +75,11 @@ def plot(
     ax.scatter(measured, pred, s=12, color="tab:blue", label="predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2x10^1
+    ticks = log_ticks(lo, hi)
+    for axis in (ax.xaxis, ax.yaxis):  # a few plain numbers (not 2x10^1), spread evenly on the log scale, none overlapping
+        axis.set_major_locator(FixedLocator(ticks))
         axis.set_major_formatter(FormatStrFormatter("%g"))
-        axis.set_minor_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured latency (ms)")

@@ -259,7 +259,7 @@ def test_search_cli_with_a_real_predictor_file(tmp_path, tiny, supernet, capsys)
     best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
     assert load_predictor(pred).predict([best])[0] <= 6.0
     first = capsys.readouterr()
-    assert "nas search: " in first.err and "additive predictor predictor.json" in first.err  # the notes, through logging
+    assert "nas search: " in first.err and "additive predictor from predictor.json" in first.err  # the notes, through logging
     assert main(args + ["--budget", "6ms", "-q"]) == 0  # the finished study again, quietly: the same table, no notes
     quiet = capsys.readouterr()
     assert quiet.out == first.out and quiet.err == ""
