@@ -42,16 +42,24 @@ def format_row(label: str, m: dict[str, float]) -> str:
     )
 
 
+NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)  # tick mantissas
+
+
 def log_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
-    """At most ``n`` round tick values (two significant digits) in [lo, hi], about evenly spaced on a log scale."""
+    """At most ``n`` round ticks (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of ten) in [lo, hi], spread about
+    evenly on a log scale; in a range too narrow for three of them, two-digit values."""
     if not (0 < lo < hi and np.isfinite(hi)):
         raise ValueError(f"log_ticks: needs 0 < lo < hi, got lo={lo!r}, hi={hi!r}")
-    out: list[float] = []
-    for v in np.geomspace(lo, hi, n + 2)[1:-1]:  # inside the range, clear of its ends
-        r = float(f"{v:.2g}")
-        if lo <= r <= hi and (not out or r / out[-1] > 1.15):  # rounding can bring two together: keep them apart
-            out.append(r)
-    return out
+    powers = range(int(np.floor(np.log10(lo))) - 1, int(np.ceil(np.log10(hi))) + 1)
+    nice = sorted(v for v in (float(f"{m * 10.0**k:.6g}") for k in powers for m in NICE) if lo <= v <= hi)
+    if len(nice) < 3:  # a narrow range: two significant digits instead
+        two = sorted({float(f"{v:.2g}") for v in np.geomspace(lo, hi, n + 2)[1:-1]})
+        return [v for v in two if lo <= v <= hi][:: max(1, len(two) // n)] or nice
+    if len(nice) <= n:
+        return nice
+    logs = np.log10(nice)
+    want = np.linspace(logs[0], logs[-1], n)
+    return sorted({nice[int(np.argmin(np.abs(logs - w)))] for w in want})
 
 
 def plot(

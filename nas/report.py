@@ -178,6 +178,16 @@ def _num(text: str) -> float | None:
         return None
 
 
+def ms(value: Any) -> str:
+    """Milliseconds as the figures give them (3 decimals)."""
+    return f"{value:.3f} ms" if isinstance(value, (int, float)) and math.isfinite(value) else f"{fmt(value)} ms"
+
+
+def bpb(value: Any) -> str:
+    """A held-out score as the tables give it (4 decimals)."""
+    return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else fmt(value)
+
+
 def fmt(value: Any) -> str:
     """A number as a reader wants it (6 significant digits, thousands grouped), anything else as text."""
     if isinstance(value, bool) or value is None:
@@ -491,8 +501,8 @@ def verify_section(folder: Path, page: Page) -> None:
                  if errors else "")
         if kept:
             body.append(f'<li><span class="ok">{esc(label)}: holds</span>: rank {esc(kept["rank"])} of {len(checks)} kept, '
-                        f"measured {fmt(kept['measured_ms'])} ms against the budget {fmt(b.get('budget_ms'))} ms "
-                        f"(predicted {fmt(kept['predicted_ms'])} ms, {kept['error_pct']:+.1f}%){esc(noise)}"
+                        f"measured {ms(kept['measured_ms'])} against the budget {ms(b.get('budget_ms'))} "
+                        f"(predicted {ms(kept['predicted_ms'])}, {kept['error_pct']:+.1f}%){esc(noise)}"
                         + (f"; flags: {esc(kept['flags'])}" if kept.get("flags") else "") + "</li>")
         else:
             body.append(f'<li><span class="bad">{esc(label)}: none of the {len(checks)} candidates held</span> on the '
@@ -524,16 +534,16 @@ def card_section(model: Path, page: Page, heading: str = "Model card") -> None:
     if v:
         scope = (f"{v['windows']} held-out windows x {v.get('seq_len', '?')} tokens" if "windows" in v
                  else f"{v.get('examples', '?')} held-out examples")
-        lines.append(f"<li>{esc(v.get('metric', 'bits/byte'))}: <b>{fmt(v.get('bits_per_byte'))}</b> on {esc(scope)} of "
+        lines.append(f"<li>{esc(v.get('metric', 'bits/byte'))}: <b>{bpb(v.get('bits_per_byte'))}</b> on {esc(scope)} of "
                      f"the {esc(v.get('source', '?'))}</li>")
     lat = card.get("latency") or {}
     if lat:
-        lines.append(f"<li>predicted latency <b>{fmt(lat.get('predicted_ms'))} ms</b> ({esc(lat.get('model', '?'))} "
+        lines.append(f"<li>predicted latency <b>{ms(lat.get('predicted_ms'))}</b> ({esc(lat.get('model', '?'))} "
                      f"predictor, {esc((lat.get('device') or {}).get('device', '?'))})</li>")
     m = card.get("measured") or {}
     if m:
         err = m.get("error_pct")
-        lines.append(f"<li>measured latency <b>{fmt(m.get('median_ms'))} ms</b> (IQR {fmt(m.get('iqr_ms'))} ms; "
+        lines.append(f"<li>measured latency <b>{ms(m.get('median_ms'))}</b> (IQR {ms(m.get('iqr_ms'))}; "
                      f"{esc(m.get('timed', ''))}"
                      + (f"; {err:+.1f}% against the prediction" if isinstance(err, (int, float)) else "") + ")</li>")
     body = (f"<ul>{''.join(lines)}</ul>" if lines else "") + value_html(card)
@@ -569,17 +579,17 @@ def demo_verdicts(s: dict) -> str:
     """The demo's verdicts, each with its noise: the latency against the budget (the measurement's IQR), the found
     model against each uniform baseline at or below its latency (the paired difference over the windows, its SE)."""
     f = s["found"]
-    out = [f"<p>budget <b>{fmt(s.get('budget_ms'))} ms</b>; found <code>{esc(_subnet_text(f.get('subnet')))}</code>, "
+    out = [f"<p>budget <b>{ms(s.get('budget_ms'))}</b>; found <code>{esc(_subnet_text(f.get('subnet')))}</code>, "
            f"{fmt(f.get('params'))} parameters</p>", '<ul class="verdicts">']
-    iqr = f" (IQR {fmt(f['measured_iqr_ms'])} ms)" if "measured_iqr_ms" in f else ""
+    iqr = f" (IQR {ms(f['measured_iqr_ms'])})" if "measured_iqr_ms" in f else ""
     ok = s.get("within_budget")
     out.append(f'<li><span class="{"ok" if ok else "bad"}">{"within" if ok else "OVER"} the budget</span>: measured '
-               f"{fmt(f.get('measured_ms'))} ms{iqr}, predicted {fmt(f.get('predicted_ms'))} ms "
+               f"{ms(f.get('measured_ms'))}{iqr}, predicted {ms(f.get('predicted_ms'))} "
                f"({s.get('error_pct', float('nan')):+.1f}%)</li>")
     windows = f.get("bpb_windows")
     scope = f"on {windows} fresh held-out windows" if windows else "on fresh held-out windows"
-    out.append(f"<li>bits/byte <b>{fmt(f.get('bpb'))}</b> {esc(scope)}"
-               + (f" ({fmt(f['search_bpb'])} on the search's {f.get('search_windows')} windows, the model card's number)"
+    out.append(f"<li>bits/byte <b>{bpb(f.get('bpb'))}</b> {esc(scope)}"
+               + (f" ({bpb(f['search_bpb'])} on the search's {f.get('search_windows')} windows, the model card's number)"
                   if "search_bpb" in f else "") + "</li>")
     beaten = [b for b in s.get("baselines", []) if b.get("measured_ms", math.inf) <= f.get("measured_ms", -math.inf)]
     if not beaten:
@@ -592,7 +602,7 @@ def demo_verdicts(s: dict) -> str:
             d, se = b.get("vs_found_bpb"), b.get("vs_found_se")
             noise = (f": {d:+.4f} bits/byte against the found model, paired SE {se:.4f} over the windows "
                      f"({d / se:+.1f} SE)" if isinstance(d, float) and isinstance(se, float) and se > 0 else "")
-            out.append(f"<li>{esc(b['name'])}: {fmt(b['bpb'])} bits/byte at {fmt(b['measured_ms'])} ms{esc(noise)}</li>")
+            out.append(f"<li>{esc(b['name'])}: {bpb(b['bpb'])} bits/byte at {ms(b['measured_ms'])}{esc(noise)}</li>")
         out.append("</ul></li>")
     out.append("</ul>")
     if s.get("sample"):

@@ -160,15 +160,18 @@ def pareto_figure(
         if sel:
             ax.scatter([m["measured_ms"] for m in sel], [m["loss_bpb"] for m in sel], marker="D", s=22, color=color,
                        zorder=6, label=f"measured on {device}, {what} ({len(sel)})")
+    xs = points[finite, 1]
+    middle = float((xs.min() + xs.max()) / 2) if len(xs) else 0.0
     for label, (loss, ms) in best.items():
         ax.scatter([ms], [loss], marker="*", s=120, color="tab:orange", zorder=5)
-        ax.annotate(f"best under {label}: {ms:.3f} ms predicted", (ms, loss), textcoords="offset points", xytext=(4, 6),
-                    fontsize=8)
+        right = ms > middle  # the label on the side with room, inside the axes
+        ax.annotate(f"best under {label}: {ms:.3f} ms predicted", (ms, loss), textcoords="offset points",
+                    xytext=(-6 if right else 6, 8), ha="right" if right else "left", fontsize=8)
     ax.set_xlabel("predicted latency (ms)" if not checks else "latency (ms): predicted, and measured where marked")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 42)), fontsize=9)
     ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)  # long device descriptions wrap instead of running off
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
