@@ -7,6 +7,7 @@ A folder is recognised by what it holds (:func:`detect`):
   with the uniform baselines, the model card;
 * ``search``: a ``nas search --out`` folder (``search.json``): its budgets, front and verification;
 * ``model``: a ``nas export`` folder (``model_card.json``): the card;
+* ``predictor``: a ``nas fit-predictor`` folder (``predictor.json``): its figure and its agreement with the measurements;
 * ``files``: any other folder of results (``docs/benchmarks/<name>/``): its Markdown, figures, tables and
   JSON, one section per file.
 
@@ -65,7 +66,8 @@ def esc(value: Any) -> str:
 
 
 def detect(folder: str | Path) -> str:
-    """``demo``, ``search``, ``model`` or ``files`` (see the module's docstring); a folder with none of these is refused."""
+    """``demo``, ``search``, ``model``, ``predictor`` or ``files`` (the module's docstring); a folder with none of these is
+    refused."""
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: no such folder (expected a run folder: a demo, a search or a benchmark's)")
@@ -75,6 +77,8 @@ def detect(folder: str | Path) -> str:
         return "search"
     if (folder / "model_card.json").is_file():
         return "model"
+    if (folder / "predictor.json").is_file():
+        return "predictor"
     if any(p.suffix.lower() in SHOWN for p in _files(folder)):
         return "files"
     raise UserError(f"{folder}: not a run folder: no summary.json (nas demo), search.json (nas search), "
@@ -133,7 +137,7 @@ def build(folder: str | Path) -> str:
     kind = detect(folder)
     page = Page(f"{folder.resolve().name}: {KIND_TITLES[kind]}")
     page.meta.append(f"folder <code>{esc(folder)}</code>")
-    {"demo": _demo, "search": _search, "model": _model, "files": _folder}[kind](folder, page)
+    {"demo": _demo, "search": _search, "model": _model, "predictor": predictor_section, "files": _folder}[kind](folder, page)
     if kind != "files":
         _folder(folder, page, only_new=True)  # what else lies at the top of the folder
     return page.html()
@@ -149,7 +153,8 @@ def write_report(folder: str | Path, out: str | Path | None = None) -> Path:
     return path
 
 
-KIND_TITLES = {"demo": "nas demo run", "search": "nas search", "model": "exported model", "files": "results"}
+KIND_TITLES = {"demo": "nas demo run", "search": "nas search", "model": "exported model", "predictor": "latency predictor",
+               "files": "results"}
 
 
 # --------------------------------------------------------------------------- reading files (never trusting them)
