@@ -187,7 +187,7 @@ def test_search_cli_refuses_an_infeasible_budget_with_the_smallest_latency(run_d
     err = capsys.readouterr().err
     assert err.startswith(
         "nas search: error: --budget 0.02ms is infeasible on cpu (torch-eager, threads 1) on Fake CPU, "
-        "analytic predictor pred.json: the smallest latency"
+        "analytic predictor from pred.json: the smallest latency"
     )
     assert f"reaches is {fastest:.6g}ms" in err and "50ms" not in err
 
