@@ -445,7 +445,7 @@ def search_sections(folder: Path, page: Page, heading: str = "Search") -> None:
     config = s.get("config", {})
     from nas.search.pareto import loss_label
 
-    scored = loss_label("bits/byte" if "windows" in config.get("fitness", {}) else "loss", config.get("fitness", {}))
+    scored = s.get("figure", {}).get("ylabel") or loss_label("loss", config.get("fitness", {}))  # what the loss is, on what
     body = [f"<p>{esc(config.get('strategy', '?'))}, seed {esc(config.get('seed', '?'))}, {fmt(s.get('evaluations'))} "
             f"evaluations; loss: {esc(scored)}"
             + (f"; the search kept {esc(fmt(config['margin_pct']))}% below each budget by the predictor"

@@ -177,6 +177,7 @@ def test_report_of_a_search_folder(search_dir, tmp_path, capsys):
     page = (tmp_path / "r.html").read_text()
     assert page.count('src="data:image/png;base64,') == 1  # pareto.png, inline
     assert "<h2>Verification on the device</h2>" in page and "6ms: holds" in page
+    assert "loss: bits/byte on 3 held-out windows x 32 tokens (inherited weights)" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
     if CHROMIUM:
         assert_renders(tmp_path / "r.html", tmp_path / "chromium", ["Search", "Verification on the device"])
