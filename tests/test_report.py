@@ -4,6 +4,7 @@ is checked for escaping and self-containment, and rendered in a real browser (he
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -242,3 +243,14 @@ def test_a_folder_with_nothing_to_show_is_refused_in_one_line(tmp_path, capsys):
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "run")]) == 2  # --out is a file, not a folder
     assert "expected a file (the page)" in capsys.readouterr().err
     assert not (tmp_path / "run" / "report.html").exists()
+
+
+@pytest.mark.skipif(not os.environ.get("NAS_REPORT_PAGE"), reason="NAS_REPORT_PAGE not set: .ci/run sets it to the page of "
+                    "the `nas demo --quick` it runs")
+@needs_chromium
+def test_the_page_of_a_demo_run_renders(tmp_path):
+    """.ci/run: the page `nas demo --quick` wrote renders in the browser, every section there, the console empty."""
+    page = Path(os.environ["NAS_REPORT_PAGE"])
+    assert_renders(page, tmp_path / "chromium", ["Result", "Search: the Pareto front", "Verification on the device",
+                                                 "Latency predictor", "Comparison with the uniform baselines (comparison.csv)",
+                                                 "Model card"])

@@ -527,7 +527,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     import numpy as np
 
     from nas.search import hypervolume, pareto_front
-    from nas.search.pareto import CSV_FIELDS, plot_png, write_csv
+    from nas.search.pareto import CSV_FIELDS, loss_label, plot_png, plot_search, write_csv
     from search_spaces import tasks
     from supernet.files import atomic_write
 
@@ -562,8 +562,6 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
 
     budgets_ms = budget_lines(primary if latencies else None)
     at = f" ({primary} latency)" if latencies else ""
-    from nas.search.pareto import loss_label, plot_search
-
     scored = loss_label(tasks.of(space).metric or tasks.of(space).unit, identity.get("fitness", {}))  # what the loss is, on what
     figure = {"title": f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency{at} from {latency_source}",
               "ylabel": scored, "budgets_ms": budgets_ms,
