@@ -54,7 +54,7 @@ code { background: #f2f4f8; padding: 0 3px; }
 figure { margin: 8px 0 14px; } figure img { max-width: 100%; border: 1px solid #e1e5eb; }
 figcaption { color: #5a6475; font-size: 12.5px; }
 .verdicts li { margin: 3px 0; } .ok { color: #17663a; font-weight: 600; } .bad { color: #a3231b; font-weight: 600; }
-.note { color: #5a6475; font-style: italic; }
+.note { color: #5a6475; font-style: italic; } summary { cursor: pointer; color: #2a4d8f; margin: 4px 0; }
 """
 
 
@@ -551,7 +551,8 @@ def card_section(model: Path, page: Page, heading: str = "Model card") -> None:
         lines.append(f"<li>measured latency <b>{ms(m.get('median_ms'))}</b> (IQR {ms(m.get('iqr_ms'))}; "
                      f"{esc(m.get('timed', ''))}"
                      + (f"; {err:+.1f}% against the prediction" if isinstance(err, (int, float)) else "") + ")</li>")
-    body = (f"<ul>{''.join(lines)}</ul>" if lines else "") + value_html(card)
+    body = ((f"<ul>{''.join(lines)}</ul>" if lines else "")
+            + f"<details><summary>every field of model_card.json</summary>{value_html(card)}</details>")
     page.add(heading, body)
 
 
@@ -577,7 +578,8 @@ def _demo(folder: Path, page: Page) -> None:
     card_section(folder / "model", page)
     if s.get("stage_seconds"):
         page.add("Stages", table(["stage", "seconds"], [[k, v] for k, v in s["stage_seconds"].items()])
-                 + (value_html(s["plan"]) if s.get("plan") else ""))
+                 + (f"<details><summary>the plan (sizes of every stage)</summary>{value_html(s['plan'])}</details>"
+                    if s.get("plan") else ""))
 
 
 def demo_verdicts(s: dict) -> str:
