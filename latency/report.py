@@ -42,6 +42,26 @@ def format_row(label: str, m: dict[str, float]) -> str:
     )
 
 
+NICE = (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0)  # tick mantissas
+
+
+def log_ticks(lo: float, hi: float, n: int = 6) -> list[float]:
+    """At most ``n`` round ticks (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8 times a power of ten) in [lo, hi], spread about
+    evenly on a log scale; in a range too narrow for three of them, two-digit values."""
+    if not (0 < lo < hi and np.isfinite(hi)):
+        raise ValueError(f"log_ticks: needs 0 < lo < hi, got lo={lo!r}, hi={hi!r}")
+    powers = range(int(np.floor(np.log10(lo))) - 1, int(np.ceil(np.log10(hi))) + 1)
+    nice = sorted(v for v in (float(f"{m * 10.0**k:.6g}") for k in powers for m in NICE) if lo <= v <= hi)
+    if len(nice) < 3:  # a narrow range: two significant digits instead
+        two = sorted({float(f"{v:.2g}") for v in np.geomspace(lo, hi, n + 2)[1:-1]})
+        return [v for v in two if lo <= v <= hi][:: max(1, len(two) // n)] or nice
+    if len(nice) <= n:
+        return nice
+    logs = np.log10(nice)
+    want = np.linspace(logs[0], logs[-1], n)
+    return sorted({nice[int(np.argmin(np.abs(logs - w)))] for w in want})
+
+
 def plot(
     path: str | Path, measured: np.ndarray, pred: np.ndarray, title: str, retest: tuple[np.ndarray, np.ndarray] | None = None
 ) -> Path:
@@ -50,7 +70,7 @@ def plot(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FormatStrFormatter
+    from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
     fig, ax = plt.subplots(figsize=(6, 6), dpi=120)
     lo = min(measured.min(), pred.min()) * 0.9
@@ -63,9 +83,11 @@ def plot(
     ax.scatter(measured, pred, s=12, color="tab:blue", label="predicted")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    for axis in (ax.xaxis, ax.yaxis):  # plain numbers, not 2x10^1
+    ticks = log_ticks(lo, hi)
+    for axis in (ax.xaxis, ax.yaxis):  # a few plain numbers (not 2x10^1), spread evenly on the log scale, none overlapping
+        axis.set_major_locator(FixedLocator(ticks))
         axis.set_major_formatter(FormatStrFormatter("%g"))
-        axis.set_minor_formatter(FormatStrFormatter("%g"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("measured latency (ms)")

@@ -33,7 +33,7 @@ from . import __version__
 
 # The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
 COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
-            "train-subnet", "finetune", "classify", "generate", "doctor", "completion"]
+            "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion"]
 
 
 def command_modules() -> dict:

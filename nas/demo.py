@@ -72,6 +72,7 @@ class Paths:
         self.timings, self.predictor = root / "latency" / "timings.csv", root / "predictor"
         self.search, self.model = root / "search", root / "model"
         self.summary, self.comparison = root / "summary.json", root / "comparison.csv"
+        self.report = root / "report.html"
 
 
 RunCommand = Callable[[list[str]], int]  # runs one `nas` command in-process (argv without "nas"): its exit status
@@ -166,8 +167,10 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     if best_file is None:
         raise UserError(f"{p.search}/search.json: the search found no subnet under {budget_ms:.3f} ms")
 
-    # 4. export the winner (ONNX with fused attention, parity checked)
-    stage("export", lambda: cli(["export", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model)]))
+    # 4. export the winner (ONNX with fused attention, parity checked); its card scored on the search's windows and
+    # carrying the predictor's latency (the measured one is added after the side-by-side timing below)
+    stage("export", lambda: cli(["export", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model),
+                                 "--predictor", str(p.predictor), "--val-windows", str(plan.val_windows)]))
 
     # 5. the export and the hand-scaled baselines, measured side by side, scored on fresh windows
     log.info("== measure the export beside uniform baselines")
@@ -177,6 +180,10 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     summary["stage_seconds"] = stage.all_seconds()
     summary["plan"] = asdict(plan)
     p.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    # 6. one page that shows the run (nas report)
+    from nas.report import write_report
+
+    write_report(p.root)
     return summary
 
 
@@ -218,7 +225,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     from latency.protocol import measure
     from latency.report import latency_error_pct
     from nas.search import InheritedLoss
-    from nas.search.fitness import validation_tokens
+    from nas.search.fitness import separability, validation_tokens
     from supernet.artifact import load_model, read_card
     from supernet.checkpoint import load_supernet
     from supernet.generate import generate
@@ -257,14 +264,30 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
     models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
     m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
     losses = fresh_fit(list(candidates.values()))
+    searched = search_fit(list(candidates.values()))  # as the search scored them (the model card's number)
+    paired = separability(fresh_fit, list(candidates.values()))["vs_first"]  # each baseline - found, window by window
     pred = predictor.predict(list(candidates.values()))
     rows = []
-    for (name, s), loss, pr in zip(candidates.items(), losses, pred):
-        rows.append({"name": name, "subnet": s.key, "params": supernet.num_params(s), "bpb": float(loss),
-                     "predicted_ms": float(pr), "measured_ms": float(m.results[name].median_ms)})
+    for (name, s), loss, seen, pr in zip(candidates.items(), losses, searched, pred):
+        r = m.results[name]
+        rows.append({"name": name, "subnet": str(s), "key": s.key, "params": supernet.num_params(s), "bpb": float(loss),
+                     "bpb_windows": plan.compare_windows, "search_bpb": float(seen), "search_windows": plan.val_windows,
+                     "predicted_ms": float(pr), "measured_ms": float(r.median_ms), "measured_iqr_ms": float(r.iqr_ms),
+                     "flags": ";".join(r.flags)})
+    for row, d in zip(rows[1:], paired):  # the noise of the verdict: the paired difference and its standard error
+        row.update(vs_found_bpb=d["diff"], vs_found_se=d["se"])
     _write_csv(p.comparison, rows)
 
     me = rows[0]
+    from supernet.artifact import update_card
+
+    measured = m.results["found"]  # the card's measured latency: this side-by-side campaign (as `nas export --measure` adds)
+    update_card(p.model, measured={
+        "device": device.fingerprint(), "timed": "the static model, beside the uniform baselines (nas demo)",
+        "workload": space.workload().record(), "settings": settings.to_dict(), "median_ms": measured.median_ms,
+        "iqr_ms": measured.iqr_ms, "flags": list(measured.flags), "anchored_to_reference_ms": table.meta.get("baseline_ms"),
+        "predicted_ms": me["predicted_ms"], "error_pct": latency_error_pct(me["measured_ms"], me["predicted_ms"]),
+        "budget_ms": budget_ms, "over_budget": bool(me["measured_ms"] > budget_ms)})
     beaten = [r for r in rows[1:] if r["measured_ms"] <= me["measured_ms"]]
     verdict = all(me["bpb"] < r["bpb"] for r in beaten)
     sample = b""  # an encoder does not generate
@@ -284,17 +307,22 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
             "predicted_vs_measured_png": str(p.predictor / "predicted_vs_measured.png"),
             "model": str(p.model),
             "comparison_csv": str(p.comparison),
+            "report_html": str(p.report),
         },
     }
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
+    """The comparison table; bits/byte to 4 decimals, milliseconds to 3 (the figures' own precision, not float noise)."""
     import csv
 
+    digits = {"bpb": 4, "search_bpb": 4, "predicted_ms": 3, "measured_ms": 3, "measured_iqr_ms": 3, "vs_found_bpb": 4,
+              "vs_found_se": 4}
+    fields = list(dict.fromkeys(k for r in rows for k in r))  # the found model's row has no vs_found columns
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
-        w.writerows(rows)
+        w.writerows({k: f"{v:.{digits[k]}f}" if k in digits else v for k, v in r.items()} for r in rows)
 
 
 def render_summary(s: dict, p: Paths) -> str:
@@ -304,11 +332,13 @@ def render_summary(s: dict, p: Paths) -> str:
         "=" * 78,
         f"budget {s['budget_ms']:.3f} ms (ONNX Runtime, 1 thread, this CPU; prefill 1x256 bytes)",
         f"found  {Subnet.from_dict(f['subnet'])}",
-        f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte on fresh held-out windows",
+        f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte on {f['bpb_windows']} fresh held-out windows "
+        f"({f['search_bpb']:.4f} on the search's {f['search_windows']}, as its search and model card scored it)",
         f"       predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms ({s['error_pct']:+.1f}%), "
         + ("within the budget" if s["within_budget"] else "OVER THE BUDGET"),
         "",
-        f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}",
+        f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}   "
+        f"(bits/byte: {f['bpb_windows']} fresh windows)",
     ]
     for r in [f] + s["baselines"]:
         lines.append(
@@ -323,7 +353,8 @@ def render_summary(s: dict, p: Paths) -> str:
         lines.append(f"found subnet vs the {n} uniform baselines at equal or lower measured latency: "
                      + ("lower bits/byte than all of them" if s["beats_baselines"] else "NOT lower bits/byte than all of them"))
     lines += ["", "sample (temperature 0.8):", "  " + s["sample"].replace("\n", "\n  "), ""]
-    lines.append(f"files: {p.search / 'pareto.png'}, {p.predictor / 'predicted_vs_measured.png'}, {p.comparison}, {p.model}/")
+    lines.append(f"files: {p.report} (the whole run on one page), {p.search / 'pareto.png'}, "
+                 f"{p.predictor / 'predicted_vs_measured.png'}, {p.comparison}, {p.model}/")
     lines.append("stage seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in s["stage_seconds"].items()))
     lines.append("=" * 78)
     return "\n".join(lines)

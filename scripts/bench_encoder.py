@@ -87,7 +87,7 @@ def render(summary: dict, pred: dict, p: Paths) -> tuple[str, bool]:
     n = summary["baselines_at_or_below_found_latency"]
     ok = summary["beats_baselines"] and summary["within_budget"] and n > 0
     found_key = Subnet.from_dict(f["subnet"]).key
-    itself = [r["name"] for r in summary["baselines"] if r["subnet"] == found_key]
+    itself = [r["name"] for r in summary["baselines"] if r["key"] == found_key]
     if itself:
         lines.append(f"(the found subnet is itself uniform: {itself[0]})")
     lines += [

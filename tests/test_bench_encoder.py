@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from search_spaces import Subnet
+
 from .test_data import write_docs
+from .test_report import CHROMIUM, assert_renders
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = ROOT / "tests" / "fixtures" / "encoder_quick.yaml"
@@ -35,6 +41,21 @@ def test_bench_encoder_quick_runs_end_to_end_and_resumes(tmp_path):
     card = json.loads((run / "model" / "model_card.json").read_text())
     assert card["validation"]["metric"] == "bits/masked byte" and card["validation"]["task"] == "masked-lm"
     assert (run / "search" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the demo's outputs read right (issue 42): the card carries both latencies and the search's score, the comparison
+    # names subnets and rounds, and the run is one page that a browser renders offline without an error
+    assert card["latency"]["predicted_ms"] == pytest.approx(found["predicted_ms"], rel=1e-6)
+    assert card["measured"]["median_ms"] == pytest.approx(found["measured_ms"])
+    assert card["validation"]["bits_per_byte"] == pytest.approx(found["search_bpb"], abs=1e-4)
+    assert found["bpb_windows"] == record["plan"]["compare_windows"] and found["search_windows"] == record["plan"]["val_windows"]
+    with open(run / "comparison.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows[0]["subnet"] == str(Subnet.from_dict(found["subnet"])) and rows[0]["key"] == Subnet.from_dict(found["subnet"]).key
+    assert all(len(r["bpb"].split(".")[1]) == 4 and len(r["measured_ms"].split(".")[1]) == 3 for r in rows)
+    page = run / "report.html"
+    for heading in ("Result", "Search: the Pareto front", "Verification on the device", "Latency predictor", "Model card"):
+        assert f"<h2>{heading}</h2>" in page.read_text()
+    if CHROMIUM:
+        assert_renders(page, tmp_path / "chromium", ["Result", "Model card"])
     out = first.stdout
     assert "encoder latency predictor" in out and "test-retest ceiling" in out and "bits/masked byte" in out
     assert "target (lower bits per masked byte than every uniform baseline" in out

@@ -187,7 +187,7 @@ def test_search_cli_refuses_an_infeasible_budget_with_the_smallest_latency(run_d
     err = capsys.readouterr().err
     assert err.startswith(
         "nas search: error: --budget 0.02ms is infeasible on cpu (torch-eager, threads 1) on Fake CPU, "
-        "analytic predictor pred.json: the smallest latency"
+        "analytic predictor from pred.json: the smallest latency"
     )
     assert f"reaches is {fastest:.6g}ms" in err and "50ms" not in err
 
@@ -259,7 +259,7 @@ def test_search_cli_with_a_real_predictor_file(tmp_path, tiny, supernet, capsys)
     best = Subnet.load(tmp_path / "out" / "best_6ms.yaml")
     assert load_predictor(pred).predict([best])[0] <= 6.0
     first = capsys.readouterr()
-    assert "nas search: " in first.err and "additive predictor predictor.json" in first.err  # the notes, through logging
+    assert "nas search: " in first.err and "additive predictor from predictor.json" in first.err  # the notes, through logging
     assert main(args + ["--budget", "6ms", "-q"]) == 0  # the finished study again, quietly: the same table, no notes
     quiet = capsys.readouterr()
     assert quiet.out == first.out and quiet.err == ""

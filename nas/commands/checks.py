@@ -24,8 +24,8 @@ from pathlib import Path
 
 from search_spaces import UserError
 
-# Commands whose --out is a file (a timing table); every other command's --out is a folder.
-OUT_IS_FILE = {"measure-latency"}
+# Commands whose --out is a file, and what the file is; every other command's --out is a folder.
+OUT_IS_FILE = {"measure-latency": "the table", "report": "the page"}
 
 # The inputs of each command that writes an --out: {field: (flag, what it is)}.  An --out that is one of them would
 # overwrite (or remove the parts of) what the command reads: refused before anything is read or written.
@@ -77,7 +77,7 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
                 raise UserError(f"{where}: not UTF-8 text ({item.encode('utf-8', 'surrogateescape')[:40]!r})")
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
-        check_out(Path(out), file=args.command in OUT_IS_FILE)
+        check_out(Path(out), file=OUT_IS_FILE.get(args.command, False))
         check_out_is_no_input(args, Path(out))
     from search_spaces.tasks import tasks
 
@@ -119,9 +119,11 @@ def _not_utf8(text: str) -> bool:
     return False
 
 
-def check_out(out: Path, *, file: bool) -> None:
-    """``--out`` can be written: not a folder where a file goes (or the reverse), under a folder that is writable."""
-    what = "a file (the table)" if file else "a folder"
+def check_out(out: Path, *, file: str | bool) -> None:
+    """``--out`` can be written: not a folder where a file goes (or the reverse), under a folder that is writable.
+    ``file``: what the file is (``"the table"``), or False where ``--out`` is a folder."""
+    what = f"a file ({file})" if isinstance(file, str) else "a file" if file else "a folder"
+    file = bool(file)
     if out.exists() and out.is_dir() == file:
         raise UserError(f"--out: {out} is {'a folder' if out.is_dir() else 'a file'}; expected {what}")
     parent = out if out.is_dir() else out.parent

@@ -453,7 +453,7 @@ def workload_latencies(args, space, load_predictor) -> tuple[dict, str]:
 
 
 def describe_predictor(path: str, predictor) -> str:
-    """``cpu (torch-eager, threads 1) on <cpu model>, mlp predictor runs/lat/p.json``: where its milliseconds hold."""
+    """``cpu (torch-eager, threads 1) on <cpu model>, mlp predictor from pred-cpu/``: where its milliseconds hold."""
     fp = getattr(predictor, "fingerprint", None) or {}
     device = fp.get("device", "an unknown device")
     details = ", ".join(f"{k} {fp[k]}" if k == "threads" else str(fp[k]) for k in ("runtime", "threads") if fp.get(k) is not None)
@@ -461,7 +461,8 @@ def describe_predictor(path: str, predictor) -> str:
     spec = getattr(predictor, "workload_spec", None)
     at = f" at {spec}" if spec is not None else ""
     name = getattr(predictor, "name", "latency")
-    return f"{device}{f' ({details})' if details else ''}{where}, {name} predictor {Path(path).name}{at}"
+    source = Path(path).name + ("/" if Path(path).is_dir() else "")  # the folder, as such ("predictor/", not "predictor")
+    return f"{device}{f' ({details})' if details else ''}{where}, {name} predictor from {source}{at}"
 
 
 def _safe_url(url: str) -> str:
@@ -547,7 +548,8 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     import numpy as np
 
     from nas.search import hypervolume, pareto_front
-    from nas.search.pareto import CSV_FIELDS, plot_png, write_csv
+    from nas.search.pareto import CSV_FIELDS, loss_label, plot_png, plot_search, write_csv
+    from search_spaces import tasks
     from supernet.files import atomic_write
 
     latencies = latencies or {}
@@ -580,10 +582,12 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
                 if hasattr(c, "latency") and (workload is None or c.workload == workload)]
 
     budgets_ms = budget_lines(primary if latencies else None)
-    best_points = {label: (r.loss, r.latency) for label, r in result.best.items() if r is not None}
     at = f" ({primary} latency)" if latencies else ""
-    plot_png(out / "pareto.png", points, budgets_ms, best_points,
-             f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency{at} from {latency_source}")
+    scored = loss_label(tasks.of(space).metric or tasks.of(space).unit, identity.get("fitness", {}))  # what the loss is, on what
+    figure = {"title": f"{identity['strategy']} on {space.name}: {len(unique)} subnets, latency{at} from {latency_source}",
+              "ylabel": scored, "budgets_ms": budgets_ms,
+              "limits_ms": [c.limit for s in searches for c in s.constraints.items if getattr(c, "stated", None)
+                            and (not latencies or c.workload == primary)]}
     index = {r.subnet: i for i, r in enumerate(unique)}
     for name, ms in by_workload.items():
         if name != primary:
@@ -595,8 +599,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     from nas import __version__
 
     summary = {"nas_version": __version__, "study": study, "storage": storage, "config": identity,
-               "evaluations": result.evaluations, "budgets": {}}
-    from search_spaces import tasks
+               "evaluations": result.evaluations, "budgets": {}, "figure": figure}
 
     task = tasks.of(space)
     metric = task.metric  # what the loss is: bits/byte, bits/masked byte, nats/target byte
@@ -634,5 +637,7 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
         summary["budgets"][s.label] = entry
     summary["hypervolume"] = {"value": hypervolume(points[finite], ref), "reference": ref}
     atomic_write(out / "search.json", json.dumps(summary, indent=2) + "\n")
+    plot_search(out)
+    lines.append(f"loss: {scored}")
     lines.append(f"wrote {out}/best_*.yaml, pareto.csv, pareto.png, search.json ({result.evaluations} evaluations in storage)")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ TIMING = ("measure-latency", "export", "search")  # the commands that time on a 
 SCORING = ("search", "fit-accuracy", "export")  # held-out scoring of subnets (nas.commands.common.add_scoring_arguments)
 PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (nas.commands.common.add_protocol_arguments)
 ALL = ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy",
-       "export", "train-subnet", "finetune", "classify", "generate", "doctor", "completion", "translate")
+       "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate")
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -75,9 +75,9 @@ VOCABULARY: dict[str, Term] = {
     "--predictor": Term("predictor", "a latency predictor folder (nas fit-predictor --out)",
                         ("predict", "search", "export")),
     # ---- what the commands read and write
-    "--out": Term("out", "where the command writes (a folder; measure-latency: the timing table's CSV)",
+    "--out": Term("out", "where the command writes (a folder; measure-latency: the timing table's CSV; report: the page)",
                   ("demo", "train-supernet", "measure-latency", "fit-predictor", "search", "fit-accuracy", "export",
-                   "train-subnet", "finetune")),
+                   "train-subnet", "finetune", "report")),
     "--space": Term("space", "a search space: a YAML file or a shipped name", ("predict", "train-subnet")),
     "--subnet": Term("subnet", "a subnet file (YAML or JSON)", ("export", "translate")),
     "--supernet": Term("supernet", "a supernet checkpoint in a second role (finetune's teacher)", ("finetune",)),

@@ -87,10 +87,46 @@ def write_csv(path: str | Path, rows: list[dict], fields: Sequence[str] = CSV_FI
     return atomic_write_csv(path, list(fields), ({k: row.get(k, "") for k in fields} for row in rows))
 
 
+def loss_label(metric: str, fitness: dict) -> str:
+    """What a search's loss is and what it was scored on, from its fitness description (``search.json``'s
+    ``config.fitness``): ``bits/byte on 16 held-out windows x 128 tokens (inherited weights)``."""
+    if "windows" in fitness:
+        scope = f"{fitness['windows']} held-out windows x {fitness.get('seq_len', '?')} tokens"
+    elif "examples" in fitness:
+        scope = f"{fitness['examples']} held-out examples"
+    else:
+        scope = "held-out data"
+    if "ranker" in fitness:
+        return f"retrained {metric} predicted by the ranker (from {scope})"
+    return f"{metric} on {scope} (inherited weights)"
+
+
 def plot_png(
-    path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str
+    path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str,
+    *, limits_ms: Sequence[float] = (), measured: Sequence[dict] = (), ylabel: str = "validation loss (bits per byte)",
+    device: str = "the device",
 ) -> Path:
-    """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget."""
+    """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget.
+
+    ``limits_ms``: where the search itself stopped below a budget (``--margin``), a dotted line each;
+    ``measured``: candidates timed on ``device`` (``verify.json`` checks: ``loss_bpb``, ``predicted_ms``,
+    ``measured_ms``, ``holds``), each drawn at its measured latency with a segment from its predicted one.
+    """
+    fig = pareto_figure(points, budgets_ms, best, title, limits_ms=limits_ms, measured=measured, ylabel=ylabel,
+                        device=device)
+    import matplotlib.pyplot as plt
+
+    atomic_savefig(fig, path)
+    plt.close(fig)
+    return Path(path)
+
+
+def pareto_figure(
+    points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str,
+    *, limits_ms: Sequence[float] = (), measured: Sequence[dict] = (), ylabel: str = "validation loss (bits per byte)",
+    device: str = "the device",
+):
+    """The matplotlib figure :func:`plot_png` saves (tests read its artists back)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,7 +136,7 @@ def plot_png(
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     finite = np.all(np.isfinite(points), axis=1)
     ax.scatter(points[finite, 1], points[finite, 0], s=6, alpha=0.35, color="tab:gray", label=f"evaluated ({finite.sum()})")
-    front = points[pareto_front(points[finite])] if finite.any() else points[:0]
+    front = points[finite][pareto_front(points[finite])] if finite.any() else points[:0]
     if len(front):
         ax.step(
             front[:, 1],
@@ -114,15 +150,49 @@ def plot_png(
         )
     for i, b in enumerate(budgets_ms):
         ax.axvline(b, color="tab:red", ls="--", lw=1, label="budget" if i == 0 else None)
+    for i, b in enumerate(limits_ms):
+        ax.axvline(b, color="tab:red", ls=":", lw=1, label="search limit (budget less the margin)" if i == 0 else None)
+    checks = [m for m in measured if np.isfinite(m["measured_ms"]) and np.isfinite(m["loss_bpb"])]
+    for i, m in enumerate(checks):
+        ax.plot([m["predicted_ms"], m["measured_ms"]], [m["loss_bpb"], m["loss_bpb"]], color="tab:green", lw=0.8, alpha=0.6)
+    for holds, color, what in ((True, "tab:green", "holds"), (False, "tab:red", "over the budget")):
+        sel = [m for m in checks if bool(m["holds"]) == holds]
+        if sel:
+            ax.scatter([m["measured_ms"] for m in sel], [m["loss_bpb"] for m in sel], marker="D", s=22, color=color,
+                       zorder=6, label=f"measured on {device}, {what} ({len(sel)})")
+    xs = points[finite, 1]
+    middle = float((xs.min() + xs.max()) / 2) if len(xs) else 0.0
     for label, (loss, ms) in best.items():
         ax.scatter([ms], [loss], marker="*", s=120, color="tab:orange", zorder=5)
-        ax.annotate(f"best {label}", (ms, loss), textcoords="offset points", xytext=(4, 6), fontsize=8)
-    ax.set_xlabel("predicted latency (ms)")
-    ax.set_ylabel("validation loss (bits per byte)")
+        right = ms > middle  # the label on the side with room, inside the axes
+        ax.annotate(f"best under {label}: {ms:.3f} ms predicted", (ms, loss), textcoords="offset points",
+                    xytext=(-6 if right else 6, 8), ha="right" if right else "left", fontsize=8)
+    ax.set_xlabel("predicted latency (ms)" if not checks else "latency (ms): predicted, and measured where marked")
+    ax.set_ylabel("\n".join(textwrap.wrap(ylabel, 42)), fontsize=9)
     ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=9)  # long device descriptions wrap instead of running off
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    atomic_savefig(fig, path)
-    plt.close(fig)
-    return Path(path)
+    return fig
+
+
+def plot_search(out: str | Path, *, measured: bool = False) -> Path:
+    """``out/pareto.png`` of a finished search from its files: the points of ``pareto.csv``, the budgets, limits, title
+    and best of ``search.json`` and, with ``measured``, the candidates ``verify.json`` timed on the device."""
+    import csv
+    import json
+
+    out = Path(out)
+    summary = json.loads((out / "search.json").read_text())
+    figure = summary.get("figure", {})
+    with open(out / "pareto.csv", newline="") as f:
+        points = np.array([[float(r["loss_bpb"]), float(r["latency_ms"])] for r in csv.DictReader(f)], dtype=np.float64)
+    best = {label: (e["best"]["loss_bpb"], e["best"]["latency_ms"]) for label, e in summary["budgets"].items() if e.get("best")}
+    checks, device = [], "the device"
+    if measured and (out / "verify.json").exists():
+        doc = json.loads((out / "verify.json").read_text())
+        checks = [c for b in doc["budgets"].values() for c in b["checks"]]
+        device = doc.get("device", {}).get("device") or device
+    return plot_png(out / "pareto.png", points, figure.get("budgets_ms", []), best, figure.get("title", "search"),
+                    limits_ms=figure.get("limits_ms", []), measured=checks,
+                    ylabel=figure.get("ylabel", "validation loss (bits per byte)"), device=device)

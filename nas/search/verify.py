@@ -274,4 +274,8 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
                       device_measure(device, supernet, workload, settings.protocol, seed=settings.seed,
                                      baseline_ms=predictor.reference_ms, progress=progress))
     files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings.protocol), supernet.space)
+    if (out / "search.json").exists() and (out / "pareto.csv").exists():  # the front again, with what the device measured
+        from .pareto import plot_search
+
+        plot_search(out, measured=True)
     return Verification(verdicts, f"{device.name} ({workload_text(workload)})", files)
