@@ -523,7 +523,8 @@ def seed_pairs(labels: list[str], roles: dict, measured: dict, scores: dict) -> 
 
 
 def chrf_word(p_value: float, found: float, base: float, alpha: float = ALPHA) -> str:
-    """The paired bootstrap's reading of a chrF difference: better / worse when p < alpha, else tie."""
+    """The paired bootstrap's reading of a chrF difference: better / worse when p < alpha, else tie.  Equal scores are a
+    tie whatever p (sacrebleu gives a zero difference its smallest p, multeval's convention)."""
     if p_value < alpha and found != base:
         return "better" if found > base else "worse"
     return "tie"
@@ -647,10 +648,11 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
                         key=lambda r: r["measured_ms"]):  # fmt: skip
             boot = paired_bootstrap(read_hypotheses(root, b["key"]), mine, refs, plan.bootstrap)
             comps.append({"key": b["key"], "subnet": b["subnet"], "measured_ms": b["measured_ms"], "test_ce": per_ce[b["key"]],
-                          "chrf": b["chrf"], "ce": judge(per_ce[me["key"]], per_ce[b["key"]], sd_ce),
-                          "chrf_p": boot["chrf"]["p_value"], "bleu_p": boot["bleu"]["p_value"]})  # fmt: skip
-            comps[-1]["chrf"] = chrf_word(boot["chrf"]["p_value"], boot["chrf"]["system"], boot["chrf"]["baseline"])
-            comps[-1]["chrf_score"] = b["chrf"]
+                          "ce": judge(per_ce[me["key"]], per_ce[b["key"]], sd_ce),
+                          "chrf": chrf_word(boot["chrf"]["p_value"], boot["chrf"]["system"], boot["chrf"]["baseline"]),
+                          "chrf_found": boot["chrf"]["system"], "chrf_baseline": boot["chrf"]["baseline"],
+                          "chrf_p": boot["chrf"]["p_value"], "bleu_found": boot["bleu"]["system"],
+                          "bleu_baseline": boot["bleu"]["baseline"], "bleu_p": boot["bleu"]["p_value"]})  # fmt: skip
         best = min(comps, key=lambda c: (float(np.mean(c["test_ce"])), c["key"]))["key"] if comps else None
         verdict = budget_verdict(comps, best) if gate["passed"] else "withheld (ladder gate failed)"
         found_entry = {"subnet": me["subnet"], "key": me["key"], "how": found[label][1], "test_ce": me["test_ce_mean"],
@@ -666,10 +668,11 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
                  "p_value": None if top is None else top["chrf_p"], "within_budget": within, "comparisons": comps}  # fmt: skip
         lines.append(f"\nbudget {label}: found ({found[label][1]}) {me['subnet']}")
         lines.append(f"  {me['test_ce_mean']:.4f} nats/byte, chrF {me['chrf_mean']:.2f}, {me['measured_ms']:.3f} ms, "
-                     f"{me['params']:,} parameters; against {len(comps)} uniform baselines at or below its latency:")
+                     f"{me['params']:,} parameters; against {len(comps)} uniform baselines at or below its latency "
+                     "(cross-entropy: mean of seeds; chrF: seed 0, paired bootstrap):")
         for c in comps:
-            lines.append(f"    {c['subnet'][:60]:60} {np.mean(c['test_ce']):.4f} ({c['ce']}) chrF {c['chrf_score']:.2f} "
-                         f"({c['chrf']}, p {c['chrf_p']:.3f})  {c['measured_ms']:.3f} ms")
+            lines.append(f"    {np.mean(c['test_ce']):.4f} ({c['ce']:6}) chrF {c['chrf_baseline']:6.2f} vs found "
+                         f"{c['chrf_found']:6.2f} ({c['chrf']:6}, p {c['chrf_p']:.3f}) {c['measured_ms']:8.3f} ms  {c['subnet']}")
         lines.append(f"  verdict: {verdict.upper()} (cross-entropy against 2 seed SD = {2 * sd_ce:.4f}; chrF by paired "
                      f"bootstrap, p < {ALPHA})")
         lines.append(f"  measured {me['measured_ms']:.3f} ms against the budget {budget:.3f} ms: "
@@ -752,6 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # (it logs each bootstrap's steps at INFO)
     plan = QUICK if args.quick else FULL
     given = (("tokens", args.tokens), ("test_pairs", args.test_pairs), ("train_steps", args.train_steps), ("jobs", args.jobs),
              ("seeds", args.seeds))  # fmt: skip
