@@ -1,7 +1,7 @@
 """HAT's claim on HAT's task: do searched encoder-decoders beat hand-scaled Transformers after retraining, judged on
 enough pairs to tell?
 
-    python scripts/bench_translate.py --out runs/bt                   # translate-tiny, ONNX Runtime (about 3 hours)
+    python scripts/bench_translate.py --out runs/bt                   # translate-tiny, ONNX Runtime (about 2.5 hours)
     python scripts/bench_translate.py --out runs/bt --retrain-bytes 8M   # a larger retraining budget (ladder gate)
     python scripts/bench_translate.py --out runs/btq --quick --space tests/fixtures/translate_quick.yaml --data toy.tsv
 
@@ -39,14 +39,18 @@ deviations; per budget the found model against every uniform baseline at or belo
 speedup over the softmax ladder at equal chrF and at equal cross-entropy (interpolated, or a bound); parameters;
 whether every found model holds its budget (+2%).
 
-Cost of ``FULL`` on 2 idle cores (estimated, not timed: the machine it was written on was loaded): the supernet
-about 15 minutes; latency, predictor, baselines and search about 20; each retraining of 4M target bytes 1-5
-minutes on one thread; the big cost is beam-5 decoding of the whole test split (5,474 pairs, about 40 steps of a
-batch of 5 hypotheses each; the decoder takes one source at a time): about 0.05-0.15 s a pair on one thread, 5-14
-minutes a model.  So the plan keeps the models few: 2 baselines per budget (softmax and the best other type, not all
-three), a ladder of 4, 3 found, 2 more seeds for 6 models: about 25 retrainings and decodings, two at a time, about
-2.5-3 hours in all.  ``--test-pairs N`` decodes the first N pairs only (``--quick`` does); cross-entropy is always over
-the whole split.
+Cost of ``FULL`` on 2 idle cores (estimated, not timed: the machine it was written on was loaded 3x over): the
+supernet about 13 minutes, latency about 10, the predictor, baselines and the verified search about 5 (the run of
+2026-11-24 with the same plan sizes); each retraining of 4M target bytes about 4 minutes on one thread (that run:
+17 models retrained and decoded on 300 pairs in 2,006 s, two at a time).  The test split is the big new cost: beam-5
+decoding of 5,474 pairs, one source at a time (the beams are the batch; the decoder does not batch sources), took
+0.014 s (smallest) to 0.034 s (largest) of CPU a pair at 45 bytes, so 1.5-3.5 minutes a model; cross-entropy over the
+split is seconds.  Models: up to 3 types x 3 budgets uniform baselines (fewer after duplicates), a ladder of 5, 3
+found, then the found model and the best baseline of each budget at 2 more seeds (up to 12): about 25-30
+retrainings and decodings, two at a time: 25 models about 1.8 hours, 30 about 2.1.  ``--retrain-bytes 8M`` (if the
+ladder gate fails at 4M) doubles the retraining: 25 models about 2.6 hours, 30 about 3.1, at the 3-hour target.
+``--test-pairs N`` decodes only the first N pairs (``--quick`` does: 6);
+cross-entropy is always over the whole split.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ RANKER = {"kind": "inherited", "why": "nas fit-accuracy needs a one-stack space 
 
 @dataclass(frozen=True)
 class Plan:
-    """How big each stage is; ``FULL`` is estimated at 2.5-3 hours on 2 idle cores for translate-tiny (module doc)."""
+    """How big each stage is; ``FULL`` is estimated at 2-2.5 hours on 2 idle cores for translate-tiny (module doc)."""
 
     train_steps: int = 5000  # supernet: about 8 sandwich steps/s at batch 32 on 2 idle cores
     train_batch: int = 32
@@ -110,8 +114,8 @@ class Plan:
     eval_batch: int = 16
     verify_top: int = 3
     baseline_checks: int = 2  # largest uniform models per (budget, type) timed on the device
-    baseline_types: int = 2  # per budget: softmax and the best of the other types by the predictor's pick size
-    ladder: int = 4  # uniform softmax Transformers across widths and depths
+    baseline_types: int = 3  # per budget: softmax's pick and the largest of the other types' picks (3: every type)
+    ladder: int = 5  # uniform softmax Transformers across widths and depths
     # Every model's retraining budget in target bytes (EOS included): 4M is 3,206 steps of 32 pairs of the de catalogs
     tokens: str = "4M"
     retrain_batch: int = 32
