@@ -175,6 +175,28 @@ def score_translations(hypotheses: list[str], references: list[str]) -> dict[str
             "bleu": float(sacrebleu.corpus_bleu(hypotheses, [references]).score)}  # fmt: skip
 
 
+def paired_bootstrap(baseline: list[str], system: list[str], references: list[str], samples: int = 1000) -> dict:
+    """sacrebleu's paired bootstrap resampling (``sacrebleu.significance.PairedTest``, ``test_type="bs"``: Koehn 2004,
+    as Moses' script) of ``system`` against ``baseline``, both translations of the same ``references`` in order:
+    ``{"chrf": {"baseline", "system", "p_value"}, "bleu": {...}, "signature": {...}}``.  The p-value is two-sided (the
+    absolute difference); the resamples are seeded by sacrebleu (``SACREBLEU_SEED``, default 12345)."""
+    from sacrebleu.metrics import BLEU, CHRF
+    from sacrebleu.significance import PairedTest
+
+    if not (len(baseline) == len(system) == len(references)) or not references:
+        raise ValueError(f"paired bootstrap: {len(baseline)} baseline, {len(system)} system and {len(references)} "
+                         "reference sentences (the same positive number of each)")  # fmt: skip
+    metrics = {"chrf": CHRF(), "bleu": BLEU()}
+    test = PairedTest([("baseline", baseline), ("system", system)], metrics, [references], test_type="bs",
+                      n_samples=samples)  # fmt: skip
+    signatures, results = test()
+    scores = [v for k, v in results.items() if k != "System"]  # one list (baseline, system) per metric, in order
+    out = {name: {"baseline": float(r[0].score), "system": float(r[1].score), "p_value": float(r[1].p_value)}
+           for name, r in zip(metrics, scores)}  # fmt: skip
+    out["signature"] = {name: str(sig) for name, sig in zip(metrics, signatures.values())}
+    return out
+
+
 def evaluate_translation(
     w: Seq2SeqWeights | Callable[[bytes], Hypothesis],
     pairs: Pairs,

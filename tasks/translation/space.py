@@ -71,6 +71,11 @@ class Seq2SeqSubnet(SubnetFile):
                 if not is_int(v) or v < 1:
                     raise SubnetError(f"subnet.decoder.{name}[{i}]: {shown(v)} is not a positive integer")
 
+    @property
+    def attention(self) -> tuple[str, ...]:
+        """Every self-attention layer's type, the encoder's then the decoder's (what a type-balanced sandwich counts)."""
+        return self.encoder.attention + self.decoder.attention
+
     def to_dict(self) -> dict[str, Any]:
         dec = {**self.decoder.to_dict(), "cross_heads": list(self.cross_heads), "cross_layers": list(self.cross_layers)}
         return {"encoder": self.encoder.to_dict(), "decoder": dec}
@@ -177,16 +182,31 @@ class Seq2SeqSpace(SpaceIdentity):
 
     # -- members ------------------------------------------------------------------
 
-    def largest(self) -> Seq2SeqSubnet:
-        """Both sides' largest; every cross-attention with the most heads over the most encoder layers."""
+    @property
+    def attention(self) -> tuple[str, ...]:
+        """The attention types both sides offer, in the encoder's order: what the type-balanced sandwich
+        (``train-supernet --balance types``) rotates its largest and smallest subnets over."""
+        return tuple(a for a in self.encoder.attention if a in self.decoder.attention)
+
+    def largest(self, attention: str | None = None) -> Seq2SeqSubnet:
+        """Both sides' largest, every self-attention layer of type ``attention`` (default: each side's first listed);
+        every cross-attention with the most heads over the most encoder layers."""
+        self._check_type(attention)
         d = self.decoder.max_depth
-        return Seq2SeqSubnet(self.encoder.largest(), self.decoder.largest(), (self.max_cross_heads,) * d,
+        return Seq2SeqSubnet(self.encoder.largest(attention), self.decoder.largest(attention), (self.max_cross_heads,) * d,
                              (max(self.cross_layers),) * d)  # fmt: skip
 
-    def smallest(self) -> Seq2SeqSubnet:
+    def smallest(self, attention: str | None = None) -> Seq2SeqSubnet:
+        """Both sides' smallest, every self-attention layer of type ``attention`` (default: each side's first listed)."""
+        self._check_type(attention)
         d = min(self.decoder.depth)
-        return Seq2SeqSubnet(self.encoder.smallest(), self.decoder.smallest(), (min(self.cross_heads),) * d,
+        return Seq2SeqSubnet(self.encoder.smallest(attention), self.decoder.smallest(attention), (min(self.cross_heads),) * d,
                              (min(self.cross_layers),) * d)  # fmt: skip
+
+    def _check_type(self, attention: str | None) -> None:
+        if attention is not None and attention not in self.attention:
+            raise ValueError(f"attention type {attention!r} is not offered by both sides of space {self.name!r} "
+                             f"({', '.join(self.attention)})")  # fmt: skip
 
     def lightest(self) -> list[Seq2SeqSubnet]:
         """The search's first candidates for a tight budget: the smallest subnet."""

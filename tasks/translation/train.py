@@ -146,6 +146,21 @@ def heldout_ce(model: torch.nn.Module, subnet: Seq2SeqSubnet | None, pairs: Pair
     return total / count
 
 
+def split_ce(model: torch.nn.Module, pairs: Pairs, max_len: int, batch_size: int = 64) -> tuple[float, int, int]:
+    """(cross-entropy per target byte in nats, EOS counted; pairs scored; target bytes scored) of a static model over
+    *every* pair of ``pairs`` that fits ``max_len`` (a whole split, not a fixed subset of batches: the benchmark's
+    primary retrained metric).  Pairs are length-sorted into batches (little padding); the figure does not depend on
+    the batching (a sum over target bytes)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size: {batch_size} is not a positive integer")
+    batches = length_batches(pairs, batch_size, max_len, seed=0, epoch=0)
+    if not batches:
+        raise UserError(f"the split has no pair of at most {max_len} bytes (source, target + 1) to score")
+    n_pairs = int(sum(len(b) for b in batches))
+    n_bytes = int(sum(int(pairs.tgt_lengths[b].sum()) + len(b) for b in batches))
+    return heldout_ce(model, None, pairs, batches), n_pairs, n_bytes
+
+
 def load_seq2seq_supernet(path: str | Path, space: Seq2SeqSpace | None = None, device: str | torch.device = "cpu"):
     """The encoder-decoder supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
