@@ -228,7 +228,8 @@ class SandwichObjective:
     ``k mod n`` (FairNAS's rule: each type is the sandwich's largest, smallest and teacher equally often; the
     sampled ones draw types uniformly already).  ``"first"``: both always use the first listed type (the
     rule before; a resumed run of that time keeps it): with 11 types that trains the first about 12x more.
-    A space of a task's own shape without one list of types (an encoder-decoder's) takes its own extremes.
+    An encoder-decoder's space rotates over the types both its sides offer (its ``attention``), every layer of both
+    sides of type ``t`` in its ``largest(t)`` and ``smallest(t)``.
 
     ``split="families"``: from the step where the run's progress reaches ``split_at``, each attention family
     (``AttentionType.family``) has its own Q/K/V/O, warm-started from the shared ones then
