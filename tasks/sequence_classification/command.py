@@ -34,24 +34,25 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         gen = generator(args.generator)
-        sizes = split_sizes(gen, args.n, args.eval_n)
+        split_sizes(gen, args.n, args.eval_n)  # refused before anything is written
     except ValueError as e:
         raise UserError(str(e)) from None
-    bar = None
-    if show_progress() and gen.name != "fmnist-pixels":
-        from tqdm import tqdm
-
-        bar = tqdm(total=sum(sizes.values()), desc=f"nas data {gen.name}", unit="ex", leave=False)
+    bars = []  # opened when generating starts (a cached folder or a refusal shows none)
 
     def progress(done: int, total: int) -> None:
-        bar.update(done - bar.n)
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(tqdm(total=total, desc=f"nas data {gen.name}", unit="ex", leave=False))
+        bars[0].update(done - bars[0].n)
 
     try:
-        record, cached = write_folder(gen.name, args.out, args.n, args.eval_n, args.seed, progress if bar else None)
+        record, cached = write_folder(gen.name, args.out, args.n, args.eval_n, args.seed,
+                                      progress if show_progress() else None)
     except ValueError as e:
         raise UserError(str(e)) from None
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     how = "read back (cached: same generator, version, seed and sizes)" if cached else "written"
     print(f"{args.out}: {gen.name} v{record['version']} seed {record['seed']}, {how}")
