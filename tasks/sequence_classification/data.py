@@ -82,9 +82,10 @@ def split_sizes(gen: Generator, n: int | None, eval_n: int | None) -> dict[str, 
 Rows = list[tuple[int, list[str]]]
 
 
-def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[int, int], None] | None = None
-             ) -> dict[str, Rows]:
-    """The examples of each split, a pure function of (generator, its version, ``sizes``, ``seed``)."""
+def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[int, int], None] | None = None,
+             lengths: tuple[int, int] | None = None) -> dict[str, Rows]:
+    """The examples of each split, a pure function of (generator, its version, ``sizes``, ``seed``); ``lengths``: ListOps'
+    (min, max) filter in place of LRA's 500-2,000 (a quick test's shorter sequences)."""
     gen = generator(name)
     total = sum(sizes[s] for s in SPLITS)
     if name == "fmnist-pixels":
@@ -95,7 +96,13 @@ def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[in
         n, v = sizes["train"], sizes["val"]
         return {"train": fmnist.examples(images, labels, order[:n]), "val": fmnist.examples(images, labels, order[n:n + v]),
                 "test": fmnist.examples(test_images, test_labels, test_order[:sizes["test"]])}
-    rows = (listops if gen.name == "listops" else pathfinder).generate(total, seed, progress=progress)
+    if gen.name == "listops":
+        lo, hi = lengths or (listops.MIN_LENGTH, listops.MAX_LENGTH)
+        rows = listops.generate(total, seed, min_length=lo, max_length=hi, progress=progress)
+    else:
+        if lengths is not None:
+            raise ValueError(f"{name}: lengths are ListOps' only")
+        rows = pathfinder.generate(total, seed, progress=progress)
     n, v = sizes["train"], sizes["val"]
     return {"train": rows[:n], "val": rows[n:n + v], "test": rows[n + v:]}
 
@@ -158,7 +165,8 @@ def counts(rows: Rows) -> dict[str, int]:
 
 
 def write_folder(name: str, out: str | Path, n: int | None = None, eval_n: int | None = None, seed: int = 0,
-                 progress: Callable[[int, int], None] | None = None) -> tuple[dict[str, Any], bool]:
+                 progress: Callable[[int, int], None] | None = None, lengths: tuple[int, int] | None = None
+                 ) -> tuple[dict[str, Any], bool]:
     """Generate ``name``'s data into ``out`` (train.tsv, val.tsv, test.tsv, data.json); (its data.json, cached).
 
     A folder already holding the same (generator, version, seed, sizes), its files unchanged, is reused without
@@ -167,6 +175,8 @@ def write_folder(name: str, out: str | Path, n: int | None = None, eval_n: int |
     sizes = split_sizes(gen, n, eval_n)
     out = Path(out)
     key = {"generator": gen.name, "version": gen.version, "seed": seed, "sizes": sizes}
+    if lengths is not None:
+        key["lengths"] = list(lengths)
     sidecar = out / "data.json"
     if sidecar.exists():
         try:
@@ -179,9 +189,10 @@ def write_folder(name: str, out: str | Path, n: int | None = None, eval_n: int |
         if all((out / f"{s}.tsv").is_file() and file_sha256(out / f"{s}.tsv") == held["sha256"][s] for s in SPLITS):
             return held, True
     out.mkdir(parents=True, exist_ok=True)
-    rows = generate(name, sizes, seed, progress)
+    rows = generate(name, sizes, seed, progress, lengths)
     digests = {s: write_tsv(out / f"{s}.tsv", rows[s]) for s in SPLITS}
-    record = {**key, "classes": gen.classes, "vocabulary": gen.vocabulary, "max_length": gen.max_length,
+    record = {**key, "classes": gen.classes, "vocabulary": gen.vocabulary,
+              "max_length": gen.max_length if lengths is None else lengths[1] - 1,
               "counts": {s: counts(rows[s]) for s in SPLITS}, "sha256": digests, "note": gen.note,
               "format": "label<TAB>space-separated tokens, one example a line"}
     tmp = sidecar.with_name("data.json.tmp")
