@@ -228,9 +228,10 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
 # ---------------------------------------------------------------------------------------------- 2. speed
 
 
-def speed_worker(spec: str, p: Protocol, out: Path, threads: int | None) -> None:
-    """In a fresh process (its peak RSS is the type's own): train steps/s, torch and ONNX Runtime inference ms, RSS
-    growth, at each length (ascending: the peak so far is the peak at this length)."""
+def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | None) -> None:
+    """In a fresh process, at each length (ascending: the peak so far is the peak at this length); ``part`` "train":
+    training steps/s, peak RSS growth (the process's own: nothing else ran in it) and torch inference ms; "ort": the
+    model exported to ONNX once (its sequence axis is dynamic) and ONNX Runtime inference ms."""
     import resource
 
     import numpy as np
@@ -243,14 +244,39 @@ def speed_worker(spec: str, p: Protocol, out: Path, threads: int | None) -> None
     if threads:
         torch.set_num_threads(threads)
     longest = max(p.speed_lengths)
-    rows = {}
+    rows: dict[str, dict] = {}
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    built: dict[str, tuple] = {}  # concrete spec -> (model, its ONNX session or why it has none)
     for length in p.speed_lengths:
-        concrete = spec.replace("{t}", str(length))
-        space = parse_space(space_text("speed", p, longest, [concrete]), where=f"speed {spec}")
-        model = Transformer(TransformerConfig.from_subnet(space, space.largest()), generator=torch.Generator().manual_seed(0))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        concrete = spec.replace("{t}", str(length))  # cosFormer's M: the length
+        if concrete not in built:
+            for model, session in built.values():
+                if not isinstance(session, (str, type(None))):
+                    Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001 - timed; not kept (large at LRA's sizes)
+            space = parse_space(space_text("speed", p, longest, [concrete]), where=f"speed {spec}")
+            model = Transformer(TransformerConfig.from_subnet(space, space.largest()), generator=torch.Generator().manual_seed(0))
+            session = None
+            if part == "ort":
+                try:
+                    session = onnx_session(export_onnx(model, out / "onnx" / f"{safe(concrete)}.onnx"), threads)
+                except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its rows say so
+                    session = str(e).splitlines()[0][:200]
+            built = {concrete: (model, session)}
+        model, session = built[concrete]
         x = torch.randint(12, 272, (1, length), generator=torch.Generator().manual_seed(1))
+        if part == "ort":
+            if isinstance(session, str):
+                rows[str(length)] = {"ort_ms": None, "ort_error": session}
+                continue
+            feed = {"tokens": x.numpy().astype(np.int64)}
+            session.run(None, feed)
+            t0 = time.perf_counter()
+            for _ in range(p.speed_steps):
+                session.run(None, feed)
+            rows[str(length)] = {"ort_ms": 1000 * (time.perf_counter() - t0) / p.speed_steps}
+            continue
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         y = torch.randint(0, 10, (1,), generator=torch.Generator().manual_seed(2))
 
         def step():
@@ -272,21 +298,11 @@ def speed_worker(spec: str, p: Protocol, out: Path, threads: int | None) -> None
             for _ in range(p.speed_steps):
                 model(x)
             torch_ms = 1000 * (time.perf_counter() - t0) / p.speed_steps
-        ort_ms = None
-        try:
-            graph = export_onnx(model, out / "onnx" / f"{safe(spec)}-{length}.onnx")
-            session = onnx_session(graph, threads)
-            feed = {"tokens": x.numpy().astype(np.int64)}
-            session.run(None, feed)
-            t0 = time.perf_counter()
-            for _ in range(p.speed_steps):
-                session.run(None, feed)
-            ort_ms = 1000 * (time.perf_counter() - t0) / p.speed_steps
-            graph.unlink()
-        except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its row says so
-            log.warning("speed %s at %d: ONNX Runtime: %s", spec, length, str(e).splitlines()[0][:200])
-        rows[str(length)] = {"train_steps_per_s": 1.0 / train_s, "peak_rss_mb": peak_mb, "torch_ms": torch_ms, "ort_ms": ort_ms}
-    write_json(out / f"{safe(spec)}.json", {"spec": spec, "lengths": rows})
+        rows[str(length)] = {"train_steps_per_s": 1.0 / train_s, "peak_rss_mb": peak_mb, "torch_ms": torch_ms}
+    for model, session in built.values():
+        if not isinstance(session, (str, type(None))):
+            Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001
+    write_json(out / f"{safe(spec)}.{part}.json", {"spec": spec, "lengths": rows})
 
 
 def stage_speed(out: Path, p: Protocol, types: list[str] | None, threads: int | None, argv_protocol: list[str]) -> dict:
@@ -298,19 +314,23 @@ def stage_speed(out: Path, p: Protocol, types: list[str] | None, threads: int | 
     specs = [s.replace(f"cosformer:{max(p.speed_lengths)}", "cosformer:{t}") for s in specs]  # cosFormer's M: the length
     if "softmax" not in specs:
         specs.insert(0, "softmax")
-    raw = {}
+    raw: dict[str, dict] = {}
     for spec in specs:
-        path = folder / f"{safe(spec)}.json"
-        if not path.exists():
-            log.info("speed %s at %s tokens", spec, ", ".join(map(str, p.speed_lengths)))
-            cmd = [sys.executable, __file__, "--speed-worker", spec, "--out", str(folder), *argv_protocol]
-            if threads:
-                cmd += ["--threads", str(threads)]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0 or not path.exists():
-                log.warning("speed %s: the worker failed: %s", spec, done.stderr.strip().splitlines()[-1:] or "no output")
-                continue
-        raw[spec] = json.loads(path.read_text())["lengths"]
+        parts = {}
+        for part in ("train", "ort"):
+            path = folder / f"{safe(spec)}.{part}.json"
+            if not path.exists():
+                log.info("speed %s (%s) at %s tokens", spec, part, ", ".join(map(str, p.speed_lengths)))
+                cmd = [sys.executable, __file__, "--speed-worker", spec, "--speed-part", part, "--out", str(folder),
+                       *argv_protocol, *(["--threads", str(threads)] if threads else [])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0 or not path.exists():
+                    log.warning("speed %s (%s): the worker failed: %s", spec, part,
+                                (done.stderr.strip().splitlines() or ["no output"])[-1])
+                    continue
+            parts[part] = json.loads(path.read_text())["lengths"]
+        if "train" in parts:
+            raw[spec] = {n: {**r, **parts.get("ort", {}).get(n, {"ort_ms": None})} for n, r in parts["train"].items()}
     soft = raw.get("softmax", {})
     table = {}
     for spec, rows in raw.items():
@@ -404,9 +424,10 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
             feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
             best_uniform = feasible[int(np.argmin(fit(feasible)))]
             entry = {"budget_ms": budget}
-            models = {}
+            models: dict = {}
             for name, subnet in (("found", found), ("best_uniform", best_uniform)):
-                model, _ = train_subnet(space, subnet, data.train, data.val, schedule)
+                same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
+                model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule)[0]
                 models[name] = model
                 acc = 100.0 * score_accuracy(model, data.test, space, p.batch)
                 entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
@@ -499,12 +520,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice; the latency campaign: 1)")
     ap.add_argument("--speed-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--speed-part", choices=("train", "ort"), default="train", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench_lra: %(message)s")
     protocol = QUICK if args.quick else FULL if args.full else SMALL
     flag = ["--quick"] if args.quick else ["--full"] if args.full else []
     if args.speed_worker:
-        speed_worker(args.speed_worker, protocol, args.out, args.threads)
+        speed_worker(args.speed_worker, args.speed_part, protocol, args.out, args.threads)
         return 0
     if args.threads:
         import torch
@@ -531,6 +553,12 @@ def main(argv: list[str] | None = None) -> int:
         record["speed_detail"] = detail
     if "search" in stages:
         record["search"] = stage_search(out, protocol, types, args.seed, args.threads)
+    previous = out / "lra.json"
+    if previous.exists():  # a stage not run this time keeps what an earlier run wrote
+        before = json.loads(previous.read_text())
+        for key in ("accuracy", "speed", "speed_detail", "search"):
+            if not record.get(key) and before.get(key):
+                record[key] = before[key]
     record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": round(time.time() - started, 1)}
     write_json(out / "lra.json", record)
     write_tables(out, record)
