@@ -158,8 +158,8 @@ def safe(spec: str) -> str:
 def space_text(name: str, p: Protocol, length: int, attention: list[str], choices: bool = False) -> str:
     """A space of the sequence-classification task: one choice per dimension (uniform), or a small grid (``choices``)."""
     embed = [p.embed // 2, p.embed] if choices else [p.embed]
-    depth = sorted({1, p.depth}) if choices else [p.depth]
-    heads = sorted({1, p.heads}) if choices else [p.heads]
+    depth = sorted({1, 2, p.depth}) if choices else [p.depth]
+    heads = sorted({1, 2, p.heads}) if choices else [p.heads]
     ffn = [p.ffn // 2, p.ffn] if choices else [p.ffn]
     return (f"name: {name}\ntask: sequence-classification\nvocab_size: 272\nmax_seq_len: {length}\nhead_dim: {p.head_dim}\n"
             f"positions: rope\nembed_dim: {embed}\ndepth: {depth}\nlayers:\n  heads: {heads}\n  ffn_dim: {ffn}\n"
@@ -377,8 +377,11 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         specs, _ = type_specs(p, length, types)
         root = out / "search" / task
         root.mkdir(parents=True, exist_ok=True)
-        (root / "space.yaml").write_text(space_text(f"lra-{task}", p, length, specs, choices=True))
-        run = root / "supernet"
+        text, run = space_text(f"lra-{task}", p, length, specs, choices=True), root / "supernet"
+        if not (root / "space.yaml").exists():
+            (root / "space.yaml").write_text(text)
+        elif (root / "space.yaml").read_text() != text:
+            raise SystemExit(f"bench_lra: {root / 'space.yaml'} is another space (other --types or protocol); use another --out")
         if not (run / "final.pt").exists():
             again = ["--resume"] if (run / "latest.pt").exists() else [str(root / "space.yaml"), "--data", str(folder)]
             run_cli(["train-supernet", *again, "--out", str(run), "--max-steps", str(p.supernet_steps), "--batch-size",
