@@ -147,6 +147,13 @@ def type_specs(p: Protocol, length: int, given: list[str] | None) -> tuple[list[
     return specs, notes
 
 
+def train_device() -> str:
+    """Where the models train: the GPU when there is one (latency is timed on the CPU either way)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def kind(spec: str) -> str:
     return spec.split(":")[0]
 
@@ -211,7 +218,7 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
-            schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed)
+            schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
             log.info("accuracy %s %s: %d steps of %d examples", task, spec, p.steps, p.batch)
             start = time.perf_counter()
             model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
@@ -413,7 +420,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         fit = HeldOutFitness(supernet, held, batch_size=p.batch)
         uniform = space.uniform()
         predicted = dict(zip(uniform, predictor.predict(uniform)))
-        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed)
+        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
         device = get_device("cpu", threads=threads or 1)
         settings = Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms)
         rows: list[dict] = []

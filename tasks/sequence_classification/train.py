@@ -27,6 +27,7 @@ class Schedule:
     warmup: int = 20
     seed: int = 0
     eval_batches: int = 4
+    device: str = "cpu"  # where it trains ("cuda" on a GPU)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -34,7 +35,8 @@ class Schedule:
 
 def train_subnet(space: Any, subnet: Any, train: Sequences, val: Sequences, schedule: Schedule,
                  progress: Callable[[Any], None] | None = None):
-    """The static model of ``subnet`` trained ``schedule.steps`` steps from a seeded initialisation; (model, result)."""
+    """The static model of ``subnet`` trained ``schedule.steps`` steps from a seeded initialisation on ``schedule.device``;
+    (the model, on the CPU, and the loop's result)."""
     from supernet import Transformer, TransformerConfig
     from supernet.train import PlainObjective, TrainConfig
     from supernet.train import train as run
@@ -46,8 +48,8 @@ def train_subnet(space: Any, subnet: Any, train: Sequences, val: Sequences, sche
     config = TrainConfig(batch_size=s.batch_size, seq_len=min(space.max_seq_len, train.inputs.shape[1]), lr=s.lr,
                          min_lr=s.lr / 10, warmup_steps=s.warmup, max_steps=s.steps, eval_interval=s.steps,
                          eval_batches=s.eval_batches, ckpt_interval=s.steps, log_interval=max(1, s.steps // 10), seed=s.seed)
-    result = run(model.train(), PlainObjective(learner), train, val, config, progress=progress)
-    return model.eval(), result
+    result = run(model.to(s.device).train(), PlainObjective(learner), train, val, config, progress=progress)
+    return model.cpu().eval(), result
 
 
 def score_accuracy(model: Any, examples: Sequences, space: Any, batch_size: int = 8) -> float:
