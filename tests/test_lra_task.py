@@ -136,3 +136,27 @@ def test_measure_latency_search_and_export(root, capsys):
     loss = [b["best"]["loss_bpb"] for b in summary["budgets"].values()][0]
     assert loss == pytest.approx(v["bits_per_byte"], abs=1e-5)  # the search's score of the found subnet is the card's
     assert load_model(root / "model").num_params() > 0
+
+
+def test_train_subnet_from_the_supernet_and_resume(root, capsys):
+    best = root / "search" / "best_1s.yaml"
+    if not best.exists():  # (run alone: the search's subnet is not there; the largest is as good a subnet)
+        best = root / "largest.yaml"
+        from search_spaces import load_space
+
+        best.write_text(load_space(root / "space.yaml").largest().to_yaml())
+    out = root / "sub"
+    args = ["train-subnet", str(best), "--space", str(root / "space.yaml"), "--data", str(root / "own.tsv"), "--classes",
+            "3", "--init", f"supernet:{root / 'run' / 'final.pt'}", "--out", str(out), "--batch-size", "16", "--lr", "1e-2",
+            "--warmup", "2", "--format", "torch", "-q"]
+    assert main([*args, "--max-steps", "10"]) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    v = card["validation"]
+    assert v["metric"] == "bits/label" and v["classes"] == 3 and v["symbols"] == SYMBOLS and v["accuracy"] > 0.5
+    assert card["training"]["steps"] == 10 and card["training"]["before"]["accuracy"] > 0.5  # the supernet's weights
+    assert main(["train-subnet", "--out", str(out), "--resume", "--max-steps", "14", "-q"]) == 0
+    assert json.loads((out / "model_card.json").read_text())["training"]["steps"] == 14
+    capsys.readouterr()
+    teacher = f"supernet:{root / 'run' / 'final.pt'}"
+    assert main([*args, "--out", str(root / "sub2"), "--max-steps", "2", "--distill-from", teacher]) == 2
+    assert capsys.readouterr().err == "nas train-subnet: error: --distill-from: not for a sequence-classification space (yet)\n"

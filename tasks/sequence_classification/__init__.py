@@ -38,7 +38,7 @@ class SequenceClassificationTask(StackTask):
     data_defaults = {"data": None, "data_seed": 0, "val_fraction": 0.1}
     commands = ("tasks.sequence_classification.command",)
     flags = (Flag("--classes", "classes", int, "N", "sequence-classification spaces: the classes of a TSV of your own "
-                  "(labels 0..N-1; a folder of `nas data` declares its own)", ("train-supernet",)),)
+                  "(labels 0..N-1; a folder of `nas data` declares its own)", ("train-supernet", "train-subnet")),)
 
     # ------------------------------------------------------------------ data
 
@@ -125,10 +125,9 @@ class SequenceClassificationTask(StackTask):
                 "tokens": "ids 0..C-1 the classes, C [CLS] (first), C+1 padding, C+2+i symbol i"}
 
     def train_subnet(self, settings: Any, progress: Any = None):
-        from search_spaces import UserError
+        from .train import run_subnet_training
 
-        raise UserError("train-subnet: not yet for a sequence-classification space (scripts/bench_lra.py trains subnets "
-                        "with tasks.sequence_classification.train)")
+        return run_subnet_training(settings, progress)
 
 
 TASK = declare(SequenceClassificationTask())
