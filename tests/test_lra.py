@@ -30,6 +30,58 @@ def test_listops_reproduces_lras_distribution(examples):
     assert all(t.count(listops.END) == sum(t.count(op) for op in listops.OPERATORS) for _, t in examples)
 
 
+def lra_style(n: int, seed: int) -> list[tuple[int, int]]:
+    """(value, length) of ``n`` trees drawn as LRA's listops.py draws them, written here independently in its own style:
+    Python's ``random``, left-nested pairs, values computed through unsaturated functions."""
+    import random
+
+    ops, end = ["[MIN", "[MAX", "[MED", "[SM"], "]"
+    r = random.Random(seed)
+
+    def tree(depth):
+        if (r.random() if depth < 10 else 1) > 0.25:
+            return r.choice(range(10)), 1
+        values, length = [], 2
+        for _ in range(r.randint(2, 10)):
+            t, n = tree(depth + 1)
+            values.append(t)
+            length += n
+        t = (r.choice(ops), values[0])
+        for v in values[1:]:
+            t = (t, v)
+        return (t, end), length
+
+    def value(t):
+        if not isinstance(t, tuple):
+            return t
+        left, right = value(t[0]), value(t[1])
+        if left in ops:
+            return (left, [right])
+        if right == end:
+            f, args = left
+            return {"[MIN": min, "[MAX": max, "[MED": lambda a: int(np.median(a)), "[SM": lambda a: sum(a) % 10}[f](args)
+        return (left[0], left[1] + [right])
+
+    out, seen = [], set()
+    while len(out) < n:
+        t, length = tree(1)
+        if 500 < length < 2000 and repr(t) not in seen:
+            seen.add(repr(t))
+            out.append((value(t), length))
+    return out
+
+
+def test_listops_draws_lras_distribution_of_lengths_and_labels(examples):
+    from scipy.stats import chi2_contingency, ks_2samp
+
+    theirs = lra_style(300, seed=11)
+    ours_len, theirs_len = [len(t) for _, t in examples], [n for _, n in theirs]
+    assert ks_2samp(ours_len, theirs_len).pvalue > 0.01, (np.mean(ours_len), np.mean(theirs_len))
+    ours_y, theirs_y = Counter(y for y, _ in examples), Counter(v for v, _ in theirs)
+    table = np.array([[ours_y[c] for c in range(10)], [theirs_y[c] for c in range(10)]])
+    assert chi2_contingency(table).pvalue > 0.01, table
+
+
 def test_listops_is_a_pure_function_of_its_seed(examples):
     assert listops.generate(20, seed=3) == examples[:20]
     assert listops.generate(20, seed=4) != examples[:20]
