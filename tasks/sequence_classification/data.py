@@ -16,11 +16,13 @@ a space's ``vocab_size`` must hold ``C + 2 + len(symbols)``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -83,9 +85,10 @@ Rows = list[tuple[int, list[str]]]
 
 
 def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[int, int], None] | None = None,
-             lengths: tuple[int, int] | None = None) -> dict[str, Rows]:
-    """The examples of each split, a pure function of (generator, its version, ``sizes``, ``seed``); ``lengths``: ListOps'
-    (min, max) filter in place of LRA's 500-2,000 (a quick test's shorter sequences)."""
+             lengths: tuple[int, int] | None = None) -> dict[str, Iterator[tuple[int, list[str]]]]:
+    """The examples of each split, a pure function of (generator, its version, ``sizes``, ``seed``), as iterators to
+    be read in the order train, val, test (one stream of draws: LRA's 96,000 ListOps or 200,000 Pathfinder images are
+    never all in memory); ``lengths``: ListOps' (min, max) filter in place of LRA's 500-2,000 (a quick test's)."""
     gen = generator(name)
     total = sum(sizes[s] for s in SPLITS)
     if name == "fmnist-pixels":
@@ -98,63 +101,74 @@ def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[in
                 "test": fmnist.examples(test_images, test_labels, test_order[:sizes["test"]])}
     if gen.name == "listops":
         lo, hi = lengths or (listops.MIN_LENGTH, listops.MAX_LENGTH)
-        rows = listops.generate(total, seed, min_length=lo, max_length=hi, progress=progress)
+        stream = listops.rows(total, seed, min_length=lo, max_length=hi, progress=progress)
     else:
         if lengths is not None:
             raise ValueError(f"{name}: lengths are ListOps' only")
-        rows = pathfinder.generate(total, seed, progress=progress)
-    n, v = sizes["train"], sizes["val"]
-    return {"train": rows[:n], "val": rows[n:n + v], "test": rows[n + v:]}
+        stream = pathfinder.rows(total, seed, progress=progress)
+    return {s: itertools.islice(stream, sizes[s]) for s in SPLITS}
 
 
 # ---------------------------------------------------------------------------------------------- TSV files
 
 
-def write_tsv(path: Path, rows: Rows) -> str:
-    """Write ``rows`` as ``label<TAB>tokens`` lines; their sha256."""
-    text = "".join(f"{label}\t{' '.join(toks)}\n" for label, toks in rows).encode()
+def write_tsv(path: Path, rows: Iterable[tuple[int, list[str]]]) -> tuple[str, dict[str, int]]:
+    """Write ``rows`` as ``label<TAB>tokens`` lines, one by one; (their sha256, the count of each label)."""
+    h, c = hashlib.sha256(), Counter()
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(text)
+    with open(tmp, "wb") as f:
+        for label, toks in rows:
+            line = f"{label}\t{' '.join(toks)}\n".encode()
+            h.update(line)
+            f.write(line)
+            c[str(label)] += 1
     os.replace(tmp, path)
-    return hashlib.sha256(text).hexdigest()
+    return h.hexdigest(), dict(sorted(c.items(), key=lambda kv: int(kv[0])))
 
 
-def read_tsv(path: str | Path, classes: int | None = None, symbols: set[str] | None = None,
-             numbers: list[int] | None = None) -> Rows:
+def read_tsv(path: str | Path, classes: int | None = None, symbols: set[str] | dict[str, int] | None = None,
+             numbers: list[int] | None = None, encode_ids: bool = False) -> Rows:
     """The rows of a ``label<TAB>space-separated tokens`` file; ValueError naming the file and line of the first bad
     row: no label, a label that is not one of ``0 .. classes-1``, no tokens, a token outside ``symbols``.  Each row's
-    line number is appended to ``numbers`` when given (blank lines are skipped)."""
+    line number is appended to ``numbers`` when given (blank lines are skipped).  With ``encode_ids`` (``symbols`` a
+    dict symbol -> id) each row's tokens are its ids, an int16 array (LRA's sizes as strings would take gigabytes)."""
     path = Path(path)
     rows: Rows = []
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as f:
+            for k, line in enumerate(f, 1):
+                _row(path, k, line.rstrip("\n"), classes, symbols, encode_ids, rows, numbers)
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot be read as UTF-8 text ({e})") from None
-    for k, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        label, tab, seq = line.partition("\t")
-        if not tab or not label.strip():
-            raise ValueError(f"{path} line {k}: no label (expected 'label<TAB>space-separated tokens')")
-        try:
-            y = int(label)
-        except ValueError:
-            raise ValueError(f"{path} line {k}: label {label!r} is not an integer") from None
-        if y < 0 or (classes is not None and y >= classes):
-            raise ValueError(f"{path} line {k}: label {y} is outside the declared classes 0..{(classes or 0) - 1}")
-        toks = seq.split()
-        if not toks:
-            raise ValueError(f"{path} line {k}: label {y} has no tokens")
-        if symbols is not None:
-            bad = next((t for t in toks if t not in symbols), None)
-            if bad is not None:
-                raise ValueError(f"{path} line {k}: token {bad!r} is not in the vocabulary ({len(symbols)} symbols)")
-        rows.append((y, toks))
-        if numbers is not None:
-            numbers.append(k)
     if not rows:
         raise ValueError(f"{path}: no rows")
     return rows
+
+
+def _row(path: Path, k: int, line: str, classes: int | None, symbols: Any, encode_ids: bool, rows: list,
+         numbers: list[int] | None) -> None:
+    """Check line ``k`` and append its row (see :func:`read_tsv`)."""
+    if not line.strip():
+        return
+    label, tab, seq = line.partition("\t")
+    if not tab or not label.strip():
+        raise ValueError(f"{path} line {k}: no label (expected 'label<TAB>space-separated tokens')")
+    try:
+        y = int(label)
+    except ValueError:
+        raise ValueError(f"{path} line {k}: label {label!r} is not an integer") from None
+    if y < 0 or (classes is not None and y >= classes):
+        raise ValueError(f"{path} line {k}: label {y} is outside the declared classes 0..{(classes or 0) - 1}")
+    toks = seq.split()
+    if not toks:
+        raise ValueError(f"{path} line {k}: label {y} has no tokens")
+    if symbols is not None:
+        bad = next((t for t in toks if t not in symbols), None)
+        if bad is not None:
+            raise ValueError(f"{path} line {k}: token {bad!r} is not in the vocabulary ({len(symbols)} symbols)")
+    rows.append((y, np.array([symbols[t] for t in toks], dtype=np.int16) if encode_ids else toks))
+    if numbers is not None:
+        numbers.append(k)
 
 
 def counts(rows: Rows) -> dict[str, int]:
@@ -189,11 +203,12 @@ def write_folder(name: str, out: str | Path, n: int | None = None, eval_n: int |
         if all((out / f"{s}.tsv").is_file() and file_sha256(out / f"{s}.tsv") == held["sha256"][s] for s in SPLITS):
             return held, True
     out.mkdir(parents=True, exist_ok=True)
-    rows = generate(name, sizes, seed, progress, lengths)
-    digests = {s: write_tsv(out / f"{s}.tsv", rows[s]) for s in SPLITS}
+    streams = generate(name, sizes, seed, progress, lengths)
+    written = {s: write_tsv(out / f"{s}.tsv", streams[s]) for s in SPLITS}  # in this order: one stream of draws
+    digests = {s: w[0] for s, w in written.items()}
     record = {**key, "classes": gen.classes, "vocabulary": gen.vocabulary,
               "max_length": gen.max_length if lengths is None else lengths[1] - 1,
-              "counts": {s: counts(rows[s]) for s in SPLITS}, "sha256": digests, "note": gen.note,
+              "counts": {s: written[s][1] for s in SPLITS}, "sha256": digests, "note": gen.note,
               "format": "label<TAB>space-separated tokens, one example a line"}
     tmp = sidecar.with_name("data.json.tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
@@ -271,14 +286,14 @@ def token_ids(classes: int) -> dict[str, int]:
     return {"CLS": classes, "PAD": classes + 1}
 
 
-def encode(rows: Rows, lines: list[str], classes: int, symbols: list[str], length: int) -> Sequences:
-    """``rows`` as :class:`Sequences` padded to ``length`` tokens (+1 for [CLS])."""
+def encode(rows: list, lines: list[str], classes: int, symbols: list[str], length: int) -> Sequences:
+    """``rows`` (tokens, or their ids already: an array) as :class:`Sequences` padded to ``length`` tokens (+1 for [CLS])."""
     ids = {s: classes + 2 + i for i, s in enumerate(symbols)}
     x = np.full((len(rows), length + 1), classes + 1, dtype=np.int16)  # (N, T) padding
     x[:, 0] = classes  # [CLS]
     y = np.full(x.shape, IGNORE, dtype=np.int16)
     for i, (label, toks) in enumerate(rows):
-        x[i, 1: 1 + len(toks)] = [ids[t] for t in toks]
+        x[i, 1: 1 + len(toks)] = toks if isinstance(toks, np.ndarray) else [ids[t] for t in toks]
         y[i, 0] = label
     return Sequences(x, y, np.array([len(t) for _, t in rows], dtype=np.int64), tuple(lines), classes, classes + 2 + len(symbols))
 
@@ -299,18 +314,18 @@ def load(settings: dict[str, Any], cache_dir: str | Path) -> SequenceData:
     """The data of a run's settings (``data``, ``data_seed``, ``val_fraction``, ``classes``, ``symbols``)."""
     path = Path(settings["data"])
     classes, symbols = settings["classes"], settings["symbols"]
-    vocab = set(symbols)
+    vocab = {sym: classes + 2 + i for i, sym in enumerate(symbols)}  # read as ids (see encode)
     if path.is_dir():
         rows, lines = {}, {}
         for s in SPLITS:
             if s == "test" and not (path / "test.tsv").is_file():
                 continue
             numbers: list[int] = []
-            rows[s] = read_tsv(path / f"{s}.tsv", classes, vocab, numbers)
+            rows[s] = read_tsv(path / f"{s}.tsv", classes, vocab, numbers, encode_ids=True)
             lines[s] = [f"{path / f'{s}.tsv'} line {k}" for k in numbers]
     else:
         numbers = []
-        every = read_tsv(path, classes, vocab, numbers)
+        every = read_tsv(path, classes, vocab, numbers, encode_ids=True)
         order = np.random.default_rng([settings["data_seed"], 5]).permutation(len(every))
         n_val = max(1, int(round(len(every) * settings["val_fraction"])))
         if n_val >= len(every):

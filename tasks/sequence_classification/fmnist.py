@@ -66,6 +66,7 @@ def load(split: str, base: str | Path | None = None) -> tuple[np.ndarray, np.nda
     return images, labels
 
 
-def examples(images: np.ndarray, labels: np.ndarray, rows: np.ndarray) -> list[tuple[int, list[str]]]:
-    """The rows ``rows`` as (label, the pixel intensities row by row as tokens)."""
-    return [(int(labels[i]), [str(v) for v in images[i].reshape(-1)]) for i in rows]
+def examples(images: np.ndarray, labels: np.ndarray, rows: np.ndarray):
+    """Yield the rows ``rows`` as (label, the pixel intensities row by row as tokens: the shared strings of ``SYMBOLS``)."""
+    for i in rows:
+        yield int(labels[i]), [SYMBOLS[v] for v in images[i].reshape(-1)]

@@ -92,13 +92,16 @@ def image(rng: np.random.Generator, label: int, size: int = SIZE) -> np.ndarray:
 
 def generate(n: int, seed: int, size: int = SIZE, progress=None) -> list[tuple[int, list[str]]]:
     """``n`` examples (label, the size x size intensities as tokens), balanced classes, drawn from ``seed``."""
+    return list(rows(n, seed, size, progress))
+
+
+def rows(n: int, seed: int, size: int = SIZE, progress=None):
+    """Yield :func:`generate`'s examples one by one (the tokens are the shared strings of ``SYMBOLS``)."""
     if n < 0:
         raise ValueError(f"n: {n} is negative")
     rng = np.random.default_rng([seed, 2])
     labels = rng.permutation(np.arange(n) % 2)
-    out = []
     for i, label in enumerate(labels):
-        out.append((int(label), [str(v) for v in image(rng, int(label), size).reshape(-1)]))
+        yield int(label), [SYMBOLS[v] for v in image(rng, int(label), size).reshape(-1)]
         if progress is not None:
             progress(i + 1, n)
-    return out
