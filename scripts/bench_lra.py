@@ -1,6 +1,6 @@
 """Long Range Arena on this machine (issue 41): accuracy per attention type, LRA's speed table, and the search.
 
-    python scripts/bench_lra.py --out runs/bench-lra              # the small protocol, 2 CPU cores (estimated ~4 h)
+    python scripts/bench_lra.py --out runs/bench-lra              # the small protocol, 2 CPU cores (estimated ~3 h)
     python scripts/bench_lra.py --out runs/bench-lra --full       # LRA's model sizes and steps (a GPU)
     python scripts/bench_lra.py --out runs/lra-quick --quick      # every stage on tiny settings (the test runs it)
 
@@ -99,8 +99,8 @@ class Protocol:
     listops_lengths: tuple[int, int] | None = None  # LRA's 500-2,000 unless given (--quick: short sequences)
 
 
-SMALL = Protocol("small (2 CPU cores)", embed=64, depth=2, heads=2, head_dim=32, ffn=128, steps=200, batch=8, lr=1e-3,
-                 warmup=20, n=2000, eval_n=200)
+SMALL = Protocol("small (2 CPU cores)", embed=64, depth=2, heads=2, head_dim=32, ffn=128, steps=500, batch=8, lr=1e-3,
+                 warmup=50, n=4000, eval_n=500, supernet_steps=500)
 QUICK = Protocol("quick (a test)", embed=16, depth=1, heads=1, head_dim=16, ffn=32, steps=4, batch=4, lr=1e-3, warmup=1,
                  n=24, eval_n=8, window=8, features=8, projected=16, supernet_steps=4, samples=12, speed_lengths=(64, 128),
                  speed_steps=1, timing=(1, 2, 1, 1.0), search=(4, 2, 2, 2, 1), listops_lengths=(20, 60))
