@@ -21,6 +21,6 @@ from search_spaces.tasks import declare as register
 from search_spaces.tasks import get, of, tasks
 from search_spaces.tasks import withdraw as unregister
 
-from . import causal_lm, masked_lm, translation  # noqa: F401, I001  (importing registers the tasks, in this order)
+from . import causal_lm, masked_lm, translation, sequence_classification  # noqa: F401, I001  (importing registers the tasks, in this order)
 
 __all__ = ["get", "of", "register", "tasks", "unregister"]

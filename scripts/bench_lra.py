@@ -1,0 +1,591 @@
+"""Long Range Arena on this machine (issue 41): accuracy per attention type, LRA's speed table, and the search.
+
+    python scripts/bench_lra.py --out runs/bench-lra              # the small protocol, 2 CPU cores (estimated ~3 h)
+    python scripts/bench_lra.py --out runs/bench-lra --full       # LRA's model sizes and steps (a GPU)
+    python scripts/bench_lra.py --out runs/lra-quick --quick      # every stage on tiny settings (the test runs it)
+
+Tasks (``tasks/sequence_classification``, docs/lra.md): ListOps (LRA's generator), Pathfinder-32 (generated with
+numpy) and Image, which here is **Fashion-MNIST pixels in place of LRA's grayscale CIFAR-10** (CIFAR-10 does not
+ship offline); every table says so.  The data comes from ``nas data`` folders under ``OUT/data`` (cached).
+
+Stages, each resumable (its outputs on disk are kept and skipped when present; run the same command again):
+
+1. **accuracy**: every attention type with a bidirectional form, uniform (every layer that type), trained from
+   scratch under one protocol (the same model size, steps, batch and learning rate for every type: ``protocol``
+   in lra.json), test accuracy beside LRA's figure for the same type (``LRA`` below, their Table 1);
+2. **speed**: LRA's speed table on this CPU: training steps/s and peak memory (RSS growth of a fresh process)
+   relative to softmax at 1K, 2K, 3K, 4K tokens for every type, with torch and ONNX Runtime inference beside;
+3. **search** on ListOps and Pathfinder: ``nas train-supernet`` on a space of every type, a latency campaign
+   (``nas measure-latency``, ``nas fit-predictor``), ``nas search`` at three budgets (the 25th, 50th and 75th
+   percentiles of the measured latencies); each budget's found subnet and the best uniform subnet under it (by
+   inherited fitness among those the predictor puts under the budget) retrained on equal steps, their test
+   accuracy compared at their measured latency.
+
+Writes ``OUT/lra.json`` (the contract of docs/benchmarks/lra/lra.json: ``accuracy: {TASK: {TYPE: {ours, lra}}}``,
+``speed: {TYPE: {LENGTH: steps_per_s_vs_softmax}}``, ``search: {TASK: [{budget_ms, verdict, found, best_uniform}]}``,
+with the command, machine and load), ``accuracy.csv``, ``speed.csv``, ``search.csv``, ``accuracy.png``, ``speed.png``.
+A type whose parameters this script does not know (a type added later) is skipped with a note unless ``--types``
+names it with its parameters (``--types softmax,reformer:4:32``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+log = logging.getLogger("bench_lra")
+
+TASKS = {"listops": "listops", "image": "fmnist-pixels", "pathfinder": "pathfinder"}  # LRA's task -> our generator
+IMAGE_NOTE = "image = Fashion-MNIST pixels (784 tokens) in place of LRA's grayscale CIFAR-10, which does not ship offline"
+# LRA's Table 1 (Tay et al. 2021; the google-research/long-range-arena README leaderboard): accuracy % on ListOps,
+# Image (CIFAR-10) and Pathfinder-32, by the type that stands for each of their models here.
+LRA = {
+    "softmax": ("Transformer", 36.37, 42.44, 71.40),
+    "local": ("Local Attention", 15.82, 41.46, 66.63),
+    "longformer": ("Longformer", 35.63, 42.22, 69.71),
+    "bigbird": ("BigBird", 36.05, 40.83, 74.87),
+    "linformer": ("Linformer", 35.70, 38.56, 76.34),
+    "performer": ("Performer", 18.01, 42.77, 77.05),
+    "linear": ("Linear Transformer", 16.13, 42.34, 75.30),
+    "reformer": ("Reformer", 37.27, 38.07, 68.50),
+    "sinkhorn": ("Sinkhorn Transformer", 33.67, 41.23, 67.45),
+    "synthesizer": ("Synthesizer", 36.99, 41.61, 69.45),
+}
+LRA_COLUMN = {"listops": 1, "image": 2, "pathfinder": 3}
+# The parameters of the known types for a sequence of T tokens (W: window, K / M: projected length / features).
+SPECS = {"gqa": "gqa:1", "local": "local:{w}", "dilated": "dilated:{w}:2", "longformer": "longformer:{w}:1",
+         "bigbird": "bigbird:{w}:1:1", "cosformer": "cosformer:{t}", "performer": "performer:{m}", "msla": "msla:5",
+         "linformer": "linformer:{k}"}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One protocol for every type: the model (uniform over its layers), the training, the data sizes."""
+
+    name: str
+    embed: int
+    depth: int
+    heads: int
+    head_dim: int
+    ffn: int
+    steps: int
+    batch: int
+    lr: float
+    warmup: int
+    n: int  # training examples generated per task
+    eval_n: int  # validation and test examples each
+    window: int = 64
+    features: int = 64
+    projected: int = 128
+    supernet_steps: int = 300
+    samples: int = 60  # subnets timed in the latency campaign
+    speed_lengths: tuple[int, ...] = (1024, 2048, 3072, 4096)
+    speed_steps: int = 3
+    timing: tuple[int, int, int, float] = (2, 10, 2, 20.0)  # warmup, repeats, rounds, min sample ms
+    search: tuple[int, int, int, int, int] = (24, 8, 8, 8, 6)  # population, parents, mutations, crossovers, generations
+    per_task: dict | None = None  # LRA's own sizes per task (--full)
+    listops_lengths: tuple[int, int] | None = None  # LRA's 500-2,000 unless given (--quick: short sequences)
+
+
+SMALL = Protocol("small (2 CPU cores)", embed=64, depth=2, heads=2, head_dim=32, ffn=128, steps=500, batch=8, lr=1e-3,
+                 warmup=50, n=4000, eval_n=500, supernet_steps=500)
+QUICK = Protocol("quick (a test)", embed=16, depth=1, heads=1, head_dim=16, ffn=32, steps=4, batch=4, lr=1e-3, warmup=1,
+                 n=24, eval_n=8, window=8, features=8, projected=16, supernet_steps=4, samples=12, speed_lengths=(64, 128),
+                 speed_steps=1, timing=(1, 2, 1, 1.0), search=(4, 2, 2, 2, 1), listops_lengths=(20, 60))
+# LRA's base configs (lra_benchmarks/{listops,image/configs/cifar10,image/configs/pathfinder32}/.../base_*_config.py):
+# ListOps 6 layers x 512 (8 heads, MLP 2,048), batch 32, 5,000 steps; CIFAR-10 1 layer x 32 (1 head, MLP 64), batch 256,
+# 35,000 steps (200 epochs); Pathfinder-32 1 layer x 32 (2 heads of 8, MLP 32), batch 512, 62,400 steps (200 epochs).
+# Their optimiser (Adam with their schedules, lr 0.05 rsqrt for ListOps) is not ours: AdamW with warmup and cosine.
+FULL = Protocol("full (LRA's sizes and steps; a GPU)", embed=512, depth=6, heads=8, head_dim=64, ffn=2048, steps=5000,
+                batch=32, lr=5e-4, warmup=1000, n=96_000, eval_n=2000, window=256, features=256, projected=256,
+                supernet_steps=5000, samples=200, per_task={
+                    "listops": {"n": 96_000, "eval_n": 2000},
+                    "image": {"embed": 32, "depth": 1, "heads": 1, "head_dim": 32, "ffn": 64, "batch": 256, "steps": 35_000,
+                              "warmup": 175, "lr": 5e-4, "n": 54_000, "eval_n": 6000},
+                    "pathfinder": {"embed": 32, "depth": 1, "heads": 2, "head_dim": 8, "ffn": 32, "batch": 512,
+                                   "steps": 62_400, "warmup": 312, "lr": 1e-3, "n": 160_000, "eval_n": 20_000}})
+
+
+def for_task(p: Protocol, task: str) -> Protocol:
+    return replace(p, **(p.per_task or {}).get(task, {}))
+
+
+def bidirectional_types() -> list[str]:
+    from supernet.attention.registry import REGISTRY
+
+    return [name for name, t in REGISTRY.items() if "bidirectional" in t.forms]
+
+
+def type_specs(p: Protocol, length: int, given: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the attention specs to run, notes on the types skipped): ``given`` as is, else every bidirectional type with
+    its parameters for ``length`` tokens."""
+    from search_spaces.attention import parse_attention
+
+    if given:
+        return given, []
+    specs, notes = [], []
+    for name in bidirectional_types():
+        spec = SPECS.get(name, name).format(w=min(p.window, length), t=length, m=p.features, k=min(p.projected, length))
+        try:
+            parse_attention(spec)
+        except ValueError:
+            notes.append(f"{name}: skipped (its parameters are not known here; give it with --types {name}:...)")
+            continue
+        specs.append(spec)
+    return specs, notes
+
+
+def train_device() -> str:
+    """Where the models train: the GPU when there is one (latency is timed on the CPU either way)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def kind(spec: str) -> str:
+    return spec.split(":")[0]
+
+
+def safe(spec: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec)
+
+
+def space_text(name: str, p: Protocol, length: int, attention: list[str], choices: bool = False) -> str:
+    """A space of the sequence-classification task: one choice per dimension (uniform), or a small grid (``choices``)."""
+    embed = [p.embed // 2, p.embed] if choices else [p.embed]
+    depth = sorted({1, 2, p.depth}) if choices else [p.depth]
+    heads = sorted({1, 2, p.heads}) if choices else [p.heads]
+    ffn = [p.ffn // 2, p.ffn] if choices else [p.ffn]
+    return (f"name: {name}\ntask: sequence-classification\nvocab_size: 272\nmax_seq_len: {length}\nhead_dim: {p.head_dim}\n"
+            f"positions: rope\nembed_dim: {embed}\ndepth: {depth}\nlayers:\n  heads: {heads}\n  ffn_dim: {ffn}\n"
+            f"  attention: [{', '.join(json.dumps(a) for a in attention)}]\n"
+            f"latency:\n  prefill: {{batch_size: 1, seq_len: {length}}}\n")
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def task_data(out: Path, task: str, p: Protocol, seed: int):
+    """The task's data folder (``nas data``'s, cached) and its loaded splits, with the settings a run records."""
+    from tasks.sequence_classification.data import load, vocabulary, write_folder
+
+    folder = out / "data" / TASKS[task]
+    write_folder(TASKS[task], folder, n=p.n, eval_n=p.eval_n, seed=seed,
+                 lengths=p.listops_lengths if task == "listops" else None)
+    classes, symbols, _ = vocabulary(folder, None)
+    settings = {"data": str(folder), "data_seed": seed, "val_fraction": 0.1, "classes": classes, "symbols": symbols}
+    return folder, load(settings, folder)
+
+
+# ---------------------------------------------------------------------------------------------- 1. accuracy
+
+
+def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int) -> dict:
+    from search_spaces import parse_space
+    from tasks.sequence_classification.train import Schedule, score_accuracy, train_subnet
+
+    results: dict = {}
+    for task in TASKS:
+        p = for_task(base, task)
+        _, data = task_data(out, task, p, seed)
+        length = data.train.inputs.shape[1]
+        specs, notes = type_specs(p, length, types)
+        for note in notes:
+            log.info("accuracy %s: %s", task, note)
+        results[task] = {}
+        for spec in specs:
+            path = out / "accuracy" / task / f"{safe(spec)}.json"
+            if path.exists():
+                results[task][spec] = json.loads(path.read_text())
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
+            schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
+            log.info("accuracy %s %s: %d steps of %d examples", task, spec, p.steps, p.batch)
+            start = time.perf_counter()
+            model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
+            lra = LRA.get(kind(spec))
+            ours = 100.0 * score_accuracy(model, data.test, space, p.batch)
+            record = {"ours": ours, "lra": lra[LRA_COLUMN[task]] if lra else None,
+                      "lra_model": lra[0] if lra else None, "spec": spec, "params": model.num_params(),
+                      "train_s": round(time.perf_counter() - start, 1), "test_examples": len(data.test)}
+            write_json(path, record)
+            results[task][spec] = record
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- 2. speed
+
+
+def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | None) -> None:
+    """In a fresh process, at each length (ascending: the peak so far is the peak at this length); ``part`` "train":
+    training steps/s, peak RSS growth (the process's own: nothing else ran in it) and torch inference ms; "ort": the
+    model exported to ONNX once (its sequence axis is dynamic) and ONNX Runtime inference ms."""
+    import resource
+
+    import numpy as np
+    import torch
+
+    from search_spaces import parse_space
+    from supernet import Transformer, TransformerConfig
+    from supernet.onnx_export import export_onnx, onnx_session
+
+    if threads:
+        torch.set_num_threads(threads)
+    longest = max(p.speed_lengths)
+    rows: dict[str, dict] = {}
+    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    built: dict[str, tuple] = {}  # concrete spec -> (model, its ONNX session or why it has none)
+    for length in p.speed_lengths:
+        concrete = spec.replace("{t}", str(length))  # cosFormer's M: the length
+        if concrete not in built:
+            for model, session in built.values():
+                if not isinstance(session, (str, type(None))):
+                    Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001 - timed; not kept (large at LRA's sizes)
+            space = parse_space(space_text("speed", p, longest, [concrete]), where=f"speed {spec}")
+            model = Transformer(TransformerConfig.from_subnet(space, space.largest()), generator=torch.Generator().manual_seed(0))
+            session = None
+            if part == "ort":
+                try:
+                    session = onnx_session(export_onnx(model, out / "onnx" / f"{safe(concrete)}.onnx"), threads)
+                except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its rows say so
+                    session = str(e).splitlines()[0][:200]
+            built = {concrete: (model, session)}
+        model, session = built[concrete]
+        x = torch.randint(12, 272, (1, length), generator=torch.Generator().manual_seed(1))
+        if part == "ort":
+            if isinstance(session, str):
+                rows[str(length)] = {"ort_ms": None, "ort_error": session}
+                continue
+            feed = {"tokens": x.numpy().astype(np.int64)}
+            session.run(None, feed)
+            t0 = time.perf_counter()
+            for _ in range(p.speed_steps):
+                session.run(None, feed)
+            rows[str(length)] = {"ort_ms": 1000 * (time.perf_counter() - t0) / p.speed_steps}
+            continue
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        y = torch.randint(0, 10, (1,), generator=torch.Generator().manual_seed(2))
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x)[:, 0], y)
+            loss.backward()
+            opt.step()
+
+        step()  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(p.speed_steps):
+            step()
+        train_s = (time.perf_counter() - t0) / p.speed_steps
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_kb) / 1024
+        model.eval()
+        with torch.no_grad():
+            model(x)
+            t0 = time.perf_counter()
+            for _ in range(p.speed_steps):
+                model(x)
+            torch_ms = 1000 * (time.perf_counter() - t0) / p.speed_steps
+        rows[str(length)] = {"train_steps_per_s": 1.0 / train_s, "peak_rss_mb": peak_mb, "torch_ms": torch_ms}
+    for model, session in built.values():
+        if not isinstance(session, (str, type(None))):
+            Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001
+    write_json(out / f"{safe(spec)}.{part}.json", {"spec": spec, "lengths": rows})
+
+
+def stage_speed(out: Path, p: Protocol, types: list[str] | None, threads: int | None, argv_protocol: list[str]) -> dict:
+    folder = out / "speed"
+    folder.mkdir(parents=True, exist_ok=True)
+    specs, notes = type_specs(p, max(p.speed_lengths), types)
+    for note in notes:
+        log.info("speed: %s", note)
+    specs = [s.replace(f"cosformer:{max(p.speed_lengths)}", "cosformer:{t}") for s in specs]  # cosFormer's M: the length
+    if "softmax" not in specs:
+        specs.insert(0, "softmax")
+    raw: dict[str, dict] = {}
+    for spec in specs:
+        parts = {}
+        for part in ("train", "ort"):
+            path = folder / f"{safe(spec)}.{part}.json"
+            if not path.exists():
+                log.info("speed %s (%s) at %s tokens", spec, part, ", ".join(map(str, p.speed_lengths)))
+                cmd = [sys.executable, __file__, "--speed-worker", spec, "--speed-part", part, "--out", str(folder),
+                       *argv_protocol, *(["--threads", str(threads)] if threads else [])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0 or not path.exists():
+                    log.warning("speed %s (%s): the worker failed: %s", spec, part,
+                                (done.stderr.strip().splitlines() or ["no output"])[-1])
+                    continue
+            parts[part] = json.loads(path.read_text())["lengths"]
+        if "train" in parts:
+            raw[spec] = {n: {**r, **parts.get("ort", {}).get(n, {"ort_ms": None})} for n, r in parts["train"].items()}
+    soft = raw.get("softmax", {})
+    table = {}
+    for spec, rows in raw.items():
+        table[spec] = {}
+        for length, r in rows.items():
+            ref = soft.get(length)
+            table[spec][length] = {
+                "steps_per_s_vs_softmax": r["train_steps_per_s"] / ref["train_steps_per_s"] if ref else None,
+                "memory_vs_softmax": (r["peak_rss_mb"] / ref["peak_rss_mb"] if ref and ref["peak_rss_mb"] > 0 else None),
+                **r}
+    return table
+
+
+# ---------------------------------------------------------------------------------------------- 3. search
+
+
+def run_cli(args: list[str]) -> None:
+    from nas.cli import main
+
+    code = main([*args, "-q"])
+    if code != 0:
+        raise RuntimeError(f"nas {' '.join(args)}: exit {code}")
+
+
+def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, threads: int | None) -> dict:
+    import numpy as np
+
+    from latency.device import get_device
+    from latency.predictors import load_predictor
+    from latency.protocol import measure
+    from latency.table import read_timings
+    from latency.timing_core import Settings
+    from nas.search.fitness import HeldOutFitness
+    from search_spaces import Subnet, load_space
+    from supernet.checkpoint import load_supernet
+    from tasks.sequence_classification.learner import SequenceLearner
+    from tasks.sequence_classification.train import Schedule, score_accuracy, train_subnet
+
+    results = {}
+    for task in ("listops", "pathfinder"):
+        p = for_task(base, task)
+        folder, data = task_data(out, task, p, seed)
+        length = data.train.inputs.shape[1]
+        specs, _ = type_specs(p, length, types)
+        root = out / "search" / task
+        root.mkdir(parents=True, exist_ok=True)
+        text, run = space_text(f"lra-{task}", p, length, specs, choices=True), root / "supernet"
+        if not (root / "space.yaml").exists():
+            (root / "space.yaml").write_text(text)
+        elif (root / "space.yaml").read_text() != text:
+            raise SystemExit(f"bench_lra: {root / 'space.yaml'} is another space (other --types or protocol); use another --out")
+        if not (run / "final.pt").exists():
+            again = ["--resume"] if (run / "latest.pt").exists() else [str(root / "space.yaml"), "--data", str(folder)]
+            run_cli(["train-supernet", *again, "--out", str(run), "--max-steps", str(p.supernet_steps), "--batch-size",
+                     str(p.batch), "--lr", str(p.lr), "--warmup", str(p.warmup), "--eval-batches", "2",
+                     "--eval-interval", str(max(1, p.supernet_steps // 4)), "--ckpt-interval", str(max(1, p.supernet_steps // 4)),
+                     *(["--threads", str(threads)] if threads else [])])
+        warm, repeats, rounds, min_ms = p.timing
+        timing = ["--threads", str(threads or 1), "--warmup", str(warm), "--repeats", str(repeats), "--rounds", str(rounds),
+                  "--min-sample-ms", str(min_ms)]
+        table_path = root / "cpu.csv"
+        if not (root / "pred" / "predictor.json").exists():
+            run_cli(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(table_path), "--samples",
+                     str(p.samples), "--retest", "0.5", *timing])
+            run_cli(["fit-predictor", str(table_path), "--out", str(root / "pred")])
+        measured = sorted(r.median_ms for r in read_timings(table_path).rows)
+        budgets = [float(np.percentile(measured, q)) for q in (25, 50, 75)]
+        population, parents, mutations, crossovers, generations = p.search
+        if not (root / "found" / "search.json").exists():
+            run_cli(["search", str(run / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "found"),
+                     "--budget", ",".join(f"{b:.4f}ms" for b in budgets), "--population", str(population), "--parents",
+                     str(parents), "--mutations", str(mutations), "--crossovers", str(crossovers), "--generations",
+                     str(generations), "--val-windows", str(max(1, p.eval_n // p.batch)), "--eval-batch", str(p.batch),
+                     "--no-progress"])
+        summary = json.loads((root / "found" / "search.json").read_text())
+        supernet, payload = load_supernet(run / "final.pt")
+        space = load_space(root / "space.yaml")
+        predictor = load_predictor(root / "pred")
+        held = SequenceLearner(space.max_seq_len, space.vocab_size).heldout(data.val, len(data.val))
+        fit = HeldOutFitness(supernet, held, batch_size=p.batch)
+        uniform = space.uniform()
+        predicted = dict(zip(uniform, predictor.predict(uniform)))
+        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
+        device = get_device("cpu", threads=threads or 1)
+        settings = Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms)
+        rows: list[dict] = []
+        assert len(summary["budgets"]) == len(budgets), (list(summary["budgets"]), budgets)
+        for b, budget in zip(summary["budgets"].values(), budgets):  # in the order given
+            path = root / f"budget-{len(rows)}.json"
+            if path.exists():
+                rows.append(json.loads(path.read_text()))
+                continue
+            found = Subnet.from_dict(b["best"]["subnet"])
+            feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
+            best_uniform = feasible[int(np.argmin(fit(feasible)))]
+            entry = {"budget_ms": budget}
+            models: dict = {}
+            for name, subnet in (("found", found), ("best_uniform", best_uniform)):
+                same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
+                model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule)[0]
+                models[name] = model
+                acc = 100.0 * score_accuracy(model, data.test, space, p.batch)
+                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
+                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params()}
+            m = measure(device, models, space.workload(), settings, seed=seed)
+            for name in models:
+                entry[name]["measured_ms"] = float(m.results[name].median_ms)
+            f, u = entry["found"], entry["best_uniform"]
+            better = f["test_accuracy"] >= u["test_accuracy"] and f["measured_ms"] <= max(budget, u["measured_ms"])
+            entry["verdict"] = ("found wins" if better else "uniform wins") + ("" if f["measured_ms"] <= budget * 1.05 else
+                                                                               " (found over budget)")
+            write_json(path, entry)
+            rows.append(entry)
+        results[task] = rows
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def machine() -> dict:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+
+
+def write_tables(out: Path, record: dict) -> None:
+    acc = [{"task": t, "type": s, **{k: r.get(k) for k in ("ours", "lra", "lra_model", "params", "train_s")}}
+           for t, types in record["accuracy"].items() for s, r in types.items()]
+    speed = [{"type": s, "length": n, **r} for s, rows in record.get("speed_detail", {}).items() for n, r in rows.items()]
+    search = [{"task": t, "budget_ms": e["budget_ms"], "verdict": e["verdict"],
+               **{f"{w}_{k}": e[w][k] for w in ("found", "best_uniform") for k in ("key", "test_accuracy", "measured_ms")}}
+              for t, rows in record["search"].items() for e in rows]
+    for name, rows in (("accuracy", acc), ("speed", speed), ("search", search)):
+        if rows:
+            with open(out / f"{name}.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]))
+                w.writeheader()
+                w.writerows(rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if acc:
+        tasks = list(record["accuracy"])
+        fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 4), squeeze=False)
+        for ax, t in zip(axes[0], tasks):
+            rows = record["accuracy"][t]
+            names = list(rows)
+            ax.bar([i - 0.2 for i in range(len(names))], [rows[n]["ours"] for n in names], 0.4, label="ours")
+            ax.bar([i + 0.2 for i in range(len(names))], [rows[n]["lra"] or 0 for n in names], 0.4, label="LRA")
+            ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
+            ax.set_title(t + (" (Fashion-MNIST, not CIFAR-10)" if t == "image" else ""), fontsize=9)
+            ax.set_ylabel("test accuracy %")
+        axes[0][0].legend()
+        fig.tight_layout()
+        fig.savefig(out / "accuracy.png", dpi=120)
+        plt.close(fig)
+    if record.get("speed"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for spec, rows in record["speed"].items():
+            xs = [int(n) for n in rows if rows[n] is not None]
+            ax.plot(xs, [rows[str(n)] for n in xs], marker="o", label=spec)
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("training steps/s relative to softmax")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "speed.png", dpi=120)
+        plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="every stage on tiny settings (the test)")
+    mode.add_argument("--full", action="store_true", help="LRA's model sizes and steps (a GPU)")
+    ap.add_argument("--stages", default="accuracy,speed,search", help="which stages (default all three)")
+    ap.add_argument("--types", help="attention specs to run, comma-separated (default: every bidirectional type)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, help="torch threads (default torch's choice; the latency campaign: 1)")
+    ap.add_argument("--speed-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--speed-part", choices=("train", "ort"), default="train", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="bench_lra: %(message)s")
+    protocol = QUICK if args.quick else FULL if args.full else SMALL
+    flag = ["--quick"] if args.quick else ["--full"] if args.full else []
+    if args.speed_worker:
+        speed_worker(args.speed_worker, args.speed_part, protocol, args.out, args.threads)
+        return 0
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    types = [t.strip() for t in args.types.split(",")] if args.types else None
+    stages = [s.strip() for s in args.stages.split(",")]
+    unknown = sorted(set(stages) - {"accuracy", "speed", "search"})
+    if unknown:
+        ap.error(f"--stages: {', '.join(unknown)} not one of accuracy, speed, search")
+    load_before = os.getloadavg()
+    started = time.time()
+    record = {"command": " ".join(["python", "scripts/bench_lra.py", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": machine(), "protocol": asdict(protocol), "note": IMAGE_NOTE,
+              "accuracy": {}, "speed": {}, "search": {}}
+    if "accuracy" in stages:
+        record["accuracy"] = {t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
+                              for t, rows in stage_accuracy(out, protocol, types, args.seed).items()}
+    if "speed" in stages:
+        detail = stage_speed(out, protocol, types, args.threads, flag)
+        record["speed"] = {s: {n: r["steps_per_s_vs_softmax"] for n, r in rows.items()} for s, rows in detail.items()}
+        record["speed_detail"] = detail
+    if "search" in stages:
+        record["search"] = stage_search(out, protocol, types, args.seed, args.threads)
+    previous = out / "lra.json"
+    if previous.exists():  # a stage not run this time keeps what an earlier run wrote
+        before = json.loads(previous.read_text())
+        for key in ("accuracy", "speed", "speed_detail", "search"):
+            if not record.get(key) and before.get(key):
+                record[key] = before[key]
+    record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": round(time.time() - started, 1)}
+    write_json(out / "lra.json", record)
+    write_tables(out, record)
+    for task, rows in record["accuracy"].items():
+        print(f"{task}{' (' + IMAGE_NOTE + ')' if task == 'image' else ''}: test accuracy % (ours / LRA)")
+        for spec, r in rows.items():
+            print(f"  {spec:20s} {r['ours']:6.2f} / {r['lra'] if r['lra'] is not None else '-'}")
+    for spec, rows in record["speed"].items():
+        print(f"speed {spec:20s} " + "  ".join(f"{n}: {v:.2f}x" if v else f"{n}: -" for n, v in rows.items()))
+    for task, rows in record["search"].items():
+        for e in rows:
+            f, u = e["found"], e["best_uniform"]
+            print(f"search {task} {e['budget_ms']:.3f} ms: found {f['test_accuracy']:.1f}% at {f['measured_ms']:.3f} ms vs "
+                  f"uniform {u['test_accuracy']:.1f}% at {u['measured_ms']:.3f} ms: {e['verdict']}")
+    print(f"wrote {out / 'lra.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

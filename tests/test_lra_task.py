@@ -1,0 +1,162 @@
+"""The sequence-classification task (issue 41) through the commands: train-supernet on a TSV of one's own, an
+exact record of its data and vocabulary, the refusals of bad data in one line, extraction, measure-latency,
+fit-predictor, search and export (ONNX parity, accuracy and the vocabulary on the card)."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from nas.cli import main
+
+SYMBOLS = list("abcdefgh")
+SPACE = """
+task: sequence-classification
+vocab_size: 16
+max_seq_len: 24
+head_dim: 8
+embed_dim: [16, 24]
+depth: [1, 2]
+layers: {heads: [1, 2], ffn_dim: [16, 32], attention: [softmax, "local:4", linear]}
+latency: {prefill: {batch_size: 1, seq_len: 24}}
+"""
+TRAIN = ["--batch-size", "16", "--lr", "1e-2", "--warmup", "5", "--eval-interval", "20", "--eval-batches", "2",
+         "--ckpt-interval", "20", "--log-interval", "20", "-q"]
+QUICK = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
+
+
+def rows(n: int, seed: int) -> list[tuple[int, list[str]]]:
+    """Class c's sequences are of the symbols whose index is c modulo 3 (a rule every attention type reads at [CLS])."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        c = i % 3
+        toks = list(rng.choice(SYMBOLS[c::3], int(rng.integers(4, 20))))
+        out.append((c, toks))
+    return out
+
+
+def write(path, examples) -> None:
+    path.write_text("".join(f"{y}\t{' '.join(t)}\n" for y, t in examples))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lra-task")
+    (root / "space.yaml").write_text(SPACE)
+    write(root / "own.tsv", rows(480, 0))
+    assert main(["train-supernet", str(root / "space.yaml"), "--data", str(root / "own.tsv"), "--classes", "3",
+                 "--out", str(root / "run"), "--max-steps", "60", *TRAIN]) == 0
+    return root
+
+
+def test_train_supernet_learns_and_records_data_and_vocabulary(root, capsys):
+    ckpt = torch.load(root / "run" / "final.pt", weights_only=True)
+    meta = ckpt["meta"]
+    assert (meta["classes"], meta["symbols"], meta["val_fraction"]) == (3, SYMBOLS, 0.1)
+    assert meta["corpus_sizes"] == {"train": 432, "val": 48}
+    evals = [e for e in map(json.loads, (root / "run" / "log.jsonl").read_text().splitlines()) if e["event"] == "eval"]
+    first, last = evals[0]["bpb"]["largest"], evals[-1]["bpb"]["largest"]
+    assert last < first and last < 1.0, (first, last)  # log2(3) = 1.58 bits for a guess among 3 classes
+    assert main(["train-supernet", "--out", str(root / "run"), "--resume", "--classes", "4", "-q"]) == 2
+    assert capsys.readouterr().err == "nas train-supernet: error: --classes 4 differs from the run's 3\n"
+
+
+def test_bad_data_is_refused_in_one_line(root, tmp_path, capsys):
+    space = str(root / "space.yaml")
+
+    def refused(*flags: str) -> str:
+        assert main(["train-supernet", space, "--out", str(tmp_path / "r"), "--max-steps", "2", *flags, "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        return err.removeprefix("nas train-supernet: error: ").strip()
+
+    assert refused().startswith("--data: a sequence-classification space needs data")
+    assert refused("--data", str(root / "own.tsv")) == (f"--data {root / 'own.tsv'}: a TSV file of your own needs "
+                                                         "--classes N (its labels are 0..N-1)")
+    write(tmp_path / "five.tsv", [(0, ["a"]), (1, ["b"]), (5, ["c"])])
+    assert refused("--data", str(tmp_path / "five.tsv"), "--classes", "3") == (
+        f"{tmp_path / 'five.tsv'} line 3: label 5 is outside the declared classes 0..2")
+    (tmp_path / "nolabel.tsv").write_text("0\ta b\n\ta\n")
+    assert refused("--data", str(tmp_path / "nolabel.tsv"), "--classes", "2") == (
+        f"{tmp_path / 'nolabel.tsv'} line 2: no label (expected 'label<TAB>space-separated tokens')")
+    long = rows(40, 1)
+    long[17] = (0, ["a"] * 30)
+    write(tmp_path / "long.tsv", long)
+    assert refused("--data", str(tmp_path / "long.tsv"), "--classes", "3", "--val-fraction", "0.5") == (
+        f"{tmp_path / 'long.tsv'} line 18: 30 tokens (+1 for [CLS]) exceed the space's max_seq_len 24")
+    write(tmp_path / "wide.tsv", [(i % 3, [f"s{i}"]) for i in range(40)])
+    assert refused("--data", str(tmp_path / "wide.tsv"), "--classes", "3") == (
+        "the training data needs 45 token ids (3 classes + [CLS] + padding + 40 symbols); the space's vocab_size is 16")
+    assert main(["data", "listops", "--out", str(tmp_path / "lo"), "--n", "8", "-q"]) == 0
+    capsys.readouterr()
+    (tmp_path / "s32.yaml").write_text(SPACE.replace("vocab_size: 16", "vocab_size: 32"))
+    space = str(tmp_path / "s32.yaml")  # holds ListOps' 27 ids, not its lengths
+    assert re.fullmatch(rf"{re.escape(str(tmp_path / 'lo' / 'train.tsv'))} line \d+: 1,\d\d\d tokens \(\+1 for \[CLS\]\) "
+                        r"exceed the space's max_seq_len 24", refused("--data", str(tmp_path / "lo")))
+    assert not (tmp_path / "r" / "latest.pt").exists()
+
+
+def test_extraction_computes_what_the_supernet_computes(root):
+    from supernet.checkpoint import load_supernet
+    from tasks import get
+
+    supernet, payload = load_supernet(root / "run" / "final.pt")
+    task = get("sequence-classification")
+    held = task.learner(supernet.space).heldout(task.prepare_data(task.data_record(payload["meta"], "x"), root).val, 8)
+    rng = np.random.default_rng(0)
+    for subnet in [supernet.space.largest(), supernet.space.smallest(), *(supernet.space.sample(rng) for _ in range(3))]:
+        static = supernet.extract(subnet).eval()
+        with torch.no_grad():
+            assert (static(held.x) - supernet(held.x, subnet)).abs().max().item() <= 1e-5, subnet
+
+
+def test_measure_latency_search_and_export(root, capsys):
+    from supernet import load_model
+
+    assert main(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(root / "cpu.csv"),
+                 "--samples", "12", "--retest", "0.5", *QUICK, "-q"]) == 0
+    assert main(["fit-predictor", str(root / "cpu.csv"), "--models", "additive", "--out", str(root / "pred"), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(root / "run" / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "search"),
+                 "--budget", "1s", "--population", "6", "--parents", "2", "--mutations", "2", "--crossovers", "2",
+                 "--generations", "2", "--val-windows", "3", "--eval-batch", "16", "--no-progress", "-q"]) == 0
+    summary = json.loads((root / "search" / "search.json").read_text())
+    assert summary["config"]["fitness"]["task"] == "sequence-classification" and summary["config"]["fitness"]["examples"] == 48
+    best = root / "search" / "best_1s.yaml"
+    assert main(["export", "--supernet", str(root / "run" / "final.pt"), "--subnet", str(best), "--out", str(root / "model"),
+                 "--val-windows", "3", "-q"]) == 0  # 3 x 16: the search's 48 examples
+    card = json.loads((root / "model" / "model_card.json").read_text())
+    v = card["validation"]
+    assert v["metric"] == "bits/label" and v["classes"] == 3 and v["symbols"] == SYMBOLS and v["examples"] == 48
+    assert v["accuracy"] > 0.5  # 1/3 by chance
+    assert card["onnx"]["parity_max_abs"] <= 1e-4
+    loss = [b["best"]["loss_bpb"] for b in summary["budgets"].values()][0]
+    assert loss == pytest.approx(v["bits_per_byte"], abs=1e-5)  # the search's score of the found subnet is the card's
+    assert load_model(root / "model").num_params() > 0
+
+
+def test_train_subnet_from_the_supernet_and_resume(root, capsys):
+    best = root / "search" / "best_1s.yaml"
+    if not best.exists():  # (run alone: the search's subnet is not there; the largest is as good a subnet)
+        best = root / "largest.yaml"
+        from search_spaces import load_space
+
+        best.write_text(load_space(root / "space.yaml").largest().to_yaml())
+    out = root / "sub"
+    args = ["train-subnet", str(best), "--space", str(root / "space.yaml"), "--data", str(root / "own.tsv"), "--classes",
+            "3", "--init", f"supernet:{root / 'run' / 'final.pt'}", "--out", str(out), "--batch-size", "16", "--lr", "1e-2",
+            "--warmup", "2", "--format", "torch", "-q"]
+    assert main([*args, "--max-steps", "10"]) == 0
+    card = json.loads((out / "model_card.json").read_text())
+    v = card["validation"]
+    assert v["metric"] == "bits/label" and v["classes"] == 3 and v["symbols"] == SYMBOLS and v["accuracy"] > 0.5
+    assert card["training"]["steps"] == 10 and card["training"]["before"]["accuracy"] > 0.5  # the supernet's weights
+    assert main(["train-subnet", "--out", str(out), "--resume", "--max-steps", "14", "-q"]) == 0
+    assert json.loads((out / "model_card.json").read_text())["training"]["steps"] == 14
+    capsys.readouterr()
+    teacher = f"supernet:{root / 'run' / 'final.pt'}"
+    assert main([*args, "--out", str(root / "sub2"), "--max-steps", "2", "--distill-from", teacher]) == 2
+    assert capsys.readouterr().err == "nas train-subnet: error: --distill-from: not for a sequence-classification space (yet)\n"
