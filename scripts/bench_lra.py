@@ -392,15 +392,15 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         if not (run / "final.pt").exists():
             again = ["--resume"] if (run / "latest.pt").exists() else [str(root / "space.yaml"), "--data", str(folder)]
             run_cli(["train-supernet", *again, "--out", str(run), "--max-steps", str(p.supernet_steps), "--batch-size",
-                     str(p.batch), "--lr", str(p.lr), "--warmup", str(p.warmup), "--eval-batches", "2",
+                     str(p.batch), "--lr", str(p.lr), "--lr-warmup", str(p.warmup), "--eval-batches", "2",
                      "--eval-interval", str(max(1, p.supernet_steps // 4)), "--ckpt-interval", str(max(1, p.supernet_steps // 4)),
                      *(["--threads", str(threads)] if threads else [])])
         warm, repeats, rounds, min_ms = p.timing
-        timing = ["--threads", str(threads or 1), "--warmup", str(warm), "--repeats", str(repeats), "--rounds", str(rounds),
-                  "--min-sample-ms", str(min_ms)]
+        timing = ["--timing-threads", str(threads or 1), "--timing-warmup", str(warm), "--repeats", str(repeats),
+                  "--rounds", str(rounds), "--min-sample-ms", str(min_ms)]
         table_path = root / "cpu.csv"
         if not (root / "pred" / "predictor.json").exists():
-            run_cli(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(table_path), "--samples",
+            run_cli(["measure-latency", str(root / "space.yaml"), "--timing-target", "cpu", "--out", str(table_path), "--samples",
                      str(p.samples), "--retest", "0.5", *timing])
             run_cli(["fit-predictor", str(table_path), "--out", str(root / "pred")])
         measured = sorted(r.median_ms for r in read_timings(table_path).rows)
@@ -410,7 +410,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
             run_cli(["search", str(run / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "found"),
                      "--budget", ",".join(f"{b:.4f}ms" for b in budgets), "--population", str(population), "--parents",
                      str(parents), "--mutations", str(mutations), "--crossovers", str(crossovers), "--generations",
-                     str(generations), "--val-windows", str(max(1, p.eval_n // p.batch)), "--eval-batch", str(p.batch),
+                     str(generations), "--val-windows", str(max(1, p.eval_n // p.batch)), "--eval-batch-size", str(p.batch),
                      "--no-progress"])
         summary = json.loads((root / "found" / "search.json").read_text())
         supernet, payload = load_supernet(run / "final.pt")

@@ -22,9 +22,9 @@ depth: [1, 2]
 layers: {heads: [1, 2], ffn_dim: [16, 32], attention: [softmax, "local:4", linear]}
 latency: {prefill: {batch_size: 1, seq_len: 24}}
 """
-TRAIN = ["--batch-size", "16", "--lr", "1e-2", "--warmup", "5", "--eval-interval", "20", "--eval-batches", "2",
+TRAIN = ["--batch-size", "16", "--lr", "1e-2", "--lr-warmup", "5", "--eval-interval", "20", "--eval-batches", "2",
          "--ckpt-interval", "20", "--log-interval", "20", "-q"]
-QUICK = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
+QUICK = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"]
 
 
 def rows(n: int, seed: int) -> list[tuple[int, list[str]]]:
@@ -116,17 +116,17 @@ def test_extraction_computes_what_the_supernet_computes(root):
 def test_measure_latency_search_and_export(root, capsys):
     from supernet import load_model
 
-    assert main(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(root / "cpu.csv"),
+    assert main(["measure-latency", str(root / "space.yaml"), "--timing-target", "cpu", "--out", str(root / "cpu.csv"),
                  "--samples", "12", "--retest", "0.5", *QUICK, "-q"]) == 0
     assert main(["fit-predictor", str(root / "cpu.csv"), "--models", "additive", "--out", str(root / "pred"), "-q"]) == 0
     capsys.readouterr()
     assert main(["search", str(root / "run" / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "search"),
                  "--budget", "1s", "--population", "6", "--parents", "2", "--mutations", "2", "--crossovers", "2",
-                 "--generations", "2", "--val-windows", "3", "--eval-batch", "16", "--no-progress", "-q"]) == 0
+                 "--generations", "2", "--val-windows", "3", "--eval-batch-size", "16", "--no-progress", "-q"]) == 0
     summary = json.loads((root / "search" / "search.json").read_text())
     assert summary["config"]["fitness"]["task"] == "sequence-classification" and summary["config"]["fitness"]["examples"] == 48
     best = root / "search" / "best_1s.yaml"
-    assert main(["export", "--supernet", str(root / "run" / "final.pt"), "--subnet", str(best), "--out", str(root / "model"),
+    assert main(["export", str(root / "run" / "final.pt"), "--subnet", str(best), "--out", str(root / "model"),
                  "--val-windows", "3", "-q"]) == 0  # 3 x 16: the search's 48 examples
     card = json.loads((root / "model" / "model_card.json").read_text())
     v = card["validation"]
@@ -148,7 +148,7 @@ def test_train_subnet_from_the_supernet_and_resume(root, capsys):
     out = root / "sub"
     args = ["train-subnet", str(best), "--space", str(root / "space.yaml"), "--data", str(root / "own.tsv"), "--classes",
             "3", "--init", f"supernet:{root / 'run' / 'final.pt'}", "--out", str(out), "--batch-size", "16", "--lr", "1e-2",
-            "--warmup", "2", "--format", "torch", "-q"]
+            "--lr-warmup", "2", "--format", "torch", "-q"]
     assert main([*args, "--max-steps", "10"]) == 0
     card = json.loads((out / "model_card.json").read_text())
     v = card["validation"]

@@ -22,7 +22,7 @@ TIMING = ("measure-latency", "export", "search")  # the commands that time on a 
 SCORING = ("search", "fit-accuracy", "export")  # held-out scoring of subnets (nas.commands.common.add_scoring_arguments)
 PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (nas.commands.common.add_protocol_arguments)
 ALL = ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy",
-       "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate")
+       "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate", "data")
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -77,7 +77,7 @@ VOCABULARY: dict[str, Term] = {
     # ---- what the commands read and write
     "--out": Term("out", "where the command writes (a folder; measure-latency: the timing table's CSV; report: the page)",
                   ("demo", "train-supernet", "measure-latency", "fit-predictor", "search", "fit-accuracy", "export",
-                   "train-subnet", "finetune", "report")),
+                   "train-subnet", "finetune", "report", "data")),
     "--space": Term("space", "a search space: a YAML file or a shipped name", ("predict", "train-subnet")),
     "--subnet": Term("subnet", "a subnet file (YAML or JSON)", ("export", "translate")),
     "--supernet": Term("supernet", "a supernet checkpoint in a second role (finetune's teacher)", ("finetune",)),
@@ -87,7 +87,7 @@ VOCABULARY: dict[str, Term] = {
                    (*TRAIN, "classify")),
     "--seed": Term("seed", "the seed of the command's random draws (same seed, same result)",
                    ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "search", "export",
-                    "train-subnet", "finetune", "generate")),
+                    "train-subnet", "finetune", "generate", "data")),
     "--format": Term("format", "model files to write, comma-separated: torch, onnx", ("export", "train-subnet",
                                                                                       "finetune")),
     "--target-ort": Term("target_ort", "the ONNX Runtime version that will run model.onnx",
@@ -127,6 +127,10 @@ VOCABULARY: dict[str, Term] = {
     "--label-column": Term("label_column", "the CSV column of the labels", ("finetune", "classify")),
     "--lang": Term("lang", "seq2seq spaces: the target language of the gettext catalogs", ("train-supernet",
                                                                                           "train-subnet")),
+    "--classes": Term("classes", "sequence-classification spaces: the classes of a TSV of your own", ("train-supernet",
+                                                                                                "train-subnet")),
+    "--n": Term("n", "examples a data generator writes to the training split", ("data",)),
+    "--eval-n": Term("eval_n", "examples a data generator writes to each of the validation and test splits", ("data",)),
     "--mask-rate": Term("mask_rate", "masked-lm spaces: share of positions masked", ("train-supernet", "train-subnet")),
     # ---- held-out scoring (search, fit-accuracy, export)
     "--val-data": Term("val_data", "held-out data to score on", SCORING),
