@@ -100,8 +100,8 @@ def test_export_at_int8_writes_the_quantized_onnx_scores_both_and_times_it(super
     args += ["--precision", "int8-static"]
     assert main(args + ["--timing-target", "cpu"]) == 2  # torch cannot run it: refused before anything is written
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "nas export: error: --precision int8-static: --device cpu runs fp32 only; int8-static runs on --device onnxruntime "
-        "(--provider cpu; the ARM bundle will follow)")
+        "nas export: error: --precision int8-static: --timing-target cpu runs fp32 only; int8-static runs on "
+        "--timing-target onnxruntime (--provider cpu; the ARM bundle will follow)")
     assert not out.exists()
     assert main(args + ["--timing-target", "onnxruntime", *FAST]) == 0
     printed = capsys.readouterr().out

@@ -98,8 +98,8 @@ def test_measure_latency_records_the_precision_and_refuses_a_mix(tmp_path, capsy
            "--precision", "int8-static"]
     assert main(cpu) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("nas measure-latency: error: --precision int8-static: --device cpu runs fp32 only; int8-static runs "
-                       "on --device onnxruntime (--provider cpu; the ARM bundle will follow)")
+    assert err[-1] == ("nas measure-latency: error: --precision int8-static: --timing-target cpu runs fp32 only; int8-static "
+                       "runs on --timing-target onnxruntime (--provider cpu; the ARM bundle will follow)")
     assert not (tmp_path / "c.csv").exists()
 
 

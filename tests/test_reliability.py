@@ -109,7 +109,7 @@ def test_a_table_of_bad_inputs_each_one_line_exit_2(files, tmp_path, capsys):
          "mapping"),
         (["space", str(tmp_path / "latin1.yaml")],
          f"nas space: error: {tmp_path / 'latin1.yaml'}: not UTF-8 text (byte 9: b'\\xe9'); a search space is UTF-8 YAML"),
-        (export[:4] + [str(tmp_path / "dup.yaml"), "--out", str(tmp_path / "e")],
+        (export[:3] + [str(tmp_path / "dup.yaml"), "--out", str(tmp_path / "e")],
          "nas export: error: dup.yaml: duplicate key 'embed_dim' at line 5 (first at line 1): a key may appear once in a "
          "mapping"),
         (["export", str(d / "empty.pt"), "--subnet", subnet, "--out", str(tmp_path / "e")],
@@ -183,7 +183,7 @@ def test_reexport_removes_the_previous_runs_outputs_and_stale_parts_are_refused(
     assert (out / "model.onnx").exists()
     other = tmp_path / "s2.yaml"
     other.write_text(Subnet(96, 1, (2,), (256,), ("softmax",)).to_yaml())
-    base[4] = str(other)
+    base[3] = str(other)
     assert main(base + ["--format", "torch"]) == 0
     capsys.readouterr()
     assert not (out / "model.onnx").exists()  # the previous subnet's graph is gone, not left beside the new weights
@@ -446,7 +446,7 @@ def test_kill_9_during_an_export_leaves_a_folder_that_loads_whole_or_is_refused_
     assert main(argv + ["--out", str(whole)]) == 0
     other = tmp_path / "s2.yaml"
     other.write_text(Subnet(96, 2, (2, 1), (256, 128), ("softmax", "linear")).to_yaml())
-    assert main(argv[:5] + [str(other), *argv[6:], "--out", str(out)]) == 0  # an earlier export of another subnet there
+    assert main(argv[:4] + [str(other), *argv[5:], "--out", str(out)]) == 0  # an earlier export of another subnet there
     script = KILLED_EXPORT.format(root=str(ROOT), argv=argv + ["--out", str(out)])
     rng = np.random.default_rng(3)
     for _ in range(1):

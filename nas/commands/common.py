@@ -203,6 +203,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
         f"--{prefix}timing-warmup",
         dest="timing_warmup",
         type=int,
+        metavar="N",
         default=d["warmup"],
         help=f"untimed calls before timing (default {d['warmup']})",
     )

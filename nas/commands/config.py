@@ -78,7 +78,7 @@ def config_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def find_action(parser: argparse.ArgumentParser, key: str) -> argparse.Action | None:
     """The action a config key names: by flag name (an old spelling too), else by field."""
-    if not isinstance(key, str) or not key or key.replace("_", "-").lstrip("-") != key.replace("_", "-"):
+    if not isinstance(key, str) or not key or key[0] in "-_":  # a name, not a flag as typed
         return None
     flag = "--" + key.replace("_", "-")
     action = parser._option_string_actions.get(flag)  # noqa: SLF001

@@ -277,7 +277,7 @@ def problems(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
                     out.append(f"{command} {flag}: stores into {action.dest!r}; the vocabulary says {term.dest!r}")
                 seen.setdefault(flag, set()).add(command)
     for flag, term in VOCABULARY.items():
-        have = {c for c in seen.get(flag, set())}
+        have = seen.get(flag, set())
         want = {c for c in term.commands if c in parsers}
         for command in sorted(have - want):
             out.append(f"{command} {flag}: not listed for {command} in the vocabulary (a new meaning needs a new name)")
