@@ -184,7 +184,8 @@ class NextToken(WindowLearner):
 
 @dataclass(frozen=True)
 class Examples:
-    """Fixed-length examples: ``inputs`` and ``targets`` (N, T) int64, targets :data:`IGNORE` where a position is not
+    """Fixed-length examples: ``inputs`` and ``targets`` (N, T) integers (batches are int64; a large set may be stored
+    narrower), targets :data:`IGNORE` where a position is not
     scored (a sequence classification's: all but the position that predicts the label)."""
 
     inputs: np.ndarray
@@ -200,7 +201,7 @@ class Examples:
 @dataclass(frozen=True)
 class ExampleBatches:
     """Step ``k``'s batch: ``batch_size`` examples drawn by ``default_rng([seed, 0, k])`` (the global batch), this rank's
-    rows of it."""
+    rows of it (int64)."""
 
     examples: Examples
     batch_size: int
@@ -211,7 +212,7 @@ class ExampleBatches:
 
     def __call__(self, step: int) -> Batch:
         mine = draw(self.seed, step, len(self.examples), self.batch_size)[rank_rows(self.batch_size, self.rank, self.world)]
-        x, y = (torch.from_numpy(np.ascontiguousarray(a[mine])) for a in (self.examples.inputs, self.examples.targets))
+        x, y = (torch.from_numpy(a[mine].astype(np.int64, copy=False)) for a in (self.examples.inputs, self.examples.targets))
         return Batch((x,), y, int(self.batch_size * self.examples.inputs.shape[1]))
 
 

@@ -9,7 +9,6 @@ accuracy is the argmax over the class ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +17,7 @@ from torch import nn
 
 from search_spaces import UserError
 from supernet.heldout import HeldOut, run_model
-from supernet.task import Batch, ExampleLearner, draw, rank_rows
+from supernet.task import ExampleBatches, ExampleLearner
 
 from .data import Sequences
 
@@ -37,32 +36,15 @@ def check_fits(examples: Sequences, max_seq_len: int, vocab_size: int, what: str
                         f"max_seq_len {max_seq_len}")
 
 
-@dataclass(frozen=True)
-class SequenceBatches:
-    """Step ``k``'s batch: ``batch_size`` examples drawn by ``default_rng([seed, 0, k])``, this rank's rows (int64)."""
-
-    examples: Sequences
-    batch_size: int
-    seed: int
-    rank: int = 0
-    world: int = 1
-    sampler: str = "examples drawn by default_rng([seed, 0, step])"
-
-    def __call__(self, step: int) -> Batch:
-        mine = draw(self.seed, step, len(self.examples), self.batch_size)[rank_rows(self.batch_size, self.rank, self.world)]
-        x, y = (torch.from_numpy(a[mine].astype(np.int64)) for a in (self.examples.inputs, self.examples.targets))
-        return Batch((x,), y, int(self.batch_size * self.examples.inputs.shape[1]))
-
-
 class SequenceLearner(ExampleLearner):
     """:class:`supernet.task.ExampleLearner` over :class:`Sequences`, checked against the space's sizes."""
 
     def __init__(self, max_seq_len: int, vocab_size: int):
         self.max_seq_len, self.vocab_size = max_seq_len, vocab_size
 
-    def train_batches(self, examples: Sequences, config: Any, dist: Any) -> SequenceBatches:
+    def train_batches(self, examples: Sequences, config: Any, dist: Any) -> ExampleBatches:
         check_fits(examples, self.max_seq_len, self.vocab_size, "training")
-        return SequenceBatches(examples, config.batch_size, config.seed, dist.rank, dist.world)
+        return ExampleBatches(examples, config.batch_size, config.seed, dist.rank, dist.world)
 
     def heldout(self, examples: Sequences, n: int) -> HeldOut:
         """The first ``n`` examples, fixed (int64, as the model takes them)."""
