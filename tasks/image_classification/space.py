@@ -213,14 +213,24 @@ class VisionSpace(Space):
     def encode(self, subnet: VisionSubnet) -> np.ndarray:
         self.check(subnet)
         head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems)]
-        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet.stack())])
+        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet)])
 
     def decode(self, vec: np.ndarray) -> VisionSubnet:
         vec = np.asarray(vec, dtype=np.float64)
         n = 3 + len(self.stems)
         if vec.ndim != 1 or len(vec) < n:
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
-        stack = super().decode(vec[n:])
+        rest, n_att = vec[n:], len(self.attention)
+        if len(rest) != 2 + self.max_depth * (3 + n_att):
+            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
+        depth, layers = int(round(rest[1])), []
+        for i in range(depth):
+            base = 2 + i * (3 + n_att)
+            layers.append((int(round(rest[base + 1])), int(round(rest[base + 2])),
+                           self.attention[int(np.argmax(rest[base + 3 : base + 3 + n_att]))]))
+        stack = Subnet(int(round(rest[0])), depth, *(tuple(x) for x in zip(*layers))) if layers else None
+        if stack is None:
+            raise SubnetError(f"feature vector of depth {depth}: not a subnet of space {self.name!r}")
         stem = self.stems[int(np.argmax(vec[3:n]))]
         return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem))
 

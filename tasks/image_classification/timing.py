@@ -158,10 +158,16 @@ def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
         def forward(self, x):
             return self.m(x)[:, 0]  # (B, classes)
 
-    x = torch.from_numpy(images(model.space, 2))
-    torch.onnx.export(Flat(model.eval()), (x,), str(path), input_names=["images"], output_names=["logits"],
-                      dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}}, opset_version=opset or DEFAULT_OPSET,
-                      dynamo=False)
+    from supernet.attention import ort_ops
+    from supernet.onnx_export import _quiet
+
+    x = torch.from_numpy(images(model.space, 2))  # a batch of 2: the exporter would specialise on 1
+    with _quiet():
+        program = torch.onnx.export(Flat(model.eval()), (x,), dynamo=True, opset_version=opset or DEFAULT_OPSET,
+                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=["images"],
+                                    output_names=["logits"], verbose=False,
+                                    custom_translation_table=ort_ops.translation_table())
+        program.save(str(path))
     return path
 
 
