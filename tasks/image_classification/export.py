@@ -86,9 +86,11 @@ def export_vision(supernet, payload: dict, subnet: VisionSubnet, settings, predi
     the test split), the ONNX graph (parity-checked)."""
     from nas.export import Exported, measure_model, predicted_line
 
-    from . import TASK_OBJECT as task
+    from search_spaces import tasks
+
     from .train import accuracy, held_out
 
+    task = tasks.get(TASK)
     s = settings
     if s.precision != "fp32":
         raise UserError(f"--precision {s.precision}: an image classifier exports in fp32 (time int8 with nas measure-latency)")

@@ -41,11 +41,14 @@ def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[st
     val_fraction) and write the model folder ``out`` (see the module doc)."""
     import torch
 
+    from search_spaces import tasks
     from supernet.train import PlainObjective, StaticCheckpointer, train
 
-    from . import TASK_OBJECT as task
     from .export import save_vision_model, write_onnx
+    from .space import TASK
     from .train import ImageLearner, accuracy, held_out
+
+    task = tasks.get(TASK)
 
     out = Path(out)
     space.check(subnet)
