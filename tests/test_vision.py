@@ -245,3 +245,28 @@ def test_bad_data_is_one_line_exit_2(root, tmp_path, capsys):
     assert main(["train-supernet", str(root / "space.yaml"), "--out", str(tmp_path / "r2"), "--data", str(tmp_path / "idx"),
                  "--max-steps", "1", "-q"]) == 2
     assert "has no train-labels-idx1-ubyte.gz" in capsys.readouterr().err
+
+
+def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, graph_cache):
+    from search_spaces import tasks
+    from tasks.image_classification.model import SuperViT
+
+    text = SPACE.replace("resolution: [8]", "resolution: [8, 16]").replace("patch: [2, 4]", "patch: [4]")
+    space = parse_space(text, where="v.yaml")
+    assert space.max_seq_len == 16
+    supernet = SuperViT(space, generator=torch.Generator().manual_seed(0)).eval()
+    x = torch.rand(2, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    big, small = space.largest(), space.smallest()
+    assert (big.resolution, big.tokens, small.resolution, small.tokens) == (16, 16, 8, 4)
+    for subnet in (big, small):
+        with torch.no_grad():
+            assert (supernet.extract(subnet)(x) - supernet(x, subnet)).abs().max().item() <= 1e-5
+    task = tasks.of(space)
+    w = space.workload()
+    f_big, f_small = task.table_features(space, big, w), task.table_features(space, small, w)
+    assert (f_big["tokens"], f_small["tokens"]) == (16.0, 4.0) and f_big["flops"] > f_small["flops"]
+    (tmp_path / "s.yaml").write_text(text)
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "onnxruntime", "--precision", "int8-dynamic",
+                 "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--threads", "1", "--warmup", "1", "--repeats", "2",
+                 "--rounds", "1", "--min-sample-ms", "1", "-q"]) == 0
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "arm", "--out", str(tmp_path / "a.csv"), "-q"]) == 2
