@@ -1,6 +1,6 @@
 """The image-classification targets of issue 40, measured: found ViTs against uniform baselines on Fashion-MNIST.
 
-    python scripts/bench_vision.py --out runs/bench-vision               # vision-tiny, Fashion-MNIST, ~3 h on 2 cores
+    python scripts/bench_vision.py --out runs/bench-vision --threads 2   # vision-tiny, Fashion-MNIST, ~3 h on 2 cores
     python scripts/bench_vision.py --out runs/v-quick --quick --space S.yaml --data FOLDER   # the test's (a minute)
 
 Stages, each resumable (run the same command again: a finished stage is read back, a retrained model whose card
@@ -14,13 +14,19 @@ exists is kept):
    (fitness: top-1 error on validation images with inherited weights);
 4. ``baselines``: per attention type, the uniform ViT (every layer the same heads, FFN and type) with the most
    parameters that the predictor puts under each budget, plus for softmax (the plain ViT) a ladder of the uniform
-   softmax ViTs at every sixth of the predicted latencies up to the largest;
+   softmax ViTs at every quarter of the predicted latencies up to the largest;
 5. ``retrain``: every model (found and baselines) trained from scratch for the same ``--epochs`` of the training
    images, ``--seeds`` seeds each, then scored on the 10,000 test images;
 6. ``measure``: every model timed side by side on ONNX Runtime (one image, batch 1, one thread; interleaved rounds,
    the median);
 7. ``report``: ``vision.json`` (the contract: ``best_test_accuracy``, ``budgets``, ``speedup_vs_softmax``,
    ``predictor``, with the command, the machine and its load), ``models.csv``, ``vision.png`` (accuracy vs latency).
+
+The full plan's time, estimated roughly from a timed step on a loaded 2-core machine (load 6; divided by 3): 40 min of
+supernet training, ~10 min of campaign (200 subnets on ONNX Runtime), ~10 min of search, then ~15-20 models retrained
+for 2 epochs each at 1-8 min per epoch (a 7 x 7-patch ViT of width 96 about 2 min, a 4 x 4-patch one 5 min, the
+largest with the conv stem 15 min): about 3 hours in all.  ``--epochs`` and ``--seeds`` trade time for the accuracy
+and its spread.
 
 A budget's verdict: PASS when the found model (retrained) is at least as accurate as every uniform baseline measured
 at or below its latency, within 2 seed standard deviations (with one seed: exactly). Speedup: the measured latency of
@@ -54,15 +60,15 @@ PREDICTOR_TARGET = 0.95
 
 @dataclass(frozen=True)
 class Plan:
-    train_time: str = "45m"  # supernet
-    samples: int = 300  # latency campaign
+    train_time: str = "40m"  # supernet
+    samples: int = 200  # latency campaign
     timing: tuple[str, ...] = ("--warmup", "10", "--repeats", "30", "--rounds", "5")
     search: tuple[str, ...] = ("--population", "40", "--parents", "10", "--mutations", "15", "--crossovers", "15",
                                "--generations", "12", "--val-windows", "20", "--eval-batch", "100")  # fmt: skip
-    epochs: float = 4.0  # retraining, per model
+    epochs: float = 2.0  # retraining, per model
     batch_size: int = 128
     lr: float = 2e-3
-    ladder: int = 6  # softmax rungs
+    ladder: int = 4  # softmax rungs
     measure_rounds: int = 5
     measure_calls: int = 50
 
@@ -315,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--space", default="vision-tiny", help="an image-classification space, name or YAML (default vision-tiny)")
     p.add_argument("--data", help="train-supernet --data (default: Fashion-MNIST as Debian installs it)")
     p.add_argument("--quick", action="store_true", help="the whole path in about a minute (tiny budgets; for the test)")
-    p.add_argument("--train-time", help="supernet training time (default 45m; quick 8s)")
-    p.add_argument("--epochs", type=float, help="retraining epochs per model (default 4; quick 1)")
+    p.add_argument("--train-time", help="supernet training time (default 40m; quick 8s)")
+    p.add_argument("--epochs", type=float, help="retraining epochs per model (default 2; quick 1)")
     p.add_argument("--seeds", type=int, default=1, help="retraining seeds per model (default 1; 2+ gives the SD)")
     p.add_argument("--threads", type=int, help="torch threads for training (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
