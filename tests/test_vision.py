@@ -219,6 +219,10 @@ def test_train_search_export_classify(root, capsys):
                  "--out", str(root / "model"), "-q"]) == 0
     card = json.loads((root / "model" / "model_card.json").read_text())
     assert card["task"] == "image-classification" and card["onnx"]["parity_max_abs"] <= 1e-4
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(root / "model" / "model.onnx")).metadata_props}
+    assert meta["nas.task"] == "image-classification" and json.loads(meta["nas.subnet"]) == card["subnet"]
     assert 0 <= card["test"]["accuracy"] <= 1 and card["test"]["images"] == 60
     x, _ = make_images(2, 9)
     write_png(root / "a.png", x[0])

@@ -62,14 +62,27 @@ def onnx_parity(model: ViT, path: Path, seed: int = 0) -> float:
     return float(np.abs(got - want).max())
 
 
+def onnx_metadata(model: ViT) -> dict[str, str]:
+    """The ``nas.*`` entries of the graph's metadata: the task, the input it takes, the classes, the subnet (canonical
+    JSON), the space hash and this package's version (as :func:`nas.export.onnx_metadata` for the LM tasks)."""
+    from nas import __version__
+
+    space = model.space
+    return {"nas.task": TASK, "nas.input": f"images (batch, {space.channels}, {space.image_size}, {space.image_size}) "
+            "float32 in [0, 1]", "nas.classes": str(space.classes), "nas.subnet": model.subnet.to_json(),
+            "nas.space_hash": space.hash, "nas.version": __version__}  # fmt: skip
+
+
 def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> dict[str, Any]:
     from nas.export import PARITY_TOL, choose_opset
     from supernet.artifact import update_card
+    from supernet.onnx_export import add_metadata
 
     from .timing import export_vit_onnx
 
     opset, notes = choose_opset(target_ort)
     export_vit_onnx(model, out / ONNX, opset)
+    add_metadata(out / ONNX, onnx_metadata(model))  # before the card's sha256 of the file
     parity = onnx_parity(model, out / ONNX, seed)
     if not parity <= PARITY_TOL:
         (out / ONNX).unlink(missing_ok=True)
@@ -119,6 +132,8 @@ def export_vision(supernet, payload: dict, subnet: VisionSubnet, settings, predi
         onnx = write_onnx(static, out, s.target_ort, s.seed)
         lines.append(f"  onnx              {out / ONNX}  (opset {onnx['opset']}); parity max |onnxruntime - torch| = "
                      f"{onnx['parity_max_abs']:.2e}")
+    if "torch" in s.formats:
+        lines.append("not written for an image classifier yet: model.pt2 (the safetensors, the card and model.onnx are)")
     if predicted:
         lines.append(predicted_line(predicted))
 
