@@ -63,9 +63,14 @@ class ImageTask(Task):
     def refuse(self, command: str, given: dict[str, Any]) -> None:
         from search_spaces import UserError
 
-        for dest in ("seq_len", "val_data", "hurdles"):
+        for dest in ("seq_len", "val_data", "hurdles", "distill_from"):
             if given.get(dest) not in (None, False):
                 raise UserError(f"--{dest.replace('_', '-')}: not for an image-classification space")
+        if command == "search" and given.get("precision", "fp32") not in (None, "fp32"):
+            raise UserError(f"--precision {given['precision']}: an image-classification search scores in fp32 (time int8 with "
+                            "nas measure-latency --precision and fit the predictor on that table)")
+        if command == "search" and given.get("fitness", "inherited") != "inherited":
+            raise UserError("--fitness: an image-classification supernet is ranked by its inherited top-1 error only (for now)")
 
     # ------------------------------------------------------------------ model
 
