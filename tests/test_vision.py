@@ -274,3 +274,28 @@ def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, gra
                  "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--threads", "1", "--warmup", "1", "--repeats", "2",
                  "--rounds", "1", "--min-sample-ms", "1", "-q"]) == 0
     assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "arm", "--out", str(tmp_path / "a.csv"), "-q"]) == 2
+
+
+def test_a_resumed_run_equals_the_uninterrupted_one(root):
+    import os
+    import signal
+
+    from nas.train_supernet import SupernetRun, train_supernet
+    from search_spaces import load_space
+
+    args = [str(root / "space.yaml"), "--data", str(root / "data"), *TRAIN]
+    assert main(["train-supernet", *args, "--out", str(root / "straight"), "--max-steps", "12"]) == 0
+
+    def stop(info):
+        if info.step == 6:
+            os.kill(os.getpid(), signal.SIGINT)  # caught by the loop: it finishes the step, saves latest.pt, stops
+
+    run = SupernetRun(root / "cut", load_space(root / "space.yaml"),
+                      config={"batch_size": 16, "lr": 3e-3, "warmup_steps": 3, "eval_interval": 15, "eval_batches": 2,
+                              "ckpt_interval": 15, "log_interval": 5, "max_steps": 12},
+                      data={"data": str(root / "data"), "val_fraction": 0.25})  # fmt: skip
+    assert train_supernet(run, progress=stop).result.stopped == "interrupted"
+    assert main(["train-supernet", "--out", str(root / "cut"), "--resume", "-q"]) == 0
+    a, b = (torch.load(root / r / "final.pt", weights_only=True) for r in ("straight", "cut"))
+    assert a["state"]["step"] == b["state"]["step"] == 12
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
