@@ -249,6 +249,18 @@ def test_bad_data_is_one_line_exit_2(root, tmp_path, capsys):
     assert main(["train-supernet", str(root / "space.yaml"), "--out", str(tmp_path / "r2"), "--data", str(tmp_path / "idx"),
                  "--max-steps", "1", "-q"]) == 2
     assert "has no train-labels-idx1-ubyte.gz" in capsys.readouterr().err
+    for name, shape in (("rgb", (8, 8, 3)), ("big", (9, 9))):
+        for k in range(2):
+            for i in range(4):
+                write_png(tmp_path / name / f"c{k}" / f"{i}.png", np.full(shape, 40 * i + k, np.uint8) + (
+                          np.arange(3, dtype=np.uint8) if len(shape) == 3 else 0))
+    assert main(["train-supernet", str(root / "space.yaml"), "--out", str(tmp_path / "r3"), "--data", str(tmp_path / "rgb"),
+                 "--max-steps", "1", "--val-fraction", "0.25", "-q"]) == 2
+    assert capsys.readouterr().err.strip().endswith("the training images are 3 x 8 x 8 (C x H x W); the space takes 1 x 8 x 8 "
+                                                     "(its image: size, channels)")
+    assert main(["train-supernet", str(root / "space.yaml"), "--out", str(tmp_path / "r4"), "--data", str(tmp_path / "big"),
+                 "--max-steps", "1", "--val-fraction", "0.25", "-q"]) == 2
+    assert "the training images are 1 x 9 x 9" in capsys.readouterr().err
 
 
 def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, graph_cache):
