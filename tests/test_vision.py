@@ -311,3 +311,24 @@ def test_a_resumed_run_equals_the_uninterrupted_one(root):
     a, b = (torch.load(root / r / "final.pt", weights_only=True) for r in ("straight", "cut"))
     assert a["state"]["step"] == b["state"]["step"] == 12
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_train_subnet_from_scratch_writes_a_classifier(root, capsys):
+    space = parse_space(SPACE, where="v.yaml")
+    (root / "small.yaml").write_text(space.smallest().to_yaml())
+    capsys.readouterr()
+    assert main(["train-subnet", str(root / "small.yaml"), "--space", str(root / "space.yaml"), "--out", str(root / "scratch"),
+                 "--data", str(root / "data"), "--max-steps", "40", "--batch-size", "16", "--lr", "3e-3", "--warmup", "3",
+                 "--eval-interval", "20", "--eval-batches", "2", "--val-fraction", "0.25", "-q"]) == 0
+    assert "validation accuracy" in capsys.readouterr().out
+    card = json.loads((root / "scratch" / "model_card.json").read_text())
+    assert card["training"]["init"] == "scratch" and card["training"]["steps"] == 40 and card["test"]["images"] == 60
+    assert card["onnx"]["parity_max_abs"] <= 1e-4 and card["subnet"] == space.smallest().to_dict()
+    assert main(["train-subnet", str(root / "small.yaml"), "--space", str(root / "space.yaml"), "--out", str(root / "scratch"),
+                 "--data", str(root / "data"), "--max-steps", "40", "-q"]) == 2
+    assert "already holds a training run" in capsys.readouterr().err
+    assert main(["train-subnet", "--out", str(root / "scratch"), "--resume", "--max-steps", "50", "-q"]) == 0
+    card = json.loads((root / "scratch" / "model_card.json").read_text())
+    assert card["training"]["steps"] == 50 and card["test"]["images"] == 60
+    events = [json.loads(line) for line in (root / "scratch" / "train" / "log.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["step"]) for e in events if e["event"] in ("start", "resume")] == [("start", 0), ("resume", 40)]

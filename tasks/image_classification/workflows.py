@@ -4,7 +4,7 @@
 one pass a step, the augmented batches of :class:`.train.ImageLearner`), from scratch (weights drawn from the seed) or
 from a supernet's weights (``init="supernet:PATH"``), then writes ``out`` as ``nas export`` does (weights, card with
 the validation and test accuracy, ``model.onnx`` parity-checked); ``out/train/`` holds the checkpoints and the log.
-Not yet: ``--resume`` and ``--distill-from`` for this task (a rerun starts again).
+``resume`` continues ``out/train/latest.pt`` exactly (the stored settings hold).  Not yet: ``--distill-from``.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class VisionSubnetResult:
 
 
 def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[str, Any], *, init: str = "scratch",
-                        device: str = "cpu", formats: tuple[str, ...] = ("onnx",), progress=None) -> VisionSubnetResult:
+                        device: str = "cpu", formats: tuple[str, ...] = ("onnx",), progress=None,
+                        stored: dict | None = None) -> VisionSubnetResult:
     """Train ``subnet`` of ``space`` (``config``: :class:`supernet.train.TrainConfig`; ``data_settings``: data, data_seed,
-    val_fraction) and write the model folder ``out`` (see the module doc)."""
+    val_fraction) and write the model folder ``out`` (see the module doc); ``stored``: the run's checkpoint to resume."""
     import torch
 
     from search_spaces import tasks
@@ -53,11 +54,12 @@ def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[st
     out = Path(out)
     space.check(subnet)
     run = out / "train"
-    if (run / "latest.pt").exists():
-        raise UserError(f"--out {out}: already holds a training run ({run / 'latest.pt'}); choose another --out")
+    if (run / "latest.pt").exists() and stored is None:
+        raise UserError(f"--out {out}: already holds a training run ({run / 'latest.pt'}); add --resume to continue it, or "
+                        "choose another --out")
     data = task.prepare_data(data_settings, run)
     learner = ImageLearner(space.pad, space.flip, (space.channels, space.image_size, space.image_size), space.classes)
-    if init == "scratch":
+    if init == "scratch" or stored is not None:  # (a resumed run's weights are the checkpoint's)
         model = task.scratch(space, subnet, generator=torch.Generator().manual_seed(config.seed))
     elif init.startswith("supernet:"):
         from supernet.checkpoint import load_supernet
@@ -69,10 +71,16 @@ def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[st
     else:
         raise UserError(f"--init {init}: an image-classification subnet starts from scratch or supernet:PATH")
     model = model.to(device)
-    meta = {**data_settings, "corpus": data.source, "corpus_hash": data.hash, "subnet": subnet.to_dict(), "init": init}
+    if stored is not None and stored["meta"].get("corpus_hash") != data.hash:
+        raise UserError(f"{run / 'latest.pt'}: trained on data {stored['meta'].get('corpus_hash', '?')[:16]}, the data now "
+                        f"hashes to {data.hash[:16]}")
+    settings = {"init": init, "tokens": None, "device": device, "corpus_dir": None, "formats": list(formats), **data_settings}
+    meta = {**data_settings, "corpus": data.source, "corpus_hash": data.hash, "subnet": subnet.to_dict(), "init": init,
+            "kind": "subnet", "settings": settings}
     t0 = time.perf_counter()
     result = train(model, PlainObjective(task=learner), data.train, data.val, config, out=run,
-                   checkpointer=StaticCheckpointer(space, subnet), meta=meta, progress=progress)
+                   checkpointer=StaticCheckpointer(space, subnet), meta=meta, progress=progress,
+                   resume=stored if stored is not None else False)
     seconds = time.perf_counter() - t0
     model = model.cpu().eval()
     val = accuracy(model, held_out(data.val))
@@ -94,13 +102,14 @@ def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[st
 def train_subnet(settings, progress=None) -> VisionSubnetResult:
     """The task's ``nas train-subnet`` (``settings``: :class:`nas.train_subnet.SubnetTraining`)."""
     s = settings
-    if s.resume:
-        raise UserError("--resume: not for an image-classification subnet yet (start the run again)")
     if s.distill_from:
         raise UserError("--distill-from: not for an image-classification subnet yet")
     if s.tokens is not None:
         raise UserError("--tokens: an image-classification subnet trains for --max-steps or --max-time")
     data = {"data": s.data, "data_seed": s.data_seed, "val_fraction": s.val_fraction if s.val_fraction != 0.05 else 1 / 12}
     device = "cpu" if s.device in (None, "auto") else s.device
+    if s.resume:
+        data = {k: s.stored["meta"]["settings"][k] for k in ("data", "data_seed", "val_fraction")}
     return train_vision_subnet(s.space, s.subnet, Path(s.out), s.config, data, init=s.init, device=device,
-                               formats=tuple(f for f in s.formats if f == "onnx"), progress=progress)
+                               formats=tuple(f for f in s.formats if f == "onnx"), progress=progress,
+                               stored=s.stored if s.resume else None)
