@@ -17,8 +17,8 @@ exists is kept):
    softmax ViTs at every quarter of the predicted latencies up to the largest;
 5. ``retrain``: every model (found and baselines) trained from scratch for the same ``--epochs`` of the training
    images, ``--seeds`` seeds each, then scored on the 10,000 test images;
-6. ``measure``: every model timed side by side on ONNX Runtime (one image, batch 1, one thread; interleaved rounds,
-   the median);
+6. ``measure``: every model timed side by side on ONNX Runtime (one image, batch 1, one thread, the thread's CPU time
+   as the campaign; interleaved rounds, the median);
 7. ``report``: ``vision.json`` (the contract: ``best_test_accuracy``, ``budgets``, ``speedup_vs_softmax``,
    ``predictor``, with the command, the machine and its load), ``models.csv``, ``vision.png`` (accuracy vs latency).
 
@@ -239,7 +239,7 @@ def stage_measure(root: Path, space, models: list[dict], plan: Plan) -> None:
         runners = {}
         for m in todo:
             s = space.subnet_type.from_dict(m["subnet"])
-            runners[s.key] = task.ort_runner(task.timing_model(space, s), workload, 1, "cpu", "wall", "fp32")
+            runners[s.key] = task.ort_runner(task.timing_model(space, s), workload, 1, "cpu", "cpu", "fp32")  # CPU clock
             runners[s.key](plan.measure_calls)  # warm-up
         times: dict[str, list[float]] = {k: [] for k in runners}
         for _ in range(plan.measure_rounds):
