@@ -929,7 +929,7 @@ def read_static_checkpoint(path: str | Path, payload: dict[str, Any] | None = No
     payload = load_marked(path, STATIC_FORMAT, "training checkpoint of this tool", payload)
     try:
         space = parse_space(payload["space"], where=f"{path.name}[space]", source=str(path))
-        subnet = Subnet.from_dict(payload["subnet"], where=f"{path.name}[subnet]")
+        subnet = space.subnet_type.from_dict(payload["subnet"], where=f"{path.name}[subnet]")  # the space's task's type
     except KeyError as e:
         raise UserError(f"{path}: training checkpoint without {e}") from None
     if space.hash != payload.get("space_hash"):

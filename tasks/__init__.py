@@ -9,7 +9,8 @@ point.  The tasks, one folder each:
 
 * :mod:`.causal_lm`: next-byte prediction by a decoder (every position scored);
 * :mod:`.masked_lm`: BERT-style masked bytes for an encoder (the chosen positions scored);
-* :mod:`.translation`: an encoder-decoder translating sentence pairs (HAT's space and workload).
+* :mod:`.translation`: an encoder-decoder translating sentence pairs (HAT's space and workload);
+* :mod:`.image_classification`: a vision Transformer over a grid of image patches (Fashion-MNIST).
 
 Each declares its name (the ``task:`` of a space file) in its own folder.
 
@@ -21,6 +22,6 @@ from search_spaces.tasks import declare as register
 from search_spaces.tasks import get, of, tasks
 from search_spaces.tasks import withdraw as unregister
 
-from . import causal_lm, masked_lm, translation, sequence_classification  # noqa: F401, I001  (importing registers the tasks, in this order)
+from . import causal_lm, image_classification, masked_lm, translation, sequence_classification  # noqa: F401, I001  (importing registers the tasks, in this order)
 
 __all__ = ["get", "of", "register", "tasks", "unregister"]

@@ -22,7 +22,8 @@ TIMING = ("measure-latency", "export", "search")  # the commands that time on a 
 SCORING = ("search", "fit-accuracy", "export")  # held-out scoring of subnets (nas.commands.common.add_scoring_arguments)
 PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (nas.commands.common.add_protocol_arguments)
 ALL = ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy",
-       "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate", "data")
+       "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate", "data",
+       "classify-image")
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -129,6 +130,7 @@ VOCABULARY: dict[str, Term] = {
                                                                                           "train-subnet")),
     "--classes": Term("classes", "sequence-classification spaces: the classes of a TSV of your own", ("train-supernet",
                                                                                                 "train-subnet")),
+    "--top": Term("top", "how many classes to print per image, most probable first", ("classify-image",)),
     "--n": Term("n", "examples a data generator writes to the training split", ("data",)),
     "--eval-n": Term("eval_n", "examples a data generator writes to each of the validation and test splits", ("data",)),
     "--mask-rate": Term("mask_rate", "masked-lm spaces: share of positions masked", ("train-supernet", "train-subnet")),

@@ -1,0 +1,340 @@
+"""Image-classification spaces (``task: image-classification``): a vision Transformer over a square grid of patches.
+
+The model cuts the image (at the subnet's input ``resolution``, resized when it differs from the data's) into
+``patch`` x ``patch`` patches, embeds each (``stem``: ``linear``, a linear map of the patch's pixels, or ``conv``, a
+3 x 3 convolution of ``stem_channels`` channels then the linear map), adds 2D positions (a learned row and a learned
+column embedding) and runs the elastic encoder blocks (bidirectional attention) over the **row-major grid** of
+``S x S`` tokens (``S = resolution / patch``, ``T = S * S``, no class token; token ``t`` is row ``t // S``, column
+``t % S``), then a final norm, the mean over the tokens and a linear head.  The format (``vision-tiny.yaml`` is
+annotated)::
+
+    task: image-classification
+    image: {size: 28, channels: 1, classes: 10}
+    resolution: [28]         # input resolutions (tokens grow with it); each a multiple of every patch size
+    patch: [4, 7]            # patch sizes
+    stem: [linear, conv]     # patch embeddings
+    stem_channels: 16        # the conv stem's channels
+    head_dim: 16
+    embed_dim: [...]
+    depth: [...]
+    layers: {heads: [...], ffn_dim: [...], attention: [...]}   # the types with a bidirectional form
+    latency: {image: {batch_size: 1}}                          # one image (and a batch the user names)
+
+The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch`` and ``stem``; the one-stack part is a
+:class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens, ``(max resolution / min patch)^2``), so the
+elastic blocks and the attention-type checks are the one-stack ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from search_spaces.errors import SpaceError, SubnetError, UserError, shown
+from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
+
+TASK = "image-classification"
+IMAGE = "image"  # the workload kind: one forward pass over batch_size images
+STEMS = ("linear", "conv")
+
+
+# --------------------------------------------------------------------------- subnet
+
+
+@dataclass(frozen=True)
+class VisionSubnet(Subnet):
+    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``."""
+
+    resolution: int
+    patch: int
+    stem: str
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("resolution", "patch"):
+            if not is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise SubnetError(f"subnet.{name}: {shown(getattr(self, name))} is not a positive integer")
+        if self.stem not in STEMS:
+            raise SubnetError(f"subnet.stem: {shown(self.stem)} is not one of {', '.join(STEMS)}")
+
+    @property
+    def grid(self) -> int:
+        """S: the tokens are an S x S grid (row-major)."""
+        return self.resolution // self.patch
+
+    @property
+    def tokens(self) -> int:
+        return self.grid**2
+
+    def stack(self) -> Subnet:
+        """The one-stack part."""
+        return Subnet(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **super().to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "subnet") -> "VisionSubnet":
+        extra = ("resolution", "patch", "stem")
+        if not isinstance(data, dict) or any(k not in data for k in extra):
+            raise SubnetError(f"{where}: expected a mapping with keys {', '.join(extra)}, embed_dim, depth, heads, ffn_dim, "
+                              f"attention (an image-classification subnet), got {shown(data)}")
+        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in extra}, where)
+        try:
+            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"])
+        except SubnetError as e:
+            raise SubnetError(str(e).replace("subnet", where, 1)) from None
+
+    def __str__(self) -> str:
+        return f"{self.resolution}px p{self.patch} {self.stem} {super().__str__()}"
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class ImageWorkload:
+    """One forward pass over ``batch_size`` images of the data's size (the model resizes to its resolution)."""
+
+    name: str
+    batch_size: int
+    kind: str = IMAGE
+
+    @property
+    def shape(self) -> str:
+        return f"{self.batch_size} image{'s' * (self.batch_size > 1)}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}:{self.batch_size}img"
+
+    def __str__(self) -> str:
+        return f"{self.name} (image, batch {self.batch_size})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch_size": self.batch_size} if self.name == IMAGE else {"kind": IMAGE, "batch_size": self.batch_size}
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "batch_size": self.batch_size}
+
+    @classmethod
+    def from_record(cls, data: dict, where: str = "workload") -> "ImageWorkload":
+        try:
+            return cls(str(data["name"]), int(data["batch_size"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{where}: not an image workload record (name, batch_size): {e!r}") from None
+
+
+# --------------------------------------------------------------------------- space
+
+
+@dataclass(frozen=True)
+class VisionSpace(Space):
+    """A one-stack space (the blocks' choices) plus the image facts and genes."""
+
+    image_size: int = 28
+    channels: int = 1
+    classes: int = 10
+    resolutions: tuple[int, ...] = (28,)
+    patches: tuple[int, ...] = (4,)
+    stems: tuple[str, ...] = ("linear",)
+    stem_channels: int = 16
+    flip: bool = True  # the training augmentation flips horizontally (clothes; not digits)
+    pad: int = 2  # and crops at random from the image padded by this many pixels
+
+    subnet_type = VisionSubnet
+
+    def require_one_stack(self, command: str) -> None:
+        raise UserError(f"{self.source}: task {TASK}: `nas {command}` does not run image-classification spaces (docs/vision.md "
+                        "lists the commands that do)")
+
+    # -- members ------------------------------------------------------------------
+
+    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str) -> VisionSubnet:
+        return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem)
+
+    def largest(self, attention: str | None = None) -> VisionSubnet:
+        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch) and the last stem listed
+        (``conv`` when there is one: the costlier)."""
+        return self._vision(super().largest(attention), max(self.resolutions), min(self.patches), self.stems[-1])
+
+    def smallest(self, attention: str | None = None) -> VisionSubnet:
+        """The narrowest, shallowest subnet with the fewest tokens and the first stem listed."""
+        return self._vision(super().smallest(attention), min(self.resolutions), max(self.patches), self.stems[0])
+
+    def uniform(self) -> list[VisionSubnet]:
+        """Every hand-scaled ViT: the one-stack uniform grid at every resolution, patch and stem."""
+        return [self._vision(s, r, p, st) for s in super().uniform() for r in self.resolutions for p in self.patches
+                for st in self.stems]
+
+    def sample(self, rng: np.random.Generator) -> VisionSubnet:
+        r, p, st = (int(rng.choice(self.resolutions)), int(rng.choice(self.patches)),
+                    self.stems[int(rng.integers(len(self.stems)))])
+        return self._vision(super().sample(rng), r, p, st)
+
+    def lightest(self) -> list[VisionSubnet]:
+        return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0]) for s in super().lightest()]
+
+    def mutate(self, parent: VisionSubnet, rng: np.random.Generator, prob: float) -> VisionSubnet:
+        genes = [parent.resolution, parent.patch, parent.stem]
+        for i, choices in enumerate((self.resolutions, self.patches, self.stems)):
+            if rng.random() < prob:
+                genes[i] = choices[int(rng.integers(len(choices)))]
+        return self._vision(super().mutate(parent.stack(), rng, prob), *genes)
+
+    def crossover(self, a: VisionSubnet, b: VisionSubnet, rng: np.random.Generator) -> VisionSubnet:
+        genes = [(a, b)[int(rng.integers(2))].__getattribute__(n) for n in ("resolution", "patch", "stem")]
+        return self._vision(super().crossover(a.stack(), b.stack(), rng), *genes)
+
+    def genes(self, subnet: VisionSubnet) -> dict[str, tuple[Any, tuple]]:
+        return {"resolution": (subnet.resolution, self.resolutions), "patch": (subnet.patch, self.patches),
+                "stem": (subnet.stem, self.stems), **super().genes(subnet)}
+
+    def problems(self, subnet: VisionSubnet) -> list[str]:
+        if not isinstance(subnet, VisionSubnet):
+            return [f"expected an image-classification subnet (resolution, patch, stem, layers), got {type(subnet).__name__}"]
+        out = []
+        for name, value, choices in (("resolution", subnet.resolution, self.resolutions), ("patch", subnet.patch, self.patches),
+                                     ("stem", subnet.stem, self.stems)):
+            if value not in choices:
+                out.append(f"{name}: {shown(value)} is not one of {', '.join(map(str, choices))}")
+        return out + super().problems(subnet)
+
+    def size(self) -> int:
+        return super().size() * len(self.resolutions) * len(self.patches) * len(self.stems)
+
+    # -- features -----------------------------------------------------------------
+
+    def feature_names(self) -> list[str]:
+        return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems), *super().feature_names()]
+
+    def encode(self, subnet: VisionSubnet) -> np.ndarray:
+        self.check(subnet)
+        head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems)]
+        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet)])
+
+    def decode(self, vec: np.ndarray) -> VisionSubnet:
+        vec = np.asarray(vec, dtype=np.float64)
+        n = 3 + len(self.stems)
+        if vec.ndim != 1 or len(vec) < n:
+            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
+        rest, n_att = vec[n:], len(self.attention)
+        if len(rest) != 2 + self.max_depth * (3 + n_att):
+            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
+        depth, layers = int(round(rest[1])), []
+        for i in range(depth):
+            base = 2 + i * (3 + n_att)
+            layers.append((int(round(rest[base + 1])), int(round(rest[base + 2])),
+                           self.attention[int(np.argmax(rest[base + 3 : base + 3 + n_att]))]))
+        stack = Subnet(int(round(rest[0])), depth, *(tuple(x) for x in zip(*layers))) if layers else None
+        if stack is None:
+            raise SubnetError(f"feature vector of depth {depth}: not a subnet of space {self.name!r}")
+        stem = self.stems[int(np.argmax(vec[3:n]))]
+        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem))
+
+    # -- identity -----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        for k in ("vocab_size", "max_seq_len", "positions"):
+            del out[k]  # derived from the image facts
+        return {"name": out.pop("name"), "task": out.pop("task"),
+                "image": {"size": self.image_size, "channels": self.channels, "classes": self.classes},
+                "augment": {"pad": self.pad, "flip": self.flip},
+                "resolution": list(self.resolutions), "patch": list(self.patches), "stem": list(self.stems),
+                "stem_channels": self.stem_channels, **out,
+                "latency": {w.name: w.to_dict() for w in self.workloads}}  # fmt: skip
+
+
+def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
+    """An image-classification space (YAML-loaded ``data``); :class:`SpaceError` lists every problem."""
+    c = Checker(where)
+    top = c.keys("", data, required=("task", "image", "resolution", "patch", "embed_dim", "depth", "layers", "latency"),
+                 optional=("name", "head_dim", "stem", "stem_channels", "augment"))
+    if not top:
+        raise SpaceError(c.errors)
+    image = c.keys("image", top.get("image", {}), required=("size", "channels", "classes"))
+    size = c.pos_int("image.size", image["size"]) if "size" in image else None
+    channels = c.choice("image.channels", image.get("channels"), (1, 3)) if "channels" in image else None
+    classes = c.pos_int("image.classes", image["classes"]) if "classes" in image else None
+    if classes is not None and classes < 2:
+        c.error("image.classes", f"{classes}: a classifier needs at least 2 classes")
+    aug = c.keys("augment", top.get("augment", {}), required=(), optional=("pad", "flip"))
+    pad = aug.get("pad", 2)
+    if not is_int(pad) or not 0 <= pad <= 16:
+        c.error("augment.pad", f"{shown(pad)} is not an integer from 0 to 16")
+    flip = aug.get("flip", True)
+    if not isinstance(flip, bool):
+        c.error("augment.flip", f"{shown(flip)} is not true or false")
+    resolutions = c.int_list("resolution", top["resolution"]) if "resolution" in top else None
+    patches = c.int_list("patch", top["patch"]) if "patch" in top else None
+    stems = top.get("stem", ["linear"])
+    if not isinstance(stems, list) or not stems or any(s not in STEMS for s in stems) or len(set(stems)) != len(stems):
+        c.error("stem", f"{shown(stems)} is not a list of distinct choices among {', '.join(STEMS)}")
+        stems = None
+    stem_channels = c.pos_int("stem_channels", top.get("stem_channels", 16))
+    max_seq = None
+    if resolutions and patches:
+        bad = [(r, p) for r in resolutions for p in patches if r % p]
+        for r, p in bad:
+            c.error("patch", f"{p} does not divide resolution {r} (the patches tile the image)")
+        max_seq = (max(resolutions) // min(patches)) ** 2
+    if resolutions and size is not None:
+        for r in resolutions:
+            if r > 8 * size or 8 * r < size:
+                c.error("resolution", f"{r} is more than 8 times off the image size {size}")
+    workloads = _image_workloads(c, top.get("latency"))
+    stack = None
+    if max_seq is not None and classes is not None:
+        body = {k: top[k] for k in ("embed_dim", "depth", "layers", "head_dim") if k in top}
+        try:
+            stack = parse_stack({"task": TASK, "vocab_size": classes, "max_seq_len": max_seq, "positions": "learned",
+                                 "latency": {"prefill": {"batch_size": 1, "seq_len": 1}}, **body},
+                                where, source, form="bidirectional")
+        except SpaceError as e:
+            c.errors.extend(e.errors if hasattr(e, "errors") else [str(e)])
+    if c.errors or stack is None:
+        raise SpaceError(c.errors or [f"{where}: not an image-classification space"])
+    base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
+    base.update(name=top.get("name", base["name"]), workloads=tuple(workloads), source=source, form="bidirectional")
+    return VisionSpace(**base, image_size=size, channels=channels, classes=classes, resolutions=resolutions, patches=patches,
+                       stems=tuple(stems), stem_channels=stem_channels, flip=flip, pad=int(pad))
+
+
+def _image_workloads(c: Checker, lat: Any) -> list[ImageWorkload]:
+    if not isinstance(lat, dict) or not lat:
+        c.error("latency", f"expected a mapping of named image workloads, e.g. {{image: {{batch_size: 1}}}}, got {shown(lat)}")
+        return []
+    out = []
+    for name, w in lat.items():
+        w = c.keys(f"latency.{name}", w, required=("batch_size",), optional=("kind",))
+        if w and w.get("kind", IMAGE) != IMAGE:
+            c.error(f"latency.{name}.kind", f"{shown(w['kind'])}: an image-classification space is timed on image workloads")
+        bs = c.pos_int(f"latency.{name}.batch_size", w["batch_size"]) if "batch_size" in w else None
+        if bs is not None:
+            out.append(ImageWorkload(str(name), bs))
+    return out
+
+
+def describe_vision(space: VisionSpace) -> str:
+    """A few human lines about the choices (``nas space``)."""
+    tokens = sorted({(r // p) ** 2 for r in space.resolutions for p in space.patches})
+    lines = [
+        f"space {space.name}  ({space.source}, hash {space.hash})",
+        f"  task          {space.task}: {space.image_size} x {space.image_size} x {space.channels} images, {space.classes} "
+        f"classes, head_dim {space.head_dim}, 2D learned positions (row + column), mean-pooled",
+        f"  resolution    {', '.join(map(str, space.resolutions))}",
+        f"  patch         {', '.join(map(str, space.patches))}   (tokens: {', '.join(map(str, tokens))}, a row-major grid)",
+        f"  stem          {', '.join(space.stems)}   (conv: 3x3, {space.stem_channels} channels, then the patch embedding)",
+        f"  embed_dim     {', '.join(map(str, space.embed_dim))}",
+        f"  depth         {', '.join(map(str, space.depth))}",
+        f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",
+        f"  ffn_dim       {', '.join(map(str, space.ffn_dim))}   (per layer)",
+        f"  attention     {', '.join(space.attention)}   (per layer, bidirectional)",
+        f"  augment       random crop (pad {space.pad})" + (", horizontal flip" if space.flip else "") + " (training only)",
+        *(f"  latency       {w}" for w in space.workloads),
+        f"  subnets       {space.size():,}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,217 @@
+"""Timing the ``image`` workload of image-classification subnets: the task's latency parts.
+
+The timed model is the static :class:`~.model.ViT` of the subnet (seeded weights: timing needs shapes); the reference
+timed beside every visit is the space's smallest subnet.  A table row's features are the subnet encoding
+(``space.encode``: resolution, patch, tokens, stem, then the one-stack genes), its parameters and the analytic terms of
+:func:`image_terms` at the token count ``T = (resolution / patch)^2`` of the subnet (the patch and the resolution set
+the sequence length the blocks see).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
+the data's size; ``onnxruntime`` runs its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or
+``int8-static``, quantized as an export is).  Not yet: the ``arm`` bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from search_spaces import UserError
+
+from .space import VisionSpace, VisionSubnet
+
+TIMED_ON = ("cpu", "cuda", "onnxruntime")
+
+
+def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
+    if device not in TIMED_ON:
+        raise UserError(f"--device {device}: an image-classification space ({space.name}) is timed on {', '.join(TIMED_ON)} "
+                        "so far (docs/vision.md)")
+    if precision not in (None, "fp32") and device != "onnxruntime":
+        raise UserError(f"--precision {precision}: an image-classification space is timed in int8 on onnxruntime only")
+    if for_transfer:
+        raise UserError(f"--for-transfer: not for an image-classification space ({space.name}) yet; time uniform samples")
+
+
+@lru_cache(maxsize=16)
+def _shape_model(space: VisionSpace):
+    from .model import SuperViT
+
+    with torch.device("meta"):
+        return SuperViT(space)
+
+
+def vision_params(space: VisionSpace, subnet: VisionSubnet) -> int:
+    return _shape_model(space).num_params(subnet)
+
+
+def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize: bool = True):
+    from .model import ViT
+
+    if not materialize:
+        with torch.device("meta"):
+            return ViT(space, subnet).eval()
+    return ViT(space, subnet, generator=torch.Generator().manual_seed(0)).eval()
+
+
+def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[str, float]:
+    """Analytic forward FLOPs (a multiply-add counts 2) of ``batch`` images, by part: the resize, the stem, the patch
+    embedding, per layer the projections, the token mixing (the type's own count at T tokens, bidirectional) and the
+    MLP, and the head."""
+    from latency.features import mixing_flops, projection_flops
+    from search_spaces import Workload
+
+    b, t, e, hd = batch, subnet.tokens, subnet.embed_dim, space.head_dim
+    r, p = subnet.resolution, subnet.patch
+    c_in = space.stem_channels if subnet.stem == "conv" else space.channels
+    prefill = Workload("prefill", b, t)
+    out = {"resize_flops": float(b * space.channels * r * r * 8 * (r != space.image_size)),
+           "stem_flops": float(2 * b * r * r * 9 * space.channels * space.stem_channels) if subnet.stem == "conv" else 0.0,
+           "patch_flops": float(2 * b * t * c_in * p * p * e), "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
+           "head_flops": float(2 * b * e * space.classes)}  # fmt: skip
+    for layer in subnet.layers:
+        out["proj_flops"] += projection_flops(layer.attention, b * t, e, layer.heads, hd)
+        out["mix_flops"] += mixing_flops(layer.attention, prefill, layer.heads, hd, causal=False)
+        out["mlp_flops"] += 4.0 * b * t * e * layer.ffn_dim
+    out["flops"] = sum(v for k, v in out.items() if k.endswith("_flops"))
+    return out
+
+
+def vision_table_features(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[str, float]:
+    enc = dict(zip(space.feature_names(), space.encode(subnet).tolist()))
+    enc["params"] = float(vision_params(space, subnet))
+    enc.update(image_terms(space, subnet, workload.batch_size))
+    return enc
+
+
+def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[str, float]:
+    """The additive predictor's columns (it adds the constant): each FLOP term in GFLOPs, per-type mixing terms and
+    layer counts (per-layer overheads), tokens x layers (norms, residuals, reshapes)."""
+    terms = image_terms(space, subnet, workload.batch_size)
+    out = {k: v / 1e9 for k, v in terms.items() if k.endswith("_flops") and k != "mix_flops"}
+    from latency.features import mixing_flops
+    from search_spaces import Workload
+
+    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
+    for kind in space.attention:
+        out[f"layers[{kind}]"] = 0.0
+        out[f"mix[{kind}]"] = 0.0
+    for layer in subnet.layers:
+        out[f"layers[{layer.attention}]"] += 1.0
+        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention, prefill, layer.heads, space.head_dim, False) / 1e9
+    out["token_layers"] = float(workload.batch_size * subnet.tokens * subnet.depth * subnet.embed_dim) / 1e6
+    out["conv_stem"] = float(subnet.stem == "conv")
+    return out
+
+
+def vision_matrix(kind: str, space: VisionSpace, workload, subnets) -> tuple:
+    from latency.features import matrix
+
+    if kind == "additive":
+        return matrix([additive_terms(space, s, workload) for s in subnets])
+    return matrix([vision_table_features(space, s, workload) for s in subnets])
+
+
+def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:
+    """The timed input: ``batch`` seeded random images of the data's size, float32 in [0, 1]."""
+    shape = (batch, space.channels, space.image_size, space.image_size)
+    return np.random.default_rng(seed).random(shape, dtype=np.float32)
+
+
+def image_call(model, workload, device: str = "cpu", runtime: str = "eager"):
+    """``call()``: one forward pass of ``model`` over the workload's images (no gradients)."""
+    if runtime != "eager":
+        raise UserError(f"--runtime {runtime}: an image workload is timed with --runtime eager only so far")
+    x = torch.from_numpy(images(model.space, workload.batch_size)).to(device)
+
+    def call():
+        with torch.no_grad():
+            return model(x)
+
+    return call
+
+
+# --------------------------------------------------------------------------- ONNX
+
+
+def vision_key(model) -> str:
+    fields = {"space": {k: v for k, v in model.space.to_dict().items() if k not in ("latency", "name")},
+              "subnet": model.subnet.to_dict()}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
+    """The static model as one ONNX graph: input ``images`` (batch, C, H, W) float32 in [0, 1], output ``logits``
+    (batch, classes); the batch axis dynamic."""
+    from supernet.onnx_export import DEFAULT_OPSET
+
+    class Flat(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, x):
+            return self.m(x)[:, 0]  # (B, classes)
+
+    from supernet.attention import ort_ops
+    from supernet.onnx_export import _quiet
+
+    x = torch.from_numpy(images(model.space, 2))  # a batch of 2: the exporter would specialise on 1
+    with _quiet():
+        program = torch.onnx.export(Flat(model.eval()), (x,), dynamo=True, opset_version=opset or DEFAULT_OPSET,
+                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=["images"],
+                                    output_names=["logits"], verbose=False,
+                                    custom_translation_table=ort_ops.translation_table())
+        program.save(str(path))
+    return path
+
+
+def cached_vit_graph(model) -> Path:
+    """The model's ONNX graph with its (seeded) weights, exported once per architecture into the graph cache."""
+    from latency.onnx_graphs import graph_dir
+
+    directory = graph_dir()
+    path = directory / f"vit-{vision_key(model)}.onnx"
+    if not path.exists():
+        if any(p.is_meta for p in model.parameters()):
+            model = vision_timing_model(model.space, model.subnet)
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            export_vit_onnx(model, Path(tmp) / "g.onnx")
+            os.replace(Path(tmp) / "g.onnx", path)
+    return path
+
+
+def vision_ort_runner(model, workload, threads: int | None, provider: str, clock: str, precision: str):
+    """The onnxruntime device's runner: the model's graph (quantized at an int8 precision) on the workload's images."""
+    import onnxruntime as ort
+
+    from latency.timing_core import ort_runner
+
+    graph = str(cached_vit_graph(model))
+    feed = {"images": images(model.space, workload.batch_size)}
+    tmp = None
+    if precision != "fp32":
+        from latency.quantize import quantized_copy
+
+        tmp = tempfile.mkdtemp(prefix="nas-vit-q-")
+        graph = quantized_copy(graph, tmp, precision, [feed])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if provider == "cuda" else ["CPUExecutionProvider"]
+    try:
+        session = ort.InferenceSession(graph, options, providers=providers)
+    finally:
+        if tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ort_runner(session, feed, clock)
