@@ -74,7 +74,8 @@ class Plan:
 
 
 FULL = Plan()
-QUICK = Plan(train_time="8s", samples=12, timing=("--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"),
+QUICK = Plan(train_time="8s", samples=12,
+             timing=("--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1"),
              search=("--population", "4", "--parents", "2", "--mutations", "2", "--crossovers", "1", "--generations", "1",
                      "--val-windows", "2", "--eval-batch-size", "16"),
              epochs=1.0, batch_size=16, lr=3e-3, ladder=2, measure_rounds=1, measure_calls=3)  # fmt: skip
@@ -118,7 +119,8 @@ def stage_supernet(root: Path, space_arg: str, data: str | None, plan: Plan, thr
 def stage_latency(root: Path, space_arg: str, plan: Plan) -> tuple[Path, Path]:
     table, pred = root / "ort.csv", root / "predictor"
     if not table.exists():
-        nas(["measure-latency", space_arg, "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu", "--out", str(table),
+        nas(["measure-latency", space_arg, "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+             "--out", str(table),
              "--samples", str(plan.samples), "--retest", "0.2", *plan.timing, "-q"])
     if not (pred / "predictor.json").exists():
         nas(["fit-predictor", str(table), "--out", str(pred), "-q"])

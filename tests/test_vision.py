@@ -283,9 +283,11 @@ def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, gra
     assert (f_big["tokens"], f_small["tokens"]) == (16.0, 4.0) and f_big["flops"] > f_small["flops"]
     (tmp_path / "s.yaml").write_text(text)
     assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "onnxruntime", "--precision", "int8-dynamic",
-                 "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2",
+                 "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--timing-threads", "1", "--timing-warmup", "1",
+                 "--repeats", "2",
                  "--rounds", "1", "--min-sample-ms", "1", "-q"]) == 0
-    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--out", str(tmp_path / "a.csv"), "-q"]) == 2
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--out", str(tmp_path / "a.csv"),
+                 "-q"]) == 2
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(root):
