@@ -194,5 +194,6 @@ def test_supernet_forward_is_bidirectional_and_extraction_matches(encoder):
 def test_an_encoder_has_no_decoding_cache(encoder):
     space, supernet = encoder
     static = extract(supernet, space.smallest())
-    with pytest.raises(UserError, match="bidirectional encoder \\(task masked-lm\\): it has no decoding cache"):
+    with pytest.raises(UserError,
+                       match="bidirectional encoder \\(task masked-lm or sequence-classification\\): it has no decoding cache"):
         prefill(static, torch.zeros(1, 4, dtype=torch.long))

@@ -191,7 +191,8 @@ NOT_UTF8 = "text,label\ncaf\xe9,a\nb,b\n".encode("latin-1")
         (VALID, ["--task", "sentiment"], "--task: 'sentiment' is not one of classify (leave --task out "
          "to fine-tune the language model)"),
         (VALID, ["--model", "{root}/causal"], "{root}/causal/model_card.json: a causal-lm model (space "
-         "'tiny': causal attention); --task classify needs an encoder (a model of a task: masked-lm space)"),
+         "'tiny': causal attention); --task classify needs an encoder (a model of a task: masked-lm or "
+         "sequence-classification space)"),
         (VALID, ["--tokens", "1M"], "--tokens: not used by --task classify (it fine-tunes on --data's "
          "labelled rows, no teacher, writes safetensors)"),
         (VALID, ["--seq-len", "512"], "--seq-len: 512 exceeds the model's max_seq_len 256"),
