@@ -97,6 +97,22 @@ def test_replay_stops_at_the_first_missing_training_and_handles_a_diverged_one(f
     assert every.done and [r.verdict for r in every.rows] == ["stopped"] * 2 and every.best is None  # no best to report
 
 
+def test_the_report_names_the_best_when_the_searchs_first_was_never_trained(five, tmp_path):
+    """Candidate 1 measured over the budget on the timing target is not trained: the report still names the best
+    (it raised StopIteration looking for candidate 1's row, and ended a bench_claim run)."""
+    from nas.search.hurdles import HurdleOutcome, report
+
+    rest = five[1:]  # candidates 2..5: the first was dropped before training
+    b = replay("x", rest, 1, {k: v for k, v in by_hand(five).items() if k[0] != five[0].subnet.key and k[1] == 0})
+    assert b.done and b.best.candidate.rank == 5
+    text = report(HurdleOutcome(HurdleConfig(rounds=1, candidates=4, tokens=500), "tag", tmp_path, {"x": b}))
+    assert text.splitlines()[-1].startswith("x: best after hurdles is candidate 5, 1.5000 bits/byte at round 0")
+    assert text.endswith("the search's best (candidate 1) was not trained")
+    full = replay("x", five, 1, by_hand(five))
+    text = report(HurdleOutcome(HurdleConfig(rounds=1, candidates=5, tokens=500), "tag", tmp_path, {"x": full}))
+    assert text.endswith("the search's best (candidate 1) stopped at round 0, 1.8750")
+
+
 def test_the_stage_trains_only_the_survivors_and_shares_trainings_between_budgets(five, tiny, tmp_path):
     # budget B's candidates are three of A's, in another order: 5, 2, 3 (its ranks 1, 2, 3)
     others = [Candidate(i + 1, c.subnet, c.inherited, c.latency, c.params) for i, c in enumerate([five[4], five[1], five[2]])]

@@ -567,9 +567,13 @@ def report(outcome: HurdleOutcome) -> str:
         best = b.best
         if best is None:
             continue
-        first = next(r for r in b.ranking() if r.candidate.rank == 1)
-        changed = (f"the search's best (candidate 1) {first.verdict} at round {first.round}, {first.bpb:.4f}"
-                   if best.candidate.rank != 1 else "the search's best too")
+        first = next((r for r in b.ranking() if r.candidate.rank == 1), None)
+        if best.candidate.rank == 1:
+            changed = "the search's best too"
+        elif first is None:  # measured over the budget on the timing target, so never trained
+            changed = "the search's best (candidate 1) was not trained"
+        else:
+            changed = f"the search's best (candidate 1) {first.verdict} at round {first.round}, {first.bpb:.4f}"
         lines.append(f"{label}: best after hurdles is candidate {best.candidate.rank}, {best.bpb:.4f} bits/byte at round "
                      f"{best.round} ({c.tokens * (best.round + 1):,} tokens trained; {best.candidate.inherited:.4f} inherited), "
                      f"{changed}")
