@@ -272,6 +272,24 @@ def wait_quiet(what: str, max_load: float, loads: dict, poll: float = 10.0, calm
     loads[what] = {"load_before": round(os.getloadavg()[0], 2), "waited_s": waited}
 
 
+class QuietStages:
+    """Stages whose figures are times: each waits for a quiet machine (:func:`wait_quiet`) and records the 1-minute
+    load before and after it in ``OUT/loads.json`` (``loads``: what the report shows)."""
+
+    def __init__(self, stage: Stages, out: Path, max_load: float):
+        self.stage, self.file, self.max_load = stage, out / "loads.json", max_load
+        self.loads = json.loads(self.file.read_text()) if self.file.exists() else {}
+
+    def __call__(self, name: str, fn) -> None:
+        def go() -> None:
+            wait_quiet(name, self.max_load, self.loads)
+            fn()
+            self.loads.setdefault(name, {})["load_after"] = round(os.getloadavg()[0], 2)
+            self.file.write_text(json.dumps(self.loads, indent=1))
+
+        self.stage(name, go)
+
+
 # --------------------------------------------------------------------------- the benchmark
 
 
@@ -286,17 +304,8 @@ def run(args, plan: Plan) -> dict:
     seq = w.seq_len
     stage = Stages(out, log)
     tokens = parse_tokens(plan.tokens)
-    loads_file = out / "loads.json"
-    loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
-
-    def timed(name: str, fn) -> None:  # a stage whose figures are times: on a quiet machine, the load recorded
-        def go() -> None:
-            wait_quiet(name, args.max_load, loads)
-            fn()
-            loads[name]["load_after"] = round(os.getloadavg()[0], 2)
-            loads_file.write_text(json.dumps(loads, indent=1))
-
-        stage(name, go)
+    timed = QuietStages(stage, out, args.max_load)  # a stage whose figures are times: on a quiet machine
+    loads = timed.loads
 
     def cli(argv: list[str], ok=(0,)) -> None:
         run_stage_command(nas_main, argv, ok, rerun="the benchmark")

@@ -76,7 +76,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM's version, whose rules this follows
 
-from bench_claim import budgets_of, check_token_budget, judge, parse_tokens, speedup, wait_quiet  # noqa: E402
+from bench_claim import QuietStages, budgets_of, check_token_budget, judge, parse_tokens, speedup  # noqa: E402
 from nas.demo import Stages, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
 from search_spaces.space import Subnet  # noqa: E402
@@ -380,17 +380,8 @@ def run(args, plan: Plan) -> dict:
     space_arg = str(Path(args.space).resolve()) if Path(args.space).exists() else args.space
     stage = Stages(out, log)
     tokens = parse_tokens(plan.tokens)
-    loads_file = out / "loads.json"
-    loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
-
-    def timed(name: str, fn) -> None:  # a stage whose figures are times: on a quiet machine, the load recorded
-        def go() -> None:
-            wait_quiet(name, args.max_load, loads)
-            fn()
-            loads.setdefault(name, {})["load_after"] = round(os.getloadavg()[0], 2)
-            loads_file.write_text(json.dumps(loads, indent=1))
-
-        stage(name, go)
+    timed = QuietStages(stage, out, args.max_load)  # a stage whose figures are times: on a quiet machine
+    loads = timed.loads
 
     def cli(argv: list[str], ok=(0,)) -> None:
         run_stage_command(nas_main, argv, ok, rerun="the benchmark")
