@@ -23,12 +23,12 @@ each resumable (run the same command again):
 9. time every retrained model side by side (one campaign, on a quiet machine: the load is recorded);
 10. retrain the found model and the best baseline of each budget at more seeds (``--seeds``, default 3) and score them.
 
-What the LM's protocol has that translation does not have yet, so this benchmark runs without it (said in the report
-and in ``translate.json``'s ``ranker``): the calibrated ranker (``nas fit-accuracy`` refuses a two-stack space:
-``space.require_one_stack``; its features, :func:`nas.search.calibrated.features`, read one stack's depth, width and
-per-type fractions; ``nas search --fitness calibrated`` and ``--hurdles`` are refused for seq2seq by
-:func:`tasks.translation.search.refuse`, and the hurdles' trainer builds LM windows).  The search ranks by inherited
-cross-entropy and its candidates are verified on the device.
+Step 5 also calibrates the ranker (``nas fit-accuracy``, the LM protocol's): the retrained baselines and ladder (every
+type, several sizes) scored on the search's validation pairs with their own weights and with the supernet's; the
+search then ranks by the ranker's predicted retrained cross-entropy (``--fitness calibrated``; its leave-one-out fit
+is ``translate.json``'s ``ranker``).  What the LM's protocol has that translation does not have yet: the hurdles
+(``nas search --hurdles`` trains LM windows; refused for seq2seq by :func:`tasks.translation.search.refuse`); the
+search's candidates are verified on the device instead.
 
 Report (``translate.json``, ``translate.csv``, ``translate.png`` with seed error bars): the ladder gate first (Spearman
 between size and quality over the retrained softmax ladder, by cross-entropy and by chrF, >= 0.8 each: below it no
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import itertools
 import json
 import logging
 import math
@@ -79,7 +78,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM'
 from bench_claim import QuietStages, budgets_of, check_token_budget, judge, parse_tokens, speedup  # noqa: E402
 from nas.demo import Stages, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
-from search_spaces.space import Subnet  # noqa: E402
 from tasks.translation.space import TASK as TRANSLATION, Seq2SeqSpace, Seq2SeqSubnet  # noqa: E402
 
 log = logging.getLogger("bench_translate")
@@ -87,9 +85,7 @@ BEAM = 5
 ALPHA = 0.05  # paired bootstrap: a chrF difference counts when p < ALPHA
 LADDER_RHO = 0.8  # the ladder gate: Spearman between size and quality over the retrained softmax ladder
 LADDER_ROLE = "uniform softmax ladder"
-RANKER = {"kind": "inherited", "why": "nas fit-accuracy needs a one-stack space (space.require_one_stack) and its "
-          "features read one stack; nas search refuses --fitness calibrated and --hurdles for seq2seq "
-          "(tasks/translation/search.py refuse)"}  # fmt: skip
+RANKER_MIN = 4  # retrained models a calibrated ranker needs (nas.search.calibrated.fit_ranker)
 
 
 @dataclass(frozen=True)
@@ -143,21 +139,8 @@ QUICK = replace(
 
 
 def uniform_seq2seq(space) -> list[Seq2SeqSubnet]:
-    """Every hand-scaled encoder-decoder of the space: one width for both sides, every layer of both sides the same
-    heads, FFN width and attention type, every decoder layer's cross-attention the same heads over the same last
-    encoder layers (where the space allows each choice)."""
-    enc, dec = space.encoder, space.decoder
-    out = []
-    grid = itertools.product(sorted(set(enc.embed_dim) & set(dec.embed_dim)), enc.depth, dec.depth, enc.heads,
-                             enc.ffn_dim, space.attention, space.cross_layers)  # fmt: skip
-    for e, de, dd, h, f, a, k in grid:
-        if h not in dec.heads or f not in dec.ffn_dim or h not in space.cross_heads:
-            continue
-        s = Seq2SeqSubnet(Subnet(e, de, (h,) * de, (f,) * de, (a,) * de), Subnet(e, dd, (h,) * dd, (f,) * dd, (a,) * dd),
-                          (h,) * dd, (k,) * dd)  # fmt: skip
-        if not space.problems(s):
-            out.append(s)
-    return out
+    """Every hand-scaled encoder-decoder of the space (:meth:`Seq2SeqSpace.uniform`)."""
+    return space.uniform()
 
 
 def params_of(space, subnet) -> int:
@@ -438,13 +421,25 @@ def run(args, plan: Plan) -> dict:
     log.info("retraining from scratch on %s target bytes each, %d at a time (one thread each)", f"{tokens:,}", plan.jobs)
     stage("retrain baselines", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg))
 
+    # 5b. the ranker, calibrated on the retrained baselines (their cross-entropy on the search's validation pairs)
+    ranker_dir = out / "ranker"
+    fitness = ["--fitness", f"calibrated:{ranker_dir}"]
+    scoring = ["--val-windows", str(plan.val_windows), "--eval-batch-size", str(plan.eval_batch)]
+    if len(models) >= RANKER_MIN:
+        stage("fit the ranker", lambda: cli(["fit-accuracy", str(ckpt), *(str(retrain_dir / k / "model") for k in models),
+                                             *scoring, "--device", "cpu", "--out", str(ranker_dir)]))  # fmt: skip
+    else:
+        log.info("%d baselines: fewer than the %d a calibrated ranker needs; the search ranks by inherited loss",
+                 len(models), RANKER_MIN)
+        fitness = []
+
     # 6. the search, verified on the device
     search_dir = out / "search"
     timed("search", lambda: cli([
         "search", str(ckpt), "--predictor", str(predictor), "--budget", ",".join(labels), "--population",
         str(plan.population), "--parents", str(plan.parents), "--mutations", str(plan.mutations), "--crossovers",
-        str(plan.crossovers), "--generations", str(plan.generations), "--val-windows", str(plan.val_windows),
-        "--eval-batch-size", str(plan.eval_batch), "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
+        str(plan.crossovers), "--generations", str(plan.generations), *scoring, *fitness,
+        "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
         "--timing-target", args.device, "--verify-top", str(plan.verify_top), "--timing-threads", "1", "--clock", "cpu",
         "--no-progress"], ok=(0, 1)))  # fmt: skip
     summary = json.loads((search_dir / "search.json").read_text())
@@ -476,7 +471,7 @@ def run(args, plan: Plan) -> dict:
         scores[name] = {**json.loads((retrain_dir / name / "model" / "score.json").read_text()), "of": subnet.key}
 
     result = report(space, labels, budgets, models, roles, measured, scores, found, retrain_dir, corpus_dir, plan, tokens,
-                    args, out)
+                    args, out, ranker_summary(ranker_dir if fitness else None, len(models)))
     result["stage_seconds"] = stage.all_seconds()
     result["loads"] = loads  # the 1-minute load average before and after each timing stage
     result["wall_seconds_this_run"] = round(time.perf_counter() - t_start, 1)
@@ -576,8 +571,20 @@ def references(root: Path, key: str, corpus_dir: Path, n: int) -> list[str]:
 # --------------------------------------------------------------------------- the report
 
 
+def ranker_summary(ranker_dir: Path | None, baselines: int) -> dict:
+    """What ranked the search: the calibrated ranker's fit (leave-one-out over the retrained baselines), or why none."""
+    if ranker_dir is None:
+        return {"kind": "inherited", "why": f"{baselines} retrained baselines, fewer than the {RANKER_MIN} a ranker needs"}
+    doc = json.loads((ranker_dir / "ranker.json").read_text())
+    r = doc["report"]
+    chosen = r["candidates"][r["chosen"]]
+    return {"kind": "calibrated", "features": r["chosen"], "models": r["n"], "inherited_tau": r["inherited_tau"],
+            "loo_tau": chosen["loo_tau"], "loo_mae": chosen["loo_mae"], "path": str(ranker_dir / "ranker.json"),
+            "fitted_on": "the retrained baselines' cross-entropy on the search's validation pairs (never the test split)"}
+
+
 def report(space, labels, budgets, models, roles, measured, scores, found, root: Path, corpus_dir: Path, plan: Plan,
-           tokens: int, args, out: Path) -> dict:
+           tokens: int, args, out: Path, ranker: dict) -> dict:
     from tasks.translation.decode import paired_bootstrap
 
     per_ce: dict[str, list[float]] = {k: [scores[k]["test_ce"]] for k in models}
@@ -608,8 +615,11 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
              f"scratch on {tokens:,} target bytes ({first['steps']} steps of {plan.retrain_batch} pairs; same schedule "
              f"and data); test split: cross-entropy over {first['ce_pairs']} pairs, chrF / BLEU at beam {BEAM} over "
              f"{first['test_pairs']} pairs (sacrebleu); found model and best baseline of each budget at {plan.seeds} seeds",
-             f"ranker: {RANKER['kind']} cross-entropy with the supernet's weights (no calibrated ranker or hurdles for "
-             f"translation yet: {RANKER['why']}); candidates verified on {args.device}",
+             (f"ranker: calibrated ({ranker['features']} features) on {ranker['models']} retrained baselines' validation "
+              f"cross-entropy: leave-one-out Kendall tau {ranker['loo_tau']:.3f} (inherited loss alone "
+              f"{ranker['inherited_tau']:.3f}); no hurdles for translation yet; candidates verified on {args.device}"
+              if ranker["kind"] == "calibrated" else f"ranker: inherited cross-entropy ({ranker['why']}); candidates "
+              f"verified on {args.device}"),
              f"\n{'model':34} {'nats/B':>7} {'chrF':>6} {'BLEU':>6} {'measured':>10} {'params':>9}  subnet"]  # fmt: skip
     for r in sorted(rows, key=lambda r: r["measured_ms"]):
         role = r["roles"].split(";")
@@ -692,7 +702,7 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
     text = "\n".join(lines)
     print(text)
     return {"budgets": entries, "speedup_vs_softmax": speed, "ladder_gate": gate, "seed_sd": {"ce": sd_ce, "chrf": sd_chrf},
-            "ranker": RANKER, "retrain_bytes": tokens, "rows": rows,
+            "ranker": ranker, "retrain_bytes": tokens, "rows": rows,
             "seed_scores": {k: v for k, v in scores.items() if "of" in v},
             "text": text}  # fmt: skip
 

@@ -122,6 +122,11 @@ class Subnet(SubnetFile):
     def layers(self) -> tuple[LayerChoice, ...]:
         return tuple(LayerChoice(h, f, a) for h, f, a in zip(self.heads, self.ffn_dim, self.attention))
 
+    @property
+    def stacks(self) -> tuple["Subnet", ...]:
+        """The stacks of blocks this architecture is made of: one (an encoder-decoder has two)."""
+        return (self,)
+
     # -- serialisation ------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

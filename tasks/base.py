@@ -155,6 +155,13 @@ class Task:
         flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
         raise NotImplementedError
 
+    def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
+        """(space, subnet, model in eval mode) of a model folder of ``nas train-subnet`` or ``nas export`` (what ``nas
+        fit-accuracy`` scores); one line (UserError) where this task's folders are not read that way yet."""
+        from search_spaces import UserError
+
+        raise UserError(f"{model_dir}: task {self.name}: its model folders are not read by `nas fit-accuracy` yet")
+
     def validation(self, model: Any, payload: dict[str, Any], scoring: Any) -> dict[str, Any]:
         """A static model's held-out score as the search scored its subnet (``scoring``:
         :class:`nas.search.fitness.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``

@@ -86,6 +86,13 @@ class StackTask(Task):
 
         return train_subnet(settings, progress)
 
+    def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
+        from supernet import load_model
+        from supernet.artifact import open_export
+
+        _, _, space, subnet = open_export(model_dir)
+        return space, subnet, load_model(model_dir, device=device)
+
     def validation(self, model: Any, payload: dict, scoring: Any) -> dict:
         from nas.export import stack_validation
 

@@ -20,7 +20,7 @@ from .seq2seq_fakes import write_toy_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = ROOT / "tests" / "fixtures" / "translate_quick.yaml"
-STAGES = 11
+STAGES = 12  # the stages of run(), "fit the ranker" among them
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +47,10 @@ def test_bench_translate_quick_runs_end_to_end_and_resumes(tmp_path, bench):
     assert (run / "translate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"budgets", "speedup_vs_softmax", "ladder_gate", "seed_sd", "command", "machine", "loads", "ranker"} <= set(result)
     assert len(result["budgets"]) == len(result["speedup_vs_softmax"]) == 3
+    # the search ranked by the ranker calibrated on the retrained baselines (nas fit-accuracy on seq2seq)
+    ranker = json.loads((run / "ranker" / "ranker.json").read_text())
+    assert result["ranker"]["kind"] == "calibrated" and result["ranker"]["models"] == ranker["report"]["n"] >= 4
+    assert json.loads((run / "search" / "search.json").read_text())["config"]["fitness"]["ranker_kind"] == ranker["kind"]
     roles = ";".join(r["roles"] for r in rows)
     assert "found@" in roles and "uniform softmax@" in roles and bench.LADDER_ROLE in roles
     # every retrained model: one budget in target bytes, so the same steps and bytes, the same corpus

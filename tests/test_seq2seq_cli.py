@@ -159,3 +159,64 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["space", str(space)]) == 2
     assert capsys.readouterr().err == ("nas space: error: s.yaml: latency.decode: a seq2seq space is timed with translate "
                                        "workloads (source, steps, beam), not decode (a causal-lm workload)\n")  # fmt: skip
+
+
+def test_a_ranker_calibrated_on_retrained_encoder_decoders(trained, capsys):
+    """``nas fit-accuracy`` on a seq2seq supernet: each retrained model scored on the search's validation pairs with its
+    own weights (the target) and the supernet's (a feature); ``--fitness calibrated`` then answers its prediction."""
+    import json
+
+    import numpy as np
+
+    from nas.search import FitnessSettings, task_fitness
+    from nas.search.calibrated import CalibratedFitness, features, load_ranker
+    from search_spaces import UserError
+    from tasks.translation.artifact import load_seq2seq_model
+    from tasks.translation.train import load_seq2seq_supernet
+
+    from .seq2seq_fakes import mini_space
+
+    root, out = trained
+    space = mini_space()
+    uniform = space.uniform()
+    picks = [max((s for s in uniform if s.encoder.attention[0] == a), key=lambda s: s.key) for a in space.attention]
+    picks.append(space.smallest())
+    folders = []
+    for i, subnet in enumerate(picks):
+        (root / f"r{i}.yaml").write_text(subnet.to_yaml())
+        folder = root / f"retrained{i}"
+        assert main(["train-subnet", str(root / f"r{i}.yaml"), "--space", str(root / "mini.yaml"), "--data",
+                     str(root / "toy.tsv"), "--out", str(folder), "--tokens", str(600 + 300 * i), "--batch-size", "8",
+                     "--threads", "1", "--seed", str(i), "-q"]) == 0  # fmt: skip
+        folders.append(folder)
+    capsys.readouterr()
+    scoring = ["--val-windows", "2", "--eval-batch-size", "4"]
+    ranker_dir = root / "ranker"
+    assert main(["fit-accuracy", str(out / "final.pt"), *map(str, folders), *scoring, "--out", str(ranker_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert "nats" in printed and "LOO MAE" in printed
+    ranker = load_ranker(ranker_dir)
+    assert ranker.report["n"] == 4 and {f"frac:{a}" for a in space.attention} <= set(features(space, picks[0], 1.0, 10))
+    # the target is each model's own cross-entropy on the search's pairs, the feature the supernet's
+    supernet, payload = load_seq2seq_supernet(out / "final.pt")
+    fitness, _ = task_fitness(supernet, payload, FitnessSettings(out / "final.pt", windows=2, batch_size=4))
+    for folder, m in zip(folders, ranker.models):
+        model, _ = load_seq2seq_model(folder)
+        assert m["retrained"] == pytest.approx(fitness.static(model), abs=1e-9)
+        assert m["inherited"] == pytest.approx(float(fitness([model.subnet])[0]), abs=1e-9)
+    # the table names each model's encoder-decoder
+    assert (ranker_dir / "ranker.csv").read_text().count("| dec ") == 4 and (ranker_dir / "ranker.png").stat().st_size > 0
+    assert json.loads((ranker_dir / "ranker.json").read_text())["fitness"]["task"] == "seq2seq"
+    # the calibrated fitness answers the ranker's prediction over the inherited loss, and refuses other pairs
+    identity = {**fitness.description, "data": fitness.data_digest}
+    from nas.commands.common import file_digest
+
+    digest = file_digest(out / "final.pt")
+    calibrated = CalibratedFitness(fitness, ranker, supernet.space, supernet.num_params, identity, digest, str(ranker_dir))
+    got = calibrated(picks[:2])
+    want = ranker.predict(space, picks[:2], fitness(picks[:2]), [supernet.num_params(s) for s in picks[:2]])
+    assert np.allclose(got, want) and not hasattr(calibrated, "heldout")
+    other, _ = task_fitness(supernet, payload, FitnessSettings(out / "final.pt", windows=3, batch_size=4))
+    with pytest.raises(UserError, match="fitted on other fitness windows \\(batches: 2 there, 3 here"):
+        CalibratedFitness(other, ranker, supernet.space, supernet.num_params, {**other.description, "data": other.data_digest},
+                          digest, str(ranker_dir))

@@ -3,8 +3,10 @@
 Each MODEL is a folder of ``nas train-subnet`` (a subnet of the supernet's space trained from scratch).  Every model
 is scored on the search's fitness windows (the supernet's validation split: ``--val-windows``, ``--seq-len``,
 ``--val-seed``, as ``nas search`` takes them) twice: with its own weights (the target) and with the supernet's
-(a feature).  The ranker (nas/search/calibrated.py) predicts the retrained loss from the subnet's attention types,
-size and inherited loss; the feature set is chosen by leave-one-out error, reported per model.  Writes
+(a feature).  An encoder-decoder (task seq2seq) is scored as its search scores it: cross-entropy per target byte on
+``--val-windows`` batches of ``--eval-batch-size`` validation pairs.  The ranker (nas/search/calibrated.py) predicts
+the retrained loss from the subnet's attention types, size and inherited loss (over both stacks of an encoder-decoder);
+the feature set is chosen by leave-one-out error, reported per model.  Writes
 ``ranker.json`` (coefficients: loading it runs no code), ``ranker.csv`` and ``ranker.png`` to ``--out``.
 """
 
@@ -35,12 +37,10 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from latency.quantize import check_precision
-    from nas.commands.common import file_digest
-    from nas.search import inherited_fitness, pick_device
+    from nas.commands.common import file_digest, scoring_settings
+    from nas.search import pick_device, task_fitness
     from nas.search.calibrated import Retrained, fit_ranker, report_text
-    from search_spaces import UserError
-    from supernet import load_model
-    from supernet.artifact import open_export
+    from search_spaces import UserError, tasks
     from supernet.checkpoint import load_supernet
 
     if check_precision(args.precision) != "fp32":
@@ -48,28 +48,26 @@ def run(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     supernet, payload = load_supernet(args.supernet, device=device)
     space = supernet.space
-    space.require_one_stack(NAME)  # a ranker of one-stack subnets (its features are per attention type)
-    fitness, digest = inherited_fitness(args.supernet, supernet, payload, seq_len=args.seq_len, windows=args.val_windows,
-                                        batch_size=args.eval_batch_size, val_seed=args.val_seed, device=device,
-                                        val_data=args.val_data, data_cache=args.data_cache)
+    task = tasks.of(space)
+    # the search's fitness, as `nas search` builds it from the same flags (an encoder-decoder's: pairs, not windows)
+    fitness, digest = task_fitness(supernet, payload, scoring_settings(args, device))
     models = []
     for folder in map(Path, dict.fromkeys(args.models)):
-        _, _, model_space, subnet = open_export(folder)
+        model_space, subnet, model = task.load_trained(folder, device)
         if model_space.arch_hash != space.arch_hash:
             raise UserError(f"{folder}: a model of space {model_space.name!r} (hash {model_space.hash}), not of the "
                             f"supernet's {space.name!r} ({space.hash})")
-        model = load_model(folder, device=device)
-        retrained = fitness.heldout.bits(model, None, args.eval_batch_size, mixed_precision=False)  # fp32, as the search scores
+        retrained = fitness.static(model)  # fp32, as the search scores
         inherited = float(fitness([subnet])[0])
         if not (np.isfinite(retrained) and np.isfinite(inherited)):
             raise UserError(f"{folder}: a loss that is not finite (retrained {retrained}, inherited {inherited})")
         models.append(Retrained(folder.name, subnet, supernet.num_params(subnet), inherited, float(retrained)))
-        print(f"{folder}: retrained {retrained:.4f}, inherited {inherited:.4f} bits  {subnet}")
+        print(f"{folder}: retrained {retrained:.4f}, inherited {inherited:.4f} {task.unit}  {subnet}")
     ranker = fit_ranker(space, models, {**fitness.description, "data": digest}, file_digest(Path(args.supernet)))
     out = Path(args.out)
     ranker.save(out)
-    write_table(out, ranker)
-    plot(out / "ranker.png", ranker, fitness.description)
+    write_table(out, ranker, space.subnet_type)
+    plot(out / "ranker.png", ranker, task.metric or task.unit, fitness.summary)
     print(report_text(ranker))
     from nas.commands.common import emit
 
@@ -81,18 +79,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_table(out: Path, ranker) -> None:
-    from search_spaces import Subnet
+def write_table(out: Path, ranker, subnet_type) -> None:
     from supernet.files import atomic_write_csv
 
     loo = ranker.report["candidates"][ranker.kind]["loo"]
-    rows = [{"model": m["name"], "subnet": str(Subnet.from_dict(m["subnet"])), "params": m["params"],
+    rows = [{"model": m["name"], "subnet": str(subnet_type.from_dict(m["subnet"])), "params": m["params"],
              "inherited": f"{m['inherited']:.5f}", "retrained": f"{m['retrained']:.5f}", "loo_predicted": f"{p:.5f}"}
             for m, p in zip(ranker.models, loo)]  # fmt: skip
     atomic_write_csv(out / "ranker.csv", list(rows[0]), rows)
 
 
-def plot(path: Path, ranker, windows: dict) -> None:
+def plot(path: Path, ranker, metric: str, scored_on: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,7 +101,7 @@ def plot(path: Path, ranker, windows: dict) -> None:
     inh = [m["inherited"] for m in ranker.models]
     c = ranker.report["candidates"][ranker.kind]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    what = f"validation loss, bits ({windows['windows']} windows x {windows['seq_len']})"
+    what = f"validation loss, {metric}"
     axes[0].scatter(inh, y)
     axes[0].set(xlabel=f"inherited {what}", ylabel=f"retrained {what}",
                 title=f"inherited weights (Kendall tau {ranker.report['inherited_tau']:.3f})")
@@ -115,7 +112,7 @@ def plot(path: Path, ranker, windows: dict) -> None:
                 title=f"calibrated: LOO MAE {c['loo_mae']:.3f}, tau {c['loo_tau']:.3f}")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle(f"{len(y)} retrained models")
+    fig.suptitle(f"{len(y)} retrained models, scored on {scored_on}", fontsize=10)
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)

@@ -212,7 +212,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from nas.search.calibrated import best_uniform_per_type
 
-    first = {} if args.no_uniform_seeds or not hasattr(space, "uniform") else {  # (an encoder-decoder space: not yet)
+    first = {} if args.no_uniform_seeds or not hasattr(space, "uniform") else {  # (a space without hand-scaled models: none)
         label: best_uniform_per_type(space, cons.feasible, params) for label, cons in plans}
     identity = {
         "space": space.hash,

@@ -53,12 +53,17 @@ def feature_names(space: Space, kind: str) -> list[str]:
 
 
 def features(space: Space, subnet: Subnet, inherited: float, params: int) -> dict[str, float]:
-    """Every column any feature set reads, for one subnet."""
-    d = subnet.depth
-    row = {"inherited": float(inherited), "depth": float(d), "embed_dim": float(subnet.embed_dim),
-           "log_params": math.log(params), "heads": float(np.mean(subnet.heads)), "ffn_dim": float(np.mean(subnet.ffn_dim))}
+    """Every column any feature set reads, for one subnet: over all its self-attention layers (an encoder-decoder's
+    two stacks together): ``depth`` the layers, ``embed_dim`` their mean width, ``heads`` and ``ffn_dim`` their means,
+    ``frac:<type>`` the share of each type."""
+    stacks = subnet.stacks
+    d = sum(s.depth for s in stacks)
+    attention = [a for s in stacks for a in s.attention]
+    row = {"inherited": float(inherited), "depth": float(d), "embed_dim": sum(s.embed_dim * s.depth for s in stacks) / d,
+           "log_params": math.log(params), "heads": float(np.mean([h for s in stacks for h in s.heads])),
+           "ffn_dim": float(np.mean([f for s in stacks for f in s.ffn_dim]))}
     for a in space.attention:
-        row[f"frac:{a}"] = subnet.attention.count(a) / d
+        row[f"frac:{a}"] = attention.count(a) / d
     return row
 
 
@@ -237,12 +242,17 @@ class CalibratedFitness:
             raise UserError(f"--fitness calibrated:{where}: " + "; ".join(problems)
                             + " (fit the ranker with the search's --val-windows, --seq-len, --val-seed and supernet)")
         self.inherited, self.ranker, self.space, self.params = inherited, ranker, space, params
-        self.heldout, self.batch_size = inherited.heldout, inherited.batch_size
+        if hasattr(inherited, "heldout"):  # per-window scores: the search's separability report reads them
+            self.heldout, self.batch_size = inherited.heldout, inherited.batch_size
         self.description = {**inherited.description, "ranker": ranker.digest, "ranker_kind": ranker.kind}
         self.summary = ""
 
     def scorer(self, subnet: Subnet):
         return self.inherited.scorer(subnet)
+
+    def static(self, model) -> float:
+        """A trained model's score on the same held-out data (what the ranker was fitted to predict)."""
+        return self.inherited.static(model)
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         inherited = self.inherited(subnets)

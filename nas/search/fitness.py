@@ -116,6 +116,10 @@ class InheritedLoss:
         plan = calibrate(lambda x: self.model(x, subnet), self.calibration, self.precision, self.max_error)
         return Simulated(self.model, plan)
 
+    def static(self, model) -> float:
+        """A trained static model's bits on the same windows, fp32 (what ``nas fit-accuracy`` fits a ranker to)."""
+        return self.heldout.bits(model, None, self.batch_size, mixed_precision=False)
+
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
         return np.array(
@@ -176,6 +180,10 @@ class HeldOutFitness:
 
     def scorer(self, subnet):
         return self.model
+
+    def static(self, model) -> float:
+        """A trained static model's bits on the same examples, fp32."""
+        return self.heldout.bits(model, None, self.batch_size, mixed_precision=False)
 
     def __call__(self, subnets) -> np.ndarray:
         return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets],

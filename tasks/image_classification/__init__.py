@@ -29,6 +29,12 @@ class ErrorFitness:
         self.description = {"task": TASK, "metric": ImageTask.metric, "examples": int(len(held.x))}
         self.summary = f"{len(held.x)} images of the {where}"
 
+    def static(self, model) -> float:
+        """A trained static model's top-1 error on the same images."""
+        from .train import accuracy
+
+        return 1.0 - accuracy(model, self.held, None, self.batch_size)
+
     def __call__(self, subnets):
         import numpy as np
 

@@ -63,6 +63,12 @@ class TranslationTask(Task):
 
         return seq2seq_fitness(model, payload, settings)
 
+    def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
+        from .artifact import load_seq2seq_model
+
+        model, _ = load_seq2seq_model(model_dir, device)
+        return model.space, model.subnet, model
+
     def train_subnet(self, settings: Any, progress: Any = None):
         from .workflows import train_subnet
 

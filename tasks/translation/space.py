@@ -30,6 +30,7 @@ per-side subnets and genes are the one-stack ones.
 from __future__ import annotations
 
 import math
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -75,6 +76,11 @@ class Seq2SeqSubnet(SubnetFile):
     def attention(self) -> tuple[str, ...]:
         """Every self-attention layer's type, the encoder's then the decoder's (what a type-balanced sandwich counts)."""
         return self.encoder.attention + self.decoder.attention
+
+    @property
+    def stacks(self) -> tuple[Subnet, Subnet]:
+        """The encoder's and the decoder's self-attention stacks (what a ranker of shapes reads)."""
+        return self.encoder, self.decoder
 
     def to_dict(self) -> dict[str, Any]:
         dec = {**self.decoder.to_dict(), "cross_heads": list(self.cross_heads), "cross_layers": list(self.cross_layers)}
@@ -207,6 +213,24 @@ class Seq2SeqSpace(SpaceIdentity):
         if attention is not None and attention not in self.attention:
             raise ValueError(f"attention type {attention!r} is not offered by both sides of space {self.name!r} "
                              f"({', '.join(self.attention)})")  # fmt: skip
+
+    def uniform(self) -> list[Seq2SeqSubnet]:
+        """Every hand-scaled encoder-decoder of the space: one width for both sides, every layer of both sides the same
+        heads, FFN width and attention type, every decoder layer's cross-attention the same heads over the same last
+        encoder layers (where the space allows each choice).  The search opens with each type's largest under a budget;
+        the benchmarks take their baselines from them."""
+        enc, dec = self.encoder, self.decoder
+        out = []
+        grid = itertools.product(sorted(set(enc.embed_dim) & set(dec.embed_dim)), enc.depth, dec.depth, enc.heads,
+                                 enc.ffn_dim, self.attention, self.cross_layers)  # fmt: skip
+        for e, de, dd, h, f, a, k in grid:
+            if h not in dec.heads or f not in dec.ffn_dim or h not in self.cross_heads:
+                continue
+            s = Seq2SeqSubnet(Subnet(e, de, (h,) * de, (f,) * de, (a,) * de), Subnet(e, dd, (h,) * dd, (f,) * dd, (a,) * dd),
+                              (h,) * dd, (k,) * dd)  # fmt: skip
+            if not self.problems(s):
+                out.append(s)
+        return out
 
     def lightest(self) -> list[Seq2SeqSubnet]:
         """The search's first candidates for a tight budget: the smallest subnet."""
