@@ -26,9 +26,9 @@ each resumable (run the same command again):
 Step 5 also calibrates the ranker (``nas fit-accuracy``, the LM protocol's): the retrained baselines and ladder (every
 type, several sizes) scored on the search's validation pairs with their own weights and with the supernet's; the
 search then ranks by the ranker's predicted retrained cross-entropy (``--fitness calibrated``; its leave-one-out fit
-is ``translate.json``'s ``ranker``).  What the LM's protocol has that translation does not have yet: the hurdles
-(``nas search --hurdles`` trains LM windows; refused for seq2seq by :func:`tasks.translation.search.refuse`); the
-search's candidates are verified on the device instead.
+is ``translate.json``'s ``ranker``), its top candidates verified on the device, and successive halving from scratch
+among those that hold (``--hurdles --hurdle-from scratch``, each round ``hurdle_tokens`` target bytes) picks the
+found model, as in the LM's protocol.
 
 Report (``translate.json``, ``translate.csv``, ``translate.png`` with seed error bars): the ladder gate first (Spearman
 between size and quality over the retrained softmax ladder, by cross-entropy and by chrF, >= 0.8 each: below it no
@@ -109,6 +109,9 @@ class Plan:
     val_windows: int = 8  # fitness batches of eval_batch validation pairs
     eval_batch: int = 16
     verify_top: int = 3
+    hurdles: int = 2  # rounds of successive halving from scratch among the device-verified candidates
+    hurdle_candidates: int = 4
+    hurdle_tokens: str = "1M"  # target bytes per round (a quarter of a retraining)
     baseline_checks: int = 2  # largest uniform models per (budget, type) timed on the device
     baseline_types: int = 3  # per budget: softmax's pick and the largest of the other types' picks (3: every type)
     ladder: int = 5  # uniform softmax Transformers across widths and depths
@@ -130,8 +133,9 @@ FULL = Plan()
 QUICK = replace(
     FULL, train_steps=20, train_batch=8, train_eval_interval=10, samples=12, retest=0.0, warmup=1, repeats=2, rounds=2,
     min_sample_ms=1.0, population=6, parents=2, mutations=2, crossovers=2, generations=2, val_windows=2, eval_batch=4,
-    verify_top=2, baseline_checks=1, baseline_types=2, ladder=3, tokens="2K", retrain_batch=8, retrain_warmup=2, seeds=2,
-    jobs=1, test_pairs=6, ce_batch=16, bootstrap=100, compare_repeats=2, compare_rounds=2,
+    verify_top=2, hurdles=1, hurdle_candidates=2, hurdle_tokens="2K", baseline_checks=1, baseline_types=2, ladder=3,
+    tokens="2K", retrain_batch=8, retrain_warmup=2, seeds=2, jobs=1, test_pairs=6, ce_batch=16, bootstrap=100,
+    compare_repeats=2, compare_rounds=2,
 )  # fmt: skip
 
 
@@ -334,15 +338,18 @@ def measure_retrained(space, models: dict, root: Path, timings: Path, plan: Plan
 
 
 def found_subnets(space, search_dir: Path, labels: list[str], summary: dict) -> dict:
-    """Per budget: the subnet verified on the device, else the search's best by the predictor (the report says which)."""
+    """Per budget: the hurdles' winner (trained from scratch among the device-verified candidates), else the subnet
+    verified on the device, else the search's best by the predictor (the report says which)."""
     out = {}
     for label in labels:
-        verified = search_dir / f"verified_{label}.yaml"
         best = summary["budgets"].get(label, {}).get("best")
-        if verified.exists():
-            out[label] = (space.check(Seq2SeqSubnet.load(verified)), "verified")
-        elif best:
-            out[label] = (space.check(Seq2SeqSubnet.load(search_dir / best["file"])), "predicted")
+        for how in ("hurdles", "verified"):
+            if (search_dir / f"{how}_{label}.yaml").exists():
+                out[label] = (space.check(Seq2SeqSubnet.load(search_dir / f"{how}_{label}.yaml")), how)
+                break
+        else:
+            if best:
+                out[label] = (space.check(Seq2SeqSubnet.load(search_dir / best["file"])), "predicted")
     return out
 
 
@@ -441,7 +448,9 @@ def run(args, plan: Plan) -> dict:
         str(plan.crossovers), "--generations", str(plan.generations), *scoring, *fitness,
         "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
         "--timing-target", args.device, "--verify-top", str(plan.verify_top), "--timing-threads", "1", "--clock", "cpu",
-        "--no-progress"], ok=(0, 1)))  # fmt: skip
+        "--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates), "--hurdle-from", "scratch",
+        "--hurdle-batch-size", str(plan.retrain_batch), "--hurdle-tokens", plan.hurdle_tokens, "--no-progress"],
+        ok=(0, 1)))  # fmt: skip
     summary = json.loads((search_dir / "search.json").read_text())
     labels = list(summary["budgets"])  # the search's labels of the budgets, in the order given
     found = found_subnets(space, search_dir, labels, summary)
@@ -617,7 +626,7 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
              f"{first['test_pairs']} pairs (sacrebleu); found model and best baseline of each budget at {plan.seeds} seeds",
              (f"ranker: calibrated ({ranker['features']} features) on {ranker['models']} retrained baselines' validation "
               f"cross-entropy: leave-one-out Kendall tau {ranker['loo_tau']:.3f} (inherited loss alone "
-              f"{ranker['inherited_tau']:.3f}); no hurdles for translation yet; candidates verified on {args.device}"
+              f"{ranker['inherited_tau']:.3f}); candidates verified on {args.device}, hurdles from scratch among them"
               if ranker["kind"] == "calibrated" else f"ranker: inherited cross-entropy ({ranker['why']}); candidates "
               f"verified on {args.device}"),
              f"\n{'model':34} {'nats/B':>7} {'chrF':>6} {'BLEU':>6} {'measured':>10} {'params':>9}  subnet"]  # fmt: skip

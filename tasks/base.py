@@ -155,6 +155,13 @@ class Task:
         flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
         raise NotImplementedError
 
+    def training_data(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """The data settings of :class:`nas.train_subnet.SubnetTraining` (``data``, ``data_seed``, ``val_fraction``,
+        ``options``) that train a subnet on a supernet's corpus and split (its checkpoint's ``meta``); empty when the
+        checkpoint does not say (then the trainer's defaults)."""
+        keys = ("data", "data_seed", "val_fraction")
+        return {k: meta[k] for k in keys} if all(k in meta for k in keys) else {}
+
     def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
         """(space, subnet, model in eval mode) of a model folder of ``nas train-subnet`` or ``nas export`` (what ``nas
         fit-accuracy`` scores); one line (UserError) where this task's folders are not read that way yet."""

@@ -50,7 +50,13 @@ def test_bench_translate_quick_runs_end_to_end_and_resumes(tmp_path, bench):
     # the search ranked by the ranker calibrated on the retrained baselines (nas fit-accuracy on seq2seq)
     ranker = json.loads((run / "ranker" / "ranker.json").read_text())
     assert result["ranker"]["kind"] == "calibrated" and result["ranker"]["models"] == ranker["report"]["n"] >= 4
-    assert json.loads((run / "search" / "search.json").read_text())["config"]["fitness"]["ranker_kind"] == ranker["kind"]
+    summary = json.loads((run / "search" / "search.json").read_text())
+    assert summary["config"]["fitness"]["ranker_kind"] == ranker["kind"]
+    # hurdles from scratch among the verified candidates: trained encoder-decoders scored on the search's pairs
+    hurdles = list(csv.DictReader((run / "search" / "hurdles.csv").open()))
+    assert hurdles and all(0 < float(h["trained_bpb"]) < 10 for h in hurdles)
+    assert {e["found"]["how"] for e in result["budgets"]} <= {"hurdles", "verified", "predicted"}
+    assert "hurdles" in {e["found"]["how"] for e in result["budgets"]}
     roles = ";".join(r["roles"] for r in rows)
     assert "found@" in roles and "uniform softmax@" in roles and bench.LADDER_ROLE in roles
     # every retrained model: one budget in target bytes, so the same steps and bytes, the same corpus

@@ -238,7 +238,8 @@ def stub_train_subnet(calls: list):
         model = extract(load_supernet(source)[0], settings.subnet) if kind == "supernet" else load_model(source)
         save_model(model, settings.out, settings.space)
         steps = settings.tokens // (settings.config.batch_size * settings.config.seq_len)
-        return types.SimpleNamespace(out=Path(settings.out), steps=steps, tokens=settings.tokens, val_bpb=0.0, seconds=0.0)
+        return types.SimpleNamespace(out=Path(settings.out), steps=steps, tokens=settings.tokens, val_bpb=0.0, seconds=0.0,
+                                     stopped="max_steps")
 
     module = types.ModuleType("nas.train_subnet")
     module.SubnetTraining, module.train_subnet = SubnetTraining, train_subnet
@@ -255,8 +256,8 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
     tokens = np.random.default_rng(0).integers(0, 256, size=3000).astype(np.uint8)
     fitness = InheritedLoss(supernet, tokens, seq_len=32, windows=5, batch_size=2, seed=1)
-    trainer = SubnetTrainer(space=tiny, supernet=ckpt, tokens=2048, seq_len=32, heldout=fitness.heldout, seed=7,
-                            data="/corpus", data_seed=3, val_fraction=0.25, corpus_dir=tmp_path, eval_batch=2)
+    trainer = SubnetTrainer(space=tiny, supernet=ckpt, tokens=2048, seq_len=32, scoring=fitness, seed=7,
+                            data="/corpus", data_seed=3, val_fraction=0.25, corpus_dir=tmp_path)
     subnet = tiny.sample(np.random.default_rng(3))
     first = trainer.train(subnet, 0, None, tmp_path / "round0", resume=False)
     # untrained (the stub), so the folder's model scores exactly what the search scored with inherited weights
@@ -270,9 +271,10 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     assert (a.data_seed, a.val_fraction, a.corpus_dir) == (3, 0.25, tmp_path)  # the supernet's split and corpus cache
     assert a.config.batch_size * a.config.seq_len * a.config.max_steps == 2048 and a.config.seq_len == 32
     assert a.config.seed != b.config.seed and a.config.to_dict() | {"seed": 0} == b.config.to_dict() | {"seed": 0}
-    short = types.SimpleNamespace(out=tmp_path / "round0", steps=a.config.max_steps - 1, tokens=0, val_bpb=0.0, seconds=0.0)
+    short = types.SimpleNamespace(out=tmp_path / "round0", steps=a.config.max_steps - 1, tokens=0, val_bpb=0.0, seconds=0.0,
+                                  stopped="max_time")
     monkeypatch.setattr(sys.modules["nas.train_subnet"], "train_subnet", lambda settings, progress=None: short)
-    with pytest.raises(TrainingStopped, match="stopped at step 3 of 4"):  # interrupted: not a finished training
+    with pytest.raises(TrainingStopped, match=r"stopped at step 3 \(max_time\)"):  # short of its budget: not finished
         trainer.train(subnet, 0, None, tmp_path / "round0", resume=True)
 
 

@@ -117,9 +117,9 @@ def test_resume_of_a_seq2seq_run_needs_no_space_argument(trained, capsys):
     assert capsys.readouterr().err.strip() == "nas train-supernet: error: --lang fr differs from the run's None (a resumed run " \
                                               "keeps its corpus)"  # fmt: skip
     # the search's flags an encoder-decoder does not take yet are refused in one line
-    assert main(["search", str(out / "final.pt"), "--predictor", str(out), "--out", str(out.parent / "s"), "--hurdles", "2",
-                 "-q"]) == 2  # fmt: skip
-    assert capsys.readouterr().err == "nas search: error: --hurdles: not for an encoder-decoder (task seq2seq) search yet\n"
+    assert main(["search", str(out / "final.pt"), "--predictor", str(out), "--out", str(out.parent / "s"), "--val-data",
+                 str(out / "log.jsonl"), "-q"]) == 2  # fmt: skip
+    assert capsys.readouterr().err == "nas search: error: --val-data: not for an encoder-decoder (task seq2seq) search yet\n"
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):

@@ -111,3 +111,21 @@ def test_cli_trains_translates_and_refuses_bad_flags(tmp_path, capsys):
     # a new run into it is refused
     assert main([*base, "--tokens", "1500"]) == 2
     assert "already holds a training run (train/latest.pt); add --resume" in capsys.readouterr().err
+
+
+def test_init_model_trains_on_from_a_trained_model_of_the_same_subnet(tmp_path):
+    """``init="model:DIR"`` (the hurdles' next round): the weights of DIR's model, not fresh ones; another subnet's
+    model is refused in one line."""
+    import pytest
+
+    from search_spaces import UserError
+
+    data = write_toy_tsv(tmp_path / "toy.tsv")
+    first = train_seq2seq_subnet(replace(_settings(tmp_path, "round0", data), tokens=600))
+    again = train_seq2seq_subnet(replace(_settings(tmp_path, "round1", data, init=f"model:{first.out}"), tokens=300))
+    assert again.val_ce_before == pytest.approx(first.val_ce, abs=1e-6)  # it starts where round 0 ended
+    assert abs(first.val_ce_before - first.val_ce) > 1e-3  # (from scratch it would not: round 0 moved)
+    other = replace(_settings(tmp_path, "other", data, init=f"model:{first.out}"), subnet=mini_space().smallest())
+    with pytest.raises(UserError, match=r"--init model:.*round0: a model of enc .* not of enc "):
+        train_seq2seq_subnet(other)
+    assert not (tmp_path / "other").exists()

@@ -272,12 +272,11 @@ def _run(args: argparse.Namespace) -> int:
             log.info("note (%s): %s", label, note)
     trained = True
     if hurdles:
-        meta = payload.get("meta", {})
-        corpus = {"data": meta["data"], "data_seed": meta["data_seed"], "val_fraction": meta["val_fraction"],
-                  "corpus_dir": Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()} \
-            if all(k in meta for k in ("data", "data_seed", "val_fraction")) else {}  # the supernet's corpus and split
+        corpus = task.training_data(payload.get("meta", {}))  # the supernet's corpus and split
+        if corpus:
+            corpus["corpus_dir"] = Path(args.data_cache or Path(args.supernet).resolve().parent).resolve()
         trainer = make_trainer(space=space, supernet=Path(args.supernet).resolve(), tokens=hurdles.tokens, seq_len=args.seq_len,
-                               heldout=fitness.heldout, seed=args.seed, device=device, eval_batch=args.eval_batch_size,
+                               scoring=fitness, seed=args.seed, device=device,
                                **({"init": hurdles.init, "batch": hurdles.batch}
                                   if (hurdles.init, hurdles.batch) != ("inherited", S.TRAIN_BATCH) else {}), **corpus)
         from nas.search import hurdles as H
@@ -349,7 +348,9 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out
     summary = json.loads((out / "search.json").read_text())
     summary["hurdles"] = doc
     atomic_write(out / "search.json", json.dumps(summary, indent=2) + "\n")
-    print(H.report(outcome))
+    from search_spaces import tasks
+
+    print(H.report(outcome, tasks.of(space).metric or tasks.of(space).unit))
     print(f"wrote {out}/hurdles_*.yaml, hurdles.csv, search.json (hurdles); trained models in {out / 'hurdles' / outcome.tag}")
     for label, notes in outcome.notes.items():
         for note in notes:

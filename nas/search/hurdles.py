@@ -162,24 +162,28 @@ class SubnetTrainer:
     scratch (``init="scratch"``: ``nas train-subnet``'s rates, lr 3e-3 to 3e-4), round r from ``model:<round r-1's
     folder>``; each round runs its own schedule over exactly ``tokens // (batch x seq_len)`` steps
     (``training_seed(seed, round)``).
-    ``score`` is the bits/byte of the folder's model on ``heldout``, the search's fitness windows.
-    ``data``, ``data_seed``, ``val_fraction``: the supernet's corpus and split (its checkpoint's record), so the
-    trainings never see the validation split the search scores on; ``corpus_dir``: where that corpus is cached
-    (the search's ``--data-cache``), so no training encodes it again.  None: ``train_subnet``'s defaults.
+    The space's task trains (``Task.train_subnet``: an encoder-decoder's trainer turns the budget, target bytes, into
+    its own steps) and reads the folder back (``Task.load_trained``).
+    ``score`` is the folder's model on the search's own held-out data: ``scoring.static(model)`` (``scoring``: the
+    search's fitness; an LM's bits/byte on its windows, an encoder-decoder's cross-entropy on its pairs).
+    ``data``, ``data_seed``, ``val_fraction``, ``options``: the supernet's corpus and split (its checkpoint's record,
+    :meth:`Task.training_data`), so the trainings never see the validation split the search scores on;
+    ``corpus_dir``: where that corpus is cached (the search's ``--data-cache``), so no training encodes it again.
+    None: ``train_subnet``'s defaults.
     """
 
     space: Space
     supernet: Path
     tokens: int
     seq_len: int
-    heldout: Any  # supernet.heldout.HeldOut of the search's fitness
+    scoring: Any  # the search's fitness: .static(model) scores a trained model on its held-out data
     seed: int = 0
     data: str | None = None
     data_seed: int | None = None
     val_fraction: float | None = None
     corpus_dir: Path | None = None
+    options: dict[str, Any] | None = None  # the task's own data settings (an encoder-decoder's catalog language)
     device: str = "cpu"
-    eval_batch: int = 16
     init: str = "inherited"  # round 0 from the supernet's weights, or "scratch"
     batch: int = TRAIN_BATCH  # windows per step
     description: dict[str, Any] = field(init=False)
@@ -187,7 +191,8 @@ class SubnetTrainer:
     def __post_init__(self) -> None:
         self.description = {"trainer": "train_subnet", "tokens": self.tokens, "train": self.config(0).to_dict() | {"seed": None},
                             "seed": self.seed, "data": self.data, "data_seed": self.data_seed, "val_fraction": self.val_fraction,
-                            **({"init": self.init} if self.init != "inherited" else {})}  # (the tag of earlier runs kept)
+                            **({"init": self.init} if self.init != "inherited" else {}),
+                            **({"options": self.options} if self.options else {})}  # (the tag of earlier runs kept)
 
     def config(self, round: int):
         """The round's TrainConfig: fine-tuning rates (as ``nas finetune``) from inherited weights, ``nas train-subnet``'s
@@ -202,26 +207,27 @@ class SubnetTrainer:
                            seed=training_seed(self.seed, round))
 
     def train(self, subnet: Subnet, round: int, init: Path | None, out: Path, resume: bool) -> Path:
-        from nas.train_subnet import SubnetTraining, train_subnet
+        from nas.train_subnet import SubnetTraining
+        from search_spaces import tasks
 
         split = {k: v for k, v in (("data_seed", self.data_seed), ("val_fraction", self.val_fraction),
-                                   ("corpus_dir", self.corpus_dir)) if v is not None}
+                                   ("corpus_dir", self.corpus_dir), ("options", self.options)) if v is not None}
         first = f"supernet:{self.supernet}" if self.init == "inherited" else "scratch"
         settings = SubnetTraining(
             space=self.space, subnet=subnet, out=out, init=first if init is None else f"model:{init}",
             tokens=self.tokens, config=self.config(round), data=self.data, formats=("torch",), resume=resume, device=self.device,
             **split,
         )
-        result = train_subnet(settings)
-        if result.steps < settings.config.max_steps:
-            raise TrainingStopped(f"{subnet} round {round}: stopped at step {result.steps} of {settings.config.max_steps}")
+        result = tasks.of(self.space).train_subnet(settings)
+        if result.stopped != "max_steps":  # its whole budget, or stopped early (and resumable)
+            raise TrainingStopped(f"{subnet} round {round}: stopped at step {result.steps} ({result.stopped})")
         return Path(result.out)
 
     def score(self, folder: Path) -> float:
-        from supernet import load_model
+        from search_spaces import tasks
 
-        model = load_model(folder, device=self.device)
-        return self.heldout.bits(model, None, self.eval_batch, mixed_precision=False)  # fp32, as the search's fitness
+        _, _, model = tasks.of(self.space).load_trained(folder, self.device)
+        return float(self.scoring.static(model))  # fp32, as the search's fitness
 
 
 # --------------------------------------------------------------------------- the decision (pure)
@@ -387,8 +393,8 @@ class TrainingTrials:
                 continue
             self._unfinished.discard(t.number)
             if t.state.name == "COMPLETE" and (key not in self.complete or t.number < self.complete[key].trial):
-                u = t.user_attrs
-                self.complete[key] = TrainingRecord(t.number, Subnet.from_json(u["subnet"]), key[1], float(t.value),
+                u, kind = t.user_attrs, self.store.space.subnet_type  # the subnet type of the space's task
+                self.complete[key] = TrainingRecord(t.number, kind.from_json(u["subnet"]), key[1], float(t.value),
                                                     str(u["folder"]), str(t.system_attrs.get(OWNER)))
         self.running = {}
         for n in sorted(self._unfinished):
@@ -549,13 +555,14 @@ def _plain(data: Any) -> Any:
 # --------------------------------------------------------------------------- reporting
 
 
-def report(outcome: HurdleOutcome) -> str:
-    """The terminal table: every training with its hurdle and verdict, then the best per budget."""
+def report(outcome: HurdleOutcome, unit: str = "bits/byte") -> str:
+    """The terminal table: every training with its hurdle and verdict, then the best per budget (scores in ``unit``,
+    the search's fitness metric)."""
     c = outcome.config
     wl = max([6] + [len(label) for label in outcome.budgets])
     lines = [f"hurdles: top {c.candidates} per budget, {c.rounds} round{'s' * (c.rounds != 1)} of {c.tokens:,} training tokens "
-             f"({'from scratch' if c.init == 'scratch' else 'from inherited weights'}); bits/byte on the search's "
-             "validation windows",
+             f"({'from scratch' if c.init == 'scratch' else 'from inherited weights'}); {unit} on the search's "
+             "held-out data",
              f"{'budget':<{wl}} {'cand':>4} {'round':>5} {'inherited':>9} {'trained':>9} {'hurdle':>9}  verdict  subnet"]
     for label, b in outcome.budgets.items():
         for row in b.rows:
@@ -574,7 +581,7 @@ def report(outcome: HurdleOutcome) -> str:
             changed = "the search's best (candidate 1) was not trained"
         else:
             changed = f"the search's best (candidate 1) {first.verdict} at round {first.round}, {first.bpb:.4f}"
-        lines.append(f"{label}: best after hurdles is candidate {best.candidate.rank}, {best.bpb:.4f} bits/byte at round "
+        lines.append(f"{label}: best after hurdles is candidate {best.candidate.rank}, {best.bpb:.4f} {unit} at round "
                      f"{best.round} ({c.tokens * (best.round + 1):,} tokens trained; {best.candidate.inherited:.4f} inherited), "
                      f"{changed}")
     return "\n".join(lines)

@@ -63,6 +63,12 @@ class TranslationTask(Task):
 
         return seq2seq_fitness(model, payload, settings)
 
+    def training_data(self, meta: dict) -> dict:
+        from .workflows import corpus_record
+
+        record = corpus_record(meta)  # the pairs: a file, or the catalogs of a language; split by the seed
+        return {"data": record["data"], "data_seed": record["data_seed"] or 0, "options": {"lang": record["lang"]}}
+
     def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
         from .artifact import load_seq2seq_model
 

@@ -5,8 +5,9 @@ the fitness, held-out cross-entropy per target byte (nats, EOS counted) with inh
 (:func:`tasks.translation.train.heldout_ce`) on a fixed subset of the validation split of the supernet's own corpus
 (``--val-windows`` batches of ``--eval-batch-size`` pairs, the first length-sorted batches of ``--val-seed``, the same for
 every subnet); the genetic operators are the space's (:class:`~.space.Seq2SeqSpace`).  Not yet for seq2seq:
-``--hurdles``, ``--precision`` other than fp32, ``--val-data``.  ``--fitness calibrated:DIR`` works as for the LM
-(a ranker of ``nas fit-accuracy`` on retrained encoder-decoders, its features over both stacks).
+``--precision`` other than fp32, ``--val-data``.  ``--fitness calibrated:DIR`` works as for the LM (a ranker of ``nas
+fit-accuracy`` on retrained encoder-decoders, its features over both stacks), and so do ``--hurdles`` (each round
+``nas train-subnet`` of the task, its budget in target bytes, scored on the search's validation pairs).
 """
 
 from __future__ import annotations
@@ -47,9 +48,8 @@ class Seq2SeqFitness:
 
 def refuse(given: dict) -> None:
     """Refuse, in one line, the search's flags that do not run on an encoder-decoder yet."""
-    for dest in ("hurdles", "val_data"):
-        if given.get(dest):
-            raise UserError(f"--{dest.replace('_', '-')}: not for an encoder-decoder (task seq2seq) search yet")
+    if given.get("val_data"):
+        raise UserError("--val-data: not for an encoder-decoder (task seq2seq) search yet")
     if given.get("precision", "fp32") != "fp32":
         raise UserError(f"--precision {given['precision']}: an encoder-decoder (task seq2seq) is searched in fp32 only so far")
 

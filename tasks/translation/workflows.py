@@ -77,9 +77,10 @@ def corpus_record(meta: dict) -> dict:
 class Seq2SeqSubnetTraining:
     """One encoder-decoder subnet trained on its own (``nas train-subnet`` on a seq2seq space).
 
-    ``init``: ``"scratch"`` (weights drawn from ``config.seed``) or ``"supernet:PATH"`` (the subnet's weights extracted
-    from a seq2seq supernet of the same space).  ``tokens``: a budget in target bytes (EOS included, the loop's unit):
-    the most whole steps of the seeded batches that fit it (:func:`tasks.translation.train.steps_for_tokens`), so
+    ``init``: ``"scratch"`` (weights drawn from ``config.seed``), ``"supernet:PATH"`` (the subnet's weights extracted
+    from a seq2seq supernet of the same space) or ``"model:DIR"`` (a trained model of the same subnet, trained on).
+    ``tokens``: a budget in target bytes (EOS included, the loop's unit): the most whole steps of the seeded batches
+    that fit it (:func:`tasks.translation.train.steps_for_tokens`), so
     models trained with one budget, seed and batch size see the same pairs in the same order.  Data: the gettext
     catalogs of ``lang`` (default de) or ``data`` (a source<TAB>target file).  ``resume`` continues
     ``out/train/latest.pt`` exactly; only the bounds and outputs may change (:data:`nas.train_subnet.RESUMABLE`).
@@ -142,6 +143,19 @@ def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str) -> dict:
             "corpus_dir": None if s.corpus_dir is None else str(Path(s.corpus_dir).resolve())}  # fmt: skip
 
 
+def _check_source_model(path: Path, space, subnet) -> None:
+    """``--init model:DIR``: DIR must hold a trained model of ``subnet`` of ``space``; one line otherwise."""
+    from search_spaces import UserError
+    from supernet.artifact import open_export
+
+    from .space import Seq2SeqSubnet
+
+    _, _, their_space, theirs = open_export(path, Seq2SeqSubnet)
+    if their_space.arch_hash != space.arch_hash or theirs != subnet:
+        raise UserError(f"--init model:{path}: a model of {theirs} (space {their_space.name!r}), not of {subnet} "
+                        f"(space {space.name!r})")  # fmt: skip
+
+
 def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
     """(the initial static model, the source's step) of ``--init``."""
     import torch
@@ -153,6 +167,12 @@ def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
 
     if kind == "scratch":
         return Seq2SeqTransformer(space, subnet, generator=torch.Generator().manual_seed(seed)), None
+    if kind == "model":  # a trained encoder-decoder of the same subnet, trained on (the hurdles' next round)
+        from .artifact import load_seq2seq_model
+
+        _check_source_model(path, space, subnet)
+        model, card = load_seq2seq_model(path)
+        return model.train(), (card.get("training") or {}).get("steps")
     supernet, payload = load_seq2seq_supernet(path)
     if supernet.space.arch_hash != space.arch_hash:
         raise UserError(f"--init supernet:{path}: trained on space {supernet.space.name!r} (arch hash "
@@ -200,7 +220,9 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     out, space = Path(s.out), s.space
     subnet = space.check(s.subnet)
     config = s.config if s.config is not None else TrainConfig()
-    kind, path = parse_source(s.init, "--init", ("scratch", "supernet"))
+    kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
+    if kind == "model" and not s.resume:
+        _check_source_model(path, space, subnet)  # before anything is written
     if str(s.device).startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {s.device}: CUDA is not available on this machine")
     record = _seq2seq_record(s, source_text(kind, path))
