@@ -286,8 +286,43 @@ def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, gra
                  "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--timing-threads", "1", "--timing-warmup", "1",
                  "--repeats", "2",
                  "--rounds", "1", "--min-sample-ms", "1", "-q"]) == 0
-    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--out", str(tmp_path / "a.csv"),
-                 "-q"]) == 2
+
+
+def test_an_arm_bundle_times_each_vit_graph_on_seeded_images(tmp_path, graph_cache, capsys):
+    """The bundle runner (numpy and onnxruntime only) times each subnet's graph, its weights drawn on the board, on the
+    images the host times; its table is read back as an image table; at int8 the arm bundle is refused in one line."""
+    import os
+    import subprocess
+    import sys
+    import tarfile
+
+    from latency.table import read_timings
+    from latency.timing_core import image_feed
+    from tasks.image_classification.timing import images
+
+    (tmp_path / "s.yaml").write_text(SPACE)
+    space = parse_space(SPACE, where="s.yaml")
+    bundle = tmp_path / "b.tar.gz"
+    q = ["--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "-q"]
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--bundle", str(bundle), "--samples",
+                 "2", "--retest", "0", *q]) == 0  # fmt: skip
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "nas-latency-bundle"
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert all(m["images"] == [1, 8, 8] and m["tensors"] for m in manifest["models"] + [manifest["reference"]])
+    # the board's images are the host's (one seed, one shape)
+    assert np.array_equal(image_feed(1, manifest["reference"]["images"])["images"], images(space, 1))
+    done = subprocess.run([sys.executable, str(root / "runner.py"), "--threads", "1", "--out", str(tmp_path / "board.csv")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    t = read_timings(tmp_path / "board.csv")
+    assert t.workload.kind == "image" and set(t.passes("measure")) == {space.largest().key, space.smallest().key}
+    assert all(r.median_ms > 0 for r in t.passes("measure").values())
+    capsys.readouterr()
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--precision", "int8-dynamic",
+                 "--bundle", str(tmp_path / "q.tar.gz"), "-q"]) == 2  # fmt: skip
+    assert "timed in int8 on onnxruntime only" in capsys.readouterr().err and not (tmp_path / "q.tar.gz").exists()
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(root):

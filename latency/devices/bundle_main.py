@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, image_feed, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -109,11 +109,14 @@ def main(argv=None) -> int:
 
     settings = Settings.from_dict(manifest["meta"]["protocol"])
     workload = manifest["meta"]["workload"]
-    tokens = None if workload.get("kind") == "translate" else prefill_tokens(
+    tokens = None if workload.get("kind") in ("translate", "image") else prefill_tokens(
         manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
 
     def feed_of(entry: dict) -> dict:
-        """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout."""
+        """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout;
+        image: the same seeded images for every model, of the entry's shape."""
+        if workload.get("kind") == "image":
+            return image_feed(workload["batch_size"], entry["images"])
         return (
             decode_inputs(entry["inputs"], workload["batch_size"], workload["context"])
             if workload.get("kind") == "decode"

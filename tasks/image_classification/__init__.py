@@ -198,6 +198,11 @@ class ImageTask(Task):
     def bundle_models(self, space: Any, seed: int) -> tuple:
         return (lambda s: self.timing_model(space, s)), self.timing_reference(space)
 
+    def bundle_graphs(self, model: Any) -> tuple[dict, dict]:
+        from .timing import bundle_graphs
+
+        return bundle_graphs(model)
+
     def torch_call(self, model: Any, workload: Any, device: str = "cpu", runtime: str = "eager"):
         from .timing import image_call
 

@@ -6,7 +6,9 @@ timed beside every visit is the space's smallest subnet.  A table row's features
 :func:`image_terms` at the token count ``T = (resolution / patch)^2`` of the subnet (the patch and the resolution set
 the sequence length the blocks see).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
 the data's size; ``onnxruntime`` runs its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or
-``int8-static``, quantized as an export is).  Not yet: the ``arm`` bundle.
+``int8-static``, quantized as an export is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without
+its weights (the board's runner draws seeded ones) and times it on seeded images of the data's size
+(:func:`latency.devices.arm.write_bundle`, :func:`bundle_graphs`).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
 
-TIMED_ON = ("cpu", "cuda", "onnxruntime")
+TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time an image workload
 
 
 def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
-    if device not in TIMED_ON:
+    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
         raise UserError(f"--device {device}: an image-classification space ({space.name}) is timed on {', '.join(TIMED_ON)} "
                         "so far (docs/vision.md)")
     if precision not in (None, "fp32") and device != "onnxruntime":
@@ -119,6 +121,10 @@ def vision_matrix(kind: str, space: VisionSpace, workload, subnets) -> tuple:
 
 def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:
     """The timed input: ``batch`` seeded random images of the data's size, float32 in [0, 1]."""
+    if seed == 0:  # the timing input, as a latency bundle's runner draws it on the board
+        from latency.timing_core import image_feed
+
+        return image_feed(batch, (space.channels, space.image_size, space.image_size))["images"]
     shape = (batch, space.channels, space.image_size, space.image_size)
     return np.random.default_rng(seed).random(shape, dtype=np.float32)
 
@@ -185,6 +191,35 @@ def cached_vit_graph(model) -> Path:
             export_vit_onnx(model, Path(tmp) / "g.onnx")
             os.replace(Path(tmp) / "g.onnx", path)
     return path
+
+
+def bundle_graphs(model) -> tuple[dict, dict]:
+    """A latency bundle's entry of ``model``: its graph without the large weights (``tensors``: their layout, for the
+    runner's seeded weights) and the image shape it takes (``images``: C, H, W); and the graph file it names."""
+    from latency.onnx_graphs import graph_dir, strip_weights, write_json
+
+    directory = graph_dir()
+    key = vision_key(model)
+    folder = directory / f"vit-bundle-{key}"
+    name = f"vit-{key}.onnx"  # unique: a bundle holds many
+    if not (folder / "layout.json").exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            import shutil
+
+            shutil.copyfile(cached_vit_graph(model), Path(tmp) / name)
+            write_json(Path(tmp) / "layout.json", {"tensors": strip_weights(Path(tmp) / name), "subnet": model.subnet.to_dict()})
+            try:
+                os.replace(tmp, folder)  # atomic: a present folder is a complete one
+            except OSError:  # another process wrote it first: keep the one there
+                if not (folder / "layout.json").exists():
+                    raise
+            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
+    layout = json.loads((folder / "layout.json").read_text())
+    space = model.space
+    entry = {"graph": f"models/{name}", "tensors": layout["tensors"],
+             "images": [space.channels, space.image_size, space.image_size]}  # fmt: skip
+    return entry, {name: folder / name}
 
 
 def vision_ort_runner(model, workload, threads: int | None, provider: str, clock: str, precision: str):
