@@ -14,7 +14,8 @@ exists is kept):
    (fitness: top-1 error on validation images with inherited weights);
 4. ``baselines``: per attention type, the uniform ViT (every layer the same heads, FFN and type) with the most
    parameters that the predictor puts under each budget, plus for softmax (the plain ViT) a ladder of the uniform
-   softmax ViTs at every quarter of the predicted latencies up to the largest;
+   softmax ViTs at every quarter of their predicted latencies up to the slowest (each rung the one predicted closest
+   under its target);
 5. ``retrain``: every model (found and baselines) trained from scratch for the same ``--epochs`` of the training
    images, ``--seeds`` seeds each, then scored on the 10,000 test images;
 6. ``measure``: every model timed side by side on ONNX Runtime (one image, batch 1, one thread, the thread's CPU time
@@ -183,9 +184,9 @@ def stage_baselines(root: Path, space, pred: Path, budgets: list[dict], plan: Pl
                                                 "predicted_ms": float(ms[i]), "role": "baseline"})
     soft = [i for i, s in enumerate(uniform) if s.attention[0] == space.attention[0]]
     targets = np.quantile(ms[soft], np.linspace(1 / plan.ladder, 1.0, plan.ladder))
-    for target in targets:
-        under = [i for i in soft if ms[i] <= target * 1.0001]
-        i = max(under, key=lambda j: (params[j], -ms[j]))
+    for target in targets:  # the rung closest under each target (by parameters, a 7 x 7-patch ViT would top the ladder
+        under = [i for i in soft if ms[i] <= target * 1.0001]  # at a third of the slowest one's latency)
+        i = max(under, key=lambda j: (ms[j], params[j]))
         entry = out.setdefault(uniform[i].key, {"name": f"uniform-{space.attention[0]}", "type": space.attention[0],
                                                 "subnet": uniform[i].to_dict(), "predicted_ms": float(ms[i]), "role": "ladder"})
         entry["ladder"] = True
