@@ -28,6 +28,7 @@ def test_bench_vision_quick_writes_the_contract_and_resumes(tmp_path, graph_cach
     record = json.loads((tmp_path / "b" / "vision.json").read_text())
     assert {"best_test_accuracy", "budgets", "speedup_vs_softmax", "predictor", "command", "machine"} <= set(record)
     assert len(record["budgets"]) == 3 and 0 <= record["best_test_accuracy"] <= 1
+    assert 0 < record["wall_s_this_run"] <= record["wall_s"]  # the whole benchmark's time, from the supernet's first step
     for b in record["budgets"]:
         assert {"budget_ms", "verdict", "found", "best_uniform"} <= set(b)
         assert {"subnet", "test_accuracy", "measured_ms"} <= set(b["found"]) and b["found"]["measured_ms"] > 0
