@@ -43,3 +43,14 @@ def test_bench_vision_quick_writes_the_contract_and_resumes(tmp_path, graph_cach
     assert "retrain " not in caplog.text and "$ nas" not in caplog.text  # every stage read back
     assert [c.stat().st_mtime_ns for c in sorted((tmp_path / "b" / "models").glob("*/model_card.json"))] == stamps
     assert json.loads((tmp_path / "b" / "vision.json").read_text())["models"] == record["models"]
+
+
+def test_a_verdict_inside_the_seed_noise_is_a_tie_and_a_failed_seed_is_named():
+    b = bench()
+    found = lambda acc: {"test_accuracy": acc, "measured_ms": 0.2, "budget_ms": 0.2, "subnet": {}}  # noqa: E731
+    base = {"test_accuracy": [0.79, 0.80], "measured_ms": 0.15, "name": "uniform-x", "type": "x", "subnet": {}}
+    ladder = {**base, "type": "softmax", "ladder": True, "measured_ms": 0.5, "test_accuracy": [0.81, 0.81]}
+    rows, speed = b.verdicts([found([0.81, 0.80]), found([0.78, 0.78]), found([0.67, 0.31])], [base, ladder], "softmax")
+    assert [r["verdict"] for r in rows] == ["PASS", "FAIL", "TIE"]  # ahead; behind beyond 2 SD; behind inside 2 SD
+    assert [r["unstable_seeds"] for r in rows] == [False, False, True]  # the tie is a failed seed's noise
+    assert rows[2]["noise_2sd"] > 0.4 and speed[0] == {"budget_ms": 0.2, "ratio": 2.5, "bound": "measured"}
