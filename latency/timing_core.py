@@ -532,10 +532,10 @@ def prefill_tokens(vocab_size: int, batch_size: int, seq_len: int) -> dict[str, 
     return {"tokens": np.random.default_rng(0).integers(0, vocab_size, (batch_size, seq_len), dtype=np.int64)}
 
 
-def image_feed(batch_size: int, shape) -> dict[str, np.ndarray]:
+def image_feed(batch_size: int, shape, seed: int = 0) -> dict[str, np.ndarray]:
     """The ``images`` input of an image timing: ``batch_size`` seeded images of ``shape`` (C, H, W), float32 in [0, 1],
     the same for every model, on host and board alike."""
-    return {"images": np.random.default_rng(0).random((batch_size, *shape), dtype=np.float32)}
+    return {"images": np.random.default_rng(seed).random((batch_size, *shape), dtype=np.float32)}
 
 
 def ort_runner(session, feed: dict, clock: str) -> Runner:

@@ -121,12 +121,9 @@ def vision_matrix(kind: str, space: VisionSpace, workload, subnets) -> tuple:
 
 def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:
     """The timed input: ``batch`` seeded random images of the data's size, float32 in [0, 1]."""
-    if seed == 0:  # the timing input, as a latency bundle's runner draws it on the board
-        from latency.timing_core import image_feed
+    from latency.timing_core import image_feed  # (as a latency bundle's runner draws them on the board)
 
-        return image_feed(batch, (space.channels, space.image_size, space.image_size))["images"]
-    shape = (batch, space.channels, space.image_size, space.image_size)
-    return np.random.default_rng(seed).random(shape, dtype=np.float32)
+    return image_feed(batch, (space.channels, space.image_size, space.image_size), seed)["images"]
 
 
 def image_call(model, workload, device: str = "cpu", runtime: str = "eager"):

@@ -170,8 +170,7 @@ def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
     if kind == "model":  # a trained encoder-decoder of the same subnet, trained on (the hurdles' next round)
         from .artifact import load_seq2seq_model
 
-        _check_source_model(path, space, subnet)
-        model, card = load_seq2seq_model(path)
+        model, card = load_seq2seq_model(path)  # (checked by train_seq2seq_subnet before anything is written)
         return model.train(), (card.get("training") or {}).get("steps")
     supernet, payload = load_seq2seq_supernet(path)
     if supernet.space.arch_hash != space.arch_hash:
