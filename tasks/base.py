@@ -95,6 +95,12 @@ class Task:
     data_defaults: dict[str, Any] = {"data": None, "data_seed": 0}
     token_unit: str = "tokens"  # what a run's token count counts
 
+    def example_tokens(self, seq_len: int) -> int | None:
+        """What one training example counts in ``token_unit`` at ``seq_len``: a token budget (``--hurdle-tokens``) is
+        whole steps of batch x this.  None where examples differ in size (a pair's target bytes): a budget is then
+        trained to as it is, the last step taking it past."""
+        return seq_len
+
     def data_settings(self, settings: dict[str, Any], flags: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
         """A run's data settings (recorded flat in its checkpoints' meta): the generic ones (``settings``, already
         merged with a resumed run's) and the task's own from its ``flags`` given; ``stored``: a resumed run's meta."""

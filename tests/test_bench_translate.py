@@ -52,11 +52,20 @@ def test_bench_translate_quick_runs_end_to_end_and_resumes(tmp_path, bench):
     assert result["ranker"]["kind"] == "calibrated" and result["ranker"]["models"] == ranker["report"]["n"] >= 4
     summary = json.loads((run / "search" / "search.json").read_text())
     assert summary["config"]["fitness"]["ranker_kind"] == ranker["kind"]
-    # hurdles from scratch among the verified candidates: trained encoder-decoders scored on the search's pairs
+    # hurdles from scratch among the candidates whose measured latency held (the quick search's budgets are tight and
+    # timed on a shared cpu, so which hold varies from run to run; nas search's hurdles on encoder-decoders are tested
+    # deterministically in test_translate_latency): trained encoder-decoders scored on the search's pairs, and each
+    # budget's found model is the hurdles' winner, else the verified one, else the predictor's
+    verify = json.loads((run / "search" / "verify.json").read_text())["budgets"]
+    held = {(label, c["key"]) for label, v in verify.items() for c in v["checks"] if c["holds"]}
     hurdles = list(csv.DictReader((run / "search" / "hurdles.csv").open()))
-    assert hurdles and all(0 < float(h["trained_bpb"]) < 10 for h in hurdles)
-    assert {e["found"]["how"] for e in result["budgets"]} <= {"hurdles", "verified", "predicted"}
-    assert "hurdles" in {e["found"]["how"] for e in result["budgets"]}
+    assert {(h["budget"], h["key"]) for h in hurdles} <= held
+    assert all(0 < float(h["trained_bpb"]) < 10 for h in hurdles)
+    for e in (e for e in result["budgets"] if e["found"] is not None):
+        trained = {h["key"] for h in hurdles if h["budget"] == e["label"]}
+        want = "hurdles" if trained else "verified" if verify[e["label"]]["verified"] else "predicted"
+        assert e["found"]["how"] == want, (e["label"], e["found"]["how"], want)
+        assert e["found"]["key"] in trained or not trained
     roles = ";".join(r["roles"] for r in rows)
     assert "found@" in roles and "uniform softmax@" in roles and bench.LADDER_ROLE in roles
     # every retrained model: one budget in target bytes, so the same steps and bytes, the same corpus

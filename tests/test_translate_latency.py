@@ -2,6 +2,7 @@
 
 import csv
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -200,3 +201,39 @@ def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
     # without --budget: one search for the lowest loss, best_no-budget.yaml
     assert _search(run, pred, root / "search-free", None, "random") == 0
     assert (root / "search-free" / "best_no-budget.yaml").exists()
+
+
+def test_hurdles_from_scratch_train_the_verified_encoder_decoders(searched, capsys):
+    """--hurdles on an encoder-decoder supernet (bench_translate's search): each budget's top candidates that hold on the
+    device trained from scratch on the supernet's corpus, scored on the search's validation pairs; the survivor's
+    second round continues its first; the best is written as hurdles_<budget>.yaml and loads as a trained model."""
+    from tasks.translation.artifact import load_seq2seq_model
+    from tasks.translation.space import Seq2SeqSubnet
+
+    root, run, pred, _ = searched
+    out = root / "search-hurdles"
+    args = ["search", str(run / "final.pt"), "--predictor", str(pred), "--out", str(out), "--budget", "10s",
+            "--population", "6", "--parents", "3", "--mutations", "3", "--crossovers", "3", "--generations", "1",
+            "--val-windows", "2", "--eval-batch-size", "4", "--device", "cpu", "--no-progress", "-q",
+            "--timing-target", "cpu", "--verify-top", "2", "--timing-threads", "1",
+            "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-from", "scratch", "--hurdle-tokens", "2K",
+            "--hurdle-batch-size", "8"]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "hurdles: top 2 per budget, 2 rounds of 2,000 training target bytes (from scratch); nats" in printed
+    summary = json.loads((out / "search.json").read_text())
+    entry = summary["hurdles"]["budgets"]["10s"]
+    held = {c["key"] for c in json.loads((out / "verify.json").read_text())["budgets"]["10s"]["checks"] if c["holds"]}
+    first = [r for r in entry["table"] if r["round"] == 0]
+    assert len(first) == 2 and {r["key"] for r in first} <= held
+    best = entry["best"]
+    assert Path(best["model"]).name == "round1" and np.isfinite(best["trained_bpb"]) and best["trained_bpb"] > 0
+    model, _ = load_seq2seq_model(best["model"])
+    assert model.subnet == Seq2SeqSubnet.load(out / "hurdles_10s.yaml")
+    card = json.loads((Path(best["model"]) / "model_card.json").read_text())
+    # the second round: 2K more target bytes from the first round's weights
+    assert card["training"]["token_budget"] == 2000 and card["training"]["init"].endswith("round0")
+    # run again: the study resumes, nothing is trained twice, the same best
+    assert main(args) == 0
+    capsys.readouterr()
+    assert json.loads((out / "search.json").read_text())["hurdles"]["budgets"]["10s"]["best"] == best

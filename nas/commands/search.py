@@ -156,16 +156,10 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.worker_batch < 1:
         raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
-    hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
-                              step_tokens=S.TRAIN_BATCH * args.seq_len, evaluations=config.evaluations,
-                              per_type=args.hurdle_per_type, init=args.hurdle_from, batch=args.hurdle_batch_size)
-    make_trainer = trainer_factory() if hurdles else None
     device = S.pick_device(args.device)
     from latency.quantize import check_precision
 
     precision = check_precision(args.precision)
-    if hurdles and precision != "fp32":
-        raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
 
     from latency.predictors import load_predictor
     from search_spaces import tasks
@@ -175,6 +169,14 @@ def _run(args: argparse.Namespace) -> int:
     space = model.space
     task = tasks.of(space)
     task.refuse(NAME, {"hurdles": args.hurdles, "val_data": args.val_data, "precision": precision, "fitness": args.fitness})
+    example = task.example_tokens(args.seq_len)  # a training step's tokens are the task's (None: they vary)
+    hurdles = S.hurdle_config(args.hurdles, args.hurdle_candidates, args.hurdle_tokens,
+                              step_tokens=None if example is None else S.TRAIN_BATCH * example,
+                              evaluations=config.evaluations, per_type=args.hurdle_per_type, init=args.hurdle_from,
+                              batch=args.hurdle_batch_size)
+    make_trainer = trainer_factory() if hurdles else None
+    if hurdles and precision != "fp32":
+        raise UserError(f"--hurdles: not at --precision {precision} yet (hurdle trainings are scored fp32)")
     latencies, primary = workload_latencies(args, space, load_predictor)
     fitness, data_digest = S.task_fitness(model, payload, scoring_settings(args, device, precision))
     if args.fitness != "inherited":
@@ -350,7 +352,8 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out
     atomic_write(out / "search.json", json.dumps(summary, indent=2) + "\n")
     from search_spaces import tasks
 
-    print(H.report(outcome, tasks.of(space).metric or tasks.of(space).unit))
+    task = tasks.of(space)
+    print(H.report(outcome, task.metric or task.unit, task.token_unit))
     print(f"wrote {out}/hurdles_*.yaml, hurdles.csv, search.json (hurdles); trained models in {out / 'hurdles' / outcome.tag}")
     for label, notes in outcome.notes.items():
         for note in notes:

@@ -73,13 +73,14 @@ class HurdleConfig:
     batch: int = TRAIN_BATCH  # --hurdle-batch-size: windows per training step
 
 
-def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int, evaluations: int,
+def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_tokens: int | None, evaluations: int,
                   per_type: int = 0, init: str = "inherited", batch: int = TRAIN_BATCH) -> HurdleConfig | None:
     """Check the hurdle flags (every problem at once, each naming its flag); None when ``rounds`` is 0 (off).
 
-    ``step_tokens``: tokens of one training step (the smallest ``--hurdle-tokens``; the tokens are rounded down to
-    whole steps, which is what a round trains on); ``evaluations``: the most subnets the search evaluates per budget
-    (the most candidates there can be).
+    ``step_tokens``: tokens of one training step at the default batch (the smallest ``--hurdle-tokens``; the tokens
+    are rounded down to whole steps, which is what a round trains on); None where a step's tokens vary (an
+    encoder-decoder's target bytes: its trainer counts them, and refuses a budget below its first batch);
+    ``evaluations``: the most subnets the search evaluates per budget (the most candidates there can be).
     """
     from .budget import COUNT_FORMS, MAX_TOKENS, parse_count
 
@@ -107,14 +108,17 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     if not isinstance(batch, int) or batch < 1:
         problems.append(f"--hurdle-batch-size: {batch!r} is not a positive number of windows")
         batch = TRAIN_BATCH
-    step_tokens = step_tokens // TRAIN_BATCH * batch  # (given at the default batch of 16 windows)
-    if n and n < step_tokens:
+    if step_tokens is not None:
+        step_tokens = step_tokens // TRAIN_BATCH * batch  # (given at the default batch of 16 windows)
+    if n and step_tokens is not None and n < step_tokens:
         problems.append(f"--hurdle-tokens: {tokens} is less than one training step ({batch} windows x "
                         f"{step_tokens // batch} tokens = {step_tokens:,} tokens); write {COUNT_FORMS}")
     if problems:
         raise UserError("\n".join(problems))
     if not rounds:
         return None
+    if step_tokens is None:
+        return HurdleConfig(rounds, k, n, per_type, init, batch)
     whole = n // step_tokens * step_tokens
     if whole != n:
         log.info("--hurdle-tokens %s: %s tokens per round, %d whole steps of %s", tokens, f"{whole:,}", whole // step_tokens,
@@ -555,12 +559,12 @@ def _plain(data: Any) -> Any:
 # --------------------------------------------------------------------------- reporting
 
 
-def report(outcome: HurdleOutcome, unit: str = "bits/byte") -> str:
+def report(outcome: HurdleOutcome, unit: str = "bits/byte", tokens: str = "tokens") -> str:
     """The terminal table: every training with its hurdle and verdict, then the best per budget (scores in ``unit``,
-    the search's fitness metric)."""
+    the search's fitness metric; ``tokens``: what the task's token counts count)."""
     c = outcome.config
     wl = max([6] + [len(label) for label in outcome.budgets])
-    lines = [f"hurdles: top {c.candidates} per budget, {c.rounds} round{'s' * (c.rounds != 1)} of {c.tokens:,} training tokens "
+    lines = [f"hurdles: top {c.candidates} per budget, {c.rounds} round{'s' * (c.rounds != 1)} of {c.tokens:,} training {tokens} "
              f"({'from scratch' if c.init == 'scratch' else 'from inherited weights'}); {unit} on the search's "
              "held-out data",
              f"{'budget':<{wl}} {'cand':>4} {'round':>5} {'inherited':>9} {'trained':>9} {'hurdle':>9}  verdict  subnet"]
@@ -582,8 +586,8 @@ def report(outcome: HurdleOutcome, unit: str = "bits/byte") -> str:
         else:
             changed = f"the search's best (candidate 1) {first.verdict} at round {first.round}, {first.bpb:.4f}"
         lines.append(f"{label}: best after hurdles is candidate {best.candidate.rank}, {best.bpb:.4f} {unit} at round "
-                     f"{best.round} ({c.tokens * (best.round + 1):,} tokens trained; {best.candidate.inherited:.4f} inherited), "
-                     f"{changed}")
+                     f"{best.round} ({c.tokens * (best.round + 1):,} {tokens} trained; {best.candidate.inherited:.4f} "
+                     f"inherited), {changed}")
     return "\n".join(lines)
 
 

@@ -40,6 +40,9 @@ class TranslationTask(Task):
     objective_defaults = {"n_eval_random": 2}  # two random subnets evaluated (the records of earlier runs)
     token_unit = "target bytes"
 
+    def example_tokens(self, seq_len: int) -> None:
+        return None  # a pair's target bytes vary: a budget of target bytes is not whole steps
+
     # ------------------------------------------------------------------ commands
 
     def refuse(self, command: str, given: dict[str, Any]) -> None:
