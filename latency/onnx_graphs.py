@@ -596,6 +596,23 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def folder_once(folder: Path, build) -> dict:
+    """``folder``'s ``layout.json``, the folder made first where it is missing: ``build(tmp)`` fills a temporary folder
+    beside it (ending with its ``layout.json``), which is then moved in at once, so a present folder is a complete one;
+    where another process moved its own in first, that one is kept."""
+    if not (folder / "layout.json").exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+            build(Path(tmp))
+            try:
+                os.replace(tmp, folder)
+            except OSError:  # another process wrote it first (or an old partial folder): keep the one there
+                if not (folder / "layout.json").exists():
+                    raise
+            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
+    return json.loads((folder / "layout.json").read_text())
+
+
 # --------------------------------------------------------------------------- whole graphs, stripped
 #
 # A model whose graphs are exported whole (a task's own model: tasks.translation's encoder and decoder step), once

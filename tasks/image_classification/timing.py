@@ -193,26 +193,19 @@ def cached_vit_graph(model) -> Path:
 def bundle_graphs(model) -> tuple[dict, dict]:
     """A latency bundle's entry of ``model``: its graph without the large weights (``tensors``: their layout, for the
     runner's seeded weights) and the image shape it takes (``images``: C, H, W); and the graph file it names."""
-    from latency.onnx_graphs import graph_dir, strip_weights, write_json
+    import shutil
 
-    directory = graph_dir()
+    from latency.onnx_graphs import folder_once, graph_dir, strip_weights, write_json
+
     key = vision_key(model)
-    folder = directory / f"vit-bundle-{key}"
+    folder = graph_dir() / f"vit-bundle-{key}"
     name = f"vit-{key}.onnx"  # unique: a bundle holds many
-    if not (folder / "layout.json").exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            import shutil
 
-            shutil.copyfile(cached_vit_graph(model), Path(tmp) / name)
-            write_json(Path(tmp) / "layout.json", {"tensors": strip_weights(Path(tmp) / name), "subnet": model.subnet.to_dict()})
-            try:
-                os.replace(tmp, folder)  # atomic: a present folder is a complete one
-            except OSError:  # another process wrote it first: keep the one there
-                if not (folder / "layout.json").exists():
-                    raise
-            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
-    layout = json.loads((folder / "layout.json").read_text())
+    def build(tmp: Path) -> None:
+        shutil.copyfile(cached_vit_graph(model), tmp / name)
+        write_json(tmp / "layout.json", {"tensors": strip_weights(tmp / name), "subnet": model.subnet.to_dict()})
+
+    layout = folder_once(folder, build)
     space = model.space
     entry = {"graph": f"models/{name}", "tensors": layout["tensors"],
              "images": [space.channels, space.image_size, space.image_size]}  # fmt: skip

@@ -18,13 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from latency.onnx_graphs import graph_dir, strip_weights, write_json
+from latency.onnx_graphs import folder_once, graph_dir, strip_weights, write_json
 from latency.protocol import fill_parameters
 from search_spaces import UserError
 
@@ -138,27 +137,19 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
     directory, key = directory or graph_dir(), seq2seq_key(model)
     folder = directory / f"s2s-{key}"
     names = {"encoder": f"{key}-encoder.onnx", "decoder_step": f"{key}-decoder_step.onnx"}  # unique: a bundle holds many
-    if not (folder / "layout.json").exists():
+
+    def build(tmp: Path) -> None:
         from .onnx import DECODER, ENCODER, export_seq2seq_onnx, step_layout
 
-        if any(p.is_meta for p in model.parameters()):
-            model = seq2seq_timing_model(model.space, model.subnet)
-        directory.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            export_seq2seq_onnx(model, tmp)
-            os.replace(Path(tmp) / ENCODER, Path(tmp) / names["encoder"])
-            os.replace(Path(tmp) / DECODER, Path(tmp) / names["decoder_step"])
-            layout = {"encoder_tensors": strip_weights(Path(tmp) / names["encoder"]),
-                      "decoder_step_tensors": strip_weights(Path(tmp) / names["decoder_step"]), "inputs": step_layout(model),
-                      "subnet": model.subnet.to_dict()}  # fmt: skip
-            write_json(Path(tmp) / "layout.json", layout)
-            try:
-                os.replace(tmp, folder)  # atomic: a present folder is a complete one
-            except OSError:  # another process wrote it first (or an old partial folder): keep the one there
-                if not (folder / "layout.json").exists():
-                    raise
-            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
-    data = json.loads((folder / "layout.json").read_text())
+        exported = seq2seq_timing_model(model.space, model.subnet) if any(p.is_meta for p in model.parameters()) else model
+        export_seq2seq_onnx(exported, tmp)
+        os.replace(tmp / ENCODER, tmp / names["encoder"])
+        os.replace(tmp / DECODER, tmp / names["decoder_step"])
+        write_json(tmp / "layout.json", {"encoder_tensors": strip_weights(tmp / names["encoder"]),
+                                         "decoder_step_tensors": strip_weights(tmp / names["decoder_step"]),
+                                         "inputs": step_layout(exported), "subnet": exported.subnet.to_dict()})  # fmt: skip
+
+    data = folder_once(folder, build)
     return {"encoder": folder / names["encoder"], "decoder_step": folder / names["decoder_step"], **data}
 
 
