@@ -108,17 +108,15 @@ def hurdle_config(rounds: int, candidates: int, tokens: str | int, *, step_token
     if not isinstance(batch, int) or batch < 1:
         problems.append(f"--hurdle-batch-size: {batch!r} is not a positive number of windows")
         batch = TRAIN_BATCH
-    if step_tokens is not None:
-        step_tokens = step_tokens // TRAIN_BATCH * batch  # (given at the default batch of 16 windows)
-    if n and step_tokens is not None and n < step_tokens:
+    # (given at the default batch of 16 windows; None: a step's tokens vary, so every count is whole steps)
+    step_tokens = 1 if step_tokens is None else step_tokens // TRAIN_BATCH * batch
+    if n and n < step_tokens:
         problems.append(f"--hurdle-tokens: {tokens} is less than one training step ({batch} windows x "
                         f"{step_tokens // batch} tokens = {step_tokens:,} tokens); write {COUNT_FORMS}")
     if problems:
         raise UserError("\n".join(problems))
     if not rounds:
         return None
-    if step_tokens is None:
-        return HurdleConfig(rounds, k, n, per_type, init, batch)
     whole = n // step_tokens * step_tokens
     if whole != n:
         log.info("--hurdle-tokens %s: %s tokens per round, %d whole steps of %s", tokens, f"{whole:,}", whole // step_tokens,
