@@ -601,15 +601,21 @@ def folder_once(folder: Path, build) -> dict:
     beside it (ending with its ``layout.json``), which is then moved in at once, so a present folder is a complete one;
     where another process moved its own in first, that one is kept."""
     if not (folder / "layout.json").exists():
+        import shutil
+
+        from supernet.files import temp_dir
+
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-            build(Path(tmp))
+        tmp = temp_dir(f".{folder.name}.", folder.parent)  # published by a rename: 0777 less the umask
+        try:
+            build(tmp)
             try:
                 os.replace(tmp, folder)
             except OSError:  # another process wrote it first (or an old partial folder): keep the one there
                 if not (folder / "layout.json").exists():
                     raise
-            os.makedirs(tmp, exist_ok=True)  # for the context manager's cleanup
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return json.loads((folder / "layout.json").read_text())
 
 
