@@ -95,6 +95,7 @@ class Plan:
     compare_repeats: int = 7
     compare_rounds: int = 4
     bootstrap: int = 2000
+    quiet_poll: float = 10.0  # seconds between the load checks before a timed stage (3 under --max-load in a row)
 
 
 FULL = Plan()
@@ -102,7 +103,7 @@ QUICK = replace(
     FULL, train_steps=12, train_batch=2, samples=10, repeats=3, rounds=2, min_sample_ms=5.0, population=6, parents=2,
     mutations=2, crossovers=2, generations=2, val_windows=4, hurdles=1, hurdle_candidates=2, hurdle_tokens="8K",
     verify_top=2, baseline_checks=1, heldout_mixed=3, tokens="8K", retrain_warmup=2, test_windows=4, compare_repeats=3,
-    compare_rounds=2, bootstrap=200, seeds=2,
+    compare_rounds=2, bootstrap=200, seeds=2, quiet_poll=1.0,
 )  # fmt: skip
 
 
@@ -260,13 +261,14 @@ def wait_quiet(what: str, max_load: float, loads: dict, poll: float = 10.0, calm
     machine is shared: other jobs would distort the times); the loads are kept for the report."""
     if max_load <= 0:
         return
-    waited, quiet = 0.0, 0
+    waited, quiet, said = 0.0, 0, -1.0
     while quiet < calm:
         load = os.getloadavg()[0]
         quiet = quiet + 1 if load < max_load else 0
         if quiet < calm:
-            if waited == 0 or waited % 300 < poll:
+            if load >= max_load and (said < 0 or waited - said >= 300):
                 log.info("%s: waiting for a quiet machine (load %.2f, need < %.2f)", what, load, max_load)
+                said = waited
             time.sleep(poll)
             waited += poll
     loads[what] = {"load_before": round(os.getloadavg()[0], 2), "waited_s": waited}
@@ -276,13 +278,13 @@ class QuietStages:
     """Stages whose figures are times: each waits for a quiet machine (:func:`wait_quiet`) and records the 1-minute
     load before and after it in ``OUT/loads.json`` (``loads``: what the report shows)."""
 
-    def __init__(self, stage: Stages, out: Path, max_load: float):
-        self.stage, self.file, self.max_load = stage, out / "loads.json", max_load
+    def __init__(self, stage: Stages, out: Path, max_load: float, poll: float = 10.0):
+        self.stage, self.file, self.max_load, self.poll = stage, out / "loads.json", max_load, poll
         self.loads = json.loads(self.file.read_text()) if self.file.exists() else {}
 
     def __call__(self, name: str, fn) -> None:
         def go() -> None:
-            wait_quiet(name, self.max_load, self.loads)
+            wait_quiet(name, self.max_load, self.loads, poll=self.poll)
             fn()
             self.loads.setdefault(name, {})["load_after"] = round(os.getloadavg()[0], 2)
             self.file.write_text(json.dumps(self.loads, indent=1))
@@ -304,7 +306,7 @@ def run(args, plan: Plan) -> dict:
     seq = w.seq_len
     stage = Stages(out, log)
     tokens = parse_tokens(plan.tokens)
-    timed = QuietStages(stage, out, args.max_load)  # a stage whose figures are times: on a quiet machine
+    timed = QuietStages(stage, out, args.max_load, plan.quiet_poll)  # a stage whose figures are times: on a quiet machine
     loads = timed.loads
 
     def cli(argv: list[str], ok=(0,)) -> None:

@@ -127,6 +127,7 @@ class Plan:
     bootstrap: int = 1000  # paired bootstrap resamples (sacrebleu's default)
     compare_repeats: int = 7
     compare_rounds: int = 4
+    quiet_poll: float = 10.0  # seconds between the load checks before a timed stage (3 under --max-load in a row)
 
 
 FULL = Plan()
@@ -135,7 +136,7 @@ QUICK = replace(
     min_sample_ms=1.0, population=6, parents=2, mutations=2, crossovers=2, generations=2, val_windows=2, eval_batch=4,
     verify_top=2, hurdles=1, hurdle_candidates=2, hurdle_tokens="2K", baseline_checks=1, baseline_types=2, ladder=3,
     tokens="2K", retrain_batch=8, retrain_warmup=2, seeds=2, jobs=1, test_pairs=6, ce_batch=16, bootstrap=100,
-    compare_repeats=2, compare_rounds=2,
+    compare_repeats=2, compare_rounds=2, quiet_poll=1.0,
 )  # fmt: skip
 
 
@@ -370,7 +371,7 @@ def run(args, plan: Plan) -> dict:
     space_arg = str(Path(args.space).resolve()) if Path(args.space).exists() else args.space
     stage = Stages(out, log)
     tokens = parse_tokens(plan.tokens)
-    timed = QuietStages(stage, out, args.max_load)  # a stage whose figures are times: on a quiet machine
+    timed = QuietStages(stage, out, args.max_load, plan.quiet_poll)  # a stage whose figures are times: on a quiet machine
     loads = timed.loads
 
     def cli(argv: list[str], ok=(0,)) -> None:

@@ -62,3 +62,24 @@ def test_bench_claim_quick_runs_end_to_end_and_resumes(tmp_path):
     assert other.returncode == 2, other.stderr[-2000:]
     assert "models there were retrained on 8,000 tokens each, not 16,000: give --tokens 8000" in other.stderr
     assert json.loads((run / "claim.json").read_text())["rows"] == claim["rows"]
+
+
+def test_wait_quiet_waits_for_three_quiet_polls_and_says_so_only_when_busy(monkeypatch, caplog):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_claim
+
+    def run(loads_seen: list[float]) -> tuple[dict, list[str]]:
+        seen = iter(loads_seen)
+        monkeypatch.setattr(bench_claim.os, "getloadavg", lambda: (next(seen), 0.0, 0.0))
+        monkeypatch.setattr(bench_claim.time, "sleep", lambda s: None)
+        caplog.clear()
+        loads: dict = {}
+        with caplog.at_level("INFO", logger="bench_claim"):
+            bench_claim.wait_quiet("timing", 1.6, loads, poll=2.0)
+        return loads["timing"], [r.getMessage() for r in caplog.records]
+
+    quiet, said = run([0.5, 0.4, 0.3, 0.3])  # three polls under 1.6, the last read for the record
+    assert quiet == {"load_before": 0.3, "waited_s": 4.0} and said == []
+    busy, said = run([3.0, 2.0, 1.0, 1.7, 0.9, 0.8, 0.7, 0.7])  # a poll over the limit starts the count again
+    assert busy == {"load_before": 0.7, "waited_s": 12.0}
+    assert said == ["timing: waiting for a quiet machine (load 3.00, need < 1.60)"]

@@ -305,9 +305,12 @@ def test_a_failed_build_leaves_the_engine_in_charge(tmp_path, monkeypatch):
     """A kernel that does not compile (an old compiler, a broken toolchain): one warning naming the failure,
     status() says why, and attention runs on the block engine with the same numbers."""
     broken = tmp_path / "window_attention.cpp"
-    broken.write_text("#include <torch/extension.h>\nthis is not C++;\n")
+    broken.write_text("this is not C++;\n")
+    binding = tmp_path / "binding.cpp"  # broken too: ninja would finish compiling torch's headers for it first (~15 s)
+    binding.write_text("this is not C++ either;\n")
     monkeypatch.setenv(native.ENV_CACHE, str(tmp_path / "cache"))
     monkeypatch.setattr(native, "SOURCE", broken)
+    monkeypatch.setattr(native, "BINDING", binding)
     monkeypatch.setattr(native, "NAME", "nas_window_attention_broken")
     native._build.cache_clear()
     try:
