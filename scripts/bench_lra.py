@@ -19,7 +19,12 @@ Stages, each resumable (its outputs on disk are kept and skipped when present; r
    (``nas measure-latency``, ``nas fit-predictor``), ``nas search`` at three budgets (the 25th, 50th and 75th
    percentiles of the measured latencies); each budget's found subnet and the best uniform subnet under it (by
    inherited fitness among those the predictor puts under the budget) retrained on equal steps, their test
-   accuracy compared at their measured latency.
+   accuracy compared at their measured latency, paired on the same test examples (a bootstrap interval of the
+   difference: a win only outside it; a tie inside).
+
+Every accuracy has its 95% interval over the test examples (Wilson), each task's ordering of the types its Kendall
+tau against LRA's, each linear-time type's speed at 4K tokens its 5x target; the wall time is summed over the runs
+that resumed one another (``OUT/runs.json``).
 
 Writes ``OUT/lra.json`` (the contract of docs/benchmarks/lra/lra.json: ``accuracy: {TASK: {TYPE: {ours, lra}}}``,
 ``speed: {TYPE: {LENGTH: steps_per_s_vs_softmax}}``, ``search: {TASK: [{budget_ms, verdict, found, best_uniform}]}``,
@@ -43,6 +48,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("bench_lra")
@@ -64,10 +71,15 @@ LRA = {
     "synthesizer": ("Synthesizer", 36.99, 41.61, 69.45),
 }
 LRA_COLUMN = {"listops": 1, "image": 2, "pathfinder": 3}
-# The parameters of the known types for a sequence of T tokens (W: window, K / M: projected length / features).
+# Our types that stand for an LRA row under another name: LRA's table has one Synthesizer row (without saying
+# which variant), set beside both of ours.
+LRA_NAME = {"synthesizer-dense": "synthesizer", "synthesizer-random": "synthesizer"}
+RESAMPLES = 2000  # paired bootstrap over the test examples
+# The parameters of the known types for a sequence of T tokens (W: window, Reformer's bucket and Sinkhorn's block
+# size; K: projected length; M: features, Nyströmformer's landmarks).
 SPECS = {"gqa": "gqa:1", "local": "local:{w}", "dilated": "dilated:{w}:2", "longformer": "longformer:{w}:1",
          "bigbird": "bigbird:{w}:1:1", "cosformer": "cosformer:{t}", "performer": "performer:{m}", "msla": "msla:5",
-         "linformer": "linformer:{k}"}
+         "linformer": "linformer:{k}", "nystrom": "nystrom:{m}", "reformer": "reformer:{w}", "sinkhorn": "sinkhorn:{w}"}
 
 
 @dataclass(frozen=True)
@@ -128,10 +140,12 @@ def bidirectional_types() -> list[str]:
     return [name for name, t in REGISTRY.items() if "bidirectional" in t.forms]
 
 
-def type_specs(p: Protocol, length: int, given: list[str] | None) -> tuple[list[str], list[str]]:
+def type_specs(p: Protocol, length: int, given: list[str] | None, lengths: tuple[int, ...] = ()) -> tuple[list[str], list[str]]:
     """(the attention specs to run, notes on the types skipped): ``given`` as is, else every bidirectional type with
-    its parameters for ``length`` tokens."""
+    its parameters for ``length`` tokens that can mix ``length`` (and each of ``lengths``) tokens: the 2D types need
+    a square number."""
     from search_spaces.attention import parse_attention
+    from supernet.attention.registry import get
 
     if given:
         return given, []
@@ -139,9 +153,15 @@ def type_specs(p: Protocol, length: int, given: list[str] | None) -> tuple[list[
     for name in bidirectional_types():
         spec = SPECS.get(name, name).format(w=min(p.window, length), t=length, m=p.features, k=min(p.projected, length))
         try:
-            parse_attention(spec)
+            parsed = parse_attention(spec)
         except ValueError:
             notes.append(f"{name}: skipped (its parameters are not known here; give it with --types {name}:...)")
+            continue
+        try:
+            for n in (length, *lengths):
+                get(parsed).bidirectional_flops(parsed, 1, n, p.heads, p.head_dim)
+        except ValueError as e:
+            notes.append(f"{name}: skipped ({e})")
             continue
         specs.append(spec)
     return specs, notes
@@ -195,12 +215,89 @@ def task_data(out: Path, task: str, p: Protocol, seed: int):
     return folder, load(settings, folder)
 
 
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+def interval(right: list[bool]) -> dict:
+    """The accuracy's 95% Wilson interval in points (the test split's sampling noise, not the training seed's)."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(int(sum(right)), len(right)).proportion_ci(confidence_level=0.95, method="wilson")
+    return {"ci_low": 100.0 * float(ci.low), "ci_high": 100.0 * float(ci.high)}
+
+
+def paired(a: str | list[bool], b: str | list[bool], seed: int) -> dict:
+    """Accuracy of ``a`` minus ``b`` in points on the same test examples, with the 95% interval of a paired bootstrap
+    over those examples (scipy's BCa); ``a``/``b``: per-example correctness, as lists or strings of 0/1."""
+    from scipy.stats import bootstrap
+
+    x = np.array([float(c) for c in a]) - np.array([float(c) for c in b])
+    diff = 100.0 * float(x.mean())
+    if np.all(x == x[0]):  # every example the same way: no spread to resample
+        return {"difference": diff, "ci_low": diff, "ci_high": diff}
+    res = bootstrap((x,), np.mean, n_resamples=RESAMPLES, confidence_level=0.95, random_state=seed)
+    return {"difference": diff, "ci_low": 100.0 * float(res.confidence_interval.low),
+            "ci_high": 100.0 * float(res.confidence_interval.high)}
+
+
+def call(d: dict) -> str:
+    """A paired difference's word: a win or a loss only when its interval excludes 0."""
+    return "better" if d["ci_low"] > 0 else "worse" if d["ci_high"] < 0 else "tie"
+
+
+def accuracy_summary(accuracy: dict, seed: int) -> dict:
+    """Per task: Kendall tau between our ordering of the types and LRA's over the types both have, and uniform
+    softmax against uniform local attention (LRA's main finding on ListOps: 36.4% against 15.8%), paired."""
+    from scipy.stats import kendalltau
+
+    summary = {}
+    for task, rows in accuracy.items():
+        shared = [s for s, r in rows.items() if r.get("lra") is not None]
+        tau, pvalue = kendalltau([rows[s]["ours"] for s in shared], [rows[s]["lra"] for s in shared]) if len(shared) >= 3 \
+            else (float("nan"), float("nan"))
+        entry = {"kendall_tau_vs_lra": None if np.isnan(tau) else float(tau),
+                 "kendall_p": None if np.isnan(pvalue) else float(pvalue), "shared_types": shared}
+        soft = rows.get("softmax")
+        local = next((r for s, r in rows.items() if kind(s) == "local"), None)
+        if soft and local and "correct" in soft and "correct" in local:
+            d = paired(soft["correct"], local["correct"], seed)
+            column = LRA_COLUMN[task]
+            entry["softmax_vs_local"] = {**d, "softmax": soft["ours"], "local": local["ours"], "call": call(d),
+                                         "lra": {"softmax": LRA["softmax"][column], "local": LRA["local"][column]}}
+        summary[task] = entry
+    return summary
+
+
+def linear_time(spec: str, p: Protocol) -> bool:
+    """Whether the type's token mixing grows linearly with the length (its FLOPs at 4,096 tokens under 6x those at 1,024)."""
+    from search_spaces.attention import parse_attention
+    from supernet.attention.registry import get
+
+    flops = []
+    for n in (1024, 4096):  # squares: the 2D types' cost is defined there too
+        parsed = parse_attention(spec.replace("{t}", str(n)))
+        flops.append(get(parsed).bidirectional_flops(parsed, 1, n, p.heads, p.head_dim))
+    return flops[1] / flops[0] < 6.0  # 4x the tokens: 4x the work when linear, 16x when quadratic
+
+
+def speed_targets(table: dict, p: Protocol) -> dict:
+    """LRA's speed target per linear-time type: at least 5x softmax's training steps/s at the longest length."""
+    longest = str(max(p.speed_lengths))
+    out = {}
+    for spec, rows in table.items():
+        if spec == "softmax" or not linear_time(spec, p):
+            continue
+        ratio = (rows.get(longest) or {}).get("steps_per_s_vs_softmax")
+        out[spec] = {"tokens": int(longest), "steps_per_s_vs_softmax": ratio, "met": ratio is not None and ratio >= 5.0}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- 1. accuracy
 
 
 def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int) -> dict:
     from search_spaces import parse_space
-    from tasks.sequence_classification.train import Schedule, score_accuracy, train_subnet
+    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
 
     results: dict = {}
     for task in TASKS:
@@ -222,11 +319,12 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
             log.info("accuracy %s %s: %d steps of %d examples", task, spec, p.steps, p.batch)
             start = time.perf_counter()
             model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
-            lra = LRA.get(kind(spec))
-            ours = 100.0 * score_accuracy(model, data.test, space, p.batch)
-            record = {"ours": ours, "lra": lra[LRA_COLUMN[task]] if lra else None,
+            lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
+            right = score_correct(model, data.test, space, p.batch)
+            record = {"ours": 100.0 * sum(right) / len(right), **interval(right), "lra": lra[LRA_COLUMN[task]] if lra else None,
                       "lra_model": lra[0] if lra else None, "spec": spec, "params": model.num_params(),
-                      "train_s": round(time.perf_counter() - start, 1), "test_examples": len(data.test)}
+                      "train_s": round(time.perf_counter() - start, 1), "test_examples": len(data.test),
+                      "correct": "".join("1" if r else "0" for r in right)}
             write_json(path, record)
             results[task][spec] = record
     return results
@@ -315,7 +413,7 @@ def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | No
 def stage_speed(out: Path, p: Protocol, types: list[str] | None, threads: int | None, argv_protocol: list[str]) -> dict:
     folder = out / "speed"
     folder.mkdir(parents=True, exist_ok=True)
-    specs, notes = type_specs(p, max(p.speed_lengths), types)
+    specs, notes = type_specs(p, max(p.speed_lengths), types, p.speed_lengths)
     for note in notes:
         log.info("speed: %s", note)
     specs = [s.replace(f"cosformer:{max(p.speed_lengths)}", "cosformer:{t}") for s in specs]  # cosFormer's M: the length
@@ -354,6 +452,25 @@ def stage_speed(out: Path, p: Protocol, types: list[str] | None, threads: int | 
 # ---------------------------------------------------------------------------------------------- 3. search
 
 
+def verdict(entry: dict, budget: float) -> str:
+    """Found against the best uniform model: a win only when the paired interval of the accuracy difference is above
+    0 and the found model is no slower than the uniform one (or within the budget); a loss when it is below 0."""
+    f, u, d = entry["found"], entry["best_uniform"], entry["difference"]
+    word = call(d)
+    if word == "better" and f["measured_ms"] > max(budget, u["measured_ms"]):
+        word = "tie"  # more accurate, but slower than the uniform model and over the budget: not a win at its latency
+    text = {"better": "found wins", "worse": "uniform wins", "tie": "tie"}[word]
+    return text + ("" if f["measured_ms"] <= budget * 1.05 else " (found over budget)")
+
+
+def search_summary(search: dict) -> dict:
+    """Per task: the budgets the found model wins, and the issue's target (wins at 2 of 3)."""
+    return {task: {"wins": sum(e["verdict"].startswith("found wins") for e in rows), "budgets": len(rows),
+                   "ties": sum(e["verdict"].startswith("tie") for e in rows),
+                   "target_met": sum(e["verdict"].startswith("found wins") for e in rows) >= 2}
+            for task, rows in search.items()}
+
+
 def run_cli(args: list[str]) -> None:
     from nas.cli import main
 
@@ -374,7 +491,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     from search_spaces import Subnet, load_space
     from supernet.checkpoint import load_supernet
     from tasks.sequence_classification.learner import SequenceLearner
-    from tasks.sequence_classification.train import Schedule, score_accuracy, train_subnet
+    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
 
     results = {}
     for task in ("listops", "pathfinder"):
@@ -439,16 +556,16 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                 same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
                 model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule)[0]
                 models[name] = model
-                acc = 100.0 * score_accuracy(model, data.test, space, p.batch)
-                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
-                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params()}
+                right = score_correct(model, data.test, space, p.batch)
+                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": 100.0 * sum(right) / len(right),
+                               **interval(right), "predicted_ms": float(predictor.predict([subnet])[0]),
+                               "params": model.num_params(), "correct": "".join("1" if r else "0" for r in right)}
             m = measure(device, models, space.workload(), settings, seed=seed)
             for name in models:
                 entry[name]["measured_ms"] = float(m.results[name].median_ms)
             f, u = entry["found"], entry["best_uniform"]
-            better = f["test_accuracy"] >= u["test_accuracy"] and f["measured_ms"] <= max(budget, u["measured_ms"])
-            entry["verdict"] = ("found wins" if better else "uniform wins") + ("" if f["measured_ms"] <= budget * 1.05 else
-                                                                               " (found over budget)")
+            entry["difference"] = paired(f["correct"], u["correct"], seed)  # found minus uniform, points
+            entry["verdict"] = verdict(entry, budget)
             write_json(path, entry)
             rows.append(entry)
         results[task] = rows
@@ -551,40 +668,84 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--stages: {', '.join(unknown)} not one of accuracy, speed, search")
     load_before = os.getloadavg()
     started = time.time()
+    stage_log: list[dict] = []
+
+    def timed_stage(name: str, fn):
+        """Runs a stage, noting its wall time and the 1-minute load before and after it (the speed and search stages
+        time models: their loads say how quiet the machine was)."""
+        before, t0 = os.getloadavg()[0], time.time()
+        result = fn()
+        stage_log.append({"stage": name, "wall_s": round(time.time() - t0, 1), "load_before": round(before, 2),
+                          "load_after": round(os.getloadavg()[0], 2)})
+        return result
+
     record = {"command": " ".join(["python", "scripts/bench_lra.py", *(argv if argv is not None else sys.argv[1:])]),
               "machine": machine(), "protocol": asdict(protocol), "note": IMAGE_NOTE,
               "accuracy": {}, "speed": {}, "search": {}}
     if "accuracy" in stages:
-        record["accuracy"] = {t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
-                              for t, rows in stage_accuracy(out, protocol, types, args.seed).items()}
+        record["accuracy"] = timed_stage("accuracy", lambda: {
+            t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
+            for t, rows in stage_accuracy(out, protocol, types, args.seed).items()})
+        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed)
     if "speed" in stages:
-        detail = stage_speed(out, protocol, types, args.threads, flag)
+        detail = timed_stage("speed", lambda: stage_speed(out, protocol, types, args.threads, flag))
         record["speed"] = {s: {n: r["steps_per_s_vs_softmax"] for n, r in rows.items()} for s, rows in detail.items()}
         record["speed_detail"] = detail
+        record["speed_targets"] = speed_targets(detail, protocol)
     if "search" in stages:
-        record["search"] = stage_search(out, protocol, types, args.seed, args.threads)
+        record["search"] = timed_stage("search", lambda: stage_search(out, protocol, types, args.seed, args.threads))
+        record["search_summary"] = search_summary(record["search"])
     previous = out / "lra.json"
     if previous.exists():  # a stage not run this time keeps what an earlier run wrote
         before = json.loads(previous.read_text())
-        for key in ("accuracy", "speed", "speed_detail", "search"):
+        for key in ("accuracy", "accuracy_summary", "speed", "speed_detail", "speed_targets", "search", "search_summary"):
             if not record.get(key) and before.get(key):
                 record[key] = before[key]
-    record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": round(time.time() - started, 1)}
+    runs = out / "runs.json"  # every invocation (a stopped run resumes): the benchmark's wall time is their sum
+    history = json.loads(runs.read_text()) if runs.exists() else []
+    history.append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
+                    "wall_s": round(time.time() - started, 1), "stages": stage_log})
+    write_json(runs, history)
+    record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": round(time.time() - started, 1),
+                      "stages": stage_log}
+    record["wall"] = {"total_s": round(sum(r["wall_s"] for r in history), 1), "runs": len(history)}
     write_json(out / "lra.json", record)
     write_tables(out, record)
+    report(record)
+    print(f"wrote {out / 'lra.json'} (the benchmark's wall time over {len(history)} run(s): {record['wall']['total_s']:.0f} s)")
+    return 0
+
+
+def report(record: dict) -> None:
+    """The figures, each verdict beside its interval."""
     for task, rows in record["accuracy"].items():
-        print(f"{task}{' (' + IMAGE_NOTE + ')' if task == 'image' else ''}: test accuracy % (ours / LRA)")
-        for spec, r in rows.items():
-            print(f"  {spec:20s} {r['ours']:6.2f} / {r['lra'] if r['lra'] is not None else '-'}")
+        print(f"{task}{' (' + IMAGE_NOTE + ')' if task == 'image' else ''}: test accuracy % [95% interval] (ours / LRA)")
+        for spec, r in sorted(rows.items(), key=lambda kv: -kv[1]["ours"]):
+            lra = f"{r['lra']:.2f}" if r["lra"] is not None else "-"
+            low, high = r.get("ci_low", float("nan")), r.get("ci_high", float("nan"))
+            print(f"  {spec:20s} {r['ours']:6.2f} [{low:5.1f}, {high:5.1f}] / {lra}")
+        summary = record.get("accuracy_summary", {}).get(task, {})
+        if summary.get("kendall_tau_vs_lra") is not None:
+            print(f"  ordering vs LRA's over {len(summary['shared_types'])} types: "
+                  f"Kendall tau {summary['kendall_tau_vs_lra']:+.2f} (p {summary['kendall_p']:.2f})")
+        if "softmax_vs_local" in summary:
+            d = summary["softmax_vs_local"]
+            print(f"  softmax - local: {d['difference']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] ({d['call']};"
+                  f" LRA: {d['lra']['softmax'] - d['lra']['local']:+.1f})")
     for spec, rows in record["speed"].items():
         print(f"speed {spec:20s} " + "  ".join(f"{n}: {v:.2f}x" if v else f"{n}: -" for n, v in rows.items()))
+    for spec, t in record.get("speed_targets", {}).items():
+        ratio = f"{t['steps_per_s_vs_softmax']:.2f}x" if t["steps_per_s_vs_softmax"] is not None else "-"
+        print(f"speed target (>= 5x softmax at {t['tokens']} tokens) {spec:20s} {ratio}: {'met' if t['met'] else 'missed'}")
     for task, rows in record["search"].items():
         for e in rows:
-            f, u = e["found"], e["best_uniform"]
+            f, u, d = e["found"], e["best_uniform"], e.get("difference", {})
             print(f"search {task} {e['budget_ms']:.3f} ms: found {f['test_accuracy']:.1f}% at {f['measured_ms']:.3f} ms vs "
-                  f"uniform {u['test_accuracy']:.1f}% at {u['measured_ms']:.3f} ms: {e['verdict']}")
-    print(f"wrote {out / 'lra.json'}")
-    return 0
+                  f"uniform {u['test_accuracy']:.1f}% at {u['measured_ms']:.3f} ms: {e['verdict']}"
+                  + (f" (difference {d['difference']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}])" if d else ""))
+    for task, t in record.get("search_summary", {}).items():
+        print(f"search {task}: found wins at {t['wins']} of {t['budgets']} budgets ({t['ties']} ties): "
+              f"target (2 of 3) {'met' if t['target_met'] else 'missed'}")
 
 
 if __name__ == "__main__":

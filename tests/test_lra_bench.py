@@ -31,7 +31,7 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
            "PYTHONPATH": str(ROOT)}
     out = tmp_path / "run"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_lra.py"), "--quick", "--out", str(out), "--types",
-           "softmax,linear", "--threads", "1"]
+           "softmax,local:8,linear", "--threads", "1"]
     first = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-4000:]
     record = json.loads((out / "lra.json").read_text())
@@ -39,27 +39,87 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
     assert "in place of LRA's grayscale CIFAR-10" in record["note"] and "Fashion-MNIST" in first.stdout
     assert set(record["accuracy"]) == {"listops", "image", "pathfinder"}
     for task, types in record["accuracy"].items():
-        assert set(types) == {"softmax", "linear"}
+        assert set(types) == {"softmax", "local:8", "linear"}
         for r in types.values():
-            assert 0.0 <= r["ours"] <= 100.0
+            assert 0.0 <= r["ci_low"] <= r["ours"] <= r["ci_high"] <= 100.0
+            assert len(r["correct"]) == r["test_examples"] and r["ours"] == 100.0 * r["correct"].count("1") / len(r["correct"])
+        summary = record["accuracy_summary"][task]
+        assert summary["shared_types"] == ["softmax", "local:8", "linear"]
+        tau = summary["kendall_tau_vs_lra"]  # undefined (None) only when our accuracies are all equal
+        assert -1 <= tau <= 1 if tau is not None else len({r["ours"] for r in types.values()}) == 1
+        d = summary["softmax_vs_local"]
+        assert abs(d["difference"] - (types["softmax"]["ours"] - types["local:8"]["ours"])) < 1e-9
+        assert d["ci_low"] <= d["difference"] <= d["ci_high"]
+        assert d["call"] == ("better" if d["ci_low"] > 0 else "worse" if d["ci_high"] < 0 else "tie")
+    assert record["accuracy_summary"]["listops"]["softmax_vs_local"]["lra"] == {"softmax": 36.37, "local": 15.82}
     assert record["accuracy"]["listops"]["softmax"]["lra"] == 36.37 and record["accuracy"]["pathfinder"]["linear"]["lra"] == 75.30
     assert record["speed"]["softmax"] == {"64": 1.0, "128": 1.0} and set(record["speed"]["linear"]) == {"64", "128"}
     assert all(v > 0 for v in record["speed"]["linear"].values())
+    assert set(record["speed_targets"]) == {"local:8", "linear"}  # the linear-time types, judged at the longest length
+    for spec, t in record["speed_targets"].items():
+        assert t["tokens"] == 128 and t["steps_per_s_vs_softmax"] == record["speed"][spec]["128"]
+        assert t["met"] == (t["steps_per_s_vs_softmax"] >= 5.0)
     assert set(record["search"]) == {"listops", "pathfinder"}
     for rows in record["search"].values():
         assert len(rows) == 3 and [r["budget_ms"] for r in rows] == sorted(r["budget_ms"] for r in rows)
         for r in rows:
-            assert r["verdict"].split(" (")[0] in ("found wins", "uniform wins")
+            assert r["verdict"].split(" (")[0] in ("found wins", "uniform wins", "tie")
+            d = r["difference"]
+            assert abs(d["difference"] - (r["found"]["test_accuracy"] - r["best_uniform"]["test_accuracy"])) < 1e-9
             for side in ("found", "best_uniform"):
                 assert 0.0 <= r[side]["test_accuracy"] <= 100.0 and r[side]["measured_ms"] > 0 and r[side]["subnet"]["depth"] >= 1
+    for task, t in record["search_summary"].items():
+        assert t["wins"] == sum(r["verdict"].startswith("found wins") for r in record["search"][task]) and t["budgets"] == 3
+        assert t["target_met"] == (t["wins"] >= 2)
+    assert record["wall"] == {"total_s": record["load"]["wall_s"], "runs": 1}
     for name in ("accuracy.png", "speed.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "accuracy.csv").read_text().startswith("task,type,ours,lra")
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "lra.json" and p.suffix != ".png"
-              and p.suffix != ".csv"}
+              and p.suffix != ".csv" and p.name != "runs.json"}
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-4000:]
     assert "steps of" not in again.stderr and "speed softmax (train)" not in again.stderr  # nothing trained or timed again
     assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     rerun = json.loads((out / "lra.json").read_text())
     assert rerun["accuracy"] == record["accuracy"] and rerun["search"] == record["search"]
+    assert rerun["accuracy_summary"] == record["accuracy_summary"] and rerun["wall"]["runs"] == 2  # the wall time sums both
+    assert rerun["wall"]["total_s"] == round(record["wall"]["total_s"] + rerun["load"]["wall_s"], 1)
+
+
+def test_paired_verdicts_call_a_win_only_outside_the_noise():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_lra
+
+    same = bench_lra.paired("0110" * 50, "0110" * 50, seed=0)
+    assert same == {"difference": 0.0, "ci_low": 0.0, "ci_high": 0.0} and bench_lra.call(same) == "tie"
+    rng = np.random.default_rng(0)
+    a, b = rng.random(500) < 0.40, rng.random(500) < 0.15  # 40% against 15% of 500 examples
+    d = bench_lra.paired(a.tolist(), b.tolist(), seed=0)
+    assert abs(d["difference"] - 100.0 * (a.mean() - b.mean())) < 1e-9 and 15 < d["ci_low"] < d["difference"] < d["ci_high"] < 35
+    assert bench_lra.call(d) == "better" and bench_lra.call(bench_lra.paired(b.tolist(), a.tolist(), seed=0)) == "worse"
+    close = bench_lra.paired(a.tolist(), (rng.random(500) < 0.38).tolist(), seed=0)  # 2 points on 500 examples: noise
+    assert close["ci_low"] < 0 < close["ci_high"] and bench_lra.call(close) == "tie"
+
+    def entry(found_ms: float, uniform_ms: float) -> dict:
+        return {"found": {"measured_ms": found_ms}, "best_uniform": {"measured_ms": uniform_ms}, "difference": d}
+
+    assert bench_lra.verdict(entry(1.0, 1.2), budget=1.0) == "found wins"
+    assert bench_lra.verdict(entry(1.1, 1.2), budget=1.0) == "found wins (found over budget)"  # no slower than uniform
+    assert bench_lra.verdict(entry(1.3, 0.9), budget=1.0) == "tie (found over budget)"  # more accurate, but slower
+
+
+def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_lra
+
+    listops, notes = bench_lra.type_specs(bench_lra.SMALL, 2000, None)
+    assert {"softmax", "local:64", "linformer:128", "performer:64", "nystrom:64", "reformer:64", "sinkhorn:64",
+            "synthesizer-dense", "synthesizer-random"} <= set(listops)
+    assert "axial" not in listops and any(n.startswith("axial: skipped (") and "square" in n for n in notes)
+    assert "axial" in bench_lra.type_specs(bench_lra.SMALL, 1024, None)[0]  # Pathfinder's 32 x 32
+    speed, _ = bench_lra.type_specs(bench_lra.SMALL, 4096, None, bench_lra.SMALL.speed_lengths)
+    assert "axial" not in speed  # 4,096 is a square, 2,048 is not
+    linear = {s for s in speed if bench_lra.linear_time(s.replace("cosformer:4096", "cosformer:{t}"), bench_lra.SMALL)}
+    assert {"local:64", "linear", "performer:64", "nystrom:64", "reformer:64", "sinkhorn:64"} <= linear
+    assert not {"softmax", "gqa:1", "synthesizer-dense"} & linear

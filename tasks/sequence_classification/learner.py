@@ -56,17 +56,24 @@ class SequenceLearner(ExampleLearner):
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, held: HeldOut, classes: int, subnet: Any = None, batch_size: int = 16) -> float:
-    """The share of ``held``'s examples whose class (argmax over the class ids at [CLS]) is the label."""
+def correct(model: nn.Module, held: HeldOut, classes: int, subnet: Any = None, batch_size: int = 16) -> torch.Tensor:
+    """Whether each of ``held``'s examples gets its label (argmax over the class ids at [CLS]): (N,) bool, in order
+    (what a paired comparison of two models on the same examples needs)."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
-    right = 0
+    right = []
     try:
         for i in range(0, len(held.x), batch_size):
             x, y = held.x[i: i + batch_size].to(device), held.y[i: i + batch_size, 0].to(device)  # (B, T), (B,)
             logits = run_model(model, x, subnet)[:, 0, :classes]  # (B, C)
-            right += int((logits.argmax(-1) == y).sum())
+            right.append((logits.argmax(-1) == y).cpu())
     finally:
         model.train(was)
-    return right / max(1, len(held.x))
+    return torch.cat(right) if right else torch.zeros(0, dtype=torch.bool)
+
+
+def accuracy(model: nn.Module, held: HeldOut, classes: int, subnet: Any = None, batch_size: int = 16) -> float:
+    """The share of ``held``'s examples whose class (argmax over the class ids at [CLS]) is the label."""
+    right = correct(model, held, classes, subnet, batch_size)
+    return float(right.float().mean()) if len(right) else 0.0

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 
 from .data import Sequences
-from .learner import SequenceLearner, accuracy
+from .learner import SequenceLearner, accuracy, correct
 
 
 @dataclass(frozen=True)
@@ -53,10 +53,10 @@ def train_subnet(space: Any, subnet: Any, train: Sequences, val: Sequences, sche
     return model.cpu().eval(), result
 
 
-def score_accuracy(model: Any, examples: Sequences, space: Any, batch_size: int = 8) -> float:
-    """``model``'s accuracy on every example of ``examples`` (a test split)."""
+def score_correct(model: Any, examples: Sequences, space: Any, batch_size: int = 8) -> list[bool]:
+    """Whether ``model`` gets each example of ``examples`` right, in order (for paired comparisons)."""
     held = SequenceLearner(space.max_seq_len, space.vocab_size).heldout(examples, len(examples))
-    return accuracy(model, held, examples.classes, None, batch_size)
+    return correct(model, held, examples.classes, None, batch_size).tolist()
 
 
 def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
