@@ -295,39 +295,73 @@ def speed_targets(table: dict, p: Protocol) -> dict:
 # ---------------------------------------------------------------------------------------------- 1. accuracy
 
 
-def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int) -> dict:
+def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> None:
+    """In a fresh process: ``spec`` uniform on ``task``, trained from scratch under the protocol, scored on the test
+    split; writes ``OUT/accuracy/TASK/SPEC.json`` (atomically: a killed worker leaves nothing, and is run again)."""
     from search_spaces import parse_space
     from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
 
-    results: dict = {}
-    for task in TASKS:
-        p = for_task(base, task)
-        _, data = task_data(out, task, p, seed)
-        length = data.train.inputs.shape[1]
-        specs, notes = type_specs(p, length, types)
-        for note in notes:
-            log.info("accuracy %s: %s", task, note)
-        results[task] = {}
-        for spec in specs:
-            path = out / "accuracy" / task / f"{safe(spec)}.json"
-            if path.exists():
-                results[task][spec] = json.loads(path.read_text())
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
-            schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
-            log.info("accuracy %s %s: %d steps of %d examples", task, spec, p.steps, p.batch)
-            start = time.perf_counter()
-            model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
-            lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
-            right = score_correct(model, data.test, space, p.batch)
-            record = {"ours": 100.0 * sum(right) / len(right), **interval(right), "lra": lra[LRA_COLUMN[task]] if lra else None,
+    p = for_task(p, task)
+    _, data = task_data(out, task, p, seed)
+    length = data.train.inputs.shape[1]
+    space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
+    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
+    start = time.perf_counter()
+    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
+    lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
+    right = score_correct(model, data.test, space, p.batch)
+    path = out / "accuracy" / task / f"{safe(spec)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {"ours": 100.0 * sum(right) / len(right), **interval(right), "lra": lra[LRA_COLUMN[task]] if lra else None,
                       "lra_model": lra[0] if lra else None, "spec": spec, "params": model.num_params(),
                       "train_s": round(time.perf_counter() - start, 1), "test_examples": len(data.test),
-                      "correct": "".join("1" if r else "0" for r in right)}
-            write_json(path, record)
-            results[task][spec] = record
-    return results
+                      "correct": "".join("1" if r else "0" for r in right)})
+
+
+def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int, jobs: int, argv_protocol: list[str]) -> dict:
+    """Every (task, type) not yet on disk, trained in worker processes ``jobs`` at a time (one thread each: on a
+    small model two single-threaded trainings do more than one on two threads)."""
+    pending, wanted = [], {}
+    for task in TASKS:
+        p = for_task(base, task)
+        _, data = task_data(out, task, p, seed)  # generated once, here, before the workers read it
+        specs, notes = type_specs(p, data.train.inputs.shape[1], types)
+        for note in notes:
+            log.info("accuracy %s: %s", task, note)
+        wanted[task] = specs
+        pending += [(task, spec) for spec in specs if not (out / "accuracy" / task / f"{safe(spec)}.json").exists()]
+    running: list[tuple[subprocess.Popen, str, str, float]] = []
+    done, total = 0, len(pending)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    while pending or running:
+        while pending and len(running) < jobs:
+            task, spec = pending.pop(0)
+            p = for_task(base, task)
+            log.info("accuracy %s %s: %d steps of %d examples (%d of %d)", task, spec, p.steps, p.batch, done + len(running) + 1,
+                     total)
+            cmd = [sys.executable, __file__, "--accuracy-worker", task, spec, "--out", str(out), "--seed", str(seed),
+                   "--threads", "1", *argv_protocol]
+            logfile = out / "accuracy" / task / f"{safe(spec)}.log"  # the worker's output (a pipe could fill and block it)
+            logfile.parent.mkdir(parents=True, exist_ok=True)
+            with open(logfile, "w") as f:
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+            running.append((proc, task, spec, time.time()))
+        time.sleep(0.2)
+        for item in list(running):
+            proc, task, spec, t0 = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            done += 1
+            if proc.returncode != 0 or not (out / "accuracy" / task / f"{safe(spec)}.json").exists():
+                err = (out / "accuracy" / task / f"{safe(spec)}.log").read_text(errors="replace").strip().splitlines()
+                log.warning("accuracy %s %s: the worker failed (exit %s): %s", task, spec, proc.returncode,
+                            (err or ["no output"])[-1])
+            else:
+                log.info("accuracy %s %s: done in %.0f s (%d of %d)", task, spec, time.time() - t0, done, total)
+    return {task: {spec: json.loads(path.read_text()) for spec in specs
+                   if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
+            for task, specs in wanted.items()}
 
 
 # ---------------------------------------------------------------------------------------------- 2. speed
@@ -646,7 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--types", help="attention specs to run, comma-separated (default: every bidirectional type)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice; the latency campaign: 1)")
+    ap.add_argument("--jobs", type=int, default=2, help="models trained at a time in the accuracy stage (one thread each)")
     ap.add_argument("--speed-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    ap.add_argument("--accuracy-worker", nargs=2, metavar=("TASK", "SPEC"), help=argparse.SUPPRESS)
     ap.add_argument("--speed-part", choices=("train", "ort"), default="train", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench_lra: %(message)s")
@@ -654,6 +690,13 @@ def main(argv: list[str] | None = None) -> int:
     flag = ["--quick"] if args.quick else ["--full"] if args.full else []
     if args.speed_worker:
         speed_worker(args.speed_worker, args.speed_part, protocol, args.out, args.threads)
+        return 0
+    if args.accuracy_worker:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        accuracy_worker(*args.accuracy_worker, protocol, args.out, args.seed)
         return 0
     if args.threads:
         import torch
@@ -685,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     if "accuracy" in stages:
         record["accuracy"] = timed_stage("accuracy", lambda: {
             t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
-            for t, rows in stage_accuracy(out, protocol, types, args.seed).items()})
+            for t, rows in stage_accuracy(out, protocol, types, args.seed, args.jobs, flag).items()})
         record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed)
     if "speed" in stages:
         detail = timed_stage("speed", lambda: stage_speed(out, protocol, types, args.threads, flag))
