@@ -42,6 +42,7 @@ import logging
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -331,6 +332,21 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
         wanted[task] = specs
         pending += [(task, spec) for spec in specs if not (out / "accuracy" / task / f"{safe(spec)}.json").exists()]
     running: list[tuple[subprocess.Popen, str, str, float]] = []
+    try:
+        drive_workers(out, base, seed, jobs, argv_protocol, pending, running)
+    finally:  # a stopped run (SIGTERM, Ctrl-C) stops its workers: their models are trained again by the next run
+        for proc, *_ in running:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+    return {task: {spec: json.loads(path.read_text()) for spec in specs
+                   if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
+            for task, specs in wanted.items()}
+
+
+def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol: list[str], pending: list,
+                  running: list) -> None:
+    """Starts :func:`accuracy_worker` processes for ``pending`` (task, spec) pairs, ``jobs`` at a time, until all ended."""
     done, total = 0, len(pending)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     while pending or running:
@@ -359,9 +375,6 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
                             (err or ["no output"])[-1])
             else:
                 log.info("accuracy %s %s: done in %.0f s (%d of %d)", task, spec, time.time() - t0, done, total)
-    return {task: {spec: json.loads(path.read_text()) for spec in specs
-                   if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
-            for task, specs in wanted.items()}
 
 
 # ---------------------------------------------------------------------------------------------- 2. speed
@@ -712,15 +725,33 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     started = time.time()
     stage_log: list[dict] = []
+    # Every invocation (a stopped run resumes) in OUT/runs.json, kept up to date as it goes (a run stopped by SIGTERM
+    # or Ctrl-C records the time it ran): the benchmark's wall time is their sum.
+    runs = out / "runs.json"
+    history = json.loads(runs.read_text()) if runs.exists() else []
+    history.append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)), "wall_s": 0.0,
+                    "stages": stage_log, "finished": False})
+
+    def note_run(finished: bool = False) -> None:
+        history[-1].update(wall_s=round(time.time() - started, 1), finished=finished)
+        write_json(runs, history)
+
+    def stopped(signum, frame):  # SIGTERM unwinds like Ctrl-C: the stage's finally notes the time, stops the workers
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    note_run()
 
     def timed_stage(name: str, fn):
         """Runs a stage, noting its wall time and the 1-minute load before and after it (the speed and search stages
         time models: their loads say how quiet the machine was)."""
         before, t0 = os.getloadavg()[0], time.time()
-        result = fn()
-        stage_log.append({"stage": name, "wall_s": round(time.time() - t0, 1), "load_before": round(before, 2),
-                          "load_after": round(os.getloadavg()[0], 2)})
-        return result
+        try:
+            return fn()
+        finally:
+            stage_log.append({"stage": name, "wall_s": round(time.time() - t0, 1), "load_before": round(before, 2),
+                              "load_after": round(os.getloadavg()[0], 2)})
+            note_run()
 
     record = {"command": " ".join(["python", "scripts/bench_lra.py", *(argv if argv is not None else sys.argv[1:])]),
               "machine": machine(), "protocol": asdict(protocol), "note": IMAGE_NOTE,
@@ -744,13 +775,8 @@ def main(argv: list[str] | None = None) -> int:
         for key in ("accuracy", "accuracy_summary", "speed", "speed_detail", "speed_targets", "search", "search_summary"):
             if not record.get(key) and before.get(key):
                 record[key] = before[key]
-    runs = out / "runs.json"  # every invocation (a stopped run resumes): the benchmark's wall time is their sum
-    history = json.loads(runs.read_text()) if runs.exists() else []
-    history.append({"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(started)),
-                    "wall_s": round(time.time() - started, 1), "stages": stage_log})
-    write_json(runs, history)
-    record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": round(time.time() - started, 1),
-                      "stages": stage_log}
+    note_run(finished=True)
+    record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": history[-1]["wall_s"], "stages": stage_log}
     record["wall"] = {"total_s": round(sum(r["wall_s"] for r in history), 1), "runs": len(history)}
     write_json(out / "lra.json", record)
     write_tables(out, record)

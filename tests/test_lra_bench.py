@@ -123,3 +123,46 @@ def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length()
     linear = {s for s in speed if bench_lra.linear_time(s.replace("cosformer:4096", "cosformer:{t}"), bench_lra.SMALL)}
     assert {"local:64", "linear", "performer:64", "nystrom:64", "reformer:64", "sinkhorn:64"} <= linear
     assert not {"softmax", "gqa:1", "synthesizer-dense"} & linear
+
+
+def test_a_stopped_run_stops_its_workers_notes_its_time_and_resumes(tmp_path):
+    import signal
+    import time
+
+    fake_fashion_mnist(tmp_path / "fm")
+    env = {**os.environ, "NAS_FASHION_MNIST": str(tmp_path / "fm"), "NAS_CACHE": str(tmp_path / "cache"),
+           "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_lra.py"), "--quick", "--out", str(out), "--types", "softmax,linear",
+           "--stages", "accuracy", "--jobs", "1"]
+    first = out / "accuracy" / "listops" / "softmax.json"
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+        deadline = time.time() + 300
+        while not first.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert first.exists(), (tmp_path / "first.log").read_text()[-3000:]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    workers = [p for p in Path("/proc").glob("[0-9]*")
+               if b"--accuracy-worker" in _cmdline(p) and str(out).encode() in _cmdline(p)]
+    assert workers == []  # the stopped run stopped its worker
+    runs = json.loads((out / "runs.json").read_text())
+    assert len(runs) == 1 and runs[0]["finished"] is False and runs[0]["wall_s"] > 0
+    assert [s["stage"] for s in runs[0]["stages"]] == ["accuracy"]
+    kept = first.stat().st_mtime_ns
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "accuracy listops softmax:" not in again.stderr and first.stat().st_mtime_ns == kept  # not trained again
+    runs = json.loads((out / "runs.json").read_text())
+    assert [r["finished"] for r in runs] == [False, True]
+    record = json.loads((out / "lra.json").read_text())
+    assert record["wall"] == {"total_s": round(runs[0]["wall_s"] + runs[1]["wall_s"], 1), "runs": 2}
+    assert all(set(record["accuracy"][t]) == {"softmax", "linear"} for t in ("listops", "image", "pathfinder"))
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
