@@ -308,7 +308,13 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
     space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
     schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
     start = time.perf_counter()
-    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule)
+
+    def progress(info) -> None:  # into the worker's log (OUT/accuracy/TASK/SPEC.log): long work shows progress
+        if info.step % max(1, p.steps // 10) == 0 or info.step == p.steps:
+            loss = ", ".join(f"{k} {v:.3f}" for k, v in info.losses.items())
+            print(f"{task} {spec}: step {info.step}/{p.steps}, loss {loss}, {info.elapsed:.0f} s", flush=True)
+
+    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule, progress=progress)
     lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
     right = score_correct(model, data.test, space, p.batch)
     path = out / "accuracy" / task / f"{safe(spec)}.json"
