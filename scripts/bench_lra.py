@@ -246,9 +246,11 @@ def call(d: dict) -> str:
     return "better" if d["ci_low"] > 0 else "worse" if d["ci_high"] < 0 else "tie"
 
 
-def accuracy_summary(accuracy: dict, seed: int) -> dict:
-    """Per task: Kendall tau between our ordering of the types and LRA's over the types both have, and uniform
-    softmax against uniform local attention (LRA's main finding on ListOps: 36.4% against 15.8%), paired."""
+def accuracy_summary(accuracy: dict, seed: int, majority: dict[str, float] | None = None) -> dict:
+    """Per task: Kendall tau between our ordering of the types and LRA's over the types both have, uniform softmax
+    against uniform local attention (LRA's main finding on ListOps: 36.4% against 15.8%), paired, and, given
+    ``majority`` (each task's share of its most common test label, %), the types whose interval is above it (a
+    model that answers the most common class scores that share and has learnt nothing of the task)."""
     from scipy.stats import kendalltau
 
     summary = {}
@@ -265,6 +267,9 @@ def accuracy_summary(accuracy: dict, seed: int) -> dict:
             column = LRA_COLUMN[task]
             entry["softmax_vs_local"] = {**d, "softmax": soft["ours"], "local": local["ours"], "call": call(d),
                                          "lra": {"softmax": LRA["softmax"][column], "local": LRA["local"][column]}}
+        if majority and task in majority:
+            entry["majority_class"] = majority[task]
+            entry["above_majority"] = [s for s, r in rows.items() if r.get("ci_low", 0.0) > majority[task]]
         summary[task] = entry
     return summary
 
@@ -291,6 +296,16 @@ def speed_targets(table: dict, p: Protocol) -> dict:
         ratio = (rows.get(longest) or {}).get("steps_per_s_vs_softmax")
         out[spec] = {"tokens": int(longest), "steps_per_s_vs_softmax": ratio, "met": ratio is not None and ratio >= 5.0}
     return out
+
+
+def majority_rates(out: Path, base: Protocol, seed: int) -> dict[str, float]:
+    """Each task's share (%) of its most common test label: what answering one class scores."""
+    rates = {}
+    for task in TASKS:
+        _, data = task_data(out, task, for_task(base, task), seed)
+        labels = np.asarray(data.test.targets)[:, 0]
+        rates[task] = 100.0 * float(np.bincount(labels).max()) / len(labels)
+    return rates
 
 
 # ---------------------------------------------------------------------------------------------- 1. accuracy
@@ -766,7 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         record["accuracy"] = timed_stage("accuracy", lambda: {
             t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
             for t, rows in stage_accuracy(out, protocol, types, args.seed, args.jobs, flag).items()})
-        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed)
+        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed, majority_rates(out, protocol, args.seed))
     if "speed" in stages:
         detail = timed_stage("speed", lambda: stage_speed(out, protocol, types, args.threads, flag))
         record["speed"] = {s: {n: r["steps_per_s_vs_softmax"] for n, r in rows.items()} for s, rows in detail.items()}
@@ -803,6 +818,9 @@ def report(record: dict) -> None:
         if summary.get("kendall_tau_vs_lra") is not None:
             print(f"  ordering vs LRA's over {len(summary['shared_types'])} types: "
                   f"Kendall tau {summary['kendall_tau_vs_lra']:+.2f} (p {summary['kendall_p']:.2f})")
+        if "majority_class" in summary:
+            print(f"  the most common class is {summary['majority_class']:.1f}% of the test split; above it (95% interval): "
+                  f"{len(summary['above_majority'])} of {len(rows)} types")
         if "softmax_vs_local" in summary:
             d = summary["softmax_vs_local"]
             print(f"  softmax - local: {d['difference']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] ({d['call']};"

@@ -47,6 +47,8 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
         assert summary["shared_types"] == ["softmax", "local:8", "linear"]
         tau = summary["kendall_tau_vs_lra"]  # undefined (None) only when our accuracies are all equal
         assert -1 <= tau <= 1 if tau is not None else len({r["ours"] for r in types.values()}) == 1
+        assert 0 < summary["majority_class"] <= 100  # the share of the test split's most common label
+        assert summary["above_majority"] == [s for s, r in types.items() if r["ci_low"] > summary["majority_class"]]
         d = summary["softmax_vs_local"]
         assert abs(d["difference"] - (types["softmax"]["ours"] - types["local:8"]["ours"])) < 1e-9
         assert d["ci_low"] <= d["difference"] <= d["ci_high"]
