@@ -359,7 +359,11 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
         for proc, *_ in running:
             if proc.poll() is None:
                 proc.terminate()
-                proc.wait()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # one that does not end on SIGTERM in time is killed
+                    proc.kill()
+                    proc.wait()
     return {task: {spec: json.loads(path.read_text()) for spec in specs
                    if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
             for task, specs in wanted.items()}
