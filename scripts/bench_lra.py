@@ -298,14 +298,10 @@ def speed_targets(table: dict, p: Protocol) -> dict:
     return out
 
 
-def majority_rates(out: Path, base: Protocol, seed: int) -> dict[str, float]:
-    """Each task's share (%) of its most common test label: what answering one class scores."""
-    rates = {}
-    for task in TASKS:
-        _, data = task_data(out, task, for_task(base, task), seed)
-        labels = np.asarray(data.test.targets)[:, 0]
-        rates[task] = 100.0 * float(np.bincount(labels).max()) / len(labels)
-    return rates
+def answers(right: list[bool]) -> tuple[float, dict]:
+    """A model's test accuracy (%) from its per-example answers, and what a record keeps beside it: the interval and
+    the answers (as a string of 0/1, for paired comparisons)."""
+    return 100.0 * sum(right) / len(right), {**interval(right), "correct": "".join("1" if r else "0" for r in right)}
 
 
 # ---------------------------------------------------------------------------------------------- 1. accuracy
@@ -331,22 +327,25 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
 
     model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule, progress=progress)
     lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
-    right = score_correct(model, data.test, space, p.batch)
+    ours, kept = answers(score_correct(model, data.test, space, p.batch))
     path = out / "accuracy" / task / f"{safe(spec)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {"ours": 100.0 * sum(right) / len(right), **interval(right), "lra": lra[LRA_COLUMN[task]] if lra else None,
-                      "lra_model": lra[0] if lra else None, "spec": spec, "params": model.num_params(),
-                      "train_s": round(time.perf_counter() - start, 1), "test_examples": len(data.test),
-                      "correct": "".join("1" if r else "0" for r in right)})
+    write_json(path, {"ours": ours, "lra": lra[LRA_COLUMN[task]] if lra else None, "lra_model": lra[0] if lra else None,
+                      "spec": spec, "params": model.num_params(), "train_s": round(time.perf_counter() - start, 1),
+                      "test_examples": len(data.test), **kept})
 
 
-def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int, jobs: int, argv_protocol: list[str]) -> dict:
+def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int, jobs: int,
+                   argv_protocol: list[str]) -> tuple[dict, dict[str, float]]:
     """Every (task, type) not yet on disk, trained in worker processes ``jobs`` at a time (one thread each: on a
-    small model two single-threaded trainings do more than one on two threads)."""
-    pending, wanted = [], {}
+    small model two single-threaded trainings do more than one on two threads); (the records by task and type, each
+    task's share (%) of its most common test label: what answering one class scores)."""
+    pending, wanted, majority = [], {}, {}
     for task in TASKS:
         p = for_task(base, task)
         _, data = task_data(out, task, p, seed)  # generated once, here, before the workers read it
+        labels = np.asarray(data.test.targets)[:, 0]
+        majority[task] = 100.0 * float(np.bincount(labels).max()) / len(labels)
         specs, notes = type_specs(p, data.train.inputs.shape[1], types)
         for note in notes:
             log.info("accuracy %s: %s", task, note)
@@ -366,7 +365,7 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
                     proc.wait()
     return {task: {spec: json.loads(path.read_text()) for spec in specs
                    if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
-            for task, specs in wanted.items()}
+            for task, specs in wanted.items()}, majority
 
 
 def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol: list[str], pending: list,
@@ -628,10 +627,9 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                 same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
                 model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule)[0]
                 models[name] = model
-                right = score_correct(model, data.test, space, p.batch)
-                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": 100.0 * sum(right) / len(right),
-                               **interval(right), "predicted_ms": float(predictor.predict([subnet])[0]),
-                               "params": model.num_params(), "correct": "".join("1" if r else "0" for r in right)}
+                acc, kept = answers(score_correct(model, data.test, space, p.batch))
+                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
+                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params(), **kept}
             m = measure(device, models, space.workload(), settings, seed=seed)
             for name in models:
                 entry[name]["measured_ms"] = float(m.results[name].median_ms)
@@ -729,24 +727,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.speed_worker:
         speed_worker(args.speed_worker, args.speed_part, protocol, args.out, args.threads)
         return 0
-    if args.accuracy_worker:
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        accuracy_worker(*args.accuracy_worker, protocol, args.out, args.seed)
-        return 0
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
+    if args.accuracy_worker:
+        accuracy_worker(*args.accuracy_worker, protocol, args.out, args.seed)
+        return 0
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
     types = [t.strip() for t in args.types.split(",")] if args.types else None
+    if args.jobs < 1:
+        ap.error(f"--jobs: {args.jobs} is not a positive number of models at a time")
+    for spec in types or []:  # refused here in one line, not in a worker's traceback
+        from search_spaces.attention import parse_attention
+
+        try:
+            parse_attention(spec.replace("{t}", "1024"))
+        except ValueError as e:
+            ap.error(f"--types: {e}")
     stages = [s.strip() for s in args.stages.split(",")]
     unknown = sorted(set(stages) - {"accuracy", "speed", "search"})
     if unknown:
         ap.error(f"--stages: {', '.join(unknown)} not one of accuracy, speed, search")
+    out.mkdir(parents=True, exist_ok=True)  # after every flag is checked: a refused command writes nothing
     load_before = os.getloadavg()
     started = time.time()
     stage_log: list[dict] = []
@@ -782,10 +785,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine(), "protocol": asdict(protocol), "note": IMAGE_NOTE,
               "accuracy": {}, "speed": {}, "search": {}}
     if "accuracy" in stages:
-        record["accuracy"] = timed_stage("accuracy", lambda: {
-            t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
-            for t, rows in stage_accuracy(out, protocol, types, args.seed, args.jobs, flag).items()})
-        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed, majority_rates(out, protocol, args.seed))
+        results, majority = timed_stage("accuracy", lambda: stage_accuracy(out, protocol, types, args.seed, args.jobs, flag))
+        record["accuracy"] = {t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
+                              for t, rows in results.items()}
+        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed, majority)
     if "speed" in stages:
         detail = timed_stage("speed", lambda: stage_speed(out, protocol, types, args.threads, flag))
         record["speed"] = {s: {n: r["steps_per_s_vs_softmax"] for n, r in rows.items()} for s, rows in detail.items()}

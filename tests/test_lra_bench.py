@@ -168,3 +168,15 @@ def _cmdline(proc: Path) -> bytes:
         return (proc / "cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_bad_flags_are_refused_in_one_line_before_anything_is_written(tmp_path):
+    script = str(ROOT / "scripts" / "bench_lra.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    refusals = ((["--types", "softmax,reformer"], "bench_lra.py: error: --types: 'reformer' must be written reformer:B"),
+                (["--jobs", "0"], "bench_lra.py: error: --jobs: 0 is not a positive number of models at a time"))
+    for flags, message in refusals:
+        done = subprocess.run([sys.executable, script, "--quick", "--out", str(tmp_path / "run"), *flags],
+                              capture_output=True, text=True, env=env)
+        assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == message, done.stderr
+    assert not (tmp_path / "run").exists()

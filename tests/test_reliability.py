@@ -569,7 +569,6 @@ def test_atomic_writes_respect_the_umask_and_keep_a_replaced_files_mode(tmp_path
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
-
 def test_a_cached_graph_folder_respects_the_umask_and_a_failed_build_leaves_nothing(tmp_path):
     """latency.onnx_graphs.folder_once (the ONNX graph cache's folders, shared with other users of the cache): 0777
     less the umask, not mkdtemp's 0700; a build that fails leaves no folder and no temporary one; a present folder
@@ -587,6 +586,7 @@ def test_a_cached_graph_folder_respects_the_umask_and_a_failed_build_leaves_noth
     assert layout == {"tensors": 3} and (tmp_path / "g").stat().st_mode & 0o777 == 0o750
     assert [p.name for p in tmp_path.iterdir()] == ["g"]
     assert folder_once(tmp_path / "g", lambda tmp: 1 / 0) == layout
+
 
 def test_every_file_a_command_writes_respects_the_umask(files, tiny, tmp_path, capsys):
     """Under umask 027: an export (weights, card, subnet, model.pt2), a predictor (json, arrays, PNG, report), a supernet
