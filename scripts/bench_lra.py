@@ -246,11 +246,12 @@ def call(d: dict) -> str:
     return "better" if d["ci_low"] > 0 else "worse" if d["ci_high"] < 0 else "tie"
 
 
-def accuracy_summary(accuracy: dict, seed: int, majority: dict[str, float] | None = None) -> dict:
+def accuracy_summary(accuracy: dict, seed: int, floors: dict[str, dict[str, float]] | None = None) -> dict:
     """Per task: Kendall tau between our ordering of the types and LRA's over the types both have, uniform softmax
     against uniform local attention (LRA's main finding on ListOps: 36.4% against 15.8%), paired, and, given
-    ``majority`` (each task's share of its most common test label, %), the types whose interval is above it (a
-    model that answers the most common class scores that share and has learnt nothing of the task)."""
+    ``floors`` (each task's :func:`baselines`), the types whose interval is above each (a model that answers the most
+    common class scores ``majority_class`` and has learnt nothing of the task; one at ``first_token`` may have learnt
+    no more than the first token)."""
     from scipy.stats import kendalltau
 
     summary = {}
@@ -267,9 +268,10 @@ def accuracy_summary(accuracy: dict, seed: int, majority: dict[str, float] | Non
             column = LRA_COLUMN[task]
             entry["softmax_vs_local"] = {**d, "softmax": soft["ours"], "local": local["ours"], "call": call(d),
                                          "lra": {"softmax": LRA["softmax"][column], "local": LRA["local"][column]}}
-        if majority and task in majority:
-            entry["majority_class"] = majority[task]
-            entry["above_majority"] = [s for s, r in rows.items() if r.get("ci_low", 0.0) > majority[task]]
+        for name, share in (floors or {}).get(task, {}).items():
+            entry[name] = share
+            entry["above_majority" if name == "majority_class" else f"above_{name}"] = [
+                s for s, r in rows.items() if r.get("ci_low", 0.0) > share]
         summary[task] = entry
     return summary
 
@@ -335,17 +337,29 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
                       "test_examples": len(data.test), **kept})
 
 
+def baselines(data) -> dict[str, float]:
+    """What a model scores on the test split without reading past the first token (%): ``majority_class``, the share of
+    the most common label (answering one class); ``first_token``, the most common training label of the examples that
+    start with the same token (on ListOps, the root operator: MAX's values run high, MIN's low)."""
+    train_first, test_first = np.asarray(data.train.inputs)[:, 1], np.asarray(data.test.inputs)[:, 1]  # after [CLS]
+    train_labels, test_labels = np.asarray(data.train.targets)[:, 0], np.asarray(data.test.targets)[:, 0]
+    common = int(np.bincount(train_labels).argmax())
+    lookup = {int(t): int(np.bincount(train_labels[train_first == t]).argmax()) for t in np.unique(train_first)}
+    guess = np.array([lookup.get(int(t), common) for t in test_first])
+    return {"majority_class": 100.0 * float(np.bincount(test_labels).max()) / len(test_labels),
+            "first_token": 100.0 * float(np.mean(guess == test_labels))}
+
+
 def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int, jobs: int,
-                   argv_protocol: list[str]) -> tuple[dict, dict[str, float]]:
+                   argv_protocol: list[str]) -> tuple[dict, dict[str, dict[str, float]]]:
     """Every (task, type) not yet on disk, trained in worker processes ``jobs`` at a time (one thread each: on a
     small model two single-threaded trainings do more than one on two threads); (the records by task and type, each
-    task's share (%) of its most common test label: what answering one class scores)."""
-    pending, wanted, majority = [], {}, {}
+    task's :func:`baselines`)."""
+    pending, wanted, floors = [], {}, {}
     for task in TASKS:
         p = for_task(base, task)
         _, data = task_data(out, task, p, seed)  # generated once, here, before the workers read it
-        labels = np.asarray(data.test.targets)[:, 0]
-        majority[task] = 100.0 * float(np.bincount(labels).max()) / len(labels)
+        floors[task] = baselines(data)
         specs, notes = type_specs(p, data.train.inputs.shape[1], types)
         for note in notes:
             log.info("accuracy %s: %s", task, note)
@@ -365,7 +379,7 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
                     proc.wait()
     return {task: {spec: json.loads(path.read_text()) for spec in specs
                    if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
-            for task, specs in wanted.items()}, majority
+            for task, specs in wanted.items()}, floors
 
 
 def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol: list[str], pending: list,
@@ -785,10 +799,10 @@ def main(argv: list[str] | None = None) -> int:
               "machine": machine(), "protocol": asdict(protocol), "note": IMAGE_NOTE,
               "accuracy": {}, "speed": {}, "search": {}}
     if "accuracy" in stages:
-        results, majority = timed_stage("accuracy", lambda: stage_accuracy(out, protocol, types, args.seed, args.jobs, flag))
+        results, floors = timed_stage("accuracy", lambda: stage_accuracy(out, protocol, types, args.seed, args.jobs, flag))
         record["accuracy"] = {t: {s: {"ours": r["ours"], "lra": r["lra"], **r} for s, r in rows.items()}
                               for t, rows in results.items()}
-        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed, majority)
+        record["accuracy_summary"] = accuracy_summary(record["accuracy"], args.seed, floors)
     if "speed" in stages:
         detail = timed_stage("speed", lambda: stage_speed(out, protocol, types, args.threads, flag))
         record["speed"] = {s: {n: r["steps_per_s_vs_softmax"] for n, r in rows.items()} for s, rows in detail.items()}
@@ -828,6 +842,9 @@ def report(record: dict) -> None:
         if "majority_class" in summary:
             print(f"  the most common class is {summary['majority_class']:.1f}% of the test split; above it (95% interval): "
                   f"{len(summary['above_majority'])} of {len(rows)} types")
+        if "first_token" in summary:
+            print(f"  the first token alone (the most common label after it in training) scores {summary['first_token']:.1f}%;"
+                  f" above it (95% interval): {', '.join(summary['above_first_token']) or 'none'}")
         if "softmax_vs_local" in summary:
             d = summary["softmax_vs_local"]
             print(f"  softmax - local: {d['difference']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}] ({d['call']};"

@@ -49,6 +49,8 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
         assert -1 <= tau <= 1 if tau is not None else len({r["ours"] for r in types.values()}) == 1
         assert 0 < summary["majority_class"] <= 100  # the share of the test split's most common label
         assert summary["above_majority"] == [s for s, r in types.items() if r["ci_low"] > summary["majority_class"]]
+        assert 0 < summary["first_token"] <= 100  # the most common training label after the first token, on test
+        assert summary["above_first_token"] == [s for s, r in types.items() if r["ci_low"] > summary["first_token"]]
         d = summary["softmax_vs_local"]
         assert abs(d["difference"] - (types["softmax"]["ours"] - types["local:8"]["ours"])) < 1e-9
         assert d["ci_low"] <= d["difference"] <= d["ci_high"]
@@ -109,6 +111,25 @@ def test_paired_verdicts_call_a_win_only_outside_the_noise():
     assert bench_lra.verdict(entry(1.0, 1.2), budget=1.0) == "found wins"
     assert bench_lra.verdict(entry(1.1, 1.2), budget=1.0) == "found wins (found over budget)"  # no slower than uniform
     assert bench_lra.verdict(entry(1.3, 0.9), budget=1.0) == "tie (found over budget)"  # more accurate, but slower
+
+
+def test_baselines_score_the_majority_class_and_the_first_token_alone():
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_lra
+
+    def split(first: list[int], labels: list[int]) -> SimpleNamespace:  # [CLS] (id 10), the first token, padding
+        inputs = np.array([[10, t, 11] for t in first])
+        targets = np.full((len(first), 3), -100)
+        targets[:, 0] = labels
+        return SimpleNamespace(inputs=inputs, targets=targets)
+
+    # training: token 20 is followed by label 3 twice in three, token 21 by label 5; label 3 is the most common
+    train = split([20, 20, 20, 21, 21, 22], [3, 3, 1, 5, 5, 3])
+    test = split([20, 21, 21, 23, 22], [3, 5, 0, 3, 1])  # 23 never seen: the most common training label (3)
+    got = bench_lra.baselines(SimpleNamespace(train=train, test=test))
+    assert got == {"majority_class": 40.0, "first_token": 60.0}  # test labels 3 are 2 of 5; right: 20->3, 21->5, 23->3
 
 
 def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length():
