@@ -201,3 +201,13 @@ def test_bad_flags_are_refused_in_one_line_before_anything_is_written(tmp_path):
                               capture_output=True, text=True, env=env)
         assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == message, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_speed_worker_builds_a_length_parameterised_type_at_each_length(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_lra
+
+    # cosFormer's M is the length: a model built for the longest (4,096) could not hold cosformer:1024 (refused)
+    bench_lra.speed_worker("cosformer:{t}", "train", bench_lra.QUICK, tmp_path, threads=1)
+    rows = json.loads((tmp_path / f"{bench_lra.safe('cosformer:{t}')}.train.json").read_text())["lengths"]
+    assert set(rows) == {"64", "128"} and all(r["train_steps_per_s"] > 0 for r in rows.values())
