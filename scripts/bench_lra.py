@@ -421,7 +421,7 @@ def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol
 def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | None) -> None:
     """In a fresh process, at each length (ascending: the peak so far is the peak at this length); ``part`` "train":
     training steps/s, peak RSS growth (the process's own: nothing else ran in it) and torch inference ms; "ort": the
-    model exported to ONNX once (its sequence axis is dynamic) and ONNX Runtime inference ms."""
+    model exported to ONNX and ONNX Runtime inference ms. Each length's model is built and exported for it."""
     import resource
 
     import numpy as np
@@ -433,32 +433,21 @@ def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | No
 
     if threads:
         torch.set_num_threads(threads)
-    longest = max(p.speed_lengths)
     rows: dict[str, dict] = {}
     base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    built: dict[str, tuple] = {}  # concrete spec -> (model, its ONNX session or why it has none)
     for length in p.speed_lengths:
         concrete = spec.replace("{t}", str(length))  # cosFormer's M: the length
-        if concrete not in built:
-            for model, session in built.values():
-                if not isinstance(session, (str, type(None))):
-                    Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001 - timed; not kept (large at LRA's sizes)
-            # a type whose parameter is the length (cosFormer's M) is built for that length; every other, once, for the longest
-            size = length if concrete != spec else longest
-            space = parse_space(space_text("speed", p, size, [concrete]), where=f"speed {spec}")
-            model = Transformer(TransformerConfig.from_subnet(space, space.largest()), generator=torch.Generator().manual_seed(0))
-            session = None
-            if part == "ort":
-                try:
-                    session = onnx_session(export_onnx(model, out / "onnx" / f"{safe(concrete)}.onnx"), threads)
-                except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its rows say so
-                    session = str(e).splitlines()[0][:200]
-            built = {concrete: (model, session)}
-        model, session = built[concrete]
+        # built for the length it is timed at, as LRA's models are: a type whose weights grow with the length (the
+        # Synthesizers' T x T) would otherwise carry the longest length's at every length
+        space = parse_space(space_text("speed", p, length, [concrete]), where=f"speed {spec}")
+        model = Transformer(TransformerConfig.from_subnet(space, space.largest()), generator=torch.Generator().manual_seed(0))
         x = torch.randint(12, 272, (1, length), generator=torch.Generator().manual_seed(1))
         if part == "ort":
-            if isinstance(session, str):
-                rows[str(length)] = {"ort_ms": None, "ort_error": session}
+            path = out / "onnx" / f"{safe(concrete)}.{length}.onnx"
+            try:
+                session = onnx_session(export_onnx(model, path), threads)
+            except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its rows say so
+                rows[str(length)] = {"ort_ms": None, "ort_error": str(e).splitlines()[0][:200]}
                 continue
             feed = {"tokens": x.numpy().astype(np.int64)}
             session.run(None, feed)
@@ -466,6 +455,9 @@ def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | No
             for _ in range(p.speed_steps):
                 session.run(None, feed)
             rows[str(length)] = {"ort_ms": 1000 * (time.perf_counter() - t0) / p.speed_steps}
+            del session
+            for f in path.parent.glob(path.name + "*"):  # timed, not kept (large at LRA's sizes)
+                f.unlink()
             continue
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -490,10 +482,8 @@ def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | No
             for _ in range(p.speed_steps):
                 model(x)
             torch_ms = 1000 * (time.perf_counter() - t0) / p.speed_steps
-        rows[str(length)] = {"train_steps_per_s": 1.0 / train_s, "peak_rss_mb": peak_mb, "torch_ms": torch_ms}
-    for model, session in built.values():
-        if not isinstance(session, (str, type(None))):
-            Path(session._model_path).unlink(missing_ok=True)  # noqa: SLF001
+        rows[str(length)] = {"train_steps_per_s": 1.0 / train_s, "peak_rss_mb": peak_mb, "torch_ms": torch_ms,
+                             "params": model.num_params()}
     write_json(out / f"{safe(spec)}.{part}.json", {"spec": spec, "lengths": rows})
 
 

@@ -203,11 +203,20 @@ def test_bad_flags_are_refused_in_one_line_before_anything_is_written(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_the_speed_worker_builds_a_length_parameterised_type_at_each_length(tmp_path):
+def test_the_speed_worker_builds_each_model_for_the_length_it_times(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench_lra
 
     # cosFormer's M is the length: a model built for the longest (4,096) could not hold cosformer:1024 (refused)
-    bench_lra.speed_worker("cosformer:{t}", "train", bench_lra.QUICK, tmp_path, threads=1)
+    for part in ("train", "ort"):
+        bench_lra.speed_worker("cosformer:{t}", part, bench_lra.QUICK, tmp_path, threads=1)
     rows = json.loads((tmp_path / f"{bench_lra.safe('cosformer:{t}')}.train.json").read_text())["lengths"]
     assert set(rows) == {"64", "128"} and all(r["train_steps_per_s"] > 0 for r in rows.values())
+    ort = json.loads((tmp_path / f"{bench_lra.safe('cosformer:{t}')}.ort.json").read_text())["lengths"]
+    assert set(ort) == {"64", "128"} and all(r["ort_ms"] > 0 for r in ort.values())
+    assert not list((tmp_path / "onnx").iterdir())  # each length's graph, timed and removed
+
+    # every type is built for the length it is timed at: the Synthesizers' weights grow with it
+    bench_lra.speed_worker("synthesizer-random", "train", bench_lra.QUICK, tmp_path, threads=1)
+    synth = json.loads((tmp_path / "synthesizer-random.train.json").read_text())["lengths"]
+    assert synth["128"]["params"] > synth["64"]["params"] and rows["128"]["params"] == rows["64"]["params"]
