@@ -692,10 +692,14 @@ def write_tables(out: Path, record: dict) -> None:
             names = list(rows)
             ax.bar([i - 0.2 for i in range(len(names))], [rows[n]["ours"] for n in names], 0.4, label="ours")
             ax.bar([i + 0.2 for i in range(len(names))], [rows[n]["lra"] or 0 for n in names], 0.4, label="LRA")
+            floors = record.get("accuracy_summary", {}).get(t, {})
+            for key, style, label in (("majority_class", ":", "most common class"), ("first_token", "--", "first token alone")):
+                if key in floors:
+                    ax.axhline(floors[key], color="black", linestyle=style, linewidth=1, label=label)
             ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
             ax.set_title(t + (" (Fashion-MNIST, not CIFAR-10)" if t == "image" else ""), fontsize=9)
             ax.set_ylabel("test accuracy %")
-        axes[0][0].legend()
+        axes[0][0].legend(fontsize=6, framealpha=0.9)
         fig.tight_layout()
         fig.savefig(out / "accuracy.png", dpi=120)
         plt.close(fig)
