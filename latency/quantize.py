@@ -284,5 +284,5 @@ def check_predictor_precision(predictor, path, precision: str) -> None:
     theirs = precision_of(getattr(predictor, "fingerprint", None) or {})
     if theirs != precision:
         raise UserError(f"--predictor {path}: fitted on timings at precision {theirs}, but --precision is {precision}; "
-                        f"measure at {precision} (nas measure-latency --timing-target onnxruntime --precision {precision}) "
+                        f"measure at {precision} (nas measure-latency --device onnxruntime --precision {precision}) "
                         "and fit a predictor on them")

@@ -209,6 +209,10 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argpa
         lists = config.apply(_command_parser(parser, command), path, config.load(path), command)
     args = parser.parse_args(argv)
     config.override(args, lists)
+    if getattr(args, "command", None):
+        from .commands.vocabulary import check_required
+
+        check_required(_command_parser(parser, args.command), args)
     return parser, args
 
 

@@ -142,7 +142,7 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     stage("train the supernet", train)
 
     # 2. latency: time subnets with ONNX Runtime on this CPU (one thread, the thread's CPU time: steady on a busy machine)
-    measure = ["measure-latency", space, "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+    measure = ["measure-latency", space, "--device", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
                "--samples", str(plan.samples), "--timing-warmup", str(plan.warmup), "--repeats", str(plan.repeats),
                "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(seed),
                "--out", str(p.timings)]  # fmt: skip

@@ -60,7 +60,7 @@ from search_spaces import Space, load_space  # noqa: E402
 TARGET_TAU, TARGET_WITHIN_10 = 0.9, 0.85
 
 
-# tag -> (device, threads, clock, options): `nas measure-latency --timing-target D --timing-threads N --clock C [--precision P]`
+# tag -> (device, threads, clock, options): `nas measure-latency --device D --timing-threads N --clock C [--precision P]`
 DEVICES = {
     "cpu1": ("cpu", 1, "cpu", {}),
     "cpu2": ("cpu", 2, "wall", {}),

@@ -594,7 +594,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                   "--rounds", str(rounds), "--min-sample-ms", str(min_ms)]
         table_path = root / "cpu.csv"
         if not (root / "pred" / "predictor.json").exists():
-            run_cli(["measure-latency", str(root / "space.yaml"), "--timing-target", "cpu", "--out", str(table_path), "--samples",
+            run_cli(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(table_path), "--samples",
                      str(p.samples), "--retest", "0.5", *timing])
             run_cli(["fit-predictor", str(table_path), "--out", str(root / "pred")])
         measured = sorted(r.median_ms for r in read_timings(table_path).rows)

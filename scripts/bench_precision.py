@@ -6,7 +6,7 @@
 
 1. **Per type and width** (``--space``, default tiny): for each attention type of the space and the smallest and
    largest embedding width, a uniform subnet (the space's depth, heads and FFN at their largest, every layer that
-   type) is timed at each of the space's workloads (prefill and decode) as ``nas measure-latency --timing-target
+   type) is timed at each of the space's workloads (prefill and decode) as ``nas measure-latency --device
    onnxruntime --precision P`` times it (the stitched timing graph, quantized by :mod:`latency.quantize`) at fp32,
    int8-dynamic and int8-static.  ``--rounds`` rounds visit the three sessions in a fresh random order each; a
    round's ratio is INT8 / fp32 of that round, the figure the median over rounds (below 1: INT8 is faster).

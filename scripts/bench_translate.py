@@ -397,7 +397,7 @@ def run(args, plan: Plan) -> dict:
     # 2. latency on the device, one thread, CPU clock; the predictor
     timings, predictor = out / "latency" / "timings.csv", out / "predictor"
     timed("measure latency", lambda: cli([
-        "measure-latency", space_arg, "--timing-target", args.device, "--timing-threads", "1", "--clock", "cpu",
+        "measure-latency", space_arg, "--device", args.device, "--timing-threads", "1", "--clock", "cpu",
         "--samples", str(plan.samples), "--retest", str(plan.retest), "--timing-warmup", str(plan.warmup),
         "--repeats", str(plan.repeats), "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms),
         "--seed", str(args.seed), "--out", str(timings)]))  # fmt: skip

@@ -123,7 +123,7 @@ def stage_supernet(root: Path, space_arg: str, data: str | None, plan: Plan, thr
 def stage_latency(root: Path, space_arg: str, plan: Plan) -> tuple[Path, Path]:
     table, pred = root / "ort.csv", root / "predictor"
     if not table.exists():
-        nas(["measure-latency", space_arg, "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+        nas(["measure-latency", space_arg, "--device", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
              "--out", str(table),
              "--samples", str(plan.samples), "--retest", "0.2", *plan.timing, "-q"])
     if not (pred / "predictor.json").exists():

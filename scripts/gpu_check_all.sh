@@ -61,7 +61,7 @@ step train-bf16 90 nas train-supernet tiny --out "$sn" --device cuda --max-steps
     --ckpt-interval 15 --eval-batches 4 --seed 0
 lat="$run_dir/lat-eager.csv"
 samples=${GPU_CHECK_SAMPLES:-16}
-step latency-eager 200 nas measure-latency -q tiny --timing-target cuda --samples "$samples" --rounds 2 --repeats 6 --out "$lat"
+step latency-eager 200 nas measure-latency -q tiny --device cuda --samples "$samples" --rounds 2 --repeats 6 --out "$lat"
 step fit-predictor 60 nas fit-predictor "$lat" --out "$run_dir/pred"
 # the budget: the median measured latency of the table (a search that must choose)
 budget=$(python3 -c "import csv, statistics, sys; rows = [float(r['median_ms']) for r in csv.DictReader(open(sys.argv[1])) if r['pass'] == 'measure']; print(f'{statistics.median(rows):.4f}ms')" "$lat" 2>>"$all")
@@ -71,10 +71,10 @@ step search-cuda 120 nas search "$sn/latest.pt" --predictor "$run_dir/pred" --bu
 best=$(ls "$run_dir"/search/best_*.yaml 2>/dev/null | head -n 1)
 step train-subnet-cuda 90 nas train-subnet "${best:-missing-best.yaml}" --space tiny --out "$run_dir/subnet" \
     --device cuda --max-steps 20 --eval-interval 20 --eval-batches 4
-step latency-cudagraph 150 nas measure-latency -q tiny --timing-target cuda --runtime cudagraph --samples "$samples" --rounds 2 \
+step latency-cudagraph 150 nas measure-latency -q tiny --device cuda --runtime cudagraph --samples "$samples" --rounds 2 \
     --repeats 6 --out "$run_dir/lat-graph.csv"
 step fit-predictor-cudagraph 60 nas fit-predictor "$run_dir/lat-graph.csv" --out "$run_dir/pred-graph"
-step latency-compile 120 nas measure-latency -q tiny --timing-target cuda --runtime compile --samples 3 --rounds 2 \
+step latency-compile 120 nas measure-latency -q tiny --device cuda --runtime compile --samples 3 --rounds 2 \
     --repeats 4 --out "$run_dir/lat-compile.csv"
 step train-compile 150 nas train-supernet tiny --out "$run_dir/compiled" --device cuda --max-steps 20 \
     --eval-interval 20 --ckpt-interval 20 --eval-batches 4 --seed 0 --compile

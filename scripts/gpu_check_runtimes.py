@@ -3,7 +3,7 @@
     python scripts/gpu_check_runtimes.py                       # tiny, runtimes cudagraph and compile
     python scripts/gpu_check_runtimes.py --space base --runtimes cudagraph --jobs 4
 
-``nas measure-latency --timing-target cuda --runtime cudagraph|compile`` stops at the first subnet a runtime cannot
+``nas measure-latency --device cuda --runtime cudagraph|compile`` stops at the first subnet a runtime cannot
 serve (a device-side assert loses the process's CUDA context), and a subnet mixes several types. This
 builds, per type, the uniform subnet of the space's largest width with that type in every layer, prepares
 it on the runtime (which checks the output against eager mode), fills the GPU memory the runner does not

@@ -50,10 +50,13 @@ def test_the_issue_s_collisions_have_one_name_each():
     def flags(command):
         return {o for a in ps[command]._actions if not isinstance(a, V._Alias) for o in a.option_strings}
 
-    # the timing target has one name in the three commands that time, and none of them calls it --device
-    for command in ("measure-latency", "search", "export"):
+    # measure-latency times on its --device (the card's spelling; --timing-target is taken too, silently); search and
+    # export, which also run models of their own, call the device they time on --timing-target
+    assert {"--device", "--timing-threads", "--clock"} <= flags("measure-latency")
+    assert "--timing-target" in {o for a in ps["measure-latency"]._actions for o in a.option_strings}
+    for command in ("search", "export"):
         assert {"--timing-target", "--timing-threads", "--clock"} <= flags(command)
-    assert "--device" not in flags("measure-latency") and "--device" not in flags("export")
+    assert "--device" not in flags("export")
     assert {"--runtime", "--engine"} & flags("translate") == {"--engine"}  # --runtime: the cuda timing runtime only
     assert "--warmup" not in set().union(*(flags(c) for c in ps))  # --lr-warmup / --timing-warmup
     assert "--lr-warmup" in flags("train-supernet") and "--timing-warmup" in flags("measure-latency")
@@ -73,7 +76,7 @@ def test_docs_cli_shows_the_vocabulary_as_declared():
 
 # The least each command needs to parse, and a value for each new flag an old spelling stands for.
 MINIMAL = {
-    "measure-latency": ["tiny", "--timing-target", "cpu"], "export": ["ck.pt", "--subnet", "s.yaml", "--out", "o"],
+    "measure-latency": ["tiny", "--device", "cpu"], "export": ["ck.pt", "--subnet", "s.yaml", "--out", "o"],
     "search": ["ck.pt", "--predictor", "p"], "fit-accuracy": ["ck.pt", "m", "--out", "o"],
     "train-supernet": ["--out", "o"], "train-subnet": ["--out", "o"], "finetune": ["--model", "m", "--out", "o"],
     "space": ["tiny"], "translate": ["--model", "m"],
@@ -134,7 +137,7 @@ ROUND_TRIPS = {
     "search": ["search", "runs/x/latest.pt", "--predictor", "a", "--predictor", "b", "--budget", "prefill:5ms,decode:1ms",
                "--population", "12", "--aging", "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
                "--mutate-prob", "0.25", "--hurdle-tokens", "500k"],
-    "measure-latency": ["measure-latency", "tiny", "--timing-target", "cpu", "--samples", "40", "--paired", "--combine",
+    "measure-latency": ["measure-latency", "tiny", "--device", "cpu", "--samples", "40", "--paired", "--combine",
                         "min", "--tolerance", "0.2", "--out", "t.csv"],
     "train-supernet": ["train-supernet", "tiny", "--out", "runs/t", "--max-time", "1h30m", "--lr", "1e-3", "--lr-warmup",
                        "50", "--split", "families", "--compile"],
@@ -168,19 +171,19 @@ def test_flags_given_override_the_file_and_keys_take_dashes_or_underscores(tmp_p
     assert (ns["supernet"], ns["population"], ns["predictor"]) == ("other.pt", 12, ["c"])  # a repeatable flag: replaced
     (tmp_path / "lat.yaml").write_text("space: tiny\ntiming-target: cpu\nout: t.csv\n")
     ns = namespace(["measure-latency", "--config", str(tmp_path / "lat.yaml")])
-    assert (ns["space"], ns["timing_target"], ns["out"]) == ("tiny", "cpu", "t.csv")
+    assert (ns["space"], ns["device"], ns["out"]) == ("tiny", "cpu", "t.csv")  # measure-latency's other name
     (tmp_path / "train.yaml").write_text("out: runs/t\nwarmup_steps: 9\nmax_time: 10m\n")  # a field's name, a duration
     ns = namespace(["train-supernet", "--config", str(tmp_path / "train.yaml")])
     assert ns["warmup_steps"] == 9 and ns["max_time"] == 600.0
 
 
 def test_an_old_spelling_in_a_file_works_and_says_which_to_use(tmp_path, capsys):
-    (tmp_path / "old.yaml").write_text("space: tiny\ndevice: cpu\nout: t.csv\n")
+    (tmp_path / "old.yaml").write_text("space: tiny\nthreads: 1\ndevice: cpu\nout: t.csv\n")
     ns = namespace(["measure-latency", "--config", str(tmp_path / "old.yaml")])
-    assert ns["timing_target"] == "cpu"
+    assert (ns["timing_threads"], ns["device"]) == (1, "cpu")
     err = capsys.readouterr().err
-    assert err == (f"nas measure-latency: warning: device (in {tmp_path / 'old.yaml'}) is an old spelling (kept for one "
-                   "release): use --timing-target\n")
+    assert err == (f"nas measure-latency: warning: threads (in {tmp_path / 'old.yaml'}) is an old spelling (kept for one "
+                   "release): use --timing-threads\n")
 
 
 @pytest.mark.parametrize("text,message", [
@@ -288,7 +291,7 @@ def test_completion_script_completes_commands_flags_and_choices(tmp_path):
 
     assert complete("sea") == ["search"]
     assert complete("search", "--timing-t") == ["--timing-target", "--timing-threads"]
-    assert complete("search", "--verify") == ["--verify-top"]  # the old spelling --verify is not offered
+    assert complete("search", "--verify") == ["--verify-top", "--verify-margin"]  # the old spelling --verify is not offered
     assert complete("search", "--strategy", "") == ["evolution", "random", "nsga2"]
     assert complete("measure-latency", "tiny", "--config", "--print-c") == ["--print-config"]
     assert complete("translate", "--eng") == ["--engine"]

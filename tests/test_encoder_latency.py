@@ -90,7 +90,7 @@ QUICK = ["--samples", "3", "--retest", "0", "--timing-threads", "1", "--timing-w
 @pytest.mark.parametrize("device", ["cpu", "onnxruntime"])
 def test_measure_latency_times_an_encoder_space(space_file, tmp_path, capsys, device):
     out = tmp_path / "t.csv"
-    assert main(["measure-latency", str(space_file), "--timing-target", device, "--out", str(out), *QUICK]) == 0
+    assert main(["measure-latency", str(space_file), "--device", device, "--out", str(out), *QUICK]) == 0
     table = read_timings(out)
     assert len(table.rows) == 3 and all(r.median_ms > 0 for r in table.rows)
     assert table.workload.kind == "prefill" and table.space.task == "masked-lm"
@@ -98,7 +98,7 @@ def test_measure_latency_times_an_encoder_space(space_file, tmp_path, capsys, de
 
 def test_arm_bundle_of_an_encoder_space_holds_bidirectional_graphs(space_file, tmp_path):
     bundle = tmp_path / "b.tar.gz"
-    assert main(["measure-latency", str(space_file), "--timing-target", "arm", "--bundle", str(bundle), *QUICK]) == 0
+    assert main(["measure-latency", str(space_file), "--device", "arm", "--bundle", str(bundle), *QUICK]) == 0
     with tarfile.open(bundle) as tar:
         tar.extractall(tmp_path / "board", filter="data")
     graphs = list((tmp_path / "board" / "nas-latency-bundle" / "models").glob("*.onnx"))

@@ -71,7 +71,7 @@ def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
 def test_onnxruntime_device_measures_a_campaign(tmp_path, capsys):
     from nas.cli import main
 
-    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--timing-target", "onnxruntime", "--timing-threads", "1",
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "onnxruntime", "--timing-threads", "1",
             "--samples", "3",
             "--out", str(tmp_path / "t.csv"), "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
     (tmp_path / "micro.yaml").write_text(MICRO)
@@ -166,7 +166,7 @@ def test_arm_bundle_warns_below_what_a_fit_needs_and_says_so_in_its_readme(tmp_p
     from nas.cli import main
 
     (tmp_path / "micro.yaml").write_text(MICRO)
-    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--timing-target", "arm", "--bundle", str(tmp_path / "b.tar.gz"),
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "arm", "--bundle", str(tmp_path / "b.tar.gz"),
             "--samples", "3", "--retest", "0.5"]
     assert main(args) == 0
     err = capsys.readouterr().err

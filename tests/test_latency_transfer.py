@@ -267,7 +267,7 @@ def test_for_transfer_picks_spread_subnets_and_the_table_remembers_it(tiny, tmp_
         assert coverage(picked) < min(uniform), (coverage(picked), uniform)  # closer to every subnet than 20 uniform draws
 
     (tmp_path / "micro.yaml").write_text(MICRO)
-    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--timing-target", "cpu", "--timing-threads", "1", "--samples", "3",
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "cpu", "--timing-threads", "1", "--samples", "3",
             "--out", str(tmp_path / "t.csv"), "--timing-warmup", "0", "--repeats", "1", "--rounds", "1", "--min-sample-ms", "0",
             "--retest", "0"]
     assert main(args + ["--for-transfer"]) == 0

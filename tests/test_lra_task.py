@@ -116,7 +116,7 @@ def test_extraction_computes_what_the_supernet_computes(root):
 def test_measure_latency_search_and_export(root, capsys):
     from supernet import load_model
 
-    assert main(["measure-latency", str(root / "space.yaml"), "--timing-target", "cpu", "--out", str(root / "cpu.csv"),
+    assert main(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(root / "cpu.csv"),
                  "--samples", "12", "--retest", "0.5", *QUICK, "-q"]) == 0
     assert main(["fit-predictor", str(root / "cpu.csv"), "--models", "additive", "--out", str(root / "pred"), "-q"]) == 0
     capsys.readouterr()

@@ -51,7 +51,7 @@ def test_search_at_int8_scores_int8_and_refuses_a_predictor_of_another_precision
     assert main(search_args(tmp, ckpt, "--budget", "6ms", "--precision", "int8-dynamic")) == 2
     assert capsys.readouterr().err.strip() == (
         f"nas search: error: --predictor {tmp / 'pred.json'}: fitted on timings at precision fp32, but --precision is "
-        "int8-dynamic; measure at int8-dynamic (nas measure-latency --timing-target onnxruntime --precision int8-dynamic) "
+        "int8-dynamic; measure at int8-dynamic (nas measure-latency --device onnxruntime --precision int8-dynamic) "
         "and fit a predictor on them")
     assert not (tmp / "out" / "search.json").exists()
     spaces["pred.json"].fingerprint["precision"] = "int8-dynamic"

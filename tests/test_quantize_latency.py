@@ -79,7 +79,7 @@ def test_measure_latency_records_the_precision_and_refuses_a_mix(tmp_path, capsy
     from nas.cli import main
 
     (tmp_path / "micro.yaml").write_text(MICRO)
-    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--timing-target", "onnxruntime", "--timing-threads", "1",
+    args = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "onnxruntime", "--timing-threads", "1",
             "--samples", "3",
             "--out", str(tmp_path / "t.csv"), "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1",
             "--retest", "0"]
@@ -94,12 +94,12 @@ def test_measure_latency_records_the_precision_and_refuses_a_mix(tmp_path, capsy
     assert main(args) == 2  # fp32 (the default) into an INT8 table
     assert "this run measures fp32" in capsys.readouterr().err
     assert len(read_timings(tmp_path / "t.csv").rows) == 3  # nothing lost, nothing added
-    cpu = ["measure-latency", str(tmp_path / "micro.yaml"), "--timing-target", "cpu", "--out", str(tmp_path / "c.csv"),
+    cpu = ["measure-latency", str(tmp_path / "micro.yaml"), "--device", "cpu", "--out", str(tmp_path / "c.csv"),
            "--precision", "int8-static"]
     assert main(cpu) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("nas measure-latency: error: --precision int8-static: --timing-target cpu runs fp32 only; int8-static "
-                       "runs on --timing-target onnxruntime (--provider cpu; the ARM bundle will follow)")
+    assert err[-1] == ("nas measure-latency: error: --precision int8-static: --device cpu runs fp32 only; int8-static "
+                       "runs on --device onnxruntime (--provider cpu; the ARM bundle will follow)")
     assert not (tmp_path / "c.csv").exists()
 
 

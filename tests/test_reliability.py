@@ -123,9 +123,9 @@ def test_a_table_of_bad_inputs_each_one_line_exit_2(files, tmp_path, capsys):
         (["search", ckpt, "--predictor", "p", "--budget", "1ms", "--out", afile],
          f"nas search: error: --out: {afile} is a file; expected a folder"),
         (["train-supernet", "tiny", "--out", afile], f"nas train-supernet: error: --out: {afile} is a file; expected a folder"),
-        (["measure-latency", "tiny", "--timing-target", "cpu", "--out", str(tmp_path)],
+        (["measure-latency", "tiny", "--device", "cpu", "--out", str(tmp_path)],
          f"nas measure-latency: error: --out: {tmp_path} is a folder; expected a file (the table)"),
-        (["measure-latency", "tiny", "--timing-target", "cpu", "--out", f"{afile}/t.csv"],
+        (["measure-latency", "tiny", "--device", "cpu", "--out", f"{afile}/t.csv"],
          f"nas measure-latency: error: --out: {afile}/t.csv: {afile} is a file, not a folder"),
         (["search", ckpt, "--predictor", files["pred"], "--budget", "1ms", "--timing-target", "bogus", "--out",
           str(tmp_path / "s")],
@@ -266,7 +266,7 @@ def test_disk_full_during_an_append_leaves_the_table_whole(tiny, tmp_path, whole
     with pytest.raises(OSError) as e:
         campaign(tiny, path, memory_mb=1.0)
     monkeypatch.undo()
-    args = build_parser().parse_args(["measure-latency", "tiny", "--timing-target", "cpu", "--out", str(path)])
+    args = build_parser().parse_args(["measure-latency", "tiny", "--device", "cpu", "--out", str(path)])
     assert io_failure(e.value, args) == (
         f"{path}: No space left on device: the disk is full: free some space or write elsewhere (--out); what was written "
         "before is kept"
@@ -360,7 +360,7 @@ def fill(path: Path) -> None:
 
 
 def test_a_full_disk_is_one_line_naming_the_path_at_every_write_site(full_disk, files, tiny, tmp_path, capsys):
-    assert one_error(capsys, ["measure-latency", "-q", "tiny", "--timing-target", "cpu", "--samples", "2", "--out",
+    assert one_error(capsys, ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "2", "--out",
                               str(full_disk / "t.csv")]).startswith(
         f"nas measure-latency: error: {full_disk / 't.csv.json'}: No space left on device: the disk is full")
     table = tmp_path / "t.csv"
@@ -415,7 +415,7 @@ def test_a_huge_subnet_is_refused_before_allocation_and_dead_runs_temporary_fold
 
     huge = space_file(tmp_path, "huge", embed="[65536]", depth="[256]")
     Path(huge).write_text(Path(huge).read_text().replace("ffn_dim: [64]", "ffn_dim: [262144]"))
-    line = one_error(capsys, ["measure-latency", "-q", huge, "--timing-target", "cpu", "--samples", "2", "--retest", "0",
+    line = one_error(capsys, ["measure-latency", "-q", huge, "--device", "cpu", "--samples", "2", "--retest", "0",
                               "--out", str(tmp_path / "t.csv")])
     assert line.startswith("nas measure-latency: error: the weights of 1 subnet(s) need 33,563,329 MB, ")
     assert line.endswith("(the largest: d65536 L256 [256x 2h/262144/softmax], 8,798,425,210,880 parameters); lower "
@@ -690,7 +690,7 @@ def test_an_out_that_is_one_of_the_inputs_is_refused_and_the_input_kept(files, t
          f"nas fit-predictor: error: --out {tmp_path / 'link'}: is the source predictor (--from {pred}); {overwrite}"),
         (["fit-predictor", str(table), "--from", str(tmp_path / "link"), "--out", f"{pred}/."],
          f"nas fit-predictor: error: --out {pred}: is the source predictor (--from {tmp_path / 'link'}); {overwrite}"),
-        (["measure-latency", str(space), "--timing-target", "cpu", "--out", str(space)],
+        (["measure-latency", str(space), "--device", "cpu", "--out", str(space)],
          f"nas measure-latency: error: --out {space}: is the source search space (SPACE {space}); {overwrite}"),
         (["train-supernet", "tiny", "--data", str(corpus), "--out", str(corpus)],
          f"nas train-supernet: error: --out {corpus}: is the source corpus (--data {corpus}); {overwrite}"),
@@ -739,8 +739,8 @@ def test_ssh_urls_are_checked_before_any_bundle_and_never_reach_ssh_as_options(t
         "ssh://[::1]x": "has 'x' after the address",
     }
     for url, expected in cases.items():
-        line = one_error(capsys, ["measure-latency", "tiny", "--timing-target", url, "--out", str(tmp_path / "t.csv")])
-        assert line == f"nas measure-latency: error: --timing-target: {url!r} {expected}; {SSH_FORMS}", url
+        line = one_error(capsys, ["measure-latency", "tiny", "--device", url, "--out", str(tmp_path / "t.csv")])
+        assert line == f"nas measure-latency: error: --device: {url!r} {expected}; {SSH_FORMS}", url
     assert one_error(capsys, ["search", "ck.pt", "--predictor", "p", "--timing-target", "ssh://-Fx", "--out",
                               str(tmp_path / "s")]) \
         == f"nas search: error: --timing-target: 'ssh://-Fx' has a host name '-Fx' {PLAIN}; {SSH_FORMS}"
@@ -784,10 +784,10 @@ def test_an_ssh_run_that_fails_leaves_no_temporary_bundle(tmp_path, capsys, monk
     (tmp_path / "ssh").write_text("#!/bin/sh\necho 'ssh: connect to host board port 22: Connection refused' >&2\nexit 255\n")
     (tmp_path / "ssh").chmod(0o755)
     monkeypatch.setenv("NAS_SSH", str(tmp_path / "ssh"))
-    assert main(["measure-latency", "-q", "tiny", "--timing-target", "ssh://board", "--samples", "2", "--retest", "0",
+    assert main(["measure-latency", "-q", "tiny", "--device", "ssh://board", "--samples", "2", "--retest", "0",
                  "--out", str(tmp_path / "t.csv")]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]  # (after the small-sample warnings)
-    assert errors == ["nas measure-latency: error: --timing-target ssh://board: ssh could not reach board (creating the remote "
+    assert errors == ["nas measure-latency: error: --device ssh://board: ssh could not reach board (creating the remote "
                       "folder): ssh: connect to host board port 22: Connection refused"]
     left = [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")]  # (torch's own cache)
     assert left == [] and not (tmp_path / "t.csv").exists()
@@ -987,7 +987,7 @@ def resumable_cases(r: dict) -> dict:
               "--val-windows", "2", "--seq-len", "32", "--population", "4", "--parents", "2", "--mutations", "2",
               "--crossovers", "2", "--generations", "2", "--hurdles", "2", "--hurdle-candidates", "2", "--hurdle-batch-size", "4",
               "--hurdle-from", "inherited", "--hurdle-tokens", "768", "--device", "cpu", "--no-progress", "--out", "OUT"]
-    measure = ["measure-latency", r["space"], "--timing-target", "cpu", "--timing-threads", "1", "--samples", "8", "--retest",
+    measure = ["measure-latency", r["space"], "--device", "cpu", "--timing-threads", "1", "--samples", "8", "--retest",
                "0.25", "--seed", "3", "--timing-warmup", "1", "--repeats", "4", "--rounds", "2", "--min-sample-ms", "1", "--out",
                "OUT/t.csv"]
     return {
@@ -1075,7 +1075,7 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
 
     monkeypatch.setattr(latency.device, "get_device", lambda name, **o: FakeDevice(threads=o.get("threads") or 0))
     out = tmp_path / "t.csv"
-    argv = ["measure-latency", "-q", "tiny", "--timing-target", "cpu", "--samples", "4", "--retest", "0.5",
+    argv = ["measure-latency", "-q", "tiny", "--device", "cpu", "--samples", "4", "--retest", "0.5",
             "--timing-warmup", "1",
             "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "--out", str(out)]
     assert main(argv + ["--timing-threads", "1"]) == 0

@@ -136,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
          "catalog or by line; compiling is for the LM run so far)"),
         (["train-supernet", "tiny", "--lang", "de", "--out", str(tmp_path / "r4")],
          "--lang: for a seq2seq (translation) space only; a language model reads --data"),
-        (["measure-latency", "translate-tiny", "--timing-target", "onnxruntime", "--precision", "int8-static", "--out",
+        (["measure-latency", "translate-tiny", "--device", "onnxruntime", "--precision", "int8-static", "--out",
           str(tmp_path / "t.csv")],
          "--precision int8-static: a seq2seq space (translate-tiny) is timed in fp32 only so far"),
         (["train-subnet", "--space", "translate-tiny", "--out", str(tmp_path / "r6")],

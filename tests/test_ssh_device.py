@@ -97,7 +97,7 @@ def sshd(tmp_path_factory, clean_python):
 
 def measure(sshd, tmp_path, host: str, out: Path, *extra: str) -> list[str]:
     (tmp_path / "micro.yaml").write_text(MICRO)
-    return [sys.executable, "-m", "nas", "measure-latency", str(tmp_path / "micro.yaml"), "--timing-target",
+    return [sys.executable, "-m", "nas", "measure-latency", str(tmp_path / "micro.yaml"), "--device",
             f"ssh://{sshd['user']}@{host}", "--out", str(out), *PROTOCOL, *extra]
 
 
@@ -185,5 +185,5 @@ def test_ssh_says_what_is_wrong_in_one_line(sshd, tmp_path, host, python, expect
     assert done.returncode == 2, done.stderr
     errors = [ln for ln in done.stderr.splitlines() if "error:" in ln]
     assert len(errors) == 1 and expected.format(user=sshd["user"]) in errors[0], done.stderr
-    assert errors[0].startswith(f"nas measure-latency: error: --timing-target ssh://{sshd['user']}@{host}: ")
+    assert errors[0].startswith(f"nas measure-latency: error: --device ssh://{sshd['user']}@{host}: ")
     assert not out.exists()  # nothing written locally

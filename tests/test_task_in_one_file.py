@@ -202,7 +202,7 @@ def test_measure_latency_fit_a_predictor_search_and_export(root, capsys):
 
     for device in ("cpu", "onnxruntime"):
         table = root / f"{device}.csv"
-        assert main(["measure-latency", str(root / "space.yaml"), "--timing-target", device, "--out", str(table),
+        assert main(["measure-latency", str(root / "space.yaml"), "--device", device, "--out", str(table),
                      "--samples", "12", "--retest", "0.5", *QUICK, "-q"]) == 0
         timings = read_timings(table)
         assert timings.space.task == "test-last-token" and len(timings.rows) == 12 + 6

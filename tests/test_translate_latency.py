@@ -22,11 +22,11 @@ def timed(tmp_path_factory):
     space = root / "mini.yaml"
     space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
     table = root / "t.csv"
-    assert main(["measure-latency", str(space), "--timing-target", "cpu", "--samples", "6", "--out", str(table), "-q",
+    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "6", "--out", str(table), "-q",
                  *FAST]) == 0
     first = table.read_text()
     # resumed with more samples: the first rows stay as they were, only the new subnets are timed
-    assert main(["measure-latency", str(space), "--timing-target", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+    assert main(["measure-latency", str(space), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
                  str(table), "-q", *FAST]) == 0  # fmt: skip
     return root, space, table, first
 
@@ -51,7 +51,7 @@ def test_table_holds_translate_rows_with_seq2seq_features_and_resumes(timed, cap
     first_rows = [line for line in first.splitlines()[1:] if ",measure," in line]
     assert len(first_rows) == 6 and all(line in table.read_text().splitlines() for line in first_rows)
     # nothing left: a third run measures nothing
-    assert main(["measure-latency", str(space_path), "--timing-target", "cpu", "--samples", "24", "--retest", "0.25", "--out",
+    assert main(["measure-latency", str(space_path), "--device", "cpu", "--samples", "24", "--retest", "0.25", "--out",
                  str(table), *FAST]) == 0  # fmt: skip
     assert capsys.readouterr().out.strip() == f"{table}: nothing left to measure"
     meta = json.loads((root / "t.csv.json").read_text())
@@ -80,12 +80,11 @@ def test_fit_and_predict_a_translate_predictor(timed, capsys):
 def test_a_device_that_cannot_time_a_seq2seq_space_is_refused_in_one_line(timed, capsys):
     root, space_path, _, _ = timed
     for device in ("tpu",):
-        assert main(["measure-latency", str(space_path), "--timing-target", device, "--out", str(root / "x.csv")]) == 2
+        assert main(["measure-latency", str(space_path), "--device", device, "--out", str(root / "x.csv")]) == 2
         assert capsys.readouterr().err == (
-            f"nas measure-latency: error: --timing-target {device}: a seq2seq space (mini-s2s) is timed on cpu, cuda, "
-            "onnxruntime, arm, ssh://user@host "
-            '(README "Translation (encoder-decoder)")\n'
-        )
+            f"nas measure-latency: error: --device: {device!r} is not a device (available: cpu, cuda, onnxruntime, "
+            "arm --bundle FILE, ssh://user@host)\n"
+        )  # refused with the flags, before the space is read
     assert not (root / "x.csv").exists()
 
 

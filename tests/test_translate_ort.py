@@ -29,7 +29,7 @@ def test_a_campaign_on_onnxruntime_writes_translate_rows(tmp_path):
     space = tmp_path / "mini.yaml"
     space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
     table = tmp_path / "t.csv"
-    assert main(["measure-latency", str(space), "--timing-target", "onnxruntime", "--samples", "2", "--retest", "0",
+    assert main(["measure-latency", str(space), "--device", "onnxruntime", "--samples", "2", "--retest", "0",
                  "--out", str(table), "-q", *FAST]) == 0  # fmt: skip
     rows = list(csv.DictReader(table.open()))
     s = mini_space()
@@ -99,9 +99,9 @@ def test_cuda_and_precisions_at_a_translate_workload(tmp_path, capsys):
     space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
     out = tmp_path / "x.csv"
     if not torch.cuda.is_available():
-        assert main(["measure-latency", str(space), "--timing-target", "cuda", "--out", str(out)]) == 2
+        assert main(["measure-latency", str(space), "--device", "cuda", "--out", str(out)]) == 2
         assert "--timing-target cuda: no CUDA GPU is visible to torch" in capsys.readouterr().err
-    assert main(["measure-latency", str(space), "--timing-target", "onnxruntime", "--precision", "int8-dynamic", "--out",
+    assert main(["measure-latency", str(space), "--device", "onnxruntime", "--precision", "int8-dynamic", "--out",
                  str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == ("nas measure-latency: error: --precision int8-dynamic: a seq2seq space (mini-s2s) "
                                        "is timed in fp32 only so far\n")  # fmt: skip
@@ -120,7 +120,7 @@ def test_an_arm_bundle_carries_both_graphs_and_times_the_translate_loop(tmp_path
     space = tmp_path / "mini.yaml"
     space.write_text(MINI_SEQ2SEQ.format(positions="rope"))
     bundle = tmp_path / "b.tar.gz"
-    assert main(["measure-latency", str(space), "--timing-target", "arm", "--bundle", str(bundle), "--samples", "2", "--retest",
+    assert main(["measure-latency", str(space), "--device", "arm", "--bundle", str(bundle), "--samples", "2", "--retest",
                  "0", "-q", *FAST]) == 0  # fmt: skip
     with tarfile.open(bundle) as tar:
         tar.extractall(tmp_path, filter="data")

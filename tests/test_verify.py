@@ -37,6 +37,19 @@ def test_a_candidate_over_budget_is_dropped_and_the_next_one_returned():
     assert none.chosen is None and "none of the top 2 holds" in report({"5ms": none}, "fake")
 
 
+def test_a_verify_margin_keeps_headroom_under_the_budget():
+    a, b = cand(128, 1.0, 9.0, 1), cand(96, 1.1, 8.0, 2)
+    measured = {a.subnet: 9.9, b.subnet: 9.6}  # a holds 10 ms by 1%, b by 4%
+
+    def measure(subnets):
+        return {s: (measured[s], []) for s in subnets}
+
+    assert verify({"10ms": [a, b]}, {"10ms": 10.0}, measure)["10ms"].chosen.candidate == a
+    kept = verify({"10ms": [a, b]}, {"10ms": 10.0}, measure, margin_pct=3.0)["10ms"]
+    assert [c.holds for c in kept.checks] == [False, True] and kept.chosen.candidate == b
+    assert verify({"10ms": [a, b]}, {"10ms": 10.0}, measure, margin_pct=5.0)["10ms"].chosen is None
+
+
 def test_latency_error_has_one_sign_everywhere():
     """error = (measured - predicted) / predicted: a device slower than predicted is a positive error."""
     from latency.report import latency_error_pct

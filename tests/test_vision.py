@@ -208,7 +208,7 @@ def test_train_search_export_classify(root, capsys):
     ckpt = torch.load(root / "run" / "final.pt", weights_only=True)
     assert ckpt["meta"]["corpus_sizes"] == {"train": 180, "val": 60, "test": 60}
     q = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "-q"]
-    assert main(["measure-latency", str(root / "space.yaml"), "--timing-target", "onnxruntime", "--out", str(root / "ort.csv"),
+    assert main(["measure-latency", str(root / "space.yaml"), "--device", "onnxruntime", "--out", str(root / "ort.csv"),
                  "--samples", "12", *q]) == 0
     assert main(["fit-predictor", str(root / "ort.csv"), "--models", "additive", "--out", str(root / "pred"), "-q"]) == 0
     assert main(["search", str(root / "run" / "final.pt"), "--predictor", str(root / "pred"), "--out", str(root / "search"),
@@ -282,7 +282,7 @@ def test_a_second_resolution_grows_the_tokens_and_int8_timing_runs(tmp_path, gra
     f_big, f_small = task.table_features(space, big, w), task.table_features(space, small, w)
     assert (f_big["tokens"], f_small["tokens"]) == (16.0, 4.0) and f_big["flops"] > f_small["flops"]
     (tmp_path / "s.yaml").write_text(text)
-    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "onnxruntime", "--precision", "int8-dynamic",
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "onnxruntime", "--precision", "int8-dynamic",
                  "--out", str(tmp_path / "int8.csv"), "--samples", "3", "--timing-threads", "1", "--timing-warmup", "1",
                  "--repeats", "2",
                  "--rounds", "1", "--min-sample-ms", "1", "-q"]) == 0
@@ -304,7 +304,7 @@ def test_an_arm_bundle_times_each_vit_graph_on_seeded_images(tmp_path, graph_cac
     space = parse_space(SPACE, where="s.yaml")
     bundle = tmp_path / "b.tar.gz"
     q = ["--timing-warmup", "1", "--repeats", "2", "--rounds", "1", "--min-sample-ms", "1", "-q"]
-    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--bundle", str(bundle), "--samples",
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "arm", "--bundle", str(bundle), "--samples",
                  "2", "--retest", "0", *q]) == 0  # fmt: skip
     with tarfile.open(bundle) as tar:
         tar.extractall(tmp_path, filter="data")
@@ -320,7 +320,7 @@ def test_an_arm_bundle_times_each_vit_graph_on_seeded_images(tmp_path, graph_cac
     assert t.workload.kind == "image" and set(t.passes("measure")) == {space.largest().key, space.smallest().key}
     assert all(r.median_ms > 0 for r in t.passes("measure").values())
     capsys.readouterr()
-    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--timing-target", "arm", "--precision", "int8-dynamic",
+    assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "arm", "--precision", "int8-dynamic",
                  "--bundle", str(tmp_path / "q.tar.gz"), "-q"]) == 2  # fmt: skip
     assert "timed in int8 on onnxruntime only" in capsys.readouterr().err and not (tmp_path / "q.tar.gz").exists()
 

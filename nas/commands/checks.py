@@ -47,6 +47,8 @@ INPUTS = {
 
 # Flags that name a device to time on, with the flags of its options: checked by building the device.
 DEVICE_FLAGS = {
+    "measure-latency": ("device", {"threads": "timing_threads", "clock": "clock", "runtime": "runtime",
+                                   "provider": "provider"}),
     "search": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
     "export": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
 }

@@ -250,10 +250,10 @@ def add_protocol_arguments(p: argparse.ArgumentParser, prefix: str = "", default
 
 
 @contextlib.contextmanager
-def timing_messages():
-    """Refusals raised inside, naming the timing target's flags (``--timing-target``, ``--timing-threads``) where the
-    latency library names a device's own (``--device``, ``--threads``): for the commands whose only device is the
-    timing target (``measure-latency``, ``export``)."""
+def timing_messages(target: str = "--timing-target"):
+    """Refusals raised inside, naming the command's flags where the latency library names a device's own: its
+    ``--threads`` is the command's ``--timing-threads``, its ``--device`` the command's ``target`` (``measure-latency``
+    names the device ``--device`` as the library does; ``export`` names it ``--timing-target``)."""
     from search_spaces import UserError
 
     try:
@@ -261,7 +261,7 @@ def timing_messages():
     except UserError as e:
         from .checks import timing_names
 
-        raise UserError(timing_names(str(e))) from None
+        raise UserError(timing_names(str(e), target)) from None
 
 
 def protocol_settings(args: argparse.Namespace):

@@ -171,7 +171,8 @@ def apply(parser: argparse.ArgumentParser, path: str, data: dict, command: str) 
             hint = f" (did you mean {close[0]}?)" if close else f" (its keys: {', '.join(names)})"
             raise UserError(f"{path}: key {key!r}: nas {command} takes no such flag{hint}")
         if isinstance(action, _Alias):
-            say_deprecated(command, f"{key} (in {path})", action.new)
+            if action.warn:
+                say_deprecated(command, f"{key} (in {path})", action.new)
             action = action.target
         if action.dest in seen:
             raise UserError(f"{path}: keys {seen[action.dest]!r} and {key!r} set the same flag; keep one")

@@ -11,15 +11,16 @@ log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
 HELP = "time sampled subnets of a space on a device (cpu, cuda, onnxruntime, arm bundle, ssh://host) into a CSV timing table"
-EXAMPLE = "nas measure-latency base --timing-target cpu --timing-threads 2 --samples 300 --out runs/lat-cpu.csv"
+EXAMPLE = "nas measure-latency base --device cpu --timing-threads 2 --samples 300 --out runs/lat-cpu.csv"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("space", help="a search-space YAML file, or a shipped space name (tiny, base)")
-    p.add_argument("--timing-target", required=True, metavar="TARGET",
-                   help="where to time: cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host")
+    p.add_argument("--device", required=True, metavar="DEVICE",
+                   help="the device to time on: cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host "
+                   "(--timing-target, the name search and export give it, is taken too)")
     p.add_argument("--out", help="timing table CSV (a .json sidecar is written beside it); an existing one is resumed")
-    p.add_argument("--bundle", help="with --timing-target arm: write a self-contained bundle (.tar.gz) to run on the board")
+    p.add_argument("--bundle", help="with --device arm: write a self-contained bundle (.tar.gz) to run on the board")
     p.add_argument(
         "--samples",
         type=int,
@@ -64,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with timing_messages():  # the latency library's "--device" / "--threads" are this command's timing target's
+    with timing_messages("--device"):  # the latency library's "--threads" is this command's --timing-threads
         return _run_with_ops(args)
 
 
@@ -73,9 +74,9 @@ def _run_with_ops(args: argparse.Namespace) -> int:
         from search_spaces import UserError
         from supernet.attention import ort_ops
 
-        if args.timing_target != "onnxruntime":
-            raise UserError(f"--custom-ops: for --timing-target onnxruntime (this machine's ONNX Runtime), not "
-                            f"{args.timing_target}: the "
+        if args.device != "onnxruntime":
+            raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime), not "
+                            f"{args.device}: the "
                             "ARM bundle and remote devices carry no custom-op library yet")
         with ort_ops.requested():
             return _run(args)
@@ -91,11 +92,11 @@ def _run(args: argparse.Namespace) -> int:
 
     space = load_space(args.space)
     task = tasks.of(space)
-    task.check_timing(space, args.timing_target, args.precision, args.for_transfer)  # what the task's models are timed on
+    task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
     settings = protocol_settings(args)
     precision = check_precision(args.precision)
-    check_device(precision, args.timing_target, args.provider)
+    check_device(precision, args.device, args.provider)
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
@@ -113,19 +114,19 @@ def _run(args: argparse.Namespace) -> int:
         workload,
     )
 
-    if args.timing_target == "arm" or args.timing_target.startswith("ssh://"):
+    if args.device == "arm" or args.device.startswith("ssh://"):
         import tempfile
 
         from latency.devices.arm import parse_target, run_remote, write_bundle
         from latency.sampling import campaign_shortfalls
 
-        if args.timing_target == "arm" and not args.bundle:
-            raise UserError("--timing-target arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
-        if args.timing_target != "arm":
+        if args.device == "arm" and not args.bundle:
+            raise UserError("--device arm: give --bundle FILE.tar.gz; the bundle is run on the board (see its README.txt)")
+        if args.device != "arm":
             # the URL before anything is built (nas.commands.checks did too; a library caller may not)
-            parse_target(args.timing_target, "--timing-target")
+            parse_target(args.device, "--device")
             if not args.out:
-                raise UserError(f"--timing-target {args.timing_target}: give --out TABLE.csv for the fetched timings")
+                raise UserError(f"--device {args.device}: give --out TABLE.csv for the fetched timings")
         for line in campaign_shortfalls(len(subnets), len(passes["retest"])):
             log.warning("%s", line)  # a board is a trip away: say it before the bundle goes
         with tempfile.TemporaryDirectory(prefix="nas-bundle-") as scratch:  # an ssh run's bundle: removed however it ends
@@ -135,17 +136,17 @@ def _run(args: argparse.Namespace) -> int:
             b.close()
             if args.bundle:
                 print(f"wrote {target}")
-                emit(args, {"bundle": str(target), "timing_target": args.timing_target, "space": space.name,
+                emit(args, {"bundle": str(target), "device": args.device, "space": space.name,
                             "workload": str(workload), "subnets": len(subnets), "retest": len(passes["retest"])})
-            if args.timing_target == "arm":
+            if args.device == "arm":
                 print(f"next: copy it to the board, `tar xzf {target.name}`, run `python3 nas-latency-bundle/runner.py` "
                       "there (README.txt inside), bring back timings.csv + timings.csv.json, then `nas fit-predictor "
                       "timings.csv`")
                 return 0
-            run_remote(args.timing_target, target, Path(args.out), threads=args.timing_threads, clock=args.clock,
+            run_remote(args.device, target, Path(args.out), threads=args.timing_threads, clock=args.clock,
                        memory_mb=args.memory_mb)
         print(f"fetched {args.out}")
-        emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+        emit(args, {"out": args.out, "device": args.device, "space": space.name, "workload": str(workload),
                     "subnets": len(subnets), "retest": len(passes["retest"])})
         return 0
 
@@ -154,8 +155,8 @@ def _run(args: argparse.Namespace) -> int:
     from latency.table import TimingTable, make_meta
 
     if not args.out:
-        raise UserError(f"--timing-target {args.timing_target}: give --out TABLE.csv")
-    device = get_device(args.timing_target, threads=args.timing_threads, runtime=args.runtime, provider=args.provider,
+        raise UserError(f"--device {args.device}: give --out TABLE.csv")
+    device = get_device(args.device, threads=args.timing_threads, runtime=args.runtime, provider=args.provider,
                         clock=args.clock, precision=None if precision == "fp32" else precision)
     names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
@@ -166,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
     already = sum(len(v) for v in table.done.values())
     if already:
         log.info("resuming %s: %d rows already measured", args.out, already)
-    b, update = visit_bar(f"{args.timing_target}")
+    b, update = visit_bar(f"{args.device}")
     try:
         n = run_campaign(device, space, workload, passes, table, settings, seed=args.seed, memory_mb=args.memory_mb,
                          progress=update)
@@ -181,7 +182,7 @@ def _run(args: argparse.Namespace) -> int:
         if n
         else f"{args.out}: nothing left to measure"
     )
-    emit(args, {"out": args.out, "timing_target": args.timing_target, "space": space.name, "workload": str(workload),
+    emit(args, {"out": args.out, "device": args.device, "space": space.name, "workload": str(workload),
                 "measured": n, "rows": sum(len(v) for v in table.done.values()), "baseline_ms": table.baseline_ms,
                 "fingerprint": device.fingerprint()})
     return 0

@@ -94,6 +94,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument(
         "--verify-top", type=int, default=3, metavar="K", help="candidates per budget, in order of fitness (default 3)"
     )
+    v.add_argument("--verify-margin", type=float, default=0.0, metavar="PCT",
+                   help="a candidate holds when its measured latency is at least PCT percent under the budget: headroom "
+                   "for the next measurement's noise (the export, another day); default 0")
     v.add_argument("--timing-threads", type=int, metavar="N", help="intra-op threads of the timing target")
     v.add_argument("--clock", metavar="CLOCK", help="the timing target's clock: wall (default) or cpu (needs "
                    "--timing-threads 1)")
@@ -156,6 +159,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.worker_batch < 1:
         raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
+    if not 0 <= args.verify_margin < 100:
+        raise UserError(f"--verify-margin: {args.verify_margin} is not a percentage between 0 and 100")
     device = S.pick_device(args.device)
     from latency.quantize import check_precision
 
@@ -397,7 +402,7 @@ def verify_on_device(args: argparse.Namespace, model, searches, result, out: Pat
     from nas.search.verify import VerifySettings, report, run_verify, with_cohorts
 
     settings = VerifySettings(device=args.timing_target, protocol=Settings(**PROTOCOL_DEFAULTS), top=args.verify_top,
-                              threads=args.timing_threads, clock=args.clock, seed=args.seed)
+                              threads=args.timing_threads, clock=args.clock, seed=args.seed, margin_pct=args.verify_margin)
     bar, update = measurement_bar(f"verifying on {args.timing_target}")
     try:
         verification = run_verify(settings, model, searches, result, out, predictor_path, progress=update,

@@ -44,13 +44,16 @@ VOCABULARY: dict[str, Term] = {
                            ALL),
     "--json": Term("json", "print the result as one JSON document on stdout (notes go to stderr)", JSON),
     # ---- compute: where torch runs the command's own work (training, scoring, inference)
-    "--device": Term("device", "compute device of training, scoring and inference: auto (a GPU when there is one), "
-                     "cpu, cuda, cuda:N", (*TRAIN, "search", "fit-accuracy", "translate")),
+    "--device": Term("device", "where the command runs its models: training, scoring and inference on a torch device "
+                     "(auto: a GPU when there is one, cpu, cuda, cuda:N); measure-latency times them on a latency device "
+                     "(cpu, cuda, onnxruntime, arm, ssh://user@host)",
+                     (*TRAIN, "search", "fit-accuracy", "translate", "measure-latency")),
     "--threads": Term("threads", "CPU threads of torch for the command's own compute (training, scoring)",
                       ("demo", *TRAIN)),
     # ---- timing: the timing target (what latency is measured on) and its options
     "--timing-target": Term("timing_target", "timing target: where latency is measured (cpu, cuda, onnxruntime, arm, "
-                            "ssh://user@host); search and export time their result on it", TIMING),
+                            "ssh://user@host); search and export time their result on it (measure-latency: the same as "
+                            "its --device)", ("export", "search")),
     "--timing-threads": Term("timing_threads", "intra-op threads of the timing target (cpu, onnxruntime)", TIMING),
     "--clock": Term("clock", "the timing target's clock: wall or cpu (the thread's CPU time; needs --timing-threads 1)",
                     TIMING),
@@ -162,6 +165,8 @@ VOCABULARY: dict[str, Term] = {
     "--worker-batch": Term("worker_batch", "subnets a search worker claims and evaluates at once", ("search",)),
     "--no-progress": Term("no_progress", "no progress bar", ("search",)),
     "--verify-top": Term("verify_top", "candidates per budget timed on the --timing-target", ("search",)),
+    "--verify-margin": Term("verify_margin", "percent under the budget a verified candidate's measured latency must be",
+                            ("search",)),
     "--hurdles": Term("hurdles", "rounds of progressive dynamic hurdles", ("search",)),
     "--hurdle-candidates": Term("hurdle_candidates", "candidates per budget trained in the hurdles", ("search",)),
     "--hurdle-per-type": Term("hurdle_per_type", "also the best N of each attention type", ("search",)),
@@ -199,7 +204,7 @@ VOCABULARY: dict[str, Term] = {
 
 # The old spellings, kept one release: {command: {old: new}}.  Each stores into the new flag's field and says so.
 DEPRECATED: dict[str, dict[str, str]] = {
-    "measure-latency": {"--device": "--timing-target", "--threads": "--timing-threads", "--warmup": "--timing-warmup"},
+    "measure-latency": {"--threads": "--timing-threads", "--warmup": "--timing-warmup"},
     "export": {"--measure": "--timing-target", "--threads": "--timing-threads", "--warmup": "--timing-warmup",
                "--supernet": "SUPERNET"},
     "search": {"--verify": "--timing-target", "--verify-threads": "--timing-threads", "--verify-clock": "--clock",
@@ -214,6 +219,13 @@ DEPRECATED: dict[str, dict[str, str]] = {
 }
 
 
+# Other names of a flag that stay (no warning): {command: {synonym: flag}}.  measure-latency's device is --device (the
+# spelling users were given: `nas measure-latency --device D`); --timing-target is what search and export call it.
+SYNONYMS: dict[str, dict[str, str]] = {
+    "measure-latency": {"--timing-target": "--device"},
+}
+
+
 def say_deprecated(command: str, old: str, new: str) -> None:
     """The one line an old spelling prints (on stderr; once per use)."""
     instead = f"give the supernet checkpoint first, without {old}" if not new.startswith("-") else f"use {new}"
@@ -223,27 +235,53 @@ def say_deprecated(command: str, old: str, new: str) -> None:
 class _Alias(argparse.Action):
     """An old spelling: prints which flag to use instead, then does what the new flag's action does."""
 
-    def __init__(self, option_strings, dest, target: argparse.Action, command: str, new: str, **kwargs):
+    def __init__(self, option_strings, dest, target: argparse.Action, command: str, new: str, warn: bool = True,
+                 **kwargs):
         nargs = None if not target.option_strings and target.nargs == "?" else target.nargs  # a positional's
+        shown = f"the same as {new}" if not warn else argparse.SUPPRESS
         super().__init__(option_strings, dest, nargs=nargs, const=target.const, default=argparse.SUPPRESS,
-                         type=target.type, choices=target.choices, help=argparse.SUPPRESS, metavar=target.metavar)
-        self.target, self.command, self.new = target, command, new
+                         type=target.type, choices=target.choices, help=shown, metavar=target.metavar)
+        self.target, self.command, self.new, self.warn = target, command, new, warn
 
     def __call__(self, parser, namespace, values, option_string=None):
-        say_deprecated(self.command, option_string, self.new)
+        if self.warn:
+            say_deprecated(self.command, option_string, self.new)
         self.target(parser, namespace, values, option_string)
+        setattr(namespace, REQUIRED_SEEN, getattr(namespace, REQUIRED_SEEN, ()) + (self.target.dest,))
+
+
+REQUIRED_SEEN = "_nas_required_seen"  # fields a required flag's other spelling has set (checked by check_required)
+
+
+def check_required(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The required flags that have other spellings (argparse counts only the flag itself): each set by one of its
+    names, else argparse's own error naming the flag."""
+    seen = set(getattr(args, REQUIRED_SEEN, ()))
+    if hasattr(args, REQUIRED_SEEN):
+        delattr(args, REQUIRED_SEEN)
+    missing = [a.option_strings[-1] for a in getattr(p, "_nas_required", ())
+               if a.dest not in seen and getattr(args, a.dest, None) is None]
+    if missing:
+        p.error(f"the following arguments are required: {', '.join(missing)}")
 
 
 def add_aliases(p: argparse.ArgumentParser, command: str) -> None:
-    """``command``'s old spellings (:data:`DEPRECATED`) as hidden flags of its parser ``p``."""
+    """``command``'s old spellings (:data:`DEPRECATED`, hidden, each saying which flag to use) and synonyms
+    (:data:`SYNONYMS`, shown, silent) as flags of its parser ``p``.  A required flag with another spelling is checked
+    after parsing (:func:`check_required`), so that either spelling satisfies it."""
     actions = {a.dest: a for a in p._actions}  # noqa: SLF001 - argparse has no public list
     by_flag = {o: a for a in p._actions for o in a.option_strings}  # noqa: SLF001
-    for old, new in DEPRECATED.get(command, {}).items():
+    other = [(old, new, True) for old, new in DEPRECATED.get(command, {}).items()]
+    other += [(name, flag, False) for name, flag in SYNONYMS.get(command, {}).items()]
+    for old, new, warn in other:
         target = by_flag.get(new) or actions[new.lower()]  # a flag, or a positional by its metavar / field
         if not target.option_strings:  # an optional positional left out must not overwrite what the old flag stored
             p.set_defaults(**{target.dest: target.default})
             target.default = argparse.SUPPRESS
-        p.add_argument(old, action=_Alias, dest=target.dest, target=target, command=command, new=new)
+        if target.required and target.option_strings:
+            target.required = False
+            p._nas_required = [*getattr(p, "_nas_required", ()), target]  # noqa: SLF001
+        p.add_argument(old, action=_Alias, dest=target.dest, target=target, command=command, new=new, warn=warn)
 
 
 def markdown() -> str:
@@ -252,6 +290,10 @@ def markdown() -> str:
     for flag, t in VOCABULARY.items():
         commands = "every command" if t.commands == ALL else ", ".join(t.commands)
         lines.append(f"| `{flag}` | {t.meaning} | {commands} |")
+    lines += ["", "| other name | command | the same as |", "|---|---|---|"]
+    for command, table in SYNONYMS.items():
+        for name, flag in table.items():
+            lines.append(f"| `{name}` | {command} | `{flag}` |")
     lines += ["", "| old spelling | command | use instead |", "|---|---|---|"]
     for command, table in DEPRECATED.items():
         for old, new in table.items():
@@ -267,8 +309,11 @@ def problems(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     for command, p in parsers.items():
         for action in p._actions:  # noqa: SLF001
             if isinstance(action, _Alias):
-                if action.help != argparse.SUPPRESS or DEPRECATED.get(command, {}).get(action.option_strings[0]) is None:
-                    out.append(f"{command} {action.option_strings[0]}: an old spelling not in DEPRECATED or not hidden")
+                name = action.option_strings[0]
+                if action.warn and (action.help != argparse.SUPPRESS or DEPRECATED.get(command, {}).get(name) is None):
+                    out.append(f"{command} {name}: an old spelling not in DEPRECATED or not hidden")
+                if not action.warn and SYNONYMS.get(command, {}).get(name) is None:
+                    out.append(f"{command} {name}: a synonym not in SYNONYMS")
                 continue
             for flag in (o for o in action.option_strings if o.startswith("--")):
                 term = VOCABULARY.get(flag)

@@ -110,9 +110,12 @@ def budget_of(search, workload: str | None = None) -> float | None:
 
 
 def verify(
-    candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn
+    candidates: Mapping[str, Sequence[Candidate]], budgets: Mapping[str, float | None], measure: MeasureFn,
+    margin_pct: float = 0.0,
 ) -> dict[str, Verdict]:
-    """Time every candidate once (all budgets together), keep per budget the ones whose measured latency holds."""
+    """Time every candidate once (all budgets together), keep per budget the ones whose measured latency holds:
+    at most the budget less ``margin_pct`` percent (headroom for the next measurement's noise, so that the model
+    still holds when it is timed again, exported, on another day)."""
     subnets = list(dict.fromkeys(c.subnet for cands in candidates.values() for c in cands))
     timed = measure(subnets) if subnets else {}
     verdicts = {}
@@ -121,7 +124,8 @@ def verify(
         v = Verdict(label, budget)
         for rank, c in enumerate(cands, 1):
             ms, flags = timed[c.subnet]
-            v.checks.append(Check(rank, c, float(ms), list(flags), budget is None or ms <= budget))
+            v.checks.append(Check(rank, c, float(ms), list(flags),
+                                  budget is None or ms <= budget * (1 - margin_pct / 100)))
         verdicts[label] = v
     return verdicts
 
@@ -227,6 +231,7 @@ class VerifySettings:
     threads: int | None = None  # --timing-threads
     clock: str | None = None  # --clock
     seed: int = 0  # the search's --seed: the order of the timed visits
+    margin_pct: float = 0.0  # --verify-margin: a candidate holds when measured <= budget x (1 - margin / 100)
 
 
 @dataclass
@@ -272,7 +277,7 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
         candidates = add_extra(candidates, extra, result.records)
     verdicts = verify(candidates, {s.label: budget_of(s, workload.name) for s in searches},
                       device_measure(device, supernet, workload, settings.protocol, seed=settings.seed,
-                                     baseline_ms=predictor.reference_ms, progress=progress))
+                                     baseline_ms=predictor.reference_ms, progress=progress), settings.margin_pct)
     files = write_files(out, verdicts, device.fingerprint(), workload, asdict(settings.protocol), supernet.space)
     if (out / "search.json").exists() and (out / "pareto.csv").exists():  # the front again, with what the device measured
         from .pareto import plot_search

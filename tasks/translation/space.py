@@ -116,7 +116,7 @@ class Seq2SeqSubnet(SubnetFile):
 @dataclass(frozen=True)
 class TranslateWorkload:
     """HAT's latency protocol in bytes: one encoder pass over ``source`` bytes, then ``steps`` decoder steps with the
-    self-attention cache at beam width ``beam`` (HAT: 30 tokens, beam 5); ``nas measure-latency --timing-target cpu`` times it."""
+    self-attention cache at beam width ``beam`` (HAT: 30 tokens, beam 5); ``nas measure-latency --device cpu`` times it."""
 
     name: str
     source: int
