@@ -62,7 +62,8 @@ RANKERS = ("calibrated", "inherited", "few-shot split", "parameters", "FLOPs")
 
 @dataclass(frozen=True)
 class Plan:
-    """How big each stage is; ``FULL`` fits about 2.5 hours on an idle 2-core CPU."""
+    """How big each stage is; ``FULL`` takes about 5-6 hours on an idle 2-core CPU (twice the retraining when the
+    rank-stability check doubles the token budget)."""
 
     train_steps: int = 800  # steps of each supernet (one thread each, the two side by side)
     train_batch: int = 8
@@ -82,8 +83,13 @@ class Plan:
     hurdle_candidates: int = 4
     hurdle_tokens: str = "500K"  # per round (batch retrain_batch x the prefill)
     verify_top: int = 3
+    verify_margin: float = 3.0  # percent under the budget a verified candidate must measure (the final campaign's noise)
     baseline_checks: int = 2  # largest uniform models per (budget, type) timed on the device
-    heldout_mixed: int = 6  # mixed subnets retrained as held-out models for the rankers
+    fit_mixed: int = 20  # random mixed subnets (2-4 types) retrained for the ranker's fit, beside the uniform ladders
+    heldout_mixed: int = 20  # random mixed subnets retrained as held-out models for the rankers (no ranker sees them)
+    stability: int = 3  # uniform and mixed models each, retrained at the token budget and at twice it
+    stability_tau: float = 0.8  # Kendall tau between the two below which the budget is doubled
+    min_seeded: int = 5  # models retrained at every seed (the seed SD is pooled over them)
     # every model's retraining: 4M tokens = 976 steps of 4 x 1024 bytes
     tokens: str = "4M"
     retrain_batch: int = 4
@@ -94,7 +100,7 @@ class Plan:
     test_windows: int = 64
     compare_repeats: int = 7
     compare_rounds: int = 4
-    bootstrap: int = 2000
+    bootstrap: int = 20000
     quiet_poll: float = 10.0  # seconds between the load checks before a timed stage (3 under --max-load in a row)
 
 
@@ -102,8 +108,9 @@ FULL = Plan()
 QUICK = replace(
     FULL, train_steps=12, train_batch=2, samples=10, repeats=3, rounds=2, min_sample_ms=5.0, population=6, parents=2,
     mutations=2, crossovers=2, generations=2, val_windows=4, hurdles=1, hurdle_candidates=2, hurdle_tokens="8K",
-    verify_top=2, baseline_checks=1, heldout_mixed=3, tokens="8K", retrain_warmup=2, test_windows=4, compare_repeats=3,
-    compare_rounds=2, bootstrap=200, seeds=2, quiet_poll=1.0,
+    verify_top=2, baseline_checks=1, fit_mixed=4, heldout_mixed=4, stability=2, min_seeded=3, tokens="8K",
+    retrain_warmup=2, test_windows=4, compare_repeats=3, compare_rounds=2, bootstrap=200, seeds=2, quiet_poll=1.0,
+    stability_tau=-2.0,  # (the check runs and is reported; the quick run keeps its budget whatever it says)
 )  # fmt: skip
 
 
@@ -244,16 +251,30 @@ def budgets_of(space, predictor_dir: Path, timings: Path) -> list[float]:
     return [low, mid, max(budget_from_table(timings, PERCENTILES[2]), 1.2 * mid)]
 
 
-def mixed_heldout(space, predictor_dir: Path, n: int, seed: int) -> list[Subnet]:
-    """``n`` subnets of at least two attention types, spread over the predicted latencies (quantiles of 400 draws)."""
+def draw_mixed(space, predictor_dir: Path, budgets: list[float], n: int, seed: int, exclude=frozenset()) -> list[Subnet]:
+    """``n`` random subnets of 2-4 attention types, drawn as the search draws them (every choice uniform,
+    ``space.sample``), spread evenly over the cells (latency band x number of types): the bands are up to the lowest
+    budget (from half of it), up to the middle one and up to the highest, by the predictor; the cells taken in turn,
+    each subnet the next draw that falls in it.  ``exclude``: keys already used (another set's)."""
     from latency.predictors import load_predictor
 
     rng = np.random.default_rng([seed, 43])
-    pool = list(dict.fromkeys(s for s in (space.sample(rng) for _ in range(400)) if len(set(s.attention)) > 1))
+    pool = list(dict.fromkeys(s for s in (space.sample(rng) for _ in range(4000))
+                              if len(set(s.attention)) > 1 and s.key not in exclude))
     ms = load_predictor(predictor_dir).predict(pool)
-    order = np.argsort(ms, kind="stable")
-    picks = [pool[order[int(round(q * (len(pool) - 1)))]] for q in np.linspace(0.05, 0.95, n)]
-    return list(dict.fromkeys(picks))
+    edges = [0.5 * budgets[0], *budgets]
+    cells: dict[tuple[int, int], list[Subnet]] = {}
+    for s, m in zip(pool, ms):
+        band = next((i for i in range(len(budgets)) if edges[i] < m <= edges[i + 1]), None)
+        if band is not None:
+            cells.setdefault((band, min(len(set(s.attention)), 4)), []).append(s)
+    order = sorted(cells)
+    picks: list[Subnet] = []
+    while len(picks) < n and any(cells.values()):
+        for cell in order:
+            if cells[cell] and len(picks) < n:
+                picks.append(cells[cell].pop(0))
+    return picks
 
 
 def wait_quiet(what: str, max_load: float, loads: dict, poll: float = 10.0, calm: int = 3) -> None:
@@ -320,23 +341,32 @@ def run(args, plan: Plan) -> dict:
     # 2. latency on ONNX Runtime, one thread, CPU clock
     timings, predictor = out / "latency" / "timings.csv", out / "predictor"
     timed("measure latency", lambda: cli([
-        "measure-latency", str(args.space), "--timing-target", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
+        "measure-latency", str(args.space), "--device", "onnxruntime", "--timing-threads", "1", "--clock", "cpu",
         "--samples", str(plan.samples), "--timing-warmup", str(plan.warmup), "--repeats", str(plan.repeats),
         "--rounds", str(plan.rounds), "--min-sample-ms", str(plan.min_sample_ms), "--seed", str(args.seed),
         "--out", str(timings)]))  # fmt: skip
     stage("fit the predictor", lambda: cli(["fit-predictor", str(timings), "--out", str(predictor), "--seed", str(args.seed)]))
 
-    # 3. budgets; 4. baselines and the held-out mixed set
+    # 3. budgets; 4. baselines (timed), the random mixed subnets of the ranker's fit and of the held-out set
     budgets = budgets_of(space, predictor, timings)
     labels = [f"{b:.3f}ms" for b in budgets]
     log.info("budgets: %s", ", ".join(labels))
-    picks_file = out / "baselines.json"
+    picks_file, mixed_file = out / "baselines.json", out / "mixed.json"
     timed("pick baselines", lambda: picks_file.write_text(json.dumps({
-        "baselines": pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed),
-        "heldout": [s.to_dict() for s in mixed_heldout(space, predictor, plan.heldout_mixed, args.seed)]}, indent=1)))
+        "baselines": pick_baselines(space, predictor, timings, budgets, labels, plan, args.seed)}, indent=1)))
     picked = json.loads(picks_file.read_text())
     baselines = {(e["budget"], e["attention"]): Subnet.from_dict(e["subnet"]) for e in picked["baselines"]}
-    heldout = [Subnet.from_dict(d) for d in picked["heldout"]]
+
+    def draw() -> None:
+        fit = draw_mixed(space, predictor, budgets, plan.fit_mixed, args.seed)
+        held = draw_mixed(space, predictor, budgets, plan.heldout_mixed, args.seed + 1000, {s.key for s in fit})
+        mixed_file.write_text(json.dumps({"fit": [s.to_dict() for s in fit], "heldout": [s.to_dict() for s in held]},
+                                         indent=1))
+
+    stage("draw mixed subnets", draw)
+    mixed = json.loads(mixed_file.read_text())
+    fit_mixed = [Subnet.from_dict(d) for d in mixed["fit"]]
+    heldout = [Subnet.from_dict(d) for d in mixed["heldout"]]
 
     models: dict[str, Subnet] = {}
     roles: dict[str, list[str]] = {}
@@ -350,24 +380,36 @@ def run(args, plan: Plan) -> dict:
         add(f"uniform {attention}@{label}", s)
     soft = space.attention[0]
     add(f"uniform {soft} (largest)", space.largest(soft))
-    calibration = dict(models)  # what the ranker is fitted on: the uniform models, known before the search
-    retrain_dir = out / "retrain"
+    for s in fit_mixed:
+        if s.key not in models:
+            add("fit mixed", s)
+    calibration = dict(models)  # the ranker's fit: the uniform ladders and random mixed subnets, known before the search
+
+    # 5. train enough to rank: a few models at the token budget and at twice it; doubled when their ranks move
+    stability_file = out / "stability.json"
+    check_token_budget(out / "retrain", calibration, tokens)  # a rerun with another --tokens: refused before anything
+    stage("rank stability", lambda: stability_file.write_text(json.dumps(
+        rank_stability(space, calibration, roles, ckpt, out, tokens, plan, args), indent=1)))
+    stability = json.loads(stability_file.read_text())
+    retrain_dir = out / ("retrain" if int(stability["chosen_tokens"]) == tokens else "retrain-x2")
+    tokens = int(stability["chosen_tokens"])
     check_token_budget(retrain_dir, models, tokens)
 
-    # 5. retrain the baselines; 6. fit the ranker on their validation loss
-    stage("retrain baselines", lambda: retrain_all(space, calibration, retrain_dir, tokens, plan, args))
+    # 6. retrain the ranker's fit set; 7. fit the ranker on their validation loss
+    stage("retrain the fit set", lambda: retrain_all(space, calibration, retrain_dir, tokens, plan, args))
     ranker = out / "ranker"
     fitness_flags = ["--val-windows", str(plan.val_windows), "--seq-len", str(seq), "--val-seed", "0"]
     stage("fit the ranker", lambda: cli(["fit-accuracy", str(ckpt), *(str(retrain_dir / k / "model") for k in calibration),
                                          "--out", str(ranker), "--device", "cpu", *fitness_flags]))
 
-    # 7. the search with the calibrated ranker, verified on the device, hurdles from scratch among what holds
+    # 8. the search with the calibrated ranker, verified on the device with headroom, hurdles from scratch among what holds
     search_dir = out / "search"
     search = ["search", str(ckpt), "--predictor", str(predictor), "--budget", ",".join(labels),
               "--fitness", f"calibrated:{ranker}", "--population", str(plan.population), "--parents", str(plan.parents),
               "--mutations", str(plan.mutations), "--crossovers", str(plan.crossovers), "--generations", str(plan.generations),
               *fitness_flags, "--seed", str(args.seed), "--out", str(search_dir), "--device", "cpu",
               "--timing-target", "onnxruntime", "--verify-top", str(plan.verify_top), "--timing-threads", "1", "--clock", "cpu",
+              "--verify-margin", str(plan.verify_margin),
               "--hurdles", str(plan.hurdles), "--hurdle-candidates", str(plan.hurdle_candidates), "--hurdle-from", "scratch",
               "--hurdle-batch-size", str(plan.retrain_batch), "--hurdle-tokens", plan.hurdle_tokens, "--no-progress"]  # fmt: skip
     timed("search", lambda: cli(search, ok=(0, 1)))  # (its --timing-target times the candidates)
@@ -379,16 +421,17 @@ def run(args, plan: Plan) -> dict:
     for s in heldout:
         add("held-out mixed", s)
 
-    # 8. retrain the found models and the held-out set; 9. time everything side by side, score on the test split
+    # 9. retrain the found models and the held-out set; 10. time everything side by side, score on the test split
     stage("retrain found and held-out", lambda: retrain_all(space, models, retrain_dir, tokens, plan, args))
     measured_file = out / "measured.json"
     timed("measure and score", lambda: measured_file.write_text(json.dumps(
         measure_and_score(space, supernets, ranker, models, retrain_dir, timings, plan, args.seed), indent=1)))
     measured = json.loads(measured_file.read_text())
 
-    # 10. seeds: the found model and the best baseline at or below its latency, per budget
+    # 11. seeds: the found model and the best uniform model at or below its latency per budget (and the best mixed
+    # ones, until at least plan.min_seeded models pool the seed SD)
     pairs = seed_pairs(labels, models, roles, measured)
-    seeded = sorted({k for pair in pairs.values() for k in pair if k})
+    seeded = seeded_models(pairs, labels, budgets, models, roles, measured, plan.min_seeded)
     jobs = {f"{k}-s{s}": (models[k], s) for k in seeded for s in range(1, plan.seeds)}
     stage("retrain seeds", lambda: retrain_all(space, {n: m for n, (m, _) in jobs.items()}, retrain_dir, tokens, plan, args,
                                                 seeds={n: args.seed + s for n, (_, s) in jobs.items()}))
@@ -399,13 +442,61 @@ def run(args, plan: Plan) -> dict:
     stage("attention share", lambda: share_file.write_text(json.dumps(attention_share(space), indent=1)))
 
     result = report(space, labels, budgets, models, roles, calibration, measured, json.loads(seeds_file.read_text()),
-                    pairs, json.loads(share_file.read_text()), summary, plan, tokens, out, args.seed)
+                    pairs, json.loads(share_file.read_text()), summary, plan, tokens, out, args.seed, stability,
+                    json.loads((ranker / "ranker.json").read_text()))
     result["stage_seconds"] = stage.all_seconds()
     result["loads"] = loads  # the 1-minute load average before and after each timing stage
     result["wall_seconds_this_run"] = round(time.perf_counter() - t_start, 1)
     result["plan"] = asdict(plan)
     (out / "claim.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def rank_stability(space, calibration: dict[str, Subnet], roles, ckpt: Path, out: Path, tokens: int, plan: Plan,
+                   args) -> dict:
+    """``plan.stability`` uniform and as many mixed models of the fit set (drawn with the run's seed) retrained at
+    ``tokens`` and at twice it, scored on the search's fitness windows (validation split); Kendall tau between the two
+    orders.  Below ``plan.stability_tau`` the run trains every model on twice the tokens (the ranks at the budget are
+    not yet the ranks of trained models)."""
+    rng = np.random.default_rng([args.seed, 7])
+    uniform = sorted(k for k in calibration if "fit mixed" not in roles[k])
+    mixed = sorted(k for k in calibration if "fit mixed" in roles[k])
+    chosen = [*rng.permutation(uniform)[: plan.stability], *rng.permutation(mixed)[: plan.stability]]
+    chosen = [str(k) for k in chosen]
+    subset = {k: calibration[k] for k in chosen}
+    once, twice = out / "retrain", out / "retrain-x2"
+    check_token_budget(once, subset, tokens)
+    check_token_budget(twice, subset, 2 * tokens)
+    retrain_all(space, subset, once, tokens, plan, args)
+    retrain_all(space, subset, twice, 2 * tokens, plan, args)
+    scores = validation_scores(ckpt, {k: once / k / "model" for k in chosen}, plan)
+    scores2 = validation_scores(ckpt, {k: twice / k / "model" for k in chosen}, plan)
+    tau = kendall([scores[k] for k in chosen], [scores2[k] for k in chosen])
+    keep = bool(np.isfinite(tau) and tau >= plan.stability_tau)
+    why = (f"Kendall tau {tau:+.3f} between the validation losses of {len(chosen)} models at {tokens:,} and at "
+           f"{2 * tokens:,} tokens is {'at least' if keep else 'below'} {plan.stability_tau}: "
+           + (f"{tokens:,} tokens rank as twice as many do" if keep else f"every model is trained on {2 * tokens:,} tokens"))
+    log.info("rank stability: %s", why)
+    return {"tokens": tokens, "tokens_x2": 2 * tokens, "tau": tau, "threshold": plan.stability_tau,
+            "chosen_tokens": tokens if keep else 2 * tokens, "why": why,
+            "models": {k: {"subnet": str(calibration[k]), "mixed": "fit mixed" in roles[k], "val_bpb": scores[k],
+                           "val_bpb_x2": scores2[k]} for k in chosen}}  # fmt: skip
+
+
+def validation_scores(ckpt: Path, folders: dict[str, Path], plan: Plan) -> dict[str, float]:
+    """Each retrained model's loss on the search's fitness windows (the supernet's validation split), as the ranker's
+    target is scored."""
+    import torch
+
+    from nas.search import inherited_fitness
+    from supernet.artifact import load_model
+    from supernet.checkpoint import load_supernet
+
+    net, payload = load_supernet(ckpt, device="cpu")
+    fit, _ = inherited_fitness(ckpt, net, payload, seq_len=net.space.workload().seq_len, windows=plan.val_windows,
+                               batch_size=16, val_seed=0, device="cpu")
+    with torch.no_grad():
+        return {k: float(fit.static(load_model(d).eval())) for k, d in folders.items()}
 
 
 def train_supernets(paths: dict[str, Path], plan: Plan, args, seq: int) -> None:
@@ -597,11 +688,12 @@ def measure_and_score(space, supernets: dict[str, Path], ranker: Path, models: d
     m = measure(device, statics, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
     test, test_bytes = test_windows(supernets["shared"], plan, seed)
     seq = space.workload().seq_len
-    inherited = {}
+    inherited, fitness = {}, {}
     for name, path in supernets.items():  # the search's fitness windows, with each supernet's weights
         net, payload = load_supernet(path, device="cpu")
         fit, _ = inherited_fitness(path, net, payload, seq_len=seq, windows=plan.val_windows, batch_size=16, val_seed=0,
                                    device="cpu")
+        fitness[name] = fit
         inherited[name] = dict(zip(models, (float(x) for x in fit(list(models.values())))))
     calibrated = load_ranker(ranker)
     n_params = {k: params_of(space, s) for k, s in models.items()}
@@ -610,12 +702,13 @@ def measure_and_score(space, supernets: dict[str, Path], ranker: Path, models: d
     out = {}
     with torch.no_grad():
         for key, s in models.items():
+            windows = test.window_bits(statics[key], None, 16, False)
             out[key] = {
                 "measured_ms": m.results[key].median_ms,
                 "iqr_ms": m.results[key].iqr_ms,
-                "test_bpb": test.bits(statics[key], mixed_precision=False),
-                "val_bpb": json.loads((root / key / "model" / "model_card.json").read_text()).get("validation", {}).get(
-                    "bits_per_byte"),
+                "test_bpb": float(windows.mean()),
+                "test_windows": [float(x) for x in windows],
+                "val_bpb": float(fitness["shared"].static(statics[key])),  # the ranker's target: the fitness windows
                 "scores": {"calibrated": predicted[key], "inherited": inherited["shared"][key],
                            "few-shot split": inherited["split"][key], "parameters": -float(n_params[key]),
                            "FLOPs": -flops(space, s, space.workload())},
@@ -656,16 +749,66 @@ def score_seeds(space, ckpt: Path, jobs: dict, root: Path, plan: Plan, seed: int
     with torch.no_grad():
         for name, (subnet, s) in jobs.items():
             model = load_model(root / name / "model").eval()
-            out[name] = {"key": subnet.key, "seed": seed + s, "test_bpb": test.bits(model, mixed_precision=False)}
+            windows = test.window_bits(model, None, 16, False)
+            out[name] = {"key": subnet.key, "seed": seed + s, "test_bpb": float(windows.mean()),
+                         "test_windows": [float(x) for x in windows]}
     return out
 
 
+def seeded_models(pairs: dict, labels: list[str], budgets: list[float], models: dict[str, Subnet],
+                  roles: dict[str, list[str]], measured: dict, at_least: int) -> list[str]:
+    """The models retrained at every seed: each budget's found model and best uniform model at or below it, then the
+    best mixed model within each budget, then the next best uniform ones, until ``at_least`` distinct models pool
+    the seed standard deviation."""
+    rows = measured["models"]
+    out = list(dict.fromkeys(k for pair in pairs.values() for k in pair if k))
+    mixed = [k for k in models if len(set(models[k].attention)) > 1]
+    uniform = [k for k in models if len(set(models[k].attention)) == 1]
+    for pool in (mixed, uniform):
+        for label, budget in zip(labels, budgets):
+            if len(out) >= at_least:
+                return out
+            within = sorted((k for k in pool if k not in out and rows[k]["measured_ms"] <= budget),
+                            key=lambda k: rows[k]["test_bpb"])
+            if within:
+                out.append(within[0])
+    return out
+
+
+def holm(pvalues: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjustment of ``pvalues`` (one per budget judged): each adjusted p-value, capped at 1."""
+    order = sorted(pvalues, key=lambda k: pvalues[k])
+    adjusted, running = {}, 0.0
+    for i, k in enumerate(order):
+        running = max(running, min(1.0, (len(order) - i) * pvalues[k]))
+        adjusted[k] = running
+    return adjusted
+
+
+def paired_p(found: np.ndarray, base: np.ndarray) -> float:
+    """Two-sided paired t-test across the test windows of the seed-averaged difference (``found`` and ``base``:
+    (seeds, windows) bits of each window; the seeds paired by index, their mean taken per window)."""
+    from scipy.stats import ttest_1samp
+
+    d = found.mean(0) - base.mean(0)
+    if len(d) < 2 or np.allclose(d, d[0]):
+        return 0.0 if abs(float(d.mean())) > 0 else 1.0
+    return float(ttest_1samp(d, 0.0).pvalue)
+
+
+def mixed_or_uniform(subnet: Subnet) -> str:
+    kinds = list(dict.fromkeys(subnet.attention))
+    return f"uniform {kinds[0]}" if len(kinds) == 1 else "mixed " + ",".join(kinds)
+
+
 def report(space, labels, budgets, models, roles, calibration, measured, seeds, pairs, share, summary, plan: Plan,
-           tokens: int, out: Path, seed: int) -> dict:
+           tokens: int, out: Path, seed: int, stability: dict, ranker_doc: dict) -> dict:
     rows_by_key = measured["models"]
     per_seed: dict[str, list[float]] = {k: [r["test_bpb"]] for k, r in rows_by_key.items()}
+    windows: dict[str, list[list[float]]] = {k: [r["test_windows"]] for k, r in rows_by_key.items()}
     for entry in seeds.values():
         per_seed[entry["key"]].append(entry["test_bpb"])
+        windows[entry["key"]].append(entry["test_windows"])
     seeded = {k: v for k, v in per_seed.items() if len(v) > 1}
     seed_sd = float(np.sqrt(np.mean([np.var(v, ddof=1) for v in seeded.values()]))) if seeded else math.nan
 
@@ -676,50 +819,84 @@ def report(space, labels, budgets, models, roles, calibration, measured, seeds, 
     for key, s in models.items():
         r = rows_by_key[key]
         rows.append({"key": key, "roles": ";".join(roles[key]), "subnet": str(s), "params": r["params"],
-                     "attention": ",".join(dict.fromkeys(s.attention)), "measured_ms": r["measured_ms"], "iqr_ms": r["iqr_ms"],
-                     "test_bpb": r["test_bpb"], "test_bpb_mean": mean_bpb(key), "seeds": len(per_seed[key]),
-                     "val_bpb": r["val_bpb"], "in_ranker_fit": key in calibration,
-                     **{f"score:{n}": r["scores"][n] for n in RANKERS}})  # fmt: skip
+                     "attention": ",".join(dict.fromkeys(s.attention)), "mixed": len(set(s.attention)) > 1,
+                     "measured_ms": r["measured_ms"], "iqr_ms": r["iqr_ms"], "test_bpb": r["test_bpb"],
+                     "test_bpb_mean": mean_bpb(key), "seeds": len(per_seed[key]), "val_bpb": r["val_bpb"],
+                     "in_ranker_fit": key in calibration, **{f"score:{n}": r["scores"][n] for n in RANKERS}})  # fmt: skip
     with open(out / "claim.csv", "w", newline="") as f:
         wr = csv.DictWriter(f, fieldnames=list(rows[0]))
         wr.writeheader()
         wr.writerows(rows)
 
-    # rankers: tau against retrained test bits/byte, on the models no ranker was fitted on
+    # rankers: tau against retrained test bits/byte, on the models no ranker was fitted on (all; the mixed ones alone)
     held = [r for r in rows if not r["in_ranker_fit"]]
-    truth = np.array([r["test_bpb"] for r in held])
-    rankers, rankers_all = {}, {}
+    held_mixed = [r for r in held if r["mixed"]]
+    rankers, rankers_mixed, rankers_all = {}, {}, {}
     for name in RANKERS:
-        tau, lo, hi = tau_interval(np.array([r[f"score:{name}"] for r in held]), truth, plan.bootstrap, seed)
-        rankers[name] = {"tau": tau, "ci_low": lo, "ci_high": hi, "n": len(held)}
+        for group, into in ((held, rankers), (held_mixed, rankers_mixed)):
+            tau, lo, hi = tau_interval(np.array([r[f"score:{name}"] for r in group]),
+                                       np.array([r["test_bpb"] for r in group]), plan.bootstrap, seed)
+            into[name] = {"tau": tau, "ci_low": lo, "ci_high": hi, "n": len(group)}
         rankers_all[name] = {"tau": kendall([r[f"score:{name}"] for r in rows], [r["test_bpb"] for r in rows]), "n": len(rows)}
-    w = space.workload()
-    lines = [f"the claim on space {space.name!r}, {w} on ONNX Runtime (1 thread, CPU clock); every model retrained from "
-             f"scratch on {tokens:,} tokens (same schedule and data); the found model and the best baseline of each budget "
-             f"at {plan.seeds} seeds; test split: {measured['test']['windows']} windows x {measured['test']['seq_len']} bytes",
-             f"\nrankers, Kendall tau against retrained test bits/byte on {len(held)} held-out models (no ranker was fitted "
-             "on them), bootstrap 95% interval; beside it over all models:"]  # fmt: skip
-    for name, r in rankers.items():
-        default = "  (the search's ranker)" if name == "calibrated" else ""
-        lines.append(f"  {name:16} {r['tau']:+.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]   all {len(rows)}: "
-                     f"{rankers_all[name]['tau']:+.3f}{default}")
+    # the calibrated ranker's error (its target: validation bits/byte on the fitness windows), uniform and mixed apart
     fit = measured["ranker"]
-    lines.append(f"  calibrated ranker: {fit['kind']} features, fitted on {len(calibration)} retrained uniform models "
-                 f"(leave-one-out MAE {fit['report']['candidates'][fit['kind']]['loo_mae']:.3f})")
+    chosen = fit["report"]["candidates"][fit["kind"]]
+    errors = {"heldout_mixed_mae": float(np.mean([abs(r["score:calibrated"] - r["val_bpb"]) for r in held_mixed]))
+              if held_mixed else math.nan,
+              "heldout_mixed_bias": float(np.mean([r["score:calibrated"] - r["val_bpb"] for r in held_mixed]))
+              if held_mixed else math.nan,
+              "fit_uniform_loo_mae": chosen.get("groups", {}).get("uniform", {}).get("loo_mae", chosen["loo_mae"]),
+              "fit_mixed_loo_mae": chosen.get("groups", {}).get("mixed", {}).get("loo_mae", math.nan),
+              "kind": fit["kind"], "criterion": fit["report"].get("criterion")}
+    errors["mixed_over_uniform"] = errors["heldout_mixed_mae"] / errors["fit_uniform_loo_mae"]
+    w = space.workload()
+    n_fit_mixed = sum(1 for k in calibration if len(set(models[k].attention)) > 1)
+    lines = [f"the claim on space {space.name!r}, {w} on ONNX Runtime (1 thread, CPU clock); every model retrained from "
+             f"scratch on {tokens:,} tokens (same schedule and data); test split: {measured['test']['windows']} windows x "
+             f"{measured['test']['seq_len']} bytes",
+             f"token budget: {stability['why']}",
+             f"\nrankers, Kendall tau against retrained test bits/byte on {len(held)} held-out models (no ranker was fitted "
+             f"on them; {len(held_mixed)} random mixed), bootstrap 95% interval ({plan.bootstrap:,} resamples):",
+             f"  {'ranker':16} {'all held-out':>28}   {'mixed held-out':>28}   all {len(rows)} models"]  # fmt: skip
+    for name in RANKERS:
+        r, m = rankers[name], rankers_mixed[name]
+        default = "  (the search's ranker)" if name == "calibrated" else ""
+        lines.append(f"  {name:16} {r['tau']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] n={r['n']:<3}  "
+                     f"{m['tau']:+.3f} [{m['ci_low']:+.3f}, {m['ci_high']:+.3f}] n={m['n']:<3}  "
+                     f"{rankers_all[name]['tau']:+.3f}{default}")
+    lines.append(f"  calibrated ranker: {fit['kind']} features, fitted on {len(calibration)} retrained models "
+                 f"({len(calibration) - n_fit_mixed} uniform, {n_fit_mixed} random mixed; chosen by the "
+                 f"{errors['criterion']}); its error on validation bits/byte: {errors['heldout_mixed_mae']:.4f} on the "
+                 f"held-out mixed models (mean signed {errors['heldout_mixed_bias']:+.4f}), leave-one-out "
+                 f"{errors['fit_uniform_loo_mae']:.4f} on the uniform and {errors['fit_mixed_loo_mae']:.4f} on the mixed "
+                 f"ones it was fitted on: mixed / uniform = {errors['mixed_over_uniform']:.2f}x")
     lines.append(f"\nseed standard deviation of test bits/byte (pooled over {len(seeded)} models x {plan.seeds} seeds): "
                  f"{seed_sd:.4f}")
     by_key = {r["key"]: r for r in rows}
+    # paired tests per budget, Holm over the budgets judged
+    pvalues = {}
+    for label in labels:
+        if label in pairs and pairs[label][1] is not None:
+            me_key, best_key = pairs[label]
+            n = min(len(windows[me_key]), len(windows[best_key]))
+            pvalues[label] = paired_p(np.array(windows[me_key][:n]), np.array(windows[best_key][:n]))
+    adjusted = holm(pvalues)
     entries, speed = [], []
     ladder = [(r["measured_ms"], r["test_bpb"]) for r in rows if r["attention"] == space.attention[0]
               and any(x.startswith(f"uniform {space.attention[0]}") for x in r["roles"].split(";"))]
     for label, budget in zip(labels, budgets):
+        within_rows = [r for r in rows if r["measured_ms"] <= budget]
+        best_mixed = min((r for r in within_rows if r["mixed"]), key=lambda r: mean_bpb(r["key"]), default=None)
+        best_uni = min((r for r in within_rows if not r["mixed"]), key=lambda r: mean_bpb(r["key"]), default=None)
         if label not in pairs:
             lines.append(f"\nbudget {label}: the search found nothing")
             continue
         me_key, best_key = pairs[label]
         me = by_key[me_key]
         within = me["measured_ms"] <= budget * 1.02
-        lines.append(f"\nbudget {label}: found {me['subnet']}")
+        is_uniform = not me["mixed"]
+        chose = f"the search chose {mixed_or_uniform(models[me_key])}" if is_uniform else "the search chose a mixed model"
+        lines.append(f"\nbudget {label}: found {me['subnet']} ({chose})")
         lines.append(f"  {'model':36} {'test bpb':>9} {'+-seeds':>8} {'measured':>10}  subnet")
 
         def line(tag: str, r: dict) -> str:
@@ -733,21 +910,43 @@ def report(space, labels, budgets, models, roles, calibration, measured, seeds, 
         for r in base:
             lines.append(line(next(x for x in r["roles"].split(";") if x.startswith("uniform")).split("@")[0], r))
         entry = {"budget_ms": budget, "label": label, "within_budget": within,
-                 "found": {"subnet": me["subnet"], "key": me_key, "test_bpb": mean_bpb(me_key),
-                           "test_bpb_seeds": per_seed[me_key], "measured_ms": me["measured_ms"]}}  # fmt: skip
+                 "found": {"subnet": me["subnet"], "key": me_key, "uniform": is_uniform,
+                           "kind": mixed_or_uniform(models[me_key]), "test_bpb": mean_bpb(me_key),
+                           "test_bpb_seeds": per_seed[me_key], "measured_ms": me["measured_ms"]},
+                 "best_mixed": None if best_mixed is None else {
+                     "subnet": best_mixed["subnet"], "key": best_mixed["key"], "test_bpb": mean_bpb(best_mixed["key"]),
+                     "seeds": len(per_seed[best_mixed["key"]]), "measured_ms": best_mixed["measured_ms"],
+                     "roles": best_mixed["roles"]},
+                 "best_uniform_within": None if best_uni is None else {
+                     "subnet": best_uni["subnet"], "key": best_uni["key"], "test_bpb": mean_bpb(best_uni["key"]),
+                     "seeds": len(per_seed[best_uni["key"]]), "measured_ms": best_uni["measured_ms"]}}  # fmt: skip
+        if best_mixed is not None and best_uni is not None:
+            lines.append(f"  within the budget, best retrained mixed {mean_bpb(best_mixed['key']):.4f} "
+                         f"({best_mixed['subnet']}, {best_mixed['measured_ms']:.3f} ms) against best uniform "
+                         f"{mean_bpb(best_uni['key']):.4f} ({best_uni['subnet']}, {best_uni['measured_ms']:.3f} ms): "
+                         f"{mean_bpb(best_mixed['key']) - mean_bpb(best_uni['key']):+.4f}")
         if best_key is None:
             entry.update(verdict="no baseline at or below", best_uniform=None)
             lines.append("  no uniform baseline measured at or below the found model's latency")
+        elif best_key == me_key:
+            entry.update(verdict="tie", difference=0.0, p=1.0, p_holm=1.0, best_uniform={
+                "subnet": me["subnet"], "key": me_key, "test_bpb": mean_bpb(me_key), "test_bpb_seeds": per_seed[me_key],
+                "measured_ms": me["measured_ms"]})
+            lines.append("  verdict: TIE: the found model is the best uniform baseline itself")
         else:
             b = by_key[best_key]
-            verdict = judge(per_seed[me_key], per_seed[best_key], seed_sd)
             d = mean_bpb(me_key) - mean_bpb(best_key)
-            entry.update(verdict=verdict, difference=d, best_uniform={
+            p_adj = adjusted.get(label, 1.0)
+            beyond = np.isfinite(seed_sd) and abs(d) > 2 * seed_sd
+            verdict = ("better" if d < 0 else "worse") if beyond and p_adj < 0.05 else "tie"
+            entry.update(verdict=verdict, difference=d, p=pvalues.get(label), p_holm=p_adj, best_uniform={
                 "subnet": b["subnet"], "key": best_key, "test_bpb": mean_bpb(best_key), "test_bpb_seeds": per_seed[best_key],
                 "measured_ms": b["measured_ms"]})  # fmt: skip
             lines.append(f"  verdict: {verdict.upper()} {'with' if verdict == 'tie' else 'than'} the best uniform model at or "
-                         "below its latency "
-                         f"({b['subnet']}, {b['measured_ms']:.3f} ms): {d:+.4f} bits/byte, 2 seed SD = {2 * seed_sd:.4f}")
+                         f"below its latency ({b['subnet']}, {b['measured_ms']:.3f} ms): {d:+.4f} bits/byte; 2 seed SD = "
+                         f"{2 * seed_sd:.4f}; paired t-test over {len(rows_by_key[me_key]['test_windows'])} windows of the "
+                         f"seed means p = {pvalues.get(label, math.nan):.2g}, Holm over {len(pvalues)} budgets "
+                         f"{p_adj:.2g} (better or worse: beyond 2 SD and Holm < 0.05)")
         lines.append(f"  measured {me['measured_ms']:.3f} ms against the budget {budget:.3f} ms: "
                      + ("within (+2% at most)" if within else "OVER the budget by more than 2%"))
         sp = speedup(ladder, mean_bpb(me_key), me["measured_ms"])
@@ -756,6 +955,8 @@ def report(space, labels, budgets, models, roles, calibration, measured, seeds, 
             word = {"lower": "at least ", "upper": "at most "}.get(sp["bound"], "")
             lines.append(f"  speedup over uniform softmax at equal test bits/byte: {word}{sp['ratio']:.2f}x ({sp['how']})")
         entries.append(entry)
+    mixing = mixing_verdict(entries, seed_sd)
+    lines.append(f"\n{mixing['text']}")
     hurdles = (summary.get("hurdles") or {}).get("budgets", {})
     for label, h in hurdles.items():
         best = h.get("best") or {}
@@ -763,15 +964,62 @@ def report(space, labels, budgets, models, roles, calibration, measured, seeds, 
                      f"{best.get('trained_bpb', math.nan):.4f} bits/byte (validation windows), round {best.get('round')}")
     lines.append(f"largest subnet {share['subnet']}: {share['attention_share']:.1%} of ONNX Runtime's node time in Attention "
                  f"(top ops: {', '.join(f'{k} {v:.0%}' for k, v in share['top_ops'].items())})")  # fmt: skip
-    plot(rows, per_seed, labels, budgets, space.attention[0], rankers, out / "claim.png")
+    plot(rows, per_seed, labels, budgets, space.attention[0], rankers, rankers_mixed, out / "claim.png")
+    plot_stability(stability, out / "stability.png")
     text = "\n".join(lines)
     print(text)
-    return {"rankers": rankers, "rankers_all_models": rankers_all, "seed_sd": seed_sd, "budgets": entries,
-            "speedup_vs_softmax": speed, "attention_share": share, "tokens_per_model": tokens, "rows": rows,
-            "test": measured["test"], "text": text}  # fmt: skip
+    return {"rankers": rankers, "rankers_mixed": rankers_mixed, "rankers_all_models": rankers_all,
+            "ranker_errors": errors, "seed_sd": seed_sd, "seeded_models": len(seeded), "budgets": entries,
+            "speedup_vs_softmax": speed, "mixing": mixing, "stability": stability, "attention_share": share,
+            "tokens_per_model": tokens, "rows": rows, "test": measured["test"], "text": text}  # fmt: skip
 
 
-def plot(rows, per_seed, labels, budgets, soft: str, rankers: dict, path: Path) -> None:
+def mixing_verdict(entries: list[dict], seed_sd: float) -> dict:
+    """Whether mixing attention types per layer paid off: per budget, the best retrained mixed model within the budget
+    against the best retrained uniform one (seed 0's or the seeds' mean), a difference within 2 seed SD a tie."""
+    per = []
+    for e in entries:
+        m, u = e.get("best_mixed"), e.get("best_uniform_within")
+        if m is None or u is None:
+            continue
+        d = m["test_bpb"] - u["test_bpb"]
+        call = "tie" if not np.isfinite(seed_sd) or abs(d) <= 2 * seed_sd else ("mixed" if d < 0 else "uniform")
+        per.append({"label": e["label"], "difference": d, "winner": call})
+    wins = sum(p["winner"] == "mixed" for p in per)
+    losses = sum(p["winner"] == "uniform" for p in per)
+    diffs = ", ".join(f"{p['difference']:+.3f}" for p in per)
+    if wins and not losses:
+        verdict = "paid"
+    elif losses and not wins:
+        verdict = "did not pay"
+    else:
+        verdict = "mixed result" if wins else "tie"
+    text = (f"mixing attention types per layer: the best retrained mixed model within each budget against the best "
+            f"uniform one: {diffs} bits/byte (negative: mixed better; 2 seed SD = {2 * seed_sd:.3f}): mixed better at "
+            f"{wins}, uniform better at {losses}, tied at {len(per) - wins - losses} of {len(per)} budgets")
+    return {"verdict": verdict, "budgets": per, "text": text}
+
+
+def plot_stability(stability: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    for key, m in stability["models"].items():
+        ax.scatter(m["val_bpb"], m["val_bpb_x2"], marker="x" if m["mixed"] else "o", color="C1" if m["mixed"] else "C0")
+        ax.annotate(m["subnet"][:40], (m["val_bpb"], m["val_bpb_x2"]), fontsize=5)
+    ax.set(xlabel=f"validation bits/byte at {stability['tokens']:,} tokens",
+           ylabel=f"validation bits/byte at {stability['tokens_x2']:,} tokens",
+           title=f"rank stability: Kendall tau {stability['tau']:+.3f} (o uniform, x mixed)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(rows, per_seed, labels, budgets, soft: str, rankers: dict, rankers_mixed: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -786,10 +1034,11 @@ def plot(rows, per_seed, labels, budgets, soft: str, rankers: dict, path: Path) 
             ax.errorbar([r["measured_ms"] for r in pts], [np.mean(per_seed[r["key"]]) for r in pts],
                         yerr=[np.std(per_seed[r["key"]], ddof=1) if len(per_seed[r["key"]]) > 1 else 0 for r in pts],
                         fmt="o", ms=5, color=cmap(i % 20), label=f"uniform {t}", capsize=2)  # fmt: skip
-    held = [r for r in rows if r["roles"] == "held-out mixed"]
-    if held:
-        ax.scatter([r["measured_ms"] for r in held], [r["test_bpb"] for r in held], marker="x", color="grey",
-                   label="held-out mixed (ranker test)")
+    for role, marker, color in (("held-out mixed", "x", "grey"), ("fit mixed", "+", "tab:brown")):
+        pts = [r for r in rows if r["roles"] == role]
+        if pts:
+            ax.scatter([r["measured_ms"] for r in pts], [np.mean(per_seed[r["key"]]) for r in pts], marker=marker,
+                       color=color, label=f"{role} ({'ranker test' if role.startswith('held') else 'ranker fit'})")
     found = [r for r in rows if "found@" in r["roles"]]
     if found:
         ax.errorbar([r["measured_ms"] for r in found], [np.mean(per_seed[r["key"]]) for r in found],
@@ -802,12 +1051,16 @@ def plot(rows, per_seed, labels, budgets, soft: str, rankers: dict, path: Path) 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")
     names = list(rankers)
-    taus = [rankers[n]["tau"] for n in names]
-    err = [[t - rankers[n]["ci_low"] for n, t in zip(names, taus)], [rankers[n]["ci_high"] - t for n, t in zip(names, taus)]]
-    bx.barh(names, taus, xerr=err, color=["black" if n == "calibrated" else "grey" for n in names], capsize=3)
-    bx.axvline(0.7, color="red", linestyle="--", linewidth=1, label="target 0.7")
-    bx.set(xlim=(-1, 1), xlabel="Kendall tau vs retrained test bits/byte",
-           title=f"rankers on {rankers[names[0]]['n']} held-out models (95% bootstrap)")
+    pos = np.arange(len(names))
+    for group, shift, color in ((rankers, -0.18, "black"), (rankers_mixed, 0.18, "tab:orange")):
+        taus = np.array([group[n]["tau"] for n in names], dtype=float)
+        err = [[t - group[n]["ci_low"] for n, t in zip(names, taus)], [group[n]["ci_high"] - t for n, t in zip(names, taus)]]
+        bx.barh(pos + shift, taus, height=0.34, xerr=np.nan_to_num(np.array(err, dtype=float)), color=color, capsize=3,
+                label=f"{'all' if group is rankers else 'mixed'} held-out (n={group[names[0]]['n']})")
+    bx.set_yticks(pos, names)
+    bx.axvline(0.7, color="red", linestyle="--", linewidth=1, label="target 0.7 (all)")
+    bx.axvline(0.6, color="orange", linestyle=":", linewidth=1, label="target 0.6 (mixed)")
+    bx.set(xlim=(-1, 1), xlabel="Kendall tau vs retrained test bits/byte", title="rankers on held-out models (95% bootstrap)")
     bx.legend(fontsize=7)
     bx.grid(alpha=0.3, axis="x")
     fig.tight_layout()

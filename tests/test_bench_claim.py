@@ -29,24 +29,43 @@ def test_bench_claim_quick_runs_end_to_end_and_resumes(tmp_path):
     assert (run / "claim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # every ranker scored on the held-out models (none of them in the calibrated ranker's fit), with an interval
     held = [r for r in rows if r["in_ranker_fit"] == "False"]
-    assert set(claim["rankers"]) == {"calibrated", "inherited", "few-shot split", "parameters", "FLOPs"}
-    for r in claim["rankers"].values():
-        assert r["n"] == len(held) >= 2 and -1 <= r["ci_low"] <= r["ci_high"] <= 1
-        assert math.isnan(r["tau"]) or r["ci_low"] <= r["tau"] <= r["ci_high"]
+    held_mixed = [r for r in held if r["mixed"] == "True"]
+    assert set(claim["rankers"]) == set(claim["rankers_mixed"]) == {"calibrated", "inherited", "few-shot split",
+                                                                     "parameters", "FLOPs"}
+    for group, n in ((claim["rankers"], len(held)), (claim["rankers_mixed"], len(held_mixed))):
+        for r in group.values():
+            assert r["n"] == n >= 2 and (math.isnan(r["tau"]) or -1 <= r["ci_low"] <= r["tau"] <= r["ci_high"] <= 1)
+    # the ranker's fit holds random mixed subnets beside the uniform ladders; its error is reported for each
+    fitted = [r for r in rows if r["in_ranker_fit"] == "True"]
+    assert sum(r["mixed"] == "True" for r in fitted) >= 3 and sum(r["mixed"] == "False" for r in fitted) >= 3
+    ranker = json.loads((run / "ranker" / "ranker.json").read_text())
+    assert set(ranker["report"]["groups"]) == {"uniform", "mixed"}
+    assert claim["ranker_errors"]["heldout_mixed_mae"] >= 0 and claim["ranker_errors"]["fit_uniform_loo_mae"] >= 0
+    # the rank-stability check ran: the same models at the budget and at twice it, their tau reported
+    stability = claim["stability"]
+    assert stability["tokens_x2"] == 2 * stability["tokens"] and len(stability["models"]) == 4
+    assert stability["chosen_tokens"] == 8000 and "Kendall tau" in stability["why"]
+    assert (run / "stability.png").read_bytes()[:4] == b"\x89PNG"
     # every retrained model: the same token budget, a measured export, test bits/byte
     cards = [json.loads(p.read_text()) for p in (run / "retrain").glob("*/model/model_card.json")]
     assert {c["training"]["token_budget"] for c in cards} == {8000}
+    twice = [json.loads(p.read_text()) for p in (run / "retrain-x2").glob("*/model/model_card.json")]
+    assert {c["training"]["token_budget"] for c in twice} == {16000} and len(twice) == 4
     assert len(rows) >= 4 and all(float(r["measured_ms"]) > 0 and 0 < float(r["test_bpb"]) < 12 for r in rows)
     roles = ";".join(r["roles"] for r in rows)
     assert "found@" in roles and "uniform softmax" in roles
     # each budget: a verdict judged within two seed SDs, the found model and the baseline at their seeds
-    assert claim["seed_sd"] > 0 and len(claim["budgets"]) >= 1
+    assert claim["seed_sd"] > 0 and len(claim["budgets"]) >= 1 and claim["seeded_models"] >= 3
     for b in claim["budgets"]:
         assert b["verdict"] in ("better", "worse", "tie", "no baseline at or below"), b
+        assert b["found"]["uniform"] in (True, False) and "best_mixed" in b
+        if b["best_mixed"] is not None:
+            assert b["best_mixed"]["measured_ms"] <= b["budget_ms"] and "," in b["best_mixed"]["subnet"]
         if b["verdict"] != "no baseline at or below":
             assert len(b["found"]["test_bpb_seeds"]) == len(b["best_uniform"]["test_bpb_seeds"]) >= 2
-            tie = abs(b["difference"]) <= 2 * claim["seed_sd"]
-            assert (b["verdict"] == "tie") == tie
+            if b["verdict"] != "tie":  # better or worse: beyond 2 seed SD and the paired test after Holm
+                assert abs(b["difference"]) > 2 * claim["seed_sd"] and b["p_holm"] < 0.05
+    assert claim["mixing"]["verdict"] in ("paid", "did not pay", "mixed result", "tie")
     assert len(claim["speedup_vs_softmax"]) == len(claim["budgets"])
     assert "rankers, Kendall tau against retrained test bits/byte" in first.stdout
     assert 0 <= claim["attention_share"]["attention_share"] <= 1

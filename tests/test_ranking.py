@@ -21,6 +21,7 @@ from nas.search.calibrated import (
     best_uniform_per_type,
     fit_ranker,
     load_ranker,
+    report_text,
 )
 from nas.search.hurdles import SubnetTrainer, hurdle_config
 from nas.search.verify import Candidate, add_extra
@@ -306,3 +307,54 @@ def test_space_largest_and_smallest_of_a_type(tiny):
         tiny.attention)
     assert all(u in tiny and len(set(u.attention)) == 1 for u in tiny.uniform())
     assert Subnet.from_dict(tiny.largest("linear").to_dict()) in tiny
+
+
+def _mixing_models(space, n, seed, mixed: bool):
+    """Retrained models of a space where mixing pays as the claim saw it: a subnet retrains about as well as the best
+    attention type it contains (one local layer among global ones gives most of the local type's gain), a little
+    worse per layer of a weak type; the inherited loss misjudges each type by its own offset."""
+    quality = {a: q for a, q in zip(space.attention, np.linspace(0.0, 1.2, len(space.attention)))}
+    misjudged = {a: e for a, e in zip(space.attention, np.random.default_rng(99).normal(0, 0.3, len(space.attention)))}
+    rng = np.random.default_rng(seed)
+    out: list[Retrained] = []
+    while len(out) < n:
+        s = space.sample(rng)
+        if (len(set(s.attention)) > 1) != mixed:
+            if mixed:
+                continue
+            s = Subnet(s.embed_dim, s.depth, (s.heads[0],) * s.depth, (s.ffn_dim[0],) * s.depth, (s.attention[0],) * s.depth)
+        size = 2.5 - 0.15 * np.log(s.embed_dim * s.depth)
+        best = min(quality[a] for a in s.attention)
+        weak = np.mean([quality[a] for a in s.attention]) - best
+        retrained = size + best + 0.2 * weak + rng.normal(0, 0.01)
+        inherited = size + 0.5 + np.mean([quality[a] + misjudged[a] for a in s.attention]) + rng.normal(0, 0.02)
+        out.append(Retrained(f"{'mixed' if mixed else 'uniform'}{seed}-{len(out)}", s, 1000 * s.embed_dim * s.depth,
+                             float(inherited), float(retrained)))
+    return out
+
+
+def test_mixed_models_in_the_fit_set_teach_the_ranker_what_mixing_does():
+    """Fitted on uniform models only, the ranker prices a mixed subnet at the mean of its types (it over-predicts the
+    loss of every mixed subnet that holds a strong type); with mixed models among the fitted ones, the per-type
+    presence features learn that the best type present decides, and held-out mixed subnets rank."""
+    from scipy.stats import kendalltau
+
+    space = load_space("long")
+    uniform, fit_mixed = _mixing_models(space, 30, 0, False), _mixing_models(space, 20, 1, True)
+    held = _mixing_models(space, 25, 2, True)
+    truth = np.array([m.retrained for m in held])
+
+    def on_held(ranker):
+        pred = ranker.predict(space, [m.subnet for m in held], [m.inherited for m in held], [m.params for m in held])
+        return np.abs(pred - truth).mean(), kendalltau(pred, truth).statistic, float(np.mean(pred - truth))
+
+    only_uniform = fit_ranker(space, uniform, {"windows": 4}, "abc")
+    both = fit_ranker(space, uniform + fit_mixed, {"windows": 4}, "abc")
+    mae_u, tau_u, bias_u = on_held(only_uniform)
+    mae_b, tau_b, bias_b = on_held(both)
+    assert bias_u > 0.1  # the uniform-only ranker over-predicts mixed subnets' loss, as the claim's did
+    assert both.kind in ("mix", "mix-depth", "mix-shape", "quality", "quality-mix") and both.report["groups"] == {"uniform": 30, "mixed": 20}
+    assert tau_b >= 0.6 and tau_b > tau_u and mae_b < mae_u / 2 and abs(bias_b) < 0.05
+    uniform_loo = both.report["candidates"][both.kind]["groups"]["uniform"]["loo_mae"]
+    assert mae_b <= 1.5 * max(uniform_loo, 0.02)
+    assert "mixed MAE" in report_text(both) and "30 uniform, 20 mixed" in report_text(both)

@@ -8,11 +8,20 @@ retrained models' *validation* loss (the search's fitness windows; never a test 
 
 * ``inherited``: the subnet's inherited loss on the same windows;
 * ``frac:<type>``: the share of its layers of each attention type of the space;
+* mixing: ``has:<type>`` (whether any layer uses the type: one local layer among global ones gives most of the local
+  type's gain, which a share alone cannot say), ``first:<type>`` and ``last:<type>`` (which type sits at the bottom
+  and at the top of the stack) and ``types`` (how many types the subnet mixes);
 * its size: ``depth``, ``embed_dim``, ``log_params`` (and, in the widest model, mean heads and FFN width);
+* the types' quality: each type's retrained loss at the fit set's mean size, from a first ridge fit on the uniform
+  models among the fitted ones (:func:`type_quality`, stored in the ranker), gives ``best_quality`` (the best type
+  present) and ``mean_quality`` (the layers' mean); leave-one-out refits it without the model left out;
 
 with ridge regression on standardised features (scikit-learn's ``RidgeCV``, its penalty by efficient leave-one-out),
-one of several feature sets chosen by leave-one-out mean absolute error over the models given.  Everything is
-linear, so the ranker is a JSON file of coefficients: loading it runs no code.
+one of several feature sets chosen by leave-one-out mean absolute error over the models given.  When the models mix
+uniform subnets (one type in every layer) and mixed ones, the error that chooses is the mean of the two groups'
+errors, so that a few mixed models count as much as many uniform ones (a ranker fitted on uniform models only
+over-predicted every mixed subnet's loss); the report gives each group's error and rank correlation.  Everything
+is linear, so the ranker is a JSON file of coefficients: loading it runs no code.
 
 :class:`CalibratedFitness` wraps the search's :class:`~nas.search.fitness.InheritedLoss` and answers the ranker's
 prediction instead; the ranker refuses windows or a supernet other than the ones it was fitted on.
@@ -42,29 +51,68 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "size": ("inherited", "frac:*", "depth", "embed_dim", "log_params"),
     "full": ("inherited", "frac:*", "depth", "embed_dim", "log_params", "heads", "ffn_dim"),
     "shape": ("frac:*", "depth", "embed_dim", "log_params"),  # no inherited loss: types and size alone
+    "mix": ("inherited", "frac:*", "has:*", "types", "depth", "embed_dim", "log_params"),  # + which types are present
+    "mix-depth": ("inherited", "frac:*", "has:*", "first:*", "last:*", "types", "depth", "embed_dim", "log_params"),
+    "mix-shape": ("frac:*", "has:*", "first:*", "last:*", "types", "depth", "embed_dim", "log_params"),
+    "quality": ("inherited", "best_quality", "mean_quality", "types", "depth", "embed_dim", "log_params"),
+    "quality-mix": ("inherited", "best_quality", "mean_quality", "has:*", "types", "depth", "embed_dim", "log_params"),
 }
+QUALITY = ("best_quality", "mean_quality")  # the columns that need the types' quality (type_quality)
+PER_TYPE = ("frac", "has", "first", "last")  # the columns with one per attention type of the space ("frac:*")
 
 
 def feature_names(space: Space, kind: str) -> list[str]:
     out = []
     for name in FEATURE_SETS[kind]:
-        out += [f"frac:{a}" for a in space.attention] if name == "frac:*" else [name]
+        prefix = name[:-2]
+        out += [f"{prefix}:{a}" for a in space.attention] if name.endswith(":*") and prefix in PER_TYPE else [name]
     return out
 
 
-def features(space: Space, subnet: Subnet, inherited: float, params: int) -> dict[str, float]:
+def is_mixed(subnet: Subnet) -> bool:
+    """Whether the subnet's self-attention layers use more than one attention type."""
+    return len({a for s in subnet.stacks for a in s.attention}) > 1
+
+
+def features(space: Space, subnet: Subnet, inherited: float, params: int,
+             quality: dict[str, float] | None = None) -> dict[str, float]:
     """Every column any feature set reads, for one subnet: over all its self-attention layers (an encoder-decoder's
     two stacks together): ``depth`` the layers, ``embed_dim`` their mean width, ``heads`` and ``ffn_dim`` their means,
-    ``frac:<type>`` the share of each type."""
+    ``frac:<type>`` the share of each type, ``has:<type>`` whether it is there at all, ``first:<type>`` / ``last:<type>``
+    whether it is the first / last layer's (of each stack, averaged over the stacks), ``types`` how many there are."""
     stacks = subnet.stacks
     d = sum(s.depth for s in stacks)
     attention = [a for s in stacks for a in s.attention]
     row = {"inherited": float(inherited), "depth": float(d), "embed_dim": sum(s.embed_dim * s.depth for s in stacks) / d,
            "log_params": math.log(params), "heads": float(np.mean([h for s in stacks for h in s.heads])),
-           "ffn_dim": float(np.mean([f for s in stacks for f in s.ffn_dim]))}
+           "ffn_dim": float(np.mean([f for s in stacks for f in s.ffn_dim])), "types": float(len(set(attention)))}
     for a in space.attention:
         row[f"frac:{a}"] = attention.count(a) / d
+        row[f"has:{a}"] = float(a in attention)
+        row[f"first:{a}"] = sum(s.attention[0] == a for s in stacks) / len(stacks)
+        row[f"last:{a}"] = sum(s.attention[-1] == a for s in stacks) / len(stacks)
+    if quality:
+        row["best_quality"] = min(quality[a] for a in attention)
+        row["mean_quality"] = float(np.mean([quality[a] for a in attention]))
     return row
+
+
+def type_quality(space: Space, models: Sequence["Retrained"]) -> dict[str, float]:
+    """Each attention type's retrained loss at the mean size of the uniform models among ``models`` (a ridge fit of
+    their loss on the ``shape`` columns, read at one type's share 1); a type with no uniform model gets the mean of
+    the others.  Empty when fewer than 4 uniform models are given."""
+    uniform = [m for m in models if not is_mixed(m.subnet)]
+    if len(uniform) < 4:
+        return {}
+    names = feature_names(space, "shape")
+    lin = fit_linear([features(space, m.subnet, m.inherited, m.params) for m in uniform],
+                     np.array([m.retrained for m in uniform], dtype=np.float64), names)
+    at_mean = dict(zip(names, lin.mean))
+    present = {a for m in uniform for s in m.subnet.stacks for a in s.attention}
+    quality = {a: float(lin.predict([{**at_mean, **{f"frac:{b}": float(b == a) for b in space.attention}}])[0])
+               for a in space.attention if a in present}
+    fill = float(np.mean(list(quality.values())))
+    return {a: quality.get(a, fill) for a in space.attention}
 
 
 @dataclass
@@ -106,12 +154,14 @@ def fit_linear(rows: Sequence[dict[str, float]], y: np.ndarray, names: list[str]
     return Linear(names, mean, scale, np.asarray(model.coef_, dtype=np.float64), float(model.intercept_), float(model.alpha_))
 
 
-def leave_one_out(rows: Sequence[dict[str, float]], y: np.ndarray, names: list[str]) -> np.ndarray:
-    """Each model's prediction by the ranker fitted on all the others (the penalty chosen again each time)."""
+def leave_one_out(rows: Sequence[dict[str, float]], y: np.ndarray, names: list[str], refeature=None) -> np.ndarray:
+    """Each model's prediction by the ranker fitted on all the others (the penalty chosen again each time).
+    ``refeature(keep) -> rows`` rebuilds every model's features from the kept ones alone (the types' quality)."""
     out = np.empty(len(rows))
     for i in range(len(rows)):
         keep = [j for j in range(len(rows)) if j != i]
-        out[i] = fit_linear([rows[j] for j in keep], y[keep], names).predict([rows[i]])[0]
+        fold = refeature(keep) if refeature is not None else rows
+        out[i] = fit_linear([fold[j] for j in keep], y[keep], names).predict([fold[i]])[0]
     return out
 
 
@@ -132,14 +182,15 @@ class Ranker:
     supernet: str  # digest of the supernet checkpoint whose inherited loss is a feature
     report: dict[str, Any] = field(default_factory=dict)
     models: list[dict[str, Any]] = field(default_factory=list)
+    quality: dict[str, float] = field(default_factory=dict)  # type_quality of the fitted models (the quality columns)
 
     def predict(self, space: Space, subnets: Sequence[Subnet], inherited: Sequence[float], params: Sequence[int]) -> np.ndarray:
-        return self.model.predict([features(space, s, i, p) for s, i, p in zip(subnets, inherited, params)])
+        return self.model.predict([features(space, s, i, p, self.quality) for s, i, p in zip(subnets, inherited, params)])
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": VERSION, "kind": self.kind, "model": self.model.to_dict(),
                 "space_hash": self.space_hash, "fitness": self.fitness, "supernet": self.supernet, "report": self.report,
-                "models": self.models}
+                "models": self.models, "quality": self.quality}
 
     def save(self, out: Path) -> Path:
         from supernet.files import atomic_write
@@ -169,8 +220,13 @@ def load_ranker(path: str | Path) -> Ranker:
     try:
         model = Linear.from_dict(doc["model"])
         kind = str(doc["kind"])
+        quality = {str(k): float(v) for k, v in dict(doc.get("quality", {})).items()}
+        if not all(math.isfinite(v) for v in quality.values()):
+            raise ValueError("quality: not finite")
+        if set(model.names) & set(QUALITY) and not quality:
+            raise ValueError(f"the model reads {', '.join(QUALITY)} but the file has no quality")
         return Ranker(kind, model, str(doc["space_hash"]), dict(doc["fitness"]), str(doc["supernet"]),
-                      dict(doc.get("report", {})), list(doc.get("models", [])))
+                      dict(doc.get("report", {})), list(doc.get("models", [])), quality)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{file}: a damaged ranker ({type(e).__name__}: {e})") from None
 
@@ -192,33 +248,58 @@ def fit_ranker(space: Space, models: Sequence[Retrained], fitness: dict[str, Any
     if len(models) < 4:
         raise UserError(f"{len(models)} retrained models: a calibrated ranker needs at least 4 (better 10 or more, "
                         "covering each attention type)")
-    rows = [features(space, m.subnet, m.inherited, m.params) for m in models]
+    quality = type_quality(space, models)
+    if not quality:
+        kinds = [k for k in kinds if not set(feature_names(space, k)) & set(QUALITY)]
+
+    def rows_from(keep: Sequence[int]) -> list[dict[str, float]]:
+        q = type_quality(space, [models[j] for j in keep])
+        return [features(space, m.subnet, m.inherited, m.params, q) for m in models]
+
+    rows = [features(space, m.subnet, m.inherited, m.params, quality) for m in models]
     y = np.array([m.retrained for m in models], dtype=np.float64)
     inherited = np.array([m.inherited for m in models])
-    report: dict[str, Any] = {"n": len(models), "inherited_tau": kendall(inherited, y), "candidates": {}}
+    mixed = np.array([is_mixed(m.subnet) for m in models])
+    groups = {g: mask for g, mask in (("uniform", ~mixed), ("mixed", mixed)) if mask.any()}
+    report: dict[str, Any] = {"n": len(models), "inherited_tau": kendall(inherited, y), "candidates": {},
+                              "groups": {g: int(mask.sum()) for g, mask in groups.items()},
+                              "criterion": "mean of the groups' leave-one-out MAE" if len(groups) > 1 else "leave-one-out MAE"}
     best = None
     for kind in kinds:
         names = feature_names(space, kind)
-        loo = leave_one_out(rows, y, names)
+        loo = leave_one_out(rows, y, names, rows_from if set(names) & set(QUALITY) else None)
         err = np.abs(loo - y)
+        by_group = {g: {"loo_mae": float(err[mask].mean()), "loo_tau": kendall(loo[mask], y[mask]), "n": int(mask.sum())}
+                    for g, mask in groups.items()}
+        score = float(np.mean([v["loo_mae"] for v in by_group.values()]))
         report["candidates"][kind] = {"loo_mae": float(err.mean()), "loo_max": float(err.max()), "loo_tau": kendall(loo, y),
-                                      "loo": loo.tolist()}
-        if best is None or err.mean() < report["candidates"][best]["loo_mae"]:
+                                      "score": score, "groups": by_group, "loo": loo.tolist()}
+        if best is None or score < report["candidates"][best]["score"]:
             best = kind
     report["chosen"] = best
     model = fit_linear(rows, y, feature_names(space, best))
     used = [{"name": m.name, "subnet": m.subnet.to_dict(), "params": m.params, "inherited": m.inherited,
              "retrained": m.retrained} for m in models]
-    return Ranker(best, model, space.hash, fitness, supernet, report, used)
+    return Ranker(best, model, space.hash, fitness, supernet, report, used, quality)
 
 
 def report_text(ranker: Ranker) -> str:
     r = ranker.report
-    lines = [f"{'feature set':12} {'LOO MAE':>9} {'LOO max':>9} {'LOO tau':>8}"]
+    groups = list(r.get("groups", {}))
+    split = len(groups) > 1
+    head = f"{'feature set':12} {'LOO MAE':>9} {'LOO max':>9} {'LOO tau':>8}"
+    if split:
+        head += "".join(f" {g + ' MAE':>12} {g + ' tau':>12}" for g in groups)
+    lines = [head]
     for kind, c in r["candidates"].items():
         mark = "  <- chosen" if kind == r["chosen"] else ""
-        lines.append(f"{kind:12} {c['loo_mae']:>9.4f} {c['loo_max']:>9.4f} {c['loo_tau']:>8.3f}{mark}")
-    lines.append(f"{r['n']} retrained models; Kendall tau of their inherited loss alone: {r['inherited_tau']:.3f}")
+        line = f"{kind:12} {c['loo_mae']:>9.4f} {c['loo_max']:>9.4f} {c['loo_tau']:>8.3f}"
+        if split:
+            line += "".join(f" {c['groups'][g]['loo_mae']:>12.4f} {c['groups'][g]['loo_tau']:>12.3f}" for g in groups)
+        lines.append(line + mark)
+    counts = ", ".join(f"{n} {g}" for g, n in r.get("groups", {}).items())
+    lines.append(f"{r['n']} retrained models ({counts}); chosen by the {r.get('criterion', 'leave-one-out MAE')}; "
+                 f"Kendall tau of their inherited loss alone: {r['inherited_tau']:.3f}")
     return "\n".join(lines)
 
 
