@@ -28,26 +28,24 @@ import sys
 from collections.abc import Iterator
 
 from search_spaces.errors import UserError
+from supernet.progress import show_progress  # noqa: F401  (nas.cli.show_progress: the name scripts know)
 
 from . import __version__
 
-# The generic subcommands, in the order --help lists them (a task's own come after: Task.commands).
-COMMANDS = ["demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export",
-            "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion"]
-
-
 def command_modules() -> dict:
-    """Every subcommand's module by its name: the generic ones (:mod:`nas.commands`), then the tasks' own (each
-    registered task's ``commands``, in registration order)."""
+    """Every subcommand's module by its name, from the one registry (:data:`nas.commands.COMMANDS`): the generic ones,
+    then each registered task's own (``Task.commands``, registered here in registration order), then plugins'."""
     from search_spaces.tasks import tasks
 
-    out = {name: importlib.import_module(f"nas.commands.{name.replace('-', '_')}") for name in COMMANDS}
+    from .commands import COMMANDS, register_command
+
     for task in tasks().values():
         for path in getattr(task, "commands", ()):
             module = importlib.import_module(path)
-            assert module.NAME not in out, f"task {task.name}: command {module.NAME!r} exists already"
-            out[module.NAME] = module
-    return out
+            if module.NAME not in COMMANDS.all():
+                register_command(module)
+            assert COMMANDS.all()[module.NAME] is module, f"task {task.name}: command {module.NAME!r} exists already"
+    return dict(COMMANDS.all())
 
 
 # The loggers of this project's packages; the handler below is attached to these only, so other
@@ -108,11 +106,6 @@ def logging_to_stderr(command: str, level: int = logging.INFO) -> Iterator[None]
                 logger.addHandler(h)
             logger.setLevel(old_level)
             logger.propagate = old_propagate
-
-
-def show_progress() -> bool:
-    """Whether progress bars are wanted: notes are shown (no ``-q``)."""
-    return logging.getLogger("nas").isEnabledFor(logging.INFO)
 
 
 def _output_flags() -> argparse.ArgumentParser:

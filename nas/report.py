@@ -110,7 +110,7 @@ class Page:
         self.sections.append((anchor, title, body))
 
     def html(self) -> str:
-        from nas import __version__
+        from search_spaces.version import __version__
 
         nav = " ".join(f'<a href="#{esc(a)}">{esc(t)}</a>' for a, t, _ in self.sections)
         parts = [

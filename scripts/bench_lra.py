@@ -564,7 +564,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     from latency.protocol import measure
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from nas.search.fitness import HeldOutFitness
+    from supernet.scoring import HeldOutFitness
     from search_spaces import Subnet, load_space
     from supernet.checkpoint import load_supernet
     from tasks.sequence_classification.learner import SequenceLearner

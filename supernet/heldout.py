@@ -1,7 +1,7 @@
 """Held-out scoring: bits per scored token of a model on fixed windows of a token array.
 
 One implementation serves supernet training's evaluation (``supernet.train.evaluate_bpb``), the
-search's fitness (``nas.search.fitness.InheritedLoss``) and the model card of an export.  The
+search's fitness (``supernet.scoring.InheritedLoss``) and the model card of an export.  The
 windows are fixed when the :class:`HeldOut` is made, so every subnet and every call sees the same
 bytes and differences between subnets are not sampling noise.
 """
@@ -40,7 +40,7 @@ def run_model(model: nn.Module, inputs: torch.Tensor | tuple[torch.Tensor, ...],
 
 class StaticAsSupernet(nn.Module):
     """A static model behind the supernet interface ``model(idx, subnet)`` (its own subnet only), so
-    :class:`nas.search.fitness.InheritedLoss` scores it on exactly the search's windows."""
+    :class:`supernet.scoring.InheritedLoss` scores it on exactly the search's windows."""
 
     def __init__(self, model: nn.Module, space):
         super().__init__()

@@ -3,7 +3,7 @@
 A task (``tasks/<name>/``, found through :mod:`search_spaces.tasks`) makes a learner for a run,
 configured by the run's seed and the task's own settings (a masked LM's mask rate):
 :func:`task_for` asks the space's task.  The trainer (:func:`supernet.train.train`), the search's fitness
-(:class:`nas.search.fitness.InheritedLoss`) and the export card see a task only through its learner.
+(:class:`supernet.scoring.InheritedLoss`) and the export card see a task only through its learner.
 Call order per training step:
 
 * ``train_batches(data, config, dist)`` once: a :class:`Batches`; ``batches(step)`` -> this rank's

@@ -157,12 +157,12 @@ class Task:
         return {}
 
     def train_subnet(self, settings: Any, progress: Any = None):
-        """Train one subnet on its own (``settings``: :class:`nas.train_subnet.SubnetTraining`, its ``options`` the task's
+        """Train one subnet on its own (``settings``: :class:`supernet.runs.SubnetTraining`, its ``options`` the task's
         flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
         raise NotImplementedError
 
     def training_data(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """The data settings of :class:`nas.train_subnet.SubnetTraining` (``data``, ``data_seed``, ``val_fraction``,
+        """The data settings of :class:`supernet.runs.SubnetTraining` (``data``, ``data_seed``, ``val_fraction``,
         ``options``) that train a subnet on a supernet's corpus and split (its checkpoint's ``meta``); empty when the
         checkpoint does not say (then the trainer's defaults)."""
         keys = ("data", "data_seed", "val_fraction")
@@ -177,19 +177,19 @@ class Task:
 
     def validation(self, model: Any, payload: dict[str, Any], scoring: Any) -> dict[str, Any]:
         """A static model's held-out score as the search scored its subnet (``scoring``:
-        :class:`nas.search.fitness.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``
+        :class:`supernet.scoring.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``
         (``bits_per_byte``: the score, ``metric``, ``source``, and what it was scored on)."""
         raise NotImplementedError
 
     def export(self, supernet: Any, payload: dict[str, Any], subnet: Any, settings: Any, predicted: dict | None):
-        """Write ``subnet``'s artifacts (``settings``: :class:`nas.export.ExportSettings`) with their parity checks and a
-        card (``predicted``: the predictor's estimate, for it); a :class:`nas.export.Exported`."""
+        """Write ``subnet``'s artifacts (``settings``: :class:`supernet.export.ExportSettings`) with their parity checks and a
+        card (``predicted``: the predictor's estimate, for it); a :class:`supernet.export.Exported`."""
         raise NotImplementedError
 
     def fitness(self, model: Any, payload: dict[str, Any], settings: Any) -> tuple[Any, str]:
         """(fitness, digest of its held-out data): ``fitness(subnets)`` -> each subnet's held-out score with the weights
         of ``model`` (the supernet, loaded as ``payload``); ``.description`` (what a study's identity records),
-        ``.summary`` (one line); ``settings``: :class:`nas.search.fitness.FitnessSettings`."""
+        ``.summary`` (one line); ``settings``: :class:`supernet.scoring.FitnessSettings`."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ latency

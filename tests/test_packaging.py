@@ -49,11 +49,11 @@ def wheel(tmp_path_factory):
 def test_the_version_is_written_once_and_the_wheel_carries_it(wheel, capsys):
     project = pyproject()["project"]
     assert "version" not in project and project["dynamic"] == ["version"]
-    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "nas.__version__"}
+    assert pyproject()["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "search_spaces.version.__version__"}
     assert not re.search(r"^version:", (ROOT / "CITATION.cff").read_text(), re.M)  # `nas --version` says it
     hits = [p for p in ROOT.rglob("*.py") if re.search(r"^__version__\s*=", p.read_text(errors="ignore"), re.M)]
     assert [p.relative_to(ROOT).as_posix() for p in hits if p.parts[len(ROOT.parts)] not in ("build", ".venv")] == [
-        "nas/__init__.py"]
+        "search_spaces/version.py"]
     metadata = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert f"\nVersion: {nas.__version__}\n" in metadata
     with pytest.raises(SystemExit):
@@ -99,7 +99,7 @@ def test_constraints_min_pins_every_declared_floor():
         assert name.lower() in pins, f"{requirement}: no line in constraints-min.txt"
         assert same(pins[name.lower()], floor), f"pyproject.toml says {requirement}, constraints-min.txt {pins[name.lower()]}"
     assert "onnx" in pins and tuple(map(int, pins["onnx"].split(".")[:2])) >= (1, 18)  # opset 23 came with onnx 1.18
-    from nas.export import ORT_FOR_OPSET
+    from supernet.export import ORT_FOR_OPSET
 
     assert tuple(map(int, pins["onnxruntime"].split(".")[:2])) >= ORT_FOR_OPSET[23]
 

@@ -18,7 +18,7 @@ import torch
 from search_spaces import UserError, Workload
 from supernet.attention.registry import fast_paths
 
-from ..device import host_fingerprint
+from ..device import host_fingerprint, register_device
 from ..timing_core import Runner
 from .cpu import torch_call
 
@@ -43,8 +43,10 @@ def gpu_fingerprint(index: int = 0) -> dict:
     }
 
 
+@register_device
 class CUDA:
     name = "cuda"
+    precisions = ("fp32",)
 
     def __init__(self, runtime: str = "eager", gpu: int = 0):
         if runtime not in RUNTIMES:
@@ -153,5 +155,3 @@ def _first_tensor(out):
         out = out[0]
     return out
 
-
-DEVICE = CUDA

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 
+from . import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "classify"
@@ -51,3 +53,6 @@ def run(args: argparse.Namespace) -> int:
         log.info("accuracy %.4f (%d of %d rows of %s match column %r)", right / max(1, len(truth)), right, len(truth),
                  args.data, args.label_column)
     return 0
+
+
+register_command(__name__)

@@ -309,9 +309,9 @@ def add_scoring_arguments(group) -> None:
 
 
 def scoring_settings(args: argparse.Namespace, device: str = "cpu", precision: str = "fp32"):
-    """The held-out scoring flags as :class:`nas.search.fitness.FitnessSettings` (``nas search``, ``nas export``,
+    """The held-out scoring flags as :class:`supernet.scoring.FitnessSettings` (``nas search``, ``nas export``,
     ``nas fit-accuracy``)."""
-    from nas.search.fitness import FitnessSettings
+    from supernet.scoring import FitnessSettings
 
     return FitnessSettings(args.supernet, seq_len=args.seq_len, windows=args.val_windows,
                            batch_size=getattr(args, "eval_batch_size", 16), val_seed=args.val_seed, device=device,
@@ -333,7 +333,7 @@ def bytes_bar(text: str):
     """A progress callback that opens a byte-count tqdm bar on its first call (none with ``-q``)."""
     from tqdm import tqdm
 
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
 
     bar = None
 
@@ -352,7 +352,7 @@ def step_bar_for(config, start_step: int, start_elapsed: float, desc: str = "tra
     """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
     from tqdm import tqdm
 
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
 
     by_time = config.max_steps is None
     bar = tqdm(
@@ -405,7 +405,7 @@ def train_and_report(train, settings, bar, again: str) -> int:
     """``train(settings, progress=...)`` (one model's training run) under ``bar`` (``(close, update)`` of
     :func:`step_bar`); print its summary, or how to continue it when it was interrupted (``again``: the command line;
     exit status 130)."""
-    from nas.train_subnet import TrainingInterrupted
+    from supernet.runs import TrainingInterrupted
 
     close, update = bar
     try:
@@ -424,7 +424,7 @@ def measurement_bar(desc: str):
     """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
     from tqdm import tqdm
 
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
 
     bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False, disable=not show_progress())
 
@@ -439,7 +439,7 @@ def visit_bar(desc: str):
     """A tqdm bar over a campaign's visits, the subnet being timed beside it: (bar, callback); hidden with ``-q``."""
     from tqdm import tqdm
 
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
 
     b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
 

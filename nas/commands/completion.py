@@ -9,6 +9,7 @@ bash)"`` in ``~/.bashrc``.  Where ``argcomplete`` is installed (``pip install na
 from __future__ import annotations
 
 import argparse
+from . import register_command
 
 NAME = "completion"
 HELP = "print a shell-completion script for nas (bash or zsh): eval \"$(nas completion bash)\""
@@ -84,3 +85,6 @@ def run(args: argparse.Namespace) -> int:
 
     sys.stdout.write(script(args.shell))
     return 0
+
+
+register_command(__name__)

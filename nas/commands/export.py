@@ -17,6 +17,8 @@ from .common import (
     timing_messages,
 )
 
+from . import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "export"
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from latency.quantize import check_device, check_precision
-    from nas.export import ExportSettings, export_chosen, parse_formats
+    from nas.export import export_chosen
+    from supernet.export import ExportSettings, parse_formats
     from nas.search.budget import parse_budget
     from search_spaces import tasks
     from supernet.checkpoint import load_supernet
@@ -131,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def report_measured(args: argparse.Namespace, measured: dict, workload, predicted: dict | None, budget: float | None) -> int:
     """Print a measurement against its prediction and ``--budget``: the exit status (1 over budget with ``--strict``)."""
-    from nas.export import workload_text
+    from latency.measure import workload_text
     from nas.search.budget import format_ms
 
     print(
@@ -155,3 +158,5 @@ def report_measured(args: argparse.Namespace, measured: dict, workload, predicte
             return 1 if args.strict else 0
     return 0
 
+
+register_command(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from . import register_command
 
 NAME = "generate"
 HELP = "sample text from a model written by `nas export` (prefill once, then one cached decode step per token)"
@@ -55,3 +56,6 @@ def run(args: argparse.Namespace) -> int:
     )
     sys.stdout.write(args.prompt + text.decode("utf-8", errors="replace") + "\n")
     return 0
+
+
+register_command(__name__)

@@ -7,6 +7,8 @@ import logging
 
 from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_messages, visit_bar
 
+from . import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "measure-latency"
@@ -186,3 +188,6 @@ def _run(args: argparse.Namespace) -> int:
                 "measured": n, "rows": sum(len(v) for v in table.done.values()), "baseline_ms": table.baseline_ms,
                 "fingerprint": device.fingerprint()})
     return 0
+
+
+register_command(__name__)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from .common import PROTOCOL_DEFAULTS, add_scoring_arguments, file_digest, measurement_bar, scoring_settings
 
+from . import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "search"
@@ -48,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--timing-target still holds the measured latency to the budget itself); default 0")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
-    g.add_argument("--strategy", default="evolution", choices=("evolution", "random", "nsga2"), help="default: evolution")
+    g.add_argument("--strategy", default="evolution", metavar="NAME",
+                   help="a registered search strategy: evolution (default), random, nsga2, or a plugin's")
     g.add_argument("--population", type=int, default=125, help="size of the population and of generation 0 (default 125)")
     g.add_argument("--parents", type=int, default=25, help="parents chosen per generation (default 25)")
     g.add_argument("--mutations", type=int, default=50, help="children by mutation per generation (default 50)")
@@ -146,7 +149,7 @@ def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from nas import search as S
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
     from search_spaces import UserError
 
     if args.budget:  # the syntax, before loading anything (the default workload comes from the predictors)
@@ -159,6 +162,7 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.worker_batch < 1:
         raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
+    S.STRATEGIES.get(args.strategy)  # a name no strategy registered: refused before any work
     if not 0 <= args.verify_margin < 100:
         raise UserError(f"--verify-margin: {args.verify_margin} is not a percentage between 0 and 100")
     device = S.pick_device(args.device)
@@ -318,16 +322,10 @@ def calibrated(args: argparse.Namespace, inherited, space, params, data_digest: 
 
 
 def trainer_factory():
-    """The maker of the hurdle stage's trainer (:class:`nas.search.hurdles.SubnetTrainer`), checked before any work:
-    it needs ``nas.train_subnet``.  Tests replace this function with one that returns a fake trainer's maker."""
-    import importlib.util
-
+    """The maker of the hurdle stage's trainer (:class:`nas.search.hurdles.SubnetTrainer`: the space's task trains each
+    candidate).  Tests replace this function with one that returns a fake trainer's maker."""
     from nas.search.hurdles import SubnetTrainer
-    from search_spaces import UserError
 
-    if importlib.util.find_spec("nas.train_subnet") is None:
-        raise UserError("--hurdles: needs nas.train_subnet (the library behind `nas train-subnet`), which this installation "
-                        "lacks; update nas-transformers, or leave --hurdles out")
     return SubnetTrainer
 
 
@@ -335,7 +333,7 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out
     """``--hurdles``: train each budget's cohort (``nas.search.hurdles.hurdle_candidates``, device-verified with
     ``--timing-target``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
     training was interrupted."""
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
     from nas.search import hurdles as H
 
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
@@ -650,3 +648,6 @@ def write_outputs(out: Path, space, searches, result, identity: dict, study: str
     lines.append(f"loss: {scored}")
     lines.append(f"wrote {out}/best_*.yaml, pareto.csv, pareto.png, search.json ({result.evaluations} evaluations in storage)")
     return "\n".join(lines)
+
+
+register_command(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from . import register_command
 
 NAME = "space"
 HELP = "show a search space: its choices, number of subnets, parameter counts (and sample subnets)"
@@ -44,3 +45,6 @@ def run(args: argparse.Namespace) -> int:
     doc["seed"] = args.seed
     emit(args, doc)
     return 0
+
+
+register_command(__name__)

@@ -35,6 +35,8 @@ from .common import (
     train_device,
 )
 
+from . import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "train-subnet"
@@ -99,9 +101,9 @@ def training_config(args: argparse.Namespace, defaults: dict, space):
 
 def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, distill_from: str | None, defaults: dict,
                  formats: str):
-    """The :class:`nas.train_subnet.SubnetTraining` of a new run from the training flags."""
-    from nas.export import parse_formats
-    from nas.train_subnet import SubnetTraining
+    """The :class:`supernet.runs.SubnetTraining` of a new run from the training flags."""
+    from supernet.export import parse_formats
+    from supernet.runs import SubnetTraining
 
     tokens = token_budget(args)
     distill = (0.5 if args.distill is None else args.distill) if distill_from else (args.distill or 0.0)
@@ -115,14 +117,14 @@ def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, 
 
 
 def resumed(args: argparse.Namespace, stored, **changes):
-    """The stored settings of a run (:func:`nas.train_subnet.stored_settings`) with the flags given on top.
+    """The stored settings of a run (:func:`supernet.runs.stored_settings`) with the flags given on top.
 
     The library refuses what a resumed run may not change, naming each flag; here ``--tokens`` and
     ``--max-steps`` replace each other (both set the run's length).
     """
     from dataclasses import replace
 
-    from nas.export import parse_formats
+    from supernet.export import parse_formats
     from supernet.train import TrainConfig
 
     given = given_config(args)
@@ -166,7 +168,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.train_subnet import check_subnet, stored_settings
+    from supernet.runs import check_subnet, stored_settings
     from search_spaces import UserError, load_space, tasks
 
     set_threads(args)
@@ -192,3 +194,6 @@ def run(args: argparse.Namespace) -> int:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
     again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
     return train_and_report(task.train_subnet, settings, step_bar(NAME), again)
+
+
+register_command(__name__)

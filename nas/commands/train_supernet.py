@@ -28,6 +28,7 @@ from .common import (
     step_bar,
     task_flags,
 )
+from . import register_command
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
@@ -112,3 +113,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"validation {done.metric} at step {last['step']}: {scores}")
     print(f"checkpoint: {result.checkpoint} (and {done.latest}); metrics: {out / 'log.jsonl'}")
     return 0
+
+
+register_command(__name__)

@@ -23,7 +23,7 @@ errors, so that a few mixed models count as much as many uniform ones (a ranker 
 over-predicted every mixed subnet's loss); the report gives each group's error and rank correlation.  Everything
 is linear, so the ranker is a JSON file of coefficients: loading it runs no code.
 
-:class:`CalibratedFitness` wraps the search's :class:`~nas.search.fitness.InheritedLoss` and answers the ranker's
+:class:`CalibratedFitness` wraps the search's :class:`~supernet.scoring.InheritedLoss` and answers the ranker's
 prediction instead; the ranker refuses windows or a supernet other than the ones it was fitted on.
 """
 
@@ -306,7 +306,7 @@ def report_text(ranker: Ranker) -> str:
 class CalibratedFitness:
     """The search's fitness through a :class:`Ranker`: predicted retrained validation loss (bits) of each subnet.
 
-    ``inherited`` is the search's :class:`~nas.search.fitness.InheritedLoss` on the windows the ranker was fitted on
+    ``inherited`` is the search's :class:`~supernet.scoring.InheritedLoss` on the windows the ranker was fitted on
     (checked here); ``params`` gives a subnet's exact parameter count."""
 
     def __init__(self, inherited, ranker: Ranker, space: Space, params, fitness_id: dict[str, Any], supernet: str, where: str):

@@ -209,7 +209,7 @@ class SubnetTrainer:
                            seed=training_seed(self.seed, round))
 
     def train(self, subnet: Subnet, round: int, init: Path | None, out: Path, resume: bool) -> Path:
-        from nas.train_subnet import SubnetTraining
+        from supernet.runs import SubnetTraining
         from search_spaces import tasks
 
         split = {k: v for k, v in (("data_seed", self.data_seed), ("val_fraction", self.val_fraction),

@@ -15,7 +15,7 @@ import numpy as np
 
 from .operators import crossover, mutate
 from .pareto import crowding_distance, non_dominated_sort
-from .strategy import Evaluated, GenerationalStrategy
+from .strategy import Evaluated, GenerationalStrategy, register_strategy
 
 
 def rank_and_crowding(points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -43,6 +43,7 @@ def environmental_selection(points: np.ndarray, n: int) -> list[int]:
 
 
 @dataclass
+@register_strategy
 class NSGA2(GenerationalStrategy):
     name: str = "nsga2"
     population: list[Evaluated] | None = None

@@ -13,11 +13,11 @@ from typing import Iterator, TypeVar
 import torch
 from torch import Tensor
 
-from search_spaces.attention import AttentionSpec, declare, parse_attention, withdraw
+from search_spaces.attention import TYPES, AttentionSpec, declare, parse_attention, withdraw
 
 from .base import FAMILIES, AttentionType, Weights
 
-REGISTRY: dict[str, AttentionType] = {}
+REGISTRY = TYPES._items  # noqa: SLF001  (the type objects by name: the one registry, read without loading plugins)
 # What an export traces in place of a type's own form, where it gives one (not None): set by supernet.attention.ort_ops
 # when it is imported (an export with --custom-ops), so that the registry does not import it.
 EXPORT_FORMS: list = []
@@ -29,13 +29,11 @@ def register(typ: T) -> T:
     assert typ.name and typ.doc, f"{type(typ).__name__}: a type needs a name and one line of doc"
     assert typ.family in FAMILIES, f"{typ.name}: family {typ.family!r} is not one of {FAMILIES}"
     declare(typ)
-    REGISTRY[typ.name] = typ
     return typ
 
 
 def unregister(name: str) -> None:
     """Remove a type (tests that define one of their own)."""
-    REGISTRY.pop(name, None)
     withdraw(name)
 
 

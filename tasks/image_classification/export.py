@@ -5,7 +5,7 @@ marker, the full space, the subnet, the parameter count and the checksums, writt
 ``task: image-classification``, the data, the validation accuracy (and the test accuracy when the data has a test
 split), the class names, the augmentation it was trained with and the input it takes.  ``model.onnx`` takes
 ``images`` (batch, C, H, W) float32 in [0, 1] and gives ``logits`` (batch, classes); its parity with torch is checked
-to :data:`nas.export.PARITY_TOL` on seeded images before it is kept.
+to :data:`supernet.export.PARITY_TOL` on seeded images before it is kept.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def onnx_parity(model: ViT, path: Path, seed: int = 0) -> float:
 
 def onnx_metadata(model: ViT) -> dict[str, str]:
     """The ``nas.*`` entries of the graph's metadata: the task, the input it takes, the classes, the subnet (canonical
-    JSON), the space hash and this package's version (as :func:`nas.export.onnx_metadata` for the LM tasks)."""
-    from nas import __version__
+    JSON), the space hash and this package's version (as :func:`supernet.export.onnx_metadata` for the LM tasks)."""
+    from search_spaces.version import __version__
 
     space = model.space
     return {"nas.task": TASK, "nas.input": f"images (batch, {space.channels}, {space.image_size}, {space.image_size}) "
@@ -74,7 +74,7 @@ def onnx_metadata(model: ViT) -> dict[str, str]:
 
 
 def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> dict[str, Any]:
-    from nas.export import PARITY_TOL, choose_opset
+    from supernet.export import PARITY_TOL, choose_opset
     from supernet.artifact import update_card
     from supernet.onnx_export import add_metadata
 
@@ -97,7 +97,8 @@ def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> 
 def export_vision(supernet, payload: dict, subnet: VisionSubnet, settings, predicted: dict | None):
     """The task's export (:meth:`tasks.base.Task.export`): safetensors + card (accuracy on the validation split and on
     the test split), the ONNX graph (parity-checked)."""
-    from nas.export import Exported, measure_model, predicted_line
+    from latency.measure import measure_model, predicted_line
+    from supernet.export import Exported
 
     from search_spaces import tasks
 

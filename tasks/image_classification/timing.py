@@ -27,15 +27,13 @@ from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
 
-TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time an image workload
-
-
 def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
-    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
-        raise UserError(f"--device {device}: an image-classification space ({space.name}) is timed on {', '.join(TIMED_ON)} "
-                        "so far (docs/vision.md)")
-    if precision not in (None, "fp32") and device != "onnxruntime":
-        raise UserError(f"--precision {precision}: an image-classification space is timed in int8 on onnxruntime only")
+    """Refuse, in one line, a precision or way of sampling that cannot time an image space yet (any registered device
+    times it: its models run in torch, in ONNX Runtime and in a bundle; the device's own checks say the rest)."""
+    from latency.device import precisions_of
+
+    if precision not in (None, "fp32") and precision not in precisions_of(device):
+        raise UserError(f"--precision {precision}: {device} runs fp32 only")
     if for_transfer:
         raise UserError(f"--for-transfer: not for an image-classification space ({space.name}) yet; time uniform samples")
 

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
     from search_spaces import UserError
 
     from .data import generator, split_sizes, write_folder

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from nas.cli import show_progress
+    from supernet.progress import show_progress
     from search_spaces import UserError
 
     from .data import check_pairs, prepare_pairs

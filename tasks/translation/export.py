@@ -3,7 +3,7 @@
 The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The card records the corpus the
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
-ONNX: the encoder and the decoder step (parity-checked; each carries :func:`nas.export.onnx_metadata`).
+ONNX: the encoder and the decoder step (parity-checked; each carries :func:`supernet.export.onnx_metadata`).
 ``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--timing-target TARGET
 [--budget T]`` times the exported model on that workload with the measurement protocol (on ``onnxruntime`` the same
 two graphs, exported by the device).
@@ -19,7 +19,7 @@ from .workflows import corpus_record
 
 def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
     """Write and parity-check the two graphs of ``static`` into ``out``; record them in the card; return the record."""
-    from nas.export import PARITY_TOL, choose_opset, onnx_metadata
+    from supernet.export import PARITY_TOL, choose_opset, onnx_metadata
     from search_spaces import UserError
     from supernet.artifact import update_card
     from supernet.onnx_export import add_metadata
@@ -45,7 +45,8 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
 def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | None):
     """The translation task's export (:meth:`tasks.base.Task.export`): safetensors + card (the corpus, the held-out
     cross-entropy per target byte on the batches training evaluated on), the two ONNX graphs (parity-checked)."""
-    from nas.export import Exported, measure_model, predicted_line
+    from latency.measure import measure_model, predicted_line
+    from supernet.export import Exported
     from search_spaces import UserError
 
     from .artifact import save_seq2seq_model

@@ -56,7 +56,7 @@ def refuse(given: dict) -> None:
 
 def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str]:
     """(fitness, digest of its data) of an encoder-decoder supernet (``model``, loaded as ``payload``): its corpus rebuilt
-    from the run's cache and checked; ``settings``: :class:`nas.search.fitness.FitnessSettings`."""
+    from the run's cache and checked; ``settings``: :class:`supernet.scoring.FitnessSettings`."""
     from .data import check_pairs, prepare_pairs
     from .train import eval_batches
     from .workflows import corpus_record
