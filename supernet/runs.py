@@ -23,7 +23,7 @@ import torch
 from search_spaces import Space, Subnet, UserError, tasks
 
 from .artifact import CARD, WEIGHTS, read_card, verify_file
-from .checkpoint import load_checkpoint, read_torch
+from .checkpoint import load_checkpoint, load_supernet, read_torch
 from .data import absolute_data
 from .export import FORMATS
 from .scoring import Scoring
@@ -128,6 +128,24 @@ def parse_source(text: str | None, flag: str, kinds: tuple[str, ...]) -> tuple[s
 
 def source_text(kind: str, path: Path | None) -> str:
     return kind if path is None else f"{kind}:{path}"
+
+
+def source_supernet(path: Path, space: Space, flag: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(the supernet of ``flag supernet:PATH``, its checkpoint) on the CPU in eval mode; one line naming both spaces when
+    it was trained on another architecture than ``space``'s (any task's supernet: its task builds it)."""
+    supernet, payload = load_supernet(path)
+    theirs = supernet.space
+    if theirs.arch_hash != space.arch_hash:
+        raise UserError(f"{flag} supernet:{path}: trained on space {theirs.name!r} (arch hash {theirs.arch_hash}), not on "
+                        f"space {space.name!r} (arch hash {space.arch_hash}, {space.source})")
+    return supernet, payload
+
+
+def teacher_model(path: Path, space: Space) -> torch.nn.Module:
+    """The teacher of ``--distill-from supernet:PATH``: the supernet's largest subnet (its best model, the in-place
+    distillation's teacher while it trained), extracted as a static model in eval mode."""
+    supernet, _ = source_supernet(path, space, "--distill-from")
+    return supernet.extract(space.largest()).eval()
 
 
 def step_tokens(config: TrainConfig) -> int:

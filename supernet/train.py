@@ -73,6 +73,10 @@ class TrainConfig:
     compile: bool = False
     threads: int | None = None  # torch's intra-op CPU threads (None: torch's choice); kept for the resumed run
     log: str = "jsonl"  # of LOGS: log.jsonl always; "tensorboard" also writes TensorBoard event files to OUT/tensorboard
+    # what max_time (and a time-bound schedule) counts: "wall" seconds, or "cpu", the training thread's CPU seconds
+    # (time.thread_time: with threads=1 every op runs in it, so runs compared at equal time get equal compute on a busy
+    # machine; with more threads it undercounts)
+    clock: str = "wall"
 
     # May differ between a run and its resumption (they bound or observe the run, not its maths; ``threads`` does change
     # the float sums, so a resumed run keeps the stored value unless told otherwise, and says so when told).
@@ -102,6 +106,8 @@ class TrainConfig:
             problems.append(f"--threads: {self.threads} is not a positive integer")
         if self.log not in LOGS:
             problems.append(f"--log: {self.log!r} is not one of {', '.join(LOGS)}")
+        if self.clock not in CLOCKS:
+            problems.append(f"clock: {self.clock!r} is not one of {', '.join(CLOCKS)}")
         if problems:
             raise UserError("\n".join(problems))
 
@@ -111,6 +117,8 @@ class TrainConfig:
             del d["threads"]
         if d["log"] == "jsonl":  # likewise
             del d["log"]
+        if d["clock"] == "wall":  # likewise
+            del d["clock"]
         return d
 
     @classmethod
@@ -138,7 +146,7 @@ class WarmupCosine:
     """Linear warm-up over ``warmup_steps``, then cosine from ``lr`` to ``min_lr`` over the run.
 
     The run's progress is ``step / max_steps``, or ``elapsed / max_time`` when only a time
-    budget is given (then the schedule follows the wall clock and is not bit-reproducible).
+    budget is given (then the schedule follows the run's clock, ``TrainConfig.clock``, and is not bit-reproducible).
     """
 
     lr: float
@@ -210,6 +218,7 @@ def _pass_loss(task: Learner, logits: Tensor, targets: Tensor, per: float | None
     return ce, ce.detach() if per is None else task.loss(logits.detach(), targets).detach()
 
 
+CLOCKS = ("wall", "cpu")  # TrainConfig.clock: what a run's elapsed seconds count
 LOGS = ("jsonl", "tensorboard")  # --log: training metrics as log.jsonl alone, or also as TensorBoard event files
 BALANCES = ("types", "first")  # --balance: the sandwich's largest / smallest rotate over the types, or use the first
 SPLITS = ("none", "families")  # --split: one Q/K/V/O for every type, or one per attention family (few-shot NAS)
@@ -775,13 +784,14 @@ def train(
     t.log.write("resume" if resuming else "start", step=t.step, meta=_jsonable(t.meta))
 
     model.train()
+    clock = run_clock(config)
     window_t, window_tokens = time.perf_counter(), 0
     with _catch_interrupts() as interrupt:
         while not (stopped := t.stop_reason(interrupt.requested)):
-            t0 = time.perf_counter()
+            c0 = clock()
             plan, losses, lr, step_tokens = t.train_step()
-            now = time.perf_counter()
-            t.elapsed += now - t0
+            now, c1 = time.perf_counter(), clock()
+            t.elapsed += c1 - c0
             window_tokens += step_tokens
             rate = window_tokens / max(now - window_t, 1e-9)
             if t.step % config.log_interval == 0 or t.step == config.max_steps:
@@ -805,7 +815,7 @@ def train(
                 t.save(t.latest, None)
             if evaluate or save:
                 window_t, window_tokens = time.perf_counter(), 0  # tokens/s measures training only
-            t.elapsed += time.perf_counter() - now  # evaluations and checkpoints count against --max-time
+            t.elapsed += clock() - c1  # evaluations and checkpoints count against --max-time
 
         if stopped != "interrupted" and t.evaluated_at != t.step:
             t.evaluate()
@@ -818,6 +828,11 @@ def train(
                 t.save(checkpoint, stopped)
     t.log.write("end", step=t.step, stopped=stopped, elapsed=round(t.elapsed, 3), tokens=t.tokens)
     return TrainResult(t.step, t.elapsed, t.tokens, stopped, t.evals, checkpoint)
+
+
+def run_clock(config: TrainConfig) -> Callable[[], float]:
+    """What a run's elapsed seconds are read from: the wall clock, or the training thread's CPU time (``clock="cpu"``)."""
+    return time.thread_time if config.clock == "cpu" else time.perf_counter
 
 
 def _jsonable(value: Any) -> Any:
@@ -841,11 +856,12 @@ class Distilled(nn.Module):
         object.__setattr__(self, "teacher", teacher.eval().requires_grad_(False) if teacher is not None else None)
         self.teacher_logp: Tensor | None = None
 
-    def forward(self, idx: Tensor) -> Tensor:
+    def forward(self, *inputs: Tensor) -> Tensor:
+        """``inputs``: what the student takes (a sequence, images, or an encoder-decoder's source and target)."""
         if self.training and self.teacher is not None:
             with torch.no_grad():
-                self.teacher_logp = self.teacher(idx).float().log_softmax(-1)  # (B, T, V)
-        return self.student(idx)  # (B, T, V)
+                self.teacher_logp = self.teacher(*inputs).float().log_softmax(-1)  # (B, T, V)
+        return self.student(*inputs)  # (B, T, V)
 
 
 @dataclass(frozen=True)

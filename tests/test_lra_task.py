@@ -156,7 +156,46 @@ def test_train_subnet_from_the_supernet_and_resume(root, capsys):
     assert card["training"]["steps"] == 10 and card["training"]["before"]["accuracy"] > 0.5  # the supernet's weights
     assert main(["train-subnet", "--out", str(out), "--resume", "--max-steps", "14", "-q"]) == 0
     assert json.loads((out / "model_card.json").read_text())["training"]["steps"] == 14
-    capsys.readouterr()
+
+
+def test_train_subnet_distils_from_the_supernets_largest_and_resumes_exactly(root, capsys):
+    """``--distill-from``: the teacher's soft targets at [CLS] change what is learned (the same init, seed and batches
+    end elsewhere) and are recorded; a distilled run stopped at step 3 and resumed equals the uninterrupted one."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from search_spaces import load_space
+    from supernet.runs import SubnetTraining, TrainingInterrupted
+    from supernet.train import TrainConfig
+    from tasks.sequence_classification.train import run_subnet_training
+
+    space = load_space(root / "space.yaml")
     teacher = f"supernet:{root / 'run' / 'final.pt'}"
-    assert main([*args, "--out", str(root / "sub2"), "--max-steps", "2", "--distill-from", teacher]) == 2
-    assert capsys.readouterr().err == "nas train-subnet: error: --distill-from: not for a sequence-classification space (yet)\n"
+    config = TrainConfig(batch_size=16, lr=1e-2, min_lr=1e-3, warmup_steps=2, max_steps=6, eval_interval=100,
+                         eval_batches=2, ckpt_interval=100, log_interval=1, seq_len=24)
+
+    def settings(name, **kw):
+        return SubnetTraining(space=space, subnet=space.smallest(), out=root / name, init=teacher, config=config,
+                              data=str(root / "own.tsv"), options={"classes": 3}, formats=("torch",), **kw)
+
+    plain = run_subnet_training(settings("plain"))
+    taught = run_subnet_training(settings("taught", distill_from=teacher, distill=0.5))
+    a, b = (load_file(str(r.out / "model.safetensors")) for r in (plain, taught))
+    assert plain.val_bpb_before == taught.val_bpb_before and any(not torch.equal(a[k], b[k]) for k in a)
+    card = json.loads((taught.out / "model_card.json").read_text())
+    assert (card["training"]["teacher"], card["training"]["distill"]) == (teacher, 0.5)
+
+    def stop(info):
+        if info.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted):
+        run_subnet_training(settings("cut", distill_from=teacher, distill=0.5), progress=stop)
+    again = run_subnet_training(settings("cut", distill_from=teacher, distill=0.5, resume=True))
+    c = load_file(str(again.out / "model.safetensors"))
+    assert again.steps == 6 and again.val_bpb == taught.val_bpb and all(torch.equal(b[k], c[k]) for k in b)
+    capsys.readouterr()
+    assert main(["train-subnet", "--out", str(root / "cut"), "--resume", "--distill", "0.9", "-q"]) == 2
+    assert "--resume: --distill 0.9 differs from the run's 0.5" in capsys.readouterr().err

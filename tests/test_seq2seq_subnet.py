@@ -129,3 +129,55 @@ def test_init_model_trains_on_from_a_trained_model_of_the_same_subnet(tmp_path):
     with pytest.raises(UserError, match=r"--init model:.*round0: a model of enc .* not of enc "):
         train_seq2seq_subnet(other)
     assert not (tmp_path / "other").exists()
+
+
+def _supernet_file(tmp_path: Path) -> Path:
+    """A seeded encoder-decoder supernet of the mini space, saved as train-supernet saves one (its weights need not
+    have learned: inheritance and distillation read them as they are)."""
+    from supernet.checkpoint import save_checkpoint
+    from tasks.translation.model import Seq2SeqSuperTransformer
+
+    path = tmp_path / "super.pt"
+    save_checkpoint(path, Seq2SeqSuperTransformer(mini_space(), generator=torch.Generator().manual_seed(3)), {}, step=0)
+    return path
+
+
+def test_inherit_starts_from_the_slice_and_distillation_changes_what_is_learned(tmp_path):
+    """``init="supernet:PATH"`` starts from the subnet's slice (at lr 0 it stays it); ``distill_from`` adds the largest
+    subnet's soft targets (the same init, seed and pairs end elsewhere) and is recorded; a distilled run interrupted and
+    resumed equals the uninterrupted one."""
+    import pytest
+
+    from supernet.checkpoint import load_supernet
+
+    data = write_toy_tsv(tmp_path / "toy.tsv")
+    ckpt = _supernet_file(tmp_path)
+    source = f"supernet:{ckpt}"
+    frozen = train_seq2seq_subnet(replace(_settings(tmp_path, "lr0", data, init=source), tokens=600,
+                                          config=replace(CONFIG, lr=0.0, min_lr=0.0)))
+    supernet, _ = load_supernet(ckpt)
+    sliced = supernet.extract(_settings(tmp_path, "x", data).subnet).state_dict()
+    got = load_file(str(frozen.out / "model.safetensors"))
+    assert got.keys() == sliced.keys() and all(torch.equal(got[k], sliced[k]) for k in got)
+
+    plain = train_seq2seq_subnet(replace(_settings(tmp_path, "plain", data, init=source), tokens=1200))
+    taught = train_seq2seq_subnet(replace(_settings(tmp_path, "taught", data, init=source, distill_from=source,
+                                                    distill=0.5), tokens=1200))
+    assert plain.val_ce_before == taught.val_ce_before and plain.steps == taught.steps
+    a, b = (load_file(str(r.out / "model.safetensors")) for r in (plain, taught))
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    card = json.loads((taught.out / "model_card.json").read_text())
+    assert (card["training"]["distill_from"], card["training"]["distill"]) == (source, 0.5)
+
+    def stop(info):
+        if info.step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    cut = replace(_settings(tmp_path, "cut", data, init=source, distill_from=source, distill=0.5), tokens=1200)
+    with pytest.raises(TrainingInterrupted):
+        train_seq2seq_subnet(cut, progress=stop)
+    again = train_seq2seq_subnet(replace(cut, resume=True))
+    c = load_file(str(again.out / "model.safetensors"))
+    assert again.val_ce == taught.val_ce and all(torch.equal(b[k], c[k]) for k in b)
+    with pytest.raises(Exception, match=r"--resume: --distill 0.9 differs from the run's 0.5"):
+        train_seq2seq_subnet(replace(cut, resume=True, distill=0.9))

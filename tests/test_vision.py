@@ -369,3 +369,93 @@ def test_train_subnet_from_scratch_writes_a_classifier(root, capsys):
     assert card["training"]["steps"] == 50 and card["test"]["images"] == 60
     events = [json.loads(line) for line in (root / "scratch" / "train" / "log.jsonl").read_text().splitlines()]
     assert [(e["event"], e["step"]) for e in events if e["event"] in ("start", "resume")] == [("start", 0), ("resume", 40)]
+
+
+# --------------------------------------------------------------------------- the final-training recipes (issue 51)
+
+
+def _recipe_run(root, name, *, init="scratch", distill_from=None, distill=0.0, steps=6, lr=3e-3, progress=None,
+                resume=False):
+    from search_spaces import load_space
+    from supernet.train import TrainConfig
+    from tasks.image_classification.workflows import train_vision_subnet
+
+    space = load_space(root / "space.yaml")
+    config = TrainConfig(batch_size=16, lr=lr, min_lr=lr / 10, warmup_steps=2, max_steps=steps, eval_interval=100,
+                         eval_batches=2, ckpt_interval=100, log_interval=1, seed=0)
+    data = {"data": str(root / "data"), "data_seed": 0, "val_fraction": 0.25}
+    return train_vision_subnet(space, space.smallest(), root / name, config, data, init=init, distill_from=distill_from,
+                               distill=distill, formats=(), progress=progress, resume=resume)
+
+
+def _weights(folder):
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_train_subnet_starts_from_the_supernets_slice(root):
+    """``init=supernet:CKPT``: the model's first weights are the subnet's slice of the supernet (at lr 0 they stay it),
+    and the card's accuracy before training is the extracted model's."""
+    from supernet.checkpoint import load_supernet
+    from tasks.image_classification.data import load_images
+    from tasks.image_classification.train import accuracy, held_out
+
+    ckpt = root / "run" / "final.pt"
+    result = _recipe_run(root, "inherit-lr0", init=f"supernet:{ckpt}", lr=0.0, steps=2)
+    supernet, _ = load_supernet(ckpt)
+    sliced = supernet.extract(supernet.space.smallest()).state_dict()
+    got = _weights(result.out)
+    assert got.keys() == sliced.keys() and all(torch.equal(got[k], sliced[k]) for k in got)
+    card = json.loads((result.out / "model_card.json").read_text())
+    val = load_images(str(root / "data"), 0.25, 0).val
+    assert card["training"]["init"] == f"supernet:{ckpt}"
+    assert card["training"]["val_accuracy_before"] == accuracy(supernet.extract(supernet.space.smallest()), held_out(val))
+
+
+def test_train_subnet_distils_from_the_supernets_largest_and_resumes_exactly(root):
+    """``distill_from``: the teacher's term changes what is learned (the same init, seed and batches end elsewhere), the
+    card and checkpoint record it; interrupted and resumed, the distilled run equals the uninterrupted one."""
+    import os
+    import signal
+
+    from supernet.runs import TrainingInterrupted
+
+    ckpt = f"supernet:{root / 'run' / 'final.pt'}"
+    plain = _recipe_run(root, "inherit", init=ckpt)
+    taught = _recipe_run(root, "distil", init=ckpt, distill_from=ckpt, distill=0.5)
+    a, b = _weights(plain.out), _weights(taught.out)
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+    card = json.loads((taught.out / "model_card.json").read_text())
+    assert (card["training"]["teacher"], card["training"]["distill"]) == (ckpt, 0.5)
+    final = torch.load(taught.out / "train" / "final.pt", weights_only=True)
+    assert final["meta"]["objective"]["kind"] == "distill" and final["meta"]["objective"]["distill"] == 0.5
+
+    def stop(info):
+        if info.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted):
+        _recipe_run(root, "distil-cut", init=ckpt, distill_from=ckpt, distill=0.5, progress=stop)
+    assert not (root / "distil-cut" / "model_card.json").exists()
+    again = _recipe_run(root, "distil-cut", init=ckpt, distill_from=ckpt, distill=0.5, resume=True)
+    c = _weights(again.out)
+    assert again.steps == taught.steps == 6 and all(torch.equal(b[k], c[k]) for k in b)
+    assert again.val_accuracy == taught.val_accuracy
+
+
+def test_train_subnet_cli_takes_distill_from_for_an_image_space(root, capsys):
+    space = parse_space(SPACE, where="v.yaml")
+    (root / "small2.yaml").write_text(space.smallest().to_yaml())
+    ckpt = f"supernet:{root / 'run' / 'final.pt'}"
+    args = ["train-subnet", str(root / "small2.yaml"), "--space", str(root / "space.yaml"), "--data", str(root / "data"),
+            "--max-steps", "3", "--batch-size", "16", "--val-fraction", "0.25", "--format", "torch", "-q"]
+    assert main([*args, "--out", str(root / "cli-distil"), "--init", ckpt, "--distill-from", ckpt, "--label-smoothing",
+                 "0.1"]) == 0
+    card = json.loads((root / "cli-distil" / "model_card.json").read_text())
+    assert card["training"]["distill"] == 0.5 and card["training"]["label_smoothing"] == 0.1
+    assert main(["train-subnet", "--out", str(root / "cli-distil"), "--resume", "--distill", "0.9", "-q"]) == 2
+    assert "--resume: --distill 0.9 differs from the run's 0.5" in capsys.readouterr().err
+    assert main([*args, "--out", str(root / "cli-bad"), "--label-smoothing", "1.5"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--label-smoothing: 1.5 is not a share in [0, 1)")
+    assert not (root / "cli-bad").exists()

@@ -17,7 +17,7 @@ from typing import Any
 
 from search_spaces.tasks import declare
 
-from ..base import Task
+from ..base import Flag, Task
 from .space import IMAGE, TASK, ImageWorkload, describe_vision, parse_vision
 
 
@@ -54,6 +54,10 @@ class ImageTask(Task):
     data_keys = ("data", "data_seed", "val_fraction")
     data_defaults = {"data": None, "data_seed": 0, "val_fraction": 1 / 12}  # 5,000 of Fashion-MNIST's 60,000
     default_workload = IMAGE
+    learner_options = ("label_smoothing",)
+    flags = (Flag("--label-smoothing", "label_smoothing", float, "F", "image-classification spaces: the share of each "
+                  "label's mass spread evenly over the classes in the training loss, in [0, 1) (default 0)",
+                  ("train-supernet", "train-subnet")),)
 
     # ------------------------------------------------------------------ space
 
@@ -69,7 +73,7 @@ class ImageTask(Task):
     def refuse(self, command: str, given: dict[str, Any]) -> None:
         from search_spaces import UserError
 
-        for dest in ("seq_len", "val_data", "hurdles", "distill_from"):
+        for dest in ("seq_len", "val_data", "hurdles"):
             if given.get(dest) not in (None, False):
                 raise UserError(f"--{dest.replace('_', '-')}: not for an image-classification space")
         if command == "search" and given.get("precision", "fp32") not in (None, "fp32"):
@@ -96,10 +100,11 @@ class ImageTask(Task):
 
     # ------------------------------------------------------------------ training and data
 
-    def learner(self, space: Any, seed: int = 0, **options: Any):
+    def learner(self, space: Any, seed: int = 0, label_smoothing: float | None = None):
         from .train import ImageLearner
 
-        return ImageLearner(space.pad, space.flip, (space.channels, space.image_size, space.image_size), space.classes)
+        return ImageLearner(space.pad, space.flip, (space.channels, space.image_size, space.image_size), space.classes,
+                            label_smoothing or 0.0)
 
     def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
         from dataclasses import replace

@@ -4,7 +4,8 @@
 ``batch_size`` training images drawn by ``default_rng([seed, 0, k])`` and augmented (:func:`.data.augment`) by
 ``default_rng([seed, 3, k])``, so a batch is a function of the seed and the step (the same after any resume).  The
 model's logits are (B, 1, classes) and the targets (B, 1): the loss, the distillation and the held-out score are the
-generic ones of fixed-length examples (:class:`supernet.task.ExampleLearner`).  The held-out score of the training log
+generic ones of fixed-length examples (:class:`supernet.task.ExampleLearner`), the cross-entropy with ``label_smoothing``
+(the share of the target's mass spread evenly over the classes; 0 by default).  The held-out score of the training log
 is bits per label on the first ``eval_batches x batch_size`` validation images; :func:`accuracy` counts the top-1 hits.
 """
 
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
-from supernet.heldout import HeldOut, run_model
+from supernet.heldout import IGNORE, HeldOut, run_model
 from supernet.task import Batch, ExampleLearner, draw, rank_rows
 
 from .data import Split, augment, to_float
@@ -80,8 +82,10 @@ class ImageLearner(ExampleLearner):
     eval_key = "bpb"
     mixed_precision = True
 
-    def __init__(self, pad: int = 2, flip: bool = True, shape: tuple[int, int, int] | None = None, classes: int | None = None):
+    def __init__(self, pad: int = 2, flip: bool = True, shape: tuple[int, int, int] | None = None, classes: int | None = None,
+                 label_smoothing: float = 0.0):
         self.pad, self.flip, self.shape, self.classes = pad, flip, shape, classes
+        self.label_smoothing = check_label_smoothing(label_smoothing)
 
     def check(self, split: Split, what: str) -> None:
         """Refuse images of another shape than the space's, or labels beyond its classes, in one line."""
@@ -103,5 +107,20 @@ class ImageLearner(ExampleLearner):
         held = held_out(split, config.eval_batches * config.batch_size)
         return lambda model, subnet: held.bits(model, subnet, config.batch_size)
 
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, per: float | None = None) -> torch.Tensor:
+        """Cross-entropy (nats) at the scored position, ``label_smoothing`` of the target's mass spread over the classes."""
+        assert per is None, "examples of equal length: every rank's mean"
+        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE,
+                               label_smoothing=self.label_smoothing)
+
     def to_dict(self) -> dict[str, Any]:
-        return {}
+        return {"label_smoothing": self.label_smoothing} if self.label_smoothing else {}  # (none: records from before)
+
+
+def check_label_smoothing(value: float) -> float:
+    """``value`` if it is a share in [0, 1); else one line naming the flag."""
+    from search_spaces import UserError
+
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:  # NaN fails too
+        raise UserError(f"--label-smoothing: {value} is not a share in [0, 1)")
+    return float(value)

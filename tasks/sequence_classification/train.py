@@ -62,30 +62,35 @@ def score_correct(model: Any, examples: Sequences, space: Any, batch_size: int =
 def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
     """``nas train-subnet`` for a sequence-classification space (``s``: :class:`supernet.runs.SubnetTraining`): the
     subnet from scratch, or from a supernet's or a model's weights (``--init``), trained by the one loop with one plain
-    pass a step, resumable (``out/train/latest.pt``), written as a model folder whose card holds the validation bits
-    per label, the accuracy and the vocabulary.  No distillation (yet)."""
+    pass a step, or distilled from a supernet's largest subnet (``distill_from``: :class:`supernet.train.DistillObjective`,
+    the teacher's soft targets at [CLS]), resumable (``out/train/latest.pt``), written as a model folder whose card holds
+    the validation bits per label, the accuracy and the vocabulary."""
     import time
 
     from search_spaces import UserError, tasks
     from search_spaces.version import __version__
-    from supernet.runs import (SubnetTrainingResult, TrainingInterrupted, check_subnet, effective_config, parse_source,
-                               run_dir, run_state, source_text)
+    from supernet.runs import (SubnetTrainingResult, TrainingInterrupted, check_resumable, check_settings, check_subnet,
+                               effective_config, parse_source, run_dir, run_state, source_text, teacher_model)
     from supernet.runs import record as run_record
 
     from ..stack.export import write_model
     from ..stack.train import initial_model
-    from supernet.train import PlainObjective, StaticCheckpointer, read_static_checkpoint, use_threads
+    from supernet.train import (Distilled, DistillObjective, PlainObjective, StaticCheckpointer, read_static_checkpoint,
+                                use_threads)
     from supernet.train import train as run
 
-    if s.distill_from:
-        raise UserError("--distill-from: not for a sequence-classification space (yet)")
     if s.tokens is not None:
         raise UserError("--tokens: a sequence-classification run counts steps (--max-steps), not tokens")
     space, subnet, out = s.space, check_subnet(s.space, s.subnet), Path(s.out)
     config = effective_config(s)
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
-    record = run_record(s, source_text(kind, path), None)
+    teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
+    check_settings(s)
+    record = run_record(s, source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None)
     latest, stored = run_state(out, s.resume, s.stored, read_static_checkpoint)
+    if stored is not None:
+        check_resumable(record, config, stored["meta"])
+    teacher = teacher_model(teacher_path, space) if teacher_path is not None else None
     task = tasks.of(space)
     data_settings = (stored["meta"]["data_settings"] if stored is not None else
                      task.data_settings({"data": record["data"], "data_seed": s.data_seed, "val_fraction": s.val_fraction},
@@ -106,17 +111,24 @@ def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
     model = initial_model(s)
     before = stored["meta"]["before"] if stored is not None else score(model)
     model.train()
+    student = model
+    if teacher is not None:
+        model = Distilled(student.to(s.device), teacher.to(s.device))
+        objective = DistillObjective(model, s.distill, learner)
+    else:
+        objective = PlainObjective(learner)
     meta = {"settings": record, "data_settings": data_settings, "corpus_hash": data.hash, "before": before,
             "space_hash": space.hash, "arch_hash": space.arch_hash, "nas": __version__,
             "run_started": stored["meta"]["run_started"] if stored is not None else round(time.time(), 3)}
-    result = run(model.to(s.device), PlainObjective(learner), data.train, data.val, config, out=run_dir(out),
+    result = run(model.to(s.device), objective, data.train, data.val, config, out=run_dir(out),
                  checkpointer=StaticCheckpointer(space, subnet), meta=meta, resume=stored if stored is not None else False,
                  progress=progress)
     if result.stopped == "interrupted":
         raise TrainingInterrupted(result.step, result.checkpoint)
-    model = model.cpu().eval()
+    model = student.cpu().eval()
     after = score(model)
-    card = {"validation": after, "training": {**record, "steps": result.step, "seconds": round(result.elapsed, 1),
+    card = {"validation": after, "training": {**record, "teacher": record["distill_from"], "steps": result.step,
+                                              "seconds": round(result.elapsed, 1),
                                               "stopped": result.stopped, "seed": config.seed, "train_config": config.to_dict(),
                                               "corpus_hash": data.hash, "corpus": data.meta["corpus"], "before": before}}
     write_model(model, space, out, formats=s.formats, target_ort=s.target_ort, card=card, seed=config.seed)

@@ -7,8 +7,9 @@ pairs.tsv``; ``--batch-size`` counts pairs.  Not for seq2seq: ``--compile``, ``-
 (a pair is bounded by the space's ``max_seq_len``; the split is 80/10/10 by catalog or line).
 
 ``nas train-subnet`` on a seq2seq space runs :func:`train_seq2seq_subnet` (one static model, the same loop
-with :class:`supernet.train.PlainObjective` and the translation learner, a token budget in target bytes, exact resume) through
-:func:`run_seq2seq_subnet`.
+with :class:`supernet.train.PlainObjective` and the translation learner, or :class:`supernet.train.DistillObjective` with
+a supernet's largest encoder-decoder as the teacher; a token budget in target bytes, exact resume) through
+:func:`train_subnet`.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ log = logging.getLogger(__name__)
 # Refused generic flags, per command: why an encoder-decoder does not take them (yet).
 REFUSED = {
     "train-supernet": (("seq_len", "--seq-len"), ("val_fraction", "--val-fraction"), ("compile", "--compile")),
-    "train-subnet": (("distill_from", "--distill-from"), ("distill", "--distill"), ("mask_rate", "--mask-rate"),
-                     ("seq_len", "--seq-len"), ("val_fraction", "--val-fraction"), ("formats", "--format"),
+    "train-subnet": (("mask_rate", "--mask-rate"), ("seq_len", "--seq-len"), ("val_fraction", "--val-fraction"),
+                     ("formats", "--format"),
                      ("target_ort", "--target-ort")),
 }
 WHY = {
     "train-supernet": "not for a seq2seq space (a pair is bounded by the space's max_seq_len; the split is 80/10/10 by "
                       "catalog or by line; compiling is for the LM run so far)",
     "train-subnet": "not for an encoder-decoder (task seq2seq) subnet (a pair is bounded by the space's max_seq_len; the "
-                    "split is by catalog or line; the model is written as safetensors + card; no distillation yet)",
+                    "split is by catalog or line; the model is written as safetensors + card)",
 }
 
 
@@ -79,9 +80,10 @@ class Seq2SeqSubnetTraining:
 
     ``init``: ``"scratch"`` (weights drawn from ``config.seed``), ``"supernet:PATH"`` (the subnet's weights extracted
     from a seq2seq supernet of the same space) or ``"model:DIR"`` (a trained model of the same subnet, trained on).
-    ``tokens``: a budget in target bytes (EOS included, the loop's unit): the most whole steps of the seeded batches
-    that fit it (:func:`tasks.translation.train.steps_for_tokens`), so
-    models trained with one budget, seed and batch size see the same pairs in the same order.  Data: the gettext
+    ``distill_from="supernet:PATH"`` adds ``distill * KL(teacher || model)`` over the target bytes to the loss, the
+    teacher the supernet's largest subnet.  ``tokens``: a budget in target bytes (EOS included, the loop's unit): the
+    most whole steps of the seeded batches that fit it (:func:`tasks.translation.train.steps_for_tokens`), so models
+    trained with one budget, seed and batch size see the same pairs in the same order.  Data: the gettext
     catalogs of ``lang`` (default de) or ``data`` (a source<TAB>target file).  ``resume`` continues
     ``out/train/latest.pt`` exactly; only the bounds and outputs may change (:data:`supernet.runs.RESUMABLE`).
     """
@@ -94,6 +96,8 @@ class Seq2SeqSubnetTraining:
     config: Any = None  # TrainConfig (default TrainConfig())
     data: str | None = None
     lang: str | None = None
+    distill_from: str | None = None
+    distill: float = 0.0
     data_seed: int = 0
     resume: bool = False
     device: str = "cpu"
@@ -129,18 +133,20 @@ def train_subnet(settings, progress=None) -> Seq2SeqSubnetResult:
     device = "cpu" if s.device in (None, "auto") else s.device
     return train_seq2seq_subnet(Seq2SeqSubnetTraining(
         space=s.space, subnet=s.subnet, out=s.out, init=s.init, tokens=s.tokens, config=s.config, data=s.data,
-        lang=(s.options or {}).get("lang"), data_seed=s.data_seed, resume=s.resume, device=device, corpus_dir=s.corpus_dir,
+        lang=(s.options or {}).get("lang"), distill_from=s.distill_from, distill=s.distill, data_seed=s.data_seed,
+        resume=s.resume, device=device, corpus_dir=s.corpus_dir,
         stored=s.stored), progress=progress)  # fmt: skip
 
 
-def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str) -> dict:
+def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str, teacher: str | None = None) -> dict:
     from supernet.data import absolute_data
 
     from .data import DEFAULT_LANG
 
     return {"init": init, "tokens": s.tokens, "data": absolute_data(s.data), "data_seed": s.data_seed,
             "lang": None if s.data is not None else (s.lang or DEFAULT_LANG), "device": str(s.device),
-            "corpus_dir": None if s.corpus_dir is None else str(Path(s.corpus_dir).resolve())}  # fmt: skip
+            "corpus_dir": None if s.corpus_dir is None else str(Path(s.corpus_dir).resolve()),
+            **({"distill_from": teacher, "distill": s.distill} if teacher else {})}  # (none without: older runs resume)
 
 
 def _check_source_model(path: Path, space, subnet) -> None:
@@ -193,9 +199,10 @@ def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | 
 
 def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2SeqSubnetResult:
     """Train ``settings.subnet`` as its own model with the training loop (:class:`PlainObjective`: one pass a
-    step, no distillation) and write ``settings.out`` as ``nas export`` does for seq2seq (safetensors + model card,
-    which ``nas translate --model`` reads); ``out/train/`` holds ``latest.pt``, ``final.pt``, ``log.jsonl`` and the
-    corpus cache.  Every check runs before anything is written; SIGINT / SIGTERM save ``latest.pt`` and raise
+    step; with ``distill_from``, :class:`DistillObjective`: the teacher runs beside it on the same pairs) and write
+    ``settings.out`` as ``nas export`` does for seq2seq (safetensors + model card, which ``nas translate --model``
+    reads); ``out/train/`` holds ``latest.pt``, ``final.pt``, ``log.jsonl`` and the corpus cache.  Every check runs
+    before anything is written; SIGINT / SIGTERM save ``latest.pt`` and raise
     :class:`supernet.runs.TrainingInterrupted`; rerunning a finished run with ``resume`` returns its result."""
     import time
     from dataclasses import replace
@@ -203,7 +210,8 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     import torch
 
     from search_spaces.version import __version__
-    from supernet.runs import TrainingInterrupted, check_resumable, parse_source, run_dir, run_state, source_text
+    from supernet.runs import (TrainingInterrupted, check_resumable, parse_source, run_dir, run_state, source_text,
+                               teacher_model)
     from search_spaces import UserError
     from supernet.checkpoint import load_checkpoint
     from supernet.train import TrainConfig
@@ -211,7 +219,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     from .artifact import save_seq2seq_model
     from .data import DEFAULT_LANG, check_pairs, prepare_pairs
     from .model import Seq2SeqTransformer
-    from supernet.train import PlainObjective, SupernetCheckpointer, train
+    from supernet.train import Distilled, DistillObjective, PlainObjective, SupernetCheckpointer, train
 
     from .train import TranslationLearner, eval_batches, heldout_ce, steps_for_tokens
 
@@ -220,11 +228,18 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     subnet = space.check(s.subnet)
     config = s.config if s.config is not None else TrainConfig()
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
+    teacher_path = parse_source(s.distill_from, "--distill-from", ("supernet",))[1] if s.distill_from else None
+    if not 0.0 <= s.distill <= 1.0:
+        raise UserError(f"--distill: {s.distill} is not between 0 and 1")
+    if s.distill > 0 and teacher_path is None:
+        raise UserError(f"--distill: {s.distill} needs a teacher (--distill-from supernet:CKPT)")
+    if teacher_path is not None and s.distill == 0:
+        raise UserError(f"--distill-from {s.distill_from}: the teacher would have no weight; give --distill W > 0")
     if kind == "model" and not s.resume:
         _check_source_model(path, space, subnet)  # before anything is written
     if str(s.device).startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {s.device}: CUDA is not available on this machine")
-    record = _seq2seq_record(s, source_text(kind, path))
+    record = _seq2seq_record(s, source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None)
     state_dir = run_dir(out)
     latest, stored = run_state(out, s.resume, s.stored, load_checkpoint)  # (loaded once by the command's resume)
     if stored is not None:
@@ -235,6 +250,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                             f"{space.name!r}")  # fmt: skip
         check_resumable(record, config, meta, formats=False)
 
+    teacher = teacher_model(teacher_path, space) if teacher_path is not None else None  # (checked before any write)
     corpus_dir = state_dir if s.corpus_dir is None else Path(s.corpus_dir)
     corpus = prepare_pairs(record["data"], corpus_dir, seed=s.data_seed, lang=record["lang"] or DEFAULT_LANG)
     if stored is not None:
@@ -268,13 +284,21 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
         log.info("training %s (%s parameters) from %s: %.4f nats/target byte before; %s", subnet,
                  f"{student.num_params():,}", record["init"], before,
                  f"{config.max_steps:,} steps of {config.batch_size} pairs" if config.max_steps else f"{config.max_time:g} s")
-    model = student.to(torch.device(s.device)).train()
-    result = train(model, PlainObjective(TranslationLearner(space.max_seq_len)), corpus.train, corpus.val, config,
-                   out=state_dir, checkpointer=SupernetCheckpointer(space), meta=meta,
-                   resume=stored if stored is not None else False, progress=progress, report=log.info)  # fmt: skip
+    learner = TranslationLearner(space.max_seq_len)
+    student = student.to(torch.device(s.device)).train()
+    resume = stored if stored is not None else False
+    if teacher is not None:
+        model = Distilled(student, teacher.to(torch.device(s.device)))
+        objective = DistillObjective(model, s.distill, learner)
+        checkpointer = _StudentCheckpointer(space)
+        resume = checkpointer.wrapped(stored) if stored is not None else False
+    else:
+        model, objective, checkpointer = student, PlainObjective(learner), SupernetCheckpointer(space)
+    result = train(model, objective, corpus.train, corpus.val, config, out=state_dir, checkpointer=checkpointer, meta=meta,
+                   resume=resume, progress=progress, report=log.info)  # fmt: skip
     if result.stopped == "interrupted":
         raise TrainingInterrupted(result.step, result.checkpoint)
-    model = model.cpu().eval()
+    model = student.cpu().eval()
     after = heldout_ce(model, None, corpus.val, val)
     card = {
         "corpus": corpus_rec,
@@ -289,6 +313,27 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     save_seq2seq_model(model, out, card)
     return Seq2SeqSubnetResult(out, result.step, result.tokens, after, before, result.elapsed, result.stopped,
                                model.num_params())  # fmt: skip
+
+
+class _StudentCheckpointer:
+    """The checkpoints of a distilled run: the student's weights alone under their own names (the checkpoint format of
+    a plain run, so it reads back the same), loaded into the :class:`supernet.train.Distilled` wrapper on resume."""
+
+    def __init__(self, space):
+        from supernet.train import SupernetCheckpointer
+
+        self.plain = SupernetCheckpointer(space)
+
+    def save(self, path: Path, model, state: dict, meta: dict) -> None:
+        self.plain.save(path, model.student, state, meta)
+
+    def load(self, path: Path) -> dict:
+        return self.wrapped(self.plain.load(path))
+
+    @staticmethod
+    def wrapped(payload: dict) -> dict:
+        """A checkpoint loaded as it is stored, its weights named as the wrapper's."""
+        return {**payload, "model": {f"student.{k}": v for k, v in payload["model"].items()}}
 
 
 def stored_subnet(meta: dict, where: Path):
