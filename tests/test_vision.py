@@ -3,6 +3,7 @@ extraction, and the commands end to end on small generated images (Fashion-MNIST
 
 import gzip
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -185,6 +186,80 @@ def test_extraction_computes_what_the_supernet_computes():
         assert static.num_params() == supernet.num_params(subnet)
     with pytest.raises(ValueError, match=r"expected float images of shape \(batch, 1, 8, 8\), got \(3, 1, 9, 9\)"):
         supernet(torch.rand(3, 1, 9, 9), space.largest())
+
+
+CCT = (SPACE.replace("stem: [linear, conv]", "stem: [linear, conv, cct]")
+       .replace("stem_channels: 4", "stem_channels: 4\npool: [mean, seq, cls]"))
+
+
+def test_cct_stem_and_poolings_extract_encode_and_keep_older_spaces_as_they_were():
+    """The cct tokenizer (conv, ReLU, max-pool by 2, patches of half the size) and the seq and cls poolings: elastic in
+    the supernet (extraction computes the same numbers, counts the same parameters), genes that round-trip; a space of
+    the mean pooling alone writes and encodes no pooling (its hash, subnets and vectors as before)."""
+    from tasks.image_classification.model import SuperViT
+
+    space = parse_space(CCT, where="v.yaml")
+    assert space.max_seq_len == 17 and space.size() == 2 * 3 * 3 * 2 * (8 + 64)  # 16 tokens + the class token
+    assert {"pool=seq", "stem=cct"} <= set(space.feature_names()) and "pool" in space.genes(space.largest())
+    supernet = SuperViT(space, generator=torch.Generator().manual_seed(0)).eval()
+    x = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    rng = np.random.default_rng(0)
+    drawn = [space.sample(rng) for _ in range(40)]
+    assert {s.pool for s in drawn} == {"mean", "seq", "cls"} and {s.stem for s in drawn} == {"linear", "conv", "cct"}
+    for subnet in [space.largest(), space.smallest(), *drawn[:12]]:
+        static = supernet.extract(subnet)
+        with torch.no_grad():
+            assert (static(x) - supernet(x, subnet)).abs().max().item() <= 1e-5, subnet
+        assert static.num_params() == supernet.num_params(subnet)
+        assert space.decode(space.encode(subnet)) == subnet and type(subnet).from_json(subnet.to_json()) == subnet
+    cls = next(s for s in drawn if s.pool == "cls")
+    assert cls.seq_len == cls.tokens + 1 and "cls-pool" in str(cls)
+    plain = parse_space(SPACE, where="v.yaml")
+    assert "pool" not in plain.to_dict() and "pool" not in plain.smallest().to_dict() and len(plain.feature_names()) == (
+        len(space.feature_names()) - 4)  # fmt: skip
+
+
+def test_the_seq_pooling_weighs_the_tokens_and_the_cct_stem_halves_the_map():
+    from tasks.image_classification.model import pool_tokens, stem_map
+
+    h = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])  # (1, 2, 2)
+    score = (torch.tensor([[10.0, -10.0]]), torch.zeros(1))  # the first token scores far higher
+    assert torch.allclose(pool_tokens(h, "seq", score), torch.tensor([[[1.0, 0.0]]]), atol=1e-6)
+    assert torch.equal(pool_tokens(h, "mean"), torch.tensor([[[0.5, 0.5]]]))
+    assert torch.equal(pool_tokens(h, "cls"), h[:, :1])
+    conv = (torch.ones(4, 1, 3, 3), torch.zeros(4))
+    mapped, cut = stem_map(torch.rand(2, 1, 8, 8), "cct", conv, 4)
+    assert mapped.shape == (2, 4, 4, 4) and cut == 2 and bool((mapped >= 0).all())  # ReLU then max-pool
+
+
+@pytest.mark.parametrize("text,message", [
+    (CCT.replace("patch: [2, 4]", "patch: [4, 8]").replace("resolution: [8]", "resolution: [8]"), None),
+    (CCT.replace("patch: [2, 4]", "patch: [1, 4]"), "v.yaml: patch: 1 is odd: the cct stem pools the image by 2 first"),
+    (CCT.replace("attention: [softmax, linear]", "attention: [softmax, axial]"),
+     "v.yaml: pool: cls adds a class token before the grid (T + 1 tokens); the 2D types axial read a square grid"),
+    (SPACE.replace("stem_channels: 4", "stem_channels: 4\npool: [max]"),
+     "v.yaml: pool: ['max'] is not a list of distinct choices among mean, seq, cls"),
+])
+def test_pooling_and_stem_refusals_name_the_field(text, message):
+    if message is None:
+        assert parse_space(text, where="v.yaml").pools == ("mean", "seq", "cls")
+        return
+    with pytest.raises(SpaceError) as e:
+        parse_space(text, where="v.yaml")
+    assert message in str(e.value)
+
+
+def test_cct_and_pooled_models_export_to_onnx_with_parity(tmp_path, graph_cache):
+    from tasks.image_classification.export import onnx_parity
+    from tasks.image_classification.model import ViT
+    from tasks.image_classification.timing import export_vit_onnx
+
+    space = parse_space(CCT, where="v.yaml")
+    for i, (stem, pool) in enumerate((("cct", "seq"), ("cct", "cls"), ("conv", "seq"))):
+        subnet = replace(space.largest(), stem=stem, pool=pool)
+        model = ViT(space, subnet, generator=torch.Generator().manual_seed(i)).eval()
+        export_vit_onnx(model, tmp_path / f"{i}.onnx")
+        assert onnx_parity(model, tmp_path / f"{i}.onnx") <= 1e-4, (stem, pool)
 
 
 # --------------------------------------------------------------------------- the commands

@@ -1,28 +1,35 @@
 """Image-classification spaces (``task: image-classification``): a vision Transformer over a square grid of patches.
 
 The model cuts the image (at the subnet's input ``resolution``, resized when it differs from the data's) into
-``patch`` x ``patch`` patches, embeds each (``stem``: ``linear``, a linear map of the patch's pixels, or ``conv``, a
-3 x 3 convolution of ``stem_channels`` channels then the linear map), adds 2D positions (a learned row and a learned
-column embedding) and runs the elastic encoder blocks (bidirectional attention) over the **row-major grid** of
-``S x S`` tokens (``S = resolution / patch``, ``T = S * S``, no class token; token ``t`` is row ``t // S``, column
-``t % S``), then a final norm, the mean over the tokens and a linear head.  The format (``vision-tiny.yaml`` is
-annotated)::
+``patch`` x ``patch`` patches, embeds each (``stem``: ``linear``, a linear map of the patch's pixels; ``conv``, a
+3 x 3 convolution of ``stem_channels`` channels then the linear map; ``cct``, CCT's convolutional tokenizer: the 3 x 3
+convolution, ReLU and a 3 x 3 max-pool of stride 2, then the linear map of each ``patch / 2`` x ``patch / 2`` patch of
+the pooled map, so the grid is the same), adds 2D positions (a learned row and a learned column embedding) and runs
+the elastic encoder blocks (bidirectional attention) over the **row-major grid** of ``S x S`` tokens
+(``S = resolution / patch``, ``T = S * S``; token ``t`` is row ``t // S``, column ``t % S``), then a final norm, a
+pooling (``pool``: ``mean`` over the tokens; ``seq``, CCT's sequence pooling: a softmax over the tokens of a learned
+linear score, the tokens' weighted sum; ``cls``, a learned class token put before the grid, whose output is read:
+T + 1 tokens, so not with the 2D types, which read a square grid) and a linear head.  The format (``vision-tiny.yaml``
+is annotated)::
 
     task: image-classification
     image: {size: 28, channels: 1, classes: 10}
     resolution: [28]         # input resolutions (tokens grow with it); each a multiple of every patch size
     patch: [4, 7]            # patch sizes
-    stem: [linear, conv]     # patch embeddings
-    stem_channels: 16        # the conv stem's channels
+    stem: [linear, conv]     # patch embeddings (linear, conv, cct)
+    stem_channels: 16        # the conv and cct stems' channels (a fixed choice)
+    pool: [mean]             # poolings (mean, seq, cls; optional, default mean)
     head_dim: 16
     embed_dim: [...]
     depth: [...]
     layers: {heads: [...], ffn_dim: [...], attention: [...]}   # the types with a bidirectional form
     latency: {image: {batch_size: 1}}                          # one image (and a batch the user names)
 
-The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch`` and ``stem``; the one-stack part is a
-:class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens, ``(max resolution / min patch)^2``), so the
-elastic blocks and the attention-type checks are the one-stack ones.
+The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch``, ``stem`` and (when the space lists more
+than one) ``pool``; the one-stack part is a :class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens,
+``(max resolution / min patch)^2``, one more with ``cls``), so the elastic blocks and the attention-type checks are the
+one-stack ones.  A space of one pooling, ``mean``, writes no ``pool`` and encodes no pooling feature: spaces, subnets,
+hashes and feature vectors from before pooling was a choice read the same.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
 
 TASK = "image-classification"
 IMAGE = "image"  # the workload kind: one forward pass over batch_size images
-STEMS = ("linear", "conv")
+STEMS = ("linear", "conv", "cct")
+POOLS = ("mean", "seq", "cls")
 
 
 # --------------------------------------------------------------------------- subnet
@@ -45,11 +53,12 @@ STEMS = ("linear", "conv")
 
 @dataclass(frozen=True)
 class VisionSubnet(Subnet):
-    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``."""
+    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``, ``pool``."""
 
     resolution: int
     patch: int
     stem: str
+    pool: str = "mean"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,6 +67,8 @@ class VisionSubnet(Subnet):
                 raise SubnetError(f"subnet.{name}: {shown(getattr(self, name))} is not a positive integer")
         if self.stem not in STEMS:
             raise SubnetError(f"subnet.stem: {shown(self.stem)} is not one of {', '.join(STEMS)}")
+        if self.pool not in POOLS:
+            raise SubnetError(f"subnet.pool: {shown(self.pool)} is not one of {', '.join(POOLS)}")
 
     @property
     def grid(self) -> int:
@@ -66,14 +77,21 @@ class VisionSubnet(Subnet):
 
     @property
     def tokens(self) -> int:
+        """The patch tokens: the S x S grid."""
         return self.grid**2
+
+    @property
+    def seq_len(self) -> int:
+        """The tokens the blocks see: the grid, and the class token with ``pool: cls``."""
+        return self.tokens + (self.pool == "cls")
 
     def stack(self) -> Subnet:
         """The one-stack part."""
         return Subnet(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **super().to_dict()}
+        pool = {"pool": self.pool} if self.pool != "mean" else {}  # (none for mean: keys and hashes as before)
+        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **pool, **super().to_dict()}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "VisionSubnet":
@@ -81,14 +99,16 @@ class VisionSubnet(Subnet):
         if not isinstance(data, dict) or any(k not in data for k in extra):
             raise SubnetError(f"{where}: expected a mapping with keys {', '.join(extra)}, embed_dim, depth, heads, ffn_dim, "
                               f"attention (an image-classification subnet), got {shown(data)}")
-        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in extra}, where)
+        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "pool")}, where)
         try:
-            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"])
+            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"],
+                       data.get("pool", "mean"))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
     def __str__(self) -> str:
-        return f"{self.resolution}px p{self.patch} {self.stem} {super().__str__()}"
+        pool = f" {self.pool}-pool" if self.pool != "mean" else ""
+        return f"{self.resolution}px p{self.patch} {self.stem}{pool} {super().__str__()}"
 
 
 # --------------------------------------------------------------------------- workload
@@ -141,6 +161,7 @@ class VisionSpace(Space):
     patches: tuple[int, ...] = (4,)
     stems: tuple[str, ...] = ("linear",)
     stem_channels: int = 16
+    pools: tuple[str, ...] = ("mean",)
     flip: bool = True  # the training augmentation flips horizontally (clothes; not digits)
     pad: int = 2  # and crops at random from the image padded by this many pixels
 
@@ -152,72 +173,89 @@ class VisionSpace(Space):
 
     # -- members ------------------------------------------------------------------
 
-    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str) -> VisionSubnet:
-        return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem)
+    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str, pool: str | None = None) -> VisionSubnet:
+        return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem,
+                            self.pools[0] if pool is None else pool)
+
+    @property
+    def image_genes(self) -> tuple[tuple[str, tuple], ...]:
+        """(name, choices) of the image genes; ``pool`` only when the space lists more than one (a space of one pooling
+        draws, mutates and encodes as before pooling was a choice)."""
+        genes = (("resolution", self.resolutions), ("patch", self.patches), ("stem", self.stems))
+        return genes + ((("pool", self.pools),) if len(self.pools) > 1 else ())
 
     def largest(self, attention: str | None = None) -> VisionSubnet:
-        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch) and the last stem listed
-        (``conv`` when there is one: the costlier)."""
-        return self._vision(super().largest(attention), max(self.resolutions), min(self.patches), self.stems[-1])
+        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch) and the last stem and
+        pooling listed (``conv`` when there is one: the costlier)."""
+        return self._vision(super().largest(attention), max(self.resolutions), min(self.patches), self.stems[-1],
+                            self.pools[-1])
 
     def smallest(self, attention: str | None = None) -> VisionSubnet:
-        """The narrowest, shallowest subnet with the fewest tokens and the first stem listed."""
+        """The narrowest, shallowest subnet with the fewest tokens and the first stem and pooling listed."""
         return self._vision(super().smallest(attention), min(self.resolutions), max(self.patches), self.stems[0])
 
     def uniform(self) -> list[VisionSubnet]:
-        """Every hand-scaled ViT: the one-stack uniform grid at every resolution, patch and stem."""
-        return [self._vision(s, r, p, st) for s in super().uniform() for r in self.resolutions for p in self.patches
-                for st in self.stems]
+        """Every hand-scaled ViT: the one-stack uniform grid at every resolution, patch, stem and pooling."""
+        return [self._vision(s, r, p, st, pl) for s in super().uniform() for r in self.resolutions for p in self.patches
+                for st in self.stems for pl in self.pools]
 
     def sample(self, rng: np.random.Generator) -> VisionSubnet:
         r, p, st = (int(rng.choice(self.resolutions)), int(rng.choice(self.patches)),
                     self.stems[int(rng.integers(len(self.stems)))])
-        return self._vision(super().sample(rng), r, p, st)
+        pool = self.pools[int(rng.integers(len(self.pools)))] if len(self.pools) > 1 else None
+        return self._vision(super().sample(rng), r, p, st, pool)
 
     def lightest(self) -> list[VisionSubnet]:
         return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0]) for s in super().lightest()]
 
     def mutate(self, parent: VisionSubnet, rng: np.random.Generator, prob: float) -> VisionSubnet:
-        genes = [parent.resolution, parent.patch, parent.stem]
-        for i, choices in enumerate((self.resolutions, self.patches, self.stems)):
+        genes = {name: getattr(parent, name) for name, _ in self.image_genes}
+        for name, choices in self.image_genes:
             if rng.random() < prob:
-                genes[i] = choices[int(rng.integers(len(choices)))]
-        return self._vision(super().mutate(parent.stack(), rng, prob), *genes)
+                genes[name] = choices[int(rng.integers(len(choices)))]
+        return self._vision(super().mutate(parent.stack(), rng, prob), **genes)
 
     def crossover(self, a: VisionSubnet, b: VisionSubnet, rng: np.random.Generator) -> VisionSubnet:
-        genes = [(a, b)[int(rng.integers(2))].__getattribute__(n) for n in ("resolution", "patch", "stem")]
-        return self._vision(super().crossover(a.stack(), b.stack(), rng), *genes)
+        genes = {name: getattr((a, b)[int(rng.integers(2))], name) for name, _ in self.image_genes}
+        return self._vision(super().crossover(a.stack(), b.stack(), rng), **genes)
 
     def genes(self, subnet: VisionSubnet) -> dict[str, tuple[Any, tuple]]:
-        return {"resolution": (subnet.resolution, self.resolutions), "patch": (subnet.patch, self.patches),
-                "stem": (subnet.stem, self.stems), **super().genes(subnet)}
+        return {**{name: (getattr(subnet, name), choices) for name, choices in self.image_genes}, **super().genes(subnet)}
 
     def problems(self, subnet: VisionSubnet) -> list[str]:
         if not isinstance(subnet, VisionSubnet):
             return [f"expected an image-classification subnet (resolution, patch, stem, layers), got {type(subnet).__name__}"]
         out = []
         for name, value, choices in (("resolution", subnet.resolution, self.resolutions), ("patch", subnet.patch, self.patches),
-                                     ("stem", subnet.stem, self.stems)):
+                                     ("stem", subnet.stem, self.stems), ("pool", subnet.pool, self.pools)):
             if value not in choices:
                 out.append(f"{name}: {shown(value)} is not one of {', '.join(map(str, choices))}")
         return out + super().problems(subnet)
 
     def size(self) -> int:
-        return super().size() * len(self.resolutions) * len(self.patches) * len(self.stems)
+        return super().size() * len(self.resolutions) * len(self.patches) * len(self.stems) * len(self.pools)
 
     # -- features -----------------------------------------------------------------
 
+    @property
+    def _pool_features(self) -> tuple[str, ...]:
+        """The poolings one-hot encoded: none for a space of the mean alone (its vectors as before)."""
+        return self.pools if self.pools != ("mean",) else ()
+
     def feature_names(self) -> list[str]:
-        return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems), *super().feature_names()]
+        return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems),
+                *(f"pool={p}" for p in self._pool_features), *super().feature_names()]
 
     def encode(self, subnet: VisionSubnet) -> np.ndarray:
         self.check(subnet)
-        head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems)]
+        head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems),
+                *(float(subnet.pool == p) for p in self._pool_features)]
         return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet)])
 
     def decode(self, vec: np.ndarray) -> VisionSubnet:
         vec = np.asarray(vec, dtype=np.float64)
-        n = 3 + len(self.stems)
+        n_stem = 3 + len(self.stems)
+        n = n_stem + len(self._pool_features)
         if vec.ndim != 1 or len(vec) < n:
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
         rest, n_att = vec[n:], len(self.attention)
@@ -231,8 +269,9 @@ class VisionSpace(Space):
         stack = Subnet(int(round(rest[0])), depth, *(tuple(x) for x in zip(*layers))) if layers else None
         if stack is None:
             raise SubnetError(f"feature vector of depth {depth}: not a subnet of space {self.name!r}")
-        stem = self.stems[int(np.argmax(vec[3:n]))]
-        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem))
+        stem = self.stems[int(np.argmax(vec[3:n_stem]))]
+        pool = self._pool_features[int(np.argmax(vec[n_stem:n]))] if self._pool_features else None
+        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem, pool))
 
     # -- identity -----------------------------------------------------------------
 
@@ -244,7 +283,8 @@ class VisionSpace(Space):
                 "image": {"size": self.image_size, "channels": self.channels, "classes": self.classes},
                 "augment": {"pad": self.pad, "flip": self.flip},
                 "resolution": list(self.resolutions), "patch": list(self.patches), "stem": list(self.stems),
-                "stem_channels": self.stem_channels, **out,
+                "stem_channels": self.stem_channels, **({"pool": list(self.pools)} if self.pools != ("mean",) else {}),
+                **out,
                 "latency": {w.name: w.to_dict() for w in self.workloads}}  # fmt: skip
 
 
@@ -252,7 +292,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     """An image-classification space (YAML-loaded ``data``); :class:`SpaceError` lists every problem."""
     c = Checker(where)
     top = c.keys("", data, required=("task", "image", "resolution", "patch", "embed_dim", "depth", "layers", "latency"),
-                 optional=("name", "head_dim", "stem", "stem_channels", "augment"))
+                 optional=("name", "head_dim", "stem", "stem_channels", "augment", "pool"))
     if not top:
         raise SpaceError(c.errors)
     image = c.keys("image", top.get("image", {}), required=("size", "channels", "classes"))
@@ -275,12 +315,24 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
         c.error("stem", f"{shown(stems)} is not a list of distinct choices among {', '.join(STEMS)}")
         stems = None
     stem_channels = c.pos_int("stem_channels", top.get("stem_channels", 16))
+    pools = top.get("pool", ["mean"])
+    if not isinstance(pools, list) or not pools or any(p not in POOLS for p in pools) or len(set(pools)) != len(pools):
+        c.error("pool", f"{shown(pools)} is not a list of distinct choices among {', '.join(POOLS)}")
+        pools = None
     max_seq = None
     if resolutions and patches:
         bad = [(r, p) for r in resolutions for p in patches if r % p]
         for r, p in bad:
             c.error("patch", f"{p} does not divide resolution {r} (the patches tile the image)")
-        max_seq = (max(resolutions) // min(patches)) ** 2
+        if stems and "cct" in stems:
+            for p in (p for p in patches if p % 2):
+                c.error("patch", f"{p} is odd: the cct stem pools the image by 2 first and cuts patches of half the size")
+        max_seq = (max(resolutions) // min(patches)) ** 2 + (1 if pools and "cls" in pools else 0)
+    if pools and "cls" in pools:
+        grid = _grid_types(top.get("layers"))
+        if grid:
+            c.error("pool", f"cls adds a class token before the grid (T + 1 tokens); the 2D types {', '.join(grid)} read a "
+                            "square grid: pool them by mean or seq")
     if resolutions and size is not None:
         for r in resolutions:
             if r > 8 * size or 8 * r < size:
@@ -300,7 +352,24 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
     base.update(name=top.get("name", base["name"]), workloads=tuple(workloads), source=source, form="bidirectional")
     return VisionSpace(**base, image_size=size, channels=channels, classes=classes, resolutions=resolutions, patches=patches,
-                       stems=tuple(stems), stem_channels=stem_channels, flip=flip, pad=int(pad))
+                       stems=tuple(stems), stem_channels=stem_channels, pools=tuple(pools), flip=flip, pad=int(pad))
+
+
+def _grid_types(layers: Any) -> list[str]:
+    """The 2D types (over a square grid) among a space's listed attention types (the ones that name a registered
+    type; the rest the one-stack checks refuse)."""
+    from supernet.attention.grid import GridType
+    from supernet.attention.registry import get
+
+    kinds = layers.get("attention", []) if isinstance(layers, dict) else []
+    out = []
+    for spec in kinds if isinstance(kinds, list) else []:
+        try:
+            if isinstance(get(str(spec)), GridType):
+                out.append(str(spec))
+        except (KeyError, ValueError, UserError):  # not a type: the one-stack checks say so
+            continue
+    return out
 
 
 def _image_workloads(c: Checker, lat: Any) -> list[ImageWorkload]:
@@ -324,10 +393,12 @@ def describe_vision(space: VisionSpace) -> str:
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
         f"  task          {space.task}: {space.image_size} x {space.image_size} x {space.channels} images, {space.classes} "
-        f"classes, head_dim {space.head_dim}, 2D learned positions (row + column), mean-pooled",
+        f"classes, head_dim {space.head_dim}, 2D learned positions (row + column)",
         f"  resolution    {', '.join(map(str, space.resolutions))}",
         f"  patch         {', '.join(map(str, space.patches))}   (tokens: {', '.join(map(str, tokens))}, a row-major grid)",
-        f"  stem          {', '.join(space.stems)}   (conv: 3x3, {space.stem_channels} channels, then the patch embedding)",
+        f"  stem          {', '.join(space.stems)}   (conv: 3x3, {space.stem_channels} channels, then the patch embedding; "
+        "cct: the 3x3 conv, ReLU, max-pool by 2, then patches of half the size)",
+        f"  pool          {', '.join(space.pools)}   (mean over the tokens; seq: attention-weighted; cls: a class token)",
         f"  embed_dim     {', '.join(map(str, space.embed_dim))}",
         f"  depth         {', '.join(map(str, space.depth))}",
         f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",

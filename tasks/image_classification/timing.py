@@ -60,20 +60,24 @@ def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize
 
 
 def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[str, float]:
-    """Analytic forward FLOPs (a multiply-add counts 2) of ``batch`` images, by part: the resize, the stem, the patch
-    embedding, per layer the projections, the token mixing (the type's own count at T tokens, bidirectional) and the
-    MLP, and the head."""
+    """Analytic forward FLOPs (a multiply-add counts 2) of ``batch`` images, by part: the resize, the stem (its
+    convolution; cct's max-pool too), the patch embedding, per layer the projections, the token mixing (the type's own
+    count at the blocks' tokens, bidirectional) and the MLP, and the head (with the sequence pooling's score)."""
     from latency.features import mixing_flops, projection_flops
     from search_spaces import Workload
 
-    b, t, e, hd = batch, subnet.tokens, subnet.embed_dim, space.head_dim
-    r, p = subnet.resolution, subnet.patch
-    c_in = space.stem_channels if subnet.stem == "conv" else space.channels
+    from .model import patch_inputs
+
+    b, t, e, hd = batch, subnet.seq_len, subnet.embed_dim, space.head_dim
+    r = subnet.resolution
     prefill = Workload("prefill", b, t)
+    conv = float(2 * b * r * r * 9 * space.channels * space.stem_channels) if subnet.stem != "linear" else 0.0
+    pooled = float(b * space.stem_channels * (r // 2) ** 2 * 9) if subnet.stem == "cct" else 0.0
     out = {"resize_flops": float(b * space.channels * r * r * 8 * (r != space.image_size)),
-           "stem_flops": float(2 * b * r * r * 9 * space.channels * space.stem_channels) if subnet.stem == "conv" else 0.0,
-           "patch_flops": float(2 * b * t * c_in * p * p * e), "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
-           "head_flops": float(2 * b * e * space.classes)}  # fmt: skip
+           "stem_flops": conv + pooled,
+           "patch_flops": float(2 * b * subnet.tokens * patch_inputs(space, subnet.stem, subnet.patch) * e),
+           "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
+           "head_flops": float(2 * b * e * space.classes) + (float(2 * b * t * e) if subnet.pool == "seq" else 0.0)}  # fmt: skip
     for layer in subnet.layers:
         out["proj_flops"] += projection_flops(layer.attention, b * t, e, layer.heads, hd)
         out["mix_flops"] += mixing_flops(layer.attention, prefill, layer.heads, hd, causal=False)
@@ -97,15 +101,15 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
     from latency.features import mixing_flops
     from search_spaces import Workload
 
-    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
+    prefill = Workload("prefill", workload.batch_size, subnet.seq_len)
     for kind in space.attention:
         out[f"layers[{kind}]"] = 0.0
         out[f"mix[{kind}]"] = 0.0
     for layer in subnet.layers:
         out[f"layers[{layer.attention}]"] += 1.0
         out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention, prefill, layer.heads, space.head_dim, False) / 1e9
-    out["token_layers"] = float(workload.batch_size * subnet.tokens * subnet.depth * subnet.embed_dim) / 1e6
-    out["conv_stem"] = float(subnet.stem == "conv")
+    out["token_layers"] = float(workload.batch_size * subnet.seq_len * subnet.depth * subnet.embed_dim) / 1e6
+    out["conv_stem"] = float(subnet.stem != "linear")  # (conv or cct: a convolution over the whole image)
     return out
 
 
