@@ -84,6 +84,10 @@ class Learner(Protocol):
         """Stored with the objective (empty for a learner without settings: records of earlier versions read the same)."""
         ...
 
+    # Optional: ``phase_steps: int``, a learner of two phases (its batches below that step serve another objective: a
+    # sequence classification's self-pretraining): the trainer starts the schedule and the optimizer's moments again
+    # at that step (:class:`supernet.train.WarmupCosine`).
+
 
 def kl_rows(student: Tensor, teacher: Tensor) -> Tensor:
     """KL(teacher || student), the mean over the rows: log-probabilities (N, V) each."""

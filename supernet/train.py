@@ -147,6 +147,8 @@ class WarmupCosine:
 
     The run's progress is ``step / max_steps``, or ``elapsed / max_time`` when only a time
     budget is given (then the schedule follows the run's clock, ``TrainConfig.clock``, and is not bit-reproducible).
+    ``restart``: a learner of two phases (:attr:`Learner.phase_steps`: a sequence classification's self-pretraining)
+    has a schedule of its own in each: warm-up and cosine over the first ``restart`` steps, then again over the rest.
     """
 
     lr: float
@@ -154,10 +156,11 @@ class WarmupCosine:
     warmup_steps: int
     max_steps: int | None
     max_time: float | None
+    restart: int = 0
 
     @classmethod
-    def from_config(cls, config: TrainConfig) -> "WarmupCosine":
-        return cls(config.lr, config.min_lr, config.warmup_steps, config.max_steps, config.max_time)
+    def from_config(cls, config: TrainConfig, restart: int = 0) -> "WarmupCosine":
+        return cls(config.lr, config.min_lr, config.warmup_steps, config.max_steps, config.max_time, restart)
 
     def progress(self, step: int, elapsed: float) -> float:
         if self.max_steps is not None:
@@ -165,12 +168,20 @@ class WarmupCosine:
         return min(1.0, elapsed / self.max_time)
 
     def __call__(self, step: int, elapsed: float) -> float:
-        warm = min(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps else 1.0
-        cosine = 0.5 * (1.0 + math.cos(math.pi * self.progress(step, elapsed)))
+        if self.restart and self.max_steps is not None:  # (a phased run is bounded by steps: Trainer checks)
+            local, horizon = (step, self.restart) if step < self.restart else (step - self.restart, self.max_steps - self.restart)
+            progress = min(1.0, local / horizon)
+        else:
+            local, progress = step, self.progress(step, elapsed)
+        warm = min(1.0, (local + 1) / self.warmup_steps) if self.warmup_steps else 1.0
+        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
         return warm * (self.min_lr + (self.lr - self.min_lr) * cosine)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"kind": "warmup-cosine", **asdict(self)}
+        d = asdict(self)
+        if not d["restart"]:
+            del d["restart"]
+        return {"kind": "warmup-cosine", **d}
 
 
 # --------------------------------------------------------------------------- objectives
@@ -617,7 +628,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             param_groups(model, config.weight_decay), lr=config.lr, betas=(config.beta1, config.beta2)
         )
-        self.schedule = WarmupCosine.from_config(config)
+        self.phase = int(getattr(self.learner, "phase_steps", 0) or 0)  # where a learner's second phase starts (0: none)
+        if self.phase and (config.max_steps is None or self.phase >= config.max_steps):
+            raise UserError(f"a run of two phases (the first {self.phase} steps) needs --max-steps beyond them (the "
+                            f"schedule starts again at step {self.phase}); got --max-steps {config.max_steps}")
+        self.schedule = WarmupCosine.from_config(config, self.phase)
         self.step, self.elapsed, self.tokens = 0, 0.0, 0
         self.evals: list[dict] = []
         self.evaluated_at = -1
@@ -685,6 +700,11 @@ class Trainer:
             group["lr"] = lr
         before = getattr(self.objective, "before_step", None)
         if before is not None and (note := before(self.model, self.step, self.schedule.progress(self.step, self.elapsed))):
+            self.say(note)
+            self.log.write("note", step=self.step, note=note)
+        if self.phase and self.step == self.phase:  # the second phase: the optimizer's moments start again too
+            self.optimizer.state.clear()
+            note = f"step {self.step}: the second phase starts (schedule and optimizer moments start again)"
             self.say(note)
             self.log.write("note", step=self.step, note=note)
         b = self.batch()

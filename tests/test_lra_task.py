@@ -199,3 +199,87 @@ def test_train_subnet_distils_from_the_supernets_largest_and_resumes_exactly(roo
     capsys.readouterr()
     assert main(["train-subnet", "--out", str(root / "cut"), "--resume", "--distill", "0.9", "-q"]) == 2
     assert "--resume: --distill 0.9 differs from the run's 0.5" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- self-pretraining (issue 51)
+
+
+def test_mask_tokens_masks_tokens_only_and_targets_the_originals():
+    from supernet.heldout import IGNORE
+    from tasks.sequence_classification.learner import mask_tokens
+
+    x = np.array([[3, 7, 8, 9, 4, 4], [3, 9, 9, 4, 4, 4]])  # [CLS]=3, padding=4
+    masked, y = mask_tokens(x, np.random.default_rng(0), 0.99, 13, 4)
+    assert (masked[:, 0] == 3).all() and (masked[x == 4] == 4).all()  # never [CLS], never padding
+    chosen = y != IGNORE
+    assert chosen.sum() == 5 and (masked[chosen] == 13).all() and (y[chosen] == x[chosen]).all()
+    again, y2 = mask_tokens(x, np.random.default_rng(0), 0.99, 13, 4)
+    assert np.array_equal(again, masked) and np.array_equal(y, y2)  # seeded
+    none, y3 = mask_tokens(x, np.random.default_rng(0), 1e-9, 13, 4)
+    assert (y3 != IGNORE).sum() == 1 and none[0, 1] == 13  # a draw of none still scores one token
+
+
+def test_self_pretraining_runs_first_restarts_the_schedule_and_resumes_exactly(tmp_path, capsys):
+    """``--pretrain-steps 4`` of 8: the first 4 steps denoise the inputs, the schedule warms up again at step 4, the
+    objective records it; stopped at step 3 (inside the pretraining) and resumed, the run equals the uninterrupted one;
+    a space without a spare token id for the mask is refused in one line."""
+    import os
+    import signal
+
+    from safetensors.torch import load_file
+
+    from search_spaces import parse_space
+    from supernet.runs import SubnetTraining, TrainingInterrupted
+    from supernet.train import TrainConfig
+    from tasks.sequence_classification.train import run_subnet_training
+
+    write(tmp_path / "own.tsv", rows(240, 0))
+    space = parse_space(SPACE, where="space.yaml")
+    config = TrainConfig(batch_size=8, lr=1e-2, min_lr=1e-3, warmup_steps=2, max_steps=8, eval_interval=100,
+                         eval_batches=2, ckpt_interval=100, log_interval=1, seq_len=24)
+
+    def settings(name, **kw):
+        return SubnetTraining(space=space, subnet=space.smallest(), out=tmp_path / name, config=config,
+                              data=str(tmp_path / "own.tsv"), options={"classes": 3, "pretrain_steps": 4},
+                              formats=("torch",), **kw)
+
+    straight = run_subnet_training(settings("straight"))
+    events = [json.loads(line) for line in (tmp_path / "straight" / "train" / "log.jsonl").read_text().splitlines()]
+    lr = {e["step"]: e["lr"] for e in events if e["event"] == "train"}
+    assert lr[1] == pytest.approx(5e-3) and lr[5] == pytest.approx(5e-3) and lr[4] < lr[3]  # warm-up again at step 4
+    assert any(e["event"] == "note" and e["step"] == 4 for e in events)
+    final = torch.load(tmp_path / "straight" / "train" / "final.pt", weights_only=True)
+    assert final["meta"]["objective"]["pretrain_steps"] == 4 and "masked by" in final["state"]["data"]["sampler"]
+
+    def stop(info):
+        if info.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(TrainingInterrupted):
+        run_subnet_training(settings("cut"), progress=stop)
+    again = run_subnet_training(settings("cut", resume=True))
+    a, b = (load_file(str(r.out / "model.safetensors")) for r in (straight, again))
+    assert again.steps == 8 and again.val_bpb == straight.val_bpb and all(torch.equal(a[k], b[k]) for k in a)
+
+    (tmp_path / "tight.yaml").write_text(SPACE.replace("vocab_size: 16", "vocab_size: 13"))
+    (tmp_path / "small.yaml").write_text(space.smallest().to_yaml())
+    capsys.readouterr()
+    assert main(["train-subnet", str(tmp_path / "small.yaml"), "--space", str(tmp_path / "tight.yaml"), "--data",
+                 str(tmp_path / "own.tsv"), "--classes", "3", "--out", str(tmp_path / "tight"), "--max-steps", "6",
+                 "--pretrain-steps", "2", "--batch-size", "8", "-q"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--pretrain-steps: the masked denoising needs one token id past the "
+                                                    "data's 13 (its mask); the space's vocab_size is 13: give vocab_size "
+                                                    "14 or more")
+
+
+def test_the_benchmarks_training_pretrains_first_on_the_same_steps():
+    from search_spaces import parse_space
+    from tasks.sequence_classification.data import encode
+    from tasks.sequence_classification.train import Schedule, train_subnet
+
+    examples = rows(64, 1)
+    data = encode([(c, t) for c, t in examples], [f"row {i}" for i in range(64)], 3, SYMBOLS, 20)
+    space = parse_space(SPACE, where="space.yaml")
+    model, result = train_subnet(space, space.smallest(), data, data, Schedule(steps=3, pretrain_steps=2, batch_size=4,
+                                                                              warmup=1))
+    assert result.step == 5 and model.num_params() > 0

@@ -37,8 +37,13 @@ class SequenceClassificationTask(StackTask):
     data_keys = ("data", "data_seed", "val_fraction")
     data_defaults = {"data": None, "data_seed": 0, "val_fraction": 0.1}
     commands = ("tasks.sequence_classification.command",)
+    learner_options = ("pretrain_steps",)
     flags = (Flag("--classes", "classes", int, "N", "sequence-classification spaces: the classes of a TSV of your own "
-                  "(labels 0..N-1; a folder of `nas data` declares its own)", ("train-supernet", "train-subnet")),)
+                  "(labels 0..N-1; a folder of `nas data` declares its own)", ("train-supernet", "train-subnet")),
+             Flag("--pretrain-steps", "pretrain_steps", int, "N", "sequence-classification spaces: self-pretraining, the "
+                  "run's first N steps (of --max-steps) denoise the training inputs (15% of the tokens masked) before "
+                  "the classification's; the schedule and the optimizer start again at step N (default 0: none)",
+                  ("train-subnet",)))
 
     # ------------------------------------------------------------------ data
 
@@ -94,10 +99,10 @@ class SequenceClassificationTask(StackTask):
     def describe_split(self, record: dict) -> str:
         return f"validation examples of {record['data']}"
 
-    def learner(self, space: Any, seed: int = 0, **options: Any):
+    def learner(self, space: Any, seed: int = 0, pretrain_steps: int | None = None):
         from .learner import SequenceLearner
 
-        return SequenceLearner(space.max_seq_len, space.vocab_size)
+        return SequenceLearner(space.max_seq_len, space.vocab_size, pretrain_steps or 0)
 
     # ------------------------------------------------------------------ search and export
 

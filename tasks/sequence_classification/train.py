@@ -25,7 +25,8 @@ class Schedule:
     steps: int = 200
     batch_size: int = 8
     lr: float = 1e-3
-    warmup: int = 20
+    warmup: int = 20  # each phase's warm-up steps
+    pretrain_steps: int = 0  # self-pretraining: steps of masked-token denoising on the training inputs, before ``steps``
     seed: int = 0
     eval_batches: int = 4
     device: str = "cpu"  # where it trains ("cuda" on a GPU)
@@ -36,8 +37,9 @@ class Schedule:
 
 def train_subnet(space: Any, subnet: Any, train: Sequences, val: Sequences, schedule: Schedule,
                  progress: Callable[[Any], None] | None = None):
-    """The static model of ``subnet`` trained ``schedule.steps`` steps from a seeded initialisation on ``schedule.device``;
-    (the model, on the CPU, and the loop's result)."""
+    """The static model of ``subnet`` trained from a seeded initialisation on ``schedule.device``: ``pretrain_steps`` of
+    denoising the training inputs (self-pretraining), then ``steps`` of classification, each phase its own warm-up and
+    cosine; (the model, on the CPU, and the loop's result)."""
     from supernet import Transformer, TransformerConfig
     from supernet.train import PlainObjective, TrainConfig
     from supernet.train import train as run
@@ -45,10 +47,11 @@ def train_subnet(space: Any, subnet: Any, train: Sequences, val: Sequences, sche
     s = schedule
     config = TransformerConfig.from_subnet(space, space.check(subnet))
     model = Transformer(config, generator=torch.Generator().manual_seed(s.seed))
-    learner = SequenceLearner(space.max_seq_len, space.vocab_size)
+    learner = SequenceLearner(space.max_seq_len, space.vocab_size, s.pretrain_steps)
+    total = s.pretrain_steps + s.steps
     config = TrainConfig(batch_size=s.batch_size, seq_len=min(space.max_seq_len, train.inputs.shape[1]), lr=s.lr,
-                         min_lr=s.lr / 10, warmup_steps=s.warmup, max_steps=s.steps, eval_interval=s.steps,
-                         eval_batches=s.eval_batches, ckpt_interval=s.steps, log_interval=max(1, s.steps // 10), seed=s.seed)
+                         min_lr=s.lr / 10, warmup_steps=s.warmup, max_steps=total, eval_interval=total,
+                         eval_batches=s.eval_batches, ckpt_interval=total, log_interval=max(1, total // 10), seed=s.seed)
     result = run(model.to(s.device).train(), PlainObjective(learner), train, val, config, progress=progress)
     return model.cpu().eval(), result
 
@@ -98,7 +101,7 @@ def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
     data = task.prepare_data(data_settings, run_dir(out))
     if stored is not None:
         task.check_data(data, stored["meta"]["corpus_hash"], str(latest))
-    learner = SequenceLearner(space.max_seq_len, space.vocab_size)
+    learner = SequenceLearner(space.max_seq_len, space.vocab_size, (s.options or {}).get("pretrain_steps") or 0)
     held = learner.heldout(data.val, len(data.val))
 
     def score(model) -> dict[str, Any]:
