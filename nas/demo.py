@@ -11,6 +11,11 @@ After the search, the chosen subnet is exported and timed with ONNX Runtime side
 *hand-scaled baselines*: uniform Transformers (every layer the same heads, FFN width and attention
 type) extracted from the same supernet, the best one per attention type that the predictor puts
 under the budget.  All of them are scored on held-out windows the search never saw.
+
+``recipe`` (``nas demo --recipe``, one of :data:`supernet.runs.RECIPES`) turns the found subnet into the deployed
+model by a final training of ``Plan.final_time`` instead (``nas train-subnet``: from scratch, or the supernet's slice
+fine-tuned, or fine-tuned with the supernet's largest subnet as a teacher); without it the deployed model is the
+subnet's inherited weights as they are (the demo as before).  The baselines stay the supernet's inherited models.
 """
 
 from __future__ import annotations
@@ -49,12 +54,14 @@ class Plan:
     compare_repeats: int = 15  # timing of the export and the baselines, side by side
     compare_rounds: int = 5
     sample_tokens: int = 200
+    final_time: str = "3m"  # the final training of the found subnet (with a recipe)
 
 
 FULL = Plan()
 QUICK = replace(
     FULL, train_time="60s", samples=30, repeats=4, rounds=2, population=16, parents=4, mutations=6, crossovers=6,
     generations=4, val_windows=16, compare_windows=16, compare_repeats=6, compare_rounds=2, sample_tokens=80,
+    final_time="20s",
 )
 
 log = logging.getLogger(__name__)
@@ -115,14 +122,18 @@ class Stages:
 
 
 def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, threads: int | None = None, seed: int = 0,
-             space: str = SPACE, data: str | None = None) -> dict:
+             space: str = SPACE, data: str | None = None, recipe: str | None = None) -> dict:
     """All stages into ``out``; returns the summary (also written to ``out/summary.json``; :func:`render_summary` shows it).
 
     ``run_command(argv) -> exit status`` runs one documented ``nas`` command (the CLI passes its own
     ``main``), so every stage is the command a user would type.  Progress notes go to this module's logger.
     ``space`` (a shipped name or a YAML; default tiny) and ``data`` (``--data`` of train-supernet; default its
     corpus) serve the benchmarks that run the same stages on another space (``scripts/bench_encoder.py``).
+    ``recipe``: the found subnet's final training (the module doc); None: its inherited weights, exported.
     """
+    from supernet.runs import recipe_flags
+
+    final = recipe_flags(recipe, Path(out) / "supernet" / "latest.pt") if recipe is not None else None  # (refused first)
     p = Paths(Path(out))
     p.root.mkdir(parents=True, exist_ok=True)
     thread_args = ["--threads", str(threads)] if threads else []
@@ -169,13 +180,24 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
 
     # 4. export the winner (ONNX with fused attention, parity checked); its card scored on the search's windows and
     # carrying the predictor's latency (the measured one is added after the side-by-side timing below)
-    stage("export", lambda: cli(["export", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model),
-                                 "--predictor", str(p.predictor), "--val-windows", str(plan.val_windows)]))
+    if final is None:
+        stage("export", lambda: cli(["export", str(p.checkpoint), "--subnet", str(best_file), "--out", str(p.model),
+                                     "--predictor", str(p.predictor), "--val-windows", str(plan.val_windows)]))
+    else:  # 4'. the final training of the found subnet by the recipe: its model folder (ONNX parity-checked) is the export
+        def train_found() -> None:
+            if (p.model / "train" / "latest.pt").exists():
+                cli(["train-subnet", "--out", str(p.model), "--resume", *thread_args])
+            else:
+                cli(["train-subnet", str(best_file), "--space", space, "--out", str(p.model), *final, "--max-time",
+                     plan.final_time, "--seed", str(seed), *(["--data", data] if data else []), *thread_args])
+
+        stage(f"final training ({recipe})", train_found)
 
     # 5. the export and the hand-scaled baselines, measured side by side, scored on fresh windows
     log.info("== measure the export beside uniform baselines")
     t0 = time.perf_counter()
-    summary = compare(p, plan, budget_ms, seed=seed)
+    summary = compare(p, plan, budget_ms, seed=seed, trained=final is not None)
+    summary["recipe"] = recipe or "inherited weights, no final training"
     stage.seconds["compare"] = time.perf_counter() - t0
     summary["stage_seconds"] = stage.all_seconds()
     summary["plan"] = asdict(plan)
@@ -214,8 +236,9 @@ def uniform_subnets(space) -> list[Subnet]:
     return space.uniform()
 
 
-def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
-    """Time the exported subnet and the best uniform subnet per attention type side by side; score all on fresh windows."""
+def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, trained: bool = False) -> dict:
+    """Time the exported subnet and the best uniform subnet per attention type side by side; score all on fresh windows.
+    ``trained``: the export is the found subnet's own trained model (a recipe's), scored and timed as it is."""
     import torch
 
     from latency.device import get_device
@@ -262,10 +285,16 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
         warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds, min_sample_ms=plan.min_sample_ms
     )
     models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
+    if trained:
+        models["found"] = load_model(p.model)
     m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
     losses = fresh_fit(list(candidates.values()))
     searched = search_fit(list(candidates.values()))  # as the search scored them (the model card's number)
-    paired = separability(fresh_fit, list(candidates.values()))["vs_first"]  # each baseline - found, window by window
+    if trained:  # the found model's own weights, on the same windows
+        losses[0], searched[0] = fresh_fit.static(models["found"]), search_fit.static(models["found"])
+        paired = paired_with_model(fresh_fit, models["found"], list(baselines.values()))
+    else:
+        paired = separability(fresh_fit, list(candidates.values()))["vs_first"]  # each baseline - found, window by window
     pred = predictor.predict(list(candidates.values()))
     rows = []
     for (name, s), loss, seen, pr in zip(candidates.items(), losses, searched, pred):
@@ -310,6 +339,18 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int) -> dict:
             "report_html": str(p.report),
         },
     }
+
+
+def paired_with_model(fitness, model, subnets: list[Subnet]) -> list[dict]:
+    """Each subnet's (inherited) bits minus a static ``model``'s, window by window on ``fitness``'s windows: the mean
+    difference and its standard error (as :func:`nas.search.fitness.separability`'s ``vs_first``)."""
+    held, bs = fitness.heldout, fitness.batch_size
+    mine = held.window_bits(model, None, bs, mixed_precision=False)
+    out = []
+    for s in subnets:
+        d = held.window_bits(fitness.scorer(s), s, bs, mixed_precision=False) - mine
+        out.append({"diff": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")})
+    return out
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:

@@ -35,6 +35,17 @@ INIT_FORMS = "scratch, supernet:CKPT or model:DIR"
 # The settings a resumed run may change besides TrainConfig.RESUMABLE: bounds, outputs and where things run.
 RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort")
 # Settings fields -> the flag that sets them, for messages.
+# The final-training recipes: how a found subnet becomes the deployed model (scripts/bench_final_training.py measures
+# them at equal CPU time: docs/benchmarks/final-training/).  The one place that says which one the benchmarks and
+# `nas demo --recipe` use unless told: scratch until that table says another wins beyond its seed noise.
+RECIPES = {
+    "scratch": "weights drawn from the seed, trained on the task's data",
+    "inherit": "the subnet's slice of the supernet (--init supernet:CKPT), fine-tuned on the task's data",
+    "distill": "the subnet's slice, fine-tuned with the supernet's largest subnet as a teacher (--init supernet:CKPT "
+               "--distill-from supernet:CKPT --distill 0.5)",
+}
+DEFAULT_RECIPE = "scratch"
+RECIPE_DISTILL = 0.5  # the teacher's weight of the distill recipe (train-subnet's --distill default)
 FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
          "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--lr-warmup"}
 
@@ -102,6 +113,31 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, step: int, checkpoint: Path):
         super().__init__(f"interrupted at step {step}; saved {checkpoint}")
         self.step, self.checkpoint = step, checkpoint
+
+
+# --------------------------------------------------------------------------- recipes
+
+
+def recipe_sources(recipe: str, supernet: str | Path | None, flag: str = "--recipe") -> dict[str, Any]:
+    """:class:`SubnetTraining`'s ``init``, ``distill_from`` and ``distill`` of a final-training ``recipe`` (one of
+    :data:`RECIPES`) from the supernet checkpoint ``supernet`` (not read for ``scratch``); one line naming ``flag``
+    for an unknown recipe or one that needs a supernet and has none."""
+    if recipe not in RECIPES:
+        raise UserError(f"{flag}: {recipe!r} is not one of {', '.join(RECIPES)}")
+    if recipe == "scratch":
+        return {"init": "scratch", "distill_from": None, "distill": 0.0}
+    if supernet is None:
+        raise UserError(f"{flag} {recipe}: needs the supernet checkpoint the subnet was found in")
+    source = f"supernet:{Path(supernet).resolve()}"
+    return {"init": source, "distill_from": source if recipe == "distill" else None,
+            "distill": RECIPE_DISTILL if recipe == "distill" else 0.0}
+
+
+def recipe_flags(recipe: str, supernet: str | Path | None, flag: str = "--recipe") -> list[str]:
+    """The ``nas train-subnet`` flags of a recipe (:func:`recipe_sources`): what a script that runs the command adds."""
+    r = recipe_sources(recipe, supernet, flag)
+    return (["--init", r["init"]] + (["--distill-from", r["distill_from"], "--distill", str(r["distill"])]
+                                     if r["distill_from"] else []))
 
 
 # --------------------------------------------------------------------------- checks

@@ -21,6 +21,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, metavar="N", help="torch threads for training and scoring (default: torch's)")
     p.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0)")
+    p.add_argument("--recipe", metavar="RECIPE", help="train the found subnet into the deployed model by this final-"
+                   "training recipe: scratch, inherit (the supernet's slice, fine-tuned) or distill (fine-tuned with the "
+                   "supernet's largest subnet as a teacher), for 3 minutes (--quick 20 s); default: export its inherited "
+                   "weights as they are")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")
         torch.set_num_threads(args.threads)
-    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed)
+    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed,
+                       recipe=args.recipe)
     print(render_summary(summary, Paths(Path(args.out))))
     return 0 if summary["within_budget"] else 1
 

@@ -135,6 +135,8 @@ VOCABULARY: dict[str, Term] = {
     "--n": Term("n", "examples a data generator writes to the training split", ("data",)),
     "--eval-n": Term("eval_n", "examples a data generator writes to each of the validation and test splits", ("data",)),
     "--mask-rate": Term("mask_rate", "masked-lm spaces: share of positions masked", ("train-supernet", "train-subnet")),
+    "--recipe": Term("recipe", "the final-training recipe that turns the found subnet into the deployed model: scratch, "
+                     "inherit or distill", ("demo",)),
     "--pretrain-steps": Term("pretrain_steps", "sequence-classification spaces: the run's first steps denoise the "
                              "training inputs (self-pretraining)", ("train-subnet",)),
     "--label-smoothing": Term("label_smoothing", "image-classification spaces: share of a label's mass spread over the "
