@@ -373,6 +373,7 @@ def render_summary(s: dict, p: Paths) -> str:
         "=" * 78,
         f"budget {s['budget_ms']:.3f} ms (ONNX Runtime, 1 thread, this CPU; prefill 1x256 bytes)",
         f"found  {Subnet.from_dict(f['subnet'])}",
+        f"       deployed model: {s.get('recipe', 'inherited weights, no final training')}",
         f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte on {f['bpb_windows']} fresh held-out windows "
         f"({f['search_bpb']:.4f} on the search's {f['search_windows']}, as its search and model card scored it)",
         f"       predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms ({s['error_pct']:+.1f}%), "

@@ -10,9 +10,12 @@ ship offline); every table says so.  The data comes from ``nas data`` folders un
 
 Stages, each resumable (its outputs on disk are kept and skipped when present; run the same command again):
 
-1. **accuracy**: every attention type with a bidirectional form, uniform (every layer that type), trained from
-   scratch under one protocol (the same model size, steps, batch and learning rate for every type: ``protocol``
-   in lra.json), test accuracy beside LRA's figure for the same type (``LRA`` below, their Table 1);
+1. **accuracy**: every attention type with a bidirectional form, uniform (every layer that type), trained under one
+   protocol (the same model size, steps, batch and learning rate for every type: ``protocol`` in lra.json), by
+   default **self-pretrained** first ("Never Train from Scratch", Amos et al. 2024: ``pretrain_steps`` steps of
+   masked-token denoising on the task's own training inputs, the same for every type, then ``steps`` of
+   classification, each phase its own warm-up and cosine; ``--pretrain-steps 0`` trains from scratch as LRA did),
+   test accuracy beside LRA's figure for the same type (``LRA`` below, their Table 1);
 2. **speed**: LRA's speed table on this CPU: training steps/s and peak memory (RSS growth of a fresh process)
    relative to softmax at 1K, 2K, 3K, 4K tokens for every type, with torch and ONNX Runtime inference beside;
 3. **search** on ListOps and Pathfinder: ``nas train-supernet`` on a space of every type, a latency campaign
@@ -28,7 +31,8 @@ that resumed one another (``OUT/runs.json``).
 
 Writes ``OUT/lra.json`` (the contract of docs/benchmarks/lra/lra.json: ``accuracy: {TASK: {TYPE: {ours, lra}}}``,
 ``speed: {TYPE: {LENGTH: steps_per_s_vs_softmax}}``, ``search: {TASK: [{budget_ms, verdict, found, best_uniform}]}``,
-with the command, machine and load), ``accuracy.csv``, ``speed.csv``, ``search.csv``, ``accuracy.png``, ``speed.png``.
+with the command, machine and load), ``accuracy.csv``, ``speed.csv``, ``search.csv``, ``accuracy.png``, ``speed.png``,
+``curves.csv`` and ``curves.png`` (every trained model's training loss per logged step, pretraining and classification).
 A type whose parameters this script does not know (a type added later) is skipped with a note unless ``--types``
 names it with its parameters (``--types softmax,reformer:4:32``).
 """
@@ -52,6 +56,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from curves import curve_from_progress, plot_curves, write_curves  # noqa: E402
 
 log = logging.getLogger("bench_lra")
 
@@ -109,21 +116,22 @@ class Protocol:
     timing: tuple[int, int, int, float] = (2, 10, 2, 20.0)  # warmup, repeats, rounds, min sample ms
     search: tuple[int, int, int, int, int] = (24, 8, 8, 8, 6)  # population, parents, mutations, crossovers, generations
     per_task: dict | None = None  # LRA's own sizes per task (--full)
+    pretrain_steps: int = 0  # self-pretraining steps before ``steps`` (masked-token denoising of the training inputs)
     listops_lengths: tuple[int, int] | None = None  # LRA's 500-2,000 unless given (--quick: short sequences)
 
 
 SMALL = Protocol("small (2 CPU cores)", embed=64, depth=2, heads=2, head_dim=32, ffn=128, steps=500, batch=8, lr=1e-3,
-                 warmup=50, n=4000, eval_n=500, supernet_steps=500)
+                 warmup=50, n=4000, eval_n=500, supernet_steps=500, pretrain_steps=500)
 QUICK = Protocol("quick (a test)", embed=16, depth=1, heads=1, head_dim=16, ffn=32, steps=4, batch=4, lr=1e-3, warmup=1,
                  n=24, eval_n=8, window=8, features=8, projected=16, supernet_steps=4, samples=12, speed_lengths=(64, 128),
-                 speed_steps=1, timing=(1, 2, 1, 1.0), search=(4, 2, 2, 2, 1), listops_lengths=(20, 60))
+                 speed_steps=1, timing=(1, 2, 1, 1.0), search=(4, 2, 2, 2, 1), listops_lengths=(20, 60), pretrain_steps=2)
 # LRA's base configs (lra_benchmarks/{listops,image/configs/cifar10,image/configs/pathfinder32}/.../base_*_config.py):
 # ListOps 6 layers x 512 (8 heads, MLP 2,048), batch 32, 5,000 steps; CIFAR-10 1 layer x 32 (1 head, MLP 64), batch 256,
 # 35,000 steps (200 epochs); Pathfinder-32 1 layer x 32 (2 heads of 8, MLP 32), batch 512, 62,400 steps (200 epochs).
 # Their optimiser (Adam with their schedules, lr 0.05 rsqrt for ListOps) is not ours: AdamW with warmup and cosine.
 FULL = Protocol("full (LRA's sizes and steps; a GPU)", embed=512, depth=6, heads=8, head_dim=64, ffn=2048, steps=5000,
                 batch=32, lr=5e-4, warmup=1000, n=96_000, eval_n=2000, window=256, features=256, projected=256,
-                supernet_steps=5000, samples=200, per_task={
+                supernet_steps=5000, samples=200, pretrain_steps=5000, per_task={
                     "listops": {"n": 96_000, "eval_n": 2000},
                     "image": {"embed": 32, "depth": 1, "heads": 1, "head_dim": 32, "ffn": 64, "batch": 256, "steps": 35_000,
                               "warmup": 175, "lr": 5e-4, "n": 54_000, "eval_n": 6000},
@@ -319,13 +327,18 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
     _, data = task_data(out, task, p, seed)
     length = data.train.inputs.shape[1]
     space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
-    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
+    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
+                        pretrain_steps=p.pretrain_steps)
     start = time.perf_counter()
+    total = p.pretrain_steps + p.steps
+    curve: list[dict] = []
+    record_curve = curve_from_progress(curve, max(1, total // 100))
 
     def progress(info) -> None:  # into the worker's log (OUT/accuracy/TASK/SPEC.log): long work shows progress
-        if info.step % max(1, p.steps // 10) == 0 or info.step == p.steps:
+        record_curve(info)
+        if info.step % max(1, total // 10) == 0 or info.step == total:
             loss = ", ".join(f"{k} {v:.3f}" for k, v in info.losses.items())
-            print(f"{task} {spec}: step {info.step}/{p.steps}, loss {loss}, {info.elapsed:.0f} s", flush=True)
+            print(f"{task} {spec}: step {info.step}/{total}, loss {loss}, {info.elapsed:.0f} s", flush=True)
 
     model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule, progress=progress)
     lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
@@ -334,7 +347,7 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"ours": ours, "lra": lra[LRA_COLUMN[task]] if lra else None, "lra_model": lra[0] if lra else None,
                       "spec": spec, "params": model.num_params(), "train_s": round(time.perf_counter() - start, 1),
-                      "test_examples": len(data.test), **kept})
+                      "test_examples": len(data.test), "pretrain_steps": p.pretrain_steps, "curve": curve, **kept})
 
 
 def baselines(data) -> dict[str, float]:
@@ -364,7 +377,7 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
         for note in notes:
             log.info("accuracy %s: %s", task, note)
         wanted[task] = specs
-        pending += [(task, spec) for spec in specs if not (out / "accuracy" / task / f"{safe(spec)}.json").exists()]
+        pending += [(task, spec) for spec in specs if not done_under(out / "accuracy" / task / f"{safe(spec)}.json", p)]
     running: list[tuple[subprocess.Popen, str, str, float]] = []
     try:
         drive_workers(out, base, seed, jobs, argv_protocol, pending, running)
@@ -380,6 +393,12 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
     return {task: {spec: json.loads(path.read_text()) for spec in specs
                    if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
             for task, specs in wanted.items()}, floors
+
+
+def done_under(path: Path, p: Protocol) -> bool:
+    """Whether ``path`` holds a model trained under this protocol's pretraining (a record of before, without the key,
+    was trained from scratch)."""
+    return path.exists() and json.loads(path.read_text()).get("pretrain_steps", 0) == p.pretrain_steps
 
 
 def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol: list[str], pending: list,
@@ -614,28 +633,33 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         fit = HeldOutFitness(supernet, held, batch_size=p.batch)
         uniform = space.uniform()
         predicted = dict(zip(uniform, predictor.predict(uniform)))
-        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device())
+        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
+                            pretrain_steps=p.pretrain_steps)
         device = get_device("cpu", threads=threads or 1)
         settings = Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms)
         rows: list[dict] = []
         assert len(summary["budgets"]) == len(budgets), (list(summary["budgets"]), budgets)
         for b, budget in zip(summary["budgets"].values(), budgets):  # in the order given
             path = root / f"budget-{len(rows)}.json"
-            if path.exists():
+            if done_under(path, p):
                 rows.append(json.loads(path.read_text()))
                 continue
             found = Subnet.from_dict(b["best"]["subnet"])
             feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
             best_uniform = feasible[int(np.argmin(fit(feasible)))]
-            entry = {"budget_ms": budget}
+            entry = {"budget_ms": budget, "pretrain_steps": p.pretrain_steps}
             models: dict = {}
             for name, subnet in (("found", found), ("best_uniform", best_uniform)):
                 same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
-                model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule)[0]
+                curve: list[dict] = []
+                every = max(1, (p.pretrain_steps + p.steps) // 100)
+                model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule,
+                                                                  progress=curve_from_progress(curve, every))[0]
                 models[name] = model
                 acc, kept = answers(score_correct(model, data.test, space, p.batch))
                 entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
-                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params(), **kept}
+                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params(),
+                               "curve": curve if not same else entry["found"]["curve"], **kept}
             m = measure(device, models, space.workload(), settings, seed=seed)
             for name in models:
                 entry[name]["measured_ms"] = float(m.results[name].median_ms)
@@ -666,7 +690,16 @@ def machine() -> dict:
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def write_tables(out: Path, record: dict) -> None:
+def take_curves(record: dict) -> dict[str, list[dict]]:
+    """Every trained model's curve (``TASK/SPEC``, ``search-TASK/budgetI-ROLE``), taken out of ``record``'s entries
+    (lra.json keeps the figures; curves.csv the points)."""
+    curves = {f"{t}/{s}": r.pop("curve", None) or [] for t, types in record["accuracy"].items() for s, r in types.items()}
+    curves.update({f"search-{t}/budget{i}-{w}": e[w].pop("curve", None) or [] for t, rows in record["search"].items()
+                   for i, e in enumerate(rows) for w in ("found", "best_uniform")})
+    return curves
+
+
+def write_tables(out: Path, record: dict, curves: dict[str, list[dict]] | None = None) -> None:
     acc = [{"task": t, "type": s, **{k: r.get(k) for k in ("ours", "lra", "lra_model", "params", "train_s")}}
            for t, types in record["accuracy"].items() for s, r in types.items()]
     speed = [{"type": s, "length": n, **r} for s, rows in record.get("speed_detail", {}).items() for n, r in rows.items()]
@@ -703,6 +736,11 @@ def write_tables(out: Path, record: dict) -> None:
         fig.tight_layout()
         fig.savefig(out / "accuracy.png", dpi=120)
         plt.close(fig)
+    if curves and any(curves.values()):
+        write_curves(curves, out / "curves.csv")
+        pre = record.get("protocol", {}).get("pretrain_steps", 0)
+        plot_curves(curves, out / "curves.png", "every model's training loss per logged step" + (
+            f" (the first {pre} steps denoise the inputs)" if pre else ""))
     if record.get("speed"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for spec, rows in record["speed"].items():
@@ -727,6 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice; the latency campaign: 1)")
     ap.add_argument("--jobs", type=int, default=2, help="models trained at a time in the accuracy stage (one thread each)")
+    ap.add_argument("--pretrain-steps", type=int, help="self-pretraining steps before the classification's, the same for "
+                    "every type (default: the protocol's, 500 on the small one; 0: from scratch, as LRA)")
     ap.add_argument("--speed-worker", metavar="SPEC", help=argparse.SUPPRESS)
     ap.add_argument("--accuracy-worker", nargs=2, metavar=("TASK", "SPEC"), help=argparse.SUPPRESS)
     ap.add_argument("--speed-part", choices=("train", "ort"), default="train", help=argparse.SUPPRESS)
@@ -734,6 +774,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="bench_lra: %(message)s")
     protocol = QUICK if args.quick else FULL if args.full else SMALL
     flag = ["--quick"] if args.quick else ["--full"] if args.full else []
+    if args.pretrain_steps is not None:
+        if args.pretrain_steps < 0:
+            ap.error(f"--pretrain-steps: {args.pretrain_steps} is not a whole number of steps (0 or more)")
+        protocol = replace(protocol, pretrain_steps=args.pretrain_steps)
+        flag += ["--pretrain-steps", str(args.pretrain_steps)]
     if args.speed_worker:
         speed_worker(args.speed_worker, args.speed_part, protocol, args.out, args.threads)
         return 0
@@ -816,8 +861,9 @@ def main(argv: list[str] | None = None) -> int:
     note_run(finished=True)
     record["load"] = {"before": load_before, "after": os.getloadavg(), "wall_s": history[-1]["wall_s"], "stages": stage_log}
     record["wall"] = {"total_s": round(sum(r["wall_s"] for r in history), 1), "runs": len(history)}
+    curves = take_curves(record)
     write_json(out / "lra.json", record)
-    write_tables(out, record)
+    write_tables(out, record, curves)
     report(record)
     print(f"wrote {out / 'lra.json'} (the benchmark's wall time over {len(history)} run(s): {record['wall']['total_s']:.0f} s)")
     return 0

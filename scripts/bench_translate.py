@@ -34,10 +34,16 @@ Report (``translate.json``, ``translate.csv``, ``translate.png`` with seed error
 between size and quality over the retrained softmax ladder, by cross-entropy and by chrF, >= 0.8 each: below it no
 verdict is given, and the report names the retraining budget it took: raise ``--retrain-bytes``); the seed standard
 deviations; per budget the found model against every uniform baseline at or below its measured latency
-(cross-entropy: better / tie / worse against 2 seed SD; chrF: sacrebleu's paired bootstrap, p < 0.05) and the verdict
+(cross-entropy: better / tie / worse against 2 seed SD; chrF: sacrebleu's paired bootstrap, p < 0.05, **and** the
+difference of the seed means against 2 seed SD of chrF, pooled as cross-entropy's is: better or worse only when both
+say so, else a tie, so a sentence-level difference of seed 0 alone that the seeds do not bear out is noise) and the verdict
 (worse if worse against any; better if better beyond noise, by either, against the best of them; else tie); the
 speedup over the softmax ladder at equal chrF and at equal cross-entropy (interpolated, or a bound); parameters;
 whether every found model holds its budget (+2%).
+
+Every retrained model's training loss per logged step is in ``curves.csv`` and ``curves.png``.  ``--recipe`` (default
+:data:`supernet.runs.DEFAULT_RECIPE`, scratch) is the final-training recipe of every retraining (``inherit`` /
+``distill`` start from the supernet's slice; a run keeps its recipe: use another ``--out`` for another).
 
 Cost of ``FULL`` on 2 idle cores (estimated, not timed: the machine it was written on was loaded 3x over): the
 supernet about 13 minutes, latency about 10, the predictor, baselines and the verified search about 5 (the run of
@@ -76,8 +82,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM's version, whose rules this follows
 
 from bench_claim import QuietStages, budgets_of, check_token_budget, judge, parse_tokens, speedup  # noqa: E402
+from curves import plot_curves, read_log, write_curves  # noqa: E402
 from nas.demo import Stages, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
+from supernet.runs import recipe_flags  # noqa: E402
 from tasks.translation.space import TASK as TRANSLATION, Seq2SeqSpace, Seq2SeqSubnet  # noqa: E402
 
 log = logging.getLogger("bench_translate")
@@ -220,10 +228,11 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
 # --------------------------------------------------------------------------- retraining and scoring
 
 
-def retrain_all(models: dict, root: Path, tokens: int, plan: Plan, args, space_arg: str, seeds: dict | None = None) -> None:
+def retrain_all(models: dict, root: Path, tokens: int, plan: Plan, args, space_arg: str, seeds: dict | None = None,
+                init: list[str] | None = None) -> None:
     """``nas train-subnet`` for every model not yet trained (resuming a started one), ``plan.jobs`` at a time
     (subprocesses of one thread each; in this process when 1).  ``models``: folder name -> subnet; ``seeds``: folder
-    name -> seed (default the run's)."""
+    name -> seed (default the run's); ``init``: the recipe's flags (default ``--init scratch``)."""
     from nas.cli import main as nas_main
 
     root.mkdir(parents=True, exist_ok=True)
@@ -238,7 +247,7 @@ def retrain_all(models: dict, root: Path, tokens: int, plan: Plan, args, space_a
         spec = d / "subnet.yaml"
         spec.write_text(subnet.to_yaml())
         seed = (seeds or {}).get(name, args.seed)
-        argv = ["train-subnet", str(spec), "--space", space_arg, "--out", str(model), "--init", "scratch",
+        argv = ["train-subnet", str(spec), "--space", space_arg, "--out", str(model), *(init or ["--init", "scratch"]),
                 "--tokens", str(tokens), "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr),
                 "--lr-warmup", str(plan.retrain_warmup), "--seed", str(seed), "--threads", "1",
                 "--eval-interval", "1000000", "--eval-batches", "4", "--ckpt-interval", "100", *data, "-q"]  # fmt: skip
@@ -424,10 +433,11 @@ def run(args, plan: Plan) -> dict:
         add(LADDER_ROLE, s)
     retrain_dir = out / "retrain"
     check_token_budget(retrain_dir, models, tokens)
+    init = recipe_flags(args.recipe, ckpt)
 
     # 5. retrain the baselines
     log.info("retraining from scratch on %s target bytes each, %d at a time (one thread each)", f"{tokens:,}", plan.jobs)
-    stage("retrain baselines", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg))
+    stage("retrain baselines", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg, init=init))
 
     # 5b. the ranker, calibrated on the retrained baselines (their cross-entropy on the search's validation pairs)
     ranker_dir = out / "ranker"
@@ -459,7 +469,7 @@ def run(args, plan: Plan) -> dict:
         add(f"found@{label}", s)
 
     # 7. retrain the found models; 8. score everything on the whole test split
-    stage("retrain found", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg))
+    stage("retrain found", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg, init=init))
     corpus_dir = ckpt.parent
     stage("score", lambda: score_all(list(models), retrain_dir, corpus_dir, plan))
 
@@ -475,7 +485,8 @@ def run(args, plan: Plan) -> dict:
     seeded = sorted({k for pair in pairs.values() for k in pair if k})
     jobs = {f"{k}-s{s}": (models[k], s) for k in seeded for s in range(1, plan.seeds)}
     stage("retrain seeds", lambda: retrain_all({n: m for n, (m, _) in jobs.items()}, retrain_dir, tokens, plan, args,
-                                                space_arg, seeds={n: args.seed + s for n, (_, s) in jobs.items()}))
+                                                space_arg, seeds={n: args.seed + s for n, (_, s) in jobs.items()},
+                                                init=init))
     stage("score seeds", lambda: score_all(list(jobs), retrain_dir, corpus_dir, plan))
     for name, (subnet, _) in jobs.items():
         scores[name] = {**json.loads((retrain_dir / name / "model" / "score.json").read_text()), "of": subnet.key}
@@ -528,6 +539,18 @@ def chrf_word(p_value: float, found: float, base: float, alpha: float = ALPHA) -
     if p_value < alpha and found != base:
         return "better" if found > base else "worse"
     return "tie"
+
+
+def chrf_seed_word(found: list[float], base: list[float], sd: float) -> str:
+    """The seed means' reading of a chrF difference (higher is better): better / worse beyond 2 seed SD, else tie (as
+    cross-entropy's, :func:`judge`, with the sign turned)."""
+    return judge([-x for x in found], [-x for x in base], sd)
+
+
+def both_say(bootstrap: str, seeds: str) -> str:
+    """A chrF comparison's word: better or worse when the paired bootstrap (seed 0's sentences) and the seed means agree,
+    else tie."""
+    return bootstrap if bootstrap == seeds else "tie"
 
 
 def budget_verdict(comparisons: list[dict], best: str | None) -> str:
@@ -662,9 +685,12 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
         for b in sorted((r for r in uniform if r is not me and r["measured_ms"] <= me["measured_ms"]),
                         key=lambda r: r["measured_ms"]):  # fmt: skip
             boot = paired_bootstrap(read_hypotheses(root, b["key"]), mine, refs, plan.bootstrap)
+            boot_word = chrf_word(boot["chrf"]["p_value"], boot["chrf"]["system"], boot["chrf"]["baseline"])
+            seed_word = chrf_seed_word(per_chrf[me["key"]], per_chrf[b["key"]], sd_chrf)
             comps.append({"key": b["key"], "subnet": b["subnet"], "measured_ms": b["measured_ms"], "test_ce": per_ce[b["key"]],
                           "ce": judge(per_ce[me["key"]], per_ce[b["key"]], sd_ce),
-                          "chrf": chrf_word(boot["chrf"]["p_value"], boot["chrf"]["system"], boot["chrf"]["baseline"]),
+                          "chrf": both_say(boot_word, seed_word), "chrf_bootstrap": boot_word, "chrf_seeds": seed_word,
+                          "chrf_seeds_found": per_chrf[me["key"]], "chrf_seeds_baseline": per_chrf[b["key"]],
                           "chrf_found": boot["chrf"]["system"], "chrf_baseline": boot["chrf"]["baseline"],
                           "chrf_p": boot["chrf"]["p_value"], "bleu_found": boot["bleu"]["system"],
                           "bleu_baseline": boot["bleu"]["baseline"], "bleu_p": boot["bleu"]["p_value"]})  # fmt: skip
@@ -684,12 +710,14 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
         lines.append(f"\nbudget {label}: found ({found[label][1]}) {me['subnet']}")
         lines.append(f"  {me['test_ce_mean']:.4f} nats/byte, chrF {me['chrf_mean']:.2f}, {me['measured_ms']:.3f} ms, "
                      f"{me['params']:,} parameters; against {len(comps)} uniform baselines at or below its latency "
-                     "(cross-entropy: mean of seeds; chrF: seed 0, paired bootstrap):")
+                     "(cross-entropy: mean of seeds; chrF: seed 0's paired bootstrap and the seed means, both):")
         for c in comps:
             lines.append(f"    {np.mean(c['test_ce']):.4f} ({c['ce']:6}) chrF {c['chrf_baseline']:6.2f} vs found "
-                         f"{c['chrf_found']:6.2f} ({c['chrf']:6}, p {c['chrf_p']:.3f}) {c['measured_ms']:8.3f} ms  {c['subnet']}")
+                         f"{c['chrf_found']:6.2f} (bootstrap {c['chrf_bootstrap']}, p {c['chrf_p']:.3f}; seed means "
+                         f"{np.mean(c['chrf_seeds_baseline']):.2f} vs {np.mean(c['chrf_seeds_found']):.2f}: "
+                         f"{c['chrf_seeds']}; so {c['chrf']}) {c['measured_ms']:8.3f} ms  {c['subnet']}")
         lines.append(f"  verdict: {verdict.upper()} (cross-entropy against 2 seed SD = {2 * sd_ce:.4f}; chrF by paired "
-                     f"bootstrap, p < {ALPHA})")
+                     f"bootstrap, p < {ALPHA}, and against 2 seed SD = {2 * sd_chrf:.2f})")
         lines.append(f"  measured {me['measured_ms']:.3f} ms against the budget {budget:.3f} ms: "
                      + ("within (+2% at most)" if within else "OVER the budget by more than 2%"))
         sp = {"budget_ms": budget}
@@ -709,6 +737,9 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
                  f"{sum((s['chrf']['ratio'] or 0) >= 1.5 and s['chrf']['bound'] != 'upper' for s in speed)}/{len(labels)}; "
                  f"within budget {sum(e['within_budget'] for e in judged)}/{len(labels)}")  # fmt: skip
     plot(rows, per_ce, per_chrf, budgets, args.device, out / "translate.png")
+    curves = {name: read_log(root / name / "model" / "train" / "log.jsonl") for name in scores}
+    write_curves(curves, out / "curves.csv")
+    plot_curves(curves, out / "curves.png", "every retrained model's training loss per logged step")
     text = "\n".join(lines)
     print(text)
     return {"budgets": entries, "speedup_vs_softmax": speed, "ladder_gate": gate, "seed_sd": {"ce": sd_ce, "chrf": sd_chrf},
@@ -765,10 +796,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="threads for supernet training (default 2)")
     p.add_argument("--jobs", type=int, help="retrainings at a time, one thread each (default 2; quick 1: in-process)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recipe", help="the final-training recipe of every retraining: scratch, inherit or distill (default: "
+                   "supernet.runs.DEFAULT_RECIPE)")
     p.add_argument("--max-load", type=float, default=1.6,
                    help="timing stages wait until the 1-minute load average stays under this (0: do not wait; default 1.6)")
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    from supernet.runs import DEFAULT_RECIPE, RECIPES
+
+    args.recipe = args.recipe or DEFAULT_RECIPE
+    if args.recipe not in RECIPES:
+        print(f"bench_translate: error: --recipe: {args.recipe!r} is not one of {', '.join(RECIPES)}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("sacrebleu").setLevel(logging.WARNING)  # (it logs each bootstrap's steps at INFO)
     plan = QUICK if args.quick else FULL

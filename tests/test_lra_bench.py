@@ -79,6 +79,13 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
     for name in ("accuracy.png", "speed.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "accuracy.csv").read_text().startswith("task,type,ours,lra")
+    # self-pretrained by default (the quick protocol's 2 steps before its 4), every model's curve in curves.csv
+    assert record["protocol"]["pretrain_steps"] == 2
+    assert all(r["pretrain_steps"] == 2 and "curve" not in r for types in record["accuracy"].values() for r in types.values())
+    curves = (out / "curves.csv").read_text().splitlines()
+    names = {line.split(",")[0] for line in curves[1:]}
+    assert curves[0] == "model,step,elapsed_s,loss" and {f"{t}/softmax" for t in record["accuracy"]} <= names
+    assert max(int(line.split(",")[1]) for line in curves[1:] if line.startswith("listops/softmax,")) == 6
     stamps = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file() and p.name != "lra.json" and p.suffix != ".png"
               and p.suffix != ".csv" and p.name != "runs.json"}
     again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path)
