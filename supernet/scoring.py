@@ -35,10 +35,10 @@ def pick_device(name: str = "auto") -> str:
     """``auto``: the GPU when there is one, else the CPU; otherwise the name, checked."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device: {name!r} asked for, but torch sees no CUDA device (use cpu or auto)")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     return name
 
 

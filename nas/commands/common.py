@@ -154,11 +154,11 @@ def token_budget(args: argparse.Namespace) -> int | None:
 
 
 def train_device(name: str | None) -> str:
-    import torch
+    """``--device`` of a training command: auto (None) is the GPU when there is one; every value checked (auto, cpu,
+    cuda, cuda:N, the GPU there)."""
+    from supernet.scoring import pick_device
 
-    if name in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return pick_device(name or "auto")
 
 
 # --------------------------------------------------------------------------- task flags
@@ -174,6 +174,22 @@ def add_task_flags(p: argparse.ArgumentParser, command: str) -> None:
             if command in f.commands and f.dest not in seen:
                 seen.add(f.dest)
                 p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
+
+
+def add_device_flags(p, command: str) -> None:
+    """The option flags the registered devices declare for ``command`` (``--timing-threads``, ``--clock``,
+    ``--runtime``, ``--provider``, a plugin device's own), each once (:func:`latency.device.device_flags`)."""
+    from latency.device import device_flags
+
+    for f in device_flags(command):
+        p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
+
+
+def device_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The device options given to ``command`` (constructor keyword -> value; None where not given)."""
+    from latency.device import device_flags
+
+    return {f.option: getattr(args, f.dest, None) for f in device_flags(command)}
 
 
 def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:

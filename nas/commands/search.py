@@ -19,7 +19,14 @@ import logging
 import re
 from pathlib import Path
 
-from .common import PROTOCOL_DEFAULTS, add_scoring_arguments, file_digest, measurement_bar, scoring_settings
+from .common import (
+    PROTOCOL_DEFAULTS,
+    add_device_flags,
+    add_scoring_arguments,
+    file_digest,
+    measurement_bar,
+    scoring_settings,
+)
 
 from . import register_command
 
@@ -50,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--timing-target still holds the measured latency to the budget itself); default 0")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
-    g.add_argument("--strategy", default="evolution", metavar="NAME",
-                   help="a registered search strategy: evolution (default), random, nsga2, or a plugin's")
+    from nas.search.strategy import STRATEGIES
+
+    g.add_argument("--strategy", default="evolution", choices=STRATEGIES.names(),
+                   help="a registered search strategy (default evolution)")
     g.add_argument("--population", type=int, default=125, help="size of the population and of generation 0 (default 125)")
     g.add_argument("--parents", type=int, default=25, help="parents chosen per generation (default 25)")
     g.add_argument("--mutations", type=int, default=50, help="children by mutation per generation (default 50)")
@@ -100,9 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--verify-margin", type=float, default=0.0, metavar="PCT",
                    help="a candidate holds when its measured latency is at least PCT percent under the budget: headroom "
                    "for the next measurement's noise (the export, another day); default 0")
-    v.add_argument("--timing-threads", type=int, metavar="N", help="intra-op threads of the timing target")
-    v.add_argument("--clock", metavar="CLOCK", help="the timing target's clock: wall (default) or cpu (needs "
-                   "--timing-threads 1)")
+    add_device_flags(v, NAME)
     h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
     h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
                    help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "

@@ -75,7 +75,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    f"onnx (model.onnx, parity-checked) (default {formats})")
     g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
                    "installed one)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
+    g.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 "
+                   "autocast; else cpu)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
                    "keeps its own")
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "

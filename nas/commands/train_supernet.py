@@ -64,8 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda"),
-        help="default: cuda when available (bf16 autocast), else cpu (fp32); a resumed run keeps its own",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 autocast; else cpu, fp32); a resumed "
+        "run keeps its own",
     )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
                    "keeps its own")

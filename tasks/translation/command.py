@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", choices=("val", "test"), help="translate the split's sources of the run's corpus and print "
                    "chrF and BLEU against its references (sacrebleu)")  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help="auto, cpu (default), cuda or cuda:N")
     p.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                    help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (the same "
                         "greedy and beam search, --eval too)")  # fmt: skip
@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UserError("--eval: chrF and BLEU need sacrebleu, which is not installed: "
                             "pip install 'nas-transformers[translate]' (python3 scripts/install.py translate)") from None
+    from supernet.scoring import pick_device
+
+    args.device = pick_device(args.device)  # auto, cpu, cuda, cuda:N: checked (and auto resolved) before loading
     if args.engine == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
         from .artifact import read_card
