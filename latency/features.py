@@ -14,29 +14,18 @@ bytes it reads.
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 import numpy as np
 
+from supernet.shapes import params as shape_params
 from search_spaces import Space, Subnet, Workload
 from search_spaces.attention import parse_attention
 from supernet.attention import get, state_bytes
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: Space):
-    """A supernet on the meta device: shapes only, no memory; it counts parameters exactly."""
-    import torch
-
-    from supernet import SuperTransformer
-
-    with torch.device("meta"):
-        return SuperTransformer(space)
-
-
 def params(space: Space, subnet: Subnet) -> int:
-    """Parameters of the static model (``SuperTransformer.num_params``, the one count)."""
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static model (the supernet's ``num_params`` on the meta device, the one count)."""
+    return shape_params(space, subnet)
 
 
 def layer_cache_bytes(attention: str, context: int, heads: int, hd: int, batch: int = 1) -> int:

@@ -22,7 +22,7 @@ def test_the_card_runs_as_written_without_a_warning(tmp_path, capsys):
     steps = [
         ["train-supernet", str(space), "--out", str(tmp_path / "run"), "--data", str(docs), "--max-steps", "4",
          "--batch-size", "4", "--seq-len", "16", "--val-fraction", "0.2"],
-        ["measure-latency", str(space), "--device", "onnxruntime", "--samples", "8", "--out", str(tmp_path / "t.csv"),
+        ["measure-latency", str(space), "--device", "onnxruntime", "--samples", "12", "--out", str(tmp_path / "t.csv"),
          "--timing-threads", "1", *QUICK],
         ["fit-predictor", str(tmp_path / "t.csv"), "--out", str(tmp_path / "pred")],
         ["search", str(tmp_path / "run" / "final.pt"), "--predictor", str(tmp_path / "pred"), "--budget", "50ms",
