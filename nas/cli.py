@@ -37,7 +37,7 @@ def command_modules() -> dict:
     then each registered task's own (``Task.commands``, registered here in registration order), then plugins'."""
     from search_spaces.tasks import tasks
 
-    from .commands import COMMANDS, register_command
+    from .commands.registry import COMMANDS, register_command
 
     for task in tasks().values():
         for path in getattr(task, "commands", ()):

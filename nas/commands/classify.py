@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

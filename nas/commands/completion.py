@@ -9,7 +9,7 @@ bash)"`` in ``~/.bashrc``.  Where ``argcomplete`` is installed (``pip install na
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "completion"
 HELP = "print a shell-completion script for nas (bash or zsh): eval \"$(nas completion bash)\""

@@ -19,7 +19,7 @@ from .common import (
     timing_messages,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

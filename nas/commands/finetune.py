@@ -21,7 +21,7 @@ import logging
 import shlex
 from pathlib import Path
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "generate"
 HELP = "sample text from a model written by `nas export` (prefill once, then one cached decode step per token)"

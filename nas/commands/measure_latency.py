@@ -16,7 +16,7 @@ from .common import (
     visit_bar,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from .common import (
     scoring_settings,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

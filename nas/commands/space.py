@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "space"
 HELP = "show a search space: its choices, number of subnets, parameter counts (and sample subnets)"

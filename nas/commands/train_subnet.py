@@ -35,7 +35,7 @@ from .common import (
     train_device,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from .common import (
     step_bar,
     task_flags,
 )
-from . import register_command
+from .registry import register_command
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
