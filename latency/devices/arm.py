@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from search_spaces import Space, Subnet, UserError, Workload, tasks
+from search_spaces.errors import hide_password
 from search_spaces.space import WORKLOAD_KINDS
 
 from ..onnx_graphs import cached_decode_graph, cached_graph
@@ -239,8 +240,8 @@ def parse_target(target: str, flag: str = "--device") -> SshTarget:
     """The parts of an ``ssh://`` device, or one line naming ``flag`` and what is wrong (before anything is built)."""
     rest = target[len("ssh://"):] if target.startswith("ssh://") else None
 
-    def refuse(why: str) -> UserError:
-        return UserError(f"{flag}: {target[:80]!r} {why}; write {SSH_FORMS}")
+    def refuse(why: str) -> UserError:  # (ssh://user:password@host: the password is never said)
+        return UserError(hide_password(f"{flag}: {hide_password(target)[:80]!r} {why}; write {SSH_FORMS}", target))
 
     if not rest:
         raise refuse("names no host")
