@@ -43,12 +43,12 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def read_decompressed(path: str | Path, limit: int, what: str) -> bytes:
-    """The bytes of a user's file, gunzipped when it starts with gzip's magic (else as they are), at most ``limit`` of
-    them: a file that is not a regular file (a FIFO would block, ``/dev/zero`` never ends) or that holds, or
-    decompresses to, more than ``limit`` bytes (a gzip bomb: a few kilobytes that expand into gigabytes) is refused
-    before more is read, and a damaged or truncated gzip stream (``zlib.error``, ``EOFError``) is a ``ValueError``
-    naming the file, like every other refusal here."""
+def read_bounded(path: str | Path, limit: int, what: str, gunzip: bool = False) -> bytes:
+    """The bytes of a user's file, at most ``limit`` of them; with ``gunzip``, gunzipped when it starts with gzip's
+    magic (else as they are).  A file that is not a regular file (a FIFO would block, ``/dev/zero`` never ends) or
+    that holds, or decompresses to, more than ``limit`` bytes (a gzip bomb: a few kilobytes that expand into
+    gigabytes) is refused before more is read, and a damaged or truncated gzip stream (``zlib.error``, ``EOFError``)
+    is a ``ValueError`` naming the file, like every other refusal here."""
     path = Path(path)
     try:
         st = os.stat(path)
@@ -56,7 +56,7 @@ def read_decompressed(path: str | Path, limit: int, what: str) -> bytes:
             kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO or a device)"
             raise ValueError(f"{path}: {kind}; expected {what}")
         with open(path, "rb") as f:
-            if f.read(2) == b"\x1f\x8b":
+            if gunzip and f.read(2) == b"\x1f\x8b":
                 f.seek(0)
                 with gzip.GzipFile(fileobj=f) as g:
                     data = g.read(limit + 1)
@@ -65,9 +65,12 @@ def read_decompressed(path: str | Path, limit: int, what: str) -> bytes:
                 f.seek(0)
                 data = f.read(limit + 1)
                 how = "holds"
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (expected {what}; was it moved or renamed meanwhile?)") from None
     except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         why = getattr(e, "strerror", None) or first_line(e)
-        raise ValueError(f"{path}: not a readable {what} (gzip or plain): {why}") from None
+        raise ValueError(f"{path}: not a readable {what.removeprefix('a ').removeprefix('an ')}"
+                         f"{' (gzip or plain)' if gunzip else ''}: {why}") from None
     if len(data) > limit:
         raise ValueError(f"{path}: {how} more than {limit:,} bytes; {what} here is at most {limit:,}")
     return data

@@ -14,9 +14,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -166,3 +166,247 @@ def test_the_log_and_error_lines_hide_passwords_whatever_wrote_them(capsys):
         logging.getLogger("nas.search").warning("retrying %s", "postgresql://alice:S3cretPW@db/nas")
     err = capsys.readouterr().err
     assert err == "nas search: warning: retrying postgresql://alice:***@db/nas\n"
+
+
+# --------------------------------------------------------------------------- (2, 5, 9, 10) nas data: temporary files,
+# someone else's folder, two runs, late and misleading refusals
+
+
+LISTOPS = ["data", "listops", "--n", "8", "--eval-n", "8", "--seed", "5", "-q"]
+
+
+def test_write_tsv_never_follows_a_planted_link_and_leaves_nothing_when_interrupted(tmp_path):
+    from tasks.sequence_classification.data import write_tsv
+
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    for name in ("val.tsv.tmp", ".val.tsv.tmp", "val.tsv.tmp.tmp"):  # the old fixed name, and guesses at others
+        (out / name).symlink_to(victim)
+    digest, counts = write_tsv(out / "val.tsv", [(0, ["a", "b"]), (1, ["c"])])
+    assert victim.read_text() == "keep me\n" and (out / "val.tsv").read_text() == "0\ta b\n1\tc\n"
+    assert counts == {"0": 1, "1": 1}
+
+    def rows():  # Ctrl-C (or a full disk) after two rows
+        yield 0, ["a"]
+        yield 1, ["b"]
+        raise KeyboardInterrupt
+
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(KeyboardInterrupt):
+        write_tsv(out / "train.tsv", rows())
+    assert sorted(p.name for p in out.iterdir()) == before  # no train.tsv, no temporary file left
+
+
+def test_nas_data_refuses_a_folder_of_someone_elses_files(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "train.tsv").write_text("my own rows\n")
+    line = one_error(capsys, [*LISTOPS, "--out", str(out)])
+    assert line == (f"nas data: error: --out {out}: holds files nas data did not write (train.tsv) and no data.json; "
+                    "choose a new or empty folder")
+    assert (out / "train.tsv").read_text() == "my own rows\n" and sorted(p.name for p in out.iterdir()) == ["train.tsv"]
+    (tmp_path / "empty").mkdir()
+    assert main([*LISTOPS, "--out", str(tmp_path / "empty")]) == 0  # an empty folder is fine
+
+
+def test_nas_data_rewrites_its_own_folder_without_following_planted_links(tmp_path, capsys):
+    out = tmp_path / "lo"
+    assert main([*LISTOPS, "--out", str(out)]) == 0
+    (out / "val.tsv").write_text("0\t1\n")  # a changed file: generated again ...
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (out / "val.tsv.tmp").symlink_to(victim)  # ... past a link planted at the old fixed temporary name
+    assert main([*LISTOPS, "--out", str(out)]) == 0
+    assert victim.read_text() == "keep me\n" and "written" in capsys.readouterr().out
+    record = json.loads((out / "data.json").read_text())
+    from tasks.sequence_classification.data import file_sha256
+
+    assert all(file_sha256(out / f"{s}.tsv") == record["sha256"][s] for s in ("train", "val", "test"))
+
+
+def test_a_second_nas_data_run_into_a_folder_being_written_is_refused(tmp_path, capsys):
+    from filelock import FileLock
+
+    out = tmp_path / "lo"
+    out.mkdir()
+    with FileLock(out / ".nas-data.lock"):  # another run, writing
+        line = one_error(capsys, [*LISTOPS, "--out", str(out)])
+    assert line == (f"nas data: error: --out {out}: another `nas data` run is writing this folder now (.nas-data.lock is "
+                    "held); wait for it to end, or choose another --out")
+    assert sorted(p.name for p in out.iterdir()) == [".nas-data.lock"]
+    assert main([*LISTOPS, "--out", str(out)]) == 0  # the lock released: it writes
+
+
+def test_a_nas_data_run_killed_mid_write_is_written_again(tmp_path, capsys, monkeypatch):
+    """kill -9 between two files: data.json is the unfinished claim; the folder is still ours, and a rerun writes it."""
+    from tasks.sequence_classification import data
+
+    out = tmp_path / "lo"
+    calls = []
+    real = data.write_tsv
+
+    def dies(path, rows):
+        if calls:
+            raise SystemExit("killed")  # (what a kill leaves: the first file whole, the claim, the lock file)
+        calls.append(path)
+        return real(path, rows)
+
+    with monkeypatch.context() as m:
+        m.setattr(data, "write_tsv", dies)
+        with pytest.raises(SystemExit):
+            data.write_folder("listops", out, 8, 8, 5)
+    assert sorted(p.name for p in out.iterdir()) == [".nas-data.lock", "data.json", "train.tsv"]
+    line = one_error(capsys, ["train-supernet", "lra-tiny", "--data", str(out), "--out", str(tmp_path / "run")])
+    assert line == (f"nas train-supernet: error: {out / 'data.json'}: written by a `nas data` run that did not finish; run "
+                    "it again")
+    assert not (tmp_path / "run").exists()
+    assert main([*LISTOPS, "--out", str(out)]) == 0 and "written" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("n, expected", [
+    ("1000000000000", "--n: 1000000000000 examples is over the limit of 1,000,000 (LRA's largest split is 160,000)"),
+    ("999999999999999999999", "--n: 999999999999999999999 examples is over the limit of 1,000,000"),
+])
+def test_nas_data_caps_n_before_anything_is_made(n, expected, tmp_path, capsys):
+    line = one_error(capsys, ["data", "pathfinder", "--out", str(tmp_path / "p"), "--n", n])
+    assert line.startswith(f"nas data: error: {expected}"), line
+    line = one_error(capsys, ["data", "pathfinder", "--out", str(tmp_path / "p"), "--n", "10", "--eval-n", n])
+    assert line.startswith("nas data: error: --eval-n: "), line
+    assert not (tmp_path / "p").exists()
+
+
+def corrupt_gzip(array: np.ndarray) -> bytes:
+    """A gzip of an IDX file whose deflate stream is damaged in the middle (zlib.error when read)."""
+    import gzip
+
+    header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    blob = bytearray(gzip.compress(header + array.astype(np.uint8).tobytes()))
+    blob[30:60] = b"\xff" * 30
+    return bytes(blob)
+
+
+def test_a_corrupt_gzip_idx_is_one_line_and_leaves_no_out(tmp_path, capsys, monkeypatch):
+    from tasks.sequence_classification import fmnist
+
+    folder = tmp_path / "fm"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 40), ("t10k", 12)):
+        (folder / f"{split}-images-idx3-ubyte.gz").write_bytes(corrupt_gzip(rng.integers(0, 256, size=(n, 28, 28))))
+        (folder / f"{split}-labels-idx1-ubyte").write_bytes(bytes([0, 0, 8, 1]) + n.to_bytes(4, "big") + bytes(n))
+    monkeypatch.setenv(fmnist.ENV, str(folder))
+    out = tmp_path / "out"
+    line = one_error(capsys, ["data", "fmnist-pixels", "--out", str(out), "--n", "20", "--eval-n", "8"])
+    assert line.startswith(f"nas data: error: {folder / 'train-images-idx3-ubyte.gz'}: not a readable IDX file (gzip or "
+                           "plain): "), line
+    assert not out.exists()
+
+
+def test_idx_readers_bound_what_a_gzip_may_expand_to(tmp_path, monkeypatch):
+    """Both IDX readers (the image task's, nas data's Fashion-MNIST): a damaged stream and a gzip bomb are ValueErrors
+    naming the file; the bomb is refused once the bound is passed, not decompressed whole."""
+    import gzip
+
+    from tasks.image_classification import data as images
+    from tasks.sequence_classification import fmnist
+
+    bad = tmp_path / "bad.gz"
+    bad.write_bytes(corrupt_gzip(np.zeros((40, 28, 28))))
+    bomb = tmp_path / "bomb.gz"
+    bomb.write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + (1 << 22).to_bytes(4, "big") + bytes(1 << 22)))
+    for module in (images, fmnist):
+        with pytest.raises(ValueError, match=r"bad.gz: not a readable IDX file \(gzip or plain\): "):
+            module.read_idx(bad)
+        monkeypatch.setattr(module, "MAX_IDX_BYTES", 1 << 20)
+        with pytest.raises(ValueError, match=r"bomb.gz: decompresses to more than 1,048,576 bytes; an IDX file here is at "
+                                             r"most 1,048,576"):
+            module.read_idx(bomb)
+
+
+def planted(folder: Path, victim: Path, *names: str) -> None:
+    """Links at ``names`` in ``folder`` to ``victim`` (what someone who can write there could leave)."""
+    for name in names:
+        (folder / name).symlink_to(victim)
+
+
+def test_every_writer_makes_a_new_temporary_file_and_never_follows_a_planted_link(tmp_path):
+    """The writers that used a fixed temporary name (``NAME.tmp``, ``.NAME.tmp``, ``NAME.<pid>.tmp``): each now makes a
+    new file of a unique name; links planted at every old name point at a victim that stays as it was."""
+    from latency import onnx_graphs, timing_core
+    from supernet.files import atomic_stream, atomic_write
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    planted(out, victim, "t.json.tmp", ".t.json.tmp", "g.json.tmp", ".g.json.tmp", "a.txt.tmp", ".a.txt.tmp",
+            "s.bin.tmp", ".s.bin.tmp")
+    timing_core.write_json(str(out / "t.json"), {"a": 1})  # the timing sidecar (also on the board)
+    onnx_graphs.write_json(out / "g.json", {"b": 2})  # the graph cache's layouts
+    atomic_write(out / "a.txt", "text")
+    with atomic_stream(out / "s.bin") as f:
+        f.write(b"bytes")
+    assert victim.read_text() == "keep me\n"
+    assert json.loads((out / "t.json").read_text()) == {"a": 1} and json.loads((out / "g.json").read_text()) == {"b": 2}
+    assert (out / "a.txt").read_text() == "text" and (out / "s.bin").read_bytes() == b"bytes"
+    assert sorted(p.name for p in out.iterdir() if not p.is_symlink()) == ["a.txt", "g.json", "s.bin", "t.json"]
+
+
+def test_a_failed_write_leaves_no_temporary_file_at_any_writer(tmp_path):
+    from latency import timing_core
+    from supernet.files import atomic_stream
+
+    class Full(OSError):
+        pass
+
+    def fails(f):
+        f.write(b"half")
+        raise Full(28, "No space left on device")
+
+    with pytest.raises(Full):
+        timing_core.write_atomic(str(tmp_path / "t.npz"), fails)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_stream(tmp_path / "s.bin") as f:
+            f.write(b"half")
+            raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_custom_op_compile_writes_into_a_new_folder(tmp_path, monkeypatch):
+    """The ONNX Runtime custom-op library is compiled into a new folder beside it (it used ``NAME.<pid>.tmp``, where a
+    planted link sent the compiler's output to the link's target); a failed compile leaves nothing."""
+    from supernet.attention import ort_ops
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    compiler = tmp_path / "cc"
+    compiler.write_text('#!/bin/sh\nwhile [ "$1" != "-o" ]; do shift; done\necho library > "$2"\n')
+    compiler.chmod(0o755)
+    out = tmp_path / "lib" / "ops.so"
+    out.parent.mkdir()
+    planted(out.parent, victim, f"ops.so.{os.getpid()}.tmp")
+    assert ort_ops.compile_library(out, str(compiler), []) == out
+    assert out.read_text() == "library\n" and victim.read_text() == "keep me\n"
+    failing = tmp_path / "cc-fails"
+    failing.write_text('#!/bin/sh\necho "error: no" >&2\nexit 1\n')
+    failing.chmod(0o755)
+    with pytest.raises(RuntimeError, match="cc-fails failed: error: no"):
+        ort_ops.compile_library(tmp_path / "lib" / "other.so", str(failing), [])
+    assert sorted(p.name for p in out.parent.iterdir()) == sorted(["ops.so", f"ops.so.{os.getpid()}.tmp"])
+
+
+def test_no_source_names_a_fixed_temporary_file():
+    """Every ``.tmp`` literal left in the project is a suffix of a unique name (mkstemp's), or the check for one."""
+    import re
+
+    allowed = ("suffix=", "suffix: str =", "endswith(")
+    found = []
+    for folder in ("nas", "tasks", "supernet", "latency", "search_spaces", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for k, line in enumerate(path.read_text().splitlines(), 1):
+                for m in re.finditer(r"""["'][^"'\n]*\.tmp["']""", line):
+                    if not line[:m.start()].rstrip().endswith(allowed):
+                        found.append(f"{path.relative_to(ROOT)}:{k}: {line.strip()}")
+    assert not found, "\n".join(found)

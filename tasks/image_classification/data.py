@@ -40,10 +40,10 @@ MAX_PIXELS = 1 << 24  # an image's width x height (4096 x 4096), checked from it
 
 def read_idx(path: str | Path) -> np.ndarray:
     """The array an IDX file holds (gzip-compressed or plain), checked against its header."""
-    from supernet.files import read_decompressed
+    from supernet.files import read_bounded
 
     path = Path(path)
-    raw = read_decompressed(path, MAX_IDX_BYTES, "an IDX file")  # a gzip bomb or a damaged stream: one line
+    raw = read_bounded(path, MAX_IDX_BYTES, "an IDX file", gunzip=True)  # a gzip bomb or a damaged stream: one line
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES or not 1 <= raw[3] <= 4:
         raise ValueError(f"{path}: not an IDX file (expected the magic number 0x0000 then a dtype code "
                          f"{', '.join(f'0x{c:02X}' for c in IDX_DTYPES)} and 1 to 4 dimensions, "

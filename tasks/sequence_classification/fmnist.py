@@ -27,10 +27,10 @@ NOTE = "Fashion-MNIST pixels (in place of LRA's CIFAR-10, which does not ship of
 
 def read_idx(path: str | Path) -> np.ndarray:
     """An IDX file (``.gz`` or raw) as a uint8 array of its shape; ValueError naming the file when it is not one."""
-    from supernet.files import read_decompressed
+    from supernet.files import read_bounded
 
     path = Path(path)
-    data = read_decompressed(path, MAX_IDX_BYTES, "an IDX file")  # a gzip bomb or a damaged stream: one line
+    data = read_bounded(path, MAX_IDX_BYTES, "an IDX file", gunzip=True)  # a gzip bomb or a damaged stream: one line
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ValueError(f"{path}: not an IDX file (its first bytes are {data[:4].hex() or 'missing'})")
     if data[2] != 0x08:
