@@ -410,3 +410,114 @@ def test_no_source_names_a_fixed_temporary_file():
                     if not line[:m.start()].rstrip().endswith(allowed):
                         found.append(f"{path.relative_to(ROOT)}:{k}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+# --------------------------------------------------------------------------- (6) an exported program is checked entry by
+# entry before torch.export.load sees it
+
+
+class Payload:
+    """A pickle that makes a folder when it is unpickled: the proof that code ran (it touches nothing else)."""
+
+    def __init__(self, target: Path):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return os.mkdir, (self.target,)
+
+
+@pytest.fixture(scope="module")
+def program_dir(tmp_path_factory, tiny):
+    """A model folder with its torch.export program (the smallest subnet of tiny), as `nas export` writes one."""
+    import torch
+
+    from supernet import Transformer, TransformerConfig
+    from supernet.artifact import export_program, save_model, update_card
+
+    out = tmp_path_factory.mktemp("program") / "model"
+    model = Transformer(TransformerConfig.from_subnet(tiny, tiny.smallest()), generator=torch.Generator().manual_seed(0))
+    save_model(model.eval(), out, tiny)
+    export_program(model, out / "model.pt2")
+    update_card(out, files=["model.pt2"])
+    return out
+
+
+def tampered(src: Path, dst: Path, add: dict[str, bytes], config_edit=None) -> None:
+    """A copy of the model folder ``src`` at ``dst`` whose program holds the entries ``add`` too (names under the
+    archive's root), its constants config edited by ``config_edit``; the card's checksum updated to match."""
+    import shutil
+    import zipfile
+
+    from supernet.artifact import update_card
+
+    shutil.copytree(src, dst)
+    with zipfile.ZipFile(src / "model.pt2") as z, zipfile.ZipFile(dst / "model.pt2", "w") as out:
+        root = z.infolist()[0].filename.split("/", 1)[0]
+        for item in z.infolist():
+            data = z.read(item.filename)
+            if config_edit and item.filename.endswith("_constants_config.json"):
+                data = json.dumps(config_edit(json.loads(data))).encode()
+            out.writestr(item, data)
+        for name, data in add.items():
+            out.writestr(zipfile.ZipInfo(f"{root}/{name}"), data)
+    update_card(dst, files=["model.pt2"])
+
+
+def test_a_program_with_legacy_pickled_weights_is_refused_and_nothing_runs(program_dir, tmp_path):
+    import pickle
+
+    from search_spaces import UserError
+    from supernet.artifact import load_program
+
+    proof = tmp_path / "ran"
+    bad = tmp_path / "legacy"
+    tampered(program_dir, bad, {"data/weights/model.pt": pickle.dumps(Payload(proof))})
+    with pytest.raises(UserError) as e:
+        load_program(bad)
+    assert not proof.exists(), "the archive's pickle ran"
+    import re
+
+    assert re.fullmatch(re.escape(f"{bad / 'model.pt2'}: holds an entry a torch.export program does not have ('") +
+                        r"[^/']+/data/weights/model\.pt'\); loading it could run code, refused", str(e.value)), str(e.value)
+    assert load_program(program_dir) is not None  # the program as written loads
+
+
+def test_a_program_with_an_opaque_object_is_refused_whatever_use_pickle_says(program_dir, tmp_path):
+    import pickle
+
+    from search_spaces import UserError
+    from supernet.artifact import load_program
+
+    proof = tmp_path / "ran"
+    blob = pickle.dumps(Payload(proof))
+    blob += b"\0" * (-len(blob) % 4)  # (a whole number of float32s, as a raw tensor's record would be)
+
+    def add_opaque(config):
+        meta = dict(next(iter(config["config"].values())))
+        config["config"]["evil"] = {**meta, "path_name": "opaque_obj_0", "use_pickle": False}
+        return config
+
+    bad = tmp_path / "opaque"
+    tampered(program_dir, bad, {"data/constants/opaque_obj_0": blob}, add_opaque)
+    with pytest.raises(UserError, match=r"holds an entry a torch.export program does not have \('.*/data/constants/"
+                                        r"opaque_obj_0'\); loading it could run code, refused"):
+        load_program(bad)
+    assert not proof.exists(), "the archive's pickle ran"
+    bad2 = tmp_path / "opaque-config"  # the config alone naming one (its file under a tensor's name): refused too
+    tampered(program_dir, bad2, {},
+             lambda c: {"config": {k: {**v, "path_name": "custom_obj_0"} for k, v in c["config"].items()}})
+    with pytest.raises(UserError, match=r"model_constants_config.json: 'rope_cos' is stored as 'custom_obj_0', not as "
+                                        r"raw tensor bytes; loading it could run code, refused"):
+        load_program(bad2)
+
+
+@pytest.mark.parametrize("name", ["data/aotinductor/model/model.so", "serialized_state_dict.pt", "extra/notes.txt",
+                                  "data/weights/../weights/weight_0"])
+def test_a_program_with_any_entry_a_safe_program_lacks_is_refused(program_dir, tmp_path, name):
+    from search_spaces import UserError
+    from supernet.artifact import load_program
+
+    bad = tmp_path / "bad"
+    tampered(program_dir, bad, {name: b"\0" * 8})
+    with pytest.raises(UserError, match="holds an entry a torch.export program does not have"):
+        load_program(bad)
