@@ -20,10 +20,11 @@ objects, which can run code, so an archive holding any entry a safe program does
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import yaml
@@ -155,10 +156,35 @@ def load_weights(model: torch.nn.Module, weights: Path) -> None:
         raise UserError(f"{weights}: weights do not match the subnet in the model card: {str(e).splitlines()[0]}") from None
 
 
+def fitting_model(weights: Path, build: Callable[[], torch.nn.Module], card: Path) -> torch.nn.Module:
+    """``build()``, once the weights file is known to hold every tensor the model will have, of its shape.
+
+    ``build`` runs on the meta device first (no memory is allocated), and its tensors' shapes are compared with those
+    the safetensors header lists: a card whose space and subnet claim more than its weights hold (a 7 KB card of
+    vocabulary 2^20 and width 65536 asks for 275 GB) is refused in one line before the model is built for real."""
+    from safetensors import SafetensorError, safe_open
+
+    with torch.device("meta"):
+        wanted = {k: tuple(v.shape) for k, v in build().state_dict().items()}
+    try:
+        with safe_open(str(weights), "pt") as f:
+            held = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{weights}: not a readable safetensors file ({first_line(e, 160)})") from None
+    wrong = [k for k in wanted if held.get(k) != wanted[k]]
+    if wrong:
+        k = wrong[0]
+        size = sum(math.prod(shape) for shape in wanted.values())
+        raise UserError(f"{card}: describes a model of {size:,} parameters that {weights.name} does not hold ({k}: the "
+                        f"card's {wanted[k]}, the file's {held.get(k, 'none')}); the card and its weights do not match")
+    return build()
+
+
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:
     """Load an exported model (eval mode): ``model = supernet.load_model("out/")``."""
     _, weights, space, subnet = open_export(model_dir)
-    model = Transformer(TransformerConfig.from_subnet(space, subnet))
+    config = TransformerConfig.from_subnet(space, subnet)
+    model = fitting_model(weights, lambda: Transformer(config), Path(model_dir) / CARD)
     load_weights(model, weights)
     return model.to(device).eval()
 

@@ -43,6 +43,24 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` is no regular file to read, in words for a one-line refusal (None: it is one): "no such file", "a
+    link to a missing file", "a folder", "not a regular file (a FIFO, a socket or a device)" (a FIFO would block, a
+    device never end), or the system's reason (permission denied).  Read the file after this, and a file another run
+    removed or renamed meanwhile is :func:`read_bounded`'s "no such file (... moved or renamed meanwhile?)"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a link to a missing file" if os.path.islink(path) else "no such file"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, a socket or a device)"
+    return None
+
+
 def read_bounded(path: str | Path, limit: int, what: str, gunzip: bool = False) -> bytes:
     """The bytes of a user's file, at most ``limit`` of them; with ``gunzip``, gunzipped when it starts with gzip's
     magic (else as they are).  A file that is not a regular file (a FIFO would block, ``/dev/zero`` never ends) or

@@ -521,3 +521,186 @@ def test_a_program_with_any_entry_a_safe_program_lacks_is_refused(program_dir, t
     tampered(program_dir, bad, {name: b"\0" * 8})
     with pytest.raises(UserError, match="holds an entry a torch.export program does not have"):
         load_program(bad)
+
+
+# --------------------------------------------------------------------------- (4) what a model card claims is bounded by
+# the weights file actually present, before a model is built
+
+
+def test_a_card_claiming_a_huge_model_is_refused_before_allocation(program_dir, tmp_path, capsys):
+    """A 7 KB card of vocabulary 2^20 and width 65536 (275 GB of weights) beside a small weights file: one line."""
+    import shutil
+
+    bad = tmp_path / "huge"
+    shutil.copytree(program_dir, bad)
+    card = json.loads((bad / "model_card.json").read_text())
+    card["space"].update(vocab_size=1 << 20, embed_dim=[65536])
+    card["subnet"]["embed_dim"] = 65536
+    (bad / "model_card.json").write_text(json.dumps(card))
+    line = one_error(capsys, ["generate", "--model", str(bad), "--max-new-tokens", "1"])
+    assert line == (f"nas generate: error: {bad / 'model_card.json'}: describes a model of 68,745,167,072 parameters "
+                    "that model.safetensors does not hold (tok_emb.weight: the card's (1048576, 65536), the file's "
+                    "(256, 64)); the card and its weights do not match")  # (275 GB of float32, never allocated)
+
+
+def test_fitting_model_builds_nothing_for_real_until_the_shapes_match(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from search_spaces import UserError
+    from supernet.artifact import fitting_model
+
+    save_file({"weight": torch.zeros(2, 3), "bias": torch.zeros(2)}, str(tmp_path / "w.safetensors"))
+    built = []
+
+    def build(n):
+        def make():
+            built.append(torch.empty(0).device.type)  # where the module is made: meta first, then for real
+            return torch.nn.Linear(3, n)
+        return make
+
+    assert isinstance(fitting_model(tmp_path / "w.safetensors", build(2), tmp_path / "card.json"), torch.nn.Linear)
+    assert built == ["meta", "cpu"]
+    built.clear()
+    with pytest.raises(UserError, match=r"card.json: describes a model of 4,000,000,000 parameters that w.safetensors does "
+                                        r"not hold \(weight: the card's \(1000000000, 3\), the file's \(2, 3\)\)"):
+        fitting_model(tmp_path / "w.safetensors", build(10**9), tmp_path / "card.json")
+    assert built == ["meta"]
+
+
+# --------------------------------------------------------------------------- (4, 8) images: headers before pixels, 16-bit
+# grayscale scaled, the head as wide as the data's classes, class names escaped in tab-separated output
+
+
+VISION = """
+task: image-classification
+image: {size: 8, channels: 1, classes: CLASSES}
+resolution: [8]
+patch: [2, 4]
+stem: [linear]
+stem_channels: 4
+head_dim: 8
+embed_dim: [16]
+depth: [1]
+layers: {heads: [1], ffn_dim: [16], attention: [softmax]}
+latency: {image: {batch_size: 1}}
+"""
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A PNG that declares ``width`` x ``height`` 8-bit gray pixels and holds none (a few dozen bytes)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b""))
+    return path
+
+
+def write_png(path: Path, a: np.ndarray) -> Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(a).save(path)
+    return path
+
+
+def png_folder(root: Path, classes: int, per_class: int = 4) -> Path:
+    rng = np.random.default_rng(0)
+    for k in range(classes):
+        for i in range(per_class):
+            write_png(root / f"c{k}" / f"{i}.png", rng.integers(0, 256, (8, 8)).astype(np.uint8))
+    return root
+
+
+@pytest.fixture(scope="module")
+def vision_model(tmp_path_factory):
+    """An exported image classifier of 8 x 8 grayscale images, 3 classes named with a tab, a newline and a backslash."""
+    import torch
+
+    from search_spaces import parse_space
+    from tasks.image_classification.export import save_vision_model
+    from tasks.image_classification.model import ViT
+
+    space = parse_space(VISION.replace("CLASSES", "3"))
+    out = tmp_path_factory.mktemp("vision") / "model"
+    model = ViT(space, space.smallest(), generator=torch.Generator().manual_seed(0))
+    save_vision_model(model.eval(), out, {"data": {"classes": ["T-shirt\ttop", "two\nlines", "back\\slash"]}})
+    return out
+
+
+def test_png_sizes_are_read_from_the_header_before_any_pixel_is_decoded(tmp_path):
+    from tasks.image_classification.data import read_png
+
+    cases = {(20000, 20000): "Image size (400000000 pixels) exceeds limit of",  # Pillow's own bomb error
+             (10000, 10000): "Image size (100000000 pixels) exceeds limit of",  # its warning, made a refusal
+             (5000, 5000): "5,000 x 5,000 pixels; an image here is at most 16,777,216 pixels (4096 x 4096)"}
+    for (w, h), expected in cases.items():
+        path = png_header_only(tmp_path / f"{w}.png", w, h)
+        with pytest.raises(ValueError) as e:
+            read_png(path)
+        assert str(e.value).startswith(f"{path}: ") and expected in str(e.value) and len(str(e.value)) < 250, str(e.value)
+
+
+def test_a_16_bit_grayscale_png_is_scaled_to_8_bits_not_clipped(tmp_path):
+    from tasks.image_classification.data import read_png
+
+    values = np.array([[0, 1000, 32768, 65535]], dtype=np.uint16)
+    a = read_png(write_png(tmp_path / "deep.png", values))
+    assert a.dtype == np.uint8 and a.tolist() == [[[0, 4, 128, 255]]]  # round(v * 255 / 65535); clipping gave 0, 255 ...
+
+
+def test_training_refuses_a_png_bomb_and_data_of_fewer_classes_than_the_head(tmp_path, capsys):
+    space10 = tmp_path / "v10.yaml"
+    space10.write_text(VISION.replace("CLASSES", "10"))
+    space3 = tmp_path / "v3.yaml"
+    space3.write_text(VISION.replace("CLASSES", "3"))
+    data = png_folder(tmp_path / "three", 3, per_class=6)
+    train = ["--max-steps", "1", "--batch-size", "2", "--eval-batches", "1", "--val-fraction", "0.34", "-q"]
+    line = one_error(capsys, ["train-supernet", str(space10), "--data", str(data), "--out", str(tmp_path / "r10"), *train])
+    assert line == ("nas train-supernet: error: the data has 3 classes; the space has 10 (image: classes): a model of 10 "
+                    "outputs trained on 3 would predict classes the data does not have; set classes: 3 in the space")
+    assert not (tmp_path / "r10").exists()
+    png_header_only(data / "c1" / "bomb.png", 20000, 20000)
+    line = one_error(capsys, ["train-supernet", str(space3), "--data", str(data), "--out", str(tmp_path / "r3"), *train])
+    assert line.startswith(f"nas train-supernet: error: {data / 'c1' / 'bomb.png'}: Image size (400000000 pixels) exceeds")
+    assert not (tmp_path / "r3").exists()
+
+
+def test_classify_image_refuses_bombs_and_non_files_and_escapes_names(vision_model, tmp_path, capsys):
+    bomb = png_header_only(tmp_path / "bomb.png", 20000, 20000)
+    line = one_error(capsys, ["classify-image", str(vision_model), str(bomb)])
+    assert line.startswith(f"nas classify-image: error: {bomb}: Image size (400000000 pixels) exceeds limit of "), line
+    (tmp_path / "folder.png").mkdir()
+    os.mkfifo(tmp_path / "fifo.png")
+    for name, what in (("folder.png", "a folder"), ("fifo.png", "not a regular file (a FIFO, a socket or a device)"),
+                       ("missing.png", "no such file")):
+        line = one_error(capsys, ["classify-image", str(vision_model), str(tmp_path / name)])
+        assert line == f"nas classify-image: error: {tmp_path / name}: {what}; expected a PNG file"
+    odd = write_png(tmp_path / "a\tb.png", np.zeros((8, 8), np.uint8))
+    deep = write_png(tmp_path / "deep.png", np.full((8, 8), 40000, np.uint16))  # 16 bits: read, scaled
+    assert main(["classify-image", str(vision_model), str(odd), str(deep), "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(len(line.split("\t")) == 7 for line in lines), lines
+    assert lines[0].startswith(str(tmp_path / "a\\tb.png") + "\t")
+    names = {f for line in lines for f in line.split("\t")[1::2]}
+    assert names == {"T-shirt\\ttop", "two\\nlines", "back\\\\slash"}
+
+
+def test_classify_image_refuses_a_card_of_fewer_classes_than_outputs(vision_model, tmp_path, capsys):
+    """A model trained (before the check above) into a 3-wide head on data of 2 classes: one line, not an IndexError."""
+    import shutil
+
+    bad = tmp_path / "model"
+    shutil.copytree(vision_model, bad)
+    card = json.loads((bad / "model_card.json").read_text())
+    card["data"]["classes"] = ["a", "b"]
+    (bad / "model_card.json").write_text(json.dumps(card))
+    image = write_png(tmp_path / "x.png", np.zeros((8, 8), np.uint8))
+    line = one_error(capsys, ["classify-image", str(bad), str(image), "--top", "3"])
+    assert line == ("nas classify-image: error: the model card names 2 classes, the model has 3 outputs: it was trained "
+                    "into a wider head than its data's classes; train it again with the space's classes set to the data's")

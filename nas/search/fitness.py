@@ -40,9 +40,12 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
     split of the data the checkpoint at ``supernet_path`` (loaded as ``payload``) was trained on, encoded in
     ``data_cache`` (``--data-cache``; default: the checkpoint's directory)."""
     if val_data:
+        from supernet.files import file_problem
+
         path = Path(val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
+        problem = file_problem(path)
+        if problem:
+            raise UserError(f"--val-data: {path}: {problem}; expected a file of held-out text")
         return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
     from search_spaces import tasks
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from search_spaces.errors import first_line, shown
-from supernet.files import atomic_stream, atomic_write, read_bounded
+from supernet.files import atomic_stream, atomic_write, file_problem, read_bounded
 from supernet.heldout import IGNORE
 from supernet.task import Examples
 
@@ -321,8 +321,9 @@ def vocabulary(path: Path, classes: int | None) -> tuple[int, list[str], str]:
         if not isinstance(voc, list) or not all(isinstance(s, str) for s in voc):
             raise ValueError(f"{sidecar}: vocabulary is not a list of symbols")
         return c, list(voc), str(path)
-    if not path.is_file():
-        raise ValueError(f"--data {path}: no such file or folder")
+    problem = file_problem(path)
+    if problem:
+        raise ValueError(f"--data {path}: {problem} (expected a folder written by `nas data`, or a TSV file)")
     if classes is None:
         raise ValueError(f"--data {path}: a TSV file of your own needs --classes N (its labels are 0..N-1)")
     if classes < 2:
