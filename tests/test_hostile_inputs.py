@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import os
 import threading
 import time
@@ -704,3 +705,104 @@ def test_classify_image_refuses_a_card_of_fewer_classes_than_outputs(vision_mode
     line = one_error(capsys, ["classify-image", str(bad), str(image), "--top", "3"])
     assert line == ("nas classify-image: error: the model card names 2 classes, the model has 3 outputs: it was trained "
                     "into a wider head than its data's classes; train it again with the space's classes set to the data's")
+
+
+def test_completion_keeps_a_file_name_with_spaces_whole(tmp_path):
+    import shutil
+    import subprocess
+
+    from nas.commands.completion import script
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash here")
+    (tmp_path / "nas.bash").write_text(script("bash"))
+    for name in ("my file.png", "my other file.png", "x*y.png"):
+        (tmp_path / name).write_bytes(b"")
+
+    def complete(*words: str) -> list[str]:
+        cmd = (f"source nas.bash; COMP_WORDS=(nas {' '.join(words)}); COMP_CWORD={len(words)}; _nas; "
+               'printf "%s\\n" "${COMPREPLY[@]}"')
+        done = subprocess.run([bash, "-c", cmd], capture_output=True, text=True, check=True, cwd=tmp_path)
+        return done.stdout.splitlines()
+
+    assert sorted(complete("classify-image", "m", "my")) == ["my file.png", "my other file.png"]
+    assert complete("classify-image", "m", "x") == ["x*y.png"]  # not expanded as a pattern
+    assert complete("classify-image", "--to") == ["--top"]  # flags as before
+
+
+# --------------------------------------------------------------------------- (9) check first, create after
+
+
+def test_log_tensorboard_without_the_package_is_refused_before_the_corpus_is_cached(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # (import tensorboard raises ImportError, as when absent)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to train on. " * 400)
+    out = tmp_path / "run"
+    line = one_error(capsys, ["train-supernet", "tiny", "--data", str(corpus), "--out", str(out), "--log", "tensorboard",
+                              "--max-steps", "1"])
+    assert line == ("nas train-supernet: error: --log tensorboard: the tensorboard package is not installed (pip install "
+                    "'nas-transformers[tensorboard]')")
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- (10) messages that name the right thing
+
+
+def install_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("install_script_55", ROOT / "scripts" / "install.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_install_dry_run_asks_no_index_and_a_failed_index_is_not_named_as_the_source(monkeypatch, capsys):
+    import subprocess
+
+    install = install_script()
+    asked = []
+
+    def pip(cmd, **kw):  # the index answers 404, as a mistyped --torch-index does
+        asked.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: 404 Client Error: Not Found for url: https://bad.example/cpu/torch/\n")
+
+    monkeypatch.setattr(install.subprocess, "run", pip)
+    monkeypatch.setattr(install, "installed_torch", lambda: None)
+    assert install.main(["--torch", "cpu", "--torch-index", "https://bad.example/cpu", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert asked == [] and "--dry-run asks no index" in err, err
+    with pytest.raises(SystemExit) as stop:
+        install.main(["--torch", "cpu", "--torch-index", "https://bad.example/cpu"])
+    assert str(stop.value) == ("install.py: --torch-index https://bad.example/cpu: pip found no torch there (ERROR: 404 Client "
+                               "Error: Not Found for url: https://bad.example/cpu/torch/); give an index that has it, or "
+                               "--torch cuda / --torch none")
+    assert len(asked) == 1 and asked[0][3:5] == ["index", "versions"]  # the listing only: nothing was installed
+
+
+def test_a_folder_or_fifo_given_as_a_file_is_named_as_such(tmp_path):
+    from latency.table import read_plain
+    from nas.search.fitness import validation_tokens
+    from search_spaces import UserError
+    from tasks.sequence_classification.data import vocabulary
+    from tasks.translation.data import prepare_pairs
+
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    kinds = {"folder": "a folder", "fifo": "not a regular file (a FIFO, a socket or a device)", "missing": "no such file",
+             "dangling": "a link to a missing file"}
+    for name, what in kinds.items():
+        path = tmp_path / name
+        with pytest.raises(UserError, match=rf"^{path}: {re.escape(what)}; expected a CSV file$"):
+            read_plain(path, "ms")
+        with pytest.raises(UserError, match=rf"^--val-data: {path}: {re.escape(what)}; expected a file of held-out text$"):
+            validation_tokens("ck.pt", {}, path)
+        with pytest.raises(UserError, match=rf"^--data {path}: {re.escape(what)} \(expected a source<TAB>target file\)$"):
+            prepare_pairs(str(path), tmp_path / "cache")
+        if name != "folder":  # (a folder is what nas data writes: its own refusals)
+            with pytest.raises(ValueError, match=rf"^--data {path}: {re.escape(what)} \(expected a folder written by "):
+                vocabulary(path, 2)
