@@ -806,3 +806,85 @@ def test_a_folder_or_fifo_given_as_a_file_is_named_as_such(tmp_path):
         if name != "folder":  # (a folder is what nas data writes: its own refusals)
             with pytest.raises(ValueError, match=rf"^--data {path}: {re.escape(what)} \(expected a folder written by "):
                 vocabulary(path, 2)
+
+
+# --------------------------------------------------------------------------- (11) a space that validates trains: every 2D
+# type at every grid the space can sample
+
+
+DOCUMENTED_2D = ["swin:2", "swin:4", "swin:7", "swin-shift:2", "swin-shift:7", "axial", "convmod2d:3", "convmod2d:7",
+                 "msla2d:3", "msla2d:7"]  # docs/attention-types.md's 2D types, at windows and kernels of several sizes
+
+
+def grid_space(attention: str, resolutions=(28, 56), patches=(2, 4, 7, 14)) -> str:
+    return (f"task: image-classification\nimage: {{size: 28, channels: 1, classes: 3}}\nresolution: {list(resolutions)}\n"
+            f"patch: {list(patches)}\nhead_dim: 8\nembed_dim: [16]\ndepth: [1]\n"
+            f"layers: {{heads: [1], ffn_dim: [16], attention: [softmax, \"{attention}\"]}}\nlatency: {{image: {{batch_size: 1}}}}\n")
+
+
+def runs_everywhere(space) -> list[str]:
+    """Each of the space's 2D attention types (those that read the grid back from T: a 1D type runs on the flattened
+    tokens whatever the grid) at each resolution and patch, through the supernet (what training samples): what
+    failed, as 'type @ resolution/patch: error'."""
+    import torch
+
+    from search_spaces.attention import parse_attention, types
+    from tasks.image_classification.model import SuperViT
+
+    model = SuperViT(space, generator=torch.Generator().manual_seed(0)).eval()
+    small = space.smallest()
+    x = torch.rand(1, space.channels, space.image_size, space.image_size)
+    failed = []
+    grid_types = [a for a in space.attention if hasattr(types()[parse_attention(a).kind], "grid_problems")]
+    assert grid_types, space.attention
+    for a in grid_types:
+        for r in space.resolutions:
+            for p in space.patches:
+                subnet = type(small)(small.embed_dim, small.depth, small.heads, small.ffn_dim, (a,) * small.depth, r, p,
+                                     space.stems[0])
+                try:
+                    with torch.no_grad():
+                        model(x, subnet)
+                except (ValueError, RuntimeError) as e:
+                    failed.append(f"{a} @ {r}/{p}: {str(e).splitlines()[0][:120]}")
+    return failed
+
+
+def test_swin_7_in_vision_tiny_is_refused_where_a_grid_it_samples_does_not_fit_it(tmp_path, capsys):
+    text = (ROOT / "search_spaces" / "vision-tiny.yaml").read_text()
+    old = 'attention: [softmax, linear, "local:8", xca, additive, axial, "convmod2d:3", "msla2d:3"]'
+    assert old in text
+    (tmp_path / "swin.yaml").write_text(text.replace(old, 'attention: [softmax, linear, axial, "swin:7"]'))
+    line = one_error(capsys, ["space", str(tmp_path / "swin.yaml")])
+    assert line == ("nas space: error: swin.yaml: layers.attention[3]: swin:7: the window W=7 does not divide the grid side 4 "
+                    "(resolution 28 at patch 7: every resolution and patch the space samples must fit)")
+
+
+@pytest.mark.parametrize("attention", DOCUMENTED_2D)
+def test_every_documented_2d_type_validates_only_where_it_runs_at_every_grid(attention):
+    """Accepted by validation => runs at every resolution and patch through the supernet; refused => a grid it meets
+    does not fit it (the refusal names the grid)."""
+    from search_spaces import SpaceError, parse_space
+
+    try:
+        space = parse_space(grid_space(attention))
+    except SpaceError as e:
+        assert "does not divide the grid side" in str(e) or "exceeds the grid side" in str(e), str(e)
+        kept = [p for p in (2, 4, 7, 14) if all(r // p % int(attention.split(":")[1]) == 0 for r in (28, 56))]
+        if not kept:
+            return
+        space = parse_space(grid_space(attention, patches=kept))  # the patches whose grids fit: accepted
+    assert runs_everywhere(space) == []
+
+
+def test_every_shipped_image_space_runs_each_type_at_each_grid():
+    import yaml
+
+    from search_spaces import load_space, parse_space
+
+    shipped = [p.stem for p in sorted((ROOT / "search_spaces").glob("*.yaml"))
+               if (yaml.safe_load(p.read_text()) or {}).get("task") == "image-classification"]
+    assert "vision-tiny" in shipped
+    for name in shipped:
+        assert runs_everywhere(load_space(name)) == [], name
+    assert runs_everywhere(parse_space(grid_space("swin:7", patches=(4,)))) == []  # the window where its grid fits
