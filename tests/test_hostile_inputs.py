@@ -819,7 +819,8 @@ DOCUMENTED_2D = ["swin:2", "swin:4", "swin:7", "swin-shift:2", "swin-shift:7", "
 def grid_space(attention: str, resolutions=(28, 56), patches=(2, 4, 7, 14)) -> str:
     return (f"task: image-classification\nimage: {{size: 28, channels: 1, classes: 3}}\nresolution: {list(resolutions)}\n"
             f"patch: {list(patches)}\nhead_dim: 8\nembed_dim: [16]\ndepth: [1]\n"
-            f"layers: {{heads: [1], ffn_dim: [16], attention: [softmax, \"{attention}\"]}}\nlatency: {{image: {{batch_size: 1}}}}\n")
+            f"layers: {{heads: [1], ffn_dim: [16], attention: [softmax, \"{attention}\"]}}\n"
+            "latency: {image: {batch_size: 1}}\n")
 
 
 def runs_everywhere(space) -> list[str]:
