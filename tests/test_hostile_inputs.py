@@ -889,3 +889,19 @@ def test_every_shipped_image_space_runs_each_type_at_each_grid():
     for name in shipped:
         assert runs_everywhere(load_space(name)) == [], name
     assert runs_everywhere(parse_space(grid_space("swin:7", patches=(4,)))) == []  # the window where its grid fits
+
+
+def test_nas_classify_prints_each_label_on_one_line_whatever_it_holds(tmp_path, capsys):
+    import torch
+
+    from nas.classify import Classifier, write_classifier
+    from search_spaces import load_space
+    from supernet import Transformer, TransformerConfig
+
+    space = load_space("encoder-tiny")
+    encoder = Transformer(TransformerConfig.from_subnet(space, space.smallest()), generator=torch.Generator().manual_seed(0))
+    model = Classifier(encoder.eval(), 2, generator=torch.Generator().manual_seed(0))
+    write_classifier(model, space, ("two\nlines", "a\ttab"), tmp_path / "clf", {"seq_len": 256})
+    assert main(["classify", "--model", str(tmp_path / "clf"), "one text", "another text", "a third"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and set(lines) <= {"two\\nlines", "a\\ttab"}, lines
