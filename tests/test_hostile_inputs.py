@@ -500,10 +500,11 @@ def test_a_program_with_an_opaque_object_is_refused_whatever_use_pickle_says(pro
 
     bad = tmp_path / "opaque"
     tampered(program_dir, bad, {"data/constants/opaque_obj_0": blob}, add_opaque)
-    with pytest.raises(UserError, match=r"holds an entry a torch.export program does not have \('.*/data/constants/"
-                                        r"opaque_obj_0'\); loading it could run code, refused"):
+    with pytest.raises(UserError) as e:
         load_program(bad)
     assert not proof.exists(), "the archive's pickle ran"
+    assert re.search(r"holds an entry a torch.export program does not have \('.*/data/constants/opaque_obj_0'\); "
+                     r"loading it could run code, refused$", str(e.value)), str(e.value)
     bad2 = tmp_path / "opaque-config"  # the config alone naming one (its file under a tensor's name): refused too
     tampered(program_dir, bad2, {},
              lambda c: {"config": {k: {**v, "path_name": "custom_obj_0"} for k, v in c["config"].items()}})
