@@ -210,9 +210,12 @@ def read_plain(
 ) -> tuple[list[str], list[list[float]], list[float]]:
     """A plain CSV of numeric columns: (feature names, rows, target values); errors name the line; fewer than
     ``min_rows`` rows is refused with ``needs`` (what the caller fits)."""
+    from supernet.files import file_problem
+
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
+    problem = file_problem(path)
+    if problem:
+        raise UserError(f"{path}: {problem}; expected a CSV file")
     try:
         with open(path, newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), None)

@@ -100,7 +100,7 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
     from supernet.checkpoint import load_checkpoint
     from supernet.distributed import init_from_env, shutdown
     from supernet.task import task_for
-    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train, use_threads
+    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, check_log, train, use_threads
 
     out, space = Path(run.out), run.space
     latest = out / "latest.pt"
@@ -128,6 +128,7 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
     config_dict, objective_dict, options, data = _merge(run, space, task, meta_before)
     data = task.data_settings(data, run.task_flags, meta_before)
     config = TrainConfig.from_dict(config_dict)
+    check_log(config.log)  # (a resumed run's stored --log too) before the corpus is read
     if config.seq_len > space.max_seq_len:
         raise UserError(f"--seq-len: {config.seq_len} exceeds the space's max_seq_len {space.max_seq_len}")
     learner = task_for(space, seed=config.seed, **options)

@@ -288,9 +288,9 @@ def score_model(model_dir: str, corpus_dir: str, limit: int, ce_batch: int, thre
              "test_pairs": result["pairs"], "skipped": result["skipped"], "split_pairs": len(test), "beam": BEAM,
              "ce_seconds": round(t1 - t0, 1), "decode_seconds": round(time.perf_counter() - t1, 1)}  # fmt: skip
     (folder / "hypotheses.txt").write_text("".join(h.replace("\n", " ") + "\n" for h in result["hypotheses"]))
-    tmp = folder / "score.json.tmp"
-    tmp.write_text(json.dumps(score, indent=1))
-    tmp.replace(folder / "score.json")  # last: its presence means the scoring finished
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(folder / "score.json", json.dumps(score, indent=1))  # last: its presence means the scoring finished
     return score
 
 

@@ -68,6 +68,10 @@ def available_versions(python: str, index: str) -> list[str]:
     """What ``pip index versions torch`` lists with ``index`` in place of PyPI (and pip's configured extras)."""
     done = subprocess.run([python, "-m", "pip", "index", "versions", "torch", "--index-url", index],
                           capture_output=True, text=True)
+    said = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    if done.returncode != 0 and not any("unknown command" in ln for ln in said):  # (an old pip has no `pip index`)
+        raise SystemExit(f"install.py: --torch-index {index}: pip found no torch there ({said[-1] if said else 'no message'}); "
+                         "give an index that has it, or --torch cuda / --torch none")
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("Available versions:")), "")
     return [v.strip() for v in line.removeprefix("Available versions:").split(",") if v.strip()]
 
@@ -82,8 +86,8 @@ def installed_torch() -> tuple[str, str] | None:
     return str(torch.__version__), f"CUDA {torch.version.cuda}" if torch.version.cuda else (f"ROCm {hip}" if hip else "CPU")
 
 
-def torch_plan(choice: str, python: str, index: str, floor: str) -> tuple[str, list[list[str]]]:
-    """(what will happen, in words; the pip commands for torch)."""
+def torch_plan(choice: str, python: str, index: str, floor: str, ask: bool = True) -> tuple[str, list[list[str]]]:
+    """(what will happen, in words; the pip commands for torch); ``ask`` False (--dry-run): the index is not asked."""
     pip = [python, "-m", "pip", "install", "-q"]
     if choice == "auto":
         have = installed_torch()
@@ -101,6 +105,9 @@ def torch_plan(choice: str, python: str, index: str, floor: str) -> tuple[str, l
         return "torch left to pip as an ordinary dependency", []
     if choice == "cuda":
         return f"PyPI's torch>={floor}, the CUDA build (an NVIDIA driver, or --torch cuda)", [pip + [f"torch>={floor}"]]
+    if not ask:
+        return (f"no NVIDIA driver: torch>={floor}, the CPU build, from {index} (its newest +cpu release, picked when run: "
+                "--dry-run asks no index)"), [pip + [f"torch>={floor}", "--index-url", index]]
     version = newest_cpu_build(available_versions(python, index), floor)
     if version is None:  # pip too old for `pip index`, or nothing listed: PyTorch's own instruction
         return f"no NVIDIA driver: torch>={floor}, CPU build, from {index}", [pip + [f"torch>={floor}", "--index-url", index]]
@@ -124,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     python = sys.executable
     floor = torch_floor()
-    said, commands = torch_plan(args.torch, python, args.torch_index, floor)
+    said, commands = torch_plan(args.torch, python, args.torch_index, floor, ask=not args.dry_run)
     extras = f"[{','.join(args.extras)}]" if args.extras else ""
     commands.append([python, "-m", "pip", "install", "-q", "-e", f"{ROOT}{extras}"])
     if args.constraint:

@@ -23,6 +23,7 @@ import torch
 
 from search_spaces import Space, Subnet, UserError, tasks
 
+from .files import file_problem
 from .heldout import StaticAsSupernet
 from .model import Transformer
 from .quantized import CALIBRATION_WINDOWS, MAX_ERROR, Simulated, calibrate, calibration_feeds
@@ -49,8 +50,9 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
     ``data_cache`` (``--data-cache``; default: the checkpoint's directory)."""
     if val_data:
         path = Path(val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
+        problem = file_problem(path)
+        if problem:
+            raise UserError(f"--val-data: {path}: {problem}; expected a file of held-out text")
         return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
     task = tasks.of(payload["space"])  # the data is the checkpoint's task's
     record = task.data_record(payload.get("meta", {}), str(supernet_path), hint="; pass --val-data FILE")

@@ -504,6 +504,18 @@ class JsonlLog:
                 f.write(json.dumps({"event": event, "time": round(time.time(), 3), **values}) + "\n")
 
 
+def check_log(log: str) -> None:
+    """Refuse ``--log tensorboard`` where the tensorboard package is missing, in one line, before a run prepares its
+    data or makes its folder (not after the corpus is cached)."""
+    if log != "tensorboard":
+        return
+    try:
+        import tensorboard  # noqa: F401 - (light: the package loads its parts lazily)
+    except ImportError:
+        raise UserError("--log tensorboard: the tensorboard package is not installed "
+                        "(pip install 'nas-transformers[tensorboard]')") from None
+
+
 class TensorBoardLog(JsonlLog):
     """log.jsonl, and the same training and validation scalars as TensorBoard event files in ``folder``
     (``tensorboard --logdir OUT/tensorboard``).  log.jsonl is the record: a resumed run rewrites the event files from

@@ -196,7 +196,7 @@ def test_an_old_spelling_in_a_file_works_and_says_which_to_use(tmp_path, capsys)
     ("eval_batch_size: 3\neval-batch-size: 4\n",
      "keys 'eval_batch_size' and 'eval-batch-size' set the same flag; keep one"),
     ("- population\n", "expected a mapping of flag names to values, got a list"),
-    ("population: [\n", "not valid YAML (line 2)"),
+    ("population: [\n", "line 2, column 1: not valid YAML (expected the node content"),
     ("json: true\n", "key 'json': nas search takes no such flag"),
 ])
 def test_a_bad_file_is_one_line_naming_the_file_and_key_exit_2(text, message, tmp_path, capsys):

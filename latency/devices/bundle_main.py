@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, image_feed, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, image_feed, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_atomic, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -67,14 +67,12 @@ def write_parity(path: str, entries: list, feed_of, threads, provider: str) -> N
         for i, value in enumerate(session.run(None, feed_of(entry))):
             arrays[f"{name}:{i}"] = value
         del session
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.")
+    p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.",
+                                allow_abbrev=False)
     p.add_argument(
         "--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists"
     )

@@ -73,6 +73,10 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
                 raise UserError(f"{where}: {item} is not a finite number")
             if isinstance(item, str) and _not_utf8(item):
                 raise UserError(f"{where}: not UTF-8 text ({item.encode('utf-8', 'surrogateescape')[:40]!r})")
+    if getattr(args, "log", None) == "tensorboard":  # the training commands' --log: its package, before any work
+        from supernet.train import check_log
+
+        check_log(args.log)
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
         check_out(Path(out), file=OUT_IS_FILE.get(args.command, False))

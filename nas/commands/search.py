@@ -170,6 +170,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.worker_batch < 1:
         raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
     S.STRATEGIES.get(args.strategy)  # a name no strategy registered: refused before any work
+    if args.storage:
+        S.check_storage(args.storage)  # its syntax and driver, before anything is loaded or made
     if not 0 <= args.verify_margin < 100:
         raise UserError(f"--verify-margin: {args.verify_margin} is not a percentage between 0 and 100")
     device = S.pick_device(args.device)
@@ -247,10 +249,10 @@ def _run(args: argparse.Namespace) -> int:
         **({"first": {label: [s.key for s in ss] for label, ss in first.items()}} if first else {}),
     }
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     url = args.storage or S.default_storage(out)
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
-    storage = S.open_storage(url)
+    storage = S.open_storage(url)  # (the default, OUT/search.db, makes OUT)
+    out.mkdir(parents=True, exist_ok=True)  # after the storage opened: a refused one leaves no folder
     # the objective's name in the study (dashboards label the value with it): what fitness returns, in the task's metric
     metric = f"{'loss' if args.fitness == 'inherited' else 'predicted retrained loss'} ({task.metric or task.unit})"
     study = S.open_study(storage, study_name, identity, metric=metric)
@@ -480,12 +482,9 @@ def describe_predictor(path: str, predictor) -> str:
 
 
 def _safe_url(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
+    from search_spaces.errors import hide_password
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - "memory" and other non-URLs are shown as they are
-        return url
+    return hide_password(url, url)
 
 
 class _ProgressBar:

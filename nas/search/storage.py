@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from search_spaces import Space, Subnet, UserError
+from search_spaces.errors import first_line, hide_password
 
 SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
 BEATING = "nas:beating"  # trial system attr: its worker has recorded its first heartbeat
@@ -109,13 +110,33 @@ def open_storage(url: str, attempts: int = 20, *, heartbeat_s: int | None = None
             return optuna.storages.RDBStorage(url, **kwargs)
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             if attempt == attempts - 1 or not _is_race(e):
-                raise UserError(f"--storage: cannot open {url!r}: {str(e).splitlines()[0][:300]}") from None
+                raise cannot_open(url, e) from None
             time.sleep(0.05 * (attempt + 1))
         except (ValueError, ImportError, ModuleNotFoundError) as e:
-            hint = " (PostgreSQL's driver is the postgres extra: pip install 'nas-transformers[postgres]')" if (
-                isinstance(e, ImportError) and url.startswith("postgres")) else ""
-            raise UserError(f"--storage: cannot open {url!r}: {e}{hint}") from None
+            raise cannot_open(url, e) from None
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_storage(url: str) -> None:
+    """Refuse a storage URL that SQLAlchemy cannot parse or whose database driver is not installed, without
+    connecting: a command checks it before it makes anything (an output folder, a study)."""
+    if url == "memory":
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as e:
+        raise cannot_open(url, e) from None
+
+
+def cannot_open(url: str, e: BaseException) -> UserError:
+    """The one line for a storage that cannot be opened: the URL and the library's first line, its password hidden
+    (:func:`search_spaces.errors.hide_password`), and where the driver is missing, how to install it."""
+    hint = " (PostgreSQL's driver is the postgres extra: pip install 'nas-transformers[postgres]')" if (
+        isinstance(e, ImportError) and url.startswith("postgres")) else ""
+    return UserError(hide_password(f"--storage: cannot open {url!r}: {first_line(e, 300)}{hint}", url))
 
 
 def _sqlite_creator(url: str):

@@ -56,8 +56,11 @@ def sources() -> list[Path]:
 def compile_library(out: Path, compiler: str, flags: list[str]) -> Path:
     """Compile the custom-op library to ``out`` with ``compiler`` and ``flags`` (an instruction set's); raises
     RuntimeError with the compiler's last lines."""
+    from ..files import temp_dir
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    folder = temp_dir(f".{out.name}.", out.parent)  # a new folder of a unique name: never a planted file or link
+    tmp = folder / out.name
     cmd = [
         compiler,
         "-O3",
@@ -72,12 +75,14 @@ def compile_library(out: Path, compiler: str, flags: list[str]) -> Path:
         "-o",
         str(tmp),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        raise RuntimeError(f"{compiler} failed: {said[-1] if said else 'no message'}")
-    os.replace(tmp, out)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+            raise RuntimeError(f"{compiler} failed: {said[-1] if said else 'no message'}")
+        os.replace(tmp, out)
+    finally:  # (Ctrl-C during a compile too: nothing left beside the library)
+        shutil.rmtree(folder, ignore_errors=True)
     return out
 
 

@@ -22,6 +22,7 @@ from supernet.artifact import (
     SUBNET,
     VERSION,
     WEIGHTS,
+    fitting_model,
     load_weights,
     open_export,
     read_card,
@@ -63,6 +64,6 @@ def is_seq2seq_export(model_dir: str | Path) -> bool:
 def load_seq2seq_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Seq2SeqTransformer, dict]:
     """Load an exported encoder-decoder (eval mode) and its card; the checks of :func:`supernet.artifact.load_model`."""
     card, weights, space, subnet = open_export(model_dir, Seq2SeqSubnet)
-    model = Seq2SeqTransformer(space, subnet)
+    model = fitting_model(weights, lambda: Seq2SeqTransformer(space, subnet), Path(model_dir) / CARD)  # (a card's claim)
     load_weights(model, weights)
     return model.to(device).eval(), card

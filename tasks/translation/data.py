@@ -211,9 +211,12 @@ class ParallelCorpus:
 def _inputs(data: str | None, lang: str, locale_dir: Path) -> list[Path]:
     if data is None:
         return catalogs(lang, locale_dir)
+    from supernet.files import file_problem
+
     path = Path(data)
-    if not path.is_file():
-        raise UserError(f"--data {data}: no such file (expected a source<TAB>target file)")
+    problem = file_problem(path)
+    if problem:
+        raise UserError(f"--data {data}: {problem} (expected a source<TAB>target file)")
     return [path]
 
 
