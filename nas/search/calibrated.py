@@ -249,7 +249,8 @@ def fit_ranker(space: Space, models: Sequence[Retrained], fitness: dict[str, Any
         raise UserError(f"{len(models)} retrained models: a calibrated ranker needs at least 4 (better 10 or more, "
                         "covering each attention type)")
     quality = type_quality(space, models)
-    if not quality:
+    if sum(not is_mixed(m.subnet) for m in models) < 5:  # leave-one-out needs the quality of 4 uniform models a fold
+        quality = {}
         kinds = [k for k in kinds if not set(feature_names(space, k)) & set(QUALITY)]
 
     def rows_from(keep: Sequence[int]) -> list[dict[str, float]]:
