@@ -1,6 +1,7 @@
 """What the commands share, in one place: the training flags and their defaults, the measurement protocol's flags
 and defaults, the held-out scoring flags, the task flags (each registered task's extra flags of a command),
-durations and counts, and the progress bars (hidden with ``-q``).
+durations and counts, and progress (bars on a terminal, a line per interval in a log; hidden with ``-q`` or
+``--no-progress``).
 
 Only the command modules import this; the library workflows take the typed settings the commands build.
 """
@@ -10,7 +11,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import logging
+import os
 import re
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -326,21 +331,146 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
 
 
-# --------------------------------------------------------------------------- progress bars
+# --------------------------------------------------------------------------- progress: bars on a terminal, lines in a log
+
+PROGRESS_INTERVAL_ENV = "NAS_PROGRESS_INTERVAL"  # seconds between progress lines in a log (default 30)
+PROGRESS_INTERVAL_S = 30.0
+progress_log = logging.getLogger("nas.progress")
 
 
-def bytes_bar(text: str):
-    """A progress callback that opens a byte-count tqdm bar on its first call (none with ``-q``)."""
+def progress_interval() -> float:
+    """Seconds between two progress lines in a log: ``$NAS_PROGRESS_INTERVAL``, else 30 (UserError: not a number >= 0)."""
+    from search_spaces import UserError
+
+    text = os.environ.get(PROGRESS_INTERVAL_ENV, "").strip()
+    if not text:
+        return PROGRESS_INTERVAL_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0 or seconds == float("inf"):
+        raise UserError(f"{PROGRESS_INTERVAL_ENV}={text!r}: not a number of seconds >= 0 (the time between two progress "
+                        "lines in a log; default 30)")
+    return seconds
+
+
+def format_time(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def _amount(x: float, unit: str, scale: bool) -> str:
+    """A count as a progress line shows it: ``1,234`` (a fraction of a second as such), or bytes scaled (``12.3 MB``)."""
+    if scale:
+        for prefix in ("", "k", "M", "G", "T"):
+            if abs(x) < 1000 or prefix == "T":
+                return f"{x:.0f} {prefix}{unit}" if not prefix else f"{x:.1f} {prefix}{unit}"
+            x /= 1000
+    return f"{x:,.0f}" if float(x).is_integer() or abs(x) >= 100 else f"{x:,.1f}"
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 0.01 else f"{x:.2g}"
+
+
+def progress_line(desc: str, n: float, total: float | None, unit: str, postfix: str, elapsed: float, rate: float | None,
+                  scale: bool = False) -> str:
+    """One line of progress: ``train-supernet: 120/1,000 step (12%), loss(L/S) 2.345 2.567 nats/byte, ..., 2.1 step/s,
+    57 s elapsed, ETA 7m00s`` (rate and ETA left out until there is a rate; a bar over seconds has no rate)."""
+    parts = [f"{_amount(n, unit, scale)}" + (f"/{_amount(total, unit, scale)}" if total else "")
+             + ("" if scale else f" {unit}") + (f" ({100 * n / total:.0f}%)" if total else "")]
+    if postfix:
+        parts.append(postfix)
+    left = None
+    if unit == "s":
+        left = (total - n) if total else None
+    elif rate:
+        parts.append(f"{_amount(rate, unit, scale)}/s" if scale else f"{_rate(rate)} {unit}/s")
+        left = (total - n) / rate if total else None
+    parts.append(f"{format_time(elapsed)} elapsed")
+    if left is not None:
+        parts.append(f"ETA {format_time(max(left, 0.0))}")
+    return f"{desc}: " + ", ".join(parts)
+
+
+class ProgressLines:
+    """A progress bar for a log that is not a terminal (a file, a pipe, a cluster job's output): one line (a note on
+    stderr) at the first update, then at most one per ``interval`` seconds, and the last at :meth:`close`; never a
+    redrawn frame.  It takes the calls of the tqdm bars it stands in for: ``update``, ``set_postfix_str``, ``refresh``,
+    ``close``, and the ``n`` and ``total`` fields set directly."""
+
+    def __init__(self, total: float | None, desc: str, unit: str, initial: float = 0, interval: float = PROGRESS_INTERVAL_S,
+                 scale: bool = False, clock=time.monotonic, say=None):
+        self.total, self.n, self.desc, self.unit, self.scale = total, initial, desc, unit, scale
+        self.interval, self.clock, self.say = interval, clock, say or progress_log.info
+        self.postfix = ""
+        self.start_n, self.start_t = initial, clock()
+        self.said_t: float | None = None  # when the last line was written
+        self.said_n: float | None = None  # at what count
+        self.closed = False
+
+    def update(self, k: float = 1) -> None:
+        self.n += k
+        self.refresh()
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.postfix = text
+        if refresh:
+            self.refresh()
+
+    def refresh(self) -> None:
+        now = self.clock()
+        if not self.closed and (self.said_t is None or now - self.said_t >= self.interval):
+            self._say(now)
+
+    def close(self) -> None:
+        if not self.closed and self.said_n != self.n:  # the last count, unless the last line said it
+            self._say(self.clock())
+        self.closed = True
+
+    def _say(self, now: float) -> None:
+        elapsed = now - self.start_t
+        done = self.n - self.start_n
+        # no rate (nor ETA) in the first line: one step's time since the bar opened says little
+        rate = done / elapsed if self.said_t is not None and elapsed > 0 and done > 0 else None
+        self.say(progress_line(self.desc, self.n, self.total, self.unit, self.postfix, elapsed, rate, self.scale))
+        self.said_t, self.said_n = now, self.n
+
+
+def progress_bar(*, total: float | None, desc: str, unit: str, initial: float = 0, scale: bool = False, leave: bool = True,
+                 bar_format: str | None = None):
+    """A progress bar for a long loop: a tqdm bar redrawn in place where stderr is a terminal, :class:`ProgressLines`
+    (a line every ``$NAS_PROGRESS_INTERVAL`` seconds, 30 by default) where it is a file or a pipe, nothing with ``-q`` or
+    ``--no-progress`` (a disabled tqdm bar, which ignores every call)."""
     from tqdm import tqdm
 
     from nas.cli import show_progress
 
+    if not show_progress():
+        return tqdm(total=total, initial=initial, disable=True)
+    if not _is_terminal(sys.stderr):
+        return ProgressLines(total, desc, unit, initial, progress_interval(), scale)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=scale, leave=leave, dynamic_ncols=True,
+                bar_format=bar_format, file=sys.stderr)
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a replaced stream without isatty, or a closed one
+        return False
+
+
+def bytes_bar(text: str):
+    """A progress callback that opens a byte-count bar on its first call (none with ``-q``)."""
     bar = None
 
     def update(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False, disable=not show_progress())
+            bar = progress_bar(total=total, unit="B", scale=True, desc=text, leave=False)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -348,39 +478,37 @@ def bytes_bar(text: str):
     return update
 
 
-def step_bar_for(config, start_step: int, start_elapsed: float, desc: str = "train-supernet"):
-    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
-    from tqdm import tqdm
-
-    from nas.cli import show_progress
-
+def step_bar_for(config, start_step: int, start_elapsed: float, desc: str = "training"):
+    """A bar over steps (or over seconds for a time-bound run) with the loss and its unit, tokens/s and ETA (hidden
+    with ``-q``)."""
     by_time = config.max_steps is None
-    bar = tqdm(
+    bar = progress_bar(
         total=config.max_time if by_time else config.max_steps,
         initial=start_elapsed if by_time else start_step,
         unit="s" if by_time else "step",
         desc=desc,
-        dynamic_ncols=True,
-        disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
     )
 
     def update(info) -> None:
+        # shown by the update (tqdm: at most 10 redraws a second); the step is the count, unless the bar counts seconds
+        bar.set_postfix_str(step_postfix(info, with_step=by_time), refresh=False)
         # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
         bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
-        if "largest" in info.losses:  # the sandwich rule: the largest and smallest subnet's losses
-            loss = "loss(L/S) " + " ".join(f"{info.losses[k]:.3f}" for k in ("largest", "smallest") if k in info.losses)
-        else:
-            loss = "loss " + " ".join(f"{v:.3f}" for v in info.losses.values())
-        bar.set_postfix_str(f"step {info.step} {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
 
     return bar, update
 
 
-def format_time(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+def step_postfix(info, with_step: bool = True) -> str:
+    """What a training bar shows beside the count: ``step 120 loss(L/S) 2.345 2.567 nats/byte lr 1.00e-03 3.2k tok/s``
+    (the training loss in its unit, beside the validation's bits/byte in the notes; the step left out where the bar
+    counts steps)."""
+    if "largest" in info.losses:  # the sandwich rule: the largest and smallest subnet's losses
+        loss = "loss(L/S) " + " ".join(f"{info.losses[k]:.3f}" for k in ("largest", "smallest") if k in info.losses)
+    else:
+        loss = "loss " + " ".join(f"{v:.3f}" for v in info.losses.values())
+    unit = getattr(info, "loss_unit", "") or "nats"
+    return f"{f'step {info.step} ' if with_step else ''}{loss} {unit} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s"
 
 
 def step_bar(desc: str):
@@ -421,12 +549,8 @@ def train_and_report(train, settings, bar, again: str) -> int:
 
 
 def measurement_bar(desc: str):
-    """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
-    from tqdm import tqdm
-
-    from nas.cli import show_progress
-
-    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False, disable=not show_progress())
+    """A bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
+    bar = progress_bar(total=1, unit="visit", desc=desc, leave=False)
 
     def update(done: int, total: int, info: str) -> None:
         bar.total, bar.n = total, done
@@ -436,12 +560,8 @@ def measurement_bar(desc: str):
 
 
 def visit_bar(desc: str):
-    """A tqdm bar over a campaign's visits, the subnet being timed beside it: (bar, callback); hidden with ``-q``."""
-    from tqdm import tqdm
-
-    from nas.cli import show_progress
-
-    b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
+    """A bar over a campaign's visits, the subnet being timed beside it: (bar, callback); hidden with ``-q``."""
+    b = progress_bar(total=1, unit="visit", desc=desc)
 
     def update(done: int, total: int, info: str) -> None:
         b.total = total

@@ -24,6 +24,7 @@ PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (na
 ALL = ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy",
        "export", "train-subnet", "finetune", "classify", "generate", "report", "doctor", "completion", "translate", "data",
        "classify-image")
+PROGRESS = ("demo", *TRAIN, "measure-latency", "search", "export", "translate", "data")  # the long commands: progress shown
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -163,7 +164,8 @@ VOCABULARY: dict[str, Term] = {
     "--storage": Term("storage", "Optuna storage URL", ("search",)),
     "--study": Term("study", "Optuna study name", ("search",)),
     "--worker-batch": Term("worker_batch", "subnets a search worker claims and evaluates at once", ("search",)),
-    "--no-progress": Term("no_progress", "no progress bar", ("search",)),
+    "--no-progress": Term("no_progress", "no progress on stderr (a bar on a terminal, a line every 30 s in a log file); "
+                          "notes stay", PROGRESS),
     "--verify-top": Term("verify_top", "candidates per budget timed on the --timing-target", ("search",)),
     "--verify-margin": Term("verify_margin", "percent under the budget a verified candidate's measured latency must be",
                             ("search",)),
