@@ -137,6 +137,9 @@ def test_progress_in_a_log_is_one_line_per_interval_and_the_last(monkeypatch):
     timed.n = 45.0
     timed.refresh()
     assert said == ["training: 45/600 s (8%), 0m00s elapsed, ETA 9m15s"]  # a bar over seconds: its time left, no rate
+    idle = ProgressLines(3, "measuring on cpu", "visit", clock=lambda: now[0], say=said.append)
+    idle.close()  # never moved (the command stopped before it): nothing to say
+    assert len(said) == 1
     monkeypatch.setenv("NAS_PROGRESS_INTERVAL", "soon")
     from nas.commands.common import progress_interval
 

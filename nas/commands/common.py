@@ -426,7 +426,8 @@ class ProgressLines:
             self._say(now)
 
     def close(self) -> None:
-        if not self.closed and self.said_n != self.n:  # the last count, unless the last line said it
+        moved = self.said_t is not None or self.n != self.start_n  # a bar that never moved closes without a word
+        if not self.closed and moved and self.said_n != self.n:  # the last count, unless the last line said it
             self._say(self.clock())
         self.closed = True
 
