@@ -458,7 +458,7 @@ def finetune_classifier(
             seen += sum(len(texts[i]) for i in batch)
             if progress is not None:  # tokens_per_s: bytes per second of this process's steps
                 progress(StepInfo(step, config.max_steps, elapsed, config.max_time, lr, {"classify": loss.item()}, (),
-                                  seen / max(elapsed - started, 1e-9)))
+                                  seen / max(elapsed - started, 1e-9), "nats/text"))
             if interrupt.requested:
                 save("interrupted")
                 raise ClassifyInterrupted(step, latest)

@@ -9,8 +9,10 @@ Output: results (tables, summaries, paths written) go to stdout, printed by the 
 Notes and warnings go through :mod:`logging` (``logging.getLogger(__name__)`` in every module),
 set up here once per command: one line each on stderr, ``nas COMMAND: message``, written through
 tqdm so progress bars stay whole.  ``-q`` keeps warnings and errors only (and hides the progress
-bars), ``-v`` adds debug detail.  With ``--json`` (the commands that print a result) the command's
-printed lines go to stderr too and stdout gets one JSON document (:func:`nas.commands.common.emit`).
+bars), ``-v`` adds debug detail.  Progress is a redrawn bar on a terminal and one line per interval in a
+file or a pipe (:func:`nas.commands.common.progress_bar`); ``--no-progress`` (the long commands) hides it.
+With ``--json`` (the commands that print a result) the command's printed lines go to stderr too and stdout gets one
+JSON document (:func:`nas.commands.common.emit`).
 
 Every command takes ``--config FILE`` (YAML; flags given override it) and ``--print-config``
 (:mod:`nas.commands.config`); the flags' names mean one thing each across the commands, and the old
@@ -28,7 +30,7 @@ import sys
 from collections.abc import Iterator
 
 from search_spaces.errors import UserError, hide_password
-from supernet.progress import show_progress  # noqa: F401  (nas.cli.show_progress: the name scripts know)
+from supernet.progress import progress_off, show_progress  # noqa: F401  (nas.cli.show_progress: the name scripts know)
 
 from . import __version__
 
@@ -123,6 +125,11 @@ def _output_flags() -> argparse.ArgumentParser:
     return common
 
 
+def _progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (a bar on a terminal, one line "
+                   "every 30 s in a log file; notes and warnings stay)")
+
+
 def _json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout (what the "
                    "command prints otherwise goes to stderr)")
@@ -130,6 +137,7 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .commands.vocabulary import JSON as JSON_COMMANDS
+    from .commands.vocabulary import PROGRESS as PROGRESS_COMMANDS
     from .commands.vocabulary import add_aliases
 
     parser = argparse.ArgumentParser(  # allow_abbrev=False (here and in every command's): --conf is no --config
@@ -151,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
             allow_abbrev=False,
         )
         module.add_arguments(p)
+        if name in PROGRESS_COMMANDS:
+            _progress_flag(p)
         if name in JSON_COMMANDS:
             _json_flag(p)
         add_aliases(p, name)
@@ -249,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(config.dump(args.command, config.effective(_command_parser(parser, args.command), args)))
         return 0
     try:
-        with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
+        with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)), progress_off(
+                bool(getattr(args, "no_progress", False))):
             from .commands.checks import check_flags
 
             check_flags(args, _command_parser(parser, args.command))

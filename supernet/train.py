@@ -444,6 +444,14 @@ class StepInfo:
     losses: dict[str, float]  # cross-entropy (nats) of each pass of this step
     subnets: tuple[str, ...]  # keys of the subnets this step ran (for checking ranks agree)
     tokens_per_s: float
+    loss_unit: str = "nats"  # what ``losses`` are per: "nats/byte" beside a held-out "bits/byte" (:func:`loss_unit`)
+
+
+def loss_unit(metric: str) -> str:
+    """The unit of the training loss (cross-entropy in nats per scored position) of a learner whose held-out score is
+    ``metric``, so that a progress line says what its number is beside the validation's: ``bits/byte`` -> ``nats/byte``,
+    ``bits/masked byte`` -> ``nats/masked byte``, ``bits/label`` -> ``nats/label`` (a metric without a ``/``: ``nats``)."""
+    return f"nats/{metric.split('/', 1)[1].strip()}" if "/" in metric else "nats"
 
 
 @dataclass
@@ -809,7 +817,8 @@ def train(
                 window_t, window_tokens = now, 0
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
-                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate))
+                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate,
+                                  loss_unit(t.learner.metric)))
             evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
             if evaluate:
                 t.evaluate()

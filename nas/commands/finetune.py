@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress_bar():
     from nas.commands.common import step_bar
 
-    return step_bar(NAME)
+    return step_bar("training")
 
 
 def run(args: argparse.Namespace) -> int:

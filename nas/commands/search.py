@@ -25,9 +25,9 @@ from .common import (
     add_scoring_arguments,
     file_digest,
     measurement_bar,
+    progress_bar,
     scoring_settings,
 )
-
 from .registry import register_command
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--study", metavar="NAME", help="study name (default: derived from the settings, so the same command resumes)")
     s.add_argument("--worker-batch", dest="worker_batch", type=int, default=8, metavar="N",
                    help="subnets a worker claims and evaluates at once (default 8)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = p.add_argument_group("verification on a timing target (nas/search/verify.py)")
     v.add_argument(
         "--timing-target",
@@ -488,7 +487,7 @@ def _safe_url(url: str) -> str:
 
 
 class _ProgressBar:
-    """One tqdm bar per generation, with the best loss per budget so far."""
+    """One bar per generation (a line per interval in a log), with the best loss per budget so far."""
 
     def __init__(self, generations: int, disable: bool):
         self.generations, self.disable, self.bar, self.gen = generations, disable, None, None
@@ -501,8 +500,6 @@ class _ProgressBar:
             self.bar.close()
 
     def __call__(self, p) -> None:
-        from tqdm import tqdm
-
         if self.disable:
             return
         if p.generation != self.gen:
@@ -510,22 +507,17 @@ class _ProgressBar:
                 self.bar.update(self.bar.total - self.bar.n)
                 self.bar.close()
             self.gen = p.generation
-            self.bar = tqdm(
-                total=p.total,
-                initial=p.done,
-                desc=f"gen {p.generation + 1}/{self.generations}",
-                unit="subnet",
-                dynamic_ncols=True,
-            )
+            self.bar = progress_bar(total=p.total, initial=p.done, desc=f"gen {p.generation + 1}/{self.generations}",
+                                    unit="subnet")
         self.bar.total = p.total
-        self.bar.update(p.done - self.bar.n)
         best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
         self.bar.set_postfix_str(f"best {best or '-'}" + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.update(p.done - self.bar.n)
         self.bar.refresh()
 
 
 class _HurdleBar:
-    """One tqdm bar over the hurdle trainings (its total grows as rounds open)."""
+    """One bar over the hurdle trainings (its total grows as rounds open; a line per interval in a log)."""
 
     def __init__(self, rounds: int, disable: bool):
         self.rounds, self.disable, self.bar = rounds, disable, None
@@ -538,16 +530,14 @@ class _HurdleBar:
             self.bar.close()
 
     def __call__(self, p) -> None:
-        from tqdm import tqdm
-
         if self.disable:
             return
         if self.bar is None:
-            self.bar = tqdm(total=p.total, initial=p.done, desc="hurdles", unit="training", dynamic_ncols=True)
+            self.bar = progress_bar(total=p.total, initial=p.done, desc="hurdles", unit="training")
         self.bar.total = p.total
-        self.bar.update(p.done - self.bar.n)
         rounds = "  ".join(f"{label}: round {r + 1}/{self.rounds}" for label, r in p.rounds.items())
         self.bar.set_postfix_str(rounds + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.update(p.done - self.bar.n)
         self.bar.refresh()
 
 

@@ -194,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
     again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
-    return train_and_report(task.train_subnet, settings, step_bar(NAME), again)
+    return train_and_report(task.train_subnet, settings, step_bar("training"), again)
 
 
 register_command(__name__)

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     settings = SupernetRun(out=out, space=load_space(args.space) if args.space else None, resume=args.resume, config=config,
                            objective=given(args, OBJECTIVE_FLAGS), data=data, task_flags=task_flags(args, NAME),
                            device=args.device, threads=args.threads)
-    close, update = step_bar(NAME)
+    close, update = step_bar("training")
     try:
         done = train_supernet(settings, progress=update, data_progress=bytes_bar("encoding corpus"))
     finally:

@@ -25,6 +25,7 @@ TIMING = ("measure-latency", "export", "search")  # the commands that time on a 
 SCORING = ("search", "fit-accuracy", "export")  # held-out scoring of subnets (nas.commands.common.add_scoring_arguments)
 PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (nas.commands.common.add_protocol_arguments)
 ALL = ("*",)  # every command there is (the registry's: nas.commands.COMMANDS)
+PROGRESS = ("demo", *TRAIN, "measure-latency", "search", "export", "translate", "data")  # the long commands: progress shown
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -154,7 +155,8 @@ VOCABULARY: dict[str, Term] = {
     "--storage": Term("storage", "Optuna storage URL", ("search",)),
     "--study": Term("study", "Optuna study name", ("search",)),
     "--worker-batch": Term("worker_batch", "subnets a search worker claims and evaluates at once", ("search",)),
-    "--no-progress": Term("no_progress", "no progress bar", ("search",)),
+    "--no-progress": Term("no_progress", "no progress on stderr (a bar on a terminal, a line every 30 s in a log file); "
+                          "notes stay", PROGRESS),
     "--verify-top": Term("verify_top", "candidates per budget timed on the --timing-target", ("search",)),
     "--verify-margin": Term("verify_margin", "percent under the budget a verified candidate's measured latency must be",
                             ("search",)),

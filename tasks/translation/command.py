@@ -31,9 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from functools import partial
     from pathlib import Path
 
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
+    from supernet.progress import progress_bar
     from search_spaces import UserError
 
     from .data import check_pairs, prepare_pairs
@@ -79,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     check_pairs(corpus, record["corpus_hash"], args.model)
     pairs = corpus.split(args.eval)
     beam = args.beam or 5
-    bar = tqdm(total=min(len(pairs), args.limit or len(pairs)), desc=f"translating {args.eval}", unit="pair",
-               disable=not show_progress(), leave=False)  # fmt: skip
+    bar = progress_bar(total=min(len(pairs), args.limit or len(pairs)), desc=f"translating {args.eval}", unit="pair",
+                       leave=False)  # fmt: skip
     try:
         result = evaluate_translation(partial(translator, beam=beam, max_len=args.max_bytes), pairs, max_seq_len,
                                       limit=args.limit, progress=lambda n, total: bar.update(n - bar.n))  # fmt: skip
