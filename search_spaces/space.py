@@ -257,6 +257,15 @@ def parse_tokenizer(c: "Checker", raw: Any, base: int, subword: bool, task: str 
     return TokenizerSpec("bpe", tuple(sorted(sizes)), base)
 
 
+def tokenizer_spec(raw: Any, base: int = BYTES, where: str = "tokenizer") -> TokenizerSpec:
+    """A ``tokenizer:`` value (the YAML form, as a run's meta records it) as a spec; :class:`SpaceError` when it is not one."""
+    c = Checker(where)
+    spec = parse_tokenizer(c, raw, base, True, None)
+    if c.errors or spec is None:
+        raise SpaceError(c.errors)
+    return spec
+
+
 def check_vocab_size(c: "Checker", vocab: int | None, spec: TokenizerSpec | None, given: bool) -> int | None:
     """A BPE space's ``vocab_size`` (the embedding's rows): the largest vocabulary when not given; refused when smaller."""
     if spec is None or not spec.bpe:

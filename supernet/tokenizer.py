@@ -341,6 +341,12 @@ class Tokenized:
         """Each size's measured bytes per token on the validation split."""
         return self.meta["tokenizer"]["bytes_per_token"]
 
+    def at(self, size: int) -> "Tokenized":
+        """The corpus read at one vocabulary (a subnet trained on its own): its tokens alone, its ``vocabulary``."""
+        one = {name: Tokens({size: getattr(self, name).at(size)}, getattr(self, name).lengths)
+               for name in ("train", "val", "test")}
+        return Tokenized(one["train"], one["val"], one["test"], self.vocabulary.at(size), self.meta, self.path)
+
 
 def split_documents(tokens: np.ndarray, separator: int) -> list[bytes]:
     """A split's bytes (documents each followed by ``separator``) as its documents."""
