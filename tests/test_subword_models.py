@@ -137,6 +137,9 @@ def test_the_folder_carries_its_tokenizer_and_the_onnx_names_it(exported, vocab)
                                  "metadata": f"bpe:320:sha256={sha}"}
     meta = {p.key: p.value for p in onnx.load(str(exported / "model.onnx")).metadata_props}
     assert meta["nas.tokenizer"] == f"bpe:320:sha256={sha}" and meta["nas.vocab_size"] == "320"
+    from nas.report import build
+
+    assert f"tokenizer: <b>byte-level BPE of 320 ids</b> (tokenizer.json, sha256 {sha[:16]})" in build(exported)
 
 
 def test_generate_runs_from_the_folder_alone(exported, tmp_path, capsys):
@@ -177,3 +180,15 @@ def test_a_bad_tokenizer_in_a_folder_is_one_line(case, exported, vocab, tmp_path
     assert main(["generate", "--model", str(folder), "--prompt", "x", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err and len(err.splitlines()) == 1, err
+
+
+def test_the_latency_features_count_the_subnets_vocabulary(space):
+    from latency.features import additive_terms, flops, table_features
+
+    w = space.workload("prefill")
+    small, large = (replace(space.largest(), vocab=v) for v in (320, 384))
+    t, e = w.batch_size * w.tokens, small.embed_dim
+    assert flops(space, large, w) - flops(space, small, w) == pytest.approx(2.0 * t * e * (384 - 320))
+    assert additive_terms(space, large, w)["model:head"] - additive_terms(space, small, w)["model:head"] == t * e * 64
+    row = table_features(space, large, w)
+    assert row["vocab"] == 384 and row["params"] - table_features(space, small, w)["params"] == 64 * e
