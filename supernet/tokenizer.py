@@ -229,8 +229,9 @@ class Vocabulary:
         return "bytes" if self.kind == "bytes" else f"byte-level BPE of {self.size:,} ids"
 
     def metadata(self) -> str:
-        """What an ONNX file's ``nas.tokenizer`` says of it: ``bytes``, or ``bpe:SIZE:sha256=HEX`` (the file's digest)."""
-        return "bytes" if self.kind == "bytes" and not self.specials else f"{self.kind}:{self.size}:sha256={self.sha256}"
+        """What an ONNX file's ``nas.tokenizer`` says of it: ``bytes`` (the bytes, and a task's specials: ``nas.specials``
+        names them), or ``bpe:SIZE:sha256=HEX`` (the file's digest)."""
+        return "bytes" if self.kind == "bytes" else f"{self.kind}:{self.size}:sha256={self.sha256}"
 
 
 def utf8_runs(data: bytes) -> Iterable[tuple[bool, bytes]]:

@@ -61,7 +61,7 @@ def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(SpaceError, match="cannot read search space"):
         load_space(tmp_path / "nope.yaml")
     shipped = ("base, encoder-base, encoder-tiny, long, long-bpe, lra-tiny, tiny, tiny-bpe, translate-base, translate-tiny, "
-               "vision-tiny")
+               "translate-tiny-bpe, vision-tiny")
     with pytest.raises(SpaceError, match=rf"not a shipped space \(shipped: {shipped}\)"):
         load_space("huge")
 
