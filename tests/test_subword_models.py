@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nas.cli import main
-from search_spaces import parse_space
+from search_spaces import UserError, parse_space
 from supernet import SuperTransformer
 from supernet.checkpoint import save_checkpoint
 from supernet.heldout import HeldOut
@@ -192,3 +192,25 @@ def test_the_latency_features_count_the_subnets_vocabulary(space):
     assert additive_terms(space, large, w)["model:head"] - additive_terms(space, small, w)["model:head"] == t * e * 64
     row = table_features(space, large, w)
     assert row["vocab"] == 384 and row["params"] - table_features(space, small, w)["params"] == 64 * e
+
+
+def test_the_search_fitness_scores_each_subnet_on_its_vocabularys_windows(space, supernet, vocab):
+    """InheritedLoss over a corpus read at every vocabulary: a subnet of 256 ids reads byte windows, one of 384 the
+    BPE's; the separability report (per-window scores) asks each its own windows."""
+    from nas.search.fitness import separability
+    from supernet.scoring import InheritedLoss
+
+    data = b"".join(corpus_docs(8))
+    tokens = Tokens({v: vocab.at(v).encode(data).astype(np.uint16) for v in space.vocabs}, vocab.token_lengths())
+    fit = InheritedLoss(supernet, tokens, seq_len=16, windows=4, batch_size=4)
+    subnets = [replace(space.smallest(), vocab=v) for v in space.vocabs]
+    scores = fit(subnets)
+    assert scores.shape == (3,) and np.isfinite(scores).all()
+    assert fit.description["vocabularies"] == {str(v): fit.heldouts[v].tokens for v in space.vocabs}
+    assert fit.held(supernet, subnets[0]) is fit.heldouts[256] and int(fit.heldouts[256].x.max()) < 256
+    report = separability(fit, subnets)  # the mean of each subnet's per-window bits per byte, on its own windows
+    own = [fit.held(supernet, s).window_bits(supernet, s, 4, mixed_precision=False).mean() for s in subnets]
+    assert report["means"] == pytest.approx(own, rel=1e-6) and report["means"][0] == pytest.approx(scores[0], rel=1e-6)
+    with pytest.raises(UserError, match=r"token 383 is outside the vocabulary of space 'tiny-bpe-test' \(320\)"):
+        bad = np.concatenate([tokens.at(320)[:40], np.array([383], dtype=np.uint16)])  # an id of the larger vocabulary
+        InheritedLoss(supernet, Tokens({320: bad}, vocab.token_lengths()), seq_len=16, windows=2)
