@@ -33,7 +33,7 @@ from search_spaces import Space, Subnet, UserError, parse_space
 from .files import (atomic_save_tensors, atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file,
                     temp_file)
 from .model import Transformer, TransformerConfig
-from .tokenizer import FILE, Vocabulary, byte_tokenizer_json, read_vocabulary
+from .tokenizer import BYTES, FILE, Vocabulary, byte_tokenizer_json, read_vocabulary
 
 FORMAT = "nas-exported-model"
 VERSION = 1
@@ -62,24 +62,32 @@ def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, (CARD, SUBNET, *OUTPUTS))  # the card first: a folder is never described by an older card
-    vocab = Vocabulary(tokenizer if tokenizer is not None else byte_tokenizer_json(), str(out / TOKENIZER))
-    if vocab.size != model.config.vocab_size:
-        raise UserError(f"{out / TOKENIZER}: a vocabulary of {vocab.size:,} ids for a model of {model.config.vocab_size:,} "
-                        "embedding rows")
+    rows = model.config.vocab_size
+    # a model of text has its tokenizer.json (the bytes' where none is given); a task's ids that are no text (a model of
+    # fewer than 256 ids: a declared task's labels, grid cells) have none
+    text = tokenizer if tokenizer is not None else byte_tokenizer_json() if rows == BYTES else None
+    vocab = Vocabulary(text, str(out / TOKENIZER)) if text is not None else None
+    if vocab is not None and vocab.size != rows:
+        raise UserError(f"{out / TOKENIZER}: a vocabulary of {vocab.size:,} ids for a model of {rows:,} embedding rows")
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     subnet = model.subnet
     atomic_write(out / SUBNET, subnet.to_yaml())
-    atomic_write(out / TOKENIZER, vocab.text.encode("utf-8"))
+    files = {WEIGHTS: sha256_file(out / WEIGHTS)}
+    described = {}
+    if vocab is not None:
+        atomic_write(out / TOKENIZER, vocab.text.encode("utf-8"))
+        files[TOKENIZER] = sha256_file(out / TOKENIZER)
+        described = {"tokenizer": {"file": TOKENIZER, "kind": vocab.kind, "vocab": vocab.size, "sha256": vocab.sha256,
+                                   "metadata": vocab.metadata()}}
     full = {
         "format": FORMAT,
         "version": VERSION,
         "space": space.to_dict(),
         "subnet": subnet.to_dict(),
         "parameters": model.num_params(),
-        "tokenizer": {"file": TOKENIZER, "kind": vocab.kind, "vocab": vocab.size, "sha256": vocab.sha256,
-                      "metadata": vocab.metadata()},
-        "files": {WEIGHTS: sha256_file(out / WEIGHTS), TOKENIZER: sha256_file(out / TOKENIZER)},
+        **described,
+        "files": files,
         **(card or {}),
     }
     write_json_atomic(out / CARD, full)

@@ -17,7 +17,7 @@ import torch
 from latency.measure import measure_model, on_files, predicted_line
 from latency.precision import export_quantized, quantize_step
 from search_spaces import Space, Subnet, UserError, tasks
-from supernet.artifact import PROGRAM, export_program, load_model, load_program, save_model, update_card
+from supernet.artifact import PROGRAM, export_program, load_model, load_program, read_card, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
 from supernet.export import (
     FORMATS,
@@ -195,9 +195,10 @@ def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: Ex
                                      where)
         update_card(result.out, files=[quantized["file"]], quantized=quantized)
 
-    vocab = Vocabulary((result.out / "tokenizer.json").read_text(encoding="utf-8"))
+    said = read_card(result.out).get("tokenizer")
     lines = [f"exported {subnet}", f"  parameters        {result.parameters:,}",
-             f"  tokenizer         {result.out / 'tokenizer.json'}  ({vocab.describe()})",
+             *([f"  tokenizer         {result.out / said['file']}  ("
+                + ("bytes" if said["kind"] == "bytes" else f"byte-level BPE of {said['vocab']:,} ids") + ")"] if said else []),
              f"  torch             {result.out / 'model.safetensors'}  (load: supernet.load_model({str(result.out)!r}))"]
     if result.program_path:
         lines.append(f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = "
