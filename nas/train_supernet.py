@@ -127,6 +127,8 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
     meta_before = stored["meta"] if stored else None
     config_dict, objective_dict, options, data = _merge(run, space, task, meta_before)
     data = task.data_settings(data, run.task_flags, meta_before)
+    if getattr(space, "tokenizer", None) is not None and space.tokenizer.bpe:  # the space's subword vocabularies
+        data = {**data, "tokenizer": space.tokenizer.to_dict()}
     config = TrainConfig.from_dict(config_dict)
     check_log(config.log)  # (a resumed run's stored --log too) before the corpus is read
     if config.seq_len > space.max_seq_len:
@@ -149,6 +151,8 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
         meta = {**data, "device": torch.device(device).type,  # what --resume runs on unless --device is given
                 "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash, "corpus_sizes": corpus.meta["sizes"],
                 "corpus_dir": str(corpus.path.relative_to(out))}
+        if hasattr(corpus, "vocabulary"):  # the trained vocabulary travels with the checkpoint: export writes it out
+            meta["vocabulary"] = {**corpus.meta["tokenizer"], "json": corpus.vocabulary.text}
         if dist.is_main:
             log.info("%s", task.describe_data(corpus, data))
             log.info("space %s: %s parameters in the largest subnet; %s on %s%s", space.name,

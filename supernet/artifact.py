@@ -9,6 +9,8 @@ Layout of ``DIR``::
     model.onnx          (optional) the ONNX graph, written by ``nas export``
     model.pt2           (optional) a ``torch.export`` program: plain torch, no ``nas`` needed
                         (``torch.export.load("model.pt2").module()``), dynamic batch and length
+    tokenizer.json      the vocabulary the model reads (Hugging Face ``tokenizers``' format; a byte model's maps each
+                        byte to its id), named by its sha256 in the card and in the ONNX metadata (``nas.tokenizer``)
 
 ``load_model(DIR)`` is the one-line loader; it checks the card's format, the checksums and the
 shapes, and names the file in every error.  ``load_program(DIR)`` loads ``model.pt2`` after
@@ -35,6 +37,7 @@ from search_spaces.errors import first_line, shown
 from .files import (atomic_save_tensors, atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file,
                     temp_file)
 from .model import Transformer, TransformerConfig
+from .tokenizer import BYTES, FILE, Vocabulary, byte_tokenizer_json, read_vocabulary
 
 FORMAT = "nas-exported-model"
 VERSION = 1
@@ -42,34 +45,53 @@ WEIGHTS = "model.safetensors"
 CARD = "model_card.json"
 SUBNET = "subnet.yaml"
 PROGRAM = "model.pt2"
+TOKENIZER = FILE  # tokenizer.json
 MAX_BATCH = 4096
 
 
 # Every file an export run writes (the card last); a run removes them all before writing its own, and loading
 # refuses one that lies in the folder without a checksum in the card (left by an earlier or interrupted run).
-OUTPUTS = (WEIGHTS, PROGRAM, "model.onnx", "model.onnx.data", "step.onnx", "step.onnx.data")
+OUTPUTS = (WEIGHTS, PROGRAM, "model.onnx", "model.onnx.data", "step.onnx", "step.onnx.data", TOKENIZER)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
     atomic_write_json(path, data, sort_keys=False)
 
 
-def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None) -> Path:
-    """Write weights, subnet and model card of ``model`` into directory ``out``; return the card path."""
+def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None,
+               tokenizer: str | None = None) -> Path:
+    """Write weights, subnet, tokenizer and model card of ``model`` into directory ``out``; return the card path.
+    ``tokenizer``: the text of the model's ``tokenizer.json`` (its vocabulary, :mod:`supernet.tokenizer`); None: the
+    byte vocabulary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     remove_stale(out, (CARD, SUBNET, *OUTPUTS))  # the card first: a folder is never described by an older card
+    rows = model.config.vocab_size
+    # a model of text has its tokenizer.json (the bytes' where none is given); a task's ids that are no text (a model of
+    # fewer than 256 ids: a declared task's labels, grid cells) have none
+    text = tokenizer if tokenizer is not None else byte_tokenizer_json() if rows == BYTES else None
+    vocab = Vocabulary(text, str(out / TOKENIZER)) if text is not None else None
+    if vocab is not None and vocab.size != rows:
+        raise UserError(f"{out / TOKENIZER}: a vocabulary of {vocab.size:,} ids for a model of {rows:,} embedding rows")
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     subnet = model.subnet
     atomic_write(out / SUBNET, subnet.to_yaml())
+    files = {WEIGHTS: sha256_file(out / WEIGHTS)}
+    described = {}
+    if vocab is not None:
+        atomic_write(out / TOKENIZER, vocab.text.encode("utf-8"))
+        files[TOKENIZER] = sha256_file(out / TOKENIZER)
+        described = {"tokenizer": {"file": TOKENIZER, "kind": vocab.kind, "vocab": vocab.size, "sha256": vocab.sha256,
+                                   "metadata": vocab.metadata()}}
     full = {
         "format": FORMAT,
         "version": VERSION,
         "space": space.to_dict(),
         "subnet": subnet.to_dict(),
         "parameters": model.num_params(),
-        "files": {WEIGHTS: sha256_file(out / WEIGHTS)},
+        **described,
+        "files": files,
         **(card or {}),
     }
     write_json_atomic(out / CARD, full)
@@ -178,6 +200,42 @@ def fitting_model(weights: Path, build: Callable[[], torch.nn.Module], card: Pat
         raise UserError(f"{card}: describes a model of {size:,} parameters that {weights.name} does not hold ({k}: the "
                         f"card's {wanted[k]}, the file's {held.get(k, 'none')}); the card and its weights do not match")
     return build()
+
+
+def load_vocabulary(model_dir: str | Path, card: dict[str, Any] | None = None, onnx: str | None = "model.onnx") -> Vocabulary:
+    """The vocabulary a model folder's model reads: its ``tokenizer.json``, checked against the card's checksum, the
+    model's embedding (no more ids than rows) and, where the folder holds ``onnx``, that graph's ``nas.tokenizer``
+    metadata; a folder written before tokenizers travelled with models reads bytes.  One line for each refusal."""
+    model_dir = Path(model_dir)
+    card = card or read_card(model_dir)
+    space = card_space(model_dir, card)
+    subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]") if space.subnet_type is Subnet else None
+    rows = space.vocab_of(subnet) if subnet is not None and hasattr(space, "vocab_of") else space.vocab_size
+    if TOKENIZER not in (card.get("files") or {}):
+        if getattr(space, "tokenizer", None) is not None and space.tokenizer.bpe:
+            raise UserError(f"{model_dir / CARD}: lists no {TOKENIZER}, which a model of a subword vocabulary needs")
+        return Vocabulary(byte_tokenizer_json(), "(bytes)")  # a byte model of an earlier version
+    vocab = read_vocabulary(verify_file(model_dir, TOKENIZER, card), embedding=rows)
+    if vocab.size != rows:
+        raise UserError(f"{model_dir / TOKENIZER}: a vocabulary of {vocab.size:,} ids, but the model's embedding has "
+                        f"{rows:,} rows")
+    if onnx is not None and (model_dir / onnx).is_file():
+        check_onnx_tokenizer(model_dir / onnx, vocab)
+    return vocab
+
+
+def check_onnx_tokenizer(graph: Path, vocab: Vocabulary) -> None:
+    """Refuse a graph whose ``nas.tokenizer`` metadata names another vocabulary than ``vocab`` (the folder's)."""
+    import onnx
+
+    try:
+        meta = {p.key: p.value for p in onnx.load(str(graph), load_external_data=False).metadata_props}
+    except Exception as e:  # noqa: BLE001 - a damaged graph: onnx's own refusal
+        raise UserError(f"{graph}: not a readable ONNX model ({type(e).__name__})") from None
+    said = meta.get("nas.tokenizer")
+    if said is not None and said != vocab.metadata():
+        raise UserError(f"{graph}: its metadata nas.tokenizer is {said[:80]!r}, but {vocab.where} is {vocab.metadata()[:80]!r} "
+                        "(the folder's tokenizer is not the one the model was exported with)")
 
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu") -> Transformer:

@@ -47,6 +47,7 @@ class Task:
     workload_kinds: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()  # modules of whole subcommands of the task's own (run by `nas`)
     flags: tuple[Flag, ...] = ()
+    subword: bool = False  # whether its spaces may read a subword vocabulary (tokenizer: {bpe: ...}); else bytes only
 
     # ------------------------------------------------------------------ space
 

@@ -70,6 +70,16 @@ def write_parity(path: str, entries: list, feed_of, threads, provider: str) -> N
     write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
+def smallest_vocab(space: dict) -> int:
+    """The ids every model of the bundle reads: a space that searches its vocabulary (``tokenizer: {bpe: [...]}``) has
+    models of several embedding sizes, nested, so the tokens are drawn below the smallest."""
+    sizes = ((space.get("tokenizer") or {}) if isinstance(space.get("tokenizer"), dict) else {}).get("bpe")
+    if sizes is None:
+        return space["vocab_size"]
+    sizes = sizes if isinstance(sizes, list) else [sizes]
+    return min(256 if k == "bytes" else k for k in sizes)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.",
                                 allow_abbrev=False)
@@ -108,7 +118,7 @@ def main(argv=None) -> int:
     settings = Settings.from_dict(manifest["meta"]["protocol"])
     workload = manifest["meta"]["workload"]
     tokens = None if workload.get("kind") in ("translate", "image") else prefill_tokens(
-        manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
+        smallest_vocab(manifest["meta"]["space"]), workload["batch_size"], workload.get("seq_len", 1))
 
     def feed_of(entry: dict) -> dict:
         """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout;

@@ -326,6 +326,8 @@ class CalibratedFitness:
         self.inherited, self.ranker, self.space, self.params = inherited, ranker, space, params
         if hasattr(inherited, "heldout"):  # per-window scores: the search's separability report reads them
             self.heldout, self.batch_size = inherited.heldout, inherited.batch_size
+        if hasattr(inherited, "held"):  # each subnet's vocabulary's windows (a space that searches it)
+            self.held, self.model = inherited.held, inherited.model
         self.description = {**inherited.description, "ranker": ranker.digest, "ranker_kind": ranker.kind}
         self.summary = ""
 
