@@ -84,7 +84,8 @@ class VisionSubnet(Subnet):
                               f"attention (an image-classification subnet), got {shown(data)}")
         stack = Subnet.from_dict({k: v for k, v in data.items() if k not in extra}, where)
         try:
-            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"])
+            return cls(**{f.name: getattr(stack, f.name) for f in fields(Subnet)},
+                       **{k: data[k] for k in extra})
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
