@@ -125,6 +125,10 @@ def available_versions(python: str, index: str) -> list[str]:
     """What ``pip index versions torch`` lists with ``index`` in place of PyPI (and pip's configured extras)."""
     done = subprocess.run([python, "-m", "pip", "index", "versions", "torch", "--index-url", index],
                           capture_output=True, text=True)
+    said = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    if done.returncode != 0 and not any("unknown command" in ln for ln in said):  # (an old pip has no `pip index`)
+        raise SystemExit(f"install.py: --torch-index {index}: pip found no torch there ({said[-1] if said else 'no message'}); "
+                         "give an index that has it, or --torch cuda / --torch none")
     line = next((ln for ln in done.stdout.splitlines() if ln.startswith("Available versions:")), "")
     return [v.strip() for v in line.removeprefix("Available versions:").split(",") if v.strip()]
 
@@ -228,7 +232,8 @@ def torch_plan(choice: str, python: str, index: str, floor: str, ceiling: str | 
     """(what will happen, in words: one line; the pip commands for torch).
 
     ``floor`` / ``ceiling``: the tested range (``ceiling`` None: :func:`tested_ceiling`); ``pin``: the release a ``-c``
-    file pins torch to; ``settings``: pip's cert and proxy for the index probes (None: read them when needed)."""
+    file pins torch to; ``settings``: pip's cert and proxy for the index probes (None: read them when needed). A dry run asks the
+    same read-only questions (the probe, ``pip index versions``) so that it says what a run would install."""
     ceiling = ceiling or tested_ceiling()
     wanted = requirement(floor, ceiling, pin)
     pip = [python, "-m", "pip", "install", "-q"]

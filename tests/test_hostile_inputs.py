@@ -761,7 +761,9 @@ def install_script():
     return module
 
 
-def test_install_dry_run_asks_no_index_and_a_failed_index_is_not_named_as_the_source(monkeypatch, capsys):
+def test_install_names_no_index_that_has_no_torch_as_the_source(monkeypatch, capsys):
+    """An index that answers 404 for torch (a mistyped --torch-index) stops the plan in one line naming it, dry run or
+    not, after the read-only listing alone: it is never printed as where torch comes from."""
     import subprocess
 
     install = install_script()
@@ -773,15 +775,17 @@ def test_install_dry_run_asks_no_index_and_a_failed_index_is_not_named_as_the_so
 
     monkeypatch.setattr(install.subprocess, "run", pip)
     monkeypatch.setattr(install, "installed_torch", lambda: None)
-    assert install.main(["--torch", "cpu", "--torch-index", "https://bad.example/cpu", "--dry-run"]) == 0
-    err = capsys.readouterr().err
-    assert asked == [] and "--dry-run asks no index" in err, err
-    with pytest.raises(SystemExit) as stop:
-        install.main(["--torch", "cpu", "--torch-index", "https://bad.example/cpu"])
-    assert str(stop.value) == ("install.py: --torch-index https://bad.example/cpu: pip found no torch there (ERROR: 404 Client "
-                               "Error: Not Found for url: https://bad.example/cpu/torch/); give an index that has it, or "
-                               "--torch cuda / --torch none")
-    assert len(asked) == 1 and asked[0][3:5] == ["index", "versions"]  # the listing only: nothing was installed
+    monkeypatch.setattr(install, "pip_settings", lambda python: {})
+    monkeypatch.setattr(install, "unreachable", lambda index, settings: None)  # the index answers: with a 404 for torch
+    for dry in (["--dry-run"], []):
+        asked.clear()
+        with pytest.raises(SystemExit) as stop:
+            install.main(["--torch", "cpu", "--torch-index", "https://bad.example/cpu", *dry])
+        assert str(stop.value) == ("install.py: --torch-index https://bad.example/cpu: pip found no torch there (ERROR: 404 "
+                                   "Client Error: Not Found for url: https://bad.example/cpu/torch/); give an index that "
+                                   "has it, or --torch cuda / --torch none")
+        assert len(asked) == 1 and asked[0][3:5] == ["index", "versions"]  # the listing only: nothing was installed
+        assert "bad.example" not in capsys.readouterr().err  # not printed as the source before the refusal
 
 
 def test_a_folder_or_fifo_given_as_a_file_is_named_as_such(tmp_path):

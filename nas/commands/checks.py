@@ -21,6 +21,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from search_spaces import UserError
 
@@ -95,12 +96,17 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
 
             parse_target(value, "--" + field.replace("_", "-"))
     if args.command in DEVICE_FLAGS:
-        from .common import device_options
-
         field = DEVICE_FLAGS[args.command]
         name = getattr(args, field, None)
         if name:
             check_device(f"--{field.replace('_', '-')}", name, **device_options(args, args.command))
+
+
+def device_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The device options given to ``command`` (constructor keyword -> value; None where not given)."""
+    from latency.device import device_flags
+
+    return {f.option: getattr(args, f.dest, None) for f in device_flags(command)}
 
 
 def _names(parser: argparse.ArgumentParser | None) -> dict[str, str]:

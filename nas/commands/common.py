@@ -186,13 +186,6 @@ def add_device_flags(p, command: str) -> None:
         p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
 
 
-def device_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
-    """The device options given to ``command`` (constructor keyword -> value; None where not given)."""
-    from latency.device import device_flags
-
-    return {f.option: getattr(args, f.dest, None) for f in device_flags(command)}
-
-
 def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
     """The task flags given to ``command`` (dest -> value): what the space's task checks and reads."""
     from search_spaces.tasks import tasks

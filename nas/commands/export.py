@@ -10,7 +10,6 @@ from pathlib import Path
 
 from .common import (
     add_device_flags,
-    device_options,
     add_protocol_arguments,
     add_scoring_arguments,
     measurement_bar,
@@ -18,7 +17,7 @@ from .common import (
     scoring_settings,
     timing_messages,
 )
-
+from .checks import device_options
 from .registry import register_command
 
 log = logging.getLogger(__name__)

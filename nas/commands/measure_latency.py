@@ -9,13 +9,12 @@ from .common import (
     CAMPAIGN_DEFAULTS,
     add_device_flags,
     add_protocol_arguments,
-    device_options,
     emit,
     protocol_settings,
     timing_messages,
     visit_bar,
 )
-
+from .checks import device_options
 from .registry import register_command
 
 log = logging.getLogger(__name__)
