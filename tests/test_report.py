@@ -176,7 +176,9 @@ def test_report_of_a_search_folder(search_dir, tmp_path, capsys):
     assert main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
     assert "search folder" in capsys.readouterr().out
     page = (tmp_path / "r.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 1  # pareto.png, inline
+    # pareto.png inline, and the search's best per generation (drawn from pareto.csv: the search ran 2 generations)
+    assert page.count('src="data:image/png;base64,') == 2
+    assert 'alt="pareto.png"' in page and "<h3>Best per generation</h3>" in page
     assert "<h2>Verification on the device</h2>" in page and "6ms: holds" in page
     assert "loss: bits/byte on 3 held-out windows x 32 tokens (inherited weights)" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
