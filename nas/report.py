@@ -58,6 +58,7 @@ from .report_files import (
     Table,
     Unreadable,
     conform,
+    printable,
     shown,
 )
 
@@ -260,7 +261,7 @@ def detect(folder: str | Path) -> str:
 
 
 def _detect(run: RunFolder) -> str:
-    if run.is_file("summary.json") and run.is_dir("search"):
+    if run.is_file("summary.json") and run.what("search") != "missing":
         return "demo"
     for name, kind in (("search.json", "search"), ("model_card.json", "model"), ("predictor.json", "predictor"),
                        ("log.jsonl", "training")):
@@ -269,7 +270,7 @@ def _detect(run: RunFolder) -> str:
     entries, _ = run.entries()
     if any(e.is_file and _listed(e) for e in entries):
         return "files"
-    refused = [f"{shown(e.name)} is {e.kind}" for e in entries if not e.is_file and _listed(e)]
+    refused = [f"{printable(e.name)} is {e.kind}" for e in entries if not e.is_file and _listed(e)]
     raise UserError(f"{run.display('')}: not a run folder: no summary.json (nas demo), search.json (nas search), "
                     f"model_card.json (nas export), nor any {', '.join(sorted(SHOWN))} file to show"
                     + (f" ({'; '.join(refused[:3])}: not followed or read)" if refused else ""))
@@ -347,8 +348,8 @@ def image(run: RunFolder, rel: str, caption: str | None = None) -> Figure:
         raise Unreadable(f"{where}: not a JPEG image: not embedded")
     elif suffix == ".svg" and b"<svg" not in data[:4096]:
         raise Unreadable(f"{where}: not an SVG image (no <svg> element at its start): not embedded")
-    return Figure(IMAGES[suffix], base64.b64encode(data).decode("ascii"), shown(name),
-                  caption if caption is not None else shown(name))
+    return Figure(IMAGES[suffix], base64.b64encode(data).decode("ascii"), printable(name),
+                  caption if caption is not None else printable(name))
 
 
 @dataclass
@@ -520,12 +521,12 @@ def _files(page: Page, only_new: bool = False) -> None:
     entries, total = page.run.entries()
     listed = [e for e in entries if _listed(e) and e.rel not in page.shown]
     files = sorted((e for e in listed if e.is_file), key=lambda e: (e.name.lower() != "readme.md", order[e.suffix], e.name))
-    skipped = [f"{shown(e.name)}: {e.kind}, not read (the page shows only the folder's own regular files)"
+    skipped = [f"{printable(e.name)}: {e.kind}, not read (the page shows only the folder's own regular files)"
                for e in listed if not e.is_file]
     if total > len(entries):
         skipped.append(f"the folder holds {total:,} entries: the first {MAX_ENTRIES:,} by the order the file system "
                        "lists them were looked at")
-    views = [(_file_anchor(e.rel), shown(e.name), file_view(page.run, e.rel)) for e in files]
+    views = [(_file_anchor(e.rel), printable(e.name), file_view(page.run, e.rel)) for e in files]
     page.shown.update(e.rel for e in files)
     if only_new:
         if views or skipped:
@@ -552,7 +553,7 @@ def document(page: Page, rel: str, schema: Any, skipped: list[str]) -> tuple[dic
         return None, None
     page.shown.add(rel)
     problems: list[str] = []
-    clean = conform(raw, schema, shown(rel.rsplit("/", 1)[-1]), problems)
+    clean = conform(raw, schema, rel.rsplit("/", 1)[-1], problems)
     skipped.extend(f"{p}: left out" for p in problems[:20])
     if len(problems) > 20:
         skipped.append(f"and {len(problems) - 20:,} more fields of the wrong type")
@@ -619,7 +620,7 @@ def search_sections(page: Page, base: str, heading: str = "Search", baselines: l
             if e.name.startswith("pareto") and e.suffix == ".png":
                 page.shown.add(e.rel)
                 try:
-                    figures.append(image(run, e.rel, f"{shown(e.name)}: every subnet evaluated (grey), the Pareto front "
+                    figures.append(image(run, e.rel, f"{printable(e.name)}: every subnet evaluated (grey), the Pareto front "
                                          "(blue), the budget (dashed), the search's limit below it (dotted), the best "
                                          "per budget (star) and what the device measured (diamonds)"))
                 except Unreadable as err:
@@ -735,7 +736,7 @@ def hurdles(page: Page, base: str) -> None:
     files = [e for e in entries if e.name.startswith("hurdles") and _listed(e)]
     if not files:
         return
-    views = [(None, shown(e.name), file_view(page.run, e.rel)) for e in files]
+    views = [(None, printable(e.name), file_view(page.run, e.rel)) for e in files]
     page.shown.update(e.rel for e in files)
     page.add("Hurdles", "files.html", [], views=views)
 
@@ -866,14 +867,19 @@ def _demo(page: Page) -> None:
     comparison, comparison_skipped = _comparison(page)
     page.add("Result", "result.html", skipped, s=s, found=s.get("found", {}),
              subnet=_subnet_text(s.get("found", {}).get("subnet")), **_verdict(s, groups))
-    if page.run.is_dir("search") and page.run.what("search/search.json") != "missing":
-        search_sections(page, "search", "Search: the Pareto front", baselines=groups)
+    if page.run.is_dir("search"):
+        if page.run.what("search/search.json") != "missing":
+            search_sections(page, "search", "Search: the Pareto front", baselines=groups)
+    else:
+        page.add("Search: the Pareto front", "files.html", [f"{page.run.display('search')}: {page.run.what('search')}, not "
+                                                            "followed (the page shows only the run folder's own files)"],
+                 views=[])
     predictor_section(page, "predictor")
     if comparison is not None or comparison_skipped:
         page.add("Comparison with the uniform baselines (comparison.csv)", "comparison.html", comparison_skipped,
                  anchor="comparison", **(comparison or {"table_": None, "flags": [], "merged": []}))
     card_section(page, "model")
-    if page.run.is_dir("supernet"):
+    if page.run.what("supernet") != "missing":
         training_section(page, "supernet", "Training the supernet: the learning curve (supernet/log.jsonl)")
     if s.get("stage_seconds"):
         page.add("Stages", "stages.html", [], stages=table(["stage", "seconds"], [[k, v] for k, v in s["stage_seconds"].items()]),

@@ -26,6 +26,7 @@ import io
 import json
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,10 +53,26 @@ class Unreadable(UserError):
     """A file of the run folder that the page does not show: the message says which and why, in one line."""
 
 
+class Missing(Unreadable):
+    """No such entry in the run folder."""
+
+
 def shown(name: str) -> str:
     """A name or text as the page shows it: bytes that are not UTF-8 (a file name's, kept by Python as surrogate
     escapes) and lone surrogates (from JSON's ``\\ud800``) become U+FFFD, so the page is always valid UTF-8."""
-    return name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    try:  # a file name's undecodable bytes come back as they were, each shown as one U+FFFD
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # other lone surrogates
+        return name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def printable(name: str) -> str:
+    """A name (a file's, a JSON key's) as messages and headings give it: :func:`shown`, its control characters written
+    as ``\\xNN`` (a name with a newline cannot break a one-line message in two)."""
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", shown(name))
 
 
 def _kind(mode: int) -> str:
@@ -108,7 +125,7 @@ class RunFolder:
 
     def display(self, rel: str) -> str:
         """``rel`` as messages and the page name it: below the folder as the user gave it."""
-        return shown(str(self.given / rel)) if rel else shown(str(self.given))
+        return printable(str(self.given / rel)) if rel else printable(str(self.given))
 
     # ------------------------------------------------------------------ what is there
 
@@ -123,21 +140,24 @@ class RunFolder:
             try:
                 st = os.lstat(path)
             except FileNotFoundError:
-                raise Unreadable(f"{self.display(rel)}: no such file") from None
+                raise Missing(f"{self.display(rel)}: no such file") from None
             except OSError as e:
                 raise Unreadable(f"{self.display(rel)}: {e.strerror or e}") from None
             if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
                 on_way = "/".join(parts[: i + 1])
-                raise Unreadable(f"{self.display(rel)}: {shown(on_way)} is {_kind(st.st_mode)}, not followed "
+                raise Unreadable(f"{self.display(rel)}: {printable(on_way)} is {_kind(st.st_mode)}, not followed "
                                  "(the page shows only the run folder's own files)")
         return st
 
     def what(self, rel: str) -> str:
-        """:func:`_kind`'s words for ``rel``, or ``"missing"`` (also when a folder on the way is a link)."""
+        """:func:`_kind`'s words for ``rel``; ``"missing"`` when there is no such entry; ``"not reachable"`` when a
+        folder on the way is a link or not a folder (reading it says which)."""
         try:
             return _kind(self._lstat(rel).st_mode)
-        except Unreadable:
+        except Missing:
             return "missing"
+        except Unreadable:
+            return "not reachable"
 
     def is_file(self, rel: str) -> bool:
         """``rel`` is a regular file of the folder (not a link, a FIFO, a device)."""
@@ -384,7 +404,7 @@ def _expected(schema: Any) -> str:
 
 
 def _wrong(value: Any, expected: str, where: str, problems: list[str]) -> None:
-    problems.append(f"{shown(where)[:200]}: {json_type(value)}, expected {expected}")
+    problems.append(f"{printable(where)[:200]}: {json_type(value)}, expected {expected}")
     return None
 
 
