@@ -34,7 +34,7 @@ import json
 import math
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -87,7 +87,8 @@ ROW = {"name": TEXT, "subnet": TEXT, "key": TEXT, "params": NUM, "bpb": NUM, "bp
        "search_windows": NUM, "predicted_ms": NUM, "measured_ms": NUM, "measured_iqr_ms": NUM, "flags": TEXT,
        "vs_found_bpb": NUM, "vs_found_se": NUM}
 SUMMARY = {"budget_ms": NUM, "within_budget": BOOL, "error_pct": NUM, "beats_baselines": BOOL, "sample": TEXT,
-           "found": {**ROW, "subnet": ANY}, "baselines": [ROW], "stage_seconds": Map(NUM), "plan": Map(ANY)}
+           "found": {**ROW, "subnet": ANY}, "baselines": [ROW], "stage_seconds": Map(NUM), "plan": Map(ANY),
+           "command": TEXT}
 SEARCH = {
     "nas_version": TEXT, "evaluations": NUM,
     "config": {"strategy": TEXT, "seed": NUM, "margin_pct": NUM, "max_params": NUM, "budgets": [TEXT],
@@ -1054,19 +1055,11 @@ def _commands(kind: str, folder: str, summary: dict, docs: dict[str, dict]) -> t
     q = shlex.quote
     notes: list[str] = []
     if kind == "demo":
-        from nas.demo import FULL, QUICK
-
-        plan = summary.get("plan")
-        seed = docs.get("search/search.json", {}).get("config", {}).get("seed")
-        extra = f" --seed {seed}" if isinstance(seed, int) and seed != 0 else ""
-        if plan == asdict(QUICK):
-            return [f"nas demo --quick --out {q(folder)}{extra}"], notes
-        if plan == asdict(FULL) or plan is None:
-            return [f"nas demo --out {q(folder)}{extra}"], notes
-        notes.append("summary.json's plan is neither nas demo's nor nas demo --quick's: the run was made by "
-                     "nas.demo.run_demo with that plan (under Stages)")
-        return [f"python3 -c 'from nas.demo import Plan, run_demo; from nas.cli import main; "
-                f"run_demo({folder!r}, main, Plan(**PLAN))'    # PLAN: summary.json's plan"], notes
+        if summary.get("command"):
+            return [summary["command"]], notes
+        notes.append("summary.json records no command (a run of an earlier nas, or of a benchmark script that runs the "
+                     "demo's stages): add --quick, --seed and --threads as the run had them (its plan: under Stages)")
+        return [f"nas demo --out {q(folder)}"], notes
     if kind == "search":
         return [search_command(docs.get("search.json", {}), docs.get("verify.json"), folder)], [
             "SUPERNET and PREDICTOR: the files search.json names by their hashes (config.supernet, config.predictor)"]

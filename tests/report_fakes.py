@@ -132,7 +132,7 @@ def demo_rows(found: dict, loss: float, predicted: float) -> list[dict]:
 def demo_folder(root: Path, search: Path | None = None, predictor: Path | None = None) -> Path:
     """A `nas demo --quick` run folder as run_demo writes it: summary.json, comparison.csv, search/, predictor/,
     model/model_card.json, supernet/log.jsonl; ``search`` and ``predictor``: real folders to copy (else written)."""
-    from nas.demo import QUICK, _write_csv
+    from nas.demo import QUICK, _write_csv, demo_command
 
     root.mkdir(parents=True)
     if search is not None:
@@ -150,7 +150,7 @@ def demo_folder(root: Path, search: Path | None = None, predictor: Path | None =
         "budget_ms": 6.0, "found": {**rows[0], "subnet": best["subnet"]}, "error_pct": -5.2, "within_budget": True,
         "baselines": rows[1:], "beats_baselines": True, "baselines_at_or_below_found_latency": 3,
         "sample": "def f(x):\n    return x", "files": {}, "stage_seconds": {"train the supernet": 60.2, "search": 31.0},
-        "plan": asdict(QUICK)})
+        "plan": asdict(QUICK), "command": demo_command(root, QUICK, 0, None)})
     write_json(root / "model" / "model_card.json", card(best["subnet"], best["loss_bpb"], best["latency_ms"]))
     (root / "supernet").mkdir()
     (root / "supernet" / "log.jsonl").write_text("\n".join(log_lines()) + "\n")

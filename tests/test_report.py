@@ -389,7 +389,7 @@ def test_the_demo_page_draws_the_learning_curve_and_the_best_per_generation(demo
     assert "<h3>Best per generation</h3>" in text
 
 
-def test_the_reproduce_section_gives_commands_that_parse_to_the_run_s_settings(demo_page, search_dir, tmp_path, capsys):
+def test_the_reproduce_section_gives_commands_that_parse_to_the_run_s_settings(demo_page, search_dir, tmp_path):
     import html
     import re
     import shlex
@@ -399,7 +399,9 @@ def test_the_reproduce_section_gives_commands_that_parse_to_the_run_s_settings(d
     run, page, _ = demo_page
     text = page.read_text()
     reproduce = text[text.index("<h2>Reproduce</h2>"):]
-    assert f"<pre>nas demo --quick --out {run}\nnas report {run}    # this page</pre>" in reproduce
+    assert f"<pre>nas demo --out {run} --quick\nnas report {run}    # this page</pre>" in reproduce
+    _, args = parse(shlex.split(f"nas demo --out {run} --quick")[1:])  # the command run_demo records, as typed
+    assert (args.command, args.out, args.quick, args.seed) == ("demo", str(run), True, 0)
     assert "<td>nas-transformers</td><td>0.2.0</td><td>search/search.json</td>" in reproduce
     out, _ = search_dir
     assert main(["report", str(out), "--out", str(tmp_path / "s.html")]) == 0
@@ -422,3 +424,10 @@ def test_the_templates_ship_with_the_package():
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["nas"]
     files = [p.relative_to(ROOT / "nas").as_posix() for p in (ROOT / "nas" / "templates").rglob("*") if p.is_file()]
     assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in data) for f in files), (files, data)
+
+
+def test_the_demo_records_the_command_that_makes_it_again(tmp_path):
+    from nas.demo import FULL, QUICK, demo_command
+
+    assert demo_command(tmp_path / "a b", QUICK, 3, 2) == f"nas demo --out '{tmp_path / 'a b'}' --quick --seed 3 --threads 2"
+    assert demo_command(tmp_path, FULL, 0, None) == f"nas demo --out {tmp_path}"
