@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -46,7 +47,9 @@ from .report_files import (
     MAX_CELL,
     MAX_COLUMNS,
     MAX_ENTRIES,
+    MAX_CSV,
     MAX_IMAGE,
+    MAX_JSON,
     MAX_LOG,
     MAX_PIXELS,
     MAX_TEXT,
@@ -66,6 +69,8 @@ PAGE = "report.html"
 MAX_ROWS = 200  # rows of a table shown; the rest counted
 MAX_DEPTH_SHOWN = 4  # levels of a JSON document shown as nested tables (deeper: its text)
 MAX_PRE = 100_000  # characters of one preformatted text shown
+MAX_VALUES = 20_000  # values of one JSON document shown (nested tables of a 16 MB document would be gigabytes)
+MAX_READ = 64 * 2**20  # bytes of the folder's other files read for one page (then they are listed, not shown)
 IMAGES = {".png": "image/png", ".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".svg": "image/svg+xml"}
 SHOWN = {".md", ".json", ".csv", ".txt", ".log", *IMAGES}
 KIND_TITLES = {"demo": "nas demo run", "search": "nas search", "model": "exported model", "predictor": "latency predictor",
@@ -418,33 +423,56 @@ def csv_view(t: Table, keep: Callable[[dict], bool] | None = None, columns: list
     return view
 
 
-def value_view(value: Any, depth: int = 0) -> dict:
+def value_view(value: Any, depth: int = 0, budget: list[int] | None = None) -> dict:
     """A JSON value for the ``value`` macro: objects as two-column tables, lists of flat objects as tables, lists of
     scalars on one line, long texts preformatted; at most :data:`MAX_ROWS` entries of each, :data:`MAX_DEPTH_SHOWN`
-    levels (deeper ones as their JSON text)."""
+    levels (deeper ones as their JSON text, cut), about :data:`MAX_VALUES` values in all (``budget``: those left)."""
+    budget = [MAX_VALUES] if budget is None else budget
+    budget[0] -= 1
     if isinstance(value, dict):
         if not value:
             return {"t": "scalar", "text": "{}"}
         if depth >= MAX_DEPTH_SHOWN:
-            return {"t": "pre", "text": json.dumps(value, indent=1)[:MAX_PRE]}
-        items = list(value.items())
-        return {"t": "object", "rows": [(cut(k, 200), value_view(v, depth + 1)) for k, v in items[:MAX_ROWS]],
-                "more": max(0, len(items) - MAX_ROWS)}
+            return {"t": "pre", "text": json_text(value)}
+        rows = []
+        for k, v in itertools.islice(value.items(), MAX_ROWS):
+            if budget[0] <= 0:
+                break
+            rows.append((cut(k, 200), value_view(v, depth + 1, budget)))
+        return {"t": "object", "rows": rows, "more": len(value) - len(rows),
+                "cut": MAX_VALUES if budget[0] <= 0 and len(rows) < len(value) else 0}
     if isinstance(value, list):
-        if value and all(isinstance(v, dict) for v in value) and depth < MAX_DEPTH_SHOWN:
-            cols = list(dict.fromkeys(k for v in value[:MAX_ROWS] for k in v))
-            if all(not isinstance(v.get(c), (dict, list)) for v in value[:MAX_ROWS] for c in cols):
-                return {"t": "table", "table": table(cols, [[v.get(c, "") for c in cols] for v in value[:MAX_ROWS]],
-                                                     len(value))}
-            return {"t": "items", "items": [value_view(v, depth + 1) for v in value[:MAX_ROWS]],
-                    "more": max(0, len(value) - MAX_ROWS)}
+        head = value[:MAX_ROWS]
+        if head and all(isinstance(v, dict) for v in head) and depth < MAX_DEPTH_SHOWN:
+            cols = list(itertools.islice(dict.fromkeys(k for v in head for k in v), MAX_COLUMNS + 1))
+            if all(not isinstance(v.get(c), (dict, list)) for v in head for c in cols):
+                budget[0] -= len(head) * len(cols)
+                return {"t": "table", "table": table(cols, [[v.get(c, "") for c in cols] for v in head], len(value))}
+            items = []
+            for v in head:
+                if budget[0] <= 0:
+                    break
+                items.append(value_view(v, depth + 1, budget))
+            return {"t": "items", "items": items, "more": len(value) - len(items),
+                    "cut": MAX_VALUES if budget[0] <= 0 and len(items) < len(value) else 0}
         if all(not isinstance(v, (dict, list)) for v in value):
             text = ", ".join(cut(fmt(v), 200) for v in value[:60]) + (f", ... ({len(value):,} in all)" if len(value) > 60 else "")
             return {"t": "scalar", "text": f"[{text}]"}
-        return {"t": "pre", "text": json.dumps(value, indent=1)[:MAX_PRE]}
+        return {"t": "pre", "text": json_text(value)}
     if isinstance(value, str) and ("\n" in value or len(value) > 200):
         return {"t": "pre", "text": value[:MAX_PRE]}
     return {"t": "scalar", "text": cut(fmt(value), MAX_CELL)}
+
+
+def json_text(value: Any) -> str:
+    """``value`` as indented JSON, its first :data:`MAX_PRE` characters (written only that far)."""
+    out, n = [], 0
+    for chunk in json.JSONEncoder(indent=1).iterencode(value):
+        out.append(chunk)
+        n += len(chunk)
+        if n >= MAX_PRE:
+            return "".join(out)[:MAX_PRE] + " …"
+    return "".join(out)
 
 
 # --------------------------------------------------------------------------- any folder: one section per file
@@ -515,6 +543,9 @@ def _file_anchor(rel: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", shown(rel.rsplit("/", 1)[-1]).lower()).strip("-") or "file"
 
 
+READ_COST = {".json": MAX_JSON, ".csv": MAX_CSV, **{suffix: MAX_IMAGE for suffix in IMAGES}}  # else: MAX_TEXT
+
+
 def _files(page: Page, only_new: bool = False) -> None:
     """A section per file at the top of the folder (README first, then Markdown, figures, tables, JSON, text) not yet on
     the page; what is not shown (links, FIFOs, folders' worth of entries) said in a note."""
@@ -527,8 +558,16 @@ def _files(page: Page, only_new: bool = False) -> None:
     if total > len(entries):
         skipped.append(f"the folder holds {total:,} entries: the first {MAX_ENTRIES:,} by the order the file system "
                        "lists them were looked at")
-    views = [(_file_anchor(e.rel), printable(e.name), file_view(page.run, e.rel)) for e in files]
-    page.shown.update(e.rel for e in files)
+    views, read = [], 0
+    for e in files:
+        cost = min(e.size, READ_COST.get(e.suffix, MAX_TEXT))  # what showing it reads, at most
+        if read + cost > MAX_READ:
+            skipped.append(f"{printable(e.name)}: not shown: the page already holds {read:,} bytes of the folder's files "
+                           f"(at most {MAX_READ:,})")
+            continue
+        read += cost
+        views.append((_file_anchor(e.rel), printable(e.name), file_view(page.run, e.rel)))
+        page.shown.add(e.rel)
     if only_new:
         if views or skipped:
             page.add("Other files", "files.html", skipped, views=views)
@@ -848,8 +887,10 @@ def training_section(page: Page, base: str, heading: str) -> None:
     metric = METRICS.get(c.metric, c.metric)
     page.add(heading, "training.html", skipped,
              plot=figure_of(png(learning_curve(c)), "the learning curve",
-                              "training loss per step as logged (nats per token; left) and the held-out score of the "
-                              f"subnets the run evaluates ({metric}; right)"),
+                              "; ".join(part for part, there in (
+                                  ("the training loss per step as logged (nats per token)", any(c.train.values())),
+                                  (f"the held-out {metric} of the subnets the run evaluates", any(c.held_out.values())))
+                                  if there)),
              rows=table(["subnet", "first step", f"held-out {metric}", "last step", f"held-out {metric}"], rows)
              if rows else None)
 

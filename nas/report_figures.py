@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 MAX_POINTS = 4_000  # points of one curve drawn (a long run's are thinned evenly; the last one always kept)
+MAX_EVENTS = 20_000  # lines of a log parsed, of its training lines and of the others each (thinned evenly)
 METRICS = {"bpb": "bits/byte"}  # the log's names of held-out metrics, as the figures label them
 
 
@@ -39,11 +40,24 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _every(lines: list[str], n: int) -> list[str]:
+    """At most about ``n`` of ``lines``, evenly, the last one kept."""
+    if len(lines) <= n:
+        return lines
+    stride = math.ceil(len(lines) / n)
+    return lines[::stride] + ([lines[-1]] if (len(lines) - 1) % stride else [])
+
+
 def curves(lines: Iterable[str]) -> Curves:
     """The curves of ``log.jsonl``'s lines: ``train`` events (``step``, ``loss: {subnet: nats}``) and ``eval`` events
-    (``step``, ``<metric>: {subnet: score}``); any other line, or a field of another type, is counted as skipped."""
+    (``step``, ``<metric>: {subnet: score}``); any other line, or a field of another type, is counted as skipped.
+    A long log's training lines (and, past :data:`MAX_EVENTS`, its others) are read evenly thinned: parsing every
+    line of a 20-hour run would take longer than the curve is worth."""
+    lines = list(lines)
+    train = [line for line in lines if '"train"' in line]
+    others = [line for line in lines if '"train"' not in line]
     out = Curves()
-    for line in lines:
+    for line in _every(train, MAX_EVENTS) + _every(others, MAX_EVENTS):
         if not line.strip():
             continue
         try:

@@ -239,7 +239,7 @@ def test_a_search_folder_s_pareto_png_that_is_a_link_is_not_embedded(tmp_path, o
 # --------------------------------------------------------------------------- 4. FIFOs, bombs, types: never a traceback
 
 
-def run_cli(folder: Path, out: Path, timeout: float = 60, memory_gb: float = 2.0) -> subprocess.CompletedProcess:
+def run_cli(folder: Path, out: Path, timeout: float = 240, memory_gb: float = 2.0) -> subprocess.CompletedProcess:
     """`nas report` in a child process: a hang is a timeout, a read of everything a MemoryError, not a frozen machine."""
     import resource
 
@@ -366,3 +366,32 @@ def test_out_inside_the_run_folder_is_refused_unless_it_is_a_page(tmp_path, caps
     assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before  # nothing written, nothing replaced
     assert main(["report", str(d), "--out", str(d / "page.html")]) == 0  # a page inside it is fine
     assert main(["report", str(d)]) == 0 and (d / "report.html").exists()
+
+
+def test_a_page_reads_a_bounded_amount_of_the_folder(tmp_path, capsys, monkeypatch):
+    """Many large figures, a JSON document of many small values, a long training log: the page stops at its limits
+    (scaled down here) and says so, instead of growing with the folder."""
+    import nas.report as R
+    from nas.report_figures import MAX_EVENTS, curves
+
+    monkeypatch.setattr(R, "MAX_READ", 4 * 2**20)
+    monkeypatch.setattr(R, "MAX_VALUES", 500)
+    d = tmp_path / "bench"
+    d.mkdir()
+    for i in range(10):
+        (d / f"figure{i}.png").write_bytes(png(8, 8) + b"\0" * 2**20)
+    write_json(d / "wide.json", {f"k{i}": {f"j{j}": i * j for j in range(50)} for i in range(50)})
+    code, page, err = report(d, tmp_path / "page.html", capsys)
+    assert (code, err) == (0, "")
+    assert page.count("data:image/png;base64,") == 3  # 3 x 1 MB of figures, base64, within the 4 MB
+    assert "figure3.png: not shown: the page already holds 3,145,932 bytes of the folder&#39;s files (at most 4,194,304)" \
+        in page
+    d.joinpath("figure0.png").unlink()
+    for i in range(1, 10):
+        d.joinpath(f"figure{i}.png").unlink()
+    code, page, err = report(d, tmp_path / "page.html", capsys)
+    assert "and 40 more fields (not shown: the page shows about 500 values of a document)" in page  # 10 of 50 keys
+    lines = [json.dumps({"event": "train", "step": i, "loss": {"largest": 1 / i}}) for i in range(1, 100_001)]
+    c = curves(lines)
+    steps = [p[0] for p in c.train["largest"]]
+    assert len(steps) <= MAX_EVENTS + 1 and steps[0] == 1 and steps[-1] == 100_000  # evenly thinned, the last kept
