@@ -41,8 +41,9 @@ def test_fuzz_every_case_ends_in_a_page_or_one_line(tmp_path):
         done = subprocess.run([sys.executable, __file__, str(tmp_path), str(SEED), str(BUDGET_S)], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=WALL_S + CASE_WALL_S + 60, preexec_fn=limit)
         stdout, code, stderr = done.stdout, done.returncode, done.stderr
-    except subprocess.TimeoutExpired as e:
-        stdout, code, stderr = (e.stdout or b"").decode(errors="replace"), "timeout", ""
+    except subprocess.TimeoutExpired as e:  # what it printed until then (bytes, whatever text= says)
+        out = e.stdout or b""
+        stdout, code, stderr = out.decode(errors="replace") if isinstance(out, bytes) else out, "timeout", ""
     lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
     started = {r["case"]: r["what"] for r in lines if "started" in r}
     results = [r for r in lines if "outcome" in r]
