@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from search_spaces import UserError
 
+from .report_figures import plottable
 from .report_files import (
     ANY,
     BOOL,
@@ -653,7 +654,7 @@ def search_sections(page: Page, base: str, heading: str = "Search", baselines: l
             skipped.append(str(e))
     figures = []
     if baselines is not None and points is not None and s:
-        figures.append(_front_with_baselines(page, base, s, points, baselines, skipped))
+        figures.extend(f for f in [_front_with_baselines(page, base, s, points, baselines, skipped)] if f)
     else:
         entries, _ = run.entries(base)
         for e in entries:
@@ -681,37 +682,58 @@ def search_sections(page: Page, base: str, heading: str = "Search", baselines: l
     hurdles(page, base)
 
 
-def _front_with_baselines(page: Page, base: str, s: dict, points: Table, baselines: list[dict],
-                          skipped: list[str]) -> Figure:
-    """The search's Pareto figure drawn again with the uniform baselines (a demo's ``comparison.csv``: at their
-    predicted latency and on the search's windows, the figure's axes) and the device's measurements."""
-    from nas.report_figures import png
-    from nas.search.pareto import pareto_figure
-
-    xy = []
-    for d in points.dicts():
-        try:
-            xy.append([float(d["loss_bpb"]), float(d["latency_ms"])])
-        except (KeyError, ValueError):
-            continue
-    figure = s.get("figure", {})
-    best = {label: (e["best"]["loss_bpb"], e["best"]["latency_ms"]) for label, e in s.get("budgets", {}).items()
-            if _finite(e.get("best", {}).get("loss_bpb")) and _finite(e.get("best", {}).get("latency_ms"))}
-    verify, _ = document(page, f"{base}/verify.json" if base else "verify.json", VERIFY, [])
-    checks = [c for b in (verify or {}).get("budgets", {}).values() for c in b.get("checks", [])
-              if all(_finite(c.get(k)) for k in ("loss_bpb", "predicted_ms", "measured_ms"))]
-    device = ((verify or {}).get("device") or {}).get("device") or "the device"
-    shown_baselines = [{"name": " = ".join(b["names"]).replace("uniform ", ""), "latency_ms": b["predicted_ms"],
-                        "loss": b["search_bpb"]} for b in baselines
-                       if _finite(b.get("predicted_ms")) and _finite(b.get("search_bpb"))]
+def drawn(make: Callable[[], Any], what: str, skipped: list[str]) -> bytes | None:
+    """The PNG of the figure ``make()`` draws, or None when matplotlib cannot draw it from these numbers (said in
+    ``skipped``): the data were checked to be finite and in range, this is the last guard of the page."""
     import numpy as np
 
-    fig = pareto_figure(np.array(xy, dtype=np.float64).reshape(-1, 2), figure.get("budgets_ms", []), best,
-                        figure.get("title", "search"), limits_ms=figure.get("limits_ms", []),
-                        measured=[{**c, "holds": bool(c.get("holds"))} for c in checks],
-                        ylabel=figure.get("ylabel", "validation loss (bits per byte)"), device=device,
-                        baselines=shown_baselines)
-    return figure_of(png(fig), "the search's Pareto front with the uniform baselines",
+    from nas.report_figures import png
+
+    try:
+        return png(make())
+    except (ValueError, OverflowError, FloatingPointError, np.linalg.LinAlgError) as e:
+        skipped.append(f"{what}: not drawn ({type(e).__name__}: {cut(e, 200)})")
+        return None
+
+
+def _front_with_baselines(page: Page, base: str, s: dict, points: Table, baselines: list[dict],
+                          skipped: list[str]) -> Figure | None:
+    """The search's Pareto figure drawn again with the uniform baselines (a demo's ``comparison.csv``: at their
+    predicted latency and on the search's windows, the figure's axes) and the device's measurements."""
+    from nas.search.pareto import pareto_figure
+
+    xy, dropped = [], 0
+    for d in points.dicts():
+        loss, ms_ = _number_text(d.get("loss_bpb", "")), _number_text(d.get("latency_ms", ""))
+        if plottable(loss) and plottable(ms_):
+            xy.append([loss, ms_])
+        else:
+            dropped += 1
+    if dropped:
+        skipped.append(f"pareto.csv: {dropped:,} rows whose loss or latency is not a number a figure can place: not drawn")
+    figure = s.get("figure", {})
+    best = {cut(label, 40): (e["best"]["loss_bpb"], e["best"]["latency_ms"]) for label, e in s.get("budgets", {}).items()
+            if plottable(e.get("best", {}).get("loss_bpb")) and plottable(e.get("best", {}).get("latency_ms"))}
+    verify, _ = document(page, f"{base}/verify.json" if base else "verify.json", VERIFY, [])
+    checks = [c for b in (verify or {}).get("budgets", {}).values() for c in b.get("checks", [])
+              if all(plottable(c.get(k)) for k in ("loss_bpb", "predicted_ms", "measured_ms"))]
+    device = cut(((verify or {}).get("device") or {}).get("device") or "the device", 60)
+    shown_baselines = [{"name": cut(" = ".join(b["names"]).replace("uniform ", ""), 40), "latency_ms": b["predicted_ms"],
+                        "loss": b["search_bpb"]} for b in baselines
+                       if plottable(b.get("predicted_ms")) and plottable(b.get("search_bpb"))]
+    import numpy as np
+
+    def draw():
+        return pareto_figure(np.array(xy, dtype=np.float64).reshape(-1, 2),
+                             [v for v in figure.get("budgets_ms", []) if plottable(v)], best,
+                             cut(figure.get("title", "search"), 300),
+                             limits_ms=[v for v in figure.get("limits_ms", []) if plottable(v)],
+                             measured=[{**c, "holds": bool(c.get("holds"))} for c in checks],
+                             ylabel=cut(figure.get("ylabel", "validation loss (bits per byte)"), 200), device=device,
+                             baselines=shown_baselines)
+
+    data = drawn(draw, "the Pareto figure", skipped)
+    return data and figure_of(data, "the search's Pareto front with the uniform baselines",
                      "every subnet the search evaluated (grey) and its Pareto front (blue) by predicted latency; the "
                      "budget (dashed) and the search's limit below it (dotted); the found model (star); the uniform "
                      "baselines (squares: their predicted latency and their bits/byte on the search's windows, as the "
@@ -720,20 +742,23 @@ def _front_with_baselines(page: Page, base: str, s: dict, points: Table, baselin
 
 def _generations(points: Table, s: dict, scored: str, skipped: list[str]):
     """The best-per-generation figure of a search (None with a single generation)."""
-    from nas.report_figures import best_per_generation, generations_figure, png
+    from nas.report_figures import best_per_generation, generations_figure
 
     workload = s.get("workload")  # the latency pareto.csv holds: the search's own limit on it, per budget
     by_label = {label: e["budgets_ms"][workload] for label, e in s.get("budgets", {}).items()
                 if workload in e.get("budgets_ms", {})}
     g = best_per_generation(points.dicts(), by_label)
     if g.skipped:
-        skipped.append(f"pareto.csv: {g.skipped:,} rows whose generation, loss or latency is not a number: not plotted")
+        skipped.append(f"pareto.csv: {g.skipped:,} rows whose generation, loss or latency is not a number a figure can "
+                       "place: not plotted")
     if not g.budgets or max(len(line) for line in g.budgets.values()) < 2:
         return None
     table_rows = [[label, gen, best, so_far] for label, line in g.budgets.items() for gen, best, so_far in line]
-    return {"figure": figure_of(png(generations_figure(g, scored)), "the search's best per generation",
-                                "the best loss of each generation under the search's limit (dots) and the best so far "
-                                "(line): where the line goes flat, more generations found nothing better"),
+    data = drawn(lambda: generations_figure(g, cut(scored, 200)), "the best per generation", skipped)
+    return {"figure": data and figure_of(data, "the search's best per generation",
+                                         "the best loss of each generation under the search's limit (dots) and the "
+                                         "best so far (line): where the line goes flat, more generations found nothing "
+                                         "better"),
             "table": table(["budget", "generation", "best of the generation", "best so far"], table_rows)}
 
 
@@ -858,7 +883,7 @@ def _training(page: Page) -> None:
 def training_section(page: Page, base: str, heading: str) -> None:
     """The learning curve of ``base/log.jsonl`` (its last :data:`MAX_LOG` bytes): training loss and held-out score per
     step, with the first and last held-out scores in a table."""
-    from nas.report_figures import curves, learning_curve, png
+    from nas.report_figures import curves, learning_curve
 
     rel = f"{base}/log.jsonl" if base else "log.jsonl"
     if page.run.what(rel) == "missing":
@@ -886,7 +911,8 @@ def training_section(page: Page, base: str, heading: str) -> None:
 
     metric = METRICS.get(c.metric, c.metric)
     page.add(heading, "training.html", skipped,
-             plot=figure_of(png(learning_curve(c)), "the learning curve",
+             plot=(data := drawn(lambda: learning_curve(c), "the learning curve", skipped)) and figure_of(
+                 data, "the learning curve",
                               "; ".join(part for part, there in (
                                   ("the training loss per step as logged (nats per token)", any(c.train.values())),
                                   (f"the held-out {metric} of the subnets the run evaluates", any(c.held_out.values())))

@@ -36,8 +36,15 @@ class Curves:
         return not any(self.train.values()) and not any(self.held_out.values())
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+PLOTTABLE = 1e12  # the largest magnitude a figure takes (matplotlib's transforms fail near 1e308)
+
+
+def plottable(v: Any) -> bool:
+    """A number a figure can place: finite and at most :data:`PLOTTABLE` in magnitude."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= PLOTTABLE
+
+
+_number = plottable
 
 
 def _every(lines: list[str], n: int) -> list[str]:
@@ -128,7 +135,8 @@ class Generations:
 def best_per_generation(rows: Iterable[dict[str, str]], limits_ms: dict[str, float]) -> Generations:
     """The best loss of each generation of each budget (``pareto.csv`` rows: ``budget``, ``generation``,
     ``loss_bpb``, ``latency_ms``), among points under the budget's limit (``limits_ms``, the search's own limit;
-    a budget without one: every point), and the best so far; a row whose numbers do not read is skipped."""
+    a budget without one: every point), and the best so far; a row whose numbers do not read (or are not
+    :func:`plottable`) is skipped."""
     best: dict[str, dict[int, float]] = {}
     skipped = 0
     for r in rows:
@@ -137,7 +145,7 @@ def best_per_generation(rows: Iterable[dict[str, str]], limits_ms: dict[str, flo
         except (KeyError, TypeError, ValueError, OverflowError):
             skipped += 1
             continue
-        if not (math.isfinite(loss) and math.isfinite(ms)) or gen < 0:
+        if not (plottable(loss) and plottable(ms)) or not 0 <= gen <= PLOTTABLE:
             skipped += 1
             continue
         limit = limits_ms.get(budget, math.inf)

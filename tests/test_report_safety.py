@@ -395,3 +395,27 @@ def test_a_page_reads_a_bounded_amount_of_the_folder(tmp_path, capsys, monkeypat
     c = curves(lines)
     steps = [p[0] for p in c.train["largest"]]
     assert len(steps) <= MAX_EVENTS + 1 and steps[0] == 1 and steps[-1] == 100_000  # evenly thinned, the last kept
+
+
+def test_numbers_no_figure_can_place_are_left_out_of_the_figures(tmp_path, capsys):
+    """1e308, a 10^30th generation or step, a 200 KB title: the figures the page draws leave them out (matplotlib's
+    transforms fail on them) and say so; the page is made."""
+    d = demo_folder(tmp_path / "run")
+
+    def change(s):
+        s["figure"].update(title="x" * 200_000, budgets_ms=[1e308], limits_ms=[-1e308])
+        s["budgets"]["6ms"]["best"]["latency_ms"] = 1e300
+    edit_json(d / "search" / "search.json", change)
+    rows = (d / "search" / "pareto.csv").read_text().splitlines()
+    first = rows[1].split(",")
+    first[2], first[3] = str(10**30), "1e308"
+    (d / "search" / "pareto.csv").write_text("\n".join([rows[0], ",".join(first), *rows[2:]]) + "\n")
+    with open(d / "supernet" / "log.jsonl", "a") as f:
+        f.write(json.dumps({"event": "train", "step": 10**30, "loss": {"largest": -1e308}}) + "\n")
+    code, page, err = report(d, tmp_path / "page.html", capsys)
+    assert (code, err) == (0, "")
+    search = section(page, "Search: the Pareto front")
+    assert "pareto.csv: 1 rows whose loss or latency is not a number a figure can place: not drawn" in search
+    assert "pareto.csv: 1 rows whose generation, loss or latency is not a number a figure can place: not plotted" in search
+    assert search.count("data:image/png;base64,") == 2  # the front with the baselines, the best per generation
+    assert "data:image/png;base64," in section(page, "Training the supernet: the learning curve (supernet/log.jsonl)")
