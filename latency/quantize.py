@@ -38,11 +38,10 @@ from pathlib import Path
 import numpy as np
 
 from search_spaces import UserError
+from supernet.quantized import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds  # noqa: F401  (below the search's INT8 fitness)
 
 PRECISIONS = ("fp32", "int8-dynamic", "int8-static")
 INT8 = PRECISIONS[1:]
-MAX_ERROR = 0.1  # relative RMS output error of one layer above which it stays fp32
-CALIBRATION_WINDOWS = 8  # held-out windows the static ranges (and the per-layer errors) are measured on
 
 
 def check_precision(precision: str | None, flag: str = "--precision") -> str:
@@ -54,42 +53,22 @@ def check_precision(precision: str | None, flag: str = "--precision") -> str:
 
 
 def check_device(precision: str, device: str, provider: str | None = None) -> None:
-    """Refuse an INT8 precision on a device that cannot run it, naming the devices that can."""
+    """Refuse an INT8 precision on a device that cannot run it (its class's ``precisions``; ONNX Runtime's INT8 with
+    the CPU provider only), naming the devices that can."""
+    from .device import DEVICES, precisions_of
+
     if precision == "fp32":
         return
-    if device != "onnxruntime" or (provider or "cpu") != "cpu":
+    if precision not in precisions_of(device) or (provider or "cpu") != "cpu":
         where = f"--device {device}" + (f" --provider {provider}" if provider else "")
-        raise UserError(f"--precision {precision}: {where} runs fp32 only; {precision} runs on --device onnxruntime "
-                        "(--provider cpu; the ARM bundle will follow)")
+        can = [n for n, c in DEVICES.all().items() if precision in getattr(c, "precisions", ("fp32",))]
+        raise UserError(f"--precision {precision}: {where} runs fp32 only; {precision} runs on "
+                        + " or ".join(f"--device {n}" for n in can) + " (--provider cpu; the ARM bundle will follow)")
 
 
 def precision_of(fingerprint: dict) -> str:
     """The precision a timing table or predictor was measured at (tables written before precisions: fp32)."""
     return fingerprint.get("precision", "fp32")
-
-
-# --------------------------------------------------------------------------- calibration data
-
-
-def calibration_feeds(tokens: np.ndarray, seq_len: int, windows: int = CALIBRATION_WINDOWS, seed: int = 1,
-                      where: str = "calibration tokens", batch_size: int = 1) -> list[dict[str, np.ndarray]]:
-    """``windows`` held-out windows of ``seq_len`` tokens (seeded starts) as ``{"tokens": (batch, seq_len)}`` feeds.
-
-    A corpus shorter than one window of the workload is refused with one line naming both lengths.
-    """
-    tokens = np.asarray(tokens).reshape(-1)
-    if windows < 1:
-        raise UserError(f"calibration windows: {windows} is not a positive number")
-    if len(tokens) < seq_len * batch_size:
-        raise UserError(f"{where}: {len(tokens):,} tokens are too short to calibrate the workload: one calibration input is "
-                        f"{batch_size} x {seq_len} tokens; give a longer held-out split (--data) or a shorter workload")
-    rng = np.random.default_rng(seed)
-    n_starts = len(tokens) - seq_len + 1
-    feeds = []
-    for _ in range(windows):
-        starts = rng.integers(0, n_starts, size=batch_size)
-        feeds.append({"tokens": np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64)})  # (B, T)
-    return feeds
 
 
 # --------------------------------------------------------------------------- graph preparation

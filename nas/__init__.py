@@ -1,3 +1,5 @@
 """The ``nas`` command line and the search algorithms."""
 
-__version__ = "0.2.0"  # the one place the version is written: pyproject.toml reads it (setuptools dynamic version)
+from search_spaces.version import __version__  # written once, in the lowest layer (pyproject.toml reads it)
+
+__all__ = ["__version__"]

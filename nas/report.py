@@ -118,6 +118,7 @@ CARD = {
     "latency": {"predicted_ms": NUM, "model": TEXT, "device": DEVICE},
     "measured": {"median_ms": NUM, "iqr_ms": NUM, "timed": TEXT, "error_pct": NUM, "device": DEVICE, "flags": [TEXT]},
     "source": {"supernet": TEXT, "step": NUM}, "torch_program": {"torch": TEXT},
+    "tokenizer": {"kind": TEXT, "vocab": NUM, "file": TEXT, "sha256": TEXT},
 }
 
 
@@ -243,7 +244,7 @@ class Page:
         self.sections.append(Section(anchor, title, render(template, **context), list(skipped or [])))
 
     def html(self) -> str:
-        from nas import __version__
+        from search_spaces.version import __version__
 
         text = style()
         return environment().get_template("page.html").render(

@@ -196,9 +196,9 @@ def space_text(name: str, p: Protocol, length: int, attention: list[str], choice
 
 
 def write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- data
@@ -564,7 +564,7 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     from latency.protocol import measure
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from nas.search.fitness import HeldOutFitness
+    from supernet.scoring import HeldOutFitness
     from search_spaces import Subnet, load_space
     from supernet.checkpoint import load_supernet
     from tasks.sequence_classification.learner import SequenceLearner

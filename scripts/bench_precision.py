@@ -12,7 +12,7 @@
    round's ratio is INT8 / fp32 of that round, the figure the median over rounds (below 1: INT8 is faster).
 2. **The largest base.yaml subnet** at its prefill workload, the same way (the issue's 1.5x target: fp32 / INT8).
 3. With ``--supernet``: each uniform subnet's held-out bits/byte in fp32 (ONNX Runtime) and as ONNX Runtime's real
-   INT8 model (:func:`nas.precision.agreement`), and the agreement of the torch estimate (the search's INT8 fitness)
+   INT8 model (:func:`latency.precision.agreement`), and the agreement of the torch estimate (the search's INT8 fitness)
    with the real INT8 bits/byte over ``--agreement`` sampled subnets: Kendall tau and mean absolute difference.
 
 4. With ``--search-budget B --predictor-int8 P8 --predictor-fp32 P32`` (and ``--supernet``): the issue's question, does
@@ -46,7 +46,7 @@ from latency.devices.onnxruntime import timing_graph  # noqa: E402
 from latency.protocol import timing_model  # noqa: E402
 from latency.quantize import PRECISIONS, quantized_copy  # noqa: E402
 from latency.timing_core import ort_session  # noqa: E402
-from nas.export import workload_text  # noqa: E402
+from latency.measure import workload_text  # noqa: E402
 from search_spaces import Subnet, load_space  # noqa: E402
 from supernet.files import atomic_write_csv  # noqa: E402
 
@@ -85,8 +85,8 @@ def uniform(space, attention: str, width: int) -> Subnet:
 
 def quality(args, space, subnets: dict) -> dict:
     """Bits/byte fp32 vs real INT8 per uniform subnet, and the estimate's agreement on sampled subnets."""
-    from nas.precision import agreement
-    from nas.search.fitness import InheritedLoss, validation_tokens
+    from latency.precision import agreement
+    from supernet.scoring import InheritedLoss, validation_tokens
     from supernet.checkpoint import load_supernet
 
     supernet, payload = load_supernet(args.supernet)

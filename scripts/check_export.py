@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     from latency.device import get_device
     from latency.predictors import load_predictor
     from latency.timing_core import Settings
-    from nas.export import export_subnet, measure_model, predicted_latency, workload_text
+    from latency.measure import measure_model, predicted_latency, workload_text
+    from tasks.stack.export import export_subnet
     from search_spaces import Subnet, UserError, parse_attention
     from supernet import load_model
     from supernet.attention.registry import get as attention_type

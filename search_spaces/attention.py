@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .plugins import load_entry_points
+from .registry import Registry
 
 ENTRY_POINTS = "nas_transformers.attention"
 FORMS = ("causal", "bidirectional")  # causal: query i sees keys j <= i; bidirectional: every key
@@ -36,39 +36,35 @@ class TypeSignature(Protocol):
     def problems(self, spec: "AttentionSpec", max_seq_len: int, heads: tuple[int, ...]) -> list[str]: ...
 
 
-_TYPES: dict[str, TypeSignature] = {}
-_loaded = False
+def _check_name(name: str, signature: TypeSignature) -> None:
+    if ":" in name:
+        raise ValueError(f"attention type name {name!r}: expected a non-empty word without ':' or spaces")
+
+
+# The one registry of attention types: the type objects themselves (supernet.attention registers each one beside its
+# definition; the space layer reads their signatures).  Filled on first use from the entry points.
+TYPES: Registry[TypeSignature] = Registry("attention type", ENTRY_POINTS, check=_check_name, flag="attention")
 
 
 def declare(signature: TypeSignature) -> TypeSignature:
-    """Add a type's signature (called by ``supernet.attention.register``); a second type of the same name is refused."""
-    old = _TYPES.get(signature.name)
-    if old is not None and old is not signature and type(old) is not type(signature):
-        raise ValueError(
-            f"attention type {signature.name!r} is declared twice ({type(old).__name__}, {type(signature).__name__})"
-        )
-    if not signature.name or ":" in signature.name or signature.name != signature.name.strip():
-        raise ValueError(f"attention type name {signature.name!r}: expected a non-empty word without ':' or spaces")
-    _TYPES[signature.name] = signature
-    return signature
+    """Add a type (called by ``supernet.attention.register``); a second type of the same name is refused."""
+    return TYPES.register(signature)
 
 
 def withdraw(name: str) -> None:
     """Remove a declared type (tests that define a type of their own)."""
-    _TYPES.pop(name, None)
+    TYPES.unregister(name)
 
 
 def types() -> dict[str, TypeSignature]:
     """Every declared attention type by name, loading the installed type packages on first use."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        if not load_entry_points(ENTRY_POINTS) and not _TYPES:
-            raise RuntimeError(
-                f"no attention types: no package declares the {ENTRY_POINTS!r} entry point "
-                "(install this project with `pip install -e .`, or import supernet.attention first)"
-            )
-    return _TYPES
+    found = TYPES.all()
+    if not found:
+        raise RuntimeError(
+            f"no attention types: no package declares the {ENTRY_POINTS!r} entry point "
+            "(install this project with `pip install -e .`, or import supernet.attention first)"
+        )
+    return found
 
 
 def allowed_forms() -> str:
@@ -114,6 +110,13 @@ def has_form(spec: AttentionSpec, form: str) -> bool:
     """Whether ``spec``'s type has the ``form`` (``causal`` or ``bidirectional``) of attention."""
     assert form in FORMS, form
     return form in types()[spec.kind].forms
+
+
+def grid_problems(spec: AttentionSpec, side: int) -> list[str]:
+    """Why a layer of ``spec`` cannot run on a square grid of ``side`` x ``side`` tokens (an image space's grid at one
+    of its resolutions and patches); empty for a type that runs on any grid, or that reads no grid (a 1D type)."""
+    check = getattr(types()[spec.kind], "grid_problems", None)
+    return list(check(spec, side)) if check is not None else []
 
 
 def spec_problems(spec: AttentionSpec, max_seq_len: int, heads: tuple[int, ...]) -> list[str]:

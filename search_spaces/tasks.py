@@ -20,11 +20,10 @@ back (``workload_from_record``).
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Protocol
 
 from .errors import UserError
-from .plugins import load_entry_points
+from .registry import Registry
 
 ENTRY_POINTS = "nas_transformers.tasks"
 BUILTIN = "tasks"  # the package this project declares under ENTRY_POINTS
@@ -46,41 +45,32 @@ class TaskSignature(Protocol):
     def workload_from_record(self, data: dict, where: str) -> Any: ...
 
 
-_TASKS: dict[str, Any] = {}
-_loaded = False
+def _check(name: str, task: Any) -> None:
+    """A task needs a line of doc, and the latency workload kinds it adds are its own."""
+    if not getattr(task, "doc", ""):
+        raise ValueError(f"task {name!r}: a task needs one line of doc")
+    for kind in getattr(task, "workload_kinds", ()):
+        owner = next((t for t in TASKS._items.values() if kind in t.workload_kinds and t.name != name), None)  # noqa: SLF001
+        if owner is not None:
+            raise ValueError(f"task {name!r}: workload kind {kind!r} is task {owner.name!r}'s")
+
+
+TASKS: Registry[Any] = Registry("task", ENTRY_POINTS, BUILTIN, check=_check, flag="task")
 
 
 def declare(task: Any) -> Any:
     """Add a task object (a second task of the same name but another class is refused); returns it."""
-    name = getattr(task, "name", "")
-    if not isinstance(name, str) or not name or name != name.strip() or " " in name:
-        raise ValueError(f"task name {name!r}: expected a non-empty word without spaces")
-    if not getattr(task, "doc", ""):
-        raise ValueError(f"task {name!r}: a task needs one line of doc")
-    old = _TASKS.get(name)
-    if old is not None and old is not task and type(old) is not type(task):
-        raise ValueError(f"task {name!r} is declared twice ({type(old).__name__}, {type(task).__name__})")
-    for kind in getattr(task, "workload_kinds", ()):
-        owner = next((t for t in _TASKS.values() if kind in t.workload_kinds and t.name != name), None)
-        if owner is not None:
-            raise ValueError(f"task {name!r}: workload kind {kind!r} is task {owner.name!r}'s")
-    _TASKS[name] = task
-    return task
+    return TASKS.register(task)
 
 
 def withdraw(name: str) -> None:
     """Remove a task (tests that declare one of their own)."""
-    _TASKS.pop(name, None)
+    TASKS.unregister(name)
 
 
 def tasks() -> dict[str, Any]:
     """Every registered task by name, loading the installed task packages on first use."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        if not load_entry_points(ENTRY_POINTS):  # an install made before the entry point: the project's own package
-            importlib.import_module(BUILTIN)
-    return _TASKS
+    return TASKS.all()
 
 
 def names() -> str:

@@ -23,9 +23,37 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from search_spaces import UserError
+
+MAX_ERROR = 0.1  # relative RMS output error of one layer above which it stays fp32
+CALIBRATION_WINDOWS = 8  # held-out windows the static ranges (and the per-layer errors) are measured on
+
+
+def calibration_feeds(tokens: np.ndarray, seq_len: int, windows: int = CALIBRATION_WINDOWS, seed: int = 1,
+                      where: str = "calibration tokens", batch_size: int = 1) -> list[dict[str, np.ndarray]]:
+    """``windows`` held-out windows of ``seq_len`` tokens (seeded starts) as ``{"tokens": (batch, seq_len)}`` feeds.
+
+    A corpus shorter than one window of the workload is refused with one line naming both lengths.
+    """
+    tokens = np.asarray(tokens).reshape(-1)
+    if windows < 1:
+        raise UserError(f"calibration windows: {windows} is not a positive number")
+    if len(tokens) < seq_len * batch_size:
+        raise UserError(f"{where}: {len(tokens):,} tokens are too short to calibrate the workload: one calibration input is "
+                        f"{batch_size} x {seq_len} tokens; give a longer held-out split (--data) or a shorter workload")
+    rng = np.random.default_rng(seed)
+    n_starts = len(tokens) - seq_len + 1
+    feeds = []
+    for _ in range(windows):
+        starts = rng.integers(0, n_starts, size=batch_size)
+        feeds.append({"tokens": np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64)})  # (B, T)
+    return feeds
+
 
 INT8 = ("int8-dynamic", "int8-static")
 Range = tuple[float, float]

@@ -31,22 +31,11 @@ says how to add one; ``tests/test_task_in_one_file.py`` declares one in a test f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.flags import Flag
 
-@dataclass(frozen=True)
-class Flag:
-    """An extra flag a task adds to a command: ``--name`` -> ``dest`` (None: not given), checked by the task."""
-
-    name: str
-    dest: str
-    type: type = str
-    metavar: str = "X"
-    help: str = ""
-    commands: tuple[str, ...] = field(default=())  # the commands that take it
-    elsewhere: str = ""  # what to say when it is given for another task's space (default: the task it is for)
-    check: Any = None  # check(value, flag): refuses a bad value in one line, before any work (nas.commands.checks)
+__all__ = ["Flag", "Task"]
 
 
 class Task:
@@ -58,6 +47,7 @@ class Task:
     workload_kinds: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()  # modules of whole subcommands of the task's own (run by `nas`)
     flags: tuple[Flag, ...] = ()
+    subword: bool = False  # whether its spaces may read a subword vocabulary (tokenizer: {bpe: ...}); else bytes only
 
     # ------------------------------------------------------------------ space
 
@@ -157,12 +147,12 @@ class Task:
         return {}
 
     def train_subnet(self, settings: Any, progress: Any = None):
-        """Train one subnet on its own (``settings``: :class:`nas.train_subnet.SubnetTraining`, its ``options`` the task's
+        """Train one subnet on its own (``settings``: :class:`supernet.runs.SubnetTraining`, its ``options`` the task's
         flags) and write it as a model folder; a result with ``summary()`` (the lines the command prints)."""
         raise NotImplementedError
 
     def training_data(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """The data settings of :class:`nas.train_subnet.SubnetTraining` (``data``, ``data_seed``, ``val_fraction``,
+        """The data settings of :class:`supernet.runs.SubnetTraining` (``data``, ``data_seed``, ``val_fraction``,
         ``options``) that train a subnet on a supernet's corpus and split (its checkpoint's ``meta``); empty when the
         checkpoint does not say (then the trainer's defaults)."""
         keys = ("data", "data_seed", "val_fraction")
@@ -177,19 +167,19 @@ class Task:
 
     def validation(self, model: Any, payload: dict[str, Any], scoring: Any) -> dict[str, Any]:
         """A static model's held-out score as the search scored its subnet (``scoring``:
-        :class:`nas.search.fitness.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``
+        :class:`supernet.scoring.FitnessSettings`; ``payload``: the supernet's checkpoint): a card's ``validation``
         (``bits_per_byte``: the score, ``metric``, ``source``, and what it was scored on)."""
         raise NotImplementedError
 
     def export(self, supernet: Any, payload: dict[str, Any], subnet: Any, settings: Any, predicted: dict | None):
-        """Write ``subnet``'s artifacts (``settings``: :class:`nas.export.ExportSettings`) with their parity checks and a
-        card (``predicted``: the predictor's estimate, for it); a :class:`nas.export.Exported`."""
+        """Write ``subnet``'s artifacts (``settings``: :class:`supernet.export.ExportSettings`) with their parity checks and a
+        card (``predicted``: the predictor's estimate, for it); a :class:`supernet.export.Exported`."""
         raise NotImplementedError
 
     def fitness(self, model: Any, payload: dict[str, Any], settings: Any) -> tuple[Any, str]:
         """(fitness, digest of its held-out data): ``fitness(subnets)`` -> each subnet's held-out score with the weights
         of ``model`` (the supernet, loaded as ``payload``); ``.description`` (what a study's identity records),
-        ``.summary`` (one line); ``settings``: :class:`nas.search.fitness.FitnessSettings`."""
+        ``.summary`` (one line); ``settings``: :class:`supernet.scoring.FitnessSettings`."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ latency

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from nas.classify import (CARD, WEIGHTS, Classifier, load_classifier, read_labelled_csv, split_rows, text_bytes,
                           write_classifier)
 from nas.cli import main
-from nas.export import export_subnet
+from tasks.stack.export import export_subnet
 from search_spaces import Subnet, load_space
 from supernet import SuperTransformer, load_model
 from supernet.files import sha256_file

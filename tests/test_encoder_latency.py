@@ -108,7 +108,7 @@ def test_arm_bundle_of_an_encoder_space_holds_bidirectional_graphs(space_file, t
 
 def test_onnx_runtime_scores_masked_windows_as_torch_does(whole):
     """INT8 searches and exports score the ONNX model on the fitness's windows: for an encoder, per masked byte."""
-    from nas.precision import ort_window_bits
+    from latency.precision import ort_window_bits
     from tasks.masked_lm.learner import MaskedLM
 
     tokens = np.frombuffer(bytes(range(256)) * 8, dtype=np.uint8)

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from nas.cli import main
-from nas.export import choose_opset, export_subnet
+from supernet.export import choose_opset
+from tasks.stack.export import export_subnet
 from search_spaces import Subnet, UserError
 from supernet import SuperTransformer, extract, load_model
 from supernet.artifact import read_card
@@ -31,7 +32,7 @@ def test_export_writes_a_parity_checked_onnx_with_fused_attention(exported):
     assert exported.parity <= 1e-4
     card = read_card(exported.out)
     assert card["onnx"]["parity_max_abs"] == exported.parity
-    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2"}
+    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2", "tokenizer.json"}  # issue 54: its vocabulary
     assert card["note"] == "test" and card["parameters"] == exported.parameters
 
 
@@ -68,9 +69,9 @@ def test_tampered_files_are_refused(exported, tmp_path):
 
 
 def test_parity_failure_stops_the_export(supernet, tmp_path, monkeypatch):
-    import supernet.onnx_export as ox
+    import tasks.stack.export as stack_export
 
-    monkeypatch.setattr(ox, "onnx_parity", lambda *a, **k: 0.5)
+    monkeypatch.setattr(stack_export, "onnx_parity", lambda *a, **k: 0.5)
     with pytest.raises(UserError, match=r"differs from torch by 0.5 .* over the 0.0001 limit"):
         export_subnet(supernet, SUBNET, tmp_path / "x", formats=("onnx",))
     assert not (tmp_path / "x" / "model.onnx").exists()
@@ -164,7 +165,7 @@ def static_model(types, seed=0):
 
 @pytest.mark.parametrize("types", [ALL_TYPES[0:4], ALL_TYPES[4:8], ALL_TYPES[8:12]], ids=["dense", "sparse", "linear"])
 def test_torch_export_program_round_trip_every_attention_type(types, tmp_path):
-    from nas.export import program_parity
+    from tasks.stack.export import program_parity
     from supernet.artifact import check_program, export_program
 
     model = static_model(types)
@@ -261,7 +262,7 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
     warnings = [line for line in captured.err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and warnings[0].startswith("nas export: warning: ") and "over the budget 50ms" in warnings[0]
     card = read_card(out)
-    from nas.export import Scoring, validation_bpb
+    from supernet.scoring import Scoring, validation_bpb
     from nas.search.fitness import InheritedLoss
 
     import numpy as np
@@ -292,7 +293,7 @@ def test_export_cli_card_bpb_predicted_and_measured(supernet, tmp_path, capsys, 
 def test_measure_times_the_exported_onnx_file(exported):
     from latency.device import get_device
     from latency.timing_core import Settings
-    from nas.export import measure_model
+    from latency.measure import measure_model
     from search_spaces import Workload
 
     model = load_model(exported.out)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nas.cli import main
-from nas.export import export_subnet
+from tasks.stack.export import export_subnet
 from search_spaces import Subnet
 from supernet import SuperTransformer, load_model
 from supernet.artifact import read_card

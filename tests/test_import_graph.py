@@ -1,18 +1,20 @@
 """The import graph of the packages, read from the source (every import statement, at module level or inside a
 function): the layers hold, nothing imports a task but through the registry, and there is no import circle.
 
-Layers: ``search_spaces`` < ``supernet`` < ``latency`` < ``nas``; ``tasks`` (the tasks, one folder each) sits above
-them all and nothing imports it (the layers ask :mod:`search_spaces.tasks`, which loads it through its entry point).
-In ``nas/`` the commands parse flags and call library workflows: no library module imports ``nas.commands`` or
-``nas.cli``, and none takes an ``argparse`` namespace.
+Layers: ``search_spaces`` < ``supernet`` < ``latency`` < ``tasks`` < ``nas`` < ``scripts``: lower never imports
+higher.  ``tasks`` (one folder each) is reached by the layers only through :mod:`search_spaces.tasks`, the registry
+that loads it through its entry point; a task may use another task's shared parts (``tasks.stack``).  In ``nas/`` the
+commands parse flags and call library workflows: no library module imports ``nas.commands`` or ``nas.cli``, none
+takes an ``argparse`` namespace, and the search library (``nas.search``) imports no workflow module.
 """
 
 import ast
 
 from .conftest import ROOT
 
-PACKAGES = ("search_spaces", "supernet", "latency", "nas", "tasks")
-LAYER = {"search_spaces": 0, "supernet": 1, "latency": 2, "nas": 3, "tasks": 4}
+PACKAGES = ("search_spaces", "supernet", "latency", "tasks", "nas")
+LAYER = {"search_spaces": 0, "supernet": 1, "latency": 2, "tasks": 3, "nas": 4}
+WORKFLOWS = ("nas.export", "nas.train_subnet", "nas.train_supernet", "nas.demo", "nas.classify", "nas.report")
 
 
 def modules() -> dict[str, object]:
@@ -112,11 +114,30 @@ def test_the_layers_hold_and_only_the_registry_reaches_a_task():
     assert wrong == []
 
 
+def test_no_task_imports_nas_and_the_scripts_are_imported_by_nothing():
+    """The direction of calls: a task never calls back up into the workflows (``grep "^\\s*(from|import) nas" tasks/``
+    finds nothing, function-level imports included); nothing of the packages imports a benchmark script."""
+    up = sorted(f"{n} -> {t}" for n, ts in graph().items() if n.startswith("tasks") for t in ts if t.startswith("nas"))
+    assert up == []
+    import re
+
+    lines = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / "tasks").rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if re.match(r"^\s*(from|import) nas\b", line)]
+    assert lines == []
+    scripts = {p.stem for p in (ROOT / "scripts").glob("*.py")}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            text = path.read_text()
+            assert not re.search(rf"^\s*(from|import) (scripts\b|({'|'.join(scripts)})\b)", text, re.M), path
+
+
 def test_the_search_library_and_every_workflow_stay_below_the_commands():
     cli = command_modules()
     reaching = sorted(f"{n} -> {t}" for n, ts in graph().items() if n not in cli for t in ts if t in cli)
     assert reaching == []
-    assert not any(t.startswith("nas.commands") for n, ts in graph().items() if n.startswith("nas.search") for t in ts)
+    search = sorted(f"{n} -> {t}" for n, ts in graph().items() if n.startswith("nas.search") for t in ts
+                    if t.startswith("nas.commands") or t in ("nas.cli", *WORKFLOWS))
+    assert search == []
 
 
 def test_no_library_module_takes_an_argparse_namespace():
@@ -133,4 +154,5 @@ def test_the_graph_is_read_right():
     assert "supernet.checkpoint" in g["supernet.train"]  # from .checkpoint import ... (module level)
     assert "search_spaces.tasks" in g["supernet.checkpoint"]  # from search_spaces import ..., tasks (a submodule)
     assert "nas.train_supernet" in g["nas.commands.train_supernet"]  # inside run()
+    assert "tasks.stack.export" in g["tasks.stack"]  # from .export import ... (a package's relative import)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -11,7 +11,8 @@ import torch
 
 import nas
 from nas.cli import main
-from nas.export import export_step, export_subnet
+from supernet.export import export_step
+from tasks.stack.export import export_subnet
 from search_spaces import Subnet, parse_space
 from supernet import SuperTransformer, load_model
 from supernet.artifact import card_space, read_card

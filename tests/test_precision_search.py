@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from nas.cli import main
-from nas.precision import agreement
+from latency.precision import agreement
 from nas.search import InheritedLoss
 from search_spaces import Subnet
 from supernet import extract

@@ -353,8 +353,11 @@ def test_mixed_models_in_the_fit_set_teach_the_ranker_what_mixing_does():
     mae_u, tau_u, bias_u = on_held(only_uniform)
     mae_b, tau_b, bias_b = on_held(both)
     assert bias_u > 0.1  # the uniform-only ranker over-predicts mixed subnets' loss, as the claim's did
-    assert both.kind in ("mix", "mix-depth", "mix-shape", "quality", "quality-mix") and both.report["groups"] == {"uniform": 30, "mixed": 20}
+    assert both.kind in ("mix", "mix-depth", "mix-shape", "quality", "quality-mix")
+    assert both.report["groups"] == {"uniform": 30, "mixed": 20}
     assert tau_b >= 0.6 and tau_b > tau_u and mae_b < mae_u / 2 and abs(bias_b) < 0.05
     uniform_loo = both.report["candidates"][both.kind]["groups"]["uniform"]["loo_mae"]
     assert mae_b <= 1.5 * max(uniform_loo, 0.02)
     assert "mixed MAE" in report_text(both) and "30 uniform, 20 mixed" in report_text(both)
+    few = fit_ranker(space, uniform[:4] + fit_mixed[:6], {"windows": 4}, "abc")  # too few uniform models to price types
+    assert not few.quality and not few.kind.startswith("quality")

@@ -131,7 +131,8 @@ def test_the_stage_trains_only_the_survivors_and_shares_trainings_between_budget
     assert len(trials) == 10 and all(t.state.name == "COMPLETE" for t in trials)
     for t in trials:  # the trial holds the training: its subnet, round, tokens so far and folder
         key, r = t.system_attrs[HURDLE][1:]
-        assert t.value == by_hand(five)[(key, r)] and t.user_attrs["round"] == r and t.user_attrs["tokens"] == 300 * (r + 1)
+        assert t.values == [by_hand(five)[(key, r)], t.user_attrs["latency_ms"]]  # trained loss, predicted latency
+        assert t.user_attrs["round"] == r and t.user_attrs["tokens"] == 300 * (r + 1)
         assert Subnet.from_json(t.user_attrs["subnet"]).key == key
         c = next(c for c in five if c.subnet.key == key)  # and, for a dashboard, what the search's trials say
         want = "A,B" if any(o.subnet.key == key for o in others) else "A"  # the budgets whose cohort holds it
@@ -204,33 +205,11 @@ def test_hurdle_per_type_must_be_a_count():
 
 
 def stub_train_subnet(calls: list):
-    """A stand-in ``nas.train_subnet`` with the agreed API that trains nothing: the model folder holds the weights of
+    """A stand-in for a one-stack task's ``train_subnet`` that trains nothing: the model folder holds the weights of
     ``init`` (the supernet's slice, or the previous folder's), written as ``nas export`` does."""
-    from dataclasses import dataclass
-    from typing import Any
-
     from supernet import extract, load_model
     from supernet.artifact import save_model
     from supernet.checkpoint import load_supernet
-    from supernet.train import TrainConfig
-
-    @dataclass(frozen=True)
-    class SubnetTraining:
-        space: Any
-        subnet: Subnet
-        out: Path
-        init: str = "scratch"
-        tokens: int | None = None
-        config: TrainConfig = TrainConfig()
-        data: str | None = None
-        distill_from: str | None = None
-        distill: float = 0.0
-        formats: tuple[str, ...] = ("torch", "onnx")
-        resume: bool = False
-        device: str = "cpu"
-        data_seed: int = 0  # the branch's optional extras
-        val_fraction: float = 0.05
-        corpus_dir: Path | None = None
 
     def train_subnet(settings, progress=None):
         calls.append(settings)
@@ -241,9 +220,14 @@ def stub_train_subnet(calls: list):
         return types.SimpleNamespace(out=Path(settings.out), steps=steps, tokens=settings.tokens, val_bpb=0.0, seconds=0.0,
                                      stopped="max_steps")
 
-    module = types.ModuleType("nas.train_subnet")
-    module.SubnetTraining, module.train_subnet = SubnetTraining, train_subnet
-    return module
+    return train_subnet
+
+
+def stub_the_tasks_trainer(monkeypatch, fn) -> None:
+    """Every one-stack task trains a subnet with ``fn(settings, progress)``."""
+    from tasks.stack import StackTask
+
+    monkeypatch.setattr(StackTask, "train_subnet", lambda self, settings, progress=None: fn(settings, progress))
 
 
 def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_windows(
@@ -252,7 +236,7 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     from supernet.checkpoint import save_checkpoint
 
     calls = []
-    monkeypatch.setitem(sys.modules, "nas.train_subnet", stub_train_subnet(calls))
+    stub_the_tasks_trainer(monkeypatch, stub_train_subnet(calls))
     ckpt = save_checkpoint(tmp_path / "supernet.pt", supernet)
     tokens = np.random.default_rng(0).integers(0, 256, size=3000).astype(np.uint8)
     fitness = InheritedLoss(supernet, tokens, seq_len=32, windows=5, batch_size=2, seed=1)
@@ -273,7 +257,7 @@ def test_subnet_trainer_calls_train_subnet_as_agreed_and_scores_on_the_search_wi
     assert a.config.seed != b.config.seed and a.config.to_dict() | {"seed": 0} == b.config.to_dict() | {"seed": 0}
     short = types.SimpleNamespace(out=tmp_path / "round0", steps=a.config.max_steps - 1, tokens=0, val_bpb=0.0, seconds=0.0,
                                   stopped="max_time")
-    monkeypatch.setattr(sys.modules["nas.train_subnet"], "train_subnet", lambda settings, progress=None: short)
+    stub_the_tasks_trainer(monkeypatch, lambda settings, progress=None: short)
     with pytest.raises(TrainingStopped, match=r"stopped at step 3 \(max_time\)"):  # short of its budget: not finished
         trainer.train(subnet, 0, None, tmp_path / "round0", resume=True)
 
@@ -498,27 +482,6 @@ def test_bad_hurdle_flags_are_one_line_exit_2_before_any_work(run_dir, fake_trai
     assert not (tmp / "out").exists() and fake_trainer.trainers == []  # nothing searched, nothing trained
 
 
-def test_hurdles_without_the_trainer_library_say_so_before_any_work(run_dir, capsys, monkeypatch):  # noqa: F811
-    tmp, ckpt, _ = run_dir
-    monkeypatch.setitem(sys.modules, "nas.train_subnet", None)  # as an installation without it
-    assert main(search_args(tmp, ckpt, "--budget", "6ms", "--hurdles", "2", "--hurdle-tokens", "1024")) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("nas search: error: --hurdles: needs nas.train_subnet") and len(err.strip().splitlines()) == 1
-    assert not (tmp / "out").exists()
-
-
-def train_subnet_in_this_tree() -> bool:
-    """Whether ``nas.train_subnet`` is a module of the ``nas`` imported here (an editable install of another checkout
-    can supply a module its tree lacks)."""
-    import importlib.util
-
-    import nas
-
-    spec = importlib.util.find_spec("nas.train_subnet")
-    return spec is not None and Path(spec.origin).parent == Path(nas.__file__).parent
-
-
-@pytest.mark.skipif(not train_subnet_in_this_tree(), reason="nas.train_subnet (branch train-subnet) is not merged here yet")
 def test_search_cli_with_hurdles_and_the_real_trainer(tmp_path, supernet, capsys):  # noqa: F811
     from supernet import load_model
     from supernet.checkpoint import save_checkpoint

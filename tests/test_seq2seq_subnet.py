@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from nas.cli import main
 from tasks.translation.workflows import Seq2SeqSubnetTraining, train_seq2seq_subnet
-from nas.train_subnet import TrainingInterrupted
+from supernet.runs import TrainingInterrupted
 from tasks.translation.space import Seq2SeqSubnet
 from tasks.translation.artifact import load_seq2seq_model
 from tasks.translation.train import steps_for_tokens

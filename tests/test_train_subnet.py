@@ -12,14 +12,10 @@ import torch.multiprocessing as mp
 
 import supernet.train as supernet_train
 from nas.cli import main
-from nas.export import Scoring, validation_bpb
-from nas.train_subnet import (
-    SubnetTraining,
-    initial_model,
-    resumable,
-    stored_settings,
-    train_subnet,
-)
+from nas.train_subnet import train_subnet
+from supernet.runs import SubnetTraining, resumable, stored_settings
+from supernet.scoring import Scoring, validation_bpb
+from tasks.stack.train import initial_model
 from search_spaces import Subnet, UserError, parse_space
 from supernet import SuperTransformer, extract, load_model
 from supernet.artifact import read_card

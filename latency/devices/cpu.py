@@ -13,7 +13,7 @@ import torch
 
 from search_spaces import UserError, Workload, tasks
 
-from ..device import host_fingerprint
+from ..device import CLOCK, THREADS, host_fingerprint, register_device
 from ..timing_core import CLOCKS, Runner, check_clock
 
 
@@ -51,8 +51,11 @@ def torch_call(model, workload: Workload, device: str = "cpu", runtime: str = "e
     return tasks.owning(workload.kind).torch_call(model, workload, device, runtime)
 
 
+@register_device
 class CPU:
     name = "cpu"
+    flags = (THREADS, CLOCK)
+    precisions = ("fp32",)
 
     def __init__(self, threads: int | None = None, clock: str = "wall"):
         if threads is not None and threads < 1:
@@ -89,5 +92,3 @@ class CPU:
 
         return run
 
-
-DEVICE = CPU

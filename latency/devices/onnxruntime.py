@@ -16,17 +16,23 @@ calibrated on the timed input itself: timing does not depend on the values) befo
 from __future__ import annotations
 
 from search_spaces import UserError, Workload, tasks
+from search_spaces.flags import Flag
 from search_spaces.space import WORKLOAD_KINDS
 
-from ..device import host_fingerprint
+from ..device import CLOCK, THREADS, host_fingerprint, register_device
 from ..onnx_graphs import cached_decode_graph, cached_graph
 from ..timing_core import Runner, check_clock, decode_inputs, ort_runner, ort_session, prefill_tokens
 
 PROVIDERS = ("cpu", "cuda")
+PROVIDER = Flag("--provider", "provider", str, "NAME", "the execution provider of an onnxruntime timing target: cpu or "
+                "cuda", ("measure-latency", "export"), option="provider")
 
 
+@register_device
 class OnnxRuntime:
     name = "onnxruntime"
+    flags = (THREADS, CLOCK, PROVIDER)
+    precisions = ("fp32", "int8-dynamic", "int8-static")  # INT8 with the CPU provider (ONNX Runtime's quantizer)
     needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session
 
     def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall", precision: str = "fp32"):
@@ -97,6 +103,13 @@ class OnnxRuntime:
                               register=register_if_used)
         return ort_runner(session, feed, self.clock)
 
+    def prepare_file(self, path, feed: dict) -> Runner:
+        """A runner of an exported ONNX file itself (``nas export --timing-target``: what ships is what is timed) on
+        ``feed``; the CPU provider (:func:`latency.measure.measure_model` asks only then)."""
+        from supernet.onnx_export import onnx_session
+
+        return ort_runner(onnx_session(path, threads=self.threads), feed, self.clock)
+
 
 def timing_graph(model, workload: Workload) -> tuple:
     """(weight-stripped graph, its weight layout, the input fed at every call) of ``model`` at ``workload``."""
@@ -106,5 +119,3 @@ def timing_graph(model, workload: Workload) -> tuple:
     graph, tensors = cached_graph(model)
     return graph, tensors, prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len)
 
-
-DEVICE = OnnxRuntime

@@ -12,7 +12,10 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import nnls
 
+from .base import register_predictor
 
+
+@register_predictor
 class Additive:
     kind = "additive"
 

@@ -10,6 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
+from search_spaces.registry import Registry
+
 
 class Regressor(Protocol):
     kind: str  # "mlp", "gbt", "additive": the name saved in the predictor file
@@ -25,6 +27,12 @@ class Regressor(Protocol):
     def state(self) -> tuple[dict, dict[str, np.ndarray]]:
         """(JSON-able settings, named arrays) that :meth:`from_state` rebuilds the fitted model from."""
         ...
+
+
+# The predictor models a fit compares, by kind: each registered at its definition (@register_predictor); a package adds
+# its own through the nas_transformers.predictors entry point.
+PREDICTORS: Registry[type] = Registry("predictor", "nas_transformers.predictors", flag="--models", key="kind")
+register_predictor = PREDICTORS.register
 
 
 def standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .base import register_predictor
 
+
+@register_predictor
 class GBT:
     kind = "gbt"
 

@@ -10,9 +10,10 @@ import warnings
 
 import numpy as np
 
-from .base import standardise
+from .base import register_predictor, standardise
 
 
+@register_predictor
 class MLP:
     kind = "mlp"
 

@@ -12,11 +12,10 @@ import numpy as np
 
 from search_spaces import Space, Subnet, Workload, tasks
 
-from .additive import Additive
-from .gbt import GBT
-from .mlp import MLP
+from . import mlp, gbt, additive  # noqa: F401, I001  (importing registers the built-in models, in this order)
+from .base import PREDICTORS
 
-MODELS: dict[str, type] = {"mlp": MLP, "gbt": GBT, "additive": Additive}
+MODELS: dict[str, type] = PREDICTORS.all()  # kind -> model class: the registry's own mapping (plugins included)
 
 
 def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:

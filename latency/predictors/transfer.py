@@ -32,13 +32,12 @@ from search_spaces import Space, UserError, Workload
 
 from ..report import agreement
 from .additive import Additive
-from .gbt import GBT
-from .mlp import MLP
+from .models import MODELS
 from .select import Selection
 
 MIN_ROWS = 5  # the fewest measured rows a transfer fits from (one held out, leave-one-out on the others)
 RIDGES = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # strengths of the pull of each term's factor toward the common one (``terms``)
-BASE = {"mlp": MLP, "gbt": GBT, "additive": Additive}
+BASE = MODELS  # a source's model, by kind (the registered predictor models)
 
 
 @dataclass

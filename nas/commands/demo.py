@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from .registry import register_command
 
 NAME = "demo"
 HELP = ("the whole workflow on tiny.yaml: train a supernet, time 100 subnets with ONNX Runtime, fit a predictor, "
@@ -36,3 +37,6 @@ def run(args: argparse.Namespace) -> int:
     summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed)
     print(render_summary(summary, Paths(Path(args.out))))
     return 0 if summary["within_budget"] else 1
+
+
+register_command(__name__)

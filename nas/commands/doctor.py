@@ -9,6 +9,7 @@ kernels if they are not cached yet (once, about 25 s), as the first command that
 from __future__ import annotations
 
 import argparse
+from .registry import register_command
 
 NAME = "doctor"
 HELP = "show which fast paths are active here (compiled kernels, ONNX Runtime, custom ops, threads) and why not"
@@ -95,3 +96,6 @@ def run(args: argparse.Namespace) -> int:
                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "kernels": kernels, "onnxruntime": onnx,
                 "cuda": gpu})
     return 0
+
+
+register_command(__name__)

@@ -21,6 +21,8 @@ import logging
 import shlex
 from pathlib import Path
 
+from .registry import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "finetune"
@@ -60,14 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress_bar():
     from nas.commands.common import step_bar
 
-    return step_bar(NAME)
+    return step_bar("training")
 
 
 def run(args: argparse.Namespace) -> int:
     from nas.commands.common import set_threads
     from nas.commands.train_subnet import new_settings, resumed
     from nas.commands.common import train_and_report
-    from nas.train_subnet import parse_source, source_text, stored_settings, train_subnet
+    from nas.train_subnet import train_subnet
+    from supernet.runs import parse_source, source_text, stored_settings
     from search_spaces import Subnet, UserError
     from supernet.artifact import card_space, read_card
 
@@ -177,3 +180,6 @@ def _run_classify(args: argparse.Namespace) -> int:
     print(f"trained {r.steps:,} steps in {r.seconds:.0f} s; wrote {r.out} (classifier.safetensors, labels.json, "
           f"classifier_card.json; run it: nas classify --model {r.out} \"TEXT\"); checkpoints and log in {r.out / 'train'}")
     return 0
+
+
+register_command(__name__)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from .registry import register_command
 
 NAME = "fit-accuracy"
 HELP = "fit a ranker of subnets on retrained models' validation loss (for nas search --fitness calibrated:DIR)"
@@ -116,3 +117,6 @@ def plot(path: Path, ranker, metric: str, scored_on: str) -> None:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
+
+
+register_command(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from .registry import register_command
 
 NAME = "fit-predictor"
 HELP = "fit latency predictors (MLP, boosted trees, per-layer additive) on a timing table; keep the best by cross-validation"
@@ -175,3 +176,6 @@ def run(args: argparse.Namespace) -> int:
     emit(args, {"predictor": str(path), "out": str(out), "chosen": sel.best, "metrics": metrics, "rows": len(y),
                 "plot": str(png), "report": str(out / "report.txt")})
     return 0
+
+
+register_command(__name__)

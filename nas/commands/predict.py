@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from .registry import register_command
 
 NAME = "predict"
 HELP = "print a latency predictor's estimate (ms) for subnet files"
@@ -46,3 +47,6 @@ def run(args: argparse.Namespace) -> int:
     emit(args, {"predictor": args.predictor, "model": predictor.name, "workload": str(w), "device": device,
                 "fingerprint": predictor.fingerprint, "predictions": rows})
     return 0
+
+
+register_command(__name__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from .registry import register_command
 
 NAME = "report"
 HELP = ("one self-contained HTML page of a run folder (nas demo, nas search, nas export, a benchmark's results): its "
@@ -25,3 +26,6 @@ def run(args: argparse.Namespace) -> int:
     path = write_report(args.folder, args.out)
     print(f"wrote {path} ({kind} folder; {path.stat().st_size:,} bytes, open it in a browser)")
     return 0
+
+
+register_command(__name__)

@@ -35,6 +35,8 @@ from .common import (
     train_device,
 )
 
+from .registry import register_command
+
 log = logging.getLogger(__name__)
 
 NAME = "train-subnet"
@@ -73,7 +75,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    f"onnx (model.onnx, parity-checked) (default {formats})")
     g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
                    "installed one)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
+    g.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 "
+                   "autocast; else cpu)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
                    "keeps its own")
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "
@@ -99,9 +102,9 @@ def training_config(args: argparse.Namespace, defaults: dict, space):
 
 def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, distill_from: str | None, defaults: dict,
                  formats: str):
-    """The :class:`nas.train_subnet.SubnetTraining` of a new run from the training flags."""
-    from nas.export import parse_formats
-    from nas.train_subnet import SubnetTraining
+    """The :class:`supernet.runs.SubnetTraining` of a new run from the training flags."""
+    from supernet.export import parse_formats
+    from supernet.runs import SubnetTraining
 
     tokens = token_budget(args)
     distill = (0.5 if args.distill is None else args.distill) if distill_from else (args.distill or 0.0)
@@ -115,14 +118,14 @@ def new_settings(args: argparse.Namespace, space, subnet, out: Path, init: str, 
 
 
 def resumed(args: argparse.Namespace, stored, **changes):
-    """The stored settings of a run (:func:`nas.train_subnet.stored_settings`) with the flags given on top.
+    """The stored settings of a run (:func:`supernet.runs.stored_settings`) with the flags given on top.
 
     The library refuses what a resumed run may not change, naming each flag; here ``--tokens`` and
     ``--max-steps`` replace each other (both set the run's length).
     """
     from dataclasses import replace
 
-    from nas.export import parse_formats
+    from supernet.export import parse_formats
     from supernet.train import TrainConfig
 
     given = given_config(args)
@@ -166,7 +169,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nas.train_subnet import check_subnet, stored_settings
+    from supernet.runs import check_subnet, stored_settings
     from search_spaces import UserError, load_space, tasks
 
     set_threads(args)
@@ -191,4 +194,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
     again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
-    return train_and_report(task.train_subnet, settings, step_bar(NAME), again)
+    return train_and_report(task.train_subnet, settings, step_bar("training"), again)
+
+
+register_command(__name__)

@@ -23,7 +23,7 @@ errors, so that a few mixed models count as much as many uniform ones (a ranker 
 over-predicted every mixed subnet's loss); the report gives each group's error and rank correlation.  Everything
 is linear, so the ranker is a JSON file of coefficients: loading it runs no code.
 
-:class:`CalibratedFitness` wraps the search's :class:`~nas.search.fitness.InheritedLoss` and answers the ranker's
+:class:`CalibratedFitness` wraps the search's :class:`~supernet.scoring.InheritedLoss` and answers the ranker's
 prediction instead; the ranker refuses windows or a supernet other than the ones it was fitted on.
 """
 
@@ -249,7 +249,8 @@ def fit_ranker(space: Space, models: Sequence[Retrained], fitness: dict[str, Any
         raise UserError(f"{len(models)} retrained models: a calibrated ranker needs at least 4 (better 10 or more, "
                         "covering each attention type)")
     quality = type_quality(space, models)
-    if not quality:
+    if sum(not is_mixed(m.subnet) for m in models) < 5:  # leave-one-out needs the quality of 4 uniform models a fold
+        quality = {}
         kinds = [k for k in kinds if not set(feature_names(space, k)) & set(QUALITY)]
 
     def rows_from(keep: Sequence[int]) -> list[dict[str, float]]:
@@ -306,7 +307,7 @@ def report_text(ranker: Ranker) -> str:
 class CalibratedFitness:
     """The search's fitness through a :class:`Ranker`: predicted retrained validation loss (bits) of each subnet.
 
-    ``inherited`` is the search's :class:`~nas.search.fitness.InheritedLoss` on the windows the ranker was fitted on
+    ``inherited`` is the search's :class:`~supernet.scoring.InheritedLoss` on the windows the ranker was fitted on
     (checked here); ``params`` gives a subnet's exact parameter count."""
 
     def __init__(self, inherited, ranker: Ranker, space: Space, params, fitness_id: dict[str, Any], supernet: str, where: str):
@@ -325,6 +326,8 @@ class CalibratedFitness:
         self.inherited, self.ranker, self.space, self.params = inherited, ranker, space, params
         if hasattr(inherited, "heldout"):  # per-window scores: the search's separability report reads them
             self.heldout, self.batch_size = inherited.heldout, inherited.batch_size
+        if hasattr(inherited, "held"):  # each subnet's vocabulary's windows (a space that searches it)
+            self.held, self.model = inherited.held, inherited.model
         self.description = {**inherited.description, "ranker": ranker.digest, "ranker_kind": ranker.kind}
         self.summary = ""
 

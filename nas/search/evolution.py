@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .operators import crossover, mutate
-from .strategy import Evaluated, GenerationalStrategy
+from .strategy import Evaluated, GenerationalStrategy, register_strategy
 
 
 @dataclass
+@register_strategy
 class Evolution(GenerationalStrategy):
     name: str = "evolution"
     population: list[Evaluated] | None = None

@@ -1,130 +1,27 @@
-"""Fitness: validation loss of a subnet with weights inherited from the supernet.
-
-:class:`InheritedLoss` cuts ``windows`` fixed windows of ``seq_len + 1`` tokens from a held-out
-token array (positions drawn once from ``seed``), and scores a subnet by its mean next-token
-cross-entropy over all of them, in bits (bits per byte for the byte-level spaces).  The same
-windows score every subnet, so differences between subnets are not sampling noise.
-:class:`~nas.search.cache.BatchCache` (``CachedFitness``) evaluates each distinct subnet once.  A fitness function is anything
-``subnets -> np.ndarray of losses``; the strategies and the driver take it as an argument.
+"""The search's fitness: a subnet's held-out loss with weights inherited from the supernet, as the space's task scores
+it (:func:`task_fitness`; the scoring objects themselves, :class:`~supernet.scoring.InheritedLoss` and
+:class:`~supernet.scoring.HeldOutFitness`, sit below the tasks in :mod:`supernet.scoring`), and whether the top of a
+ranking is more than noise (:func:`separability`).  :class:`~nas.search.cache.BatchCache` (``CachedFitness``)
+evaluates each distinct subnet once.  A fitness function is anything ``subnets -> np.ndarray of losses``; the
+strategies and the driver take it as an argument.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from search_spaces import Subnet, UserError
-
-FitnessFn = Callable[[Sequence[Subnet]], np.ndarray]
-
-
-def pick_device(name: str = "auto") -> str:
-    """``auto``: the GPU when there is one, else the CPU; otherwise the name, checked."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device: {name!r} asked for, but torch sees no CUDA device (use cpu or auto)")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
-    return name
-
-
-def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_data: str | Path | None = None,
-                      data_cache: str | Path | None = None) -> tuple[np.ndarray, str]:
-    """The held-out tokens and where they come from: ``val_data`` bytes (``--val-data``), else the validation
-    split of the data the checkpoint at ``supernet_path`` (loaded as ``payload``) was trained on, encoded in
-    ``data_cache`` (``--data-cache``; default: the checkpoint's directory)."""
-    if val_data:
-        path = Path(val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
-        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
-    from search_spaces import tasks
-
-    task = tasks.of(payload["space"])  # the data is the checkpoint's task's
-    record = task.data_record(payload.get("meta", {}), str(supernet_path), hint="; pass --val-data FILE")
-    cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
-    return task.prepare_data(record, cache).val, task.describe_split(record)
-
-
-class InheritedLoss:
-    """Mean loss in bits of ``supernet(idx, subnet)`` over fixed held-out windows, scored as the space's task scores
-    them (its learner's held-out windows: every next token for a decoder; a masked LM's fixed masks, at its
-    ``options["mask_rate"]``, bits per masked byte)."""
-
-    def __init__(
-        self,
-        supernet,
-        tokens: np.ndarray,
-        *,
-        seq_len: int = 128,
-        windows: int = 16,
-        batch_size: int = 16,
-        seed: int = 0,
-        device: str = "cpu",
-        where: str = "validation tokens",
-        precision: str = "fp32",
-        options: dict[str, Any] | None = None,
-    ):
-        tokens = np.asarray(tokens).reshape(-1)
-        space = supernet.space
-        if seq_len < 1 or seq_len > space.max_seq_len:
-            raise UserError(f"--seq-len: {seq_len} is not in 1..{space.max_seq_len} (max_seq_len of space {space.name!r})")
-        if windows < 1 or batch_size < 1:
-            raise UserError(f"--val-windows / --eval-batch-size: {windows} / {batch_size} must be positive")
-        if len(tokens) < seq_len + 1:
-            raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
-        if len(tokens) and int(tokens.max()) >= space.vocab_size:
-            raise UserError(
-                f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})"
-            )
-        import torch
-
-        from supernet.task import task_for
-
-        rng = np.random.default_rng(seed)
-        n_starts = len(tokens) - seq_len
-        starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
-        self.model = supernet.to(device).eval()
-        task = task_for(space, seed=seed, **(options or {}))  # (a masked LM's fixed masks: a function of the seed only)
-        self.heldout = task.heldout(tokens, starts, seq_len)
-        self.batch_size = batch_size
-        self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens,
-                            **task.to_dict()}  # (nothing more for a decoder: studies of earlier versions still resume)
-        self.precision, self.calibration = precision, None
-        if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
-            from latency.quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds
-
-            feeds = calibration_feeds(tokens, seq_len, CALIBRATION_WINDOWS, seed=seed + 1, where=where)
-            self.calibration = [torch.from_numpy(f["tokens"]).to(device) for f in feeds]
-            self.max_error = MAX_ERROR
-            self.description.update(precision=precision, calibration={"windows": len(feeds), "seed": seed + 1,
-                                                                      "max_error": MAX_ERROR})
-
-    def scorer(self, subnet: Subnet):
-        """The model that scores ``subnet``: the supernet, or at an INT8 precision the supernet with ONNX Runtime's
-        quantization simulated on its linear layers (ranges and the per-layer rule calibrated for this subnet)."""
-        if self.calibration is None:
-            return self.model
-        from supernet.quantized import Simulated, calibrate
-
-        plan = calibrate(lambda x: self.model(x, subnet), self.calibration, self.precision, self.max_error)
-        return Simulated(self.model, plan)
-
-    def static(self, model) -> float:
-        """A trained static model's bits on the same windows, fp32 (what ``nas fit-accuracy`` fits a ranker to)."""
-        return self.heldout.bits(model, None, self.batch_size, mixed_precision=False)
-
-    def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
-        # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
-        return np.array(
-            [self.heldout.bits(self.scorer(s), s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
-        )
+from search_spaces import Subnet, tasks
+from supernet.scoring import (  # noqa: F401  (the search's public names)
+    FitnessFn,
+    FitnessSettings,
+    HeldOutFitness,
+    InheritedLoss,
+    inherited_fitness,
+    pick_device,
+    validation_tokens,
+)
 
 
 def separability(fitness: InheritedLoss, subnets: Sequence[Subnet]) -> dict[str, Any]:
@@ -132,8 +29,13 @@ def separability(fitness: InheritedLoss, subnets: Sequence[Subnet]) -> dict[str,
     returns the standard error of one candidate's estimate (windows as the unit), the spread of their
     means, and for each the paired difference from the first with its standard error (the same windows
     score every candidate, so differences are estimated window by window)."""
-    held, bs = fitness.heldout, fitness.batch_size
-    per = np.stack([held.window_bits(fitness.scorer(s), s, bs, mixed_precision=False) for s in subnets])
+    bs, held, model = fitness.batch_size, getattr(fitness, "held", None), getattr(fitness, "model", None)
+
+    def windows(s: Subnet):
+        """The held-out windows ``s`` reads: its vocabulary's where the space searches it (issue 54)."""
+        return held(model, s) if held is not None else fitness.heldout
+
+    per = np.stack([windows(s).window_bits(fitness.scorer(s), s, bs, mixed_precision=False) for s in subnets])
     w = per.shape[1]
     means = per.mean(1)
     se = per.std(1, ddof=1) / np.sqrt(w) if w > 1 else np.full(len(subnets), np.nan)
@@ -167,65 +69,7 @@ def separability_text(label: str, sep: dict[str, Any]) -> str:
     )
 
 
-class HeldOutFitness:
-    """``fitness(subnets)`` -> each subnet's mean bits per scored position over fixed held-out examples (a task's own:
-    :class:`supernet.heldout.HeldOut`) with the supernet's weights, fp32: what a task of fixed-length examples searches
-    with (``heldout`` gives :func:`separability` its per-example scores)."""
-
-    def __init__(self, supernet, heldout, *, batch_size: int = 16, device: str = "cpu", description: dict | None = None,
-                 summary: str = ""):
-        self.model, self.heldout, self.batch_size = supernet.to(device).eval(), heldout, batch_size
-        self.description = {"examples": int(len(heldout.x)), "tokens": heldout.tokens, **(description or {})}
-        self.summary = summary or f"{len(heldout.x)} held-out examples"
-
-    def scorer(self, subnet):
-        return self.model
-
-    def static(self, model) -> float:
-        """A trained static model's bits on the same examples, fp32."""
-        return self.heldout.bits(model, None, self.batch_size, mixed_precision=False)
-
-    def __call__(self, subnets) -> np.ndarray:
-        return np.array([self.heldout.bits(self.model, s, self.batch_size, mixed_precision=False) for s in subnets],
-                        dtype=np.float64)
-
-
-@dataclass(frozen=True)
-class FitnessSettings:
-    """How ``nas search`` (and ``nas fit-accuracy``) score a subnet with inherited weights: the scoring flags."""
-
-    path: str | Path  # the supernet checkpoint (its folder holds the data cache unless ``data_cache``)
-    seq_len: int = 128
-    windows: int = 16  # held-out windows (a task's own examples: batches) per subnet
-    batch_size: int = 16
-    val_seed: int = 0
-    device: str = "cpu"
-    val_data: str | Path | None = None
-    data_cache: str | Path | None = None
-    precision: str = "fp32"
-
-
 def task_fitness(model, payload: dict[str, Any], settings: FitnessSettings) -> tuple[Any, str]:
     """(fitness, digest of its held-out data) of a supernet (``model``, loaded as ``payload``): the space's task scores
     (a one-stack LM's :func:`inherited_fitness`)."""
-    from search_spaces import tasks
-
     return tasks.of(model.space).fitness(model, payload, settings)
-
-
-def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any], *, seq_len: int, windows: int,
-                      batch_size: int, val_seed: int, device: str, val_data: str | Path | None = None,
-                      data_cache: str | Path | None = None, precision: str = "fp32") -> tuple["InheritedLoss", str]:
-    """The search's fitness of a one-stack supernet (``model``, loaded from ``supernet_path`` as ``payload``) and the
-    digest of its held-out tokens: the windows that ``nas search`` and ``nas fit-accuracy`` score alike."""
-    import hashlib
-
-    from supernet.task import trained_options
-
-    tokens, source = validation_tokens(supernet_path, payload, val_data=val_data, data_cache=data_cache)
-    # scored as the supernet was trained (a masked LM: at its training mask rate, fixed masks of the seed)
-    fitness = InheritedLoss(model, tokens, seq_len=seq_len, windows=windows, batch_size=batch_size, seed=val_seed,
-                            device=device, where=source, precision=precision,
-                            options=trained_options(model.space, payload.get("meta", {})))
-    fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {source}"
-    return fitness, hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]

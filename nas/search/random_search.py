@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .strategy import Evaluated, GenerationalStrategy
+from .strategy import Evaluated, GenerationalStrategy, register_strategy
 
 
 @dataclass
+@register_strategy
 class RandomSearch(GenerationalStrategy):
     name: str = "random"
 

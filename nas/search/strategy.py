@@ -24,6 +24,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from search_spaces import Space, Subnet, UserError
+from search_spaces.registry import Registry
 
 from .operators import Feasible, draw, mutate
 
@@ -77,6 +78,12 @@ class SearchConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# The search strategies by name (--strategy): each registered at its definition (@register_strategy); a package adds its
+# own through the nas_transformers.strategies entry point.
+STRATEGIES: Registry[type] = Registry("search strategy", "nas_transformers.strategies", "nas.search", flag="--strategy")
+register_strategy = STRATEGIES.register
 
 
 class Strategy(Protocol):

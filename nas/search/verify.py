@@ -258,7 +258,7 @@ def run_verify(settings: VerifySettings, supernet, searches, result, out: Path, 
     """
     from latency.device import get_device
     from latency.predictors import load_predictor
-    from nas.export import workload_text
+    from latency.measure import workload_text
 
     predictor = load_predictor(predictor_path)
     workload = predictor.workload_spec or supernet.space.workload("prefill")

@@ -5,7 +5,7 @@ marker, the full space, the subnet, the parameter count and the checksums, writt
 ``task: image-classification``, the data, the validation accuracy (and the test accuracy when the data has a test
 split), the class names, the augmentation it was trained with and the input it takes.  ``model.onnx`` takes
 ``images`` (batch, C, H, W) float32 in [0, 1] and gives ``logits`` (batch, classes); its parity with torch is checked
-to :data:`nas.export.PARITY_TOL` on seeded images before it is kept.
+to :data:`supernet.export.PARITY_TOL` on seeded images before it is kept.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def save_vision_model(model: ViT, out: Path, card: dict[str, Any]) -> Path:
 
 def load_vision_model(model_dir: str | Path) -> tuple[ViT, dict[str, Any]]:
     """(the static model, its card) of an exported image classifier; one line when the folder is not one."""
-    from supernet.artifact import load_weights, open_export
+    from supernet.artifact import CARD, fitting_model, load_weights, open_export
 
     card, weights, space, subnet = open_export(model_dir, VisionSubnet)
-    model = ViT(space, subnet)
+    model = fitting_model(weights, lambda: ViT(space, subnet), Path(model_dir) / CARD)  # (what the card claims: bounded)
     load_weights(model, weights)
     return model.eval(), card
 
@@ -64,8 +64,8 @@ def onnx_parity(model: ViT, path: Path, seed: int = 0) -> float:
 
 def onnx_metadata(model: ViT) -> dict[str, str]:
     """The ``nas.*`` entries of the graph's metadata: the task, the input it takes, the classes, the subnet (canonical
-    JSON), the space hash and this package's version (as :func:`nas.export.onnx_metadata` for the LM tasks)."""
-    from nas import __version__
+    JSON), the space hash and this package's version (as :func:`supernet.export.onnx_metadata` for the LM tasks)."""
+    from search_spaces.version import __version__
 
     space = model.space
     return {"nas.task": TASK, "nas.input": f"images (batch, {space.channels}, {space.image_size}, {space.image_size}) "
@@ -74,7 +74,7 @@ def onnx_metadata(model: ViT) -> dict[str, str]:
 
 
 def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> dict[str, Any]:
-    from nas.export import PARITY_TOL, choose_opset
+    from supernet.export import PARITY_TOL, choose_opset
     from supernet.artifact import update_card
     from supernet.onnx_export import add_metadata
 
@@ -97,7 +97,8 @@ def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> 
 def export_vision(supernet, payload: dict, subnet: VisionSubnet, settings, predicted: dict | None):
     """The task's export (:meth:`tasks.base.Task.export`): safetensors + card (accuracy on the validation split and on
     the test split), the ONNX graph (parity-checked)."""
-    from nas.export import Exported, measure_model, predicted_line
+    from latency.measure import measure_model, predicted_line
+    from supernet.export import Exported
 
     from search_spaces import tasks
 
@@ -152,6 +153,10 @@ def classify_files(model: ViT, card: dict[str, Any], files: list[Path], top: int
 
     space = model.space
     names = (card.get("data") or {}).get("classes") or [str(k) for k in range(space.classes)]
+    if not isinstance(names, list) or len(names) != space.classes:  # (a model trained before the classes were checked)
+        raise ValueError(f"the model card names {len(names) if isinstance(names, list) else 'no'} classes, the model has "
+                         f"{space.classes} outputs: it was trained into a wider head than its data's classes; train it "
+                         "again with the space's classes set to the data's")
     out = []
     for f in files:
         a = read_png(f)

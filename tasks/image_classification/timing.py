@@ -17,39 +17,30 @@ import hashlib
 import json
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
 
-TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time an image workload
-
-
 def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
-    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
-        raise UserError(f"--device {device}: an image-classification space ({space.name}) is timed on {', '.join(TIMED_ON)} "
-                        "so far (docs/vision.md)")
-    if precision not in (None, "fp32") and device != "onnxruntime":
-        raise UserError(f"--precision {precision}: an image-classification space is timed in int8 on onnxruntime only")
+    """Refuse, in one line, a precision or way of sampling that cannot time an image space yet (any registered device
+    times it: its models run in torch, in ONNX Runtime and in a bundle; the device's own checks say the rest)."""
+    from latency.device import precisions_of
+
+    if precision not in (None, "fp32") and precision not in precisions_of(device):
+        raise UserError(f"--precision {precision}: {device} runs fp32 only")
     if for_transfer:
         raise UserError(f"--for-transfer: not for an image-classification space ({space.name}) yet; time uniform samples")
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: VisionSpace):
-    from .model import SuperViT
-
-    with torch.device("meta"):
-        return SuperViT(space)
-
-
 def vision_params(space: VisionSpace, subnet: VisionSubnet) -> int:
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static ViT (``SuperViT.num_params`` on the meta device)."""
+    return shape_params(space, subnet)
 
 
 def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize: bool = True):

@@ -100,7 +100,7 @@ def train_vision_subnet(space, subnet, out: Path, config, data_settings: dict[st
 
 
 def train_subnet(settings, progress=None) -> VisionSubnetResult:
-    """The task's ``nas train-subnet`` (``settings``: :class:`nas.train_subnet.SubnetTraining`)."""
+    """The task's ``nas train-subnet`` (``settings``: :class:`supernet.runs.SubnetTraining`)."""
     s = settings
     if s.distill_from:
         raise UserError("--distill-from: not for an image-classification subnet yet")

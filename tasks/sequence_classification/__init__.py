@@ -107,7 +107,7 @@ class SequenceClassificationTask(StackTask):
         return self.learner(space).heldout(data.val, n), data, record
 
     def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
-        from nas.search.fitness import HeldOutFitness
+        from supernet.scoring import HeldOutFitness
 
         held, data, _ = self._held_out(model.space, payload, settings.path, settings.windows * settings.batch_size)
         fit = HeldOutFitness(model, held, batch_size=settings.batch_size, device=settings.device,

@@ -60,17 +60,20 @@ def score_correct(model: Any, examples: Sequences, space: Any, batch_size: int =
 
 
 def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
-    """``nas train-subnet`` for a sequence-classification space (``s``: :class:`nas.train_subnet.SubnetTraining`): the
+    """``nas train-subnet`` for a sequence-classification space (``s``: :class:`supernet.runs.SubnetTraining`): the
     subnet from scratch, or from a supernet's or a model's weights (``--init``), trained by the one loop with one plain
     pass a step, resumable (``out/train/latest.pt``), written as a model folder whose card holds the validation bits
     per label, the accuracy and the vocabulary.  No distillation (yet)."""
     import time
 
-    from nas import __version__
-    from nas.export import write_model
-    from nas.train_subnet import (SubnetTrainingResult, TrainingInterrupted, _record, check_subnet, effective_config,
-                                  initial_model, parse_source, run_dir, run_state, source_text)
     from search_spaces import UserError, tasks
+    from search_spaces.version import __version__
+    from supernet.runs import (SubnetTrainingResult, TrainingInterrupted, check_subnet, effective_config, parse_source,
+                               run_dir, run_state, source_text)
+    from supernet.runs import record as run_record
+
+    from ..stack.export import write_model
+    from ..stack.train import initial_model
     from supernet.train import PlainObjective, StaticCheckpointer, read_static_checkpoint, use_threads
     from supernet.train import train as run
 
@@ -81,7 +84,7 @@ def run_subnet_training(s: Any, progress: Callable[[Any], None] | None = None):
     space, subnet, out = s.space, check_subnet(s.space, s.subnet), Path(s.out)
     config = effective_config(s)
     kind, path = parse_source(s.init, "--init", ("scratch", "supernet", "model"))
-    record = _record(s, source_text(kind, path), None)
+    record = run_record(s, source_text(kind, path), None)
     latest, stored = run_state(out, s.resume, s.stored, read_static_checkpoint)
     task = tasks.of(space)
     data_settings = (stored["meta"]["data_settings"] if stored is not None else

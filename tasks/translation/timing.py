@@ -18,45 +18,30 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from latency.onnx_graphs import folder_once, graph_dir, strip_weights, write_json
 from latency.protocol import fill_parameters
+from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .features import translate_terms
 from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
 
-TIMED_ON = ("cpu", "cuda", "onnxruntime", "arm", "ssh://user@host")  # devices that time a translate workload
-
-
 def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
-    """Refuse, in one line, a device (or a precision, or transfer sampling) that cannot time a seq2seq space yet."""
-    if device not in TIMED_ON[:-1] and not device.startswith("ssh://"):
-        raise UserError(
-            f"--device {device}: a seq2seq space ({space.name}) is timed on {', '.join(TIMED_ON)} "
-            "(README \"Translation (encoder-decoder)\")"
-        )
+    """Refuse, in one line, a precision or transfer sampling that cannot time a seq2seq space yet (any registered
+    device times it: its models run in torch, in ONNX Runtime and in a bundle)."""
     if precision not in (None, "fp32"):
         raise UserError(f"--precision {precision}: a seq2seq space ({space.name}) is timed in fp32 only so far")
     if for_transfer:
         raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: Seq2SeqSpace):
-    from .model import Seq2SeqSuperTransformer
-
-    with torch.device("meta"):
-        return Seq2SeqSuperTransformer(space)
-
-
 def seq2seq_params(space: Seq2SeqSpace, subnet: Seq2SeqSubnet) -> int:
-    """Parameters of the static encoder-decoder (``Seq2SeqSuperTransformer.num_params``, the one count)."""
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static encoder-decoder (``Seq2SeqSuperTransformer.num_params`` on the meta device)."""
+    return shape_params(space, subnet)
 
 
 def seq2seq_timing_model(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, *, materialize: bool = True):

@@ -83,7 +83,7 @@ class Seq2SeqSubnetTraining:
     that fit it (:func:`tasks.translation.train.steps_for_tokens`), so
     models trained with one budget, seed and batch size see the same pairs in the same order.  Data: the gettext
     catalogs of ``lang`` (default de) or ``data`` (a source<TAB>target file).  ``resume`` continues
-    ``out/train/latest.pt`` exactly; only the bounds and outputs may change (:data:`nas.train_subnet.RESUMABLE`).
+    ``out/train/latest.pt`` exactly; only the bounds and outputs may change (:data:`supernet.runs.RESUMABLE`).
     """
 
     space: Any
@@ -114,7 +114,7 @@ class Seq2SeqSubnetResult:
 
     def summary(self) -> list[str]:
         """The lines a command prints about the finished run."""
-        from nas.train_subnet import run_dir
+        from supernet.runs import run_dir
 
         return [f"trained {self.steps:,} steps ({self.tokens:,} target bytes) in {self.seconds:.0f} s; validation nats/"
                 f"target byte {self.val_ce_before:.4f} -> {self.val_ce:.4f}",
@@ -123,7 +123,7 @@ class Seq2SeqSubnetResult:
 
 
 def train_subnet(settings, progress=None) -> Seq2SeqSubnetResult:
-    """The translation task's ``nas train-subnet``: the generic settings (:class:`nas.train_subnet.SubnetTraining`, its
+    """The translation task's ``nas train-subnet``: the generic settings (:class:`supernet.runs.SubnetTraining`, its
     ``options`` the task's flags: ``lang``) as :class:`Seq2SeqSubnetTraining`, trained by :func:`train_seq2seq_subnet`."""
     s = settings
     device = "cpu" if s.device in (None, "auto") else s.device
@@ -181,7 +181,7 @@ def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
 
 def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | None:
     """The result of a run that reached its bound and wrote its model (a rerun of a finished run), else None."""
-    from nas.train_subnet import finished_card
+    from supernet.runs import finished_card
 
     card = finished_card(out, stored, config)
     if card is None:
@@ -196,20 +196,20 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     step, no distillation) and write ``settings.out`` as ``nas export`` does for seq2seq (safetensors + model card,
     which ``nas translate --model`` reads); ``out/train/`` holds ``latest.pt``, ``final.pt``, ``log.jsonl`` and the
     corpus cache.  Every check runs before anything is written; SIGINT / SIGTERM save ``latest.pt`` and raise
-    :class:`nas.train_subnet.TrainingInterrupted`; rerunning a finished run with ``resume`` returns its result."""
+    :class:`supernet.runs.TrainingInterrupted`; rerunning a finished run with ``resume`` returns its result."""
     import time
     from dataclasses import replace
 
     import torch
 
-    from nas import __version__
-    from nas.train_subnet import TrainingInterrupted, check_resumable, parse_source, run_dir, run_state, source_text
+    from search_spaces.version import __version__
+    from supernet.runs import TrainingInterrupted, check_resumable, parse_source, run_dir, run_state, source_text
     from search_spaces import UserError
     from supernet.checkpoint import load_checkpoint
     from supernet.train import TrainConfig
 
     from .artifact import save_seq2seq_model
-    from .data import DEFAULT_LANG, check_pairs, prepare_pairs
+    from .data import DEFAULT_LANG, check_pairs, prepare_pairs, tokenize_pairs
     from .model import Seq2SeqTransformer
     from supernet.train import PlainObjective, SupernetCheckpointer, train
 
@@ -239,6 +239,8 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     corpus = prepare_pairs(record["data"], corpus_dir, seed=s.data_seed, lang=record["lang"] or DEFAULT_LANG)
     if stored is not None:
         check_pairs(corpus, stored["meta"]["corpus_hash"], str(latest))
+    if space.tokenizer.bpe:  # the space's joint vocabulary, trained on the training pairs (cached beside them)
+        corpus = tokenize_pairs(corpus, space.tokenizer, corpus_dir)
     max_len = space.max_seq_len
     if s.tokens is not None:
         steps, _ = steps_for_tokens(corpus.train, config.batch_size, max_len, config.seed, s.tokens)
@@ -286,7 +288,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                      "ce_before": before, "ce_after": after, "run_started": meta["run_started"],
                      "versions": {"nas": __version__, "torch": str(torch.__version__)}},  # fmt: skip
     }
-    save_seq2seq_model(model, out, card)
+    save_seq2seq_model(model, out, card, corpus.vocabulary.text if space.tokenizer.bpe else None)
     return Seq2SeqSubnetResult(out, result.step, result.tokens, after, before, result.elapsed, result.stopped,
                                model.num_params())  # fmt: skip
 

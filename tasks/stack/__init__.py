@@ -11,9 +11,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from search_spaces.space import describe_stack, parse_stack
+import torch
 
-from .base import Task
+from latency.features import params, stack_matrix, table_features
+from latency.protocol import reference_model, timing_model
+from search_spaces.space import describe_stack, parse_stack, tokenizer_spec
+from supernet import SuperTransformer, Transformer, TransformerConfig, load_model
+from supernet.artifact import open_export
+from supernet.data import check_corpus, prepare_corpus
+from supernet.tokenizer import tokenize_corpus
+from supernet.scoring import inherited_fitness
+
+from ..base import Task
+from .export import export_stack, stack_validation
+from .train import train_subnet
 
 
 class StackTask(Task):
@@ -32,13 +43,9 @@ class StackTask(Task):
     # ------------------------------------------------------------------ model
 
     def supernet(self, space: Any, generator: Any = None, **options: Any):
-        from supernet import SuperTransformer
-
         return SuperTransformer(space, generator=generator, **options)
 
     def scratch(self, space: Any, subnet: Any, generator: Any = None):
-        from supernet import Transformer, TransformerConfig
-
         return Transformer(TransformerConfig.from_subnet(space, space.check(subnet)), generator=generator)
 
     # ------------------------------------------------------------------ data: a byte corpus (supernet.data)
@@ -47,20 +54,30 @@ class StackTask(Task):
     data_defaults = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 
     def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
-        from supernet.data import prepare_corpus
+        """The byte corpus; read through the space's subword vocabularies where ``settings`` names them (``tokenizer``,
+        the space's field as a run records it): the BPE trained on the training split, cached beside the corpus."""
+        corpus = prepare_corpus(settings["data"], cache_dir, settings["data_seed"], settings["val_fraction"], progress=progress)
+        raw = settings.get("tokenizer")
+        if raw is None or raw == "bytes":
+            return corpus
+        return tokenize_corpus(corpus, tokenizer_spec(raw, where="the run's tokenizer"), cache_dir)
 
-        return prepare_corpus(settings["data"], cache_dir, settings["data_seed"], settings["val_fraction"], progress=progress)
+    def data_record(self, meta: dict, where: str, hint: str = "") -> dict:
+        record = super().data_record(meta, where, hint)
+        return {**record, "tokenizer": meta["tokenizer"]} if meta.get("tokenizer") is not None else record
 
     def check_data(self, data: Any, expected_hash: str, where: str) -> None:
-        from supernet.data import check_corpus
-
         check_corpus(data, expected_hash, where)
 
     def describe_data(self, data: Any, settings: dict) -> str:
         sizes = data.meta["sizes"]
         what = "the Python standard library (PSF licence)" if settings["data"] is None else settings["data"]
+        vocab = data.meta.get("tokenizer")
+        read = "" if vocab is None else (f"; read as byte-level BPE {', '.join(map(str, vocab['sizes']))} (bytes per token on "
+                                         "validation: " + ", ".join(f"{k} {v:.2f}" for k, v in vocab["bytes_per_token"].items())
+                                         + f"; tokenizer {vocab['sha256'][:16]})")
         return (f"corpus: {what}: {sizes['train']:,} training bytes ({sizes['train_docs']} docs), {sizes['val']:,} validation "
-                f"bytes ({sizes['val_docs']} docs), hash {data.hash[:16]}")
+                f"bytes ({sizes['val_docs']} docs), hash {data.hash[:16]}{read}")
 
     def describe_batch(self, config: Any) -> str:
         return f"batch {config.batch_size} x {config.seq_len} bytes"
@@ -72,8 +89,6 @@ class StackTask(Task):
     # ------------------------------------------------------------------ search and export
 
     def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
-        from nas.search.fitness import inherited_fitness
-
         s = settings
         return inherited_fitness(s.path, model, payload, seq_len=s.seq_len, windows=s.windows, batch_size=s.batch_size,
                                  val_seed=s.val_seed, device=s.device, val_data=s.val_data, data_cache=s.data_cache,
@@ -82,61 +97,37 @@ class StackTask(Task):
     default_workload = "prefill"
 
     def train_subnet(self, settings: Any, progress: Any = None):
-        from nas.train_subnet import train_subnet
-
         return train_subnet(settings, progress)
 
     def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
-        from supernet import load_model
-        from supernet.artifact import open_export
-
         _, _, space, subnet = open_export(model_dir)
         return space, subnet, load_model(model_dir, device=device)
 
     def validation(self, model: Any, payload: dict, scoring: Any) -> dict:
-        from nas.export import stack_validation
-
         return stack_validation(model, payload, scoring)
 
     def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
-        from nas.export import export_stack
-
         return export_stack(supernet, payload, subnet, settings, predicted)
 
     # ------------------------------------------------------------------ latency
 
     def params(self, space: Any, subnet: Any) -> int:
-        from latency.features import params
-
         return params(space, subnet)
 
     def timing_model(self, space: Any, subnet: Any, *, materialize: bool = True):
-        from latency.protocol import timing_model
-
         return timing_model(space, subnet, materialize=materialize)
 
     def timing_reference(self, space: Any):
-        from latency.protocol import reference_model, timing_model
-
         return reference_model(timing_model(space, space.smallest(), materialize=False).config)
 
     def table_features(self, space: Any, subnet: Any, workload: Any) -> dict[str, float]:
-        from latency.features import table_features
-
         return table_features(space, subnet, workload)
 
     def predictor_features(self, kind: str, space: Any, workload: Any, subnets: Any) -> tuple:
-        from latency.features import stack_matrix
-
         return stack_matrix(kind, space, workload, subnets)
 
     def bundle_models(self, space: Any, seed: int) -> tuple:
         """(subnet -> the static model a latency bundle exports, the reference model): extracted from a seeded
         supernet (the bundle's graphs carry real initial weights)."""
-        import torch
-
-        from latency.protocol import reference_model
-        from supernet import SuperTransformer
-
         supernet = SuperTransformer(space, generator=torch.Generator().manual_seed(seed)).eval()
         return supernet.extract, reference_model(supernet.extract(space.smallest()).config)

@@ -1,7 +1,7 @@
 """Bits per byte at a precision: ONNX Runtime's real quantized model, and the torch estimate checked against it.
 
 The search scores thousands of candidates, so at an INT8 precision its fitness is the torch estimate
-(:class:`nas.search.fitness.InheritedLoss` with ``precision``: :mod:`supernet.quantized` simulates ONNX Runtime's
+(:class:`supernet.scoring.InheritedLoss` with ``precision``: :mod:`supernet.quantized` simulates ONNX Runtime's
 scheme on the supernet's linear layers).  :func:`agreement` checks that estimate against the real thing on a sample
 of subnets: each subnet's static model in ONNX (the stitched graph of :mod:`latency.onnx_graphs` with the model's
 own weights: the same compute as a whole export, tested), quantized by :func:`latency.quantize.quantize_model` with
@@ -17,8 +17,17 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
 
 from search_spaces import Subnet
+from supernet.elastic import extract
+from supernet.heldout import IGNORE, StaticAsSupernet
+from supernet.onnx_decode import onnx_decode_logits
+from supernet.onnx_export import onnx_session
+from supernet.scoring import InheritedLoss
+
+from .onnx_graphs import cached_graph, with_weights
+from .quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds, quantize_model
 
 LN2 = float(np.log(2.0))
 
@@ -27,7 +36,6 @@ def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16)
     """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
     ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches); targets equal to
     ``supernet.heldout.IGNORE`` (the positions a task does not score: a masked LM's unmasked ones) are not scored."""
-    from supernet.heldout import IGNORE
 
     out = []
     for i in range(0, len(x), batch_size):
@@ -43,7 +51,6 @@ def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16)
 
 def onnx_bits(path: str | Path, fitness, threads: int | None = 1) -> float:
     """Bits per byte of the ONNX model ``path`` in ONNX Runtime on the fitness's held-out windows and batches."""
-    from supernet.onnx_export import onnx_session
 
     held = fitness.heldout
     session = onnx_session(path, threads=threads)
@@ -52,7 +59,6 @@ def onnx_bits(path: str | Path, fitness, threads: int | None = 1) -> float:
 
 def quantize_export(src: str | Path, dst: str | Path, precision: str, fitness):
     """``src`` (fp32 ONNX) quantized to ``dst`` with the fitness's calibration windows and per-layer rule."""
-    from latency.quantize import quantize_model
 
     feeds = [{"tokens": t.cpu().numpy()} for t in fitness.calibration]
     return quantize_model(src, dst, precision, feeds, max_error=fitness.max_error)
@@ -84,11 +90,7 @@ class Agreement:
 def agreement(supernet, fitness, subnets: Sequence[Subnet], progress: Callable[[int, int], None] | None = None) -> Agreement:
     """The torch estimate of each subnet's INT8 bits/byte (``fitness``, an INT8 :class:`InheritedLoss`) beside ONNX
     Runtime's on the real quantized model, and fp32 (torch) for reference."""
-    import torch
 
-    from latency.onnx_graphs import cached_graph, with_weights
-    from nas.search.fitness import InheritedLoss
-    from supernet import extract
 
     assert isinstance(fitness, InheritedLoss) and fitness.calibration is not None, "an INT8 fitness"
     est, real, fp32 = [], [], []
@@ -113,10 +115,8 @@ def int8_file(precision: str) -> str:
 
 def export_quantized(model, space, onnx_path: Path, precision: str, tokens: np.ndarray, scoring, where: str) -> dict:
     """Write ``model.onnx`` at ``precision`` beside it (calibrated on held-out windows of ``tokens``, the per-layer rule)
-    and score both files with ONNX Runtime on the search's windows (``scoring``: :class:`nas.export.Scoring`), plus the
+    and score both files with ONNX Runtime on the search's windows (``scoring``: :class:`supernet.scoring.Scoring`), plus the
     torch estimate the search uses: the card's ``quantized`` entry."""
-    from supernet.heldout import StaticAsSupernet
-    from nas.search.fitness import InheritedLoss
 
     seq_len = min(scoring.seq_len, space.max_seq_len)
     fit = InheritedLoss(StaticAsSupernet(model.eval(), space), tokens, seq_len=seq_len, windows=scoring.windows,
@@ -152,9 +152,6 @@ def quantize_step(step_path: Path, precision: str, tokens: np.ndarray, seq_len: 
     """The decode step graph ``step_path`` at ``precision`` beside it (``step.int8-dynamic.onnx``): calibrated on the
     steps of teacher-forced held-out windows (every ``every``-th step: states of every length up to ``seq_len``);
     (path, the card's ``quantized_step`` entry)."""
-    from latency.quantize import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds, quantize_model
-    from supernet.onnx_decode import onnx_decode_logits
-    from supernet.onnx_export import onnx_session
 
     windows = calibration_feeds(tokens, seq_len, CALIBRATION_WINDOWS, seed=1, where=where)
     recording = _Recording(onnx_session(step_path, threads=1))
