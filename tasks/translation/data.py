@@ -31,7 +31,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -164,53 +163,14 @@ def split_lines(n: int, seed: int) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- the corpus
 
 
-@dataclass(frozen=True)
-class Pairs:
-    """One split: the bytes of every pair in one array and their offsets (N, 4): src start, end, tgt start, end."""
+class _Offsets:
+    """What a split of pairs shares however it holds them: ``index`` (N, 4), each pair's source start and end and its
+    target start and end in ``data``."""
 
-    data: np.ndarray  # (bytes,) uint8
-    index: np.ndarray  # (N, 4) int64
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def __getitem__(self, i: int) -> Pair:
-        a, b, c, d = (int(x) for x in self.index[i])
-        return bytes(self.data[a:b]), bytes(self.data[c:d])
-
-    def __iter__(self) -> Iterator[Pair]:
-        return (self[i] for i in range(len(self)))
-
-    @property
-    def src_lengths(self) -> np.ndarray:
-        return self.index[:, 1] - self.index[:, 0]
-
-    @property
-    def tgt_lengths(self) -> np.ndarray:
-        return self.index[:, 3] - self.index[:, 2]
-
-
-    def target_units(self, indices: np.ndarray) -> int:
-        """What a loss over the pairs ``indices`` is divided by: their target bytes and one EOS each."""
-        return int(self.tgt_lengths[indices].sum()) + len(indices)
-
-
-@dataclass(frozen=True)
-class TokenPairs:
-    """One split read at a joint subword vocabulary (``tokenizer: {bpe: N}``): the ids of every pair in one array and
-    their offsets (N, 4), as :class:`Pairs` holds bytes; ``tgt_bytes`` (N,) each target's length in bytes, so that a
-    loss stays per target byte.  A pair reads as two id arrays."""
-
-    data: np.ndarray  # (tokens,) uint16
-    index: np.ndarray  # (N, 4) int64
-    tgt_bytes: np.ndarray  # (N,) int64
+    index: np.ndarray
 
     def __len__(self) -> int:
         return len(self.index)
-
-    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        a, b, c, d = (int(x) for x in self.index[i])
-        return np.asarray(self.data[a:b], dtype=np.int64), np.asarray(self.data[c:d], dtype=np.int64)
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -222,6 +182,37 @@ class TokenPairs:
     @property
     def tgt_lengths(self) -> np.ndarray:
         return self.index[:, 3] - self.index[:, 2]
+
+
+@dataclass(frozen=True)
+class Pairs(_Offsets):
+    """One split: the bytes of every pair in one array and their offsets (N, 4): src start, end, tgt start, end."""
+
+    data: np.ndarray  # (bytes,) uint8
+    index: np.ndarray  # (N, 4) int64
+
+    def __getitem__(self, i: int) -> Pair:
+        a, b, c, d = (int(x) for x in self.index[i])
+        return bytes(self.data[a:b]), bytes(self.data[c:d])
+
+    def target_units(self, indices: np.ndarray) -> int:
+        """What a loss over the pairs ``indices`` is divided by: their target bytes and one EOS each."""
+        return int(self.tgt_lengths[indices].sum()) + len(indices)
+
+
+@dataclass(frozen=True)
+class TokenPairs(_Offsets):
+    """One split read at a joint subword vocabulary (``tokenizer: {bpe: N}``): the ids of every pair in one array and
+    their offsets (N, 4), as :class:`Pairs` holds bytes; ``tgt_bytes`` (N,) each target's length in bytes, so that a
+    loss stays per target byte.  A pair reads as two id arrays."""
+
+    data: np.ndarray  # (tokens,) uint16
+    index: np.ndarray  # (N, 4) int64
+    tgt_bytes: np.ndarray  # (N,) int64
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b, c, d = (int(x) for x in self.index[i])
+        return np.asarray(self.data[a:b], dtype=np.int64), np.asarray(self.data[c:d], dtype=np.int64)
 
     def target_units(self, indices: np.ndarray) -> int:
         """Target bytes (not tokens) of the pairs ``indices`` and one EOS each: a loss per target byte compares vocabularies."""
