@@ -541,6 +541,11 @@ def card_section(model: Path, page: Page, heading: str = "Model card") -> None:
                  else f"{v.get('examples', '?')} held-out examples")
         lines.append(f"<li>{esc(v.get('metric', 'bits/byte'))}: <b>{bpb(v.get('bits_per_byte'))}</b> on {esc(scope)} of "
                      f"the {esc(v.get('source', '?'))}</li>")
+    tok = card.get("tokenizer") or {}
+    if tok:  # the folder's tokenizer.json (issue 54)
+        what = "bytes" if tok.get("kind") == "bytes" else f"byte-level BPE of {tok.get('vocab', '?')} ids"
+        lines.append(f"<li>tokenizer: <b>{esc(what)}</b> ({esc(tok.get('file', 'tokenizer.json'))}, sha256 "
+                     f"{esc(str(tok.get('sha256', '?'))[:16])})</li>")
     lat = card.get("latency") or {}
     if lat:
         lines.append(f"<li>predicted latency <b>{ms(lat.get('predicted_ms'))}</b> ({esc(lat.get('model', '?'))} "

@@ -32,7 +32,7 @@ def test_export_writes_a_parity_checked_onnx_with_fused_attention(exported):
     assert exported.parity <= 1e-4
     card = read_card(exported.out)
     assert card["onnx"]["parity_max_abs"] == exported.parity
-    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2"}
+    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2", "tokenizer.json"}  # issue 54: its vocabulary
     assert card["note"] == "test" and card["parameters"] == exported.parameters
 
 

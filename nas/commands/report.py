@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "report"
 HELP = ("one self-contained HTML page of a run folder (nas demo, nas search, nas export, a benchmark's results): its "

@@ -1,7 +1,10 @@
 """Pareto fronts of (loss, latency) points, 2-D hypervolume, and the CSV and PNG of a search.
 
 Both objectives are minimised.  ``points`` are arrays of shape (N, 2): column 0 the
-validation loss, column 1 the latency in ms.
+validation loss, column 1 the latency in ms.  The study holds the same two objectives, so Optuna's
+``study.best_trials`` is this front of its trials (``tests/test_dashboard.py`` checks they agree); these functions
+stay because the strategies and reports work on arrays of points (a generation, a CSV), and Optuna's own sorting
+and hypervolume are private API (``optuna.study._multi_objective``, ``optuna._hypervolume``).
 """
 
 from __future__ import annotations
