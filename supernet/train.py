@@ -119,9 +119,26 @@ class TrainConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+AUTO = "auto"  # --threads auto: the CPUs free here now (supernet.threads)
+
+
+def resolve_threads(requested: int | str | None, resuming: bool = False) -> int | None:
+    """The threads a run asks for: ``requested`` when a number; for ``"auto"``, or nothing asked of a new run (the
+    commands' default), the CPUs free here now (:func:`supernet.threads.auto_threads`: this process's CPUs and cgroup
+    quota, less what other processes keep busy), as a number, so the run records it and its resumption sums alike;
+    None for a resumed run that asked nothing (it keeps its own)."""
+    if requested == AUTO or (requested is None and not resuming):
+        from .threads import auto_threads
+
+        return auto_threads().threads
+    assert requested is None or isinstance(requested, int), requested
+    return requested
+
+
 def use_threads(config: TrainConfig, stored: dict[str, Any] | None = None, say: Callable[[str], None] | None = None) -> None:
-    """Run on the run's CPU threads (``config.threads``; None leaves torch's choice).  ``stored``: the train_config of
-    the run being resumed; where its threads differ from these, ``say`` is told the result will not be bit-identical."""
+    """Run on the run's CPU threads (``config.threads``: what :func:`resolve_threads` chose, a number; None leaves
+    torch's setting).  ``stored``: the train_config of the run being resumed; where its threads differ from these,
+    ``say`` is told the result will not be bit-identical."""
     if config.threads is not None and torch.get_num_threads() != config.threads:
         torch.set_num_threads(config.threads)
     before = (stored or {}).get("threads")

@@ -122,11 +122,39 @@ def flag_of(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+THREADS_HELP = ("CPU threads for torch: N, or auto (the default): the CPUs free here now (this process's CPUs and "
+                "cgroup quota, less what other processes keep busy)")
+
+
+def threads_value(text: str) -> int | str:
+    """``--threads``: a positive whole number, or ``auto`` (chosen from the CPUs free: supernet.train.resolve_threads)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive whole number or auto") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: expected a positive whole number or auto")
+    return n
+
+
+def resolve_threads_flag(args: argparse.Namespace) -> None:
+    """``args.threads`` as the run will record it: the number given, or for ``auto`` (and a new run's default) the CPUs
+    free here now; None for a resumed run that gave none (it keeps its own)."""
+    from supernet.train import resolve_threads
+
+    args.threads = resolve_threads(args.threads, bool(getattr(args, "resume", False)))
+
+
 def set_threads(args: argparse.Namespace) -> None:
+    """torch's threads for the command's own compute: ``--threads N``, or auto (the CPUs free here now); a resumed run
+    that gave none keeps torch's (its training then runs on its own)."""
     import torch
 
     from search_spaces import UserError
 
+    resolve_threads_flag(args)
     if args.threads is not None:
         if args.threads < 1:
             raise UserError(f"--threads: {args.threads} is not a positive integer")

@@ -24,6 +24,7 @@ from .common import (
     CONFIG_FLAGS,
     DATA_FLAGS,
     HELP_DEFAULTS,
+    THREADS_HELP,
     add_task_flags,
     given_config,
     parse_duration,
@@ -31,6 +32,7 @@ from .common import (
     step_bar,
     train_and_report,
     task_flags,
+    threads_value,
     token_budget,
     train_device,
 )
@@ -77,8 +79,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    "installed one)")
     g.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 "
                    "autocast; else cpu)")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
-                   "keeps its own")
+    g.add_argument("--threads", type=threads_value, metavar="N|auto", help=THREADS_HELP + "; a resumed run keeps "
+                   "its own")
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "
                    "the first run's settings, --threads included); only the bounds and outputs may change")
 

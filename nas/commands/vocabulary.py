@@ -50,7 +50,8 @@ VOCABULARY: dict[str, Term] = {
                      "(auto: a GPU when there is one, cpu, cuda, cuda:N); measure-latency times them on a latency device "
                      "(cpu, cuda, onnxruntime, arm, ssh://user@host)",
                      (*TRAIN, "search", "fit-accuracy", "translate", "measure-latency")),
-    "--threads": Term("threads", "CPU threads of torch for the command's own compute (training, scoring)",
+    "--threads": Term("threads", "CPU threads of torch for the command's own compute (training, scoring): N, or auto "
+                      "(the default: the CPUs free here now)",
                       ("demo", *TRAIN)),
     # ---- timing: the timing target (what latency is measured on) and its options
     "--timing-target": Term("timing_target", "timing target: where latency is measured (cpu, cuda, onnxruntime, arm, "

@@ -102,12 +102,37 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
     return out
 
 
+def layered_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[str, float]:
+    """The layer-composed predictor's columns: the model's own terms (``model:*``: resize, stem, patch embedding, the
+    tokens' position and norm work, the head) and, summed along the stack at the subnet's ``T`` tokens, each layer's
+    :func:`latency.features.layer_terms` (bidirectional)."""
+    from latency.features import add_terms, layer_terms, type_columns
+    from search_spaces import Workload
+
+    terms = image_terms(space, subnet, workload.batch_size)
+    out = {f"model:{k[:-len('_flops')]}": terms[k] for k in ("resize_flops", "stem_flops", "patch_flops", "head_flops")}
+    out["model:tokens"] = float(workload.batch_size * subnet.tokens * subnet.embed_dim)
+    out.update(type_columns(space.attention))
+    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
+    for layer in subnet.layers:
+        add_terms(out, layer_terms(layer.attention, prefill, subnet.embed_dim, layer.heads, space.head_dim, layer.ffn_dim,
+                                   causal=False))
+    return out
+
+
 def vision_matrix(kind: str, space: VisionSpace, workload, subnets) -> tuple:
+    """What predictor ``kind`` reads: the additive terms, the layered terms, or the table's features (a ``transfer``'s
+    view: those, then the layered terms as ``cost:*`` columns)."""
     from latency.features import matrix
 
     if kind == "additive":
         return matrix([additive_terms(space, s, workload) for s in subnets])
-    return matrix([vision_table_features(space, s, workload) for s in subnets])
+    if kind == "layered":
+        return matrix([layered_terms(space, s, workload) for s in subnets])
+    rows = [vision_table_features(space, s, workload) for s in subnets]
+    if kind == "transfer":
+        rows = [{**r, **{f"cost:{k}": v for k, v in layered_terms(space, s, workload).items()}} for r, s in zip(rows, subnets)]
+    return matrix(rows)
 
 
 def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:

@@ -95,11 +95,11 @@ def seq2seq_additive_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload:
 
 
 def seq2seq_matrix(kind: str, space: Seq2SeqSpace, workload: TranslateWorkload, subnets) -> tuple:
-    """What predictor ``kind`` reads of seq2seq subnets: the additive terms for ``additive``, the table's features
-    (encoding, parameters, cost terms) otherwise."""
+    """What predictor ``kind`` reads of seq2seq subnets: the additive terms for ``additive`` (and ``layered``, which
+    fits them as terms of one cost each), the table's features (encoding, parameters, cost terms) otherwise."""
     from latency.features import matrix
 
-    if kind == "additive":
+    if kind in ("additive", "layered"):
         return matrix([seq2seq_additive_terms(space, s, workload) for s in subnets])
     return matrix([seq2seq_table_features(space, s, workload) for s in subnets])
 
