@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
                             "pip install 'nas-transformers[translate]' (python3 scripts/install.py translate)") from None
     from supernet.scoring import pick_device
 
+    if args.engine == "onnxruntime" and args.device not in ("cpu", "auto"):  # before asking torch for the GPU
+        raise UserError("--device: not with --engine onnxruntime (its sessions run on the CPU)")
     args.device = pick_device(args.device)  # auto, cpu, cuda, cuda:N: checked (and auto resolved) before loading
     if args.engine == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
