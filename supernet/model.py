@@ -241,12 +241,14 @@ class TransformerConfig:
     embed_dim: int
     layers: tuple[LayerChoice, ...]
     causal: bool = True  # the task's attention form: a causal LM (True) or a masked-LM encoder (False)
+    vocab: int | None = None  # the subnet's vocabulary gene (a space that searches it); vocab_size is then that size
 
     @classmethod
     def from_subnet(cls, space: Space, subnet: Subnet) -> "TransformerConfig":
         space.check(subnet)
-        return cls(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
-                   space.causal)  # fmt: skip
+        vocab = space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
+        return cls(vocab, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
+                   space.causal, subnet.vocab)  # fmt: skip
 
     @property
     def subnet(self) -> Subnet:
@@ -256,6 +258,7 @@ class TransformerConfig:
             tuple(layer.heads for layer in self.layers),
             tuple(layer.ffn_dim for layer in self.layers),
             tuple(layer.attention for layer in self.layers),
+            vocab=self.vocab,
         )
 
 
