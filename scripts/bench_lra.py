@@ -455,7 +455,7 @@ def speed_worker(spec: str, part: str, p: Protocol, out: Path, threads: int | No
             except Exception as e:  # noqa: BLE001 - a type without an ONNX form: its rows say so
                 rows[str(length)] = {"ort_ms": None, "ort_error": str(e).splitlines()[0][:200]}
                 continue
-            feed = {"tokens": x.numpy().astype(np.int64)}
+            feed = {"input_ids": x.numpy().astype(np.int64)}
             session.run(None, feed)
             t0 = time.perf_counter()
             for _ in range(p.speed_steps):

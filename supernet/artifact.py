@@ -6,13 +6,18 @@ Layout of ``DIR``::
     subnet.yaml         the architecture (a Subnet)
     model_card.json     format marker, space (full), subnet, parameters, file checksums, and
                         whatever the exporter measured (bits per byte, predicted / measured latency)
+    README.md           a Hugging Face model card rendered from model_card.json (front matter, prose)
+    config.json         the architecture, Hugging Face style (generation_config.json: a causal LM)
     model.onnx          (optional) the ONNX graph, written by ``nas export``
     model.pt2           (optional) a ``torch.export`` program: plain torch, no ``nas`` needed
                         (``torch.export.load("model.pt2").module()``), dynamic batch and length
     tokenizer.json      the vocabulary the model reads (Hugging Face ``tokenizers``' format; a byte model's maps each
                         byte to its id), named by its sha256 in the card and in the ONNX metadata (``nas.tokenizer``)
 
-``load_model(DIR)`` is the one-line loader; it checks the card's format, the checksums and the
+The card is written by :func:`write_card`, which writes README.md and config.json from it each time
+(:mod:`supernet.model_folder`, what the space's task says: :meth:`tasks.base.Task.card_facts`): they describe the
+folder and are not loaded.  A card holds names and digests, never a path of the machine that wrote it or its host
+name.  ``load_model(DIR)`` is the one-line loader; it checks the card's format, the checksums and the
 shapes, and names the file in every error.  ``load_program(DIR)`` loads ``model.pt2`` after
 checking its checksum and the archive entry by entry (:func:`check_program`): ``torch.export.load``
 falls back to ``torch.load(weights_only=False)`` for legacy and pickled entries and unpickles opaque
@@ -31,12 +36,14 @@ from typing import Any, Callable
 import torch
 import yaml
 
-from search_spaces import Space, Subnet, UserError, parse_space
+from search_spaces import Space, Subnet, UserError, parse_space, tasks
 from search_spaces.errors import first_line, shown
 
 from .files import (atomic_save_tensors, atomic_write, atomic_write_json, check_part, check_parts, remove_stale, sha256_file,
                     temp_file)
 from .model import Transformer, TransformerConfig
+from .model_folder import FILES as DESCRIPTIONS
+from .model_folder import write_folder_files
 from .tokenizer import BYTES, FILE, Vocabulary, byte_tokenizer_json, read_vocabulary
 
 FORMAT = "nas-exported-model"
@@ -58,6 +65,25 @@ def write_json_atomic(path: Path, data: Any) -> None:
     atomic_write_json(path, data, sort_keys=False)
 
 
+def write_card(out: str | Path, card: dict[str, Any]) -> Path:
+    """Write ``model_card.json`` into ``out``, then README.md and config.json from it (:func:`describe`)."""
+    out = Path(out)
+    write_json_atomic(out / CARD, card)
+    describe(out, card)
+    return out / CARD
+
+
+def describe(out: str | Path, card: dict[str, Any] | None = None) -> None:
+    """Write the files that describe a model folder from its card: README.md, config.json (and a causal LM's
+    generation_config.json), as the space's task says (:meth:`tasks.base.Task.card_facts`)."""
+    out = Path(out)
+    card = card or read_card(out)
+    space = card_space(out, card)
+    subnet = space.subnet_type.from_dict(card["subnet"], where=f"{CARD}[subnet]")
+    facts = tasks.of(space).card_facts(space, subnet, card)
+    write_folder_files(out, {**card, "subnet_key": subnet.key, "space_hash": space.hash}, facts)
+
+
 def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str, Any] | None = None,
                tokenizer: str | None = None) -> Path:
     """Write weights, subnet, tokenizer and model card of ``model`` into directory ``out``; return the card path.
@@ -65,7 +91,7 @@ def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str
     byte vocabulary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale(out, (CARD, SUBNET, *OUTPUTS))  # the card first: a folder is never described by an older card
+    remove_stale(out, (CARD, SUBNET, *DESCRIPTIONS, *OUTPUTS))  # the card first: never described by an older card
     rows = model.config.vocab_size
     # a model of text has its tokenizer.json (the bytes' where none is given); a task's ids that are no text (a model of
     # fewer than 256 ids: a declared task's labels, grid cells) have none
@@ -94,8 +120,7 @@ def save_model(model: Transformer, out: str | Path, space: Space, card: dict[str
         "files": files,
         **(card or {}),
     }
-    write_json_atomic(out / CARD, full)
-    return out / CARD
+    return write_card(out, full)
 
 
 def update_card(out: str | Path, **fields: Any) -> dict[str, Any]:
@@ -106,7 +131,7 @@ def update_card(out: str | Path, **fields: Any) -> dict[str, Any]:
     for name in files:
         card["files"][name] = sha256_file(out / name)
     card.update(fields)
-    write_json_atomic(out / CARD, card)
+    write_card(out, card)
     return card
 
 
@@ -267,6 +292,8 @@ def export_program(model: Transformer, path: str | Path) -> Path:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
+        for node in program.graph.nodes:  # the source lines it was traced from: this machine's paths
+            node.meta.pop("stack_trace", None)
         fd, tmp = temp_file(path, ".pt2")  # the mode of a file open() makes, not mkstemp's 0600
         os.close(fd)
         try:

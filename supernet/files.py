@@ -43,6 +43,21 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def named_digest(path: str | Path) -> dict[str, str]:
+    """A file as a card records it: its name and sha256, not where it lies on this machine."""
+    return {"name": Path(path).name, "sha256": sha256_file(path)}
+
+
+def without_paths(text: str, paths: Iterable[str | Path | None]) -> str:
+    """``text`` with each of ``paths`` (as given, made absolute, resolved) replaced by its last component: words that
+    say where something came from, without this machine's folders."""
+    for p in paths:
+        if not p:
+            continue
+        name = Path(p).name
+        for form in sorted({str(p), os.path.abspath(p), str(Path(p).expanduser().resolve())}, key=len, reverse=True):
+            text = text.replace(form, name)
+    return text
 def file_problem(path: str | Path) -> str | None:
     """Why ``path`` is no regular file to read, in words for a one-line refusal (None: it is one): "no such file", "a
     link to a missing file", "a folder", "not a regular file (a FIFO, a socket or a device)" (a FIFO would block, a

@@ -128,7 +128,7 @@ class InheritedLoss:
         if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
             smallest = arrays[min(self.sizes)] if self.sizes else arrays[None]  # ids every vocabulary has
             feeds = calibration_feeds(smallest, seq_len, CALIBRATION_WINDOWS, seed=seed + 1, where=where)
-            self.calibration = [torch.from_numpy(f["tokens"]).to(device) for f in feeds]
+            self.calibration = [torch.from_numpy(f["input_ids"]).to(device) for f in feeds]
             self.max_error = MAX_ERROR
             self.description.update(precision=precision, calibration={"windows": len(feeds), "seed": seed + 1,
                                                                       "max_error": MAX_ERROR})

@@ -19,6 +19,7 @@ differs between tasks is a method here, grouped by the layer that asks:
   (``ort_runner``), a latency bundle's graphs (``bundle_graphs``) and the devices that time it (``check_timing``);
 * **search and export** (``nas``): ``fitness`` (a subnet's held-out score with inherited weights), ``validation``
   (a static model's, for its card), ``export`` (the artifacts of a chosen subnet and their parity checks),
+  ``card_facts`` and ``pipeline_tag`` (what the folder's README.md and config.json say, from the card),
   ``specials`` (the token ids of special meaning, named in an exported ONNX file's metadata), ``train_subnet``,
   ``default_workload``, ``unit``;
 * **commands** (``nas.commands``): ``flags`` (a command's extra flags for this task: :class:`Flag`), ``refuse``
@@ -175,6 +176,20 @@ class Task:
         """Write ``subnet``'s artifacts (``settings``: :class:`supernet.export.ExportSettings`) with their parity checks and a
         card (``predicted``: the predictor's estimate, for it); a :class:`supernet.export.Exported`."""
         raise NotImplementedError
+
+    pipeline_tag: str = "other"  # the Hugging Face pipeline tag of its models ("text-generation", "translation", ...)
+
+    def card_facts(self, space: Any, subnet: Any, card: dict[str, Any]):
+        """What the README.md and config.json beside an exported model's card say (:class:`supernet.model_folder.Facts`:
+        the pipeline tag, the architecture as ``config.json``, the metrics, the data, how to load it); a generic
+        description here (the card's ``validation`` figure), each task says more."""
+        from supernet.model_folder import MODEL_TYPE, Facts, Metric
+
+        v = card.get("validation") or {}
+        metrics = tuple(Metric(f"validation {self.metric}", self.metric.replace("/", "_per_").replace(" ", "_"),
+                               v["bits_per_byte"], self.metric) for _ in (0,) if "bits_per_byte" in v)  # fmt: skip
+        return Facts(self.pipeline_tag, {"model_type": MODEL_TYPE, "task": self.name, "subnet": subnet.to_dict()},
+                     description=f"A model of task {self.name}", metrics=metrics, subnet=str(subnet))
 
     def fitness(self, model: Any, payload: dict[str, Any], settings: Any) -> tuple[Any, str]:
         """(fitness, digest of its held-out data): ``fitness(subnets)`` -> each subnet's held-out score with the weights

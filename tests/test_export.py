@@ -327,10 +327,11 @@ def test_export_measure_times_the_decode_step_at_the_workloads_context(supernet,
     assert len(fed) == 1  # the exported model, from its file; the reference goes through the device
     names, feed = fed[0]
     context = tiny.workload("decode").context
-    assert "tokens" not in names and {"token", "position"} <= names == set(feed)
-    assert feed["token"].shape == (1, 1) and feed["position"].tolist() == [context]
-    assert feed["past.0.k"].shape == (1, SUBNET.heads[0], context, tiny.head_dim)  # layer 0: softmax, a growing cache
-    assert all(a.shape[0] == 1 for name, a in feed.items() if name.startswith("past."))
+    assert "tokens" not in names and {"input_ids", "position"} <= names == set(feed)
+    assert feed["input_ids"].shape == (1, 1) and feed["position"].tolist() == [context]
+    # layer 0: softmax, a growing cache (optimum's name); layers 1 and 2 (local window, linear) keep other states
+    assert feed["past_key_values.0.key"].shape == (1, SUBNET.heads[0], context, tiny.head_dim)
+    assert all(a.shape[0] == 1 for name, a in feed.items() if name.startswith("past"))
     card = read_card(out)
     m = card["measured"]
     assert m["timed"] == "step.onnx" and m["workload"]["kind"] == "decode" and m["workload"]["context"] == context

@@ -69,8 +69,9 @@ class Counting:
 
     def run(self, names, feed):
         self.calls += 1
-        if "past.0.k" in feed:
-            self.past.append((feed["past.0.k"].shape[0], feed["past.0.k"].shape[2], int(feed["position"][0])))
+        if "past_key_values.0.decoder.key" in feed:
+            self.past.append((feed["past_key_values.0.decoder.key"].shape[0], feed["past_key_values.0.decoder.key"].shape[2],
+                              int(feed["position"][0])))
         return self.session.run(names, feed)
 
 

@@ -86,7 +86,7 @@ VOCABULARY: dict[str, Term] = {
     "--model": Term("model", "a model folder (nas export, finetune) or, for translate, a run or checkpoint",
                     ("finetune", "classify", "generate", "translate")),
     "--data": Term("data", "the data the command reads: a corpus (file, folder, glob) or a labelled CSV",
-                   (*TRAIN, "classify")),
+                   (*TRAIN, "classify", "translate")),
     "--seed": Term("seed", "the seed of the command's random draws (same seed, same result)",
                    ("demo", "space", "train-supernet", "measure-latency", "fit-predictor", "search", "export",
                     "train-subnet", "finetune", "generate", "data")),

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from latency.timing_core import PIXEL_VALUES
 from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
@@ -139,7 +140,7 @@ def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:
     """The timed input: ``batch`` seeded random images of the data's size, float32 in [0, 1]."""
     from latency.timing_core import image_feed  # (as a latency bundle's runner draws them on the board)
 
-    return image_feed(batch, (space.channels, space.image_size, space.image_size), seed)["images"]
+    return image_feed(batch, (space.channels, space.image_size, space.image_size), seed)[PIXEL_VALUES]
 
 
 def image_call(model, workload, device: str = "cpu", runtime: str = "eager"):
@@ -165,8 +166,8 @@ def vision_key(model) -> str:
 
 
 def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
-    """The static model as one ONNX graph: input ``images`` (batch, C, H, W) float32 in [0, 1], output ``logits``
-    (batch, classes); the batch axis dynamic."""
+    """The static model as one ONNX graph: input ``pixel_values`` (batch, C, H, W) float32 in [0, 1] (the name ONNX
+    Runtime's and optimum's image classifiers take), output ``logits`` (batch, classes); the batch axis dynamic."""
     from supernet.onnx_export import DEFAULT_OPSET
 
     class Flat(torch.nn.Module):
@@ -183,7 +184,7 @@ def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
     x = torch.from_numpy(images(model.space, 2))  # a batch of 2: the exporter would specialise on 1
     with _quiet():
         program = torch.onnx.export(Flat(model.eval()), (x,), dynamo=True, opset_version=opset or DEFAULT_OPSET,
-                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=["images"],
+                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=[PIXEL_VALUES],
                                     output_names=["logits"], verbose=False,
                                     custom_translation_table=ort_ops.translation_table())
         program.save(str(path))
@@ -235,7 +236,7 @@ def vision_ort_runner(model, workload, threads: int | None, provider: str, clock
     from latency.timing_core import ort_runner
 
     graph = str(cached_vit_graph(model))
-    feed = {"images": images(model.space, workload.batch_size)}
+    feed = {PIXEL_VALUES: images(model.space, workload.batch_size)}
     tmp = None
     if precision != "fp32":
         from latency.quantize import quantized_copy

@@ -23,6 +23,7 @@ from supernet.tokenizer import tokenize_corpus
 from supernet.scoring import inherited_fitness
 
 from ..base import Task
+from .card import stack_facts
 from .export import export_stack, stack_validation
 from .train import train_subnet
 
@@ -108,6 +109,13 @@ class StackTask(Task):
 
     def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
         return export_stack(supernet, payload, subnet, settings, predicted)
+
+    @property
+    def pipeline_tag(self) -> str:  # type: ignore[override]
+        return "text-generation" if self.form == "causal" else "fill-mask"
+
+    def card_facts(self, space: Any, subnet: Any, card: dict):
+        return stack_facts(self, space, subnet, card)
 
     # ------------------------------------------------------------------ latency
 

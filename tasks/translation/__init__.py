@@ -88,6 +88,13 @@ class TranslationTask(Task):
 
         return export_seq2seq(supernet, payload, subnet, settings, predicted)
 
+    pipeline_tag = "translation"
+
+    def card_facts(self, space: Any, subnet: Any, card: dict):
+        from .card import seq2seq_facts
+
+        return seq2seq_facts(self, space, subnet, card)
+
     # ------------------------------------------------------------------ space
 
     def parse_space(self, data: dict, where: str, source: str) -> Any:

@@ -5,7 +5,8 @@ with the format marker, the full space, the subnet, the parameter count and the 
 the card says ``task: seq2seq`` and carries the corpus the model was trained on (so ``nas translate --eval``
 can score it on that corpus's test split, hash checked) and what was measured (held-out cross-entropy per
 target byte; chrF / BLEU once ``nas translate --eval`` has run).  ``nas export`` adds the ONNX graphs of the
-encoder and the decoder step (:mod:`tasks.translation.onnx`) and lists them in the card.
+encoder and the decoder step (:mod:`tasks.translation.onnx`) and lists them in the card.  README.md and config.json
+are written from the card (:func:`supernet.artifact.write_card`, :mod:`tasks.translation.card`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from supernet.artifact import (
     load_weights,
     open_export,
     read_card,
-    write_json_atomic,
+    write_card,
 )
+from supernet.model_folder import FILES
 from supernet.files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
 
 from .model import Seq2SeqTransformer
@@ -45,7 +47,7 @@ def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[st
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale(out, (CARD, SUBNET, *OUTPUTS))
+    remove_stale(out, (CARD, SUBNET, *FILES, *OUTPUTS))
     vocab = Vocabulary(tokenizer if tokenizer is not None else byte_tokenizer_json(VOCAB_SIZE, SPECIAL_NAMES))
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
@@ -63,8 +65,7 @@ def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[st
         "files": {WEIGHTS: sha256_file(out / WEIGHTS), TOKENIZER: sha256_file(out / TOKENIZER)},
         **(card or {}),
     }
-    write_json_atomic(out / CARD, full)
-    return out / CARD
+    return write_card(out, full)
 
 
 def is_seq2seq_export(model_dir: str | Path) -> bool:

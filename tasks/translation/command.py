@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", choices=("val", "test"), help="translate the split's sources of the run's corpus and print "
                    "chrF and BLEU against its references (sacrebleu)")  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
+    p.add_argument("--data", metavar="FILE", help="--eval of an export trained on a TSV of your own: that file (its card "
+                   "names it and holds its hash; default: the name in the current folder)")  # fmt: skip
     p.add_argument("--device", default="cpu", metavar="DEVICE", help="auto, cpu (default), cuda or cuda:N")
     p.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                    help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (the same "
@@ -77,7 +79,16 @@ def run(args: argparse.Namespace) -> int:
         print(spell(hyp.tokens, words).decode("utf-8", errors="replace").replace("\n", "\\n"))
     if args.eval is None:
         return 0
-    corpus = prepare_pairs(record["data"], cache, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
+    if args.data is not None and args.eval is None:
+        raise UserError("--data: the corpus file of --eval; give --eval val|test")
+    data = args.data if args.data is not None and record["data"] else record["data"]
+    if args.data is not None and not record["data"]:
+        raise UserError(f"--data {args.data}: the model was trained on the built-in gettext corpus ({record['lang'] or 'de'}), "
+                        "not on a file")
+    if data and not Path(data).is_file():
+        raise UserError(f"--eval: the corpus file {data} (named in the card, hash {str(record['corpus_hash'])[:16]}) is not "
+                        "found; give its path with --data FILE")
+    corpus = prepare_pairs(data, cache, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], args.model)
     if words.kind == "bpe":  # the pairs read at the model's joint vocabulary (the run's cache; trained again if gone)
         from search_spaces.space import TokenizerSpec

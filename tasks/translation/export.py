@@ -4,6 +4,7 @@ The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The c
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
 ONNX: the encoder and the decoder step (parity-checked; each carries :func:`supernet.export.onnx_metadata`).
+The card names the supernet and the corpus by name and digest (no path of this machine).
 ``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--timing-target TARGET
 [--budget T]`` times the exported model on that workload with the measurement protocol (on ``onnxruntime`` the same
 two graphs, exported by the device).
@@ -15,6 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .workflows import corpus_record
+
+
+def portable_corpus(record: dict) -> dict:
+    """A run's corpus record as a card keeps it: a file of the user's by its name (``nas translate --eval --data FILE``
+    finds it again, its hash checked), not its path on this machine."""
+    data = record.get("data")
+    return {**record, "data": Path(data).name if data else None}
 
 
 def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
@@ -38,7 +46,12 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
         raise UserError(f"{out / DECODER}: ONNX Runtime differs from torch by {worst:.3g} (max abs, fp32; encoder "
                         f"{parity['encoder']:.3g}, decoder step {parity['decoder_step']:.3g}), over the {PARITY_TOL:g} "
                         "limit; the ONNX graphs were not kept")  # fmt: skip
-    record = {"opset": opset, "encoder": ENCODER, "decoder_step": DECODER, "parity_max_abs": parity, "notes": notes}
+    record = {"opset": opset, "encoder": ENCODER, "decoder_step": DECODER, "parity_max_abs": parity, "notes": notes,
+              "inputs": {"encoder": ["input_ids"],
+                         "decoder_step": ["input_ids", "position", "past_key_values.{i}.decoder.*",
+                                          "past_key_values.{i}.encoder.*", "encoder_attention_mask.{i}"]},
+              "outputs": {"encoder": ["present.{i}.encoder.*", "encoder_attention_mask.{i}"],
+                          "decoder_step": ["logits", "present.{i}.decoder.*"]}}  # fmt: skip
     update_card(out, files=[ENCODER, DECODER], onnx=record)
     return record
 
@@ -48,6 +61,7 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     cross-entropy per target byte on the batches training evaluated on), the two ONNX graphs (parity-checked)."""
     from latency.measure import measure_model, predicted_line
     from supernet.export import Exported
+    from supernet.files import named_digest
     from search_spaces import UserError
 
     from .artifact import save_seq2seq_model
@@ -75,10 +89,10 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     batches = eval_batches(corpus.val, config["batch_size"], space.max_seq_len, config["eval_batches"], config["seed"])
     ce = heldout_ce(static, None, corpus.val, batches)
     card = {
-        "corpus": record,
+        "corpus": portable_corpus(record),
         "validation": {"ce_per_target_byte": ce, "unit": "nats per target byte (EOS included)",
                        "pairs": int(sum(len(b) for b in batches))},  # fmt: skip
-        "supernet": {"checkpoint": str(path.resolve()), "step": meta.get("step")},
+        "source": {"supernet": named_digest(path), "step": meta.get("step"), "space_hash": space.hash},
         "latency": predicted,
         "not_yet": "model.pt2",
     }
