@@ -2,7 +2,8 @@
 
 Everything is a pure function of (space, subnet, workload).  ``B`` batch, ``T`` sequence
 length, ``E`` embedding width, ``A = heads * head_dim`` attention width, ``F`` FFN width,
-``V`` vocabulary.  FLOPs count a multiply-add as 2.  The token mixing of a layer is its
+``V`` vocabulary (the subnet's, where the space searches it: the output projection costs ``E x V`` per token).
+FLOPs count a multiply-add as 2.  The token mixing of a layer is its
 attention type's own count (``AttentionType.prefill_flops`` / ``decode_flops``: the pairs its
 pattern keeps, a linear-attention state, a convolution, ...), and the bytes a decode step reads
 are the type's decoding state at that context (``supernet.attention.state_bytes``).
@@ -14,29 +15,23 @@ bytes it reads.
 
 from __future__ import annotations
 
-from functools import lru_cache
 
 import numpy as np
 
+from supernet.shapes import params as shape_params
 from search_spaces import Space, Subnet, Workload
 from search_spaces.attention import parse_attention
 from supernet.attention import get, state_bytes
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: Space):
-    """A supernet on the meta device: shapes only, no memory; it counts parameters exactly."""
-    import torch
-
-    from supernet import SuperTransformer
-
-    with torch.device("meta"):
-        return SuperTransformer(space)
-
-
 def params(space: Space, subnet: Subnet) -> int:
-    """Parameters of the static model (``SuperTransformer.num_params``, the one count)."""
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static model (the supernet's ``num_params`` on the meta device, the one count)."""
+    return shape_params(space, subnet)
+
+
+def vocab_rows(space: Space, subnet: Subnet) -> int:
+    """The vocabulary ``subnet`` reads (its embedding and output rows): its gene in a space that searches it."""
+    return space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
 
 
 def layer_cache_bytes(attention: str, context: int, heads: int, hd: int, batch: int = 1) -> int:
@@ -73,7 +68,7 @@ def projection_flops(attention: str, tokens: int, embed_dim: int, heads: int, hd
 def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     """Forward FLOPs at ``workload``: batch x seq tokens (prefill), or batch x 1 new token at its context (decode)."""
     b, t, e, hd = workload.batch_size, workload.tokens, subnet.embed_dim, space.head_dim
-    total = 2.0 * b * t * e * space.vocab_size  # tied LM head
+    total = 2.0 * b * t * e * vocab_rows(space, subnet)  # tied LM head: the subnet's vocabulary
     for layer in subnet.layers:
         total += projection_flops(layer.attention, b * t, e, layer.heads, hd) + 2.0 * b * t * 2 * e * layer.ffn_dim  # MLP
         total += mixing_flops(layer.attention, workload, layer.heads, hd, space.causal)
@@ -86,7 +81,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
     Each column multiplies a learned non-negative cost (ms per unit), so the prediction is
     constant + sum over layers of per-layer cost; a depth never seen is just more terms.
     """
-    bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, space.vocab_size, space.head_dim
+    bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, vocab_rows(space, subnet), space.head_dim
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * v)}
     for kind in space.attention:
         out[f"layer[{kind}]:count"] = 0.0
@@ -109,6 +104,56 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
             out["layer:cache"] += (
                 layer_cache_bytes(layer.attention, workload.context, layer.heads, hd, workload.batch_size) / 2**20
             )
+    return out
+
+
+def layer_terms(attention: str, workload: Workload, embed_dim: int, heads: int, hd: int, ffn_dim: int,
+                causal: bool = True) -> dict[str, float]:
+    """One layer's cost terms for the layer-composed predictor (:mod:`latency.predictors.layered`), each a physical
+    count whose cost per unit the predictor fits: ``layer:*`` terms cost alike whatever the layer's attention type
+    (the projections' and the MLP's FLOPs, the norms' and the activation's elements), ``type[KIND]:*`` terms cost per
+    type: a per-layer overhead (``count``: launches, dispatch), the q/k/v elements the type reads (``qkv``: ``T * A``),
+    its token mixing as its own cost model counts it (``mix``: ``AttentionType.mixing_flops``: ``~T^2 * A`` for a
+    quadratic type, ``~T * w * A`` for a window of ``w``, ``~T * A * hd`` for a linear one) and, decoding, the bytes of
+    state its step reads (``cache``)."""
+    bt, a = workload.batch_size * workload.tokens, heads * hd
+    out = {
+        "layer:norm": float(bt * embed_dim),  # layer norms, residual adds
+        "layer:proj": projection_flops(attention, bt, embed_dim, heads, hd),  # q, k, v, o (k and v with the type's heads)
+        "layer:mlp": 4.0 * bt * embed_dim * ffn_dim,  # fc1, fc2
+        "layer:act": float(bt * ffn_dim),  # the activation, the biases
+        f"type[{attention}]:count": 1.0,
+        f"type[{attention}]:qkv": float(bt * a),
+        f"type[{attention}]:mix": mixing_flops(attention, workload, heads, hd, causal),
+    }
+    if workload.kind == "decode":
+        out[f"type[{attention}]:cache"] = float(layer_cache_bytes(attention, workload.context, heads, hd, workload.batch_size))
+    return out
+
+
+def type_columns(kinds, decode: bool = False) -> dict[str, float]:
+    """Every ``layer:*`` and ``type[KIND]:*`` column of :func:`layer_terms` for the attention types ``kinds``, at 0."""
+    out = dict.fromkeys(("layer:norm", "layer:proj", "layer:mlp", "layer:act"), 0.0)
+    for kind in kinds:
+        out.update(dict.fromkeys([f"type[{kind}]:{t}" for t in ("count", "qkv", "mix", *(("cache",) if decode else ()))], 0.0))
+    return out
+
+
+def add_terms(total: dict[str, float], terms: dict[str, float]) -> dict[str, float]:
+    """``total`` with each of ``terms`` added to its column (in place; returned)."""
+    for k, v in terms.items():
+        total[k] += v
+    return total
+
+
+def layered_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str, float]:
+    """The layer-composed predictor's columns of a one-stack subnet: the model's own terms (``model:*``: the embedding's
+    and the head's) and, summed along the stack, each layer's :func:`layer_terms`."""
+    bt, e = workload.batch_size * workload.tokens, subnet.embed_dim
+    out = {"model:embed": float(bt * e), "model:head": float(bt * e * space.vocab_size),
+           **type_columns(space.attention, workload.kind == "decode")}
+    for layer in subnet.layers:
+        add_terms(out, layer_terms(layer.attention, workload, e, layer.heads, space.head_dim, layer.ffn_dim, space.causal))
     return out
 
 
@@ -137,11 +182,17 @@ def matrix(rows: list[dict[str, float]]) -> tuple[np.ndarray, list[str]]:
 
 
 def stack_matrix(kind: str, space: Space, workload: Workload, subnets) -> tuple[np.ndarray, list[str]]:
-    """What a predictor of kind ``kind`` reads of one-stack subnets: the additive terms for ``additive``; the
-    encoding and the summaries otherwise."""
+    """What a predictor of kind ``kind`` reads of one-stack subnets: the additive terms for ``additive``, the layer-composed
+    terms for ``layered``; the encoding and the summaries otherwise (a ``transfer``'s view: those, then the layered terms
+    as ``cost:*`` columns, last, so that the columns of a view saved before them keep their places)."""
     if kind == "additive":
         rows = [additive_terms(space, s, workload) for s in subnets]
+    elif kind == "layered":
+        rows = [layered_terms(space, s, workload) for s in subnets]
     else:
         rows = [{**dict(zip(space.feature_names(), space.encode(s).tolist())), **summary_features(space, s, workload)}
                 for s in subnets]
+        if kind == "transfer":
+            rows = [{**r, **{f"cost:{k}": v for k, v in layered_terms(space, s, workload).items()}}
+                    for r, s in zip(rows, subnets)]
     return matrix(rows)

@@ -13,23 +13,35 @@ from typing import Any, Callable
 import numpy as np
 
 from search_spaces import Subnet, Workload
+from supernet.files import sha256_file
 from supernet.model import Transformer
 from supernet.onnx_decode import decode_feed
 from supernet.onnx_export import onnx_session
 
+from .device import INFORMATIONAL
 from .protocol import measure
 from .report import latency_error_pct
 from .timing_core import prefill_tokens
 
 
+def predictor_source(source: str | Path) -> dict[str, Any]:
+    """Which predictor, as a card says it without this machine's paths: its folder's name and the sha256 of its
+    ``predictor.json`` (what it is, wherever it lies)."""
+    path = Path(source)
+    folder = path if path.is_dir() else path.parent
+    doc = folder / "predictor.json"
+    return {"name": folder.resolve().name, "sha256": sha256_file(doc) if doc.is_file() else None}
+
+
 def predicted_latency(predictor, space, subnet: Subnet, source: str) -> dict[str, Any]:
-    """The predictor's estimate for ``subnet`` and where it holds (workload, device)."""
+    """The predictor's estimate for ``subnet`` and where it holds (workload, device); ``source``: the predictor's folder
+    (recorded by name and digest, :func:`predictor_source`)."""
     predictor.check_space(space)
     w = predictor.workload_spec
     fp = predictor.fingerprint or {}
     return {
         "predicted_ms": float(predictor.predict([subnet])[0]),
-        "predictor": source,
+        "predictor": predictor_source(source),
         "model": predictor.name,
         "workload": w.record(),
         "device": {k: fp[k] for k in ("device", "runtime", "threads", "clock", "cpu_model", "onnxruntime", "torch") if k in fp},
@@ -75,6 +87,12 @@ class _FileDevice:
                                         prefill_tokens(model.config.vocab_size, workload.batch_size, workload.seq_len))
 
 
+def card_fingerprint(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """A device fingerprint as a model card keeps it: what makes a timing comparable (CPU, runtime, threads,
+    versions), not the informational host name, date or command line (a card travels with the model)."""
+    return {k: v for k, v in fingerprint.items() if k not in INFORMATIONAL}
+
+
 def on_files(device, onnx_path: Path | None) -> bool:
     """Whether :func:`measure_model` times the exported files (ONNX Runtime's CPU provider, given a file) rather than
     the static model: a decode workload then needs the step graph beside the model."""
@@ -114,7 +132,7 @@ def measure_model(
         device, {"model": model.eval()}, workload, settings, seed=seed, baseline_ms=baseline_ms, progress=progress
     ).results["model"]
     entry: dict[str, Any] = {
-        "device": device.fingerprint(),
+        "device": card_fingerprint(device.fingerprint()),
         "timed": timed,
         "workload": workload.record(),
         "settings": settings.to_dict(),

@@ -6,8 +6,8 @@ kept.  A session writes random weights into that layout in a temporary folder, o
 and deletes the folder.  Graphs are a few hundred KB instead of up to ~340 MB, so hundreds fit in
 a cache and in the ARM bundle.  (Sessions: :func:`latency.timing_core.ort_session`.)  Graphs are
 stitched from shape-generic parts, exported once per attention type (see below): the prefill
-graph ``tokens -> logits`` (:func:`cached_graph`) and the decode-step graph (:func:`cached_decode_graph`,
-the inputs and outputs of :mod:`supernet.onnx_decode`).
+graph ``input_ids -> logits`` (:func:`cached_graph`) and the decode-step graph (:func:`cached_decode_graph`,
+the inputs and outputs of :mod:`supernet.onnx_decode`'s one-token step).
 
 Cache: ``$NAS_CACHE`` or ``~/.cache/nas-transformers``, under ``onnx/torch-<version>-opset<N>-format<F>/``:
 ``generic/<key hash>.onnx`` per part (+ ``.json``: what it is), and per model shape one
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from supernet.onnx_export import INPUT_IDS
+
 ALIGN = 4096
 
 
@@ -41,7 +43,8 @@ def config_key(config) -> str:
 # Bump when what a cached graph holds changes (names, inputs, layout): older entries are then not reused.
 # 2: prefill and decode graphs stitched from generic parts, weights named as in the state dict.
 # 3: parts keyed by head count where not generic in it (one block function; types with weights of their own).
-GRAPH_FORMAT = 3
+# 4: the field's input names: input_ids (was tokens / token), past_key_values.{i}.key / .value for growing caches.
+GRAPH_FORMAT = 4
 
 
 def graph_dir() -> Path:
@@ -252,7 +255,7 @@ def _parts(model) -> list[dict]:
     """
     learned = model.config.positions == "learned"
     embed = ["tok_emb.weight"] + (["pos_emb.weight"] if learned else [])
-    out = [{"key": {**_shared(model), "part": "embed"}, "bind": {"x": "tokens", **_weights(embed), "y": "h0"}}]
+    out = [{"key": {**_shared(model), "part": "embed"}, "bind": {"x": INPUT_IDS, **_weights(embed), "y": "h0"}}]
     for i in range(len(model.blocks)):
         weights = _weights([f"blocks.{i}.{n}" for n in _block_names(model, i)])
         out.append({"key": _block_key(model, i, "block"), "bind": {"x": f"h{i}", **weights, "y": f"h{i + 1}"}})
@@ -496,7 +499,7 @@ def _stitched(model, directory: Path, name: str, parts: list[dict], outputs: lis
 
 
 def cached_graph(model, directory: Path | None = None) -> tuple[Path, list[dict]]:
-    """The weight-stripped graph ``tokens -> logits`` of ``model`` and its weight layout, exporting missing generic parts.
+    """The weight-stripped graph ``input_ids -> logits`` of ``model`` and its weight layout, exporting missing generic parts.
 
     ``model`` may live on the meta device: only its configuration and weight shapes are read.
     """
@@ -524,27 +527,30 @@ def with_weights(graph: Path, tensors: list[dict], model, directory: Path) -> Pa
 
 def _decode_parts(model) -> list[dict]:
     """The parts of ``model``'s decode-step graph (:func:`_parts` for the prefill graph): the step embedding,
-    one decode block per layer (its state ``past.{i}.*`` in, ``present.{i}.*`` out), the head."""
+    one decode block per layer (its state in, :func:`supernet.onnx_decode.state_name`; ``present.*`` out), the head."""
+    from supernet.onnx_decode import POSITION, present_of, state_name
+
     rope = model.config.positions == "rope"
     embed = ["tok_emb.weight"] + ([] if rope else ["pos_emb.weight"])
     angles = {"rope_cos": "rope.cos", "rope_sin": "rope.sin"} if rope else {}
     out = [
         {
             "key": {**_shared(model), "part": "decode-embed"},
-            "bind": {"token": "token", "position": "position", **_weights(embed), "y": "h0", **angles},
+            "bind": {"token": INPUT_IDS, "position": POSITION, **_weights(embed), "y": "h0", **angles},
         }
     ]
     for i, block in enumerate(model.blocks):
-        names = list(block.attn.typ.state(block.attn.spec, block.attn.heads, model.config.head_dim))
+        states = block.attn.typ.state(block.attn.spec, block.attn.heads, model.config.head_dim)
+        names = [state_name(i, n, s.grows) for n, s in states.items()]
         bind = {
             "x": f"h{i}",
-            "position": "position",
+            "position": POSITION,
             **angles,
             **_weights([f"blocks.{i}.{n}" for n in _block_names(model, i)]),
             "y": f"h{i + 1}",
         }
-        bind.update({f"s{j}": f"past.{i}.{n}" for j, n in enumerate(names)})
-        bind.update({f"n{j}": f"present.{i}.{n}" for j, n in enumerate(names)})
+        bind.update({f"s{j}": n for j, n in enumerate(names)})
+        bind.update({f"n{j}": present_of(n) for j, n in enumerate(names)})
         out.append({"key": _block_key(model, i, "decode-block"), "bind": bind})
     return out + [_head(model, f"h{len(model.blocks)}")]
 
@@ -552,9 +558,9 @@ def _decode_parts(model) -> list[dict]:
 def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, list[dict], dict]:
     """The weight-stripped decode-step graph of ``model``, its weight layout and its input layout.
 
-    The graph has the inputs, outputs and metadata of :func:`supernet.onnx_decode.export_decode_onnx`
-    (so ``decode_feed`` and ``onnx_generate`` run it), and is stitched from generic parts like the
-    prefill graph: one export per attention type, not per model.  ``model`` may live on the meta device.
+    The graph has the inputs, outputs and metadata of :func:`supernet.onnx_decode.export_decode_onnx`'s one-token
+    step (``cached=False``: so ``decode_feed`` and ``onnx_generate`` run it), and is stitched from generic parts like
+    the prefill graph: one export per attention type, not per model.  ``model`` may live on the meta device.
     """
     from supernet.onnx_decode import META_KEY, input_layout, output_names
 
@@ -562,7 +568,7 @@ def cached_decode_graph(model, directory: Path | None = None) -> tuple[Path, lis
     name = "step-" + config_key(model.config)
     graph, layout = directory / f"{name}.onnx", directory / f"{name}.json"
     if not (graph.exists() and layout.exists()):
-        inputs = input_layout(model)
+        inputs = input_layout(model, cached=False)
         dims = {n: s["shape"] for n, s in inputs.items()}
         stitched, tensors = _stitched(model, directory, name, _decode_parts(model), output_names(inputs), dims)
         stitched.metadata_props.add(key=META_KEY, value=json.dumps(inputs))
@@ -582,18 +588,17 @@ def _cached_part(directory: Path, key: dict) -> Path:
 
 
 def _save(directory: Path, name: str, model, layout: dict) -> None:
-    import onnx
+    from supernet.files import atomic_stream
 
-    tmp = directory / f".{name}.onnx.tmp"
-    onnx.save(model, str(tmp))
-    os.replace(tmp, directory / f"{name}.onnx")
+    with atomic_stream(directory / f"{name}.onnx") as f:  # a new temporary file of a unique name, gone on failure
+        f.write(model.SerializeToString())  # (onnx.save's own file handling wants a path; the graph holds no weights)
     write_json(directory / f"{name}.json", layout)
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(path, json.dumps(data, default=str))
 
 
 def folder_once(folder: Path, build) -> dict:

@@ -23,7 +23,7 @@ from search_spaces import Subnet
 from supernet.elastic import extract
 from supernet.heldout import IGNORE, StaticAsSupernet
 from supernet.onnx_decode import onnx_decode_logits
-from supernet.onnx_export import onnx_session
+from supernet.onnx_export import INPUT_IDS, onnx_session
 from supernet.scoring import InheritedLoss
 
 from .onnx_graphs import cached_graph, with_weights
@@ -33,13 +33,13 @@ LN2 = float(np.log(2.0))
 
 
 def ort_window_bits(session, x: np.ndarray, y: np.ndarray, batch_size: int = 16) -> np.ndarray:
-    """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``tokens -> logits``, in batches of
+    """Mean bits per scored token of each window (W,) from an ONNX Runtime session ``input_ids -> logits``, in batches of
     ``batch_size`` windows in order (:meth:`supernet.heldout.HeldOut.window_bits`'s batches); targets equal to
     ``supernet.heldout.IGNORE`` (the positions a task does not score: a masked LM's unmasked ones) are not scored."""
 
     out = []
     for i in range(0, len(x), batch_size):
-        logits = session.run(None, {"tokens": x[i : i + batch_size].astype(np.int64)})[0].astype(np.float64)  # (B, T, V)
+        logits = session.run(None, {INPUT_IDS: x[i : i + batch_size].astype(np.int64)})[0].astype(np.float64)  # (B, T, V)
         m = logits.max(-1, keepdims=True)
         logz = (m + np.log(np.exp(logits - m).sum(-1, keepdims=True)))[..., 0]  # (B, T)
         yb = y[i : i + batch_size]  # (B, T)
@@ -60,7 +60,7 @@ def onnx_bits(path: str | Path, fitness, threads: int | None = 1) -> float:
 def quantize_export(src: str | Path, dst: str | Path, precision: str, fitness):
     """``src`` (fp32 ONNX) quantized to ``dst`` with the fitness's calibration windows and per-layer rule."""
 
-    feeds = [{"tokens": t.cpu().numpy()} for t in fitness.calibration]
+    feeds = [{INPUT_IDS: t.cpu().numpy()} for t in fitness.calibration]
     return quantize_model(src, dst, precision, feeds, max_error=fitness.max_error)
 
 
@@ -156,7 +156,7 @@ def quantize_step(step_path: Path, precision: str, tokens: np.ndarray, seq_len: 
     windows = calibration_feeds(tokens, seq_len, CALIBRATION_WINDOWS, seed=1, where=where)
     recording = _Recording(onnx_session(step_path, threads=1))
     for w in windows:
-        onnx_decode_logits(recording, w["tokens"])
+        onnx_decode_logits(recording, w[INPUT_IDS])
     feeds = recording.feeds[::every]
     path = Path(step_path).with_name(f"step.{precision}.onnx")
     report = quantize_model(step_path, path, precision, feeds, max_error=MAX_ERROR)

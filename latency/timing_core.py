@@ -68,6 +68,8 @@ def check_clock(clock: str, threads: object) -> None:
 
 Progress = Callable[[int, int, str], None]
 
+# The graphs' input names (``supernet.onnx_export``, ``supernet.onnx_decode``), written out: a board runs this file alone
+INPUT_IDS, POSITION, PIXEL_VALUES = "input_ids", "position", "pixel_values"
 REFERENCE = "<reference>"
 FLAG_INTERFERENCE = "interference"  # a visit stayed disturbed after every retry
 FLAG_NOISY = "noisy"  # IQR wider than the tolerance around the median
@@ -442,12 +444,34 @@ def sidecar_path(csv_path: str) -> str:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Write ``data`` to ``path`` whole or not at all (beside it, fsync, rename; the temporary file goes on failure)."""
-    tmp = path + ".tmp"
+    """Write ``data`` to ``path`` whole or not at all (:func:`write_atomic`)."""
+    write_atomic(path, lambda f: f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode()))
+
+
+def _umask() -> int:
+    """The process's umask, read from /proc where there is one (setting it to read it races other threads)."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str, write) -> None:
+    """``write(f)`` into a new temporary file beside ``path`` (a unique name, created with ``O_EXCL``: a file or link
+    planted there is never opened), fsync, rename over ``path``; the temporary file goes on any failure (Ctrl-C, a
+    full disk).  (This module runs on the board too, without the rest of the package: hence not supernet.files.)"""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open() would give it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -509,33 +533,41 @@ def decode_inputs(layout: dict, batch_size: int, context: int, seed: int = 0) ->
     """ONNX Runtime inputs for timing one decode step at ``context`` tokens seen, from a step graph's input
     layout (``supernet.onnx_decode.input_layout``: name -> shape with "batch" / "past" axes, dtype).
 
-    The token is random, the position is ``context``, states are N(0, 1) (linear normalisers ``z``
-    positive); growing caches hold ``context`` entries.  Here (not in supernet) so that a board, which
-    has no torch, builds the very inputs the host does.
+    The token (``input_ids``, one per sequence) is random, the ``position`` is ``context``, states are N(0, 1)
+    (normalisers positive); growing caches (``past_key_values.*``) hold ``context`` entries.  Here (not in
+    supernet) so that a board, which has no torch, builds the very inputs the host does.
     """
     rng = np.random.default_rng(seed)
     feed = {}
     for name, spec in layout.items():
-        shape = [{"batch": batch_size, "past": context}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
-        if name == "token":
+        shape = [{"batch": batch_size, "past": context, "sequence": 1}.get(d, d) if isinstance(d, str) else d
+                 for d in spec["shape"]]  # fmt: skip
+        if name == INPUT_IDS:
             feed[name] = rng.integers(0, spec.get("vocab_size", 2), size=shape, dtype=np.int64)
-        elif name == "position":
+        elif name == POSITION:
             feed[name] = np.full(shape, context, dtype=np.int64)
         else:
             r = rng.standard_normal(shape, dtype=np.float32)
-            feed[name] = (np.abs(r) + 1.0 if name.endswith(".z") else r).astype(spec["dtype"])
+            feed[name] = (np.abs(r) + 1.0 if spec.get("positive", name.endswith(".z")) else r).astype(spec["dtype"])
     return feed
 
 
 def prefill_tokens(vocab_size: int, batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
-    """The ``tokens`` input of a prefill timing: seeded, the same for every model, on host and board alike."""
-    return {"tokens": np.random.default_rng(0).integers(0, vocab_size, (batch_size, seq_len), dtype=np.int64)}
+    """The ``input_ids`` of a prefill timing: seeded, the same for every model, on host and board alike."""
+    return {INPUT_IDS: np.random.default_rng(0).integers(0, vocab_size, (batch_size, seq_len), dtype=np.int64)}
 
 
 def image_feed(batch_size: int, shape, seed: int = 0) -> dict[str, np.ndarray]:
-    """The ``images`` input of an image timing: ``batch_size`` seeded images of ``shape`` (C, H, W), float32 in [0, 1],
+    """The ``pixel_values`` of an image timing: ``batch_size`` seeded images of ``shape`` (C, H, W), float32 in [0, 1],
     the same for every model, on host and board alike."""
-    return {"images": np.random.default_rng(seed).random((batch_size, *shape), dtype=np.float32)}
+    return {PIXEL_VALUES: np.random.default_rng(seed).random((batch_size, *shape), dtype=np.float32)}
+
+
+def past_of(present: str) -> str:
+    """The step graph's input that takes back its output ``present`` (``present.0.key`` -> ``past_key_values.0.key``,
+    ``present.0.s`` -> ``past.0.s``): :func:`supernet.onnx_decode.past_of`, written again for the board."""
+    rest = present.split(".", 1)[1]
+    return ("past_key_values." if rest.endswith((".key", ".value")) else "past.") + rest
 
 
 def ort_runner(session, feed: dict, clock: str) -> Runner:
@@ -624,15 +656,22 @@ def _alive(pid: int) -> bool:
 
 def translate_start(layout: dict, batch: int) -> dict:
     """The decoder step's first inputs at ``batch`` rows (a step graph's input layout, ``tasks.translation.onnx``):
-    empty caches, zero states, the start token (BOS) at position 0; the cross inputs still to add."""
+    empty caches, zero states, the start token (BOS) at position 0; the encoder's keys, values and masks still to add."""
     feed = {}
     for name, spec in layout.items():
-        if name.startswith("past."):
+        if name.startswith(("past.", "past_key_values.")) and ".encoder." not in name:
             shape = [{"batch": batch, "past": 0}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
             feed[name] = np.zeros(shape, dtype=spec["dtype"])
-    feed["token"] = np.full((batch, 1), layout["token"].get("start", 0), dtype=np.int64)
-    feed["position"] = np.zeros(1, dtype=np.int64)
+    feed[INPUT_IDS] = np.full((batch, 1), layout[INPUT_IDS].get("start", 0), dtype=np.int64)
+    feed[POSITION] = np.zeros(1, dtype=np.int64)
     return feed
+
+
+def encoder_feed(names: list[str], outputs: list, rows: int) -> dict:
+    """The encoder graph's outputs as the decoder step's inputs, repeated to ``rows``: ``present.{i}.encoder.key`` ->
+    ``past_key_values.{i}.encoder.key`` (optimum's names), ``encoder_attention_mask.{i}`` as it is."""
+    return {(past_of(n) if n.startswith("present.") else n): (np.repeat(a, rows, axis=0) if a.shape[0] != rows else a)
+            for n, a in zip(names, outputs)}  # fmt: skip
 
 
 def translate_ort_runner(encoder, step, layout: dict, source: int, steps: int, beam: int, clock: str, seed: int = 0) -> Runner:
@@ -644,16 +683,16 @@ def translate_ort_runner(encoder, step, layout: dict, source: int, steps: int, b
     src = np.random.default_rng(seed).integers(0, 256, (1, source), dtype=np.int64)  # (1, S)
     cross_names = [o.name for o in encoder.get_outputs()]
     outputs = [o.name for o in step.get_outputs()]
-    states = [(j, name.replace("present.", "past.", 1)) for j, name in enumerate(outputs) if j]
+    states = [(j, past_of(name)) for j, name in enumerate(outputs) if j]
     start, order = translate_start(layout, beam), np.arange(beam)
 
     def once() -> None:
         feed = dict(start)
-        feed.update({n: np.repeat(a, beam, axis=0) for n, a in zip(cross_names, encoder.run(cross_names, {"source": src}))})
+        feed.update(encoder_feed(cross_names, encoder.run(cross_names, {INPUT_IDS: src}), beam))
         for t in range(steps):
-            feed["position"] = np.array([t], dtype=np.int64)
+            feed[POSITION] = np.array([t], dtype=np.int64)
             outs = step.run(outputs, feed)
-            feed["token"] = outs[0][:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
+            feed[INPUT_IDS] = outs[0][:, -1].argmax(-1)[:, None].astype(np.int64)  # (B, 1)
             for j, name in states:
                 feed[name] = outs[j][order]
 

@@ -114,7 +114,7 @@ class OnnxCandidate:
 
         self.session, self.context = session, context
         self.feed = decode_feed(path, args.batch, context, rng)
-        self.cache_mb = sum(a.nbytes for n, a in self.feed.items() if n.startswith("past.")) / 2**20
+        self.cache_mb = sum(a.nbytes for n, a in self.feed.items() if n.startswith("past")) / 2**20
 
     def reset(self) -> None:
         pass

@@ -29,7 +29,7 @@ from search_spaces import UserError, tasks
 
 from .attention import StateSpec
 from .attention.cache import SPARE
-from .model import Prefill, Step, Transformer, check_tokens, embed, lm_head, rope_at
+from .model import Extend, Prefill, Step, Transformer, check_tokens, embed, lm_head, rope_at
 
 
 @dataclass
@@ -162,6 +162,27 @@ def step(
         x, new = blk(x, rope, Step(state, pos, length))
         new_layers.append(new)
     return lm_head(x, (model.ln_f.weight, model.ln_f.bias), model.tok_emb.weight), new_layers  # (B, 1, V)
+
+
+def keeps_kv_cache(model: Transformer) -> bool:
+    """Whether every layer of a causal ``model`` keeps exactly a growing key/value cache (softmax, gqa, the sparse
+    types that reach arbitrarily far back): then :func:`extend` runs it, the cached decoder graph's form."""
+    return model.config.causal and all(b.attn.typ.extends(b.attn.spec) for b in model.blocks)
+
+
+def extend(model: Transformer, idx: Tensor, layers: list[dict[str, Tensor]]) -> tuple[Tensor, list[dict[str, Tensor]]]:
+    """idx (B, S) new tokens after the past held in ``layers`` (per layer ``k``, ``v`` (B, Hkv, P, D), exactly the
+    past): logits (B, S, V) and the caches S entries longer.  The positions are P .. P+S-1, read off the caches'
+    length, so the past may be empty (P = 0: a prompt) and S may be 1 (a decode step).  Functional, for the cached
+    decoder graph (:func:`supernet.onnx_decode.export_decode_onnx`); only for a model that :func:`keeps_kv_cache`."""
+    past = layers[0]["k"].shape[2]
+    positions = past + torch.arange(idx.shape[1], device=idx.device)  # (S,)
+    x, rope = _embed(model, idx, positions)  # (B, S, E)
+    new_layers = []
+    for blk, state in zip(model.blocks, layers):
+        x, new = blk(x, rope, Extend(state, positions))
+        new_layers.append(new)
+    return lm_head(x, (model.ln_f.weight, model.ln_f.bias), model.tok_emb.weight), new_layers  # (B, S, V)
 
 
 def _embed(model: Transformer, idx: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:

@@ -20,9 +20,9 @@ import torch
 from search_spaces import Subnet, UserError, tasks
 from search_spaces.version import __version__
 
-from .artifact import card_space, update_card
+from .artifact import card_space, read_card, update_card
 from .model import Transformer
-from .onnx_decode import export_decode_onnx, onnx_decode_logits
+from .onnx_decode import export_decode_onnx, is_cached, onnx_decode_logits, read_layout
 from .onnx_export import add_metadata, onnx_session
 
 ONNX_FILE = "model.onnx"
@@ -48,6 +48,8 @@ class ExportResult:
     op_counts: dict[str, int] = field(default_factory=dict)
     parity: float | None = None
     program_parity: float | None = None
+    step_path: Path | None = None  # the cached decoder (step.onnx), for a model whose layers all keep a key/value cache
+    step_parity: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -89,11 +91,13 @@ def choose_opset(target_ort: str | None) -> tuple[int, list[str]]:
     raise UserError(f"--target-ort: ONNX Runtime {target_ort} is too old; this tool exports opset >= 18 (ONNX Runtime >= 1.14)")
 
 
-def onnx_metadata(space, subnet) -> dict[str, str]:
+def onnx_metadata(space, subnet, tokenizer: str = "bytes") -> dict[str, str]:
     """The ``nas.*`` entries of the ONNX metadata (``metadata_props``; in ONNX Runtime
     ``session.get_modelmeta().custom_metadata_map``) of every graph an export writes, so that the file describes
     itself without its card: ``nas.task``, ``nas.vocab_size``, ``nas.max_seq_len`` (the longest input the model
-    reads), ``nas.tokenizer`` (``bytes``: UTF-8 bytes are the ids 0-255), ``nas.specials`` (JSON: the task's ids of
+    reads), ``nas.tokenizer`` (``bytes``: UTF-8 bytes are the ids 0-255; ``bpe:SIZE:sha256=HEX``: the byte-level BPE
+    of the folder's ``tokenizer.json`` of that digest, :meth:`supernet.tokenizer.Vocabulary.metadata`), ``nas.specials``
+    (JSON: the task's ids of
     special meaning, :attr:`tasks.base.Task.specials`; ``{}`` for a causal LM), ``nas.subnet`` (the subnet's canonical
     JSON, whose sha256 prefix is its key), ``nas.space_hash`` and ``nas.version`` (this package's).
 
@@ -101,9 +105,9 @@ def onnx_metadata(space, subnet) -> dict[str, str]:
     the card that hashes it; the graph and its card agree through that checksum (add the metadata before it)."""
     return {
         "nas.task": space.task,
-        "nas.vocab_size": str(space.vocab_size),
+        "nas.vocab_size": str(space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size),
         "nas.max_seq_len": str(space.max_seq_len),
-        "nas.tokenizer": "bytes",
+        "nas.tokenizer": tokenizer,
         "nas.specials": json.dumps(tasks.of(space).specials, sort_keys=True),
         "nas.subnet": subnet.to_json(),
         "nas.space_hash": space.hash,
@@ -114,20 +118,27 @@ def onnx_metadata(space, subnet) -> dict[str, str]:
 def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 0, tokens: int = 8) -> tuple[Path, float]:
     """Write ``model``'s decode step graph to ``out/step.onnx`` and check it against torch: (path, max abs).
 
-    The check feeds ``tokens`` seeded tokens through the step graph one at a time and compares the
-    logits with the model's forward pass; over :data:`PARITY_TOL` the file is removed and a
-    :class:`UserError` says so.  The card lists the file (checksum) and the parity; the graph carries
-    :func:`onnx_metadata` (of the space in ``out``'s card) as ``model.onnx`` does.
+    The form is :func:`supernet.onnx_decode.export_decode_onnx`'s default: the cached decoder (optimum's
+    ``past_key_values`` / ``present``) where every layer keeps a key/value cache, else the one-token step.  The
+    check feeds ``tokens`` seeded tokens through the graph (the cached decoder: the first half as a prompt in one
+    call, then one at a time; the step: one at a time) and compares the logits with the model's forward pass; over
+    :data:`PARITY_TOL` the file is removed and a :class:`UserError` says so.  The card lists the file (checksum), its
+    form, inputs and outputs and the parity; the graph carries :func:`onnx_metadata` (of the space in ``out``'s card)
+    as ``model.onnx`` does.
     """
     out = Path(out)
     model = model.eval().cpu()
     path = export_decode_onnx(model, out / STEP_FILE, opset=opset)
-    add_metadata(path, onnx_metadata(card_space(out), model.subnet))  # beside decode_inputs; before the card's sha256
+    card = read_card(out)
+    said = (card.get("tokenizer") or {}).get("metadata", "bytes")
+    add_metadata(path, onnx_metadata(card_space(out, card), model.subnet, said))  # beside decode_inputs; before the card's sha256
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, model.config.vocab_size, (2, min(tokens, model.config.max_seq_len)), generator=g)  # (B, T)
     with torch.no_grad():
         want = model(x).numpy()  # (B, T, V)
-    got = onnx_decode_logits(onnx_session(path, threads=1), x.numpy())  # (B, T, V)
+    session = onnx_session(path, threads=1)
+    layout = read_layout(session)
+    got = onnx_decode_logits(session, x.numpy(), prompt=x.shape[1] // 2 if is_cached(layout) else 0)  # (B, T, V)
     gap = float(np.abs(got - want).max())
     if not gap <= PARITY_TOL:  # also catches NaN
         path.unlink(missing_ok=True)
@@ -135,7 +146,10 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
             f"{path}: the decode step graph differs from torch by {gap:.3g} (max abs, fp32) over {x.shape[1]} tokens, "
             f"over the {PARITY_TOL:g} limit; the step graph was not kept"
         )
-    update_card(out, files=[STEP_FILE], decode_step={"file": STEP_FILE, "opset": opset, "parity_max_abs": gap})
+    record = {"file": STEP_FILE, "opset": opset, "parity_max_abs": gap,
+              "form": "cached decoder" if is_cached(layout) else "one-token step",
+              "inputs": list(layout), "outputs": [o.name for o in session.get_outputs()]}  # fmt: skip
+    update_card(out, files=[STEP_FILE], decode_step=record)
     return path, gap
 
 

@@ -134,6 +134,15 @@ class Step:
     length: int | None
 
 
+@dataclass(frozen=True)
+class Extend:
+    """Run the block on S new tokens at ``positions`` (S,) after the past in ``state``, a growing key/value cache
+    holding exactly the past (a type that ``extends``): the cached decoder graph, functional."""
+
+    state: State
+    positions: Tensor
+
+
 def _heads(x: Tensor, pair: Pair, head_dim: int) -> Tensor:
     """Project x (B, T, E) and split heads: (B, heads, T, head_dim)."""
     b, t, _ = x.shape
@@ -146,14 +155,15 @@ def block(
     spec: AttentionSpec,
     head_dim: int,
     rope: tuple[Tensor, Tensor] | None,
-    cache: Prefill | Step | None = None,
+    cache: Prefill | Step | Extend | None = None,
     causal: bool = True,
 ) -> tuple[Tensor, State | None]:
     """One pre-norm block: x + attn(ln1(x)), then x + mlp(ln2(x)).  x (B, T, E) -> (B, T, E).
 
     ``rope``: cos, sin (T, head_dim/2) at the positions of x (None: learned positions).  ``cache``:
-    None (a forward pass), :class:`Prefill` (a prompt: also returns the layer's decoding state)
-    or :class:`Step` (one token given the state: returns the next state).  ``causal``: the task's
+    None (a forward pass), :class:`Prefill` (a prompt: also returns the layer's decoding state),
+    :class:`Step` (one token given the state: returns the next state) or :class:`Extend` (T new tokens after a
+    key/value cache: returns it T entries longer).  ``causal``: the task's
     attention form (False: an encoder, every token sees every other; no decoding then).
     """
     x, state = attention_sublayer(x, w, spec, head_dim, rope, cache, causal)
@@ -166,7 +176,7 @@ def attention_sublayer(
     spec: AttentionSpec,
     head_dim: int,
     rope: tuple[Tensor, Tensor] | None,
-    cache: Prefill | Step | None = None,
+    cache: Prefill | Step | Extend | None = None,
     causal: bool = True,
 ) -> tuple[Tensor, State | None]:
     """The first half of :func:`block`: x + attn(ln1(x)) (an encoder-decoder's decoder puts its cross-attention
@@ -184,6 +194,8 @@ def attention_sublayer(
     state = None
     if isinstance(cache, Step):
         y, state = typ.step(spec, cache.state, q, k, v, w.mix, cache.position, cache.length)  # (B, H, 1, hd)
+    elif isinstance(cache, Extend):
+        y, state = typ.extend(spec, cache.state, q, k, v, w.mix, cache.positions)  # (B, H, T, hd)
     else:
         y = attend(q, k, v, spec, w.mix, causal)  # (B, H, T, hd)
         if isinstance(cache, Prefill):
@@ -229,12 +241,14 @@ class TransformerConfig:
     embed_dim: int
     layers: tuple[LayerChoice, ...]
     causal: bool = True  # the task's attention form: a causal LM (True) or a masked-LM encoder (False)
+    vocab: int | None = None  # the subnet's vocabulary gene (a space that searches it); vocab_size is then that size
 
     @classmethod
     def from_subnet(cls, space: Space, subnet: Subnet) -> "TransformerConfig":
         space.check(subnet)
-        return cls(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
-                   space.causal)  # fmt: skip
+        vocab = space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
+        return cls(vocab, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
+                   space.causal, subnet.vocab)  # fmt: skip
 
     @property
     def subnet(self) -> Subnet:
@@ -244,6 +258,7 @@ class TransformerConfig:
             tuple(layer.heads for layer in self.layers),
             tuple(layer.ffn_dim for layer in self.layers),
             tuple(layer.attention for layer in self.layers),
+            vocab=self.vocab,
         )
 
 
@@ -306,7 +321,7 @@ class Block(nn.Module):
                             _pair(self.mlp.fc1), _pair(self.mlp.fc2), dict(a.mix))  # fmt: skip
 
     def forward(
-        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | None = None, causal: bool = True
+        self, x: Tensor, rope: tuple[Tensor, Tensor] | None, cache: Prefill | Step | Extend | None = None, causal: bool = True
     ) -> tuple[Tensor, State | None]:
         return block(x, self.weights(), self.attn.spec, self.attn.head_dim, rope, cache, causal)
 

@@ -1,18 +1,25 @@
 """ONNX export of the decode step, and a generation loop on ONNX Runtime.
 
-The step graph is :func:`supernet.decode.step` traced functionally.  Inputs:
+Two forms of the step graph, named as ONNX Runtime's and optimum's users expect (:func:`state_name`):
 
-* ``token`` (batch, 1) int64: the new token of each sequence;
-* ``position`` (1,) int64: its position (the tokens already seen);
-* ``past.{i}.{name}``: layer i's state, as in :class:`~supernet.decode.DecodeCache`:
-  ``k``, ``v`` (batch, Hkv, past, D) for a growing key/value cache (``past`` == position),
-  ``k``, ``v`` (batch, Hkv, span, D) for a rolling window (+ ``gk``, ``gv`` (batch, Hkv, G, D)
-  for longformer), ``s`` (batch, H, F, D) and ``z`` (batch, H, F) fp32 for the linear family.
+* **the cached decoder**, for a causal model whose every layer keeps exactly a growing key/value cache
+  (:func:`supernet.decode.keeps_kv_cache`: softmax, gqa, the sparse types that reach arbitrarily far back):
+  ``input_ids`` (batch, sequence) int64, any number of new tokens, and ``past_key_values.{i}.key``,
+  ``past_key_values.{i}.value`` (batch, Hkv, past, D) -> ``logits`` (batch, sequence, vocab) and
+  ``present.{i}.key``, ``present.{i}.value`` (batch, Hkv, past + sequence, D).  The positions are read off the
+  cache's length, so an empty past (``past`` = 0) runs a prompt and one token runs a decode step: optimum's
+  ``ORTModelForCausalLM`` runs it as it runs a ``text-generation-with-past`` export (:func:`supernet.decode.extend`);
+* **the step** of every other causal model: ``input_ids`` (batch, 1) int64, the new token of each sequence;
+  ``position`` (1,) int64, its position (the tokens already seen); layer i's state, as in
+  :class:`~supernet.decode.DecodeCache`: a growing key/value cache as ``past_key_values.{i}.key`` / ``.value``
+  (batch, Hkv, past, D), any other state as ``past.{i}.{name}``: a rolling window ``k``, ``v`` (batch, Hkv, span,
+  D) (+ ``gk``, ``gv`` (batch, Hkv, G, D) for longformer), ``s`` (batch, H, F, D) and ``z`` (batch, H, F) fp32 for
+  the linear family, ...  Outputs ``logits`` (batch, 1, vocab) and ``present.*``, the states after the token (a
+  growing cache one entry longer), to feed back (:func:`past_of`) at the next step.
 
-Outputs ``logits`` (batch, 1, vocab) and ``present.{i}.{name}``, the states after the token (a
-growing cache one entry longer), to feed back as ``past.*`` at the next step.  Batch and
-``past`` are dynamic.  The graph carries its input layout in its metadata (``decode_inputs``),
-so :func:`decode_feed` and :func:`empty_feed` can build inputs from the graph file alone.
+Batch and ``past`` are dynamic.  The graph carries its input layout in its metadata (``decode_inputs``), so
+:func:`decode_feed` and :func:`empty_feed` can build inputs from the graph file alone.  A graph exported before
+these names (``token``, ``past.0.k``) is refused in one line that says to export again.
 """
 
 from __future__ import annotations
@@ -28,54 +35,107 @@ from torch import Tensor
 
 from search_spaces import UserError, tasks
 
-from .decode import layer_states, step
+from .decode import extend, keeps_kv_cache, layer_states, step
 from .model import Transformer
-from .onnx_export import DEFAULT_OPSET, _quiet, onnx_session
+from .onnx_export import DEFAULT_OPSET, INPUT_IDS, LOGITS, _quiet, check_inputs, onnx_session
 
 META_KEY = "decode_inputs"
+POSITION = "position"
 _NP = {torch.float32: "float32", torch.float16: "float16"}
+_KV = {"k": "key", "v": "value"}
+
+
+# --------------------------------------------------------------------------- names
+
+
+def state_name(i: int, name: str, grows: bool, part: str = "") -> str:
+    """The input that carries layer ``i``'s state ``name``: ``past_key_values.{i}.key`` / ``.value`` for a growing
+    key/value cache (``k`` / ``v``: optimum's names; ``part`` ``"decoder"`` / ``"encoder"`` inserts
+    ``.decoder`` / ``.encoder`` as in its encoder-decoders), ``past.{i}.{name}`` for any other state (a rolling
+    window, a linear type's sums, a convolution's last inputs)."""
+    if grows and name in _KV:
+        return f"past_key_values.{i}.{part + '.' if part else ''}{_KV[name]}"
+    return f"past.{i}.{name}"
+
+
+def is_state(name: str) -> bool:
+    """Whether a step graph's input ``name`` is a state fed back from the step before (:func:`state_name`)."""
+    return name.startswith(("past_key_values.", "past."))
+
+
+def present_of(past: str) -> str:
+    """The output that returns the state of input ``past``: ``present.{i}.key``, ``present.{i}.{name}``."""
+    return "present." + past.split(".", 1)[1]
+
+
+def past_of(present: str) -> str:
+    """The input that takes back the output ``present`` at the next step (the inverse of :func:`present_of`)."""
+    rest = present.split(".", 1)[1]
+    return ("past_key_values." if rest.endswith((".key", ".value")) else "past.") + rest
+
+
+# --------------------------------------------------------------------------- the graph
 
 
 class DecodeStep(nn.Module):
-    """The step as a module of flat tensors: (token, position, *past) -> (logits, *present)."""
+    """The step as a module of flat tensors: (input_ids, position, *past) -> (logits, *present); the cached decoder
+    (``cached``): (input_ids, *past_key_values) -> (logits, *present)."""
 
-    def __init__(self, model: Transformer):
+    def __init__(self, model: Transformer, cached: bool = False):
         super().__init__()
-        self.model = model
+        self.model, self.cached = model, cached
         self.names = [list(states) for states in layer_states(model)]
 
-    def forward(self, token: Tensor, position: Tensor, *past: Tensor) -> tuple[Tensor, ...]:
-        flat = iter(past)
+    def forward(self, input_ids: Tensor, *rest: Tensor) -> tuple[Tensor, ...]:
+        flat = iter(rest if self.cached else rest[1:])
         layers = [{name: next(flat) for name in names} for names in self.names]
-        logits, new = step(self.model, token, position, layers, length=None)
+        if self.cached:
+            logits, new = extend(self.model, input_ids, layers)
+        else:
+            logits, new = step(self.model, input_ids, rest[0], layers, length=None)
         return (logits, *(layer[name] for layer, names in zip(new, self.names) for name in names))
 
 
-def input_layout(model: Transformer) -> dict[str, dict]:
-    """Every input of the step graph: name -> {"shape": [...] with "batch" / "past" for the dynamic axes, "dtype"}."""
+def input_layout(model: Transformer, cached: bool | None = None) -> dict[str, dict]:
+    """Every input of the step graph: name -> {"shape": [...] with "batch" / "sequence" / "past" for the dynamic axes,
+    "dtype"}.  ``cached``: the cached decoder's (None: that form where the model :func:`~supernet.decode.keeps_kv_cache`,
+    what :func:`export_decode_onnx` writes by default)."""
     if model.tok_emb.weight.dtype not in _NP:
         raise UserError(f"decode step graph: weights of dtype {model.tok_emb.weight.dtype}; expected float32 or float16")
+    if cached is None:
+        cached = keeps_kv_cache(model)
+    elif cached and not keeps_kv_cache(model):
+        raise UserError(f"the cached decoder graph needs every layer to keep a key/value cache; {model.subnet} does not")
     dtype = _NP[model.tok_emb.weight.dtype]
-    layout = {"token": {"shape": ["batch", 1], "dtype": "int64"}, "position": {"shape": [1], "dtype": "int64"}}
+    limit = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
+    ids = {"shape": ["batch", "sequence" if cached else 1], "dtype": "int64", "vocab_size": model.config.vocab_size}
+    layout = {INPUT_IDS: ids if not cached else {**ids, "limit": limit}}
+    if not cached:
+        layout[POSITION] = {"shape": [1], "dtype": "int64", "limit": limit}
     for i, states in enumerate(layer_states(model)):
         for name, s in states.items():
-            layout[f"past.{i}.{name}"] = {
+            layout[state_name(i, name, s.grows)] = {
                 "shape": ["batch", *s.shape],
                 "dtype": "float32" if s.fp32 else dtype,
                 "positive": s.positive,
             }
-    layout["token"]["vocab_size"] = model.config.vocab_size
-    layout["position"]["limit"] = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
     return layout
 
 
+def is_cached(layout: dict[str, dict]) -> bool:
+    """Whether a layout is the cached decoder's (several new tokens, positions read off the past: no ``position``)."""
+    return POSITION not in layout
+
+
 def output_names(layout: dict[str, dict]) -> list[str]:
-    """The step graph's outputs for an input layout: ``logits``, then ``present.*`` for each ``past.*`` input, in order."""
-    return ["logits"] + [n.replace("past.", "present.", 1) for n in layout if n.startswith("past.")]
+    """The step graph's outputs for an input layout: ``logits``, then ``present.*`` for each state input, in order."""
+    return [LOGITS] + [present_of(n) for n in layout if is_state(n)]
 
 
-def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
-    """Write the decode step of ``model`` to ``path`` (dynamic batch and past length); return the path."""
+def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OPSET, cached: bool | None = None) -> Path:
+    """Write the decode step of ``model`` to ``path`` (dynamic batch and past length; the cached decoder's sequence
+    too); return the path.  ``cached``: which form (None: the cached decoder where every layer keeps a key/value
+    cache, else the step)."""
     import onnx
 
     if not model.config.causal:
@@ -84,14 +144,15 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     model = model.eval()
-    wrapper = DecodeStep(model).eval()
-    layout = input_layout(model)
-    batch = torch.export.Dim("batch", max=4096)
-    past = torch.export.Dim("past", max=1 << 20)
-    example = _zeros_feed(layout, batch_size=2, past=3, position=3)
+    layout = input_layout(model, cached)
+    cached = is_cached(layout)
+    wrapper = DecodeStep(model, cached).eval()
+    dims = {"batch": torch.export.Dim("batch", max=4096), "past": torch.export.Dim("past", max=1 << 20),
+            "sequence": torch.export.Dim("sequence", max=max(model.config.max_seq_len, 3))}  # fmt: skip
+    example = _zeros_feed(layout, batch_size=2, past=3, position=3, sequence=2)
     dynamic = []
     for spec in layout.values():
-        axes = {axis: {"batch": batch, "past": past}[d] for axis, d in enumerate(spec["shape"]) if isinstance(d, str)}
+        axes = {axis: dims[d] for axis, d in enumerate(spec["shape"]) if isinstance(d, str)}
         dynamic.append(axes or None)
     with _quiet(), torch.no_grad():
         program = torch.onnx.export(
@@ -99,7 +160,7 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
             tuple(torch.from_numpy(a) for a in example.values()),
             dynamo=True,
             opset_version=opset,
-            dynamic_shapes=(dynamic[0], dynamic[1], tuple(dynamic[2:])),  # *past is one varargs entry
+            dynamic_shapes=(dynamic[0], tuple(dynamic[1:])),  # forward(input_ids, *rest): the rest is one varargs entry
             input_names=list(layout),
             output_names=output_names(layout),
             verbose=False,
@@ -112,7 +173,8 @@ def export_decode_onnx(model: Transformer, path: str | Path, *, opset: int = DEF
 
 
 def read_layout(graph) -> dict[str, dict]:
-    """The input layout stored in a step graph (a path or an ``onnxruntime.InferenceSession``)."""
+    """The input layout stored in a step graph (a path or an ``onnxruntime.InferenceSession``); a graph of an older
+    export (``token``, ``past.0.k``) is refused in one line."""
     if isinstance(graph, (str, Path)):
         import onnx
 
@@ -123,19 +185,23 @@ def read_layout(graph) -> dict[str, dict]:
         where = "the ONNX session"
     if META_KEY not in props:
         raise UserError(f"{where}: not a decode-step graph (no {META_KEY!r} metadata); write one with export_decode_onnx")
-    return json.loads(props[META_KEY])
+    layout = json.loads(props[META_KEY])
+    check_inputs(layout, where)
+    return layout
 
 
 def _layout_of(model_or_graph) -> dict[str, dict]:
     return input_layout(model_or_graph) if isinstance(model_or_graph, Transformer) else read_layout(model_or_graph)
 
 
-def _zeros_feed(layout: dict[str, dict], batch_size: int, past: int, position: int) -> dict[str, np.ndarray]:
+def _zeros_feed(layout: dict[str, dict], batch_size: int, past: int, position: int, sequence: int = 1) -> dict[str, np.ndarray]:
+    sizes = {"batch": batch_size, "past": past, "sequence": sequence}
     feed = {}
     for name, spec in layout.items():
-        shape = [{"batch": batch_size, "past": past}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
+        shape = [sizes.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
         feed[name] = np.zeros(shape, dtype=spec["dtype"])
-    feed["position"][:] = position
+    if POSITION in feed:
+        feed[POSITION][:] = position
     return feed
 
 
@@ -158,31 +224,37 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
     if batch_size < 1 or context < 0:
         raise UserError(f"decode_feed: batch_size {batch_size}, context {context}; expected batch >= 1 and context >= 0")
     layout = _layout_of(model_or_graph)
-    limit = layout["position"].get("limit")
+    limit = layout[POSITION if POSITION in layout else INPUT_IDS].get("limit")
     if limit is not None and context >= limit:
         raise UserError(
             f"decode_feed: context {context} is past max_seq_len {limit}: the model has learned positions, which end there"
         )
     feed = _zeros_feed(layout, batch_size, past=context, position=context)
-    feed["token"] = rng.integers(0, layout["token"].get("vocab_size", 2), size=feed["token"].shape, dtype=np.int64)
+    ids = layout[INPUT_IDS]
+    feed[INPUT_IDS] = rng.integers(0, ids.get("vocab_size", 2), size=feed[INPUT_IDS].shape, dtype=np.int64)
     for name, a in feed.items():
-        if name.startswith("past."):
+        if is_state(name):
             r = rng.standard_normal(a.shape, dtype=np.float32)
-            feed[name] = (np.abs(r) + 1.0 if layout[name].get("positive", name.endswith(".z")) else r).astype(
-                a.dtype
-            )  # (graphs before "positive": z)
+            feed[name] = (np.abs(r) + 1.0 if layout[name].get("positive") else r).astype(a.dtype)
     return feed
 
 
-def onnx_decode_logits(session, tokens: np.ndarray, progress: Callable[[int], None] | None = None) -> np.ndarray:
-    """Feed ``tokens`` (B, T) through the step graph one at a time (teacher forcing): logits (B, T, V)."""
+def onnx_decode_logits(session, tokens: np.ndarray, progress: Callable[[int], None] | None = None,
+                       prompt: int = 0) -> np.ndarray:  # fmt: skip
+    """Feed ``tokens`` (B, T) through the step graph one at a time (teacher forcing): logits (B, T, V).  ``prompt``:
+    the cached decoder reads the first ``prompt`` tokens in one call (a prompt), the rest one at a time."""
     feed = empty_feed(session, tokens.shape[0])
-    outs = []
-    for t in range(tokens.shape[1]):
-        logits, feed = _run_step(session, feed, tokens[:, t : t + 1], t)
+    if prompt and not is_cached(read_layout(session)):
+        raise UserError("onnx_decode_logits: a prompt in one call needs the cached decoder graph; this step graph reads "
+                        "one token per call")
+    outs, t = [], 0
+    while t < tokens.shape[1]:
+        n = prompt if t == 0 and prompt else 1
+        logits, feed = _run_step(session, feed, tokens[:, t : t + n], t)
         outs.append(logits)
+        t += n
         if progress is not None:
-            progress(1)
+            progress(n)
     return np.concatenate(outs, axis=1)
 
 
@@ -197,16 +269,21 @@ def onnx_generate(
 ) -> np.ndarray:
     """Continue ``prompt`` (B, T>=1) int64 by ``max_new_tokens`` on ONNX Runtime: the new tokens (B, N).
 
-    The prompt goes through the step graph token by token (no separate prefill graph), then each
-    new token is fed back with the states.  ``temperature == 0`` is greedy; otherwise sample with ``rng``.
+    The cached decoder reads the prompt in one call; the step graph reads it token by token (no separate prefill
+    graph).  Then each new token is fed back with the states.  ``temperature == 0`` is greedy; otherwise sample
+    with ``rng``.
     """
     if prompt.ndim != 2 or prompt.shape[1] < 1:
         raise UserError(f"onnx_generate: prompt of shape {prompt.shape}; expected (batch, at least 1 token)")
     if temperature > 0 and rng is None:
         raise UserError("onnx_generate: sampling (temperature > 0) needs an rng")
-    feed = empty_feed(session, prompt.shape[0])
-    for t in range(prompt.shape[1]):
-        logits, feed = _run_step(session, feed, prompt[:, t : t + 1], t)
+    layout = read_layout(session)
+    feed = _zeros_feed(layout, prompt.shape[0], past=0, position=0)
+    chunks = [prompt] if is_cached(layout) else [prompt[:, t : t + 1] for t in range(prompt.shape[1])]
+    seen = 0
+    for chunk in chunks:
+        logits, feed = _run_step(session, feed, chunk, seen)
+        seen += chunk.shape[1]
     new = []
     for n in range(max_new_tokens):
         last = logits[:, -1].astype(np.float64)  # (B, V)
@@ -224,13 +301,16 @@ def onnx_generate(
     return np.stack(new, axis=1).astype(np.int64)
 
 
-def _run_step(session, feed: dict[str, np.ndarray], token: np.ndarray, position: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    feed["token"] = np.ascontiguousarray(token, dtype=np.int64)
-    feed["position"] = np.array([position], dtype=np.int64)
+def _run_step(session, feed: dict[str, np.ndarray], tokens: np.ndarray,
+              position: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:  # fmt: skip
+    """Run ``tokens`` (B, S) at ``position`` (the tokens already seen; the cached decoder reads it off its caches)."""
+    feed[INPUT_IDS] = np.ascontiguousarray(tokens, dtype=np.int64)
+    if POSITION in feed:
+        feed[POSITION] = np.array([position], dtype=np.int64)
     names = [o.name for o in session.get_outputs()]
     outs = session.run(names, feed)
     for name, value in zip(names[1:], outs[1:]):
-        feed[name.replace("present.", "past.", 1)] = value
+        feed[past_of(name)] = value
     return outs[0], feed
 
 
@@ -240,9 +320,13 @@ __all__ = [
     "empty_feed",
     "export_decode_onnx",
     "input_layout",
+    "is_cached",
     "onnx_decode_logits",
     "onnx_generate",
     "onnx_session",
     "output_names",
+    "past_of",
+    "present_of",
     "read_layout",
+    "state_name",
 ]

@@ -2,8 +2,10 @@
 
 torch's dynamo exporter at opset 23 turns ``scaled_dot_product_attention`` into the
 standard ONNX ``Attention`` op (one fused node per softmax / masked layer) and layer
-norms into ``LayerNormalization``. The exported graph takes ``tokens`` (batch, seq) int64
-and returns ``logits`` (batch, seq, vocab), both axes dynamic.
+norms into ``LayerNormalization``. The exported graph takes ``input_ids`` (batch, sequence) int64
+and returns ``logits`` (batch, sequence, vocab), both axes dynamic: the names ONNX Runtime's and optimum's
+users expect (:data:`INPUT_IDS`, :data:`LOGITS`).  The model reads no ``attention_mask``: it pads nothing
+(a batch is rows of one length).
 
 :func:`add_metadata` writes ONNX model metadata (``metadata_props``, which ONNX Runtime reads as
 ``session.get_modelmeta().custom_metadata_map``) into a file written; :func:`read_metadata` reads it back.
@@ -21,9 +23,25 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from search_spaces import UserError
+
 from .model import Transformer
 
 DEFAULT_OPSET = 23
+INPUT_IDS = "input_ids"  # (batch, sequence) int64: the token ids, as Hugging Face / optimum graphs name them
+LOGITS = "logits"  # (batch, sequence, vocab)
+# Graphs exported by 0.2.0 and before named them "tokens" / "token" ("source", "cross.*" in an encoder-decoder, "images")
+OLD_INPUTS = ("tokens", "token", "source", "images")
+
+
+def check_inputs(names, where: str) -> None:
+    """Refuse, in one line naming ``where``, a graph whose inputs carry the names of an older export (``tokens``,
+    ``past.0.k``, ...): its readers here feed the new names (:data:`INPUT_IDS`, ``past_key_values.{i}.key``)."""
+    names = list(names)
+    if any(n in OLD_INPUTS for n in names):  # every older graph has one of them (a state's name alone does not tell)
+        old = [n for n in names if n in OLD_INPUTS or n.startswith(("past.", "cross."))]
+        raise UserError(f"{where}: exported by an older nas-transformers (inputs {', '.join(old[:3])}; this version reads "
+                        f"{INPUT_IDS}, past_key_values.*): export the model again with `nas export`")
 
 
 def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OPSET) -> Path:
@@ -47,8 +65,8 @@ def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OP
             dynamo=True,
             opset_version=opset,
             dynamic_shapes=({0: batch, 1: seq},),
-            input_names=["tokens"],
-            output_names=["logits"],
+            input_names=[INPUT_IDS],
+            output_names=[LOGITS],
             verbose=False,
             custom_translation_table=ort_ops.translation_table(),  # inside ort_ops.emitting(): the nas.kernels ops
         )
@@ -56,16 +74,43 @@ def export_onnx(model: Transformer, path: str | Path, *, opset: int = DEFAULT_OP
     return path
 
 
+STACK_TRACE = "pkg.torch.onnx.stack_trace"  # the exporter's note of the source line of each node: this machine's paths
+
+
+def drop_stack_traces(model) -> int:
+    """Remove the exporter's ``pkg.torch.onnx.stack_trace`` from every node (subgraphs and functions too): source file
+    paths of the machine that exported it, nothing a runtime reads.  Returns how many were removed."""
+    removed = 0
+
+    def nodes(graph):
+        for node in graph.node:
+            yield node
+            for attr in node.attribute:
+                for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                    yield from nodes(sub)
+
+    for node in [*nodes(model.graph), *(n for f in model.functions for n in f.node)]:
+        kept = [(p.key, p.value) for p in node.metadata_props if p.key != STACK_TRACE]
+        if len(kept) != len(node.metadata_props):
+            removed += len(node.metadata_props) - len(kept)
+            del node.metadata_props[:]
+            for key, value in kept:
+                node.metadata_props.add(key=key, value=value)
+    return removed
+
+
 def add_metadata(path: str | Path, props: dict[str, str]) -> Path:
     """Set ``props`` in the ``metadata_props`` of the ONNX file ``path`` (a key already there is replaced, every other
-    key kept) and rewrite the file whole or not at all.  The weights are not read: an external data file beside
-    the graph (``model.onnx.data``) stays as it is and is still referenced.  Write before any checksum of the file."""
+    key kept), drop the exporter's stack traces (:func:`drop_stack_traces`: paths of this machine) and rewrite the
+    file whole or not at all.  The weights are not read: an external data file beside the graph (``model.onnx.data``)
+    stays as it is and is still referenced.  Write before any checksum of the file."""
     import onnx
 
     from .files import atomic_write
 
     path = Path(path)
     graph = onnx.load(str(path), load_external_data=False)
+    drop_stack_traces(graph)
     kept = [(p.key, p.value) for p in graph.metadata_props if p.key not in props]
     del graph.metadata_props[:]
     for key, value in [*kept, *props.items()]:
@@ -108,7 +153,7 @@ def onnx_session(path: str | Path, threads: int | None = None):
 def onnx_parity(path: str | Path, model: Transformer, tokens: torch.Tensor) -> float:
     """Max abs difference between ONNX Runtime and torch logits on ``tokens``."""
     session = onnx_session(path)
-    out = session.run(None, {"tokens": tokens.numpy().astype(np.int64)})[0]
+    out = session.run(None, {INPUT_IDS: tokens.numpy().astype(np.int64)})[0]
     with torch.no_grad():
         ref = model.eval()(tokens).numpy()
     return float(np.abs(out - ref).max())

@@ -36,7 +36,7 @@ CALIBRATION_WINDOWS = 8  # held-out windows the static ranges (and the per-layer
 
 def calibration_feeds(tokens: np.ndarray, seq_len: int, windows: int = CALIBRATION_WINDOWS, seed: int = 1,
                       where: str = "calibration tokens", batch_size: int = 1) -> list[dict[str, np.ndarray]]:
-    """``windows`` held-out windows of ``seq_len`` tokens (seeded starts) as ``{"tokens": (batch, seq_len)}`` feeds.
+    """``windows`` held-out windows of ``seq_len`` tokens (seeded starts) as ``{"input_ids": (batch, seq_len)}`` feeds.
 
     A corpus shorter than one window of the workload is refused with one line naming both lengths.
     """
@@ -51,7 +51,7 @@ def calibration_feeds(tokens: np.ndarray, seq_len: int, windows: int = CALIBRATI
     feeds = []
     for _ in range(windows):
         starts = rng.integers(0, n_starts, size=batch_size)
-        feeds.append({"tokens": np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64)})  # (B, T)
+        feeds.append({"input_ids": np.stack([tokens[s : s + seq_len] for s in starts]).astype(np.int64)})  # (B, T)
     return feeds
 
 

@@ -19,6 +19,7 @@ differs between tasks is a method here, grouped by the layer that asks:
   (``ort_runner``), a latency bundle's graphs (``bundle_graphs``) and the devices that time it (``check_timing``);
 * **search and export** (``nas``): ``fitness`` (a subnet's held-out score with inherited weights), ``validation``
   (a static model's, for its card), ``export`` (the artifacts of a chosen subnet and their parity checks),
+  ``card_facts`` and ``pipeline_tag`` (what the folder's README.md and config.json say, from the card),
   ``specials`` (the token ids of special meaning, named in an exported ONNX file's metadata), ``train_subnet``,
   ``default_workload``, ``unit``;
 * **commands** (``nas.commands``): ``flags`` (a command's extra flags for this task: :class:`Flag`), ``refuse``
@@ -31,22 +32,11 @@ says how to add one; ``tests/test_task_in_one_file.py`` declares one in a test f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.flags import Flag
 
-@dataclass(frozen=True)
-class Flag:
-    """An extra flag a task adds to a command: ``--name`` -> ``dest`` (None: not given), checked by the task."""
-
-    name: str
-    dest: str
-    type: type = str
-    metavar: str = "X"
-    help: str = ""
-    commands: tuple[str, ...] = field(default=())  # the commands that take it
-    elsewhere: str = ""  # what to say when it is given for another task's space (default: the task it is for)
-    check: Any = None  # check(value, flag): refuses a bad value in one line, before any work (nas.commands.checks)
+__all__ = ["Flag", "Task"]
 
 
 class Task:
@@ -58,6 +48,7 @@ class Task:
     workload_kinds: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()  # modules of whole subcommands of the task's own (run by `nas`)
     flags: tuple[Flag, ...] = ()
+    subword: bool = False  # whether its spaces may read a subword vocabulary (tokenizer: {bpe: ...}); else bytes only
 
     # ------------------------------------------------------------------ space
 
@@ -185,6 +176,20 @@ class Task:
         """Write ``subnet``'s artifacts (``settings``: :class:`supernet.export.ExportSettings`) with their parity checks and a
         card (``predicted``: the predictor's estimate, for it); a :class:`supernet.export.Exported`."""
         raise NotImplementedError
+
+    pipeline_tag: str = "other"  # the Hugging Face pipeline tag of its models ("text-generation", "translation", ...)
+
+    def card_facts(self, space: Any, subnet: Any, card: dict[str, Any]):
+        """What the README.md and config.json beside an exported model's card say (:class:`supernet.model_folder.Facts`:
+        the pipeline tag, the architecture as ``config.json``, the metrics, the data, how to load it); a generic
+        description here (the card's ``validation`` figure), each task says more."""
+        from supernet.model_folder import MODEL_TYPE, Facts, Metric
+
+        v = card.get("validation") or {}
+        metrics = tuple(Metric(f"validation {self.metric}", self.metric.replace("/", "_per_").replace(" ", "_"),
+                               v["bits_per_byte"], self.metric) for _ in (0,) if "bits_per_byte" in v)  # fmt: skip
+        return Facts(self.pipeline_tag, {"model_type": MODEL_TYPE, "task": self.name, "subnet": subnet.to_dict()},
+                     description=f"A model of task {self.name}", metrics=metrics, subnet=str(subnet))
 
     def fitness(self, model: Any, payload: dict[str, Any], settings: Any) -> tuple[Any, str]:
         """(fitness, digest of its held-out data): ``fitness(subnets)`` -> each subnet's held-out score with the weights

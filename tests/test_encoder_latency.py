@@ -66,7 +66,7 @@ def test_stitched_timing_graph_computes_the_encoder(whole, tmp_path):
     session = onnx_session(with_weights(graph, tensors, encoder, tmp_path / "own"), threads=1)
     for shape in [(1, 5), (2, 19), (3, 32)]:
         tokens = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(2))
-        out = session.run(None, {"tokens": tokens.numpy()})[0]
+        out = session.run(None, {"input_ids": tokens.numpy()})[0]
         with torch.no_grad():
             assert np.abs(out - encoder(tokens).numpy()).max() < 1e-4, shape
     import onnx
@@ -133,4 +133,4 @@ def test_stitched_timing_graph_computes_each_encoder_type(attention, tmp_path):
         tokens = torch.randint(0, 256, shape, generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
             expected = encoder(tokens).numpy()
-        assert np.abs(session.run(None, {"tokens": tokens.numpy()})[0] - expected).max() < 1e-4, shape
+        assert np.abs(session.run(None, {"input_ids": tokens.numpy()})[0] - expected).max() < 1e-4, shape

@@ -359,6 +359,6 @@ def test_stitched_timing_graphs_compute_them(tmp_path):
         for shape in [(2, 64), (1, 16)]:
             x = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(3))
             with torch.no_grad():
-                assert np.abs(session.run(None, {"tokens": x.numpy()})[0] - model(x).numpy()).max() <= 1e-4, (heads, shape)
+                assert np.abs(session.run(None, {"input_ids": x.numpy()})[0] - model(x).numpy()).max() <= 1e-4, (heads, shape)
     parts = [p.read_text() for p in (tmp_path / "generic").glob("*.json")]
     assert sum('"swin-shift:2"' in p for p in parts) == 1  # one part for 2 and 4 heads

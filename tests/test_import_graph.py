@@ -91,12 +91,12 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
 
 
 def command_modules() -> set[str]:
-    """The modules that parse flags: nas.cli, nas.__main__, nas.commands.*, the tasks' own commands, and the latency
-    bundle's runner (its own program, run on a board)."""
+    """The modules that parse flags: nas.cli, the program's entry points (nas.entry, nas.__main__), nas.commands.*, the
+    tasks' own commands, and the latency bundle's runner (its own program, run on a board)."""
     from search_spaces.tasks import tasks
 
     own = {m for t in tasks().values() for m in t.commands} | {"latency.devices.bundle_main"}
-    return {n for n in modules() if n in ("nas.cli", "nas.__main__") or n.startswith("nas.commands")} | own
+    return {n for n in modules() if n in ("nas.cli", "nas.entry", "nas.__main__") or n.startswith("nas.commands")} | own
 
 
 def test_no_import_circle():

@@ -45,7 +45,7 @@ def test_stitched_graph_computes_the_model_and_holds_the_whole_exports_ops(tmp_p
     session = ort.InferenceSession(str(own), providers=["CPUExecutionProvider"])
     for shape in [(1, 5), (2, 13), (3, space.max_seq_len)]:  # dynamic batch and sequence axes
         tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(1))
-        out = session.run(None, {"tokens": tokens.numpy()})[0]
+        out = session.run(None, {"input_ids": tokens.numpy()})[0]
         assert np.abs(out - model(tokens).detach().numpy()).max() < 1e-4
     counts = Counter(n.op_type for n in onnx.load(str(graph), load_external_data=False).graph.node)
     whole = op_counts(export_onnx(model, tmp_path / "whole.onnx"))
@@ -64,7 +64,7 @@ def test_weight_stripped_graphs_are_small_and_open_with_random_weights():
     assert sum(t["nbytes"] for t in tensors) == 4 * model.num_params()  # every weight is left out of the graph
     assert inline <= len(model.blocks) * 2 * 4 * space.max_seq_len * space.head_dim  # what stays: rope tables, constants
     assert cached_graph(model) == (graph, tensors)  # a cache hit
-    out = ort_session(str(graph), tensors, threads=1).run(None, {"tokens": np.zeros((2, 7), dtype=np.int64)})[0]
+    out = ort_session(str(graph), tensors, threads=1).run(None, {"input_ids": np.zeros((2, 7), dtype=np.int64)})[0]
     assert out.shape == (2, 7, 64) and np.isfinite(out).all() and out.std() > 0
 
 

@@ -323,7 +323,7 @@ def test_stitched_timing_graph_computes_them(tmp_path):
         tokens = torch.randint(0, 64, shape, generator=torch.Generator().manual_seed(3))
         with torch.no_grad():
             expected = encoder(tokens).numpy()
-        assert np.abs(session.run(None, {"tokens": tokens.numpy()})[0] - expected).max() < 1e-4, shape
+        assert np.abs(session.run(None, {"input_ids": tokens.numpy()})[0] - expected).max() < 1e-4, shape
 
 
 def test_they_train_under_bf16_autocast_close_to_fp32():

@@ -83,12 +83,14 @@ def test_decode_feed_from_graph_or_model_times_a_step_at_long_context(every_type
     feed = decode_feed(path, 1, 4096, np.random.default_rng(0))
     again = decode_feed(model, 1, 4096, np.random.default_rng(0))
     assert feed.keys() == again.keys() and all(np.array_equal(feed[n], again[n]) for n in feed)  # seeded, same layout
-    assert feed["past.0.k"].shape == (1, 4, 4096, 8) and feed["past.1.k"].shape == (1, 2, 4096, 8)  # softmax, gqa:2 grow
-    assert feed["past.2.k"].shape == (1, 4, 5, 8) and feed["past.8.s"].shape == (1, 4, 8, 8)  # window, linear: constant
-    assert feed["position"].tolist() == [4096]
+    # softmax, gqa:2 grow: optimum's names; a window and a linear state: constant, named past.{i}.{name}
+    assert feed["past_key_values.0.key"].shape == (1, 4, 4096, 8) and feed["past_key_values.1.value"].shape == (1, 2, 4096, 8)
+    assert feed["past.2.k"].shape == (1, 4, 5, 8) and feed["past.8.s"].shape == (1, 4, 8, 8)
+    assert feed["position"].tolist() == [4096] and feed["input_ids"].shape == (1, 1)
+    assert [o.name for o in session.get_outputs()][:3] == ["logits", "present.0.key", "present.0.value"]
     logits = session.run(["logits"], feed)[0]  # past max_seq_len: rope is computed at any position
     assert logits.shape == (1, 1, VOCAB) and np.isfinite(logits).all()
-    assert empty_feed(path, 3)["past.0.k"].shape == (3, 4, 0, 8)
+    assert empty_feed(path, 3)["past_key_values.0.key"].shape == (3, 4, 0, 8)
 
 
 def test_learned_positions_graph_and_its_limit(tmp_path):
@@ -137,3 +139,74 @@ def test_a_prefill_graph_is_not_a_step_graph(tmp_path):
     path = export_onnx(make_model(["softmax"]), tmp_path / "model.onnx")
     with pytest.raises(UserError, match="not a decode-step graph"):
         decode_feed(path, 1, 8, np.random.default_rng(0))
+
+
+# --------------------------------------------------------------------------- the cached decoder (optimum's names)
+
+KV_TYPES = ["softmax", "gqa:2", "strided:4", "fixed:4", "bigbird:4:2:1"]  # every layer a growing key/value cache
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    model = make_model(KV_TYPES, seed=8)
+    path = export_decode_onnx(model, tmp_path_factory.mktemp("cached") / "step.onnx")
+    return model, path, onnx_session(path, threads=1)
+
+
+def test_the_cached_decoder_takes_a_prompt_and_steps_with_optimums_names(cached):
+    """A model whose layers all keep a key/value cache exports the cached decoder: input_ids of any length after any
+    past, positions read off the cache (no position input), past_key_values.{i}.key / .value in, present out."""
+    model, path, session = cached
+    assert [i.name for i in session.get_inputs()] == ["input_ids"] + [f"past_key_values.{i}.{kv}" for i in range(5)
+                                                                       for kv in ("key", "value")]  # fmt: skip
+    assert [o.name for o in session.get_outputs()] == ["logits"] + [f"present.{i}.{kv}" for i in range(5)
+                                                                     for kv in ("key", "value")]  # fmt: skip
+    idx = torch.randint(0, VOCAB, (2, 30), generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        full = model(idx).numpy()
+    for prompt in (0, 1, 17, 30):  # one token at a time, or a prompt in one call (empty past) then one at a time
+        assert np.abs(onnx_decode_logits(session, idx.numpy(), prompt=prompt) - full).max() <= 1e-4, prompt
+    feed = decode_feed(path, 1, 200, np.random.default_rng(0))
+    assert "position" not in feed and feed["input_ids"].shape == (1, 1)
+    assert feed["past_key_values.1.key"].shape == (1, 2, 200, 8)  # gqa:2 keeps its 2 key/value heads
+    out = session.run(None, feed)
+    assert out[0].shape == (1, 1, VOCAB) and out[1].shape == (1, 4, 201, 8)  # present: one entry longer
+
+
+def test_cached_decoder_generates_as_torch_and_the_step_form_stays_available(cached, tmp_path):
+    model, _, session = cached
+    prompt = torch.randint(0, VOCAB, (2, 5), generator=torch.Generator().manual_seed(7))
+    new = onnx_generate(session, prompt.numpy(), 12)  # the prompt in one call
+    cache, expect = new_cache(model, 2), []
+    for t in range(5):
+        logits, cache = decode_step(model, prompt[:, t : t + 1], cache)
+    for _ in range(12):
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        expect.append(nxt)
+        logits, cache = decode_step(model, nxt, cache)
+    assert np.array_equal(new, torch.cat(expect, 1).numpy())
+    assert "position" in input_layout(model, cached=False) and "position" not in input_layout(model)
+    with pytest.raises(UserError, match="needs every layer to keep a key/value cache"):
+        input_layout(make_model(["softmax", "local:5"]), cached=True)
+    step_form = onnx_session(export_decode_onnx(model, tmp_path / "one.onnx", cached=False), threads=1)
+    with pytest.raises(UserError, match="a prompt in one call needs the cached decoder graph"):
+        onnx_decode_logits(step_form, prompt.numpy(), prompt=3)
+
+
+def test_a_step_graph_of_an_older_export_is_refused_in_one_line(every_type, tmp_path):
+    """A graph exported before the field's names (token, past.0.k) is refused by what reads it, saying to export again."""
+    import json
+
+    from supernet.onnx_export import add_metadata
+
+    _, path, _ = every_type
+    old = tmp_path / "step.onnx"
+    old.write_bytes(path.read_bytes())
+    layout = {("token" if n == "input_ids" else n.replace("past_key_values.", "past.").replace(".key", ".k")
+               .replace(".value", ".v")): spec for n, spec in read_layout(path).items()}  # fmt: skip
+    add_metadata(old, {"decode_inputs": json.dumps(layout)})
+    for reader in (lambda: read_layout(old), lambda: decode_feed(old, 1, 8, np.random.default_rng(0)),
+                   lambda: onnx_generate(onnx_session(old, threads=1), np.zeros((1, 2), np.int64), 2)):
+        with pytest.raises(UserError, match=r"exported by an older nas-transformers \(inputs token, past.0.k, past.0.v; "
+                                            r".*export the model again with `nas export`"):
+            reader()

@@ -57,11 +57,12 @@ def test_encoder_graph_equals_encode_memory(exported, length):
     cross = ort.encode(src.numpy(), 1)
     for i, ((k, v), mask) in enumerate(zip(mem.kv, mem.mask)):
         dec = SUBNET["decoder"]
-        assert cross[f"cross.{i}.k"].shape == (1, dec["cross_heads"][i], dec["cross_layers"][i] * length, 8)
-        diff = max(np.abs(cross[f"cross.{i}.k"] - k.numpy()).max(), np.abs(cross[f"cross.{i}.v"] - v.numpy()).max())
+        key, value = cross[f"past_key_values.{i}.encoder.key"], cross[f"past_key_values.{i}.encoder.value"]
+        assert key.shape == (1, dec["cross_heads"][i], dec["cross_layers"][i] * length, 8)
+        diff = max(np.abs(key - k.numpy()).max(), np.abs(value - v.numpy()).max())
         print(f"layer {i}: max abs difference of the cross keys / values {diff:.2e}")
         assert diff < 1e-5
-        assert (cross[f"cross.{i}.mask"] == mask.numpy()).all()
+        assert (cross[f"encoder_attention_mask.{i}"] == mask.numpy()).all()
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -89,13 +90,13 @@ def test_beam_reorder_of_the_onnx_states(exported):
     index = np.array([2, 0, 0])
     feed = ort.start(ort.encode(src.numpy(), 3))
     for t in range(5):
-        feed["token"] = tgt[:, t : t + 1].numpy()
+        feed["input_ids"] = tgt[:, t : t + 1].numpy()
         ort.step(feed)
     ort.reorder(feed, index)
     moved = torch.cat([tgt[index, :5], tgt[:, 5:]], dim=1)  # row r: its parent's prefix, then its own tokens
     got = []
     for t in range(5, 10):
-        feed["token"] = moved[:, t : t + 1].numpy()
+        feed["input_ids"] = moved[:, t : t + 1].numpy()
         got.append(ort.step(feed))
     with torch.no_grad():
         mem = encode_memory(model.weights(), src).select(torch.zeros(3, dtype=torch.long))

@@ -101,6 +101,6 @@ def test_bad_input_lines():
                                         r"calibration input is 1 x 256 tokens"):
         calibration_feeds(np.zeros(100, dtype=np.uint8), 256, where="validation tokens")
     feeds = calibration_feeds(np.arange(1000) % 256, 64, windows=3, seed=5)
-    assert [f["tokens"].shape for f in feeds] == [(1, 64)] * 3
+    assert [f["input_ids"].shape for f in feeds] == [(1, 64)] * 3
     again = calibration_feeds(np.arange(1000) % 256, 64, 3, 5)
-    assert all(np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(feeds, again))
+    assert all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(feeds, again))

@@ -42,8 +42,8 @@ def test_a_stitched_int8_graph_is_the_whole_int8_export(tmp_path, precision):
     assert {op: ops(tmp_path / "a.onnx")[op] for op in QUANT_OPS} == {op: ops(tmp_path / "b.onnx")[op] for op in QUANT_OPS}
     import onnxruntime as ort
 
-    x = feeds[0]["tokens"]
-    run = {k: ort.InferenceSession(str(tmp_path / f"{k}.onnx"), providers=["CPUExecutionProvider"]).run(None, {"tokens": x})[0]
+    x = feeds[0]["input_ids"]
+    run = {k: ort.InferenceSession(str(tmp_path / f"{k}.onnx"), providers=["CPUExecutionProvider"]).run(None, {"input_ids": x})[0]
            for k in "ab"}
     fp32 = model(torch.from_numpy(x)).detach().numpy()
     gap = np.abs(run["a"] - run["b"]).max()

@@ -70,6 +70,17 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     with torch.no_grad():
         assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
     assert card["task"] == "seq2seq" and card["corpus"]["corpus"] == "user" and card["validation"]["ce_per_target_byte"] > 0
+    # the folder describes itself (README.md, config.json) and names no path of this machine: the corpus and the
+    # supernet by name and digest
+    assert card["corpus"]["data"] == "toy.tsv" and card["source"]["supernet"]["name"] == "final.pt"
+    for path in export.iterdir():
+        assert str(root).encode() not in path.read_bytes(), path.name
+    config = json.loads((export / "config.json").read_text())
+    assert config["model_type"] == "nas_transformer_seq2seq" and config["encoder_layers"] == 3
+    assert config["decoder_attention_heads_per_layer"] == [1, 2] and config["cross_attention_encoder_layers"] == [3, 1]
+    readme = (export / "README.md").read_text()
+    assert "pipeline_tag: translation" in readme and "| decoder 1 | `linear` | 2 | 2 / 2 | 32 |" in readme
+    assert f"| validation cross-entropy | {card['validation']['ce_per_target_byte']:.4f} | nats per target byte |" in readme
     # the ONNX graphs translate as torch does (greedy)
     capsys.readouterr()
     assert main(["translate", "--model", str(export), "file not found", "open", "--max-bytes", "8", "-q"]) == 0
@@ -87,12 +98,21 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     assert main(["translate", "--model", str(export), "open", "--device", "cuda", "--engine", "onnxruntime"]) == 2
     assert capsys.readouterr().err == ("nas translate: error: --device: not with --engine onnxruntime (its sessions "
                                        "run on the CPU)\n")  # fmt: skip
+    # the card names the corpus file, not where it lies: --eval finds it in the current folder, or --data says where
+    assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "-q"]) == 2
+    assert capsys.readouterr().err.startswith("nas translate: error: --eval: the corpus file toy.tsv (named in the card, "
+                                              "hash ")  # fmt: skip
+    tsv = ["--data", str(root / "toy.tsv")]
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
-                 "-q"]) == 0  # fmt: skip
+                 *tsv, "-q"]) == 0  # fmt: skip
     quality = json.loads((export / "model_card.json").read_text())["quality"]["val"]
+    readme = (export / "README.md").read_text()  # written again with the card: the new figures in it
+    assert f"| chrF (torch, beam 2) | {quality['chrf']:.4f} | chrF | val |" in readme and "(onnxruntime, beam" not in readme
     assert quality["pairs"] == 2 and quality["beam"] == 2 and 0 <= quality["chrf"] <= 100
     assert main(["translate", "--model", str(export), "--eval", "val", "--limit", "2", "--beam", "2", "--max-bytes", "5",
-                 "--engine", "onnxruntime", "-q"]) == 0  # fmt: skip
+                 "--engine", "onnxruntime", *tsv, "-q"]) == 0  # fmt: skip
+    readme = (export / "README.md").read_text()
+    assert "| chrF (onnxruntime, beam 2) |" in readme and "| BLEU (torch, beam 2) |" in readme
     printed = capsys.readouterr().out
     assert "beam 2, onnxruntime" in printed and printed.rstrip().endswith("(quality.val.onnxruntime)")
     card_quality = json.loads((export / "model_card.json").read_text())["quality"]

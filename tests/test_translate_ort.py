@@ -69,8 +69,9 @@ class Counting:
 
     def run(self, names, feed):
         self.calls += 1
-        if "past.0.k" in feed:
-            self.past.append((feed["past.0.k"].shape[0], feed["past.0.k"].shape[2], int(feed["position"][0])))
+        if "past_key_values.0.decoder.key" in feed:
+            self.past.append((feed["past_key_values.0.decoder.key"].shape[0], feed["past_key_values.0.decoder.key"].shape[2],
+                              int(feed["position"][0])))
         return self.session.run(names, feed)
 
 
@@ -100,7 +101,7 @@ def test_cuda_and_precisions_at_a_translate_workload(tmp_path, capsys):
     out = tmp_path / "x.csv"
     if not torch.cuda.is_available():
         assert main(["measure-latency", str(space), "--device", "cuda", "--out", str(out)]) == 2
-        assert "--timing-target cuda: no CUDA GPU is visible to torch" in capsys.readouterr().err
+        assert "--device cuda: no CUDA GPU is visible to torch" in capsys.readouterr().err
     assert main(["measure-latency", str(space), "--device", "onnxruntime", "--precision", "int8-dynamic", "--out",
                  str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == ("nas measure-latency: error: --precision int8-dynamic: a seq2seq space (mini-s2s) "

@@ -163,7 +163,7 @@ def test_stitched_timing_graphs_compute_it(decay, tmp_path):
         graph, tensors = cached_graph(static, tmp_path)
         session = onnx_session(with_weights(graph, tensors, static, tmp_path / "own"), threads=1)
         x = torch.randint(0, 64, (2, 33), generator=torch.Generator().manual_seed(3))
-        out = session.run(None, {"tokens": x.numpy()})[0]
+        out = session.run(None, {"input_ids": x.numpy()})[0]
         assert np.abs(out - static(x).detach().numpy()).max() <= 1e-4, subnet
         graph, tensors, _ = cached_decode_graph(static, tmp_path)
         session = onnx_session(with_weights(graph, tensors, static, tmp_path / "own-step"), threads=1)

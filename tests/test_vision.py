@@ -387,7 +387,7 @@ def test_an_arm_bundle_times_each_vit_graph_on_seeded_images(tmp_path, graph_cac
     manifest = json.loads((root / "manifest.json").read_text())
     assert all(m["images"] == [1, 8, 8] and m["tensors"] for m in manifest["models"] + [manifest["reference"]])
     # the board's images are the host's (one seed, one shape)
-    assert np.array_equal(image_feed(1, manifest["reference"]["images"])["images"], images(space, 1))
+    assert np.array_equal(image_feed(1, manifest["reference"]["images"])["pixel_values"], images(space, 1))
     done = subprocess.run([sys.executable, str(root / "runner.py"), "--threads", "1", "--out", str(tmp_path / "board.csv")],
                           capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
     assert done.returncode == 0, done.stderr

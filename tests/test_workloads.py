@@ -170,7 +170,7 @@ def test_onnxruntime_times_a_decode_step_of_each_family(families, tmp_path, monk
     )
     assert {k: (v.shape, v.dtype) for k, v in mine.items()} == {k: (v.shape, v.dtype) for k, v in theirs.items()}
     assert (
-        mine["past.0.k"].shape == (2, 2, 200, 8)
+        mine["past_key_values.0.key"].shape == (2, 2, 200, 8)
         and mine["past.1.k"].shape == (2, 2, 8, 8)
         and mine["past.2.s"].shape == (2, 2, 8, 8)
     )

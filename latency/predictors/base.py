@@ -1,7 +1,8 @@
 """The regressor interface every predictor model implements, on plain feature matrices.
 
 A regressor maps a feature matrix ``X`` (n, d) to milliseconds (n,).  It saves itself as a
-small JSON-able dict plus named numpy arrays, and loads from them without running code.
+small JSON-able dict plus named numpy arrays, and loads from them without running code.  One whose class says
+``reads_names = True`` is built with its view's column names (``models.new_model``); the others take no arguments.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from search_spaces.registry import Registry
 
 
 class Regressor(Protocol):
-    kind: str  # "mlp", "gbt", "additive": the name saved in the predictor file
+    kind: str  # "mlp", "gbt", "additive", "layered": the name saved in the predictor file
 
     def fit(self, x: np.ndarray, y: np.ndarray, seed: int) -> "Regressor":
         """Fit on features ``x`` (n, d) and measured milliseconds ``y`` (n,); return self."""

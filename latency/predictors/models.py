@@ -12,10 +12,17 @@ import numpy as np
 
 from search_spaces import Space, Subnet, Workload, tasks
 
-from . import mlp, gbt, additive  # noqa: F401, I001  (importing registers the built-in models, in this order)
+from . import mlp, gbt, additive, layered  # noqa: F401, I001  (importing registers the built-in models, in this order)
 from .base import PREDICTORS
 
 MODELS: dict[str, type] = PREDICTORS.all()  # kind -> model class: the registry's own mapping (plugins included)
+
+
+def new_model(kind: str, names: Sequence[str] | None = None):
+    """An unfitted model of ``kind``; one that reads its view's column names (``reads_names``: the layered model's
+    type groups) is given ``names``."""
+    cls = MODELS[kind]
+    return cls(list(names) if names is not None else None) if getattr(cls, "reads_names", False) else cls()
 
 
 def subnet_matrix(kind: str, space: Space, workload: Workload, subnets: Sequence[Subnet]) -> tuple[np.ndarray, list[str]]:

@@ -36,7 +36,7 @@ __all__ = ["FORMAT", "MODELS", "VERSION", "Predictor", "load_predictor", "subnet
 
 @dataclass
 class Predictor:
-    name: str  # the model kind: "mlp", "gbt", "additive" or "transfer" (few-shot, from other devices' predictors)
+    name: str  # the model kind: "mlp", "gbt", "additive", "layered" or "transfer" (few-shot, from other devices' predictors)
     regressor: Regressor
     space: Space | None  # None: fitted on a plain feature table
     workload_spec: Workload | None
@@ -133,6 +133,8 @@ STATE_FIELDS = {
     "mlp": {"hidden": _INT, "layers": _INT, "max_iter": _INT, "alpha": _NUM, "y_mean": _NUM, "y_scale": _NUM},
     "gbt": {"n_estimators": _INT, "learning_rate": _NUM, "max_depth": _INT, "subsample": _NUM, "init": _NUM},
     "additive": {"names": _NAMES},
+    "layered": {"names": _NAMES, "lam": ("a list of numbers", lambda v: isinstance(v, list) and all(_NUM[1](n) for n in v)),
+                "alpha": _NUM},
 }
 # The top-level fields of predictor.json besides format, version, model and files: their types.
 DOC_FIELDS = {

@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..report import agreement
-from .models import MODELS
+from .models import new_model
 
 
 @dataclass
@@ -34,13 +34,15 @@ def holdout(n: int, fraction: float, seed: int, forced: np.ndarray | None = None
     return mask
 
 
-def cross_validate(kind: str, x: np.ndarray, y: np.ndarray, folds: int, seed: int) -> dict[str, float]:
+def cross_validate(kind: str, x: np.ndarray, y: np.ndarray, folds: int, seed: int,
+                   names: list[str] | None = None) -> dict[str, float]:
+    """``folds``-fold agreement of model ``kind`` (given its view's column ``names``) on (x, y)."""
     order = np.random.default_rng([seed, 3]).permutation(len(y))
     pred = np.empty_like(y)
     for f in range(folds):
         test = order[f::folds]
         train = np.setdiff1d(order, test)
-        pred[test] = MODELS[kind]().fit(x[train], y[train], seed).predict(x[test])
+        pred[test] = new_model(kind, names).fit(x[train], y[train], seed).predict(x[test])
     return agreement(pred, y)
 
 
@@ -52,17 +54,20 @@ def select(
     folds: int = 5,
     seed: int = 0,
     on_model: Callable[[str, dict], None] | None = None,
+    names: dict[str, list[str]] | None = None,
 ) -> Selection:
-    """``views[kind]`` is the feature matrix model ``kind`` reads; every row's measured ms is ``y``."""
+    """``views[kind]`` is the feature matrix model ``kind`` reads (``names[kind]``: its columns, for a model that reads
+    them); every row's measured ms is ``y``."""
     train = ~test_mask
+    names = names or {}
     cv = {}
     for kind, x in views.items():
-        cv[kind] = cross_validate(kind, x[train], y[train], folds, seed)
+        cv[kind] = cross_validate(kind, x[train], y[train], folds, seed, names.get(kind))
         if on_model is not None:
             on_model(kind, cv[kind])
     best = min(cv, key=lambda k: cv[k]["mape"])
     x = views[best]
-    model = MODELS[best]().fit(x[train], y[train], seed)
+    model = new_model(best, names.get(best)).fit(x[train], y[train], seed)
     pred = model.predict(x[test_mask])
-    final = MODELS[best]().fit(x, y, seed)
+    final = new_model(best, names.get(best)).fit(x, y, seed)
     return Selection(best, cv, agreement(pred, y[test_mask]), pred, final)

@@ -12,12 +12,14 @@ cross-validation chooses among small models that reuse them:
   and strength): the new device's cost of a term is the source's times that term's factor.  An additive
   source is its own sum; an MLP or boosted-trees source of subnets is first read as one (the additive
   model fitted to its predictions on a seeded pool of the space's subnets);
-* ``scratch``: the additive model on the few rows alone, so the choice shows when the sources do not help.
+* ``scratch``: the additive model, and the layer-composed one (:mod:`.layered`, where the view has its ``cost:*``
+  columns), on the few rows alone, so the choice shows when the sources do not help.
 
 Every candidate ends as one :class:`Transfer`: a non-negative additive head on either the sources'
-predictions (``scale``, ``sources``) or feature columns (``terms``, ``scratch``, where the source's
-costs are folded into the head).  It saves as JSON settings plus arrays, the sources it reads
-embedded (a transferred predictor needs no other folder), and loads without running code.
+predictions (``scale``, ``sources``, and the layered ``scratch``: the unit head on that model fitted to the rows)
+or feature columns (``terms``, the additive ``scratch``, where the source's costs are folded into the head).  It
+saves as JSON settings plus arrays, the sources it reads embedded (a transferred predictor needs no other folder), and
+loads without running code.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from search_spaces import Space, UserError, Workload
 
 from ..report import agreement
 from .additive import Additive
-from .models import MODELS
+from .layered import Layered
+from .models import MODELS, new_model
 from .select import Selection
 
 MIN_ROWS = 5  # the fewest measured rows a transfer fits from (one held out, leave-one-out on the others)
@@ -45,7 +48,7 @@ class Source:
     """A source predictor's model and the columns of the input matrix it reads, in its own order."""
 
     label: str  # as the user named it (the --from folder)
-    kind: str  # its model: mlp, gbt, additive or transfer
+    kind: str  # its model: mlp, gbt, additive, layered or transfer
     regressor: object
     index: np.ndarray  # (d_source,) column indices into the input matrix
     terms: Additive | None = None  # its per-layer sum (``terms`` candidates): itself if additive, else read from it
@@ -148,10 +151,19 @@ def fit_scratch(index: np.ndarray, x: np.ndarray, y: np.ndarray) -> Transfer:
     return Transfer("scratch", "scratch additive", Additive().fit(x[:, index], y), index=index)
 
 
+def fit_scratch_layered(index: np.ndarray, names: list[str], x: np.ndarray, y: np.ndarray) -> Transfer:
+    """The layer-composed model on the rows alone (its ``cost:*`` columns ``index``, named ``names``), as a transfer
+    of one source under the unit head."""
+    model = new_model(Layered.kind, names).fit(x[:, index], y)
+    return Transfer("scratch", "scratch layered", additive_head([0.0, 1.0]), [Source("scratch", Layered.kind, model, index)])
+
+
 def candidates(
-    sources: Sequence[Source], n_rows: int, scratch_index: np.ndarray | None
+    sources: Sequence[Source], n_rows: int, scratch_index: np.ndarray | None,
+    layered: tuple[np.ndarray, list[str]] | None = None,
 ) -> list[tuple[str, Callable[[np.ndarray, np.ndarray], Transfer]]]:
-    """(label, fit(x, y) -> Transfer) of every candidate a table of ``n_rows`` training rows supports."""
+    """(label, fit(x, y) -> Transfer) of every candidate a table of ``n_rows`` training rows supports (``layered``: the
+    view's layered columns and their names, for the layered scratch candidate)."""
     out = []
     for s in sources:
         out.append((f"scale {s.label}", lambda x, y, s=s: fit_scale(s, x, y)))
@@ -162,6 +174,8 @@ def candidates(
         out.append((f"sources ({len(sources)})", lambda x, y: fit_sources(sources, x, y)))
     if scratch_index is not None:
         out.append(("scratch additive", lambda x, y: fit_scratch(scratch_index, x, y)))
+    if layered is not None and len(layered[0]):
+        out.append(("scratch layered", lambda x, y: fit_scratch_layered(layered[0], layered[1], x, y)))
     return out
 
 
@@ -179,10 +193,11 @@ def choose(
     y: np.ndarray,
     scratch_index: np.ndarray | None = None,
     on_candidate: Callable[[str, dict], None] | None = None,
+    layered: tuple[np.ndarray, list[str]] | None = None,
 ) -> tuple[str, dict[str, dict[str, float]], Callable[[np.ndarray, np.ndarray], Transfer]]:
     """The candidate of lowest leave-one-out MAPE on (x, y): (its label, every candidate's agreement, its fit)."""
     cv, fits = {}, {}
-    for label, fit in candidates(sources, len(y), scratch_index):
+    for label, fit in candidates(sources, len(y), scratch_index, layered):
         cv[label], fits[label] = leave_one_out(fit, x, y), fit
         if on_candidate is not None:
             on_candidate(label, cv[label])
@@ -190,9 +205,10 @@ def choose(
     return best, cv, fits[best]
 
 
-def fit_transfer(sources: Sequence[Source], x: np.ndarray, y: np.ndarray, scratch_index: np.ndarray | None = None) -> Transfer:
+def fit_transfer(sources: Sequence[Source], x: np.ndarray, y: np.ndarray, scratch_index: np.ndarray | None = None,
+                 layered: tuple[np.ndarray, list[str]] | None = None) -> Transfer:
     """Choose by leave-one-out on all rows and refit the choice on them (what a transfer without a held-out split does)."""
-    _, _, fit = choose(sources, x, y, scratch_index)
+    _, _, fit = choose(sources, x, y, scratch_index, layered=layered)
     return fit(x, y)
 
 
@@ -204,13 +220,14 @@ def select_transfer(
     *,
     scratch_index: np.ndarray | None = None,
     on_candidate: Callable[[str, dict], None] | None = None,
+    layered: tuple[np.ndarray, list[str]] | None = None,
 ) -> Selection:
     """As :func:`latency.predictors.select.select`, but with rows too few to spare: choose by leave-one-out on *every*
     row (each row is held out once: an honest estimate per candidate), report the choice fitted without the rows of
     ``test_mask`` on them, and refit it on every row.  (Choosing on 16 of 20 rows instead picked worse methods on
     real timings: ``scripts/bench_fewshot.py``.)"""
     train = ~test_mask
-    best, cv, fit = choose(sources, x, y, scratch_index, on_candidate)
+    best, cv, fit = choose(sources, x, y, scratch_index, on_candidate, layered)
     pred = fit(x[train], y[train]).predict(x[test_mask])
     return Selection(best, cv, agreement(pred, y[test_mask]), pred, fit(x, y))
 
@@ -223,7 +240,11 @@ def source_columns(predictor, view_names: list[str]) -> list[str]:
     if predictor.name == "additive":
         terms = predictor.regressor.names or [n[len("sum:"):] for n in view_names if n.startswith("sum:")]
         return [f"sum:{n}" for n in terms]
-    return list(view_names)  # mlp, gbt, transfer: the encoding and summaries, all of the view
+    if predictor.name == Layered.kind:
+        return [f"cost:{n}" for n in predictor.regressor.names or []]
+    if predictor.name == Transfer.kind:
+        return list(view_names)  # all of the view (one saved before the cost:* columns reads the columns before them)
+    return [n for n in view_names if not n.startswith("cost:")]  # mlp, gbt: the encoding and summaries
 
 
 def load_sources(
@@ -290,6 +311,13 @@ def read_as_terms(source: Source, space: Space, workload: Workload, pool: int = 
     cols = scratch_columns(space, names)
     terms = Additive([names[i][len("sum:"):] for i in cols]).fit(x[:, cols], source.predict(x))
     return terms, cols
+
+
+def layered_columns(view_names: list[str]) -> tuple[np.ndarray, list[str]] | None:
+    """The view's layer-composed columns (``cost:*``) and their names without the prefix (the layered model's own),
+    for the layered ``scratch`` candidate; None where the view has none (a plain table, a task without them)."""
+    index = [i for i, n in enumerate(view_names) if n.startswith("cost:")]
+    return (np.array(index), [view_names[i][len("cost:"):] for i in index]) if index else None
 
 
 def scratch_columns(space: Space | None, view_names: list[str]) -> np.ndarray:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from . import register_command
+from .common import THREADS_HELP, threads_value
+from .registry import register_command
 
 NAME = "demo"
 HELP = ("the whole workflow on tiny.yaml: train a supernet, time 100 subnets with ONNX Runtime, fit a predictor, "
@@ -19,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--quick", action="store_true", help="a shortened demo (~5 min: 1 min of training, 30 subnets timed, a small search)"
     )
-    p.add_argument("--threads", type=int, metavar="N", help="torch threads for training and scoring (default: torch's)")
+    p.add_argument("--threads", type=threads_value, metavar="N|auto", help=THREADS_HELP + "; for training and scoring")
     p.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0)")
     p.add_argument("--recipe", metavar="RECIPE", help="train the found subnet into the deployed model by this final-"
                    "training recipe: scratch, inherit (the supernet's slice, fine-tuned) or distill (fine-tuned with the "
@@ -32,13 +33,11 @@ def run(args: argparse.Namespace) -> int:
 
     from nas.cli import main
     from nas.demo import FULL, QUICK, Paths, render_summary, run_demo
-    from search_spaces import UserError
+    from supernet.train import resolve_threads
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise UserError(f"--threads: {args.threads} is not a positive integer")
-        torch.set_num_threads(args.threads)
-    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=args.threads, seed=args.seed,
+    threads = resolve_threads(args.threads)  # auto (the default): the CPUs free now, the same number for every stage
+    torch.set_num_threads(threads)
+    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=threads, seed=args.seed,
                        recipe=args.recipe)
     print(render_summary(summary, Paths(Path(args.out))))
     return 0 if summary["within_budget"] else 1

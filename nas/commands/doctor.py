@@ -9,7 +9,7 @@ kernels if they are not cached yet (once, about 25 s), as the first command that
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "doctor"
 HELP = "show which fast paths are active here (compiled kernels, ONNX Runtime, custom ops, threads) and why not"
@@ -76,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
     from nas import __version__
 
     from nas.commands.common import emit
+    from supernet.threads import auto_threads
 
     print(f"nas-transformers {__version__}; Python {platform.python_version()}; torch {torch.__version__} "
           f"(CPU capability {torch.backends.cpu.get_cpu_capability()}); {platform.machine()}, {os.cpu_count()} logical cores")
-    print(f"threads: torch {torch.get_num_threads()} intra-op (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); "
+    share = auto_threads()
+    print(f"threads: torch {torch.get_num_threads()} intra-op (OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}); training's --threads auto: {share.describe()}; "
           "ONNX Runtime sessions: the --timing-threads of measure-latency, export and search (default 1)")
     kernels = kernels_line(build=not args.no_build)
     print(kernels)
@@ -93,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     emit(args, {"nas_version": __version__, "python": platform.python_version(), "torch": torch.__version__,
                 "cpu_capability": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
                 "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "kernels": kernels, "onnxruntime": onnx,
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "auto_threads": {"threads": share.threads, "cpus": share.cpus, "quota": share.quota, "busy": share.busy,
+                                 "source": share.source},
+                "kernels": kernels, "onnxruntime": onnx,
                 "cuda": gpu})
     return 0
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "fit-predictor"
-HELP = "fit latency predictors (MLP, boosted trees, per-layer additive) on a timing table; keep the best by cross-validation"
+HELP = ("fit latency predictors (MLP, boosted trees, per-layer additive, layer-composed) on a timing table; keep the best "
+        "by cross-validation")
 EXAMPLE = (
     "nas fit-predictor runs/lat-cpu.csv --out runs/pred-cpu\n"
     "  nas fit-predictor runs/lat-board.csv --from runs/pred-cpu --from runs/pred-ort --out runs/pred-board   # few-shot"
 )
-DEFAULT_MODELS = "mlp,gbt,additive"
+DEFAULT_MODELS = "mlp,gbt,additive,layered"
 DEFAULT_FOLDS = 5
 
 
@@ -47,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     from latency.predictors.predictor import MODELS, Predictor, load_predictor, subnet_matrix
     from latency.predictors.select import holdout, select
-    from latency.predictors.transfer import MIN_ROWS, load_sources, scratch_columns, select_transfer
+    from latency.predictors.transfer import MIN_ROWS, layered_columns, load_sources, scratch_columns, select_transfer
     from latency.report import HEADER, agreement, format_row, plot
     from latency.sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
     from latency.table import read_plain, read_timings
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         names, x, y = read_plain(args.timings, args.target, min_rows, fitting)
         x, y = np.array(x), np.array(y)
         views = {k: x for k in kinds}
+        view_columns = {k: list(names) for k in kinds}
         test = holdout(len(y), args.test_fraction, args.seed)
         intro.append(f"{args.timings}: {len(y)} rows, {len(names)} feature columns, target {args.target!r}")
         view_names, space, workload, reference_ms = names, None, None, None
@@ -95,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
         second = t.passes("retest")
         forced = np.array([k in second for k in keys]) if sum(k in second for k in keys) >= MIN_RETEST_SUBNETS else None
         test = holdout(len(y), args.test_fraction, args.seed, forced)
-        views = {} if args.sources else {k: subnet_matrix(k, t.space, t.workload, subnets)[0] for k in kinds}
+        matrices = {} if args.sources else {k: subnet_matrix(k, t.space, t.workload, subnets) for k in kinds}
+        views = {k: m[0] for k, m in matrices.items()}
+        view_columns = {k: m[1] for k, m in matrices.items()}
         if args.sources:
             x, view_names = subnet_matrix("transfer", t.space, t.workload, subnets)  # the encoding and the summaries
         names = subnet_matrix("additive", t.space, t.workload, subnets[:1])[1]
@@ -130,13 +134,14 @@ def run(args: argparse.Namespace) -> int:
             say(f"source {s.label}: {s.kind}")
         say(HEADER)
         sel = select_transfer(
-            sources, x, y, test, scratch_index=scratch_columns(space, view_names),
+            sources, x, y, test, scratch_index=scratch_columns(space, view_names), layered=layered_columns(view_names),
             on_candidate=lambda k, m: say(format_row(f"cv {k}", m)),
         )
         say(f"chosen: {sel.best} (lowest leave-one-out MAPE)")
     else:
         say(HEADER)
-        sel = select(views, y, test, folds=args.folds, seed=args.seed, on_model=lambda k, m: say(format_row(f"cv {k}", m)))
+        sel = select(views, y, test, folds=args.folds, seed=args.seed, on_model=lambda k, m: say(format_row(f"cv {k}", m)),
+                     names=view_columns)
         say(f"chosen: {sel.best} (lowest cross-validated MAPE)")
     say(format_row(f"held-out {sel.best}", sel.test))
     metrics = {"cv": sel.cv, "held_out": sel.test, "chosen": sel.best}
@@ -167,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
         title,
         retest=None if retest is None else (retest[1], retest[0]),
     )
-    if sel.best == "additive" and space is not None:
-        say("additive costs (ms per unit): " + ", ".join(f"{k}={v:.3g}" for k, v in sel.final.costs().items() if v))
+    if sel.best in ("additive", "layered") and space is not None:
+        say(f"{sel.best} costs (ms per unit): " + ", ".join(f"{k}={v:.3g}" for k, v in sel.final.costs().items() if v))
     say(f"saved {path} (+ arrays.npz; refit on all {len(y)} rows), {png}")
     atomic_write(out / "report.txt", "\n".join(lines) + "\n")
     from nas.commands.common import emit

@@ -24,6 +24,7 @@ from .common import (
     CONFIG_FLAGS,
     DATA_FLAGS,
     HELP_DEFAULTS,
+    THREADS_HELP,
     add_task_flags,
     given_config,
     parse_duration,
@@ -31,11 +32,12 @@ from .common import (
     step_bar,
     train_and_report,
     task_flags,
+    threads_value,
     token_budget,
     train_device,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +77,10 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    f"onnx (model.onnx, parity-checked) (default {formats})")
     g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
                    "installed one)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
-    g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
-                   "keeps its own")
+    g.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 "
+                   "autocast; else cpu)")
+    g.add_argument("--threads", type=threads_value, metavar="N|auto", help=THREADS_HELP + "; a resumed run keeps "
+                   "its own")
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "
                    "the first run's settings, --threads included); only the bounds and outputs may change")
 
@@ -193,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
     again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
-    return train_and_report(task.train_subnet, settings, step_bar(NAME), again)
+    return train_and_report(task.train_subnet, settings, step_bar("training"), again)
 
 
 register_command(__name__)

@@ -20,6 +20,7 @@ from .common import (
     DATA_FLAGS,
     HELP_DEFAULTS,
     OBJECTIVE_FLAGS,
+    THREADS_HELP,
     add_task_flags,
     bytes_bar,
     format_time,
@@ -27,8 +28,9 @@ from .common import (
     parse_duration,
     step_bar,
     task_flags,
+    threads_value,
 )
-from . import register_command
+from .registry import register_command
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
@@ -64,11 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda"),
-        help="default: cuda when available (bf16 autocast), else cpu (fp32); a resumed run keeps its own",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 autocast; else cpu, fp32); a resumed "
+        "run keeps its own",
     )
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
-                   "keeps its own")
+    p.add_argument("--threads", type=threads_value, metavar="N|auto", help=THREADS_HELP + "; a resumed run keeps "
+                   "its own")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest.pt, exactly (with the "
                    "first run's settings, --threads and --device included)")
     add_task_flags(p, NAME)
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from nas.train_supernet import SupernetRun, train_supernet
     from search_spaces import load_space
     from supernet.data import absolute_data
+    from supernet.train import resolve_threads
 
     config = given(args, CONFIG_FLAGS)
     if args.max_time is not None:
@@ -90,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     settings = SupernetRun(out=out, space=load_space(args.space) if args.space else None, resume=args.resume, config=config,
                            objective=given(args, OBJECTIVE_FLAGS), data=data, task_flags=task_flags(args, NAME),
-                           device=args.device, threads=args.threads)
-    close, update = step_bar(NAME)
+                           device=args.device, threads=resolve_threads(args.threads, args.resume))
+    close, update = step_bar("training")
     try:
         done = train_supernet(settings, progress=update, data_progress=bytes_bar("encoding corpus"))
     finally:

@@ -180,6 +180,18 @@ class AttentionType:
         """
         raise NotImplementedError
 
+    def extends(self, spec: AttentionSpec) -> bool:
+        """Whether decoding keeps exactly a growing key/value cache (``k``, ``v``) that :meth:`extend` reads: the
+        cached decoder graph (several new tokens after any past, optimum's ``past_key_values``) then serves the layer."""
+        return False
+
+    def extend(self, spec: AttentionSpec, state: State, q: Tensor, k: Tensor, v: Tensor, w: Weights,
+               positions: Tensor) -> tuple[Tensor, State]:  # fmt: skip
+        """Mix S new tokens (q (B, H, S, D), k, v of them) at ``positions`` (S,) with a growing cache holding exactly
+        the past (functional: the new entries are concatenated): (B, H, S, D) and the cache S entries longer.  Only
+        for a type that :meth:`extends`."""
+        raise NotImplementedError(f"{self.name} keeps no plain key/value cache")
+
     # ------------------------------------------------------------------ cost
 
     def prefill_flops(self, spec: AttentionSpec, batch: int, t: int, heads: int, head_dim: int) -> float:

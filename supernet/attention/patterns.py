@@ -147,6 +147,17 @@ class PatternType(AttentionType):
             mask = torch.cat((jg <= pos, mask & (j >= g)))  # window keys below G are already global
         return attend_one(q, keys, values, mask), new
 
+    def extends(self, spec):
+        return self.window(spec) is None and not self.global_tokens(spec)
+
+    def extend(self, spec, state, q, k, v, w, positions):
+        assert self.extends(spec), f"{spec}: a window or global keys, not a plain key/value cache"
+        keys, values = torch.cat((state["k"], k), dim=2), torch.cat((state["v"], v), dim=2)  # (B, Hk, P + S, D)
+        j = torch.arange(keys.shape[2], device=q.device)  # (P + S,) the keys' positions
+        mask = self.pattern(positions[:, None], j[None, :], spec)  # (S, P + S): the pattern's rows at the new positions
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=grouped(q, keys))  # (B, H, S, D)
+        return y, {"k": keys, "v": values}
+
     # cost
     def prefill_flops(self, spec, batch, t, heads, head_dim):
         return 4.0 * batch * heads * attended_pairs(self, spec, t) * head_dim  # scores and weighted sum over the pairs

@@ -165,6 +165,13 @@ class ImageTask(Task):
 
         return export_vision(supernet, payload, subnet, settings, predicted)
 
+    pipeline_tag = "image-classification"
+
+    def card_facts(self, space: Any, subnet: Any, card: dict):
+        from .card import vision_facts
+
+        return vision_facts(self, space, subnet, card)
+
     def train_subnet(self, settings: Any, progress: Any = None):
         from .workflows import train_subnet
 

@@ -4,7 +4,7 @@ The layout of :mod:`supernet.artifact` (``model.safetensors``, ``subnet.yaml``, 
 marker, the full space, the subnet, the parameter count and the checksums, written last); the card says
 ``task: image-classification``, the data, the validation accuracy (and the test accuracy when the data has a test
 split), the class names, the augmentation it was trained with and the input it takes.  ``model.onnx`` takes
-``images`` (batch, C, H, W) float32 in [0, 1] and gives ``logits`` (batch, classes); its parity with torch is checked
+``pixel_values`` (batch, C, H, W) float32 in [0, 1] and gives ``logits`` (batch, classes); its parity with torch is checked
 to :data:`supernet.export.PARITY_TOL` on seeded images before it is kept.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from latency.timing_core import PIXEL_VALUES
 from search_spaces import UserError
 
 from .model import ViT
@@ -25,26 +26,26 @@ ONNX = "model.onnx"
 
 
 def save_vision_model(model: ViT, out: Path, card: dict[str, Any]) -> Path:
-    from supernet.artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, write_json_atomic
+    from supernet.artifact import CARD, FORMAT, OUTPUTS, SUBNET, VERSION, WEIGHTS, write_card
     from supernet.files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
+    from supernet.model_folder import FILES
 
     out.mkdir(parents=True, exist_ok=True)
-    remove_stale(out, (CARD, SUBNET, *OUTPUTS))
+    remove_stale(out, (CARD, SUBNET, *FILES, *OUTPUTS))
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     atomic_save_tensors(out / WEIGHTS, state, metadata={"format": FORMAT})
     atomic_write(out / SUBNET, model.subnet.to_yaml())
-    write_json_atomic(out / CARD, {"format": FORMAT, "version": VERSION, "task": TASK, "space": model.space.to_dict(),
+    return write_card(out, {"format": FORMAT, "version": VERSION, "task": TASK, "space": model.space.to_dict(),
                                    "subnet": model.subnet.to_dict(), "parameters": model.num_params(),
-                                   "files": {WEIGHTS: sha256_file(out / WEIGHTS)}, **card})  # fmt: skip
-    return out / CARD
+                            "files": {WEIGHTS: sha256_file(out / WEIGHTS)}, **card})  # fmt: skip
 
 
 def load_vision_model(model_dir: str | Path) -> tuple[ViT, dict[str, Any]]:
     """(the static model, its card) of an exported image classifier; one line when the folder is not one."""
-    from supernet.artifact import load_weights, open_export
+    from supernet.artifact import CARD, fitting_model, load_weights, open_export
 
     card, weights, space, subnet = open_export(model_dir, VisionSubnet)
-    model = ViT(space, subnet)
+    model = fitting_model(weights, lambda: ViT(space, subnet), Path(model_dir) / CARD)  # (what the card claims: bounded)
     load_weights(model, weights)
     return model.eval(), card
 
@@ -58,7 +59,7 @@ def onnx_parity(model: ViT, path: Path, seed: int = 0) -> float:
     x = images(model.space, 3, seed=seed + 1)
     with torch.no_grad():
         want = model(torch.from_numpy(x))[:, 0].numpy()
-    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"images": x})[0]
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {PIXEL_VALUES: x})[0]
     return float(np.abs(got - want).max())
 
 
@@ -68,7 +69,7 @@ def onnx_metadata(model: ViT) -> dict[str, str]:
     from search_spaces.version import __version__
 
     space = model.space
-    return {"nas.task": TASK, "nas.input": f"images (batch, {space.channels}, {space.image_size}, {space.image_size}) "
+    return {"nas.task": TASK, "nas.input": f"{PIXEL_VALUES} (batch, {space.channels}, {space.image_size}, {space.image_size}) "
             "float32 in [0, 1]", "nas.classes": str(space.classes), "nas.subnet": model.subnet.to_json(),
             "nas.space_hash": space.hash, "nas.version": __version__}  # fmt: skip
 
@@ -88,8 +89,9 @@ def write_onnx(model: ViT, out: Path, target_ort: str | None, seed: int = 0) -> 
         (out / ONNX).unlink(missing_ok=True)
         raise UserError(f"{out / ONNX}: ONNX Runtime differs from torch by {parity:.3g} (max abs, fp32), over the "
                         f"{PARITY_TOL:g} limit; the graph was not kept")
-    record = {"file": ONNX, "opset": opset, "parity_max_abs": parity, "inputs": {"images": "(batch, C, H, W) float32 in [0, 1]"},
-              "outputs": {"logits": "(batch, classes)"}, "notes": notes}
+    record = {"file": ONNX, "opset": opset, "parity_max_abs": parity,
+              "inputs": {PIXEL_VALUES: "(batch, C, H, W) float32 in [0, 1]"}, "outputs": {"logits": "(batch, classes)"},
+              "notes": notes}  # fmt: skip
     update_card(out, files=[ONNX], onnx=record)
     return record
 
@@ -108,19 +110,22 @@ def export_vision(supernet, payload: dict, subnet: VisionSubnet, settings, predi
     s = settings
     if s.precision != "fp32":
         raise UserError(f"--precision {s.precision}: an image classifier exports in fp32 (time int8 with nas measure-latency)")
+    from supernet.files import named_digest, without_paths
+
     static = supernet.extract(subnet).eval()
     data = task.data_for(payload, s.scoring.path)
+    record = task.data_record(payload["meta"], str(s.scoring.path))
     val = accuracy(static, held_out(data.val))
     test = accuracy(static, held_out(data.test)) if data.test is not None else None
     space = supernet.space
     card = {
-        "data": {"source": data.source, "classes": list(data.classes), "hash": data.hash[:16],
-                 **task.data_record(payload["meta"], str(s.scoring.path))},
+        "data": {"source": without_paths(data.source, [record.get("data")]), "classes": list(data.classes),
+                 "hash": data.hash[:16], **record, "data": Path(record["data"]).name if record.get("data") else None},
         "input": {"size": space.image_size, "channels": space.channels, "range": "[0, 1] (the model normalises)"},
         "augmentation": f"random crop of the image padded by {space.pad} px" + (", horizontal flip" if space.flip else ""),
         "validation": {"accuracy": val, "images": len(data.val), "metric": "top-1 accuracy, inherited weights"},
         "test": {"accuracy": test, "images": len(data.test)} if test is not None else None,
-        "supernet": {"checkpoint": str(Path(s.scoring.path).resolve()), "step": payload["meta"].get("step")},
+        "source": {"supernet": named_digest(s.scoring.path), "step": payload["meta"].get("step"), "space_hash": space.hash},
         "latency": predicted,
     }
     out = Path(s.out)
@@ -153,6 +158,10 @@ def classify_files(model: ViT, card: dict[str, Any], files: list[Path], top: int
 
     space = model.space
     names = (card.get("data") or {}).get("classes") or [str(k) for k in range(space.classes)]
+    if not isinstance(names, list) or len(names) != space.classes:  # (a model trained before the classes were checked)
+        raise ValueError(f"the model card names {len(names) if isinstance(names, list) else 'no'} classes, the model has "
+                         f"{space.classes} outputs: it was trained into a wider head than its data's classes; train it "
+                         "again with the space's classes set to the data's")
     out = []
     for f in files:
         a = read_png(f)

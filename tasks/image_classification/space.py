@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from search_spaces.attention import grid_problems, parse_attention
 from search_spaces.errors import SpaceError, SubnetError, UserError, shown
 from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
 
@@ -101,8 +102,8 @@ class VisionSubnet(Subnet):
                               f"attention (an image-classification subnet), got {shown(data)}")
         stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "pool")}, where)
         try:
-            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"],
-                       data.get("pool", "mean"))
+            return cls(**{f.name: getattr(stack, f.name) for f in fields(Subnet)},
+                       **{k: data[k] for k in extra}, pool=data.get("pool", "mean"))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
@@ -347,6 +348,8 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
                                 where, source, form="bidirectional")
         except SpaceError as e:
             c.errors.extend(e.errors if hasattr(e, "errors") else [str(e)])
+    if stack is not None and resolutions and patches:
+        _check_every_grid(c, stack.attention, resolutions, patches)
     if c.errors or stack is None:
         raise SpaceError(c.errors or [f"{where}: not an image-classification space"])
     base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
@@ -370,6 +373,18 @@ def _grid_types(layers: Any) -> list[str]:
         except (KeyError, ValueError, UserError):  # not a type: the one-stack checks say so
             continue
     return out
+
+
+def _check_every_grid(c: Checker, attention: tuple[str, ...], resolutions: list[int], patches: list[int]) -> None:
+    """Each attention type against every grid the space can sample: resolution r at patch p is an (r/p) x (r/p) grid,
+    and a 2D type must run on each (a Swin window dividing the largest grid's side may not divide a smaller one's)."""
+    sides = sorted({(r // p, r, p) for r in resolutions for p in patches if r % p == 0})
+    for i, text in enumerate(attention):
+        spec = parse_attention(text)
+        for side, r, p in sides:
+            for problem in grid_problems(spec, side):
+                c.error(f"layers.attention[{i}]", f"{problem} (resolution {r} at patch {p}: every resolution and patch "
+                                                  "the space samples must fit)")
 
 
 def _image_workloads(c: Checker, lat: Any) -> list[ImageWorkload]:

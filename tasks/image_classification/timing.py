@@ -17,12 +17,13 @@ import hashlib
 import json
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from latency.timing_core import PIXEL_VALUES
+from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
@@ -38,16 +39,9 @@ def require_device(space: VisionSpace, device: str, precision: str | None = "fp3
         raise UserError(f"--for-transfer: not for an image-classification space ({space.name}) yet; time uniform samples")
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: VisionSpace):
-    from .model import SuperViT
-
-    with torch.device("meta"):
-        return SuperViT(space)
-
-
 def vision_params(space: VisionSpace, subnet: VisionSubnet) -> int:
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static ViT (``SuperViT.num_params`` on the meta device)."""
+    return shape_params(space, subnet)
 
 
 def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize: bool = True):
@@ -113,19 +107,44 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
     return out
 
 
+def layered_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[str, float]:
+    """The layer-composed predictor's columns: the model's own terms (``model:*``: resize, stem, patch embedding, the
+    tokens' position and norm work, the head) and, summed along the stack at the subnet's ``T`` tokens, each layer's
+    :func:`latency.features.layer_terms` (bidirectional)."""
+    from latency.features import add_terms, layer_terms, type_columns
+    from search_spaces import Workload
+
+    terms = image_terms(space, subnet, workload.batch_size)
+    out = {f"model:{k[:-len('_flops')]}": terms[k] for k in ("resize_flops", "stem_flops", "patch_flops", "head_flops")}
+    out["model:tokens"] = float(workload.batch_size * subnet.tokens * subnet.embed_dim)
+    out.update(type_columns(space.attention))
+    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
+    for layer in subnet.layers:
+        add_terms(out, layer_terms(layer.attention, prefill, subnet.embed_dim, layer.heads, space.head_dim, layer.ffn_dim,
+                                   causal=False))
+    return out
+
+
 def vision_matrix(kind: str, space: VisionSpace, workload, subnets) -> tuple:
+    """What predictor ``kind`` reads: the additive terms, the layered terms, or the table's features (a ``transfer``'s
+    view: those, then the layered terms as ``cost:*`` columns)."""
     from latency.features import matrix
 
     if kind == "additive":
         return matrix([additive_terms(space, s, workload) for s in subnets])
-    return matrix([vision_table_features(space, s, workload) for s in subnets])
+    if kind == "layered":
+        return matrix([layered_terms(space, s, workload) for s in subnets])
+    rows = [vision_table_features(space, s, workload) for s in subnets]
+    if kind == "transfer":
+        rows = [{**r, **{f"cost:{k}": v for k, v in layered_terms(space, s, workload).items()}} for r, s in zip(rows, subnets)]
+    return matrix(rows)
 
 
 def images(space: VisionSpace, batch: int, seed: int = 0) -> np.ndarray:
     """The timed input: ``batch`` seeded random images of the data's size, float32 in [0, 1]."""
     from latency.timing_core import image_feed  # (as a latency bundle's runner draws them on the board)
 
-    return image_feed(batch, (space.channels, space.image_size, space.image_size), seed)["images"]
+    return image_feed(batch, (space.channels, space.image_size, space.image_size), seed)[PIXEL_VALUES]
 
 
 def image_call(model, workload, device: str = "cpu", runtime: str = "eager"):
@@ -151,8 +170,8 @@ def vision_key(model) -> str:
 
 
 def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
-    """The static model as one ONNX graph: input ``images`` (batch, C, H, W) float32 in [0, 1], output ``logits``
-    (batch, classes); the batch axis dynamic."""
+    """The static model as one ONNX graph: input ``pixel_values`` (batch, C, H, W) float32 in [0, 1] (the name ONNX
+    Runtime's and optimum's image classifiers take), output ``logits`` (batch, classes); the batch axis dynamic."""
     from supernet.onnx_export import DEFAULT_OPSET
 
     class Flat(torch.nn.Module):
@@ -169,7 +188,7 @@ def export_vit_onnx(model, path: Path, opset: int | None = None) -> Path:
     x = torch.from_numpy(images(model.space, 2))  # a batch of 2: the exporter would specialise on 1
     with _quiet():
         program = torch.onnx.export(Flat(model.eval()), (x,), dynamo=True, opset_version=opset or DEFAULT_OPSET,
-                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=["images"],
+                                    dynamic_shapes=({0: torch.export.Dim("batch", max=4096)},), input_names=[PIXEL_VALUES],
                                     output_names=["logits"], verbose=False,
                                     custom_translation_table=ort_ops.translation_table())
         program.save(str(path))
@@ -221,7 +240,7 @@ def vision_ort_runner(model, workload, threads: int | None, provider: str, clock
     from latency.timing_core import ort_runner
 
     graph = str(cached_vit_graph(model))
-    feed = {"images": images(model.space, workload.batch_size)}
+    feed = {PIXEL_VALUES: images(model.space, workload.batch_size)}
     tmp = None
     if precision != "fp32":
         from latency.quantize import quantized_copy

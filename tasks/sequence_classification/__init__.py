@@ -31,6 +31,7 @@ class SequenceClassificationTask(StackTask):
     name = NAME
     doc = "a bidirectional encoder names a sequence's class at its [CLS] token (Long Range Arena: ListOps, Pathfinder, ...)"
     form = "bidirectional"
+    pipeline_tag = "text-classification"
     metric = "bits/label"
     unit = "bits"
     token_unit = "tokens"

@@ -88,18 +88,19 @@ class DenoisingBatches:
 
 @dataclass(frozen=True)
 class PhasedBatches:
-    """``first``'s batches for the steps before ``at``, ``then``'s from it."""
+    """``first``'s batches for the steps before ``switch``, ``then``'s from it.  (Not named ``at``: the trainer reads a
+    batches' ``at`` as the per-vocabulary batches of a space that searches its vocabulary.)"""
 
     first: Any
     then: Any
-    at: int
+    switch: int
 
     @property
     def sampler(self) -> str:
-        return f"steps below {self.at}: {self.first.sampler}; then {self.then.sampler}"
+        return f"steps below {self.switch}: {self.first.sampler}; then {self.then.sampler}"
 
     def __call__(self, step: int) -> Batch:
-        return self.first(step) if step < self.at else self.then(step)
+        return self.first(step) if step < self.switch else self.then(step)
 
 
 class SequenceLearner(ExampleLearner):

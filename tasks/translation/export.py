@@ -4,6 +4,7 @@ The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The c
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
 ONNX: the encoder and the decoder step (parity-checked; each carries :func:`supernet.export.onnx_metadata`).
+The card names the supernet and the corpus by name and digest (no path of this machine).
 ``--predictor`` records the predicted latency of the subnet at the predictor's translate workload; ``--timing-target TARGET
 [--budget T]`` times the exported model on that workload with the measurement protocol (on ``onnxruntime`` the same
 two graphs, exported by the device).
@@ -17,18 +18,26 @@ from pathlib import Path
 from .workflows import corpus_record
 
 
+def portable_corpus(record: dict) -> dict:
+    """A run's corpus record as a card keeps it: a file of the user's by its name (``nas translate --eval --data FILE``
+    finds it again, its hash checked), not its path on this machine."""
+    data = record.get("data")
+    return {**record, "data": Path(data).name if data else None}
+
+
 def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
     """Write and parity-check the two graphs of ``static`` into ``out``; record them in the card; return the record."""
     from supernet.export import PARITY_TOL, choose_opset, onnx_metadata
     from search_spaces import UserError
-    from supernet.artifact import update_card
+    from supernet.artifact import read_card, update_card
     from supernet.onnx_export import add_metadata
 
     from .onnx import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
 
     opset, notes = choose_opset(target_ort)
+    said = (read_card(out).get("tokenizer") or {}).get("metadata", "bytes")  # the folder's tokenizer.json (issue 54)
     for path in export_seq2seq_onnx(static, out, opset=opset):  # described (beside seq2seq_inputs) before the card's sha256
-        add_metadata(path, onnx_metadata(static.space, static.subnet))
+        add_metadata(path, onnx_metadata(static.space, static.subnet, said))
     parity = seq2seq_parity(static, out, batch=2, seed=seed)
     worst = max(parity.values())
     if not worst <= PARITY_TOL:  # also catches NaN
@@ -37,7 +46,12 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
         raise UserError(f"{out / DECODER}: ONNX Runtime differs from torch by {worst:.3g} (max abs, fp32; encoder "
                         f"{parity['encoder']:.3g}, decoder step {parity['decoder_step']:.3g}), over the {PARITY_TOL:g} "
                         "limit; the ONNX graphs were not kept")  # fmt: skip
-    record = {"opset": opset, "encoder": ENCODER, "decoder_step": DECODER, "parity_max_abs": parity, "notes": notes}
+    record = {"opset": opset, "encoder": ENCODER, "decoder_step": DECODER, "parity_max_abs": parity, "notes": notes,
+              "inputs": {"encoder": ["input_ids"],
+                         "decoder_step": ["input_ids", "position", "past_key_values.{i}.decoder.*",
+                                          "past_key_values.{i}.encoder.*", "encoder_attention_mask.{i}"]},
+              "outputs": {"encoder": ["present.{i}.encoder.*", "encoder_attention_mask.{i}"],
+                          "decoder_step": ["logits", "present.{i}.decoder.*"]}}  # fmt: skip
     update_card(out, files=[ENCODER, DECODER], onnx=record)
     return record
 
@@ -47,10 +61,11 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     cross-entropy per target byte on the batches training evaluated on), the two ONNX graphs (parity-checked)."""
     from latency.measure import measure_model, predicted_line
     from supernet.export import Exported
+    from supernet.files import named_digest
     from search_spaces import UserError
 
     from .artifact import save_seq2seq_model
-    from .data import check_pairs, prepare_pairs
+    from .data import check_pairs, prepare_pairs, tokenize_pairs
     from .onnx import DECODER, ENCODER
     from .train import eval_batches, heldout_ce
 
@@ -62,21 +77,29 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     record = corpus_record(meta)
     corpus = prepare_pairs(record["data"], path.parent, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], str(path))
+    trained = meta.get("vocabulary")  # a joint subword vocabulary: the pairs read at it, its file in the folder
+    if space.tokenizer.bpe:
+        if trained is None:
+            raise UserError(f"{path}: a subword space's checkpoint without its vocabulary (meta lacks vocabulary)")
+        corpus = tokenize_pairs(corpus, space.tokenizer, path.parent)
+        if corpus.vocabulary.sha256 != trained["sha256"]:
+            raise UserError(f"{path}: trained with tokenizer {trained['sha256'][:16]}, but the data cache now gives "
+                            f"{corpus.vocabulary.sha256[:16]}")
     config = meta["train_config"]
     batches = eval_batches(corpus.val, config["batch_size"], space.max_seq_len, config["eval_batches"], config["seed"])
     ce = heldout_ce(static, None, corpus.val, batches)
     card = {
-        "corpus": record,
+        "corpus": portable_corpus(record),
         "validation": {"ce_per_target_byte": ce, "unit": "nats per target byte (EOS included)",
                        "pairs": int(sum(len(b) for b in batches))},  # fmt: skip
-        "supernet": {"checkpoint": str(path.resolve()), "step": meta.get("step")},
+        "source": {"supernet": named_digest(path), "step": meta.get("step"), "space_hash": space.hash},
         "latency": predicted,
         "not_yet": "model.pt2",
     }
     out = Path(s.out)
     for name in (ENCODER, DECODER):  # an earlier export's graphs are not this model's
         (out / name).unlink(missing_ok=True)
-    save_seq2seq_model(static, out, card)
+    save_seq2seq_model(static, out, card, trained["json"] if space.tokenizer.bpe else None)
     lines = [f"wrote {s.out}: {static.num_params():,} parameters, subnet {subnet}"]
     if "onnx" in s.formats:
         onnx = write_seq2seq_onnx(static, out, s.target_ort, s.seed)

@@ -1,16 +1,20 @@
 """ONNX export of a static encoder-decoder (:class:`~tasks.translation.model.Seq2SeqTransformer`): two graphs, and a
 decoding loop on ONNX Runtime.
 
-``encoder.onnx``: ``source`` (batch, S) int64, S dynamic -> per decoder layer i ``cross.{i}.k``, ``cross.{i}.v``
-(batch, cross heads, k_i x S, head_dim) and ``cross.{i}.mask`` (batch, 1, 1, k_i x S) bool, True where a source
-byte is real: what :func:`tasks.translation.model.encode_memory` computes once per source, HAT's arbitrary
+Named as optimum's encoder-decoders name theirs (the cross keys and values are the ``encoder`` half of the cache).
+``encoder.onnx``: ``input_ids`` (batch, S) int64, S dynamic, the source bytes (padding is read off the PAD id: no
+``attention_mask``) -> per decoder layer i ``present.{i}.encoder.key``, ``present.{i}.encoder.value`` (batch, cross
+heads, k_i x S, head_dim) and ``encoder_attention_mask.{i}`` (batch, 1, 1, k_i x S) bool, True where a source byte
+is real: what :func:`tasks.translation.model.encode_memory` computes once per source, HAT's arbitrary
 encoder-decoder attention included (layer i reads the last k_i = ``cross_layers[i]`` encoder layers).
 
-``decoder_step.onnx``: ``token`` (batch, 1) int64, ``position`` (1,) int64, each decoder layer's self-attention
-state ``past.{i}.{name}`` laid out exactly as the LM's decode step (:mod:`supernet.onnx_decode`: growing
-``k`` / ``v`` caches (batch, Hkv, past, D), rolling windows, the linear family's ``s`` / ``z``, ...), then the
-cross keys, values and masks of the encoder graph -> ``logits`` (batch, 1, vocab) and ``present.{i}.{name}``, to
-feed back as ``past.*`` at the next step.  Batch, ``past`` and each layer's memory length are dynamic.  Both
+``decoder_step.onnx``: ``input_ids`` (batch, 1) int64, ``position`` (1,) int64, each decoder layer's self-attention
+state laid out exactly as the LM's decode step (:mod:`supernet.onnx_decode`: a growing cache as
+``past_key_values.{i}.decoder.key`` / ``.value`` (batch, Hkv, past, D), any other state as ``past.{i}.{name}``:
+rolling windows, the linear family's ``s`` / ``z``, ...), then the encoder's keys, values and masks
+(``past_key_values.{i}.encoder.key`` / ``.value``, ``encoder_attention_mask.{i}``) -> ``logits`` (batch, 1, vocab)
+and ``present.{i}.decoder.key``, ``present.{i}.{name}``, to feed back (:func:`supernet.onnx_decode.past_of`) at the
+next step.  Batch, ``past`` and each layer's memory length are dynamic.  Both
 graphs carry their input layout in their metadata (``seq2seq_inputs``), so the loop below builds its inputs from
 the graph files alone.  Beam search runs the step at batch B (one row per hypothesis; the encoder's outputs
 repeated B times, and the states gathered by hypothesis between steps, as :mod:`tasks.translation.decode` does).
@@ -27,8 +31,10 @@ import torch.nn as nn
 from torch import Tensor
 
 from search_spaces import UserError
+from latency.timing_core import encoder_feed
 from supernet.model import Step, attention_sublayer, embed, lm_head, mlp_sublayer, rope_at
-from supernet.onnx_export import DEFAULT_OPSET, _quiet, onnx_session
+from supernet.onnx_decode import POSITION, is_state, past_of, present_of, state_name
+from supernet.onnx_export import DEFAULT_OPSET, INPUT_IDS, LOGITS, _quiet, check_inputs, onnx_session
 
 from .data import BOS, EOS, PAD
 from .model import Memory, Seq2SeqTransformer, Seq2SeqWeights, cross_attention, encode_memory
@@ -46,34 +52,42 @@ def decoder_states(model: Seq2SeqTransformer) -> list[dict]:
 
 
 def cross_names(model: Seq2SeqTransformer) -> list[str]:
-    """The encoder graph's outputs, the decoder step's last inputs: per decoder layer k, v, mask."""
-    return [f"cross.{i}.{n}" for i in range(len(model.dec_blocks)) for n in ("k", "v", "mask")]
+    """The encoder graph's outputs: per decoder layer its cross keys, values (``present.{i}.encoder.*``) and mask."""
+    return [n for i in range(len(model.dec_blocks))
+            for n in (f"present.{i}.encoder.key", f"present.{i}.encoder.value", f"encoder_attention_mask.{i}")]  # fmt: skip
+
+
+def is_self_state(name: str) -> bool:
+    """Whether a decoder-step input is a self-attention state fed back step by step (not the encoder's keys)."""
+    return is_state(name) and ".encoder." not in name
 
 
 def step_layout(model: Seq2SeqTransformer) -> dict[str, dict]:
     """Every input of the decoder-step graph: name -> {"shape": [...] ("batch", "past", "memory.{i}" dynamic), "dtype"}."""
     space, hd = model.space, model.space.head_dim
     layout = {
-        "token": {"shape": ["batch", 1], "dtype": "int64", "vocab_size": space.vocab_size, "start": BOS},
-        "position": {"shape": [1], "dtype": "int64", "limit": space.max_seq_len if space.positions == "learned" else None},
+        INPUT_IDS: {"shape": ["batch", 1], "dtype": "int64", "vocab_size": space.vocab_size, "start": BOS},
+        POSITION: {"shape": [1], "dtype": "int64", "limit": space.max_seq_len if space.positions == "learned" else None},
     }
     for i, states in enumerate(decoder_states(model)):
         for name, s in states.items():
-            layout[f"past.{i}.{name}"] = {"shape": ["batch", *s.shape], "dtype": "float32", "positive": s.positive}
+            layout[state_name(i, name, s.grows, "decoder")] = {"shape": ["batch", *s.shape], "dtype": "float32",
+                                                              "positive": s.positive}  # fmt: skip
     for i, c in enumerate(model.cross):
         heads = c.q.out_features // hd
-        for n in ("k", "v"):
-            layout[f"cross.{i}.{n}"] = {"shape": ["batch", heads, f"memory.{i}", hd], "dtype": "float32"}
-        layout[f"cross.{i}.mask"] = {"shape": ["batch", 1, 1, f"memory.{i}"], "dtype": "bool"}
+        for n in ("key", "value"):
+            layout[f"past_key_values.{i}.encoder.{n}"] = {"shape": ["batch", heads, f"memory.{i}", hd], "dtype": "float32"}
+        layout[f"encoder_attention_mask.{i}"] = {"shape": ["batch", 1, 1, f"memory.{i}"], "dtype": "bool"}
     return layout
 
 
 def step_outputs(layout: dict[str, dict]) -> list[str]:
-    return ["logits"] + [n.replace("past.", "present.", 1) for n in layout if n.startswith("past.")]
+    return [LOGITS] + [present_of(n) for n in layout if is_self_state(n)]
 
 
 class EncoderGraph(nn.Module):
-    """source (B, S) -> (cross.0.k, cross.0.v, cross.0.mask, cross.1.k, ...): :func:`encode_memory` flattened."""
+    """input_ids (B, S) -> per decoder layer its cross key, value and mask (:func:`cross_names`): :func:`encode_memory`
+    flattened."""
 
     def __init__(self, model: Seq2SeqTransformer):
         super().__init__()
@@ -125,7 +139,7 @@ def _example(layout: dict[str, dict], sizes: dict[str, int]) -> list[Tensor]:
         if spec["dtype"] == "bool":
             out.append(torch.ones(shape, dtype=torch.bool))
         elif spec["dtype"] == "int64":
-            out.append(torch.full(shape, sizes["past"] if name == "position" else 1, dtype=torch.long))
+            out.append(torch.full(shape, sizes["past"] if name == POSITION else 1, dtype=torch.long))
         else:
             t = torch.randn(shape)
             out.append(t.abs() + 1.0 if spec.get("positive") else t)
@@ -145,9 +159,9 @@ def export_seq2seq_onnx(model: Seq2SeqTransformer, directory: str | Path, *, ops
     Dim = torch.export.Dim
     batch, seq = Dim("batch", max=4096), Dim("source", min=1, max=space.max_seq_len)
     source = torch.randint(0, 256, (_BATCH, max(_SOURCE, min(space.max_seq_len, 2 * _SOURCE + 1))))
-    enc_layout = {"source": {"shape": ["batch", "source"], "dtype": "int64", "vocab_size": space.vocab_size,
-                             "limit": space.max_seq_len}}  # fmt: skip
-    encoder = _export(EncoderGraph(model), (source,), ({0: batch, 1: seq},), ["source"], cross_names(model),
+    enc_layout = {INPUT_IDS: {"shape": ["batch", "source"], "dtype": "int64", "vocab_size": space.vocab_size,
+                              "limit": space.max_seq_len}}  # fmt: skip
+    encoder = _export(EncoderGraph(model), (source,), ({0: batch, 1: seq},), [INPUT_IDS], cross_names(model),
                       directory / ENCODER, opset)  # fmt: skip
     layout = step_layout(model)
     memory = [Dim(f"memory_{i}", min=1, max=k * space.max_seq_len) for i, k in enumerate(model.subnet.cross_layers)]
@@ -173,12 +187,15 @@ def _export(module, example, dynamic, inputs, outputs, path: Path, opset: int) -
     return path
 
 
-def read_layout(session) -> dict[str, dict]:
-    """The input layout stored in a graph of :func:`export_seq2seq_onnx` (an ONNX Runtime session)."""
+def read_layout(session, where: str = "the ONNX session") -> dict[str, dict]:
+    """The input layout stored in a graph of :func:`export_seq2seq_onnx` (an ONNX Runtime session); a graph of an older
+    export (``source``, ``token``, ``cross.*``) is refused in one line naming ``where``."""
     props = session.get_modelmeta().custom_metadata_map
     if META_KEY not in props:
-        raise UserError(f"not a seq2seq graph (no {META_KEY!r} metadata); write one with export_seq2seq_onnx")
-    return json.loads(props[META_KEY])
+        raise UserError(f"{where}: not a seq2seq graph (no {META_KEY!r} metadata); write one with export_seq2seq_onnx")
+    layout = json.loads(props[META_KEY])
+    check_inputs(layout, where)
+    return layout
 
 
 # --------------------------------------------------------------------------- decoding on ONNX Runtime
@@ -187,11 +204,13 @@ def read_layout(session) -> dict[str, dict]:
 class OnnxSeq2Seq:
     """The two sessions of an exported encoder-decoder: ``encode`` a source once, then ``step`` one token per row."""
 
-    def __init__(self, encoder, step):
+    def __init__(self, encoder, step, where: str = "the ONNX sessions"):
+        check_inputs([i.name for i in encoder.get_inputs()], where)
         self.encoder, self.step_session = encoder, step
-        self.layout = read_layout(step)
+        self.layout = read_layout(step, where)
         self.outputs = [o.name for o in step.get_outputs()]
         self.cross = [o.name for o in encoder.get_outputs()]
+        self.cross_inputs = list(encoder_feed(self.cross, [np.zeros((1,))] * len(self.cross), 1))  # the step's names
 
     @classmethod
     def load(cls, directory: str | Path, threads: int | None = None) -> "OnnxSeq2Seq":
@@ -199,35 +218,35 @@ class OnnxSeq2Seq:
         for name in (ENCODER, DECODER):
             if not (directory / name).is_file():
                 raise UserError(f"{directory / name}: not found (write it with nas export of a seq2seq subnet)")
-        return cls(onnx_session(directory / ENCODER, threads), onnx_session(directory / DECODER, threads))
+        return cls(onnx_session(directory / ENCODER, threads), onnx_session(directory / DECODER, threads), str(directory))
 
     def encode(self, source: np.ndarray, batch: int) -> dict[str, np.ndarray]:
-        """source (1, S) int64 -> the cross inputs of the step, repeated to ``batch`` rows."""
-        outs = self.encoder.run(self.cross, {"source": np.ascontiguousarray(source, dtype=np.int64)})
-        return {n: np.repeat(a, batch, axis=0) if a.shape[0] != batch else a for n, a in zip(self.cross, outs)}
+        """source (1, S) int64 -> the encoder's keys, values and masks as the step's inputs, repeated to ``batch`` rows."""
+        outs = self.encoder.run(self.cross, {INPUT_IDS: np.ascontiguousarray(source, dtype=np.int64)})
+        return encoder_feed(self.cross, outs, batch)
 
     def start(self, cross: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The first step's inputs: empty caches and zero states at the batch of ``cross``, the token still to set."""
         batch = next(iter(cross.values())).shape[0]
         feed = {}
         for name, spec in self.layout.items():
-            if name.startswith("past."):
+            if is_self_state(name):
                 shape = [{"batch": batch, "past": 0}.get(d, d) if isinstance(d, str) else d for d in spec["shape"]]
                 feed[name] = np.zeros(shape, dtype=spec["dtype"])
-        return {**feed, **cross, "token": np.full((batch, 1), BOS, dtype=np.int64), "position": np.zeros(1, np.int64)}
+        return {**feed, **cross, INPUT_IDS: np.full((batch, 1), BOS, dtype=np.int64), POSITION: np.zeros(1, np.int64)}
 
     def step(self, feed: dict[str, np.ndarray]) -> np.ndarray:
         """Run one step on ``feed``, update its states and position in place: logits (B, V)."""
         outs = self.step_session.run(self.outputs, feed)
         for name, value in zip(self.outputs[1:], outs[1:]):
-            feed[name.replace("present.", "past.", 1)] = value
-        feed["position"] = feed["position"] + 1
+            feed[past_of(name)] = value
+        feed[POSITION] = feed[POSITION] + 1
         return outs[0][:, -1]
 
     @staticmethod
     def reorder(feed: dict[str, np.ndarray], index: np.ndarray) -> None:
         """Keep the rows ``index`` of the states (beam search: each hypothesis its parent's cache)."""
-        for name in [n for n in feed if n.startswith("past.")]:
+        for name in [n for n in feed if is_self_state(n)]:
             feed[name] = feed[name][index]
 
 
@@ -236,7 +255,7 @@ def onnx_logits(model: OnnxSeq2Seq, source: np.ndarray, tgt: np.ndarray) -> np.n
     feed = model.start(model.encode(source, tgt.shape[0]))
     outs = []
     for t in range(tgt.shape[1]):
-        feed["token"] = np.ascontiguousarray(tgt[:, t : t + 1], dtype=np.int64)
+        feed[INPUT_IDS] = np.ascontiguousarray(tgt[:, t : t + 1], dtype=np.int64)
         outs.append(model.step(feed))
     return np.stack(outs, axis=1)
 
@@ -256,8 +275,8 @@ def seq2seq_parity(model: Seq2SeqTransformer, directory: str | Path, *, source: 
     mem = encode_memory(w, src)
     ort = OnnxSeq2Seq.load(directory)
     cross = ort.encode(src.numpy(), 1)
-    enc = max(float(np.abs(cross[f"cross.{i}.{n}"] - t.numpy()).max()) for i, kv in enumerate(mem.kv)
-              for n, t in zip("kv", kv))  # fmt: skip
+    enc = max(float(np.abs(cross[f"past_key_values.{i}.encoder.{n}"] - t.numpy()).max()) for i, kv in enumerate(mem.kv)
+              for n, t in zip(("key", "value"), kv))  # fmt: skip
     ref, _ = decode(w, tgt, mem.select(torch.zeros(batch, dtype=torch.long)))
     dec = float(np.abs(onnx_logits(ort, src.numpy(), tgt.numpy()) - ref.numpy()).max())
     return {"encoder": enc, "decoder_step": dec}
@@ -284,7 +303,7 @@ def onnx_greedy(model: OnnxSeq2Seq, source: bytes, max_len: int) -> tuple[list[i
         score += float(lp[tok])
         if tok == EOS:
             break
-        feed["token"] = np.array([[tok]], dtype=np.int64)
+        feed[INPUT_IDS] = np.array([[tok]], dtype=np.int64)
     return tokens, score
 
 
@@ -299,13 +318,13 @@ class OnnxBeams:
         self.feed = model.start(model.encode(np.array([list(source)], dtype=np.int64), 1))
 
     def __call__(self, prefixes: torch.Tensor) -> torch.Tensor:
-        self.feed["token"] = np.ascontiguousarray(prefixes[:, -1:].numpy(), dtype=np.int64)  # the cache holds the rest
+        self.feed[INPUT_IDS] = np.ascontiguousarray(prefixes[:, -1:].numpy(), dtype=np.int64)  # the cache holds the rest
         return torch.from_numpy(_log_softmax(self.model.step(self.feed)))
 
     def reorder(self, index: torch.Tensor) -> None:
         rows = index.numpy()
         self.model.reorder(self.feed, rows)
-        for name in self.model.cross:  # every row reads the same source
+        for name in self.model.cross_inputs:  # every row reads the same source
             self.feed[name] = self.feed[name][np.zeros(len(rows), dtype=np.int64)]
 
 
