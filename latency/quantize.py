@@ -9,6 +9,16 @@ Precisions (``--precision``):
 - ``int8-static``: :func:`onnxruntime.quantization.quantize_static` in QDQ format: weights INT8 (symmetric,
   per tensor), activations uint8 (asymmetric) with ranges calibrated (MinMax) on held-out windows of the
   corpus (:func:`calibration_feeds`); ONNX Runtime fuses the QDQ pairs into integer kernels.
+- ``int8-smooth``: SmoothQuant, then ``int8-dynamic``: each weight MatMul's input is divided channel-wise by
+  ``s_j = max|X_j|^0.5 / max|W_j|^0.5`` (channel maxima on the calibration windows; one ``Mul`` per input tensor,
+  shared by the MatMuls that read it) and the weights' rows multiplied by ``s``.  ONNX Runtime's quantizer has this as
+  ``extra_options={"SmoothQuant": True}``, but it runs Intel Neural Compressor's ``ORTSmoothQuant``, a package this
+  toolkit does not require, and folds the ``Mul`` into whatever precedes it, which the torch estimate of the search
+  would then have to follow; the rewrite here (:func:`channel_rewrite`) is the same formula in a few graph nodes.
+- ``int8-outlier``: LLM.int8's decomposition, then ``int8-dynamic``: the ``OUTLIER_SHARE`` (1/32, at least one) input
+  channels of largest magnitude on the calibration windows (``Gather``) multiply their weight rows in an fp32
+  ``MatMul``; the input with those channels zeroed (``Mul`` by a 0/1 mask) and the weights with those rows zeroed run
+  INT8; an ``Add`` sums the two.
 
 What is quantized: the ``MatMul`` nodes whose second input is a weight (an initializer after ONNX Runtime's
 basic, provider-independent graph optimizations: constant folding turns the exporter's ``Transpose(weight)``
@@ -39,8 +49,9 @@ import numpy as np
 
 from search_spaces import UserError
 from supernet.quantized import CALIBRATION_WINDOWS, MAX_ERROR, calibration_feeds  # noqa: F401  (below the search's INT8 fitness)
+from supernet.quantized import CHANNELWISE, OUTLIER_SHARE, SMOOTH_ALPHA
 
-PRECISIONS = ("fp32", "int8-dynamic", "int8-static")
+PRECISIONS = ("fp32", "int8-dynamic", "int8-static", "int8-smooth", "int8-outlier")
 INT8 = PRECISIONS[1:]
 
 
@@ -100,12 +111,13 @@ def weight_matmuls(model) -> dict[str, tuple[str, np.ndarray]]:
 # --------------------------------------------------------------------------- the scheme, simulated
 
 
-def simulate_matmul(inputs: list[np.ndarray], w: np.ndarray, precision: str) -> float:
+def simulate_matmul(inputs: list[np.ndarray], w: np.ndarray, precision: str, channels: dict | None = None) -> float:
     """The per-layer rule's error of ``x @ w`` (``w`` an ONNX MatMul weight, (K, N)) over the calibration ``inputs``:
     the relative RMS error of its INT8 output (:mod:`supernet.quantized`, the scheme in torch) against fp32.
 
     ``int8-dynamic``: the input's range per call (per input).  ``int8-static``: the input's and the product's
-    ranges over all the inputs (MinMax calibration; QDQ quantizes a MatMul's output too).
+    ranges over all the inputs (MinMax calibration; QDQ quantizes a MatMul's output too).  ``int8-smooth`` /
+    ``int8-outlier``: ``channels``, the layer's per-channel step (:func:`channel_steps`), then dynamic.
     """
     import torch
     import torch.nn.functional as F
@@ -120,7 +132,88 @@ def simulate_matmul(inputs: list[np.ndarray], w: np.ndarray, precision: str) -> 
     if precision == "int8-static":
         inp = activation_range(torch.cat([x.reshape(-1) for x in xs]))
         out = activation_range(torch.cat([y.reshape(-1) for y in ys]))
-    return relative_error((int8_linear(x, wt, None, inp, out), y) for x, y in zip(xs, ys))
+    return relative_error((int8_linear(x, wt, None, inp, out, **(channels or {})), y) for x, y in zip(xs, ys))
+
+
+def channel_steps(nodes: dict[str, tuple[str, np.ndarray]], act_max: dict[str, np.ndarray],
+                  precision: str) -> dict[str, dict]:
+    """Each weight MatMul's per-channel step at ``int8-smooth`` / ``int8-outlier`` (``int8_linear``'s ``smooth`` or
+    ``outliers``, as torch tensors) from its input's channel maxima ``act_max`` (by tensor name); the simulation's
+    :func:`supernet.quantized.channel_plan`, the MatMuls that read one tensor forming one group."""
+    import torch
+
+    from supernet.quantized import channel_plan
+
+    names = list(nodes)
+    first = {}
+    groups = [names.index(first.setdefault(nodes[n][0], n)) for n in names]
+    acts = [torch.from_numpy(np.asarray(act_max[nodes[n][0]], dtype=np.float32)) for n in names]
+    wmax = [torch.from_numpy(np.abs(nodes[n][1]).max(axis=1).astype(np.float32)) for n in names]  # per input row
+    return dict(zip(names, channel_plan(precision, acts, wmax, groups)))
+
+
+def channel_rewrite(model, nodes: dict[str, tuple[str, np.ndarray]], steps: dict[str, dict]) -> list[str]:
+    """Rewrite ``model`` (in place) so that each MatMul of ``steps`` computes its per-channel step before an INT8
+    product: the names of the MatMuls the quantizer is then to quantize (the outlier MatMuls stay fp32).
+
+    ``smooth``: ``Mul(x, 1/s)`` once per input tensor, the MatMul's weight a new initializer ``W * s[:, None]``.
+    ``outliers``: ``Mul(x, mask)`` and ``Gather(x, idx, axis=-1)`` once per input tensor; the MatMul reads the masked
+    input and ``W`` with those rows zeroed, an fp32 ``MatMul`` the gathered channels and ``W[idx]``, and an ``Add``
+    of the two writes the MatMul's old output.  Initializers no longer read are dropped.
+    """
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    before: dict[str, list] = {}  # node name -> nodes to insert before it (the shared per-tensor ones)
+    after: dict[str, list] = {}
+    made: dict[str, str] = {}  # (activation, kind) -> the tensor made from it
+    inits, quantize = [], []
+    for n in graph.node:
+        if n.name not in steps:
+            continue
+        act, w = nodes[n.name]
+        step, tag = steps[n.name], f"nas_{len(quantize)}"
+        if "smooth" in step:
+            s = step["smooth"].numpy().astype(np.float32)
+            key = f"{act}|smooth"
+            if key not in made:
+                made[key] = f"{act}_smoothed_{len(made)}"
+                inits.append(numpy_helper.from_array((1.0 / step["smooth"]).numpy().astype(np.float32), made[key] + "_inv"))
+                before.setdefault(n.name, []).append(helper.make_node("Mul", [act, made[key] + "_inv"], [made[key]],
+                                                                      name=made[key] + "_mul"))
+            inits.append(numpy_helper.from_array((w * s[:, None]).astype(np.float32), f"{tag}_w_smooth"))
+            n.input[0], n.input[1] = made[key], f"{tag}_w_smooth"
+        else:
+            idx = step["outliers"].numpy().astype(np.int64)
+            mask = np.ones(w.shape[0], dtype=np.float32)
+            mask[idx] = 0.0
+            key = f"{act}|outliers"
+            if key not in made:
+                made[key] = f"{act}_outliers_{len(made)}"
+                inits += [numpy_helper.from_array(mask, made[key] + "_mask"), numpy_helper.from_array(idx, made[key] + "_idx")]
+                before.setdefault(n.name, []).extend([
+                    helper.make_node("Mul", [act, made[key] + "_mask"], [made[key] + "_rest"], name=made[key] + "_mul"),
+                    helper.make_node("Gather", [act, made[key] + "_idx"], [made[key] + "_high"], axis=-1,
+                                     name=made[key] + "_gather")])
+            inits += [numpy_helper.from_array((w * mask[:, None]).astype(np.float32), f"{tag}_w_rest"),
+                      numpy_helper.from_array(np.ascontiguousarray(w[idx]).astype(np.float32), f"{tag}_w_high")]
+            out = n.output[0]
+            n.input[0], n.input[1], n.output[0] = made[key] + "_rest", f"{tag}_w_rest", f"{tag}_int8"
+            after[n.name] = [helper.make_node("MatMul", [made[key] + "_high", f"{tag}_w_high"], [f"{tag}_fp32"],
+                                              name=f"{n.name}_outliers_fp32"),
+                             helper.make_node("Add", [f"{tag}_int8", f"{tag}_fp32"], [out], name=f"{n.name}_outliers_add")]
+        quantize.append(n.name)
+    ordered = []
+    for n in graph.node:
+        ordered += [*before.get(n.name, []), n, *after.get(n.name, [])]
+    graph.initializer.extend(inits)
+    del graph.node[:]
+    graph.node.extend(ordered)
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    keep = [i for i in graph.initializer if i.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return quantize
 
 
 # --------------------------------------------------------------------------- quantizing a file
@@ -134,18 +227,27 @@ class QuantReport:
     quantized: list[str] = field(default_factory=list)
     kept_fp32: list[str] = field(default_factory=list)
     errors: dict[str, float] = field(default_factory=dict)  # node -> relative RMS error (when the rule ran)
+    outlier_channels: dict[str, int] = field(default_factory=dict)  # int8-outlier: node -> input channels kept fp32
     max_error: float | None = None
 
     def record(self) -> dict:
         """For a model card: the scheme, the rule and its outcome."""
         return {"precision": self.precision, "quantized_matmuls": len(self.quantized), "kept_fp32": self.kept_fp32,
                 "max_error": self.max_error, "errors": {k: round(v, 6) for k, v in sorted(self.errors.items())},
-                "scheme": "weights int8 symmetric per tensor; activations uint8 asymmetric per tensor ("
-                + ("calibrated MinMax, QDQ" if self.precision == "int8-static" else "dynamic, per call") + ")"}
+                "scheme": SCHEMES[self.precision] + "weights int8 symmetric per tensor; activations uint8 asymmetric per "
+                "tensor (" + ("calibrated MinMax, QDQ" if self.precision == "int8-static" else "dynamic, per call") + ")",
+                **({"outlier_channels": dict(sorted(self.outlier_channels.items()))} if self.outlier_channels else {})}
 
 
-def layer_errors(path: str | Path, feeds: list[dict], precision: str) -> dict[str, float]:
-    """The per-layer rule's error of every weight MatMul of the (prepared) model ``path`` on ``feeds``."""
+SCHEMES = {"int8-dynamic": "", "int8-static": "", "fp32": "",
+           "int8-smooth": f"SmoothQuant (alpha {SMOOTH_ALPHA}, per-channel input maxima on the calibration windows); ",
+           "int8-outlier": f"LLM.int8 decomposition (the {OUTLIER_SHARE:.4g} share of input channels of largest magnitude "
+                           "on the calibration windows in fp32, at least one); "}
+
+
+def matmul_inputs(path: str | Path, feeds: list[dict]) -> tuple[dict, list[dict[str, np.ndarray]]]:
+    """The weight MatMuls of the (prepared) model ``path`` (:func:`weight_matmuls`) and, for each feed, the fp32
+    values of their inputs by tensor name (an ONNX Runtime run with those tensors added as outputs)."""
     import onnx
     import onnxruntime as ort
 
@@ -157,8 +259,26 @@ def layer_errors(path: str | Path, feeds: list[dict], precision: str) -> dict[st
     options = ort.SessionOptions()
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    runs = [dict(zip(acts, session.run(acts, feed))) for feed in feeds]
-    return {name: simulate_matmul([r[a] for r in runs], w, precision) for name, (a, w) in nodes.items()}
+    return nodes, [dict(zip(acts, session.run(acts, feed))) for feed in feeds]
+
+
+def input_channel_max(runs: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Each tensor's per-channel (last dimension) largest magnitude over the runs: the per-channel activation
+    statistics of the calibration windows (:func:`supernet.quantized.channel_max` in numpy)."""
+    return {a: np.max([np.abs(r[a]).reshape(-1, r[a].shape[-1]).max(0) for r in runs], axis=0) for a in runs[0]}
+
+
+def layer_errors(path: str | Path, feeds: list[dict], precision: str) -> dict[str, float]:
+    """The per-layer rule's error of every weight MatMul of the (prepared) model ``path`` on ``feeds``."""
+    nodes, runs = matmul_inputs(path, feeds)
+    steps = channel_steps(nodes, input_channel_max(runs), precision) if precision in CHANNELWISE else {}
+    return errors_of(nodes, runs, precision, steps)
+
+
+def errors_of(nodes: dict, runs: list[dict], precision: str, steps: dict[str, dict]) -> dict[str, float]:
+    """The per-layer rule's error of each MatMul of ``nodes`` on its inputs ``runs`` (:func:`matmul_inputs`)."""
+    return {name: simulate_matmul([r[a] for r in runs], w, precision, steps.get(name))
+            for name, (a, w) in nodes.items()}
 
 
 class _Reader:
@@ -178,8 +298,9 @@ def quantize_model(src: str | Path, dst: str | Path, precision: str, feeds: list
                    max_error: float | None = MAX_ERROR) -> QuantReport:
     """Write ``src`` at ``precision`` to ``dst`` with ONNX Runtime's quantizer and return what was done.
 
-    ``feeds``: calibration inputs (needed by ``int8-static`` and by the per-layer rule); ``max_error`` None skips
-    the rule (every weight MatMul quantized).  ``fp32`` copies the file.
+    ``feeds``: calibration inputs (needed by ``int8-static``, the per-channel statistics of ``int8-smooth`` and
+    ``int8-outlier`` and the per-layer rule); ``max_error`` None skips the rule (every weight MatMul quantized).
+    ``fp32`` copies the file.
     """
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
 
@@ -188,7 +309,7 @@ def quantize_model(src: str | Path, dst: str | Path, precision: str, feeds: list
     if precision == "fp32":
         shutil.copyfile(src, dst)
         return QuantReport(precision)
-    if (precision == "int8-static" or max_error is not None) and not feeds:
+    if (precision in ("int8-static", *CHANNELWISE) or max_error is not None) and not feeds:
         raise UserError(f"--precision {precision}: no calibration data (held-out windows) was given")
     import onnx
 
@@ -199,18 +320,29 @@ def quantize_model(src: str | Path, dst: str | Path, precision: str, feeds: list
         prepared = prepare(inline, Path(tmp) / "prepared.onnx")
         names = list(weight_matmuls(onnx.load(str(prepared))))
         report = QuantReport(precision, max_error=max_error)
+        steps = {}
+        if precision in CHANNELWISE or max_error is not None:
+            nodes, runs = matmul_inputs(prepared, feeds)
+            steps = channel_steps(nodes, input_channel_max(runs), precision) if precision in CHANNELWISE else {}
         if max_error is not None:
-            report.errors = layer_errors(prepared, feeds, precision)
+            report.errors = errors_of(nodes, runs, precision, steps)
             report.kept_fp32 = sorted(n for n, e in report.errors.items() if not e <= max_error)
         report.quantized = [n for n in names if n not in report.kept_fp32]
         if not report.quantized:  # every layer kept fp32 (or none to quantize): the prepared model as it is
             shutil.copyfile(prepared, dst)
             _keep_metadata(src, dst)
             return report
-        common = dict(op_types_to_quantize=["MatMul"], nodes_to_quantize=report.quantized,
+        targets = report.quantized
+        if steps:  # the per-channel step in the graph first, then ONNX Runtime's dynamic quantization
+            model = onnx.load(str(prepared))
+            targets = channel_rewrite(model, nodes, {n: steps[n] for n in report.quantized})
+            report.outlier_channels = {n: len(steps[n]["outliers"]) for n in report.quantized if "outliers" in steps[n]}
+            prepared = Path(tmp) / "channels.onnx"
+            onnx.save(model, str(prepared))
+        common = dict(op_types_to_quantize=["MatMul"], nodes_to_quantize=targets,
                       weight_type=QuantType.QInt8, per_channel=False, reduce_range=False)
         with _quiet_quantizer():
-            if precision == "int8-dynamic":
+            if precision != "int8-static":
                 quantize_dynamic(prepared, dst, **common)
             else:
                 quantize_static(prepared, dst, _Reader(feeds), quant_format=QuantFormat.QDQ,

@@ -1,8 +1,20 @@
 """INT8 against fp32 on this CPU: latency ratios per attention type and width, the largest base.yaml subnet, and
-(with a trained supernet) the bits/byte change and the torch estimate's agreement with ONNX Runtime's INT8 models.
+(with a trained supernet) the bits/byte change and the torch estimate's agreement with ONNX Runtime's INT8 models;
+the outlier-aware precisions (``int8-smooth``, ``int8-outlier``) beside plain INT8 on the supernet's largest subnet.
 
-    python scripts/bench_precision.py --threads 1                                   # latency only (no supernet)
-    python scripts/bench_precision.py --threads 1 --supernet runs/tiny/latest.pt    # + bits/byte and agreement
+    python scripts/bench_precision.py --threads 1 --train-time 30m    # trains a supernet (long: outliers) into --out
+    python scripts/bench_precision.py --threads 1 --supernet runs/tiny/latest.pt    # a supernet you have
+    python scripts/bench_precision.py --quick --space tests/fixtures/claim_quick.yaml --data F --out /tmp/bp   # the test
+
+0. **Outliers and the precisions' cost** (``precision.json``, the contract): the supernet's largest subnet, its
+   activations' outlier ratio (per linear layer's input: the largest channel magnitude over the median channel's, on
+   the calibration windows; ``outlier_ratio`` is the largest of them), and per INT8 precision the bits/byte drop of
+   ONNX Runtime's quantized model against fp32 on held-out windows (``bpb_drop``) and the speedup over fp32 of its
+   timing graph at the space's prefill workload, timed as ``nas measure-latency --precision P`` times it
+   (``speedup``: the median over interleaved rounds of fp32 / P).  The issue's target: an outlier-aware precision
+   loses less than half of ``int8-dynamic``'s bits/byte at >= 1.5x fp32's speed (``targets``).
+   Without ``--supernet`` the script trains one into ``<out>/supernet`` (``nas train-supernet --max-time
+   --train-time``, resumed if there).
 
 1. **Per type and width** (``--space``, default tiny): for each attention type of the space and the smallest and
    largest embedding width, a uniform subnet (the space's depth, heads and FFN at their largest, every layer that
@@ -20,7 +32,8 @@
    (``nas search``, ``--population`` x ``--generations``) under the budget B, each with its predictor; both winners
    are exported at P8's precision (``nas export --precision --timing-target onnxruntime``), timed as INT8 and scored as
    ONNX Runtime's INT8 models on the search's held-out windows; prints both and the difference.
-Writes ``<out>.csv`` (one row per type, width, workload) and ``<out>.json`` (everything, with the load average).
+Writes ``<out>/precision.csv`` (one row per type, width, workload) and ``<out>/precision.json`` (the contract and
+everything else, with the command, machine and load average); ``--out`` defaults to ``docs/benchmarks/precision``.
 """
 
 from __future__ import annotations
@@ -30,8 +43,10 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +59,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_latency_graphs import timer  # noqa: E402
 from latency.devices.onnxruntime import timing_graph  # noqa: E402
 from latency.protocol import timing_model  # noqa: E402
-from latency.quantize import PRECISIONS, quantized_copy  # noqa: E402
+from latency.quantize import INT8, PRECISIONS, quantized_copy  # noqa: E402
 from latency.timing_core import ort_session  # noqa: E402
 from latency.measure import workload_text  # noqa: E402
 from search_spaces import Subnet, load_space  # noqa: E402
-from supernet.files import atomic_write_csv  # noqa: E402
+from supernet.files import atomic_write, atomic_write_csv  # noqa: E402
+
+OUTLIER_AWARE = ("int8-smooth", "int8-outlier")
 
 
 def sessions(space, subnet: Subnet, workload, threads: int) -> tuple[dict, dict]:
@@ -83,18 +100,60 @@ def uniform(space, attention: str, width: int) -> Subnet:
     return Subnet(width, d, (max(space.heads),) * d, (max(space.ffn_dim),) * d, (attention,) * d)
 
 
-def quality(args, space, subnets: dict) -> dict:
-    """Bits/byte fp32 vs real INT8 per uniform subnet, and the estimate's agreement on sampled subnets."""
-    from latency.precision import agreement
-    from supernet.scoring import InheritedLoss, validation_tokens
+def load(args, space):
+    """The supernet of ``--supernet`` (refused when not of ``space``) and its held-out tokens."""
     from supernet.checkpoint import load_supernet
+    from supernet.scoring import validation_tokens
 
     supernet, payload = load_supernet(args.supernet)
     if supernet.space.arch_hash != space.arch_hash:
         raise SystemExit(f"--supernet {args.supernet}: a supernet of space {supernet.space.name!r}, not {space.name!r}")
     tokens, where = validation_tokens(args.supernet, payload, val_data=args.val_data)
+    return supernet, tokens, where
+
+
+def outliers_and_cost(args, space, rng: random.Random) -> dict:
+    """The contract: the largest subnet's outlier ratio, and per INT8 precision its bits/byte drop (ONNX Runtime's
+    quantized model against fp32, held-out windows) and its speedup over fp32 (the timing graph at prefill)."""
+    from latency.precision import agreement
+    from supernet.quantized import calibration_feeds, channel_maxima, outlier_ratio
+    from supernet.scoring import InheritedLoss
+
+    supernet, tokens, where = load(args, space)
+    big = space.largest()
+    seq_len = min(args.seq_len, space.max_seq_len)
+    feeds = [torch.from_numpy(f["tokens"]) for f in calibration_feeds(tokens, seq_len, seed=1, where=where)]
+    ratios_ = [outlier_ratio(m) for m in channel_maxima(lambda x: supernet(x, big), feeds)]
+    prefill = [w for w in space.workloads if w.kind == "prefill"] or [space.workload()]
+    speed = ratios(space, big, prefill[0], args, rng)
     out = {}
-    for precision in PRECISIONS[1:]:
+    for precision in INT8:
+        fit = InheritedLoss(supernet, tokens, seq_len=seq_len, windows=args.val_windows, precision=precision, where=where)
+        a = agreement(supernet, fit, [big])
+        out[precision] = {"bpb_drop": float(a.real[0] - a.fp32[0]), "speedup": 1 / speed[f"{precision}_ratio"],
+                          "fp32_bpb": float(a.fp32[0]), "bpb": float(a.real[0]), "estimate_bpb": float(a.estimate[0]),
+                          "ms": speed[f"{precision}_ms"]}
+    plain = out["int8-dynamic"]["bpb_drop"]
+    targets = {p: {"less_than_half_the_drop": out[p]["bpb_drop"] < 0.5 * plain, "at_least_1.5x": out[p]["speedup"] >= 1.5}
+               for p in OUTLIER_AWARE}
+    print(f"largest subnet {big}: outlier ratio {max(ratios_):.1f} (largest channel / median channel, the worst of "
+          f"{len(ratios_)} linear inputs); fp32 {speed['fp32_ms']:.3f} ms, {out['int8-dynamic']['fp32_bpb']:.4f} bits/byte")
+    print(f"  {'precision':<14} {'bpb drop':>9} {'speedup':>8}")
+    for p, r in out.items():
+        met = "" if p not in targets else ("  target met" if all(targets[p].values()) else "  target missed")
+        print(f"  {p:<14} {r['bpb_drop']:>+9.4f} {r['speedup']:>7.2f}x{met}")
+    return {"model": str(big), "outlier_ratio": max(ratios_), "outlier_ratios": ratios_, "fp32_ms": speed["fp32_ms"],
+            "precisions": out, "targets": targets}
+
+
+def quality(args, space, subnets: dict) -> dict:
+    """Bits/byte fp32 vs real INT8 per uniform subnet, and the estimate's agreement on sampled subnets."""
+    from latency.precision import agreement
+    from supernet.scoring import InheritedLoss
+
+    supernet, tokens, where = load(args, space)
+    out = {}
+    for precision in INT8:
         fit = InheritedLoss(supernet, tokens, seq_len=args.seq_len, windows=args.val_windows, precision=precision, where=where)
         a = agreement(supernet, fit, list(subnets.values()))
         out[precision] = {"uniform": {k: {"fp32": float(f), "int8": float(r), "estimate": float(e)}
@@ -178,7 +237,12 @@ def main(argv=None) -> None:
     ap.add_argument("--min-sample-ms", type=float, default=40.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-base", action="store_true", help="skip the largest base.yaml subnet")
-    ap.add_argument("--supernet", help="a trained supernet of --space: bits/byte change and the estimate's agreement")
+    ap.add_argument("--supernet", help="a trained supernet of --space (default: train one into <out>/supernet)")
+    ap.add_argument("--train-time", default="30m", help="without --supernet: its training time (default 30m: long "
+                    "enough for outliers to grow; --quick: 8 steps)")
+    ap.add_argument("--data", help="without --supernet: its training text (nas train-supernet --data)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run in a minute or two (the test): one type, two rounds, "
+                    "a supernet of 8 steps, no base.yaml")
     ap.add_argument("--agreement", type=int, default=24, help="sampled subnets for the agreement (default 24)")
     ap.add_argument("--val-data", help="held-out bytes (default: the supernet's validation split)")
     ap.add_argument("--val-windows", type=int, default=16)
@@ -190,12 +254,19 @@ def main(argv=None) -> None:
     ap.add_argument("--predictor-fp32", help="a predictor fitted on fp32 timings of the same space and workload")
     ap.add_argument("--population", type=int, default=40, help="search population (default 40)")
     ap.add_argument("--generations", type=int, default=10, help="search generations (default 10)")
-    ap.add_argument("--out", default="runs/bench_precision")
+    ap.add_argument("--out", default="docs/benchmarks/precision", help="folder of precision.json and precision.csv")
     args = ap.parse_args(argv)
+    started = time.time()
+    if args.quick:
+        args.rounds, args.min_sample_ms, args.no_base, args.agreement = 2, 2.0, True, 2
+        args.val_windows, args.seq_len = 2, min(args.seq_len, 32)
     torch.set_num_threads(max(1, args.threads))
     rng = random.Random(args.seed)
     space = load_space(args.space)
-    types = args.types.split(",") if args.types else [str(a) for a in space.attention]
+    out = Path(args.out)
+    if not args.supernet:
+        args.supernet = str(train(args, out / "supernet"))
+    types = args.types.split(",") if args.types else [str(a) for a in space.attention][: 1 if args.quick else None]
     widths = sorted({min(space.embed_dim), max(space.embed_dim)})
     subnets = {(t, w): uniform(space, t, w) for t in types for w in widths}
     rows = []
@@ -203,10 +274,10 @@ def main(argv=None) -> None:
         for workload in space.workloads:
             rows.append({"space": space.name, "attention": typ, "width": width, "workload": workload_text(workload),
                          **ratios(space, subnet, workload, args, rng)})
-    print(f"{'attention':<16} {'width':>5} {'workload':<18} {'fp32 ms':>9} {'dyn/fp32':>9} {'static/fp32':>11}")
+    print(f"{'attention':<16} {'width':>5} {'workload':<18} {'fp32 ms':>9} " + " ".join(f"{p[5:] + '/fp32':>12}" for p in INT8))
     for r in rows:
         print(f"{r['attention']:<16} {r['width']:>5} {r['workload']:<18} {r['fp32_ms']:>9.3f} "
-              f"{r['int8-dynamic_ratio']:>9.3f} {r['int8-static_ratio']:>11.3f}")
+              + " ".join(f"{r[f'{p}_ratio']:>12.3f}" for p in INT8))
     summary = {"rows": rows}
     if not args.no_base:
         base = load_space("base")
@@ -215,23 +286,48 @@ def main(argv=None) -> None:
         best = min(PRECISIONS[1:], key=lambda p: r[f"{p}_ratio"])
         summary["base_largest"] = {"subnet": str(big), "workload": workload_text(base.workload("prefill")), **r, "best": best,
                                    "speedup": 1 / r[f"{best}_ratio"]}
-        print(f"base largest {big} at {workload_text(base.workload('prefill'))}: fp32 {r['fp32_ms']:.2f} ms, int8-dynamic "
-              f"{r['int8-dynamic_ms']:.2f} ms ({1 / r['int8-dynamic_ratio']:.2f}x), int8-static {r['int8-static_ms']:.2f} ms "
-              f"({1 / r['int8-static_ratio']:.2f}x); best {best}: {1 / r[f'{best}_ratio']:.2f}x (target 1.5x)")
-    if args.supernet:
-        summary["quality"] = quality(args, space, {f"{t} {w}": s for (t, w), s in subnets.items()})
+        print(f"base largest {big} at {workload_text(base.workload('prefill'))}: fp32 {r['fp32_ms']:.2f} ms, "
+              + ", ".join(f"{p} {r[f'{p}_ms']:.2f} ms ({1 / r[f'{p}_ratio']:.2f}x)" for p in INT8)
+              + f"; best {best}: {1 / r[f'{best}_ratio']:.2f}x (target 1.5x)")
+    contract = outliers_and_cost(args, space, rng)
+    summary["quality"] = quality(args, space, {f"{t} {w}": s for (t, w), s in subnets.items()})
     if args.search_budget:
         if not (args.supernet and args.predictor_int8 and args.predictor_fp32):
             raise SystemExit("--search-budget: needs --supernet, --predictor-int8 and --predictor-fp32")
         summary["search"] = search_comparison(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_csv(out.with_suffix(".csv"), list(rows[0]), rows)
-    meta = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
-            "load": os.getloadavg()[0], **summary}
-    out.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str))
-    print(f"wrote {out.with_suffix('.csv')} and {out.with_suffix('.json')} (load average {os.getloadavg()[0]:.2f})")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_csv(out / "precision.csv", list(rows[0]), rows)
+    import onnxruntime
+
+    meta = {**contract, "command": "python scripts/bench_precision.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d", time.gmtime()), "wall_s": round(time.time() - started, 1),
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                        "load_avg": os.getloadavg()[0]},
+            "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+                         "python": platform.python_version()},
+            "args": vars(args), **summary}
+    atomic_write(out / "precision.json", json.dumps(meta, indent=2, default=str) + "\n")
+    print(f"wrote {out / 'precision.csv'} and {out / 'precision.json'} (load average {os.getloadavg()[0]:.2f})")
+    return 0
+
+
+def train(args, folder: Path) -> Path:
+    """A supernet of ``--space`` trained into ``folder`` for ``--train-time`` (``--quick``: 8 steps of 4 windows),
+    by ``nas train-supernet`` in this process; a finished one there is used as it is."""
+    from nas.cli import main as cli
+
+    if (folder / "final.pt").exists():
+        return folder / "final.pt"
+    argv = ["train-supernet", args.space, "--out", str(folder), "--seed", str(args.seed), "-q"]
+    argv += ["--max-steps", "8", "--batch-size", "4", "--seq-len", "32"] if args.quick else ["--max-time", args.train_time]
+    argv += ["--data", args.data] if args.data else []
+    if (folder / "latest.pt").exists():  # an interrupted run: continued with its own settings
+        argv = ["train-supernet", "--out", str(folder), "--resume", "-q"]
+    code = cli(argv)
+    if code != 0:
+        raise SystemExit(f"nas train-supernet exited with {code}")
+    return folder / "final.pt"
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,17 @@ weights alike.  :func:`simulated` intercepts those calls (a ``TorchFunctionMode`
   quantized MatMul's output);
 - rounding half to even, as ``QuantizeLinear`` does.
 
+Two outlier-aware precisions add a per-channel step before ``int8-dynamic`` (the per-channel statistic of a layer's
+input: each input channel's largest magnitude over the calibration windows, :func:`channel_max`):
+
+- ``int8-smooth`` (SmoothQuant, Xiao et al. 2023): the input is divided channel-wise by
+  ``s_j = max|X_j|^a / max|W_j|^(1-a)`` (a = :data:`SMOOTH_ALPHA`; ``W_j`` the weights reading channel j, over every
+  layer that reads the same tensor: Q, K and V share one scale) and the weights multiplied by it, so an outlier
+  channel's range moves into the weights before both are quantized per tensor;
+- ``int8-outlier`` (LLM.int8, Dettmers et al. 2022): the :data:`OUTLIER_SHARE` of input channels with the largest
+  magnitude (at least one; a fixed count, so a layer's cost depends on its shape alone) multiply in fp32, the rest
+  in INT8 with those channels zeroed (they no longer stretch the input's range), the two products summed.
+
 :func:`calibrate` runs the fp32 forward on calibration inputs, records the ranges and applies the per-layer rule
 of :mod:`latency.quantize`: a layer whose own INT8 output error (relative RMS, on its fp32 inputs) is above
 ``max_error`` stays fp32.  Layers are numbered by call order within one forward, which is fixed for a model.
@@ -55,8 +66,36 @@ def calibration_feeds(tokens: np.ndarray, seq_len: int, windows: int = CALIBRATI
     return feeds
 
 
-INT8 = ("int8-dynamic", "int8-static")
+INT8 = ("int8-dynamic", "int8-static", "int8-smooth", "int8-outlier")
+CHANNELWISE = ("int8-smooth", "int8-outlier")  # the precisions that read per-channel input statistics
+SMOOTH_ALPHA = 0.5  # SmoothQuant's migration strength (its paper's default, and ONNX Runtime's SmoothQuantAlpha)
+OUTLIER_SHARE = 1 / 32  # share of a layer's input channels int8-outlier keeps in fp32 (at least one)
 Range = tuple[float, float]
+
+
+def channel_max(x: torch.Tensor) -> torch.Tensor:
+    """Each channel's (last dimension's) largest magnitude over every other dimension: (..., K) -> (K,) float32."""
+    return x.detach().abs().reshape(-1, x.shape[-1]).amax(0).float()
+
+
+def smooth_scales(act_max: torch.Tensor, weight_max: torch.Tensor, alpha: float = SMOOTH_ALPHA) -> torch.Tensor:
+    """SmoothQuant's per-channel divisors ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)`` (K,), both maxima floored at
+    1e-5 (a silent channel or weight row keeps a finite scale)."""
+    a, w = act_max.float().clamp_min(1e-5), weight_max.float().clamp_min(1e-5)
+    return (a**alpha / w ** (1 - alpha)).float()
+
+
+def outlier_channels(act_max: torch.Tensor, share: float = OUTLIER_SHARE) -> torch.Tensor:
+    """The ``ceil(K * share)`` (at least one) input channels of largest magnitude, ascending: (k,) int64."""
+    k = max(1, int(np.ceil(len(act_max) * share)))
+    order = torch.sort(-act_max.float().cpu(), stable=True).indices  # ties: the lower channel
+    return torch.sort(order[:k]).values.to(torch.int64)
+
+
+def outlier_ratio(act_max: torch.Tensor) -> float:
+    """How far a layer's input has outlier channels: its largest channel magnitude over the median channel's."""
+    med = float(act_max.float().median())
+    return float(act_max.max()) / med if med > 0 else float("inf")
 
 
 def quantize_weight(w: torch.Tensor) -> torch.Tensor:
@@ -82,10 +121,26 @@ def quantize_activation(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
 
 
 def int8_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, inp: Range | None = None,
-                out: Range | None = None) -> torch.Tensor:
+                out: Range | None = None, smooth: torch.Tensor | None = None,
+                outliers: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)`` computed in INT8: ``inp`` the input's range (None: this call's own, as dynamic
-    quantization does), ``out`` the product's range (static) or None (the product stays fp32)."""
+    quantization does), ``out`` the product's range (static) or None (the product stays fp32).
+
+    ``smooth`` (K,): SmoothQuant's divisors: ``x * (1 / s)`` and ``w * s`` are quantized (the ONNX graph's ``Mul`` and
+    scaled weight, the same float32 products).  ``outliers`` (k,): those input channels multiply in fp32 and are
+    zeroed in the INT8 product (the graph's ``Gather`` + fp32 ``MatMul`` beside a masked INT8 one, then ``Add``)."""
+    if smooth is not None:
+        x, w = x * (1.0 / smooth).to(x), w * smooth.to(w)
+    high = None
+    if outliers is not None:
+        mask = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+        outliers = outliers.to(x.device)
+        mask[outliers] = 0.0
+        high = F.linear(x[..., outliers], w[:, outliers])  # the outlier channels, fp32
+        x, w = x * mask, w * mask
     y = F.linear(quantize_activation(x, *(inp or activation_range(x))), quantize_weight(w))
+    if high is not None:
+        y = y + high
     if out is not None:
         y = quantize_activation(y, *out)
     return y if bias is None else y + bias
@@ -100,37 +155,73 @@ class Int8Plan:
     outputs: list[Range] = field(default_factory=list)  # calibrated product ranges (static)
     errors: list[float] = field(default_factory=list)  # each layer's own INT8 output error (relative RMS)
     fp32: frozenset[int] = frozenset()  # layers kept fp32 by the rule
+    channels: list[dict] = field(default_factory=list)  # int8-smooth / int8-outlier: each layer's smooth / outliers
 
     def linear(self, i: int, x, w, bias):
         if i in self.fp32:
             return F.linear(x, w, bias)
         if self.precision == "int8-static":
             return int8_linear(x, w, bias, self.inputs[i], self.outputs[i])
-        return int8_linear(x, w, bias)
+        return int8_linear(x, w, bias, **(self.channels[i] if self.channels else {}))
+
+
+def channel_plan(precision: str, act_max: list[torch.Tensor], weight_max: list[torch.Tensor],
+                 groups: list[int]) -> list[dict]:
+    """Each layer's per-channel step (``int8_linear``'s ``smooth`` / ``outliers``) from its input's channel maxima,
+    its weights' (per input channel) and ``groups`` (each layer's first layer reading the same input tensor:
+    SmoothQuant's scale is one per tensor, over the weights of every layer that reads it)."""
+    if precision == "int8-outlier":
+        return [{"outliers": outlier_channels(a)} for a in act_max]
+    assert precision == "int8-smooth", precision
+    wmax: dict[int, torch.Tensor] = {}
+    for g, w in zip(groups, weight_max):
+        wmax[g] = w if g not in wmax else torch.maximum(wmax[g], w)
+    return [{"smooth": smooth_scales(act_max[g], wmax[g])} for g in groups]
 
 
 class _Linears(TorchFunctionMode):
-    """Calls ``on_linear(i, x, w, bias)`` for the i-th ``F.linear`` call of each forward, in its place."""
+    """Calls ``on_linear(i, x, w, bias)`` for the i-th ``F.linear`` call of each forward, in its place; ``groups``
+    records each call's first call on the same input tensor (Q, K and V read one ``ln1`` output)."""
 
     def __init__(self, on_linear: Callable):
         super().__init__()
-        self.on_linear, self.count = on_linear, 0
+        self.on_linear, self.count, self.groups, self._last = on_linear, 0, [], None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.linear:
             x, w = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            self.groups.append(self.groups[-1] if x is self._last else self.count)
+            self._last = x
             self.count += 1
             return self.on_linear(self.count - 1, x, w, bias)
         return func(*args, **kwargs)
 
 
-def _each(forward: Callable, feeds: Iterable[torch.Tensor], on_linear: Callable) -> None:
+def _each(forward: Callable, feeds: Iterable[torch.Tensor], on_linear: Callable) -> list[int]:
+    """``forward`` on each feed with ``on_linear`` in place of its linear layers; the layers' groups (``_Linears``)."""
+    groups: list[int] = []
     for x in feeds:
         mode = _Linears(on_linear)
         with torch.no_grad(), mode:
             forward(x)
+        groups = mode.groups
+    return groups
+
+
+def channel_maxima(forward: Callable, feeds: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """Each linear layer's input channel maxima (:func:`channel_max`) over the fp32 ``forward`` on ``feeds``: the
+    per-channel activation statistics the outlier-aware precisions read (and :func:`outlier_ratio` reports)."""
+    act: dict[int, torch.Tensor] = {}
+
+    def record(i, x, w, bias):
+        m = channel_max(x)
+        act[i] = m if i not in act else torch.maximum(act[i], m)
+        return F.linear(x, w, bias)
+
+    _each(forward, feeds, record)
+    return [act[i] for i in sorted(act)]
 
 
 def calibrate(forward: Callable[[torch.Tensor], torch.Tensor], feeds: list[torch.Tensor], precision: str,
@@ -139,19 +230,25 @@ def calibrate(forward: Callable[[torch.Tensor], torch.Tensor], feeds: list[torch
     ``feeds`` (token batches): two fp32 passes, one for the ranges, one for each layer's own error."""
     assert precision in INT8, precision
     plan = Int8Plan(precision)
-    lo_in, hi_in, lo_out, hi_out = {}, {}, {}, {}
+    lo_in, hi_in, lo_out, hi_out, act, wmax = {}, {}, {}, {}, {}, {}
 
     def ranges(i, x, w, bias):
         y = F.linear(x, w)
         for lo, hi, t in ((lo_in, hi_in, x), (lo_out, hi_out, y)):
             a, b = activation_range(t)
             lo[i], hi[i] = min(lo.get(i, 0.0), a), max(hi.get(i, 0.0), b)
+        if precision in CHANNELWISE:
+            m = channel_max(x)
+            act[i], wmax[i] = (m if i not in act else torch.maximum(act[i], m)), channel_max(w)
         return y if bias is None else y + bias
 
-    if precision == "int8-static" or max_error is not None:
-        _each(forward, feeds, ranges)
+    groups = []
+    if precision in ("int8-static", *CHANNELWISE) or max_error is not None:
+        groups = _each(forward, feeds, ranges)
     plan.inputs = [(lo_in[i], hi_in[i]) for i in sorted(lo_in)]
     plan.outputs = [(lo_out[i], hi_out[i]) for i in sorted(lo_out)]
+    if precision in CHANNELWISE:
+        plan.channels = channel_plan(precision, [act[i] for i in sorted(act)], [wmax[i] for i in sorted(wmax)], groups)
     if max_error is None:
         return plan
     pairs: dict[int, list] = {}
@@ -159,7 +256,8 @@ def calibrate(forward: Callable[[torch.Tensor], torch.Tensor], feeds: list[torch
     def errors(i, x, w, bias):
         y = F.linear(x, w)
         static = precision == "int8-static"
-        q = int8_linear(x, w, None, plan.inputs[i] if static else None, plan.outputs[i] if static else None)
+        q = int8_linear(x, w, None, plan.inputs[i] if static else None, plan.outputs[i] if static else None,
+                        **(plan.channels[i] if plan.channels else {}))
         pairs.setdefault(i, []).append((q, y))
         return y if bias is None else y + bias
 

@@ -17,7 +17,7 @@ from .test_search_fitness import FakePredictor, run_dir, search_args, supernet  
 TEXT = b"def f(x):\n    return x * 2\n" * 20 + b"import os\nprint(os.getcwd(), sorted(os.listdir('.')))\n" * 20
 
 
-@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static"])
+@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static", "int8-smooth", "int8-outlier"])
 def test_the_estimate_scores_the_supernet_as_the_simulated_static_model(supernet, precision):  # noqa: F811
     tokens = np.frombuffer(TEXT, dtype=np.uint8)
     subnet = Subnet(96, 2, (2, 4), (256, 128), ("softmax", "linear"))
@@ -37,13 +37,35 @@ def test_the_estimate_agrees_with_onnxruntimes_int8_model(supernet, tmp_path, mo
     tokens = np.frombuffer(TEXT, dtype=np.uint8)
     subnets = [Subnet(64, 1, (2,), (128,), ("softmax",)), Subnet(96, 2, (4, 1), (512, 128), ("softmax", "softmax")),
                Subnet(128, 1, (1,), (256,), ("softmax",))]
-    for precision in ("int8-dynamic", "int8-static"):
+    for precision in ("int8-dynamic", "int8-static", "int8-smooth", "int8-outlier"):
         fit = InheritedLoss(supernet, tokens, seq_len=32, windows=4, batch_size=2, precision=precision)
         a = agreement(supernet, fit, subnets)
         gap, effect = np.abs(a.estimate - a.real), np.abs(a.real - a.fp32)
         assert effect.min() > 0  # ONNX Runtime's INT8 model is not fp32 ...
         assert gap.mean() < 0.5 * effect.mean(), (precision, a.summary())  # ... and the estimate predicts where it lands
         assert a.summary()["subnets"] == 3 and 0 <= a.mean_abs_diff == pytest.approx(gap.mean())
+    # a supernet with an outlier feature (LayerNorm's gain on one channel, as in BERT): the outlier-aware estimates still
+    # land on ONNX Runtime's models, and INT8 moves them less than plain dynamic INT8 does
+    import copy
+
+    import torch
+
+    from supernet.quantized import channel_maxima, outlier_ratio
+
+    loud = copy.deepcopy(supernet)
+    with torch.no_grad():
+        for name, p in loud.named_parameters():
+            if name.endswith(("ln1.weight", "ln2.weight", "ln_f.weight")):
+                p[5] = 25.0
+    x = torch.from_numpy(np.frombuffer(TEXT[:64], dtype=np.uint8).astype(np.int64))[None]
+    assert outlier_ratio(channel_maxima(lambda t: loud(t, subnets[0]), [x])[0]) > 10  # q's input: channel 5
+    moved = {}
+    for precision in ("int8-dynamic", "int8-smooth", "int8-outlier"):
+        fit = InheritedLoss(loud, tokens, seq_len=32, windows=4, batch_size=2, precision=precision)
+        a = agreement(loud, fit, subnets[:2])
+        assert np.abs(a.estimate - a.real).max() < 1e-4, (precision, a.summary())
+        moved[precision] = np.abs(a.real - a.fp32).mean()
+    assert max(moved["int8-smooth"], moved["int8-outlier"]) < 0.5 * moved["int8-dynamic"], moved
 
 
 def test_search_at_int8_scores_int8_and_refuses_a_predictor_of_another_precision(run_dir, capsys, tiny):  # noqa: F811
@@ -65,7 +87,8 @@ def test_search_at_int8_scores_int8_and_refuses_a_predictor_of_another_precision
     fp32 = InheritedLoss(supernet_of(ckpt), tokens, seq_len=32, windows=2)([best])[0]
     assert summary["budgets"]["6ms"]["best"]["loss_bpb"] == pytest.approx(int8, abs=1e-9) and int8 != fp32
     assert main(search_args(tmp, ckpt, "--budget", "6ms", "--precision", "int4")) == 2
-    assert capsys.readouterr().err.strip().endswith("--precision: 'int4' is not one of fp32, int8-dynamic, int8-static")
+    assert capsys.readouterr().err.strip().endswith("--precision: 'int4' is not one of fp32, int8-dynamic, int8-static, "
+                                                    "int8-smooth, int8-outlier")
 
 
 def supernet_of(ckpt):
@@ -139,3 +162,29 @@ def test_export_at_int8_times_a_decode_workload_on_the_quantized_step_graph(supe
     q = onnx_decode_logits(onnx_session(out / step["file"]), x)  # the layout travels with the quantized graph
     f = onnx_decode_logits(onnx_session(out / "step.onnx"), x)
     assert 0 < np.abs(q - f).max() < 0.05 * np.abs(f).max()
+
+
+def test_export_at_int8_outlier_writes_the_decomposed_onnx_and_the_estimate_lands_on_it(supernet, tmp_path, capsys):  # noqa: F811
+    from collections import Counter
+
+    import onnx
+
+    from supernet.artifact import read_card
+
+    out = tmp_path / "o"
+    args = export_args(supernet, tmp_path, Subnet(64, 1, (2,), (128,), ("softmax",)), 4, 32)
+    assert main(args + ["--precision", "int8-outlier", "--timing-target", "onnxruntime", *FAST]) == 0
+    card = read_card(out)
+    q = card["quantized"]
+    assert q["file"] == "model.int8-outlier.onnx" and q["file"] in card["files"] and q["precision"] == "int8-outlier"
+    assert q["quantized_matmuls"] == 6 + 1 and "LLM.int8" in q["scheme"]
+    assert sorted(q["outlier_channels"].values()) == [2] * 6 + [4]  # 1/32 of 64 inputs, 4 of the FFN's 128
+    ops = Counter(n.op_type for n in onnx.load(str(out / q["file"])).graph.node)
+    gathers = [n for n in onnx.load(str(out / q["file"])).graph.node if n.op_type == "Gather" and "outliers" in n.name]
+    assert ops["MatMulInteger"] == 7 and len(gathers) == 5  # q, k and v read one tensor: 5 distinct inputs of 7 MatMuls
+    b = q["bits_per_byte"]
+    assert b["fp32_onnxruntime"] == pytest.approx(card["validation"]["bits_per_byte"], abs=1e-4)
+    assert b["int8_onnxruntime"] != b["fp32_onnxruntime"]
+    assert abs(b["int8_torch_estimate"] - b["int8_onnxruntime"]) < 1e-4  # the search's estimate of this very file
+    assert card["measured"]["timed"] == "model.int8-outlier.onnx"
+    assert "  int8-outlier      " in capsys.readouterr().out

@@ -1,5 +1,7 @@
 """INT8 precisions through onnxruntime.quantization: the simulated scheme equals ONNX Runtime's, the per-layer rule."""
 
+from collections import Counter
+
 import numpy as np
 import onnx
 import pytest
@@ -8,7 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from latency.quantize import calibration_feeds, check_device, check_precision, quantize_model, simulate_matmul
 from search_spaces import UserError
-from supernet.quantized import activation_range, quantize_activation, quantize_weight
+from supernet.quantized import (activation_range, channel_max, channel_plan, int8_linear, outlier_channels, outlier_ratio,
+                                quantize_activation, quantize_weight, smooth_scales)
 
 
 def two_layer_model(path, w1: np.ndarray, w2: np.ndarray | None = None):
@@ -86,8 +89,93 @@ def test_a_layer_with_an_outlier_channel_stays_fp32(tmp_path, weights):
     assert report.errors["first"] == pytest.approx(simulate_matmul(inputs, w1, "int8-dynamic"))
 
 
+def shared_input_model(path, w1: np.ndarray, w2: np.ndarray):
+    """x -> MatMul(w1) and x -> MatMul(w2) (two layers reading one tensor, as Q, K and V do), y = the sum."""
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["a"], name="first"),
+             helper.make_node("MatMul", ["x", "w2"], ["b"], name="second"), helper.make_node("Add", ["a", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "T", w1.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "T", w1.shape[1]])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), str(path))
+    return path
+
+
+def outlier_feeds(seed: int, k: int = 32, channel: int = 7, gain: float = 60.0) -> list[dict]:
+    """Three calibration inputs (2, 8, k) whose ``channel`` is ``gain`` times larger than the rest (LayerNorm's gain
+    on one feature, as in BERT)."""
+    rng = np.random.default_rng(seed)
+    feeds = [{"x": rng.standard_normal((2, 8, k)).astype(np.float32)} for _ in range(3)]
+    for f in feeds:
+        f["x"][..., channel] *= gain
+    return feeds
+
+
+def test_the_per_channel_statistics_and_steps():
+    x = torch.ones(2, 3, 8)
+    x[1, 2, 5] = -40.0
+    assert channel_max(x).tolist() == [1.0] * 5 + [40.0] + [1.0] * 2
+    assert outlier_ratio(channel_max(x)) == 40.0
+    assert outlier_channels(channel_max(x)).tolist() == [5]  # ceil(8 / 32) = 1 channel
+    assert outlier_channels(torch.arange(64.0)).tolist() == [62, 63]  # 2 of 64
+    assert outlier_channels(torch.ones(8)).tolist() == [0]  # ties: the lower channel
+    s = smooth_scales(torch.tensor([16.0, 1.0, 0.0]), torch.tensor([1.0, 4.0, 1.0]))
+    assert s.tolist() == pytest.approx([4.0, 0.5, 1e-5**0.5])  # sqrt(act / weight), a silent channel floored
+    # Q and K read one tensor: one scale, over both layers' weights
+    plan = channel_plan("int8-smooth", [torch.tensor([4.0, 1.0]), torch.tensor([4.0, 1.0]), torch.tensor([9.0, 9.0])],
+                        [torch.tensor([1.0, 1.0]), torch.tensor([4.0, 1.0]), torch.tensor([1.0, 1.0])], [0, 0, 2])
+    assert plan[0]["smooth"].tolist() == plan[1]["smooth"].tolist() == pytest.approx([1.0, 1.0])
+    assert plan[2]["smooth"].tolist() == pytest.approx([3.0, 3.0])
+
+
+def test_the_outlier_aware_precisions_are_the_simulated_scheme_and_lose_less(tmp_path, weights):
+    w1, _ = weights
+    feeds = outlier_feeds(3)
+    one = two_layer_model(tmp_path / "one.onnx", w1)
+    x, t = feeds[0]["x"], torch.from_numpy
+    act = torch.stack([channel_max(t(f["x"])) for f in feeds]).amax(0)
+    err = {}
+    for precision in ("int8-dynamic", "int8-smooth", "int8-outlier"):
+        report = quantize_model(one, tmp_path / f"{precision}.onnx", precision, feeds, max_error=None)
+        assert report.quantized == ["first"]
+        got = run(tmp_path / f"{precision}.onnx", x)
+        steps = channel_plan(precision, [act], [channel_max(t(w1.T.copy()))], [0])[0] if precision != "int8-dynamic" else {}
+        want = int8_linear(t(x), t(w1.T.copy()), None, **steps).numpy()
+        assert np.abs(got - want).max() <= 1e-5  # ONNX Runtime computes what the simulation says
+        err[precision] = float(np.abs(got - x @ w1).max())
+        ops = Counter(n.op_type for n in onnx.load(str(tmp_path / f"{precision}.onnx")).graph.node)
+        assert ops["MatMulInteger"] == 1
+        if precision == "int8-outlier":  # channel 7 in fp32 beside the INT8 product
+            assert steps["outliers"].tolist() == [7] and ops["Gather"] == 1 and ops["MatMul"] == 1 and ops["Add"] == 1
+            assert report.record()["outlier_channels"] == {"first": 1} and "LLM.int8" in report.record()["scheme"]
+        if precision == "int8-smooth":
+            assert "SmoothQuant (alpha 0.5" in report.record()["scheme"] and "outlier_channels" not in report.record()
+    assert err["int8-smooth"] < 0.5 * err["int8-dynamic"] and err["int8-outlier"] < 0.5 * err["int8-dynamic"]
+
+
+def test_layers_reading_one_tensor_share_the_smoothing_and_the_outlier_split(tmp_path, weights):
+    w1, _ = weights
+    w2 = np.random.default_rng(4).standard_normal((32, 48)).astype(np.float32) * 0.1
+    feeds = outlier_feeds(5)
+    src = shared_input_model(tmp_path / "m.onnx", w1, w2)
+    x = feeds[0]["x"]
+    for precision, shared in (("int8-smooth", {"Mul": 1}), ("int8-outlier", {"Mul": 1, "Gather": 1})):
+        report = quantize_model(src, tmp_path / "q.onnx", precision, feeds, max_error=0.1)
+        assert report.quantized == ["first", "second"] and not report.kept_fp32
+        model = onnx.load(str(tmp_path / "q.onnx"))
+        ops = Counter(n.op_type for n in model.graph.node)
+        # one Mul (and Gather) on x, one DynamicQuantizeLinear of its output for both MatMuls; DynamicQuantizeLinear's
+        # scale Mul per MatMul comes from ONNX Runtime's quantizer
+        assert sum(1 for n in model.graph.node if n.op_type in shared and "x" in n.input) == sum(shared.values())
+        assert ops["DynamicQuantizeLinear"] == 1 and ops["MatMulInteger"] == 2
+        assert {i.name for i in model.graph.initializer}.isdisjoint({"w1", "w2"})  # the originals, no longer read
+        y = run(tmp_path / "q.onnx", x)
+        assert np.abs(y - run(src, x)).max() < 0.05 * np.abs(run(src, x)).max()
+
+
 def test_bad_input_lines():
-    with pytest.raises(UserError, match=r"^--precision: 'int4' is not one of fp32, int8-dynamic, int8-static$"):
+    with pytest.raises(UserError, match=r"^--precision: 'int4' is not one of fp32, int8-dynamic, int8-static, "
+                                        r"int8-smooth, int8-outlier$"):
         check_precision("int4")
     assert check_precision(None) == "fp32"
     with pytest.raises(UserError, match=r"^--precision int8-static: --device cpu runs fp32 only; int8-static runs on "

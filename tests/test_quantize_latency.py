@@ -19,14 +19,14 @@ from .latency_fakes import MICRO, micro_space
 
 pytestmark = pytest.mark.usefixtures("graph_cache")  # a module-wide ONNX graph cache (conftest)
 
-QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "MatMul")
+QUANT_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "QuantizeLinear", "DequantizeLinear", "MatMul", "Gather", "Mul")
 
 
 def ops(path) -> Counter:
     return Counter(n.op_type for n in onnx.load(str(path)).graph.node)
 
 
-@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static"])
+@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static", "int8-smooth", "int8-outlier"])
 def test_a_stitched_int8_graph_is_the_whole_int8_export(tmp_path, precision):
     space = micro_space()
     layers = (LayerChoice(8, 256, "softmax"), LayerChoice(8, 256, "softmax"))
@@ -40,6 +40,12 @@ def test_a_stitched_int8_graph_is_the_whole_int8_export(tmp_path, precision):
     b = quantize_model(whole, tmp_path / "b.onnx", precision, feeds, max_error=None)
     assert len(a.quantized) == len(b.quantized) == 2 * 6 + 1  # q, k, v, o, two FFN per layer; the tied head
     assert {op: ops(tmp_path / "a.onnx")[op] for op in QUANT_OPS} == {op: ops(tmp_path / "b.onnx")[op] for op in QUANT_OPS}
+    if precision in ("int8-smooth", "int8-outlier"):  # q, k and v read one tensor: 4 + 4 + 1 inputs rewritten, not 13
+        assert ops(tmp_path / "a.onnx")["DynamicQuantizeLinear"] == 2 * 4 + 1
+    if precision == "int8-outlier":  # each MatMul's fp32 outlier channels: its own fp32 MatMul beside the INT8 one
+        assert ops(tmp_path / "a.onnx")["Gather"] >= 2 * 4 + 1 and ops(tmp_path / "a.onnx")["MatMul"] >= 13
+        assert sorted(a.outlier_channels.values()) == sorted(b.outlier_channels.values())  # (node names differ)
+        assert set(a.outlier_channels.values()) == {2, 8}  # 64 / 32 inputs of width 64, 8 of the FFN's 256
     import onnxruntime as ort
 
     x = feeds[0]["input_ids"]
@@ -51,7 +57,7 @@ def test_a_stitched_int8_graph_is_the_whole_int8_export(tmp_path, precision):
     assert np.abs(run["a"] - fp32).max() > 1e-4  # and it is not fp32
 
 
-@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static"])
+@pytest.mark.parametrize("precision", ["int8-dynamic", "int8-static", "int8-outlier"])
 @pytest.mark.parametrize("workload", ["prefill", "decode"])
 def test_a_timing_session_at_int8_runs_the_quantized_graph(tmp_path, precision, workload):
     from latency.devices.onnxruntime import timing_graph
@@ -70,7 +76,7 @@ def test_a_timing_session_at_int8_runs_the_quantized_graph(tmp_path, precision, 
 
     q = ort_session(str(graph), tensors, threads=1, transform=quantize).run(None, feed)[0]
     f = ort_session(str(graph), tensors, threads=1).run(None, feed)[0]
-    key = "MatMulInteger" if precision == "int8-dynamic" else "QuantizeLinear"
+    key = "QuantizeLinear" if precision == "int8-static" else "MatMulInteger"
     assert seen and seen[0][key] > 0
     assert 0 < np.abs(q - f).max() < 0.1 * np.abs(f).max()  # random weights: INT8 close to fp32, not equal
 

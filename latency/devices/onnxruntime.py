@@ -9,9 +9,11 @@ of ``context`` tokens seen (:func:`latency.timing_core.decode_inputs`), the same
 A workload kind a task adds runs the task's own runner (``Task.ort_runner``: the translation task's ``translate``
 runs HAT's loop on an encoder-decoder's two graphs).
 
-``precision`` ``int8-dynamic`` / ``int8-static`` (:mod:`latency.quantize`) quantizes the graph, with its weights,
-the way an export is quantized (ONNX Runtime's basic optimizations, then its quantizer; the static ranges are
-calibrated on the timed input itself: timing does not depend on the values) before the session opens it."""
+``precision`` ``int8-dynamic`` / ``int8-static`` / ``int8-smooth`` / ``int8-outlier`` (:mod:`latency.quantize`)
+quantizes the graph, with its weights, the way an export is quantized (ONNX Runtime's basic optimizations, then its
+quantizer; the static ranges and the outlier-aware precisions' channel statistics are calibrated on the timed input
+itself: timing does not depend on the values, and int8-outlier's fp32 channels are a fixed count) before the session
+opens it."""
 
 from __future__ import annotations
 
@@ -32,7 +34,8 @@ PROVIDER = Flag("--provider", "provider", str, "NAME", "the execution provider o
 class OnnxRuntime:
     name = "onnxruntime"
     flags = (THREADS, CLOCK, PROVIDER)
-    precisions = ("fp32", "int8-dynamic", "int8-static")  # INT8 with the CPU provider (ONNX Runtime's quantizer)
+    # INT8 with the CPU provider (ONNX Runtime's quantizer; the outlier-aware two: latency.quantize)
+    precisions = ("fp32", "int8-dynamic", "int8-static", "int8-smooth", "int8-outlier")
     needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session
 
     def __init__(self, threads: int | None = None, provider: str = "cpu", clock: str = "wall", precision: str = "fp32"):

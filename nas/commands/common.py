@@ -340,7 +340,8 @@ def add_scoring_arguments(group) -> None:
         "--val-seed", type=int, default=0, help="seed of the windows' positions (default 0; not the search's --seed)"
     )
     group.add_argument(
-        "--precision", default="fp32", help="fp32 (default), int8-dynamic or int8-static: the bits/byte of the model quantized "
+        "--precision", default="fp32", help="fp32 (default), int8-dynamic, int8-static, int8-smooth (SmoothQuant) or "
+        "int8-outlier (LLM.int8's fp32 outlier channels): the bits/byte of the model quantized "
         "by ONNX Runtime (search: simulated in torch, calibrated on held-out windows; export: the quantized ONNX beside "
         "model.onnx); the --predictor must be fitted on timings at the same precision"
     )

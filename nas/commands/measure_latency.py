@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them); default: standard "
                    "operators only")
     add_device_flags(p, NAME)
-    p.add_argument("--precision", help="fp32 (default), int8-dynamic or int8-static: onnxruntime (cpu) times the graphs "
+    p.add_argument("--precision", help="fp32 (default), int8-dynamic, int8-static, int8-smooth or int8-outlier: onnxruntime "
+                   "(cpu) times the graphs "
                    "quantized as an export is (onnxruntime.quantization); recorded in the table, which holds one precision")
     g = add_protocol_arguments(p, defaults=CAMPAIGN_DEFAULTS, title="protocol")
     g.add_argument(

@@ -71,7 +71,8 @@ VOCABULARY: dict[str, Term] = {
     "--paired": Term("paired", "a reference sample after every sample (measurement protocol)", PROTOCOL),
     "--workload": Term("workload", "a latency workload of the space, by name (prefill, decode, translate)",
                        ("measure-latency", "predict", "search", "export")),
-    "--precision": Term("precision", "the model's numeric precision: fp32, int8-dynamic or int8-static",
+    "--precision": Term("precision", "the model's numeric precision: fp32, int8-dynamic, int8-static, "
+                        "int8-smooth or int8-outlier",
                         ("measure-latency", *SCORING)),
     "--budget": Term("budget", "latency budget(s) with a unit (50ms, 0.05s)", ("search", "export")),
     "--predictor": Term("predictor", "a latency predictor folder (nas fit-predictor --out)",
