@@ -110,8 +110,9 @@ def read_csv_text(path: str | Path, flag: str = "--data") -> str:
 def csv_rows(path: Path, text: str, needed: dict[str, str]) -> tuple[list[str], list[tuple[int, dict[str, str]]]]:
     """(header, [(line number, row)]) of CSV ``text``; ``needed`` maps each column that must exist to its flag."""
     # csv's default cap on a field (131,072 characters) is no limit of ours: a long text is cut to the model's window
-    # (text_bytes), as the README says, not refused as "not valid CSV"; the cap follows the file (process-wide, only up).
-    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
+    # (text_bytes), as the README says, not refused as "not valid CSV"; the cap is process-wide: set for this file's
+    # reading, then put back
+    before = csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames
@@ -124,6 +125,8 @@ def csv_rows(path: Path, text: str, needed: dict[str, str]) -> tuple[list[str], 
         rows = [(reader.line_num, row) for row in reader]
     except csv.Error as e:
         raise UserError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from None
+    finally:
+        csv.field_size_limit(before)
     return list(header), rows
 
 

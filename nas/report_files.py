@@ -43,6 +43,7 @@ MAX_LINE = 2**20  # bytes of one line of a training log
 MAX_DEPTH = 64  # levels of JSON nesting (as the YAML reader allows)
 MAX_ENTRIES = 2_000  # entries of one folder looked at
 MAX_CELL = 2_000  # characters of one table cell shown
+CSV_CELL = 131_072  # characters of one CSV field read (the csv module's default limit): a longer one ends the table
 MAX_COLUMNS = 60  # columns of one table shown
 MAX_PIXELS = 50_000_000  # pixels a PNG may declare (20000 x 20000 would make a browser allocate 1.6 GB)
 
@@ -328,11 +329,14 @@ def parse_csv(text: str, where: str, notes: list[str] | None = None) -> Table:
     notes = list(notes or [])
     rows: list[list[str]] = []
     reader = csv.reader(io.StringIO(text, newline=""))
+    before = csv.field_size_limit(CSV_CELL)  # the module's limit is process-wide: the page's own, whatever ran before
     try:
         for row in reader:
             rows.append(row)
     except csv.Error as e:
         notes.append(f"{where}: line {reader.line_num}: {e}; the rows after it are not shown")
+    finally:
+        csv.field_size_limit(before)
     if not rows:
         return Table([], [], notes)
     header = rows[0]

@@ -221,9 +221,9 @@ def score_model(task: str, out: Path, plan: TaskPlan, corpus_dir: Path) -> float
         c = card["corpus"]
         pairs = prepare_pairs(c["data"], corpus_dir, seed=c["data_seed"] or 0, lang=c["lang"] or "de").split("test")
         score = split_ce(model.eval(), pairs, model.space.max_seq_len, 64)[0]
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"score": score}))
-    tmp.replace(cached)
+    from supernet.files import atomic_write_json
+
+    atomic_write_json(cached, {"score": score})  # (a unique temporary name beside it: no planted link is followed)
     return score
 
 

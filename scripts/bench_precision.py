@@ -122,7 +122,7 @@ def outliers_and_cost(args, space, rng: random.Random) -> dict:
     supernet, tokens, where = load(args, space)
     big = space.largest()
     seq_len = min(args.seq_len, space.max_seq_len)
-    feeds = [torch.from_numpy(f["tokens"]) for f in calibration_feeds(tokens, seq_len, seed=1, where=where)]
+    feeds = [torch.from_numpy(f["input_ids"]) for f in calibration_feeds(tokens, seq_len, seed=1, where=where)]
     ratios_ = [outlier_ratio(m) for m in channel_maxima(lambda x: supernet(x, big), feeds)]
     prefill = [w for w in space.workloads if w.kind == "prefill"] or [space.workload()]
     speed = ratios(space, big, prefill[0], args, rng)

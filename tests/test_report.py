@@ -125,6 +125,9 @@ def search_dir(tmp_path_factory):
             return lambda n: 0.97 * run(n)
 
     mp.setattr(latency.device, "get_device", lambda name, **kw: Device())
+    # every visit above the core count, whatever this machine's load: each timing carries the load flag, which the page
+    # must explain wherever it shows one (a quiet machine flagged none, a busy one all)
+    mp.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
     tiny = load_space("tiny")
     ckpt = save_checkpoint(tmp / "supernet.pt", SuperTransformer(tiny, generator=torch.Generator().manual_seed(0)).eval())
     (tmp / "val.txt").write_bytes(b"def f(x):\n    return x * 2\n" * 40)

@@ -397,7 +397,7 @@ def test_an_arm_bundle_times_each_vit_graph_on_seeded_images(tmp_path, graph_cac
     capsys.readouterr()
     assert main(["measure-latency", str(tmp_path / "s.yaml"), "--device", "arm", "--precision", "int8-dynamic",
                  "--bundle", str(tmp_path / "q.tar.gz"), "-q"]) == 2  # fmt: skip
-    assert "timed in int8 on onnxruntime only" in capsys.readouterr().err and not (tmp_path / "q.tar.gz").exists()
+    assert "--precision int8-dynamic: arm runs fp32 only" in capsys.readouterr().err and not (tmp_path / "q.tar.gz").exists()
 
 
 def test_a_resumed_run_equals_the_uninterrupted_one(root):

@@ -193,6 +193,11 @@ def train_device(name: str | None) -> str:
 # --------------------------------------------------------------------------- task flags
 
 
+def as_help(text: str | None) -> str | None:
+    """A declared flag's meaning as argparse's help (which formats ``%``: a "15%" in a meaning would break --help)."""
+    return None if text is None else text.replace("%", "%%")
+
+
 def add_task_flags(p: argparse.ArgumentParser, command: str) -> None:
     """The extra flags the registered tasks add to ``command`` (:attr:`tasks.base.Task.flags`), each once."""
     from search_spaces.tasks import tasks
@@ -202,7 +207,7 @@ def add_task_flags(p: argparse.ArgumentParser, command: str) -> None:
         for f in task.flags:
             if command in f.commands and f.dest not in seen:
                 seen.add(f.dest)
-                p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
+                p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=as_help(f.help))
 
 
 def add_device_flags(p, command: str) -> None:
@@ -211,7 +216,7 @@ def add_device_flags(p, command: str) -> None:
     from latency.device import device_flags
 
     for f in device_flags(command):
-        p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
+        p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=as_help(f.help))
 
 
 def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
