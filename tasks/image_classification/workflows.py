@@ -4,11 +4,11 @@
 :class:`.train.ImageLearner`) in the run-folder protocol of :mod:`supernet.runs`: from scratch (weights drawn from the
 seed) or from a supernet's weights (``init="supernet:PATH"``: the subnet's slice, extracted), optionally distilled
 from a supernet's largest subnet (``distill_from="supernet:PATH"``, weight ``distill``:
-:class:`supernet.train.DistillObjective`), then writes ``out`` as ``nas export`` does (weights, card with the validation and test accuracy,
-``model.onnx`` parity-checked); ``out/train/`` holds the checkpoints and the log.  ``resume`` continues
-``out/train/latest.pt`` exactly (the stored settings must hold but for the bounds and outputs); a rerun of a finished
-run returns its result without training.  :func:`train_vision_subnet` is the same with plain arguments (the benchmarks).
-"""
+:class:`supernet.train.DistillObjective`), then writes ``out`` as ``nas export`` does (weights, card with the
+validation and test accuracy, ``model.onnx`` parity-checked); ``out/train/`` holds the checkpoints and the log.
+``resume`` continues ``out/train/latest.pt`` exactly (the stored settings must hold but for the bounds and outputs); a
+rerun of a finished run returns its result without training. :func:`train_vision_subnet` is the same with plain
+arguments (the benchmarks)."""
 
 from __future__ import annotations
 
