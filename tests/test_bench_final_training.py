@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from .conftest import ROOT
-from .seq2seq_fakes import write_toy_tsv
+from .translation_fakes import write_toy_tsv
 from .test_data import write_docs
 from .test_vision import SPACE, idx_folder
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from .seq2seq_fakes import write_toy_tsv
+from .translation_fakes import write_toy_tsv
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = ROOT / "tests" / "fixtures" / "translate_quick.yaml"
@@ -202,7 +202,7 @@ def test_split_ce_scores_every_pair_whatever_the_batching(tmp_path):
     from tasks.translation.model import Seq2SeqTransformer
     from tasks.translation.train import heldout_ce, split_ce
 
-    from .seq2seq_fakes import mini_space
+    from .translation_fakes import mini_space
 
     space = mini_space()
     model = Seq2SeqTransformer(space, space.largest(), generator=torch.Generator().manual_seed(0)).eval()

@@ -24,7 +24,7 @@ from tasks.translation.model import Seq2SeqSuperTransformer
 from tasks.translation.onnx import read_layout as seq2seq_layout
 from tasks.translation.space import Seq2SeqSubnet
 
-from .seq2seq_fakes import MINI_SEQ2SEQ
+from .translation_fakes import MINI_SEQ2SEQ
 from .test_masked_lm import ENCODER
 
 CAUSAL = ENCODER.replace("name: micro-encoder", "name: micro-decoder").replace("task: masked-lm", "task: causal-lm")

@@ -845,7 +845,7 @@ def test_a_long_csv_cell_is_read_and_a_folder_is_not_called_missing(tmp_path):
 @pytest.fixture(scope="module")
 def seq2seq_run(tmp_path_factory):
     """A train-supernet run (one step) of the mini encoder-decoder space on the toy pairs."""
-    from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+    from .translation_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
     d = tmp_path_factory.mktemp("s2s")
     (d / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
@@ -860,7 +860,7 @@ def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(seq
     from search_spaces import Subnet as Plain
     from tasks.translation.space import Seq2SeqSubnet
 
-    from .seq2seq_fakes import mini_space
+    from .translation_fakes import mini_space
 
     (tmp_path / "causal.yaml").write_text(SUBNET.to_yaml())
     (tmp_path / "s2s.yaml").write_text(mini_space().largest().to_yaml())
@@ -972,7 +972,7 @@ def resumables(tmp_path_factory):
     and a predictor (for the hurdles)."""
     from search_spaces import load_space
 
-    from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+    from .translation_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
     d = tmp_path_factory.mktemp("resumables")
     small = load_space(space_file(d, "small"))
@@ -1128,7 +1128,7 @@ def test_a_timing_table_refuses_a_rerun_with_other_flags_naming_them(tmp_path, c
 def test_a_tsv_line_of_more_than_two_fields_is_refused_not_trained_as_the_target(tmp_path, capsys):
     from tasks.translation.data import read_tsv
 
-    from .seq2seq_fakes import MINI_SEQ2SEQ
+    from .translation_fakes import MINI_SEQ2SEQ
 
     good = "".join(f"file {i}\tDatei {i}\n" for i in range(10))
     variants = {
@@ -1155,7 +1155,7 @@ def test_a_tsv_line_of_more_than_two_fields_is_refused_not_trained_as_the_target
 def test_a_language_is_a_name_checked_before_any_path_is_made_of_it(tmp_path, capsys, monkeypatch):
     import tasks.translation.data as tr
 
-    from .seq2seq_fakes import MINI_SEQ2SEQ
+    from .translation_fakes import MINI_SEQ2SEQ
 
     (tmp_path / "mini.yaml").write_text(MINI_SEQ2SEQ.format(positions="rope"))
     expected = "is not a language name; expected a gettext locale such as de, fr, pt_BR or sr@latin"

@@ -10,7 +10,7 @@ from tasks.translation.model import Seq2SeqSuperTransformer
 from tasks.translation.decode import beam_search, greedy, score_translations
 from tasks.translation.data import EOS
 
-from .seq2seq_fakes import mini_space
+from .translation_fakes import mini_space
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from latency.predictors import load_predictor
 from latency.table import read_timings
 from tasks.translation.features import translate_terms
 from nas.cli import main
-from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
+from tests.translation_fakes import MINI_SEQ2SEQ, mini_space
 
 FAST = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
 
@@ -92,7 +92,7 @@ def test_a_device_that_cannot_time_a_seq2seq_space_is_refused_in_one_line(timed,
 def searched(timed):
     """A supernet trained 3 steps on the toy corpus, a translate predictor fitted on the timings, a search under a
     budget between the predicted latencies of the smallest and the largest subnet."""
-    from tests.seq2seq_fakes import write_toy_tsv
+    from tests.translation_fakes import write_toy_tsv
 
     root, space_path, table, _ = timed
     tsv = write_toy_tsv(root / "toy.tsv")

@@ -16,7 +16,7 @@ from latency.timing_core import Settings, ort_session, translate_ort_runner
 from nas.cli import main
 from tasks.translation.model import Seq2SeqSuperTransformer
 from tasks.translation.timing import cached_seq2seq_graphs
-from tests.seq2seq_fakes import MINI_SEQ2SEQ, mini_space
+from tests.translation_fakes import MINI_SEQ2SEQ, mini_space
 
 FAST = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
 SETTINGS = Settings(warmup=1, repeats=2, rounds=2, min_sample_ms=1.0, ref_samples=1, max_retries=0)

@@ -11,7 +11,7 @@ from tasks.translation.model import Seq2SeqSuperTransformer
 from tasks.translation.decode import translate_runner
 from tasks.translation.data import BOS
 
-from .seq2seq_fakes import mini_space
+from .translation_fakes import mini_space
 
 
 def test_runner_encodes_once_and_decodes_n_cached_steps_at_the_beam():

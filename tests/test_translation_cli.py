@@ -5,7 +5,7 @@ import pytest
 from nas.cli import main
 from tasks.translation.data import languages
 
-from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+from .translation_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_a_ranker_calibrated_on_retrained_encoder_decoders(trained, capsys):
     from tasks.translation.artifact import load_seq2seq_model
     from tasks.translation.train import load_seq2seq_supernet
 
-    from .seq2seq_fakes import mini_space
+    from .translation_fakes import mini_space
 
     root, out = trained
     space = mini_space()

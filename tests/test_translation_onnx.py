@@ -19,7 +19,7 @@ from tasks.translation.onnx import (
 from tasks.translation.model import Seq2SeqSuperTransformer, decode, encode_memory
 from tasks.translation.decode import beam_search, greedy, search_beams
 from tasks.translation.data import BOS
-from tests.seq2seq_fakes import MINI_SEQ2SEQ
+from tests.translation_fakes import MINI_SEQ2SEQ
 
 # translate-tiny's types on both sides, each decoder layer reading another number of encoder layers
 SUBNET = {

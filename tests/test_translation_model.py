@@ -10,7 +10,7 @@ from tasks.translation.space import Seq2SeqSubnet
 from tasks.translation.model import Seq2SeqSuperTransformer, encode, encode_memory, memory
 from tasks.translation.data import PAD
 
-from .seq2seq_fakes import mini_space
+from .translation_fakes import mini_space
 
 
 def batch(seed=0):

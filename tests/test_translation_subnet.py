@@ -21,7 +21,7 @@ from tasks.translation.train import steps_for_tokens
 from supernet.train import TrainConfig
 from tasks.translation.data import prepare_pairs
 
-from .seq2seq_fakes import MINI_SEQ2SEQ, mini_space, write_toy_tsv
+from .translation_fakes import MINI_SEQ2SEQ, mini_space, write_toy_tsv
 
 CONFIG = TrainConfig(batch_size=8, warmup_steps=2, eval_interval=3, eval_batches=2, ckpt_interval=3, log_interval=1,
                      lr=1e-2, min_lr=1e-3)  # fmt: skip

@@ -11,7 +11,7 @@ from tasks.translation.data import prepare_pairs
 from tasks.translation.model import Seq2SeqSuperTransformer
 from tasks.translation.train import TranslationLearner, heldout_ce, load_seq2seq_supernet
 
-from .seq2seq_fakes import mini_space, write_toy_tsv
+from .translation_fakes import mini_space, write_toy_tsv
 
 CONFIG = dict(batch_size=8, max_steps=6, warmup_steps=2, eval_interval=3, eval_batches=2, ckpt_interval=3, log_interval=1,
               lr=1e-2, min_lr=1e-3)  # fmt: skip

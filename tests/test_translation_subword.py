@@ -13,7 +13,7 @@ from search_spaces import parse_space
 from search_spaces.space import SpaceError
 from tasks.translation.data import BOS, EOS, PAD, collate, prepare_pairs, tokenize_pairs
 
-from .seq2seq_fakes import MINI_SEQ2SEQ, write_toy_tsv
+from .translation_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
 BPE = MINI_SEQ2SEQ.replace("vocab_size: 259\n", "tokenizer: {{bpe: 300}}\n")  # (a str.format template)
 
