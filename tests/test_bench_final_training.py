@@ -2,11 +2,9 @@
 the fixtures of the LM, image and translation tests: the contract of final.json, the tables, the curves, and a rerun
 that trains nothing."""
 
-import importlib.util
 import json
 import logging
 import math
-import sys
 
 import pytest
 
@@ -14,14 +12,11 @@ from .conftest import ROOT
 from .translation_fakes import write_toy_tsv
 from .test_data import write_docs
 from .test_vision import SPACE, idx_folder
+from .script_loader import load_script
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_final_training", ROOT / "scripts" / "bench_final_training.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_final_training"] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_final_training")
 
 
 def r(mean):

@@ -3,9 +3,7 @@ contract of precision.json (outlier_ratio; per precision its bits/byte drop and 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
@@ -13,16 +11,13 @@ from search_spaces import load_space
 
 from .conftest import ROOT
 from .test_data import write_docs
+from .script_loader import load_script
 
 SPACE = ROOT / "tests" / "fixtures" / "claim_quick.yaml"
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_precision", ROOT / "scripts" / "bench_precision.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_precision"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_precision")
 
 
 def test_bench_precision_quick_writes_the_contract(tmp_path, graph_cache, capsys):

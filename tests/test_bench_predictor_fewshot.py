@@ -4,26 +4,19 @@ and fit-predictor's choice against the table's ceiling and writes its JSON and C
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 from latency.sampling import campaign_subnets
 from search_spaces import load_space
 
 from .test_latency_transfer import write_table
 from .test_layered_predictor import device_ms
+from .script_loader import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_predictor_fewshot.py"
 
 
 def script():
-    spec = importlib.util.spec_from_file_location("bench_predictor_fewshot", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_predictor_fewshot")
 
 
 def test_quick_run_scores_the_models_against_the_ceiling_and_writes_its_files(tmp_path, capsys):

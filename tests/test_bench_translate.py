@@ -5,7 +5,6 @@ cross-entropy, sacrebleu's paired bootstrap, the type-balanced sandwich over an 
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from .translation_fakes import write_toy_tsv
+from .script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SPACE = ROOT / "tests" / "fixtures" / "translate_quick.yaml"
@@ -25,10 +25,7 @@ STAGES = 12  # the stages of run(), "fit the ranker" among them
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_translate", ROOT / "scripts" / "bench_translate.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_translate"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
+    module = load_script("bench_translate")
     yield module
     sys.modules.pop("bench_translate", None)
 

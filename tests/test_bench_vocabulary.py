@@ -1,29 +1,24 @@
 """scripts/bench_vocabulary.py (issue 54): its pure parts, and the whole path in --quick mode on a tiny fixture space
 pair writes vocabulary.json with the contract keys; a second run resumes without training again."""
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.test_tokenizer import corpus_docs
+from tests.script_loader import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("bench_vocabulary", ROOT / "scripts" / "bench_vocabulary.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_vocabulary"] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+def load_bench():
+    return load_script("bench_vocabulary")
 
 
-bench = load_script()
+bench = load_bench()
 
 
 def test_tokens_budgets_picks_and_verdicts():

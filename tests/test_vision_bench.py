@@ -1,23 +1,17 @@
 """scripts/bench_vision.py --quick: every stage on small generated images, the contract of vision.json, and a rerun
 that resumes every stage (nothing retrained, nothing re-measured)."""
 
-import importlib.util
 import json
 import logging
-import sys
 
 import numpy as np
 
-from .conftest import ROOT
 from .test_vision import SPACE, idx_folder
+from .script_loader import load_script
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_vision", ROOT / "scripts" / "bench_vision.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_vision"] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_vision")
 
 
 def test_bench_vision_quick_writes_the_contract_and_resumes(tmp_path, graph_cache, caplog):
