@@ -18,10 +18,10 @@ from latency.features import layer_cache_bytes, projection_flops
 from search_spaces.attention import parse_attention
 from supernet.attention import get
 
-from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
+from .space import TranslationSpace, TranslationSubnet, TranslationWorkload
 
 
-def translate_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:
+def translate_terms(space: TranslationSpace, subnet: TranslationSubnet, workload: TranslationWorkload) -> dict[str, float]:
     """FLOPs of the encoder, the cross keys / values, the decoder's self-attention and MLP, its cross-attention and the
     output projection over the whole workload; the memory positions the cross-attention reads (the arbitrary
     attention's size) and the bytes of the decoder's caches read by the last step."""
