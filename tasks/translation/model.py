@@ -307,9 +307,9 @@ class TranslationSuperTransformer(nn.Module):
         return TranslationWeights(
             self.space.head_dim, self.space.positions,
             embedding_slice(self.enc_tok, ee), embedding_slice(self.enc_pos, ee) if self.enc_pos is not None else None,
-            blocks(self.enc_blocks, enc.layers, ee), tuple(x.attention_spec for x in enc.layers), norm_slice(self.ln_enc, ee),
+            blocks(self.enc_blocks, enc.layers, ee), enc.attention_specs, norm_slice(self.ln_enc, ee),
             embedding_slice(self.dec_tok, ed), embedding_slice(self.dec_pos, ed) if self.dec_pos is not None else None,
-            blocks(self.dec_blocks, dec.layers, ed), tuple(x.attention_spec for x in dec.layers),
+            blocks(self.dec_blocks, dec.layers, ed), dec.attention_specs,
             tuple(c.weights(ed, ee, h) for c, h in zip(self.cross, subnet.cross_heads)), subnet.cross_layers,
             norm_slice(self.ln_dec, ed),
         )  # fmt: skip
