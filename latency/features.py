@@ -20,7 +20,7 @@ import numpy as np
 
 from supernet.shapes import params as shape_params
 from search_spaces import Space, Subnet, Workload
-from search_spaces.attention import parse_attention
+from search_spaces.attention import AttentionSpec
 from supernet.attention import get, state_bytes
 
 
@@ -34,9 +34,8 @@ def vocab_rows(space: Space, subnet: Subnet) -> int:
     return space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
 
 
-def layer_cache_bytes(attention: str, context: int, heads: int, hd: int, batch: int = 1) -> int:
+def layer_cache_bytes(spec: AttentionSpec, context: int, heads: int, hd: int, batch: int = 1) -> int:
     """fp32 bytes one layer's decode step reads from its state at ``context`` (the type's state)."""
-    spec = parse_attention(attention)
     return state_bytes(get(spec), spec, context, heads, hd, batch)
 
 
@@ -45,22 +44,21 @@ def cache_bytes(space: Space, subnet: Subnet, workload: Workload) -> float:
     if workload.kind != "decode":
         return 0.0
     w, hd = workload, space.head_dim
-    return float(sum(layer_cache_bytes(layer.attention, w.context, layer.heads, hd, w.batch_size) for layer in subnet.layers))
+    return float(sum(layer_cache_bytes(layer.attention_spec, w.context, layer.heads, hd, w.batch_size)
+                     for layer in subnet.layers))
 
 
-def mixing_flops(attention: str, workload: Workload, heads: int, hd: int, causal: bool = True) -> float:
+def mixing_flops(spec: AttentionSpec, workload: Workload, heads: int, hd: int, causal: bool = True) -> float:
     """FLOPs of one layer's token mixing at ``workload`` (prefill: every token; decode: the new token's),
     in the task's form (``causal`` False: the bidirectional form of an encoder)."""
-    spec = parse_attention(attention)
     typ = get(spec)
     if workload.kind == "prefill":
         return typ.mixing_flops(spec, workload.batch_size, workload.seq_len, heads, hd, causal)
     return typ.decode_flops(spec, workload.batch_size, workload.context, heads, hd)
 
 
-def projection_flops(attention: str, tokens: int, embed_dim: int, heads: int, hd: int) -> float:
+def projection_flops(spec: AttentionSpec, tokens: int, embed_dim: int, heads: int, hd: int) -> float:
     """FLOPs of one layer's q, k, v, o projections over ``tokens`` (k and v with the type's heads)."""
-    spec = parse_attention(attention)
     hk, hv = get(spec).heads(spec, heads)
     return 2.0 * tokens * embed_dim * (2 * heads + hk + hv) * hd
 
@@ -70,8 +68,8 @@ def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     b, t, e, hd = workload.batch_size, workload.tokens, subnet.embed_dim, space.head_dim
     total = 2.0 * b * t * e * vocab_rows(space, subnet)  # tied LM head: the subnet's vocabulary
     for layer in subnet.layers:
-        total += projection_flops(layer.attention, b * t, e, layer.heads, hd) + 2.0 * b * t * 2 * e * layer.ffn_dim  # MLP
-        total += mixing_flops(layer.attention, workload, layer.heads, hd, space.causal)
+        total += projection_flops(layer.attention_spec, b * t, e, layer.heads, hd) + 2.0 * b * t * 2 * e * layer.ffn_dim  # MLP
+        total += mixing_flops(layer.attention_spec, workload, layer.heads, hd, space.causal)
     return total
 
 
@@ -93,7 +91,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
         a = layer.heads * hd
         out[f"layer[{layer.attention}]:count"] += 1.0
         out[f"layer[{layer.attention}]:mix"] += (
-            mixing_flops(layer.attention, workload, layer.heads, hd, space.causal) / hd
+            mixing_flops(layer.attention_spec, workload, layer.heads, hd, space.causal) / hd
         )  # per head_dim: the scale of the others
         out["layer:embed"] += bt * e  # layer norms, residual adds
         out["layer:proj"] += bt * e * a  # q, k, v, o projections
@@ -102,12 +100,12 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
         out["layer:heads"] += bt * a  # rope, reshapes
         if workload.kind == "decode":  # the cache read per new token (MB, so the column is of the others' scale)
             out["layer:cache"] += (
-                layer_cache_bytes(layer.attention, workload.context, layer.heads, hd, workload.batch_size) / 2**20
+                layer_cache_bytes(layer.attention_spec, workload.context, layer.heads, hd, workload.batch_size) / 2**20
             )
     return out
 
 
-def layer_terms(attention: str, workload: Workload, embed_dim: int, heads: int, hd: int, ffn_dim: int,
+def layer_terms(spec: AttentionSpec, workload: Workload, embed_dim: int, heads: int, hd: int, ffn_dim: int,
                 causal: bool = True) -> dict[str, float]:
     """One layer's cost terms for the layer-composed predictor (:mod:`latency.predictors.layered`), each a physical
     count whose cost per unit the predictor fits: ``layer:*`` terms cost alike whatever the layer's attention type
@@ -116,18 +114,18 @@ def layer_terms(attention: str, workload: Workload, embed_dim: int, heads: int, 
     its token mixing as its own cost model counts it (``mix``: ``AttentionType.mixing_flops``: ``~T^2 * A`` for a
     quadratic type, ``~T * w * A`` for a window of ``w``, ``~T * A * hd`` for a linear one) and, decoding, the bytes of
     state its step reads (``cache``)."""
-    bt, a = workload.batch_size * workload.tokens, heads * hd
+    bt, a, attention = workload.batch_size * workload.tokens, heads * hd, str(spec)  # (the columns: the spelling)
     out = {
         "layer:norm": float(bt * embed_dim),  # layer norms, residual adds
-        "layer:proj": projection_flops(attention, bt, embed_dim, heads, hd),  # q, k, v, o (k and v with the type's heads)
+        "layer:proj": projection_flops(spec, bt, embed_dim, heads, hd),  # q, k, v, o (k and v with the type's heads)
         "layer:mlp": 4.0 * bt * embed_dim * ffn_dim,  # fc1, fc2
         "layer:act": float(bt * ffn_dim),  # the activation, the biases
         f"type[{attention}]:count": 1.0,
         f"type[{attention}]:qkv": float(bt * a),
-        f"type[{attention}]:mix": mixing_flops(attention, workload, heads, hd, causal),
+        f"type[{attention}]:mix": mixing_flops(spec, workload, heads, hd, causal),
     }
     if workload.kind == "decode":
-        out[f"type[{attention}]:cache"] = float(layer_cache_bytes(attention, workload.context, heads, hd, workload.batch_size))
+        out[f"type[{attention}]:cache"] = float(layer_cache_bytes(spec, workload.context, heads, hd, workload.batch_size))
     return out
 
 
@@ -153,7 +151,7 @@ def layered_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str,
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * space.vocab_size),
            **type_columns(space.attention, workload.kind == "decode")}
     for layer in subnet.layers:
-        add_terms(out, layer_terms(layer.attention, workload, e, layer.heads, space.head_dim, layer.ffn_dim, space.causal))
+        add_terms(out, layer_terms(layer.attention_spec, workload, e, layer.heads, space.head_dim, layer.ffn_dim, space.causal))
     return out
 
 

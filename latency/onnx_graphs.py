@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from search_spaces.attention import AttentionSpec
 from supernet.onnx_export import INPUT_IDS
 
 ALIGN = 4096
@@ -98,12 +99,11 @@ class _Embed(torch.nn.Module):
 class _Block(torch.nn.Module):
     """:func:`supernet.model.block` with its weights as inputs (``names``: their state-dict names, in order)."""
 
-    def __init__(self, attention: str, head_dim: int, max_seq_len: int, rope: bool, names: list[str], causal: bool = True):
+    def __init__(self, spec: AttentionSpec, head_dim: int, max_seq_len: int, rope: bool, names: list[str], causal: bool = True):
         super().__init__()
-        from search_spaces import parse_attention
         from supernet.model import rope_tables
 
-        self.spec, self.head_dim, self.rope, self.names = parse_attention(attention), head_dim, rope, names
+        self.spec, self.head_dim, self.rope, self.names = spec, head_dim, rope, names
         self.causal = causal
         if rope:
             cos, sin = rope_tables(max_seq_len, head_dim)
@@ -145,11 +145,9 @@ class _DecodeBlock(torch.nn.Module):
     """One layer of the decode step (:func:`supernet.model.block` with a functional :class:`~supernet.model.Step`),
     its state and weights as inputs: ``forward(x, position, [cos, sin,] *state, *weights) -> (x', *new state)``."""
 
-    def __init__(self, attention: str, head_dim: int, rope: bool, state_names: list[str], names: list[str]):
+    def __init__(self, spec: AttentionSpec, head_dim: int, rope: bool, state_names: list[str], names: list[str]):
         super().__init__()
-        from search_spaces import parse_attention
-
-        self.spec, self.head_dim, self.rope = parse_attention(attention), head_dim, rope
+        self.spec, self.head_dim, self.rope = spec, head_dim, rope
         self.state_names, self.names = state_names, names
 
     def forward(self, x, position, *rest):
@@ -352,7 +350,7 @@ def _block_part(key: dict, batch, seq, E, F_):
         # (2, T, E) with T below max_seq_len: at T == L the exporter would fix T where a type slices a (., L)
         # weight to the first T columns (linformer's projections); a 2D type's T: a square grid (its trace_length)
         x = torch.randn(2, typ.trace_length(L), e)
-        module = _Block(key["attention"], hd, L, rope, names, key.get("causal", True))
+        module = _Block(spec, hd, L, rope, names, key.get("causal", True))
         return module, (x, *weights), ({0: batch, 1: seq, 2: E}, tuple(wdims)), ["x", *wnames], ["y"]  # forward(x, *weights)
     assert key["part"] == "decode-block", key
     states, past = typ.state(spec, heads, hd), Dim("past", max=1 << 20)
@@ -363,7 +361,7 @@ def _block_part(key: dict, batch, seq, E, F_):
     extra = [torch.rand(shape) + 1.0 if s.positive else torch.randn(shape) for shape, s in zip(ssizes, states.values())]
     extra_dims = [{0: batch, **{axis + 1: past for axis, d in enumerate(s.shape) if d == "past"}, **axes}
                   for s, axes in zip(states.values(), _symbolic(ssizes, probes))]  # fmt: skip
-    module = _DecodeBlock(key["attention"], hd, rope, list(states), names)
+    module = _DecodeBlock(spec, hd, rope, list(states), names)
     if rope:
         from supernet.model import rope_at
 

@@ -113,7 +113,7 @@ def attention_bytes(b: int, h: int, hkv: int, t: int, d: int, itemsize: int, bac
 
 def block_flops(spec: AttentionSpec, b: int, h: int, t: int, d: int, backward: bool, causal: bool = True) -> float:
     e = h * d
-    linear = projection_flops(str(spec), b * t, e, h, d) + 2.0 * b * t * e * 4 * e * 2  # q, k, v, o; MLP up and down
+    linear = projection_flops(spec, b * t, e, h, d) + 2.0 * b * t * e * 4 * e * 2  # q, k, v, o; MLP up and down
     fwd = linear + attention_flops(spec, b, h, t, d, False, causal)
     return fwd * (1 + BACKWARD_FACTOR) if backward else fwd
 

@@ -27,7 +27,6 @@ match": the fewest n whose mean tau and mean share within ±10% both reach the t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -42,6 +41,7 @@ from joblib import Parallel, delayed, parallel_backend
 
 ROOT = str(Path(__file__).resolve().parents[1])
 sys.path.insert(0, ROOT)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)  # the curve's workers too
 
 from latency.campaign import run_campaign  # noqa: E402
@@ -54,8 +54,9 @@ from latency.report import agreement  # noqa: E402
 from latency.sampling import campaign_subnets, retest_subset, transfer_subnets  # noqa: E402
 from latency.table import TimingTable, make_meta, read_timings  # noqa: E402
 from latency.timing_core import Settings, sidecar_path  # noqa: E402
-from nas.cli import main as nas  # noqa: E402
 from search_spaces import Space, load_space  # noqa: E402
+
+from _bench_common import run_nas  # noqa: E402
 
 TARGET_TAU, TARGET_WITHIN_10 = 0.9, 0.85
 
@@ -85,15 +86,6 @@ class Plan:
 
 
 QUICK = Plan(full=16, few=8, warmup=1, repeats=2, rounds=1, min_sample_ms=2.0, curve=(6, 10), reps=2, models="gbt,additive")
-
-
-def run_nas(argv: list[str], log: Path) -> None:
-    """One documented command, in this process; its report appended to ``log``; a refusal stops the benchmark."""
-    with open(log, "a") as f, contextlib.redirect_stdout(f):
-        print(f"$ nas {' '.join(argv)}")
-        rc = nas(argv)
-    if rc != 0:
-        raise SystemExit(f"bench_fewshot: `nas {' '.join(argv)}` exited {rc} (its report: {log})")
 
 
 def measure(out: Path, space: Space, workload: str, tag: str, plan: Plan) -> tuple[Path, Path]:
@@ -130,7 +122,7 @@ def fit(table: Path, folder: Path, log: Path, sources: list[Path] = (), models: 
     """``nas fit-predictor`` (``--from`` each source; else ``--models``), unless ``folder`` already holds its predictor."""
     if not (folder / "predictor.json").exists():
         flags = [a for s in sources for a in ("--from", str(s))] or ["--models", models or Plan.models]
-        run_nas(["fit-predictor", str(table), "--out", str(folder), *flags], log)
+        run_nas(["fit-predictor", str(table), "--out", str(folder), *flags], log, "bench_fewshot")
     return folder
 
 

@@ -213,11 +213,11 @@ def score_model(task: str, out: Path, plan: TaskPlan, corpus_dir: Path) -> float
         score = validation_bpb(model, space, corpus.test, Scoring(plan.score_windows, seq, plan.score_seed, 16),
                                "test split")["bits_per_byte"]
     else:
-        from tasks.translation.artifact import load_seq2seq_model
+        from tasks.translation.artifact import load_translation_model
         from tasks.translation.data import prepare_pairs
         from tasks.translation.train import split_ce
 
-        model, card = load_seq2seq_model(out)
+        model, card = load_translation_model(out)
         c = card["corpus"]
         pairs = prepare_pairs(c["data"], corpus_dir, seed=c["data_seed"] or 0, lang=c["lang"] or "de").split("test")
         score = split_ce(model.eval(), pairs, model.space.max_seq_len, 64)[0]

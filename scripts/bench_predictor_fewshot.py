@@ -24,7 +24,6 @@ in ``--out``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -36,25 +35,18 @@ import numpy as np
 
 ROOT = str(Path(__file__).resolve().parents[1])
 sys.path.insert(0, ROOT)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from latency.predictors.models import MODELS, new_model, subnet_matrix  # noqa: E402
 from latency.predictors.select import select  # noqa: E402
 from latency.report import agreement  # noqa: E402
 from latency.table import read_timings  # noqa: E402
-from nas.cli import main as nas  # noqa: E402
 from search_spaces import UserError  # noqa: E402
+
+from _bench_common import run_nas  # noqa: E402
 
 TARGET_RATIO = 1.5  # the chosen predictor's held-out MAPE at most this times the test-retest MAPE
 CHOICE = "fit-predictor"  # the row of nas fit-predictor's own choice among the models
-
-
-def run_nas(argv: list[str], log: Path) -> None:
-    """One documented command, in this process, its report appended to ``log``; a refusal stops the benchmark."""
-    with open(log, "a") as f, contextlib.redirect_stdout(f):
-        print(f"$ nas {' '.join(argv)}")
-        rc = nas(argv)
-    if rc != 0:
-        raise SystemExit(f"bench_predictor_fewshot: `nas {' '.join(argv)}` exited {rc} (its report: {log})")
 
 
 def measure_tables(out: Path, spaces: list[str], samples: int) -> tuple[list[Path], list[dict]]:
@@ -66,7 +58,7 @@ def measure_tables(out: Path, spaces: list[str], samples: int) -> tuple[list[Pat
         before = os.getloadavg()
         if not path.exists():
             run_nas(["measure-latency", space, "--device", "cpu", "--timing-threads", "1", "--samples", str(samples),
-                     "--retest", "0.5", "--out", str(path), "-q"], out / "measure.log")
+                     "--retest", "0.5", "--out", str(path), "-q"], out / "measure.log", "bench_predictor_fewshot")
         loads.append({"space": space, "table": str(path), "load_before": before[0], "load_after": os.getloadavg()[0]})
         tables.append(path)
     return tables, loads

@@ -86,7 +86,7 @@ from curves import plot_curves, read_log, write_curves  # noqa: E402
 from nas.demo import Stages, run_stage_command  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
 from supernet.runs import recipe_flags  # noqa: E402
-from tasks.translation.space import TASK as TRANSLATION, Seq2SeqSpace, Seq2SeqSubnet  # noqa: E402
+from tasks.translation.space import TASK as TRANSLATION, TranslationSpace, TranslationSubnet  # noqa: E402
 
 log = logging.getLogger("bench_translate")
 BEAM = 5
@@ -151,25 +151,25 @@ QUICK = replace(
 # --------------------------------------------------------------------------- models
 
 
-def uniform_seq2seq(space) -> list[Seq2SeqSubnet]:
-    """Every hand-scaled encoder-decoder of the space (:meth:`Seq2SeqSpace.uniform`)."""
+def uniform_translation(space) -> list[TranslationSubnet]:
+    """Every hand-scaled encoder-decoder of the space (:meth:`TranslationSpace.uniform`)."""
     return space.uniform()
 
 
 def params_of(space, subnet) -> int:
-    from tasks.translation.timing import seq2seq_params
+    from tasks.translation.timing import translation_params
 
-    return seq2seq_params(space, subnet)
+    return translation_params(space, subnet)
 
 
-def ladder(space, n: int) -> list[Seq2SeqSubnet]:
+def ladder(space, n: int) -> list[TranslationSubnet]:
     """Up to ``n`` vanilla Transformers (uniform softmax, cross-attention to the last encoder layer, the most heads and
     the widest FFN) across widths and decoder depths, spread over their sizes."""
     soft = space.attention[0]
     first = min(space.cross_layers)
     top_h = max(h for h in space.encoder.heads if h in space.decoder.heads and h in space.cross_heads)
     top_f = max(f for f in space.encoder.ffn_dim if f in space.decoder.ffn_dim)
-    pool = sorted((s for s in uniform_seq2seq(space) if s.encoder.attention[0] == soft and s.cross_layers[0] == first
+    pool = sorted((s for s in uniform_translation(space) if s.encoder.attention[0] == soft and s.cross_layers[0] == first
                    and s.encoder.heads[0] == top_h and s.encoder.ffn_dim[0] == top_f),
                   key=lambda s: (params_of(space, s), s.key))  # fmt: skip
     if len(pool) <= n:
@@ -186,9 +186,9 @@ def _timing_device(name: str):
 
 def _measure(space, device, models: dict, workload, settings, seed: int, baseline_ms):
     from latency.protocol import measure
-    from tasks.translation.timing import seq2seq_reference
+    from tasks.translation.timing import translation_reference
 
-    return measure(device, models, workload, settings, seed=seed, reference=seq2seq_reference(space), baseline_ms=baseline_ms)
+    return measure(device, models, workload, settings, seed=seed, reference=translation_reference(space), baseline_ms=baseline_ms)
 
 
 def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, plan: Plan, device_name: str, seed: int):
@@ -200,16 +200,16 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
     from latency.predictors import load_predictor
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from tasks.translation.timing import seq2seq_timing_model
+    from tasks.translation.timing import translation_timing_model
 
-    uniform = uniform_seq2seq(space)
+    uniform = uniform_translation(space)
     table = read_timings(timings)
     device = _timing_device(device_name)
     materialize = getattr(device, "needs_weights", True)
     settings = Settings(warmup=plan.warmup, repeats=plan.repeats, rounds=plan.rounds, min_sample_ms=plan.min_sample_ms)
 
     def time_them(subnets: list) -> dict:
-        models = {s.key: seq2seq_timing_model(space, s, materialize=materialize) for s in subnets}
+        models = {s.key: translation_timing_model(space, s, materialize=materialize) for s in subnets}
         m = _measure(space, device, models, space.workload(), settings, seed, table.meta.get("baseline_ms"))
         return {s: m.results[s.key].median_ms for s in subnets}
 
@@ -277,14 +277,14 @@ def score_model(model_dir: str, corpus_dir: str, limit: int, ce_batch: int, thre
     ``hypotheses.txt`` (one line each, in the split's order) beside the model and returns the scores."""
     import torch
 
-    from tasks.translation.artifact import load_seq2seq_model
+    from tasks.translation.artifact import load_translation_model
     from tasks.translation.data import check_pairs, prepare_pairs
     from tasks.translation.decode import evaluate_translation
     from tasks.translation.train import split_ce
 
     torch.set_num_threads(threads)
     folder = Path(model_dir)
-    model, card = load_seq2seq_model(folder)
+    model, card = load_translation_model(folder)
     record = card["corpus"]
     corpus = prepare_pairs(record["data"], Path(corpus_dir), seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], str(folder))
@@ -338,11 +338,11 @@ def measure_retrained(space, models: dict, root: Path, timings: Path, plan: Plan
     """Every retrained model timed side by side (one interleaved campaign), with its card's training record."""
     from latency.table import read_timings
     from latency.timing_core import Settings
-    from tasks.translation.artifact import load_seq2seq_model
+    from tasks.translation.artifact import load_translation_model
 
     statics, cards = {}, {}
     for key in models:
-        statics[key], cards[key] = load_seq2seq_model(root / key / "model")
+        statics[key], cards[key] = load_translation_model(root / key / "model")
     table = read_timings(timings)
     settings = Settings(warmup=plan.warmup, repeats=plan.compare_repeats, rounds=plan.compare_rounds,
                         min_sample_ms=plan.min_sample_ms)  # fmt: skip
@@ -364,11 +364,11 @@ def found_subnets(space, search_dir: Path, labels: list[str], summary: dict) -> 
         best = summary["budgets"].get(label, {}).get("best")
         for how in ("hurdles", "verified"):
             if (search_dir / f"{how}_{label}.yaml").exists():
-                out[label] = (space.check(Seq2SeqSubnet.load(search_dir / f"{how}_{label}.yaml")), how)
+                out[label] = (space.check(TranslationSubnet.load(search_dir / f"{how}_{label}.yaml")), how)
                 break
         else:
             if best:
-                out[label] = (space.check(Seq2SeqSubnet.load(search_dir / best["file"])), "predicted")
+                out[label] = (space.check(TranslationSubnet.load(search_dir / best["file"])), "predicted")
     return out
 
 
@@ -382,7 +382,7 @@ def run(args, plan: Plan) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     space = load_space(args.space)
-    if not isinstance(space, Seq2SeqSpace):
+    if not isinstance(space, TranslationSpace):
         raise UserError(f"--space {args.space}: task {space.task}, not {TRANSLATION} (an encoder-decoder translation space)")
     if args.data and args.lang:
         raise UserError("give --data (your own source<TAB>target file) or --lang (the system's gettext catalogs), not both")
@@ -428,7 +428,7 @@ def run(args, plan: Plan) -> dict:
     baselines_file = out / "baselines.json"
     timed("pick baselines", lambda: baselines_file.write_text(json.dumps(
         pick_baselines(space, predictor, timings, budgets, labels, plan, args.device, args.seed), indent=1)))  # fmt: skip
-    models: dict[str, Seq2SeqSubnet] = {}
+    models: dict[str, TranslationSubnet] = {}
     roles: dict[str, list[str]] = {}
 
     def add(role: str, s) -> None:
@@ -437,7 +437,7 @@ def run(args, plan: Plan) -> dict:
             roles[s.key].append(role)
 
     for e in json.loads(baselines_file.read_text()):
-        add(f"uniform {e['attention']}@{e['budget']}", Seq2SeqSubnet.from_dict(e["subnet"]))
+        add(f"uniform {e['attention']}@{e['budget']}", TranslationSubnet.from_dict(e["subnet"]))
     for s in ladder(space, plan.ladder):
         add(LADDER_ROLE, s)
     retrain_dir = out / "retrain"

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from latency.timing_core import Settings
     from latency.measure import measure_model, predicted_latency, workload_text
     from tasks.stack.export import export_subnet
-    from search_spaces import Subnet, UserError, parse_attention
+    from search_spaces import Subnet, UserError
     from supernet import load_model
     from supernet.attention.registry import get as attention_type
     from supernet.checkpoint import load_supernet
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = args.clock or fp.get("clock")
         device = get_device(args.device, threads=threads, clock=clock)
         result = export_subnet(supernet, subnet, args.out, formats=("onnx",))
-        softmax_layers = sum(attention_type(parse_attention(a)).fused_onnx for a in subnet.attention)
+        softmax_layers = sum(attention_type(spec).fused_onnx for spec in subnet.attention_specs)
         workload = space.workload(predicted["workload"]["name"])
         settings = Settings(
             warmup=args.warmup, repeats=args.repeats, rounds=args.rounds, min_sample_ms=args.min_sample_ms, max_retries=2

@@ -17,6 +17,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,13 +38,25 @@ POSITIONS = ("learned", "rope")
 
 @dataclass(frozen=True)
 class LayerChoice:
-    """What one layer of a subnet runs: ``heads`` x head_dim attention width, FFN width, attention type."""
+    """What one layer of a subnet runs: ``heads`` x head_dim attention width, FFN width, attention type.
+
+    ``attention`` is the spelling (what files and shape keys hold); ``attention_spec`` the parsed type that models
+    and cost functions read.  A subnet's or space's layers come with the spec they parsed once (:meth:`parsed`); a
+    layer built from a spelling alone parses it on first use, once."""
 
     heads: int
     ffn_dim: int
     attention: str
 
-    @property
+    @classmethod
+    def parsed(cls, heads: int, ffn_dim: int, attention: str, spec: AttentionSpec) -> "LayerChoice":
+        """The layer of ``attention`` whose parse ``spec`` the caller holds (the spec is not a field: a config's
+        ``asdict`` and the shape keys made of it stay as they were)."""
+        layer = cls(heads, ffn_dim, attention)
+        layer.__dict__["attention_spec"] = spec  # the cached_property's value
+        return layer
+
+    @cached_property
     def attention_spec(self) -> AttentionSpec:
         return parse_attention(self.attention)
 
@@ -115,17 +128,25 @@ class Subnet(SubnetFile):
             for i, v in enumerate(getattr(self, name)):
                 if not is_int(v) or v < 1:
                     raise SubnetError(f"subnet.{name}[{i}]: {shown(v)} is not a positive integer")
+        specs = []
         for i, a in enumerate(self.attention):
             try:
-                canonical = str(parse_attention(a))
+                specs.append(parse_attention(a))
             except ValueError as e:
                 raise SubnetError(f"subnet.attention[{i}]: {e}") from None
-            if canonical != a:
-                raise SubnetError(f"subnet.attention[{i}]: write {canonical!r}, not {shown(a)}")
+            if str(specs[-1]) != a:
+                raise SubnetError(f"subnet.attention[{i}]: write {str(specs[-1])!r}, not {shown(a)}")
+        self.__dict__["attention_specs"] = tuple(specs)  # the cached_property's value, from the one parse
+
+    @cached_property
+    def attention_specs(self) -> tuple[AttentionSpec, ...]:
+        """Each layer's attention type parsed (``__post_init__`` fills it as it checks the spellings)."""
+        return tuple(parse_attention(a) for a in self.attention)
 
     @property
     def layers(self) -> tuple[LayerChoice, ...]:
-        return tuple(LayerChoice(h, f, a) for h, f, a in zip(self.heads, self.ffn_dim, self.attention))
+        return tuple(LayerChoice.parsed(h, f, a, s)
+                     for h, f, a, s in zip(self.heads, self.ffn_dim, self.attention, self.attention_specs))
 
     @property
     def stacks(self) -> tuple["Subnet", ...]:
@@ -455,6 +476,11 @@ class Space(SpaceIdentity):
 
     # -- shape facts --------------------------------------------------------------
 
+    @cached_property
+    def attention_specs(self) -> tuple[AttentionSpec, ...]:
+        """The attention choices parsed, once per space (``attention`` keeps the spellings its file and hash hold)."""
+        return tuple(parse_attention(a) for a in self.attention)
+
     @property
     def attention_form(self) -> str:
         """``causal`` (a query sees the keys before it: a decoder) or ``bidirectional`` (every key: an encoder)."""
@@ -599,8 +625,8 @@ class Space(SpaceIdentity):
     def enumerate_layers(self) -> Iterator[LayerChoice]:
         for h in self.heads:
             for f in self.ffn_dim:
-                for a in self.attention:
-                    yield LayerChoice(h, f, a)
+                for a, spec in zip(self.attention, self.attention_specs):
+                    yield LayerChoice.parsed(h, f, a, spec)
 
     # -- features -----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces import LayerChoice, Space, Subnet, parse_attention
+from search_spaces import LayerChoice, Space, Subnet
 
 from .attention import REGISTRY, get
 from .model import (
@@ -107,8 +107,7 @@ def _max_shapes(space: Space) -> dict[str, dict[str, tuple[int, ...]]]:
     """Per attention kind of the space that has weights of its own: each weight's largest shape over
     the kind's spellings and the heads choices (the elastic weights slice their leading block)."""
     out: dict[str, dict[str, tuple[int, ...]]] = {}
-    for attention in space.attention:
-        spec = parse_attention(attention)
+    for spec in space.attention_specs:
         typ = get(spec)
         for h in space.heads:
             for name, shape in typ.weights(spec, h, space.head_dim, max_seq_len=space.max_seq_len).items():
@@ -253,7 +252,7 @@ class ElasticBlock(nn.Module):
 
 def space_families(space: Space) -> tuple[str, ...]:
     """The attention families of the space's types, in the order the space first lists one of each."""
-    return tuple(dict.fromkeys(get(parse_attention(a)).family for a in space.attention))
+    return tuple(dict.fromkeys(get(spec).family for spec in space.attention_specs))
 
 
 class SuperTransformer(nn.Module):

@@ -22,7 +22,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from search_spaces import LayerChoice, Space, Subnet, UserError, parse_attention
+from search_spaces import LayerChoice, Space, Subnet, UserError
 from search_spaces.attention import AttentionSpec
 
 from .attention import AttentionType, State, attend, get
@@ -272,11 +272,11 @@ def _pair(m: nn.Linear | nn.LayerNorm | None) -> Pair | None:
 class Attention(nn.Module):
     """The projections of one layer (q; k and v with the type's key / value heads; o) and the type's own weights."""
 
-    def __init__(self, embed_dim: int, heads: int, head_dim: int, attention: str, max_seq_len: int | None = None):
+    def __init__(self, embed_dim: int, heads: int, head_dim: int, spec: AttentionSpec, max_seq_len: int | None = None):
         super().__init__()
         width = heads * head_dim
         self.heads, self.head_dim = heads, head_dim
-        self.spec = parse_attention(attention)
+        self.spec = spec
         self.typ = get(self.spec)
         hk, hv = self.typ.heads(self.spec, heads)
         self.q = nn.Linear(embed_dim, width)
@@ -311,7 +311,7 @@ class Block(nn.Module):
     def __init__(self, embed_dim: int, head_dim: int, layer: LayerChoice, max_seq_len: int | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(embed_dim)
-        self.attn = Attention(embed_dim, layer.heads, head_dim, layer.attention, max_seq_len)
+        self.attn = Attention(embed_dim, layer.heads, head_dim, layer.attention_spec, max_seq_len)
         self.ln2 = nn.LayerNorm(embed_dim)
         self.mlp = MLP(embed_dim, layer.ffn_dim)
 

@@ -88,9 +88,8 @@ def stack_config(space, subnet, task: str, use_cache: bool = False) -> dict[str,
     heads, ffn width and attention type of each layer).  ``use_cache``: the folder holds the cached decoder
     (``step.onnx`` with ``past_key_values``)."""
     from .attention import get
-    from search_spaces import parse_attention
 
-    kv = [get(parse_attention(a)).heads(parse_attention(a), h) for a, h in zip(subnet.attention, subnet.heads)]
+    kv = [get(spec).heads(spec, h) for spec, h in zip(subnet.attention_specs, subnet.heads)]
     config = {
         "model_type": MODEL_TYPE,
         "task": task,
@@ -357,11 +356,9 @@ def write_folder_files(out: str | Path, card: dict[str, Any], facts: Facts) -> l
 def stack_layers(space, subnet) -> list[dict[str, Any]]:
     """The README's table rows of a one-stack subnet: per layer its attention, heads, key/value heads, ffn width."""
     from .attention import get
-    from search_spaces import parse_attention
 
     rows = []
-    for i, (a, h, f) in enumerate(zip(subnet.attention, subnet.heads, subnet.ffn_dim)):
-        spec = parse_attention(a)
+    for i, (a, spec, h, f) in enumerate(zip(subnet.attention, subnet.attention_specs, subnet.heads, subnet.ffn_dim)):
         k, v = get(spec).heads(spec, h)
         rows.append({"index": i, "attention": a, "heads": h, "kv": f"{k} / {v}" if k else f"none / {v}", "ffn": f})
     return rows

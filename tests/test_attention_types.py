@@ -329,9 +329,10 @@ def test_new_types_cost_what_a_hand_count_says(spec):
     from search_spaces import Workload
 
     prefill, decode, state = NEW_TYPE_COSTS[spec]
-    assert mixing_flops(spec, Workload("p", 2, 64), 4, 16) == prefill
-    assert mixing_flops(spec, Workload("d", 2, 0, "decode", 100), 4, 16) == decode
-    assert layer_cache_bytes(spec, 100, 4, 16, batch=2) == state
+    s = parse_attention(spec)
+    assert mixing_flops(s, Workload("p", 2, 64), 4, 16) == prefill
+    assert mixing_flops(s, Workload("d", 2, 0, "decode", 100), 4, 16) == decode
+    assert layer_cache_bytes(s, 100, 4, 16, batch=2) == state
 
 
 @pytest.mark.parametrize("spec", ["xca", "linformer:8", "msla:3", "lsra:3", "convmod:3"])
@@ -341,7 +342,7 @@ def test_a_layer_built_alone_holds_its_types_initial_weights(spec):
     from supernet.model import Attention
 
     s = parse_attention(spec)
-    layer = Attention(16, 2, 8, spec, max_seq_len=32)
+    layer = Attention(16, 2, 8, s, max_seq_len=32)
     g = torch.Generator().manual_seed(0)
     assert layer.mix, spec
     for name, p in layer.mix.items():

@@ -196,13 +196,13 @@ def test_ladder_gate(bench):
 
 def test_split_ce_scores_every_pair_whatever_the_batching(tmp_path):
     from tasks.translation.data import prepare_pairs
-    from tasks.translation.model import Seq2SeqTransformer
+    from tasks.translation.model import TranslationTransformer
     from tasks.translation.train import heldout_ce, split_ce
 
     from .translation_fakes import mini_space
 
     space = mini_space()
-    model = Seq2SeqTransformer(space, space.largest(), generator=torch.Generator().manual_seed(0)).eval()
+    model = TranslationTransformer(space, space.largest(), generator=torch.Generator().manual_seed(0)).eval()
     pairs = prepare_pairs(str(write_toy_tsv(tmp_path / "toy.tsv", n=200)), tmp_path, seed=0).split("test")
     ce, n_pairs, n_bytes = split_ce(model, pairs, space.max_seq_len, batch_size=3)
     assert n_pairs == len(pairs) and n_bytes == int(pairs.tgt_lengths.sum()) + len(pairs)

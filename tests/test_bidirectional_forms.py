@@ -183,9 +183,10 @@ def test_bidirectional_forms_cost_what_a_hand_count_says(spec):
     from latency.features import mixing_flops
     from search_spaces import Workload
 
-    assert mixing_flops(spec, Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
+    s = parse_attention(spec)
+    assert mixing_flops(s, Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
     if spec != "softmax":  # and not what the causal form costs
-        assert mixing_flops(spec, Workload("p", 2, 64), 4, 16) != HAND_COSTS[spec]
+        assert mixing_flops(s, Workload("p", 2, 64), 4, 16) != HAND_COSTS[spec]
 
 
 def test_an_encoder_space_costs_its_bidirectional_forms():

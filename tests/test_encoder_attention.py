@@ -215,7 +215,7 @@ def test_encoder_types_cost_what_a_hand_count_says(spec):
     from latency.features import mixing_flops
     from search_spaces import Workload
 
-    assert mixing_flops(spec, Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
+    assert mixing_flops(parse_attention(spec), Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
     assert get(spec).prefill_flops(parse_attention(spec), 2, 64, 4, 16) == HAND_COSTS[spec]  # its only form
 
 

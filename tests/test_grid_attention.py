@@ -305,7 +305,7 @@ HAND_COSTS = {
 def test_grid_types_cost_what_a_hand_count_says(spec):
     from latency.features import flops, mixing_flops
 
-    assert mixing_flops(spec, Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
+    assert mixing_flops(parse_attention(spec), Workload("p", 2, 64), 4, 16, causal=False) == HAND_COSTS[spec]
     assert get(spec).prefill_flops(parse_attention(spec), 2, 64, 4, 16) == HAND_COSTS[spec]  # its only form
     space = parse_space(SQUARE.format(attention=f"'{spec}', softmax"))
     sub = Subnet(16, 1, (2,), (16,), (spec,))

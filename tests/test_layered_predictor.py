@@ -23,7 +23,7 @@ from latency.predictors.transfer import layered_columns, load_sources, source_co
 from latency.report import agreement
 from latency.sampling import campaign_subnets
 from nas.cli import main
-from search_spaces import UserError, Workload, load_space
+from search_spaces import UserError, Workload, load_space, parse_attention
 from tasks.image_classification.timing import image_terms
 
 from .test_latency_transfer import write_table
@@ -39,10 +39,10 @@ def device_params(kinds, device: int) -> dict:
 
 
 def layer_ms(p: dict, kind: str, wl: Workload, e: int, heads: int, hd: int, ffn: int, causal: bool) -> float:
-    bt = wl.batch_size * wl.tokens
-    matmul = (projection_flops(kind, bt, e, heads, hd) + 4.0 * bt * e * ffn) / (3e7 * e / (e + 48))  # slower when narrow
+    bt, spec = wl.batch_size * wl.tokens, parse_attention(kind)
+    matmul = (projection_flops(spec, bt, e, heads, hd) + 4.0 * bt * e * ffn) / (3e7 * e / (e + 48))  # slower when narrow
     t = p[kind]
-    mixing = mixing_flops(kind, wl, heads, hd, causal) / t["rate"]
+    mixing = mixing_flops(spec, wl, heads, hd, causal) / t["rate"]
     return t["over"] + matmul + mixing + t["elem"] * bt * heads * hd + 1e-6 * bt * e
 
 

@@ -355,7 +355,7 @@ def test_latency_features_cost_them_by_their_own_count():
     from search_spaces import Workload
 
     for spec in SPACE_TYPES:
-        assert mixing_flops(spec, Workload("p", 2, 48), 4, 16, causal=False) == _flops(spec, 48, 2, 4, 16), spec
+        assert mixing_flops(parse_attention(spec), Workload("p", 2, 48), 4, 16, causal=False) == _flops(spec, 48, 2, 4, 16), spec
 
 
 def _flops(spec, t, batch=1, heads=4, head_dim=64):

@@ -152,7 +152,7 @@ def test_a_folder_of_an_older_export_still_loads_and_its_graphs_are_refused_in_o
 
     from supernet import load_model
     from supernet.onnx_export import check_inputs
-    from tasks.translation.onnx import OnnxSeq2Seq
+    from tasks.translation.onnx import OnnxTranslation
 
     old = tmp_path / "old"
     shutil.copytree(exported, old)
@@ -168,7 +168,7 @@ def test_a_folder_of_an_older_export_still_loads_and_its_graphs_are_refused_in_o
 
     with pytest.raises(UserError, match=r"^old: exported by an older nas-transformers \(inputs source; this version reads "
                                         r"input_ids, past_key_values\.\*\): export the model again with `nas export`$"):
-        OnnxSeq2Seq(Graph(), Graph(), "old")
+        OnnxTranslation(Graph(), Graph(), "old")
     check_inputs(["input_ids", "position", "past.0.k"], "new")  # a window's state keeps its past.{i}.{name}
 
 

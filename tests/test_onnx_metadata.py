@@ -18,11 +18,11 @@ from supernet.artifact import card_space, read_card
 from supernet.files import sha256_file
 from supernet.onnx_decode import read_layout
 from supernet.onnx_export import add_metadata, onnx_session, read_metadata
-from tasks.translation.artifact import save_seq2seq_model
-from tasks.translation.export import write_seq2seq_onnx
-from tasks.translation.model import Seq2SeqSuperTransformer
-from tasks.translation.onnx import read_layout as seq2seq_layout
-from tasks.translation.space import Seq2SeqSubnet
+from tasks.translation.artifact import save_translation_model
+from tasks.translation.export import write_translation_onnx
+from tasks.translation.model import TranslationSuperTransformer
+from tasks.translation.onnx import read_layout as translation_layout
+from tasks.translation.space import TranslationSubnet
 
 from .translation_fakes import MINI_SEQ2SEQ
 from .test_masked_lm import ENCODER
@@ -52,11 +52,11 @@ def exports(tmp_path_factory):
         graphs[f"{name}/model.onnx"] = (result.out, result.onnx_path)
     graphs["causal/step.onnx"] = (root / "causal", root / "causal" / "step.onnx")  # the cached decoder: softmax only
     s2s = parse_space(S2S_SPACE, where="mini-s2s.yaml")
-    static = Seq2SeqSuperTransformer(s2s, generator=torch.Generator().manual_seed(0)).extract(
-        Seq2SeqSubnet.from_dict(S2S_SUBNET)).eval()  # fmt: skip
+    static = TranslationSuperTransformer(s2s, generator=torch.Generator().manual_seed(0)).extract(
+        TranslationSubnet.from_dict(S2S_SUBNET)).eval()  # fmt: skip
     out = root / "seq2seq"
-    save_seq2seq_model(static, out, {"corpus": {"data": None, "data_seed": 0, "lang": None, "corpus_hash": None}})
-    record = write_seq2seq_onnx(static, out, None)
+    save_translation_model(static, out, {"corpus": {"data": None, "data_seed": 0, "lang": None, "corpus_hash": None}})
+    record = write_translation_onnx(static, out, None)
     for key in ("encoder", "decoder_step"):
         graphs[f"seq2seq/{record[key]}"] = (out, out / record[key])
     yield graphs
@@ -91,7 +91,7 @@ def test_the_metadata_read_through_onnxruntime_equals_the_card(exports, graph):
     if graph == "causal/step.onnx":
         assert read_layout(session)["input_ids"]["limit"] is None  # rope: positions do not end at max_seq_len
     elif graph.startswith("seq2seq/"):
-        layout = seq2seq_layout(session)
+        layout = translation_layout(session)
         assert ("position" in layout) == graph.endswith("decoder_step.onnx") and "input_ids" in layout
     else:
         assert set(meta) == set(ours)

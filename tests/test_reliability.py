@@ -846,7 +846,7 @@ def test_a_long_csv_cell_is_read_and_a_folder_is_not_called_missing(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def seq2seq_run(tmp_path_factory):
+def translation_run(tmp_path_factory):
     """A train-supernet run (one step) of the mini encoder-decoder space on the toy pairs."""
     from .translation_fakes import MINI_SEQ2SEQ, write_toy_tsv
 
@@ -857,11 +857,11 @@ def seq2seq_run(tmp_path_factory):
     return d
 
 
-def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(seq2seq_run, tmp_path, capsys):
+def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(translation_run, tmp_path, capsys):
     """A decoder-only subnet with an encoder-decoder space (and the reverse), an encoder-decoder supernet as --init of
     a causal-lm space: the space is named as what does not fit, not a command to run."""
     from search_spaces import Subnet as Plain
-    from tasks.translation.space import Seq2SeqSubnet
+    from tasks.translation.space import TranslationSubnet
 
     from .translation_fakes import mini_space
 
@@ -870,12 +870,12 @@ def test_a_subnet_or_supernet_of_another_task_names_the_space_as_the_problem(seq
     with pytest.raises(UserError, match=r"^causal.yaml: a decoder-only subnet \(keys embed_dim, depth, heads, ffn_dim, "
                                         r"attention\), not one of this encoder-decoder space .*: the subnet is of another "
                                         r"space$"):
-        Seq2SeqSubnet.load(tmp_path / "causal.yaml")
+        TranslationSubnet.load(tmp_path / "causal.yaml")
     with pytest.raises(UserError, match=r"^s2s.yaml: an encoder-decoder's subnet \(keys encoder and decoder\), not one of "
                                         r"this decoder-only space .*: the subnet is of another space$"):
         Plain.load(tmp_path / "s2s.yaml")
     capsys.readouterr()
-    ckpt = seq2seq_run / "run" / "final.pt"
+    ckpt = translation_run / "run" / "final.pt"
     line = one_error(capsys, ["train-subnet", str(tmp_path / "causal.yaml"), "--space", "tiny", "--init", f"supernet:{ckpt}",
                               "--out", str(tmp_path / "t")])
     assert line.startswith(f"nas train-subnet: error: --init supernet:{ckpt}: trained on space 'mini-s2s' (arch hash ")
@@ -1177,8 +1177,8 @@ def test_a_language_is_a_name_checked_before_any_path_is_made_of_it(tmp_path, ca
         assert tr.check_lang(good) == good
 
 
-def test_translate_refuses_a_beam_wider_than_the_vocabulary_and_more_bytes_than_the_model_decodes(seq2seq_run, capsys):
-    model = str(seq2seq_run / "run")
+def test_translate_refuses_a_beam_wider_than_the_vocabulary_and_more_bytes_than_the_model_decodes(translation_run, capsys):
+    model = str(translation_run / "run")
     cases = [
         (["--beam", "10000"], "--beam: 10000 is more than the model's 259 tokens; a beam holds at most one hypothesis per "
                               "token at the first step (give at most 259; 4-8 is the usual width)"),

@@ -108,6 +108,34 @@ def test_no_state_leaks_between_calls(tiny, supernet):
     assert torch.equal(first, again)
 
 
+def test_a_subnet_parses_its_attention_once_and_nothing_downstream_parses_it_again(tiny, supernet, monkeypatch):
+    """The spellings are parsed where the subnet is built (issue 52): the supernet's forward, the extraction, the
+    static model's forward and the cost features read the parsed specs, never the strings again."""
+    import sys
+
+    from latency.features import additive_terms, flops, layered_terms
+
+    calls, original = [], parse_attention
+
+    def counting(text):
+        calls.append(text)
+        return original(text)
+
+    for module in list(sys.modules.values()):  # every module's name for it (they import the function itself)
+        if vars(module).get("parse_attention") is original:
+            monkeypatch.setattr(module, "parse_attention", counting)
+    subnet = Subnet(64, 3, (1, 2, 4), (128, 256, 512), ("local:32", "convmod:7", "gqa:2"))
+    assert calls == ["local:32", "convmod:7", "gqa:2"]
+    x = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        supernet(x, subnet)
+        extract(supernet, subnet)(x)
+    for workload in tiny.workloads:
+        for cost in (flops, additive_terms, layered_terms):
+            cost(tiny, subnet, workload)
+    assert calls == ["local:32", "convmod:7", "gqa:2"]
+
+
 def test_small_subnet_trains_only_its_slice(tiny):
     model = SuperTransformer(tiny, generator=torch.Generator().manual_seed(0))
     subnet = tiny.smallest()

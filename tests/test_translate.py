@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.model import TranslationSuperTransformer
 from tasks.translation.decode import beam_search, greedy, score_translations
 from tasks.translation.data import EOS
 
@@ -16,7 +16,7 @@ from .translation_fakes import mini_space
 @pytest.fixture(scope="module")
 def model():
     space = mini_space()
-    m = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(3)).eval()
+    m = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(3)).eval()
     with torch.no_grad():  # sharper, varied distributions than the initial near-uniform ones
         for p in m.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))

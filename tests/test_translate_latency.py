@@ -31,7 +31,7 @@ def timed(tmp_path_factory):
     return root, space, table, first
 
 
-def test_table_holds_translate_rows_with_seq2seq_features_and_resumes(timed, capsys):
+def test_table_holds_translate_rows_with_translation_features_and_resumes(timed, capsys):
     root, space_path, table, first = timed
     space = mini_space()
     t = read_timings(table)
@@ -77,7 +77,7 @@ def test_fit_and_predict_a_translate_predictor(timed, capsys):
     assert line.startswith(f"{ms[0]:.3f} ms  {root / 'big.yaml'}  {big}")
 
 
-def test_a_device_that_cannot_time_a_seq2seq_space_is_refused_in_one_line(timed, capsys):
+def test_a_device_that_cannot_time_a_translation_space_is_refused_in_one_line(timed, capsys):
     root, space_path, _, _ = timed
     for device in ("tpu",):
         assert main(["measure-latency", str(space_path), "--device", device, "--out", str(root / "x.csv")]) == 2
@@ -116,23 +116,23 @@ def _search(run, pred, out, budget, strategy="evolution"):
                  "-q"])  # fmt: skip
 
 
-def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
-    from tasks.translation.space import Seq2SeqSubnet
-    from tasks.translation.train import eval_batches, heldout_ce, load_seq2seq_supernet
+def test_search_a_translation_supernet_under_a_budget(searched, capsys):
+    from tasks.translation.space import TranslationSubnet
+    from tasks.translation.train import eval_batches, heldout_ce, load_translation_supernet
     from tasks.translation.data import prepare_pairs
 
     root, run, pred, budget = searched
     out = root / "search"
     assert _search(run, pred, out, budget) == 0
     (best_file,) = out.glob("best_*.yaml")  # one budget, one file
-    best = Seq2SeqSubnet.load(best_file)
+    best = TranslationSubnet.load(best_file)
     summary = json.loads((out / "search.json").read_text())
     entry = next(iter(summary["budgets"].values()))["best"]
     assert entry["key"] == best.key
     # the predicted latency is within the budget, as the predictor says it independently
     assert load_predictor(pred).predict([best])[0] == pytest.approx(entry["latency_ms"]) and entry["latency_ms"] <= budget
     # the fitness is the held-out cross-entropy per target byte of the subnet with the supernet's weights
-    supernet, _ = load_seq2seq_supernet(run / "final.pt")
+    supernet, _ = load_translation_supernet(run / "final.pt")
     corpus = prepare_pairs(str(root / "toy.tsv"), run, seed=0)
     batches = eval_batches(corpus.val, 4, supernet.space.max_seq_len, 2, 0)
     assert entry["loss_bpb"] == pytest.approx(heldout_ce(supernet, best, corpus.val, batches), rel=1e-9)
@@ -167,10 +167,10 @@ def test_search_a_seq2seq_supernet_under_a_budget(searched, capsys):
     assert ": OVER" in capsys.readouterr().out
 
 
-def test_a_seq2seq_search_verified_on_the_device(searched, capsys):
+def test_a_translation_search_verified_on_the_device(searched, capsys):
     """--verify: the top candidates of the budget extracted and timed on the cpu (the translate workload of the
     predictor), the best that holds written as verified_<budget>.yaml."""
-    from tasks.translation.space import Seq2SeqSubnet
+    from tasks.translation.space import TranslationSubnet
 
     root, run, pred, budget = searched
     out = root / "search-verified"
@@ -187,10 +187,10 @@ def test_a_seq2seq_search_verified_on_the_device(searched, capsys):
     assert doc["workload"]["steps"] > 0 and entry["verified"] == "verified_10s.yaml"
     kept = next(c for c in entry["checks"] if c["kept"])
     text = (out / "verified_10s.yaml").read_text()
-    assert Seq2SeqSubnet.load(out / "verified_10s.yaml").key == kept["key"] and "nats/target byte" in text
+    assert TranslationSubnet.load(out / "verified_10s.yaml").key == kept["key"] and "nats/target byte" in text
 
 
-def test_random_and_nsga2_search_a_seq2seq_supernet(searched):
+def test_random_and_nsga2_search_a_translation_supernet(searched):
     root, run, pred, budget = searched
     for strategy in ("random", "nsga2"):
         out = root / f"search-{strategy}"
@@ -206,8 +206,8 @@ def test_hurdles_from_scratch_train_the_verified_encoder_decoders(searched, caps
     """--hurdles on an encoder-decoder supernet (bench_translate's search): each budget's top candidates that hold on the
     device trained from scratch on the supernet's corpus, scored on the search's validation pairs; the survivor's
     second round continues its first; the best is written as hurdles_<budget>.yaml and loads as a trained model."""
-    from tasks.translation.artifact import load_seq2seq_model
-    from tasks.translation.space import Seq2SeqSubnet
+    from tasks.translation.artifact import load_translation_model
+    from tasks.translation.space import TranslationSubnet
 
     root, run, pred, _ = searched
     out = root / "search-hurdles"
@@ -227,8 +227,8 @@ def test_hurdles_from_scratch_train_the_verified_encoder_decoders(searched, caps
     assert len(first) == 2 and {r["key"] for r in first} <= held
     best = entry["best"]
     assert Path(best["model"]).name == "round1" and np.isfinite(best["trained_bpb"]) and best["trained_bpb"] > 0
-    model, _ = load_seq2seq_model(best["model"])
-    assert model.subnet == Seq2SeqSubnet.load(out / "hurdles_10s.yaml")
+    model, _ = load_translation_model(best["model"])
+    assert model.subnet == TranslationSubnet.load(out / "hurdles_10s.yaml")
     card = json.loads((Path(best["model"]) / "model_card.json").read_text())
     # the second round: 2K more target bytes from the first round's weights
     assert card["training"]["token_budget"] == 2000 and card["training"]["init"].endswith("round0")

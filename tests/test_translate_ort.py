@@ -14,8 +14,8 @@ from latency.onnx_graphs import graph_dir
 from latency.protocol import measure
 from latency.timing_core import Settings, ort_session, translate_ort_runner
 from nas.cli import main
-from tasks.translation.model import Seq2SeqSuperTransformer
-from tasks.translation.timing import cached_seq2seq_graphs
+from tasks.translation.model import TranslationSuperTransformer
+from tasks.translation.timing import cached_translation_graphs
 from tests.translation_fakes import MINI_SEQ2SEQ, mini_space
 
 FAST = ["--timing-threads", "1", "--timing-warmup", "1", "--repeats", "2", "--rounds", "2", "--min-sample-ms", "1"]
@@ -49,10 +49,10 @@ def test_a_campaign_on_onnxruntime_writes_translate_rows(tmp_path):
 
 
 def test_measure_times_static_trained_encoder_decoders_side_by_side():
-    """The interface a benchmark uses: ``measure`` of static Seq2SeqTransformers with weights (the default reference:
+    """The interface a benchmark uses: ``measure`` of static TranslationTransformers with weights (the default reference:
     the space's smallest subnet)."""
     space = mini_space()
-    supernet = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    supernet = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     models = {"big": supernet.extract(space.largest()), "small": supernet.extract(space.smallest())}
     m = measure(get_device("onnxruntime", threads=1), models, space.workload(), SETTINGS, seed=0)
     assert set(m.results) == {"big", "small"} and all(r.median_ms > 0 for r in m.results.values())
@@ -78,10 +78,10 @@ class Counting:
 def test_the_timed_loop_runs_the_encoder_once_and_the_step_steps_times():
     space = mini_space()
     with torch.device("meta"):
-        from tasks.translation.model import Seq2SeqTransformer
+        from tasks.translation.model import TranslationTransformer
 
-        model = Seq2SeqTransformer(space, space.largest())  # softmax decoder layers: growing k / v caches
-    g = cached_seq2seq_graphs(model)
+        model = TranslationTransformer(space, space.largest())  # softmax decoder layers: growing k / v caches
+    g = cached_translation_graphs(model)
     encoder = Counting(ort_session(str(g["encoder"]), g["encoder_tensors"], threads=1))
     step = Counting(ort_session(str(g["decoder_step"]), g["decoder_step_tensors"], threads=1))
     w = space.workload()

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tasks.translation.features import translate_terms
-from tasks.translation.space import TranslateWorkload
-from tasks.translation.model import Seq2SeqSuperTransformer
+from tasks.translation.space import TranslationWorkload
+from tasks.translation.model import TranslationSuperTransformer
 from tasks.translation.decode import translate_runner
 from tasks.translation.data import BOS
 
@@ -16,7 +16,7 @@ from .translation_fakes import mini_space
 
 def test_runner_encodes_once_and_decodes_n_cached_steps_at_the_beam():
     space = mini_space()
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0)).extract(space.largest()).eval()
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0)).extract(space.largest()).eval()
     workload = space.workload("translate")
     out = translate_runner(model, workload, torch.Generator().manual_seed(1))()
     assert out.shape == (workload.beam, workload.steps + 1) and (out[:, 0] == BOS).all()
@@ -25,7 +25,7 @@ def test_runner_encodes_once_and_decodes_n_cached_steps_at_the_beam():
 
 def test_translate_terms_count_the_arbitrary_attention():
     space = mini_space()
-    w = TranslateWorkload("translate", source=10, steps=4, beam=3)
+    w = TranslationWorkload("translate", source=10, steps=4, beam=3)
     base = space.largest()
     one = dataclasses.replace(base, cross_layers=(1, 1))
     three = dataclasses.replace(base, cross_layers=(3, 1))

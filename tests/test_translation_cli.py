@@ -46,8 +46,8 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
 
     import torch
 
-    from tasks.translation.artifact import load_seq2seq_model
-    from tasks.translation.train import load_seq2seq_supernet
+    from tasks.translation.artifact import load_translation_model
+    from tasks.translation.train import load_translation_supernet
 
     root, out = trained
     (root / "sub2.yaml").write_text(
@@ -60,12 +60,12 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
                  "-q"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "nats/target byte" in printed and "max |onnxruntime - torch|" in printed
-    model, card = load_seq2seq_model(export)
+    model, card = load_translation_model(export)
     # the two ONNX graphs, parity-checked on export, listed in the card with their checksums
     assert card["onnx"]["encoder"] == "encoder.onnx" and card["onnx"]["decoder_step"] == "decoder_step.onnx"
     assert {"encoder.onnx", "decoder_step.onnx"} <= set(card["files"]) and card["onnx"]["opset"] == 23
     assert card["onnx"]["parity_max_abs"]["encoder"] < 1e-5 and card["onnx"]["parity_max_abs"]["decoder_step"] < 1e-4
-    supernet, _ = load_seq2seq_supernet(out / "final.pt")
+    supernet, _ = load_translation_supernet(out / "final.pt")
     src, tgt = torch.randint(0, 256, (2, 9)), torch.randint(0, 256, (2, 7))
     with torch.no_grad():
         assert (model(src, tgt) - supernet(src, tgt, model.subnet)).abs().max().item() <= 1e-5
@@ -128,7 +128,7 @@ def test_export_then_translate_the_export_and_record_its_quality(trained, capsys
     assert not (root / "e2").exists()
 
 
-def test_resume_of_a_seq2seq_run_needs_no_space_argument(trained, capsys):
+def test_resume_of_a_translation_run_needs_no_space_argument(trained, capsys):
     _, out = trained
     capsys.readouterr()
     assert main(["train-supernet", "--out", str(out), "--resume", "--max-steps", "4", "--eval-batches", "1", "-q"]) == 0
@@ -191,8 +191,8 @@ def test_a_ranker_calibrated_on_retrained_encoder_decoders(trained, capsys):
     from nas.search import FitnessSettings, task_fitness
     from nas.search.calibrated import CalibratedFitness, features, load_ranker
     from search_spaces import UserError
-    from tasks.translation.artifact import load_seq2seq_model
-    from tasks.translation.train import load_seq2seq_supernet
+    from tasks.translation.artifact import load_translation_model
+    from tasks.translation.train import load_translation_supernet
 
     from .translation_fakes import mini_space
 
@@ -218,10 +218,10 @@ def test_a_ranker_calibrated_on_retrained_encoder_decoders(trained, capsys):
     ranker = load_ranker(ranker_dir)
     assert ranker.report["n"] == 4 and {f"frac:{a}" for a in space.attention} <= set(features(space, picks[0], 1.0, 10))
     # the target is each model's own cross-entropy on the search's pairs, the feature the supernet's
-    supernet, payload = load_seq2seq_supernet(out / "final.pt")
+    supernet, payload = load_translation_supernet(out / "final.pt")
     fitness, _ = task_fitness(supernet, payload, FitnessSettings(out / "final.pt", windows=2, batch_size=4))
     for folder, m in zip(folders, ranker.models):
-        model, _ = load_seq2seq_model(folder)
+        model, _ = load_translation_model(folder)
         assert m["retrained"] == pytest.approx(fitness.static(model), abs=1e-9)
         assert m["inherited"] == pytest.approx(float(fitness([model.subnet])[0]), abs=1e-9)
     # the table names each model's encoder-decoder

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.translation.space import Seq2SeqSubnet
-from tasks.translation.model import Seq2SeqSuperTransformer, encode, encode_memory, memory
+from tasks.translation.space import TranslationSubnet
+from tasks.translation.model import TranslationSuperTransformer, encode, encode_memory, memory
 from tasks.translation.data import PAD
 
 from .translation_fakes import mini_space
@@ -23,7 +23,7 @@ def batch(seed=0):
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_extracted_model_equals_the_supernet_running_its_subnet(positions):
     space = mini_space(positions)
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():  # trained-looking weights: no zero biases or unit norms hiding a slicing mistake
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
@@ -46,7 +46,7 @@ def test_extracted_model_equals_the_supernet_running_its_subnet(positions):
 
 def test_arbitrary_encoder_decoder_attention_reads_the_last_k_encoder_layers():
     space = mini_space()
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(1))
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(1))
     src, tgt = batch(1)
     largest = space.largest()
     subnet = dataclasses.replace(largest, cross_layers=(1, 3))
@@ -65,14 +65,14 @@ def test_arbitrary_encoder_decoder_attention_reads_the_last_k_encoder_layers():
     outputs = {}
     with torch.no_grad():
         for k in (1, 2, 3):
-            outputs[k] = model(src, tgt, Seq2SeqSubnet(largest.encoder, largest.decoder, largest.cross_heads, (k, k)))
+            outputs[k] = model(src, tgt, TranslationSubnet(largest.encoder, largest.decoder, largest.cross_heads, (k, k)))
     assert all((outputs[a] - outputs[b]).abs().max() > 1e-4 for a, b in ((1, 2), (2, 3), (1, 3)))
 
 
 def test_cross_attention_ignores_source_padding_in_the_memory():
     """Cross-attention masks PAD keys: zeroing the memory rows at PAD positions leaves the decoder's output unchanged."""
     space = mini_space()
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(2))
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(2))
     src, tgt = batch(2)
     w = model.weights(space.largest())
     from tasks.translation.model import Memory, decode

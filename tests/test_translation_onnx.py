@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from search_spaces import UserError, parse_space
-from tasks.translation.space import Seq2SeqSubnet
+from tasks.translation.space import TranslationSubnet
 from tasks.translation.onnx import (
     OnnxBeams,
-    OnnxSeq2Seq,
-    export_seq2seq_onnx,
+    OnnxTranslation,
+    export_translation_onnx,
     onnx_greedy,
     onnx_logits,
     onnx_translate,
-    seq2seq_parity,
+    translation_parity,
 )
-from tasks.translation.model import Seq2SeqSuperTransformer, decode, encode_memory
+from tasks.translation.model import TranslationSuperTransformer, decode, encode_memory
 from tasks.translation.decode import beam_search, greedy, search_beams
 from tasks.translation.data import BOS
 from tests.translation_fakes import MINI_SEQ2SEQ
@@ -40,11 +40,11 @@ def exported(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     space = three_layer_space()
-    supernet = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
-    model = supernet.extract(Seq2SeqSubnet.from_dict(SUBNET)).eval()
+    supernet = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    model = supernet.extract(TranslationSubnet.from_dict(SUBNET)).eval()
     directory = tmp_path_factory.mktemp("s2s-onnx")
-    export_seq2seq_onnx(model, directory)
-    yield model, directory, OnnxSeq2Seq.load(directory, threads=1)
+    export_translation_onnx(model, directory)
+    yield model, directory, OnnxTranslation.load(directory, threads=1)
     torch.set_num_threads(threads)
 
 
@@ -124,5 +124,5 @@ def test_onnx_greedy_equals_torch_greedy(exported):
     tokens, score = onnx_greedy(ort, b"file not found", max_len=12)
     ref = greedy(model.weights(), b"file not found", model.space.max_seq_len, max_len=12)
     assert tuple(tokens) == ref.tokens and abs(score - ref.score) < 1e-3
-    parity = seq2seq_parity(model, directory)
+    parity = translation_parity(model, directory)
     assert parity["encoder"] < 1e-5 and parity["decoder_step"] < 1e-4, parity

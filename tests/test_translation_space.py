@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from search_spaces import SubnetError, load_space
-from tasks.translation.space import Seq2SeqSpace, Seq2SeqSubnet
+from tasks.translation.space import TranslationSpace, TranslationSubnet
 from tasks.translation.data import VOCAB_SIZE
 
 
@@ -15,7 +15,7 @@ def space():
 
 def test_shipped_translation_spaces(space):
     base = load_space("translate-base")
-    assert isinstance(base, Seq2SeqSpace) and base.task == "seq2seq" and base.vocab_size == VOCAB_SIZE == 259
+    assert isinstance(base, TranslationSpace) and base.task == "seq2seq" and base.vocab_size == VOCAB_SIZE == 259
     for side in (base.encoder, base.decoder):
         assert side.embed_dim == (512, 640) and side.ffn_dim == (1024, 2048, 3072) and side.heads == (4, 8)
     assert base.encoder.depth == (6,) and base.decoder.depth == (1, 2, 3, 4, 5, 6) and base.cross_layers == (1, 2, 3)
@@ -35,21 +35,21 @@ def test_sampling_is_seeded_covers_choices_and_round_trips(space, tmp_path):
     for s in subnets[:20] + [space.largest(), space.smallest()]:
         assert s in space
         assert space.decode(space.encode(s)) == s
-        assert Seq2SeqSubnet.from_json(s.to_json()) == s
+        assert TranslationSubnet.from_json(s.to_json()) == s
         (tmp_path / "s.yaml").write_text(s.to_yaml())
-        assert Seq2SeqSubnet.load(tmp_path / "s.yaml") == s
+        assert TranslationSubnet.load(tmp_path / "s.yaml") == s
     vecs = {tuple(space.encode(s)) for s in subnets}
     assert len(vecs) == len({s.key for s in subnets}) and len(space.feature_names()) == len(space.encode(subnets[0]))
 
 
 def test_membership_names_the_field(space):
     s = space.largest()
-    bad = Seq2SeqSubnet(s.encoder, s.decoder, (2, 3, 2), (1, 4, 2))
+    bad = TranslationSubnet(s.encoder, s.decoder, (2, 3, 2), (1, 4, 2))
     with pytest.raises(SubnetError) as e:
         space.check(bad)
     assert "decoder.cross_heads[1]: 3 is not one of 1, 2" in str(e.value)
     assert "decoder.cross_layers[1]: 4 is not one of 1, 2, 3" in str(e.value)
     with pytest.raises(SubnetError, match=r"subnet.decoder.cross_layers: expected a tuple of 3 \(decoder depth\)"):
-        Seq2SeqSubnet(s.encoder, s.decoder, (2, 2, 2), (1, 2))
-    with pytest.raises(SubnetError, match="expected a Seq2SeqSubnet, got Subnet"):
+        TranslationSubnet(s.encoder, s.decoder, (2, 2, 2), (1, 2))
+    with pytest.raises(SubnetError, match="expected a TranslationSubnet, got Subnet"):
         space.check(s.encoder)

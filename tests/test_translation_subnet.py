@@ -13,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 from nas.cli import main
-from tasks.translation.workflows import Seq2SeqSubnetTraining, train_seq2seq_subnet
+from tasks.translation.workflows import TranslationSubnetTraining, train_translation_subnet
 from supernet.runs import TrainingInterrupted
-from tasks.translation.space import Seq2SeqSubnet
-from tasks.translation.artifact import load_seq2seq_model
+from tasks.translation.space import TranslationSubnet
+from tasks.translation.artifact import load_translation_model
 from tasks.translation.train import steps_for_tokens
 from supernet.train import TrainConfig
 from tasks.translation.data import prepare_pairs
@@ -28,15 +28,15 @@ CONFIG = TrainConfig(batch_size=8, warmup_steps=2, eval_interval=3, eval_batches
 TOKENS = 2500
 
 
-def _settings(tmp_path: Path, name: str, data: Path, **kw) -> Seq2SeqSubnetTraining:
+def _settings(tmp_path: Path, name: str, data: Path, **kw) -> TranslationSubnetTraining:
     space = mini_space()
-    subnet = Seq2SeqSubnet.from_dict(
+    subnet = TranslationSubnet.from_dict(
         {"encoder": {"embed_dim": 24, "depth": 3, "heads": [2, 1, 2], "ffn_dim": [32, 16, 32],
                      "attention": ["softmax", "local:4", "linear"]},
          "decoder": {"embed_dim": 16, "depth": 2, "heads": [1, 2], "ffn_dim": [16, 32], "attention": ["linear", "softmax"],
                      "cross_heads": [2, 1], "cross_layers": [3, 1]}})  # fmt: skip
-    return Seq2SeqSubnetTraining(space=space, subnet=subnet, out=tmp_path / name, tokens=TOKENS, config=CONFIG,
-                                 data=str(data), **kw)  # fmt: skip
+    return TranslationSubnetTraining(space=space, subnet=subnet, out=tmp_path / name, tokens=TOKENS, config=CONFIG,
+                                     data=str(data), **kw)  # fmt: skip
 
 
 def _losses(path: Path) -> list:
@@ -45,7 +45,7 @@ def _losses(path: Path) -> list:
 
 def test_token_budget_resume_and_export(tmp_path, monkeypatch):
     data = write_toy_tsv(tmp_path / "toy.tsv")
-    full = train_seq2seq_subnet(_settings(tmp_path, "full", data))
+    full = train_translation_subnet(_settings(tmp_path, "full", data))
     corpus = prepare_pairs(str(data), tmp_path / "full" / "train")
     steps, total = steps_for_tokens(corpus.train, 8, 40, 0, TOKENS)
     assert (full.steps, full.tokens) == (steps, total) and steps >= 6 and TOKENS - 8 * 40 < total <= TOKENS
@@ -58,25 +58,25 @@ def test_token_budget_resume_and_export(tmp_path, monkeypatch):
 
     cut = _settings(tmp_path, "cut", data)
     try:
-        train_seq2seq_subnet(cut, progress=stop)
+        train_translation_subnet(cut, progress=stop)
         raise AssertionError("the run was not interrupted")
     except TrainingInterrupted as e:
         assert e.step == 4
-    resumed = train_seq2seq_subnet(_settings(tmp_path, "cut", data, resume=True))
+    resumed = train_translation_subnet(_settings(tmp_path, "cut", data, resume=True))
     assert (resumed.steps, resumed.tokens, resumed.val_ce) == (full.steps, full.tokens, full.val_ce)
     want, got = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("full", "cut"))
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
     assert _losses(tmp_path / "cut" / "train" / "log.jsonl") == _losses(tmp_path / "full" / "train" / "log.jsonl")
 
     # the export: a static model of the subnet, the card records the budget and the corpus
-    model, card = load_seq2seq_model(tmp_path / "full")
+    model, card = load_translation_model(tmp_path / "full")
     assert model.subnet == _settings(tmp_path, "x", data).subnet and card["task"] == "seq2seq"
     assert card["training"]["token_budget"] == TOKENS and card["training"]["tokens"] == total
     assert card["validation"]["ce_per_target_byte"] == full.val_ce and card["corpus"]["corpus_hash"] == corpus.hash
 
     # a rerun of the finished run returns its result without training
     stamp = (tmp_path / "full" / "model.safetensors").stat().st_mtime_ns
-    again = train_seq2seq_subnet(_settings(tmp_path, "full", data, resume=True))
+    again = train_translation_subnet(_settings(tmp_path, "full", data, resume=True))
     assert again == replace(full, seconds=round(full.seconds, 1))  # the card keeps seconds to 0.1
     assert (tmp_path / "full" / "model.safetensors").stat().st_mtime_ns == stamp
 
@@ -121,13 +121,13 @@ def test_init_model_trains_on_from_a_trained_model_of_the_same_subnet(tmp_path):
     from search_spaces import UserError
 
     data = write_toy_tsv(tmp_path / "toy.tsv")
-    first = train_seq2seq_subnet(replace(_settings(tmp_path, "round0", data), tokens=600))
-    again = train_seq2seq_subnet(replace(_settings(tmp_path, "round1", data, init=f"model:{first.out}"), tokens=300))
+    first = train_translation_subnet(replace(_settings(tmp_path, "round0", data), tokens=600))
+    again = train_translation_subnet(replace(_settings(tmp_path, "round1", data, init=f"model:{first.out}"), tokens=300))
     assert again.val_ce_before == pytest.approx(first.val_ce, abs=1e-6)  # it starts where round 0 ended
     assert abs(first.val_ce_before - first.val_ce) > 1e-3  # (from scratch it would not: round 0 moved)
     other = replace(_settings(tmp_path, "other", data, init=f"model:{first.out}"), subnet=mini_space().smallest())
     with pytest.raises(UserError, match=r"--init model:.*round0: a model of enc .* not of enc "):
-        train_seq2seq_subnet(other)
+        train_translation_subnet(other)
     assert not (tmp_path / "other").exists()
 
 
@@ -135,10 +135,10 @@ def _supernet_file(tmp_path: Path) -> Path:
     """A seeded encoder-decoder supernet of the mini space, saved as train-supernet saves one (its weights need not
     have learned: inheritance and distillation read them as they are)."""
     from supernet.checkpoint import save_checkpoint
-    from tasks.translation.model import Seq2SeqSuperTransformer
+    from tasks.translation.model import TranslationSuperTransformer
 
     path = tmp_path / "super.pt"
-    save_checkpoint(path, Seq2SeqSuperTransformer(mini_space(), generator=torch.Generator().manual_seed(3)), {}, step=0)
+    save_checkpoint(path, TranslationSuperTransformer(mini_space(), generator=torch.Generator().manual_seed(3)), {}, step=0)
     return path
 
 
@@ -153,16 +153,16 @@ def test_inherit_starts_from_the_slice_and_distillation_changes_what_is_learned(
     data = write_toy_tsv(tmp_path / "toy.tsv")
     ckpt = _supernet_file(tmp_path)
     source = f"supernet:{ckpt}"
-    frozen = train_seq2seq_subnet(replace(_settings(tmp_path, "lr0", data, init=source), tokens=600,
-                                          config=replace(CONFIG, lr=0.0, min_lr=0.0)))
+    frozen = train_translation_subnet(replace(_settings(tmp_path, "lr0", data, init=source), tokens=600,
+                                              config=replace(CONFIG, lr=0.0, min_lr=0.0)))
     supernet, _ = load_supernet(ckpt)
     sliced = supernet.extract(_settings(tmp_path, "x", data).subnet).state_dict()
     got = load_file(str(frozen.out / "model.safetensors"))
     assert got.keys() == sliced.keys() and all(torch.equal(got[k], sliced[k]) for k in got)
 
-    plain = train_seq2seq_subnet(replace(_settings(tmp_path, "plain", data, init=source), tokens=1200))
-    taught = train_seq2seq_subnet(replace(_settings(tmp_path, "taught", data, init=source, distill_from=source,
-                                                    distill=0.5), tokens=1200))
+    plain = train_translation_subnet(replace(_settings(tmp_path, "plain", data, init=source), tokens=1200))
+    taught = train_translation_subnet(replace(_settings(tmp_path, "taught", data, init=source, distill_from=source,
+                                                        distill=0.5), tokens=1200))
     assert plain.val_ce_before == taught.val_ce_before and plain.steps == taught.steps
     a, b = (load_file(str(r.out / "model.safetensors")) for r in (plain, taught))
     assert any(not torch.equal(a[k], b[k]) for k in a)
@@ -175,9 +175,9 @@ def test_inherit_starts_from_the_slice_and_distillation_changes_what_is_learned(
 
     cut = replace(_settings(tmp_path, "cut", data, init=source, distill_from=source, distill=0.5), tokens=1200)
     with pytest.raises(TrainingInterrupted):
-        train_seq2seq_subnet(cut, progress=stop)
-    again = train_seq2seq_subnet(replace(cut, resume=True))
+        train_translation_subnet(cut, progress=stop)
+    again = train_translation_subnet(replace(cut, resume=True))
     c = load_file(str(again.out / "model.safetensors"))
     assert again.val_ce == taught.val_ce and all(torch.equal(b[k], c[k]) for k in b)
     with pytest.raises(Exception, match=r"--resume: --distill 0.9 differs from the run's 0.5"):
-        train_seq2seq_subnet(replace(cut, resume=True, distill=0.9))
+        train_translation_subnet(replace(cut, resume=True, distill=0.9))

@@ -8,8 +8,8 @@ import torch
 
 from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train
 from tasks.translation.data import prepare_pairs
-from tasks.translation.model import Seq2SeqSuperTransformer
-from tasks.translation.train import TranslationLearner, heldout_ce, load_seq2seq_supernet
+from tasks.translation.model import TranslationSuperTransformer
+from tasks.translation.train import TranslationLearner, heldout_ce, load_translation_supernet
 
 from .translation_fakes import mini_space, write_toy_tsv
 
@@ -18,7 +18,7 @@ CONFIG = dict(batch_size=8, max_steps=6, warmup_steps=2, eval_interval=3, eval_b
 
 
 def run(space, corpus, out, resume=None, stop_at=None):
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
 
     def progress(info):
         if info.step == stop_at:
@@ -47,7 +47,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
 
     _, cut = run(space, corpus, tmp_path / "cut", stop_at=4)
     assert cut.stopped == "interrupted" and cut.step == 4
-    ckpt = load_seq2seq_supernet(tmp_path / "cut" / "latest.pt", space)[1]
+    ckpt = load_translation_supernet(tmp_path / "cut" / "latest.pt", space)[1]
     resumed, result2 = run(space, corpus, tmp_path / "cut", resume=ckpt)
     assert result2.step == 6 and result2.stopped == "max_steps"
     want, got = full.state_dict(), resumed.state_dict()
@@ -56,7 +56,7 @@ def test_resumed_run_equals_the_uninterrupted_run(tmp_path):
     assert result2.evals[-1] == result.evals[-1]
 
     # The held-out loss is per target byte, with the supernet's inherited weights, and training lowered it.
-    fresh = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    fresh = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     from tasks.translation.train import eval_batches
 
     batches = eval_batches(corpus.val, 8, space.max_seq_len, 2, 0)
@@ -72,7 +72,7 @@ def _rank(rank, world, tsv, out, store):
 
     space = mini_space()
     corpus = prepare_pairs(str(tsv), out / "cache")
-    model = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    model = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     plans = []
     config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
     train(model, sandwich(space), corpus.train, corpus.val, config, out=out / f"rank{rank}",
@@ -94,7 +94,7 @@ def test_two_ranks_over_gloo_equal_one_process(tmp_path):
     # Two ranks with half of each batch's rows compute what one process computes with the whole batch.
     space = mini_space()
     corpus = prepare_pairs(str(tsv), tmp_path / "cache")
-    single = Seq2SeqSuperTransformer(space, generator=torch.Generator().manual_seed(0))
+    single = TranslationSuperTransformer(space, generator=torch.Generator().manual_seed(0))
     config = TrainConfig(**{**CONFIG, "max_steps": 3, "eval_interval": 100})
     train(single, sandwich(space), corpus.train, corpus.val, config)
     assert max((single.state_dict()[k] - r0["model"][k]).abs().max().item() for k in r0["model"]) <= 1e-5

@@ -19,7 +19,7 @@ from latency.table import TimingTable, make_meta, read_timings
 from latency.timing_core import Settings
 from nas.cli import main
 from nas.search import AnalyticLatency
-from search_spaces import Subnet, UserError, Workload, parse_space
+from search_spaces import Subnet, UserError, Workload, parse_attention, parse_space
 from supernet import SuperTransformer
 from supernet.checkpoint import save_checkpoint
 
@@ -123,7 +123,8 @@ def test_cache_bytes_equal_the_decode_states_of_the_model(families):
         model = timing_model(families, one_layer(families, attention), materialize=False)
         shapes = state_shapes(model, w.batch_size, w.context + 1)[0]  # growing caches with the new token's slot
         want = sum(4 * int(np.prod(shape)) for shape, _ in shapes.values())
-        assert layer_cache_bytes(attention, w.context, families.heads[0], families.head_dim, w.batch_size) == want, attention
+        spec = parse_attention(attention)
+        assert layer_cache_bytes(spec, w.context, families.heads[0], families.head_dim, w.batch_size) == want, attention
 
 
 # --------------------------------------------------------------------------- timing a decode step

@@ -73,8 +73,8 @@ def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[st
            "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
            "head_flops": float(2 * b * e * space.classes) + (float(2 * b * t * e) if subnet.pool == "seq" else 0.0)}  # fmt: skip
     for layer in subnet.layers:
-        out["proj_flops"] += projection_flops(layer.attention, b * t, e, layer.heads, hd)
-        out["mix_flops"] += mixing_flops(layer.attention, prefill, layer.heads, hd, causal=False)
+        out["proj_flops"] += projection_flops(layer.attention_spec, b * t, e, layer.heads, hd)
+        out["mix_flops"] += mixing_flops(layer.attention_spec, prefill, layer.heads, hd, causal=False)
         out["mlp_flops"] += 4.0 * b * t * e * layer.ffn_dim
     out["flops"] = sum(v for k, v in out.items() if k.endswith("_flops"))
     return out
@@ -101,7 +101,7 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
         out[f"mix[{kind}]"] = 0.0
     for layer in subnet.layers:
         out[f"layers[{layer.attention}]"] += 1.0
-        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention, prefill, layer.heads, space.head_dim, False) / 1e9
+        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention_spec, prefill, layer.heads, space.head_dim, False) / 1e9
     out["token_layers"] = float(workload.batch_size * subnet.seq_len * subnet.depth * subnet.embed_dim) / 1e6
     out["conv_stem"] = float(subnet.stem != "linear")  # (conv or cct: a convolution over the whole image)
     return out
@@ -120,7 +120,7 @@ def layered_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[st
     out.update(type_columns(space.attention))
     prefill = Workload("prefill", workload.batch_size, subnet.tokens)
     for layer in subnet.layers:
-        add_terms(out, layer_terms(layer.attention, prefill, subnet.embed_dim, layer.heads, space.head_dim, layer.ffn_dim,
+        add_terms(out, layer_terms(layer.attention_spec, prefill, subnet.embed_dim, layer.heads, space.head_dim, layer.ffn_dim,
                                    causal=False))
     return out
 

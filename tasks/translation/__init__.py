@@ -18,7 +18,7 @@ from search_spaces.tasks import declare
 
 from ..base import Flag, Task
 from .space import TASK as NAME
-from .space import TRANSLATE, TranslateWorkload, describe_seq2seq, parse_seq2seq
+from .space import TRANSLATE, TranslationWorkload, describe_translation, parse_translation
 
 
 def _check_lang(value: str, flag: str) -> None:
@@ -62,9 +62,9 @@ class TranslationTask(Task):
         return dict(SPECIALS)
 
     def fitness(self, model: Any, payload: dict, settings: Any) -> tuple[Any, str]:
-        from .search import seq2seq_fitness
+        from .search import translation_fitness
 
-        return seq2seq_fitness(model, payload, settings)
+        return translation_fitness(model, payload, settings)
 
     def training_data(self, meta: dict) -> dict:
         from .workflows import corpus_record
@@ -73,9 +73,9 @@ class TranslationTask(Task):
         return {"data": record["data"], "data_seed": record["data_seed"] or 0, "options": {"lang": record["lang"]}}
 
     def load_trained(self, model_dir: Any, device: Any = "cpu") -> tuple[Any, Any, Any]:
-        from .artifact import load_seq2seq_model
+        from .artifact import load_translation_model
 
-        model, _ = load_seq2seq_model(model_dir, device)
+        model, _ = load_translation_model(model_dir, device)
         return model.space, model.subnet, model
 
     def train_subnet(self, settings: Any, progress: Any = None):
@@ -84,40 +84,40 @@ class TranslationTask(Task):
         return train_subnet(settings, progress)
 
     def export(self, supernet: Any, payload: dict, subnet: Any, settings: Any, predicted: dict | None):
-        from .export import export_seq2seq
+        from .export import export_translation
 
-        return export_seq2seq(supernet, payload, subnet, settings, predicted)
+        return export_translation(supernet, payload, subnet, settings, predicted)
 
     pipeline_tag = "translation"
 
     def card_facts(self, space: Any, subnet: Any, card: dict):
-        from .card import seq2seq_facts
+        from .card import translation_facts
 
-        return seq2seq_facts(self, space, subnet, card)
+        return translation_facts(self, space, subnet, card)
 
     # ------------------------------------------------------------------ space
 
     def parse_space(self, data: dict, where: str, source: str) -> Any:
-        return parse_seq2seq(data, where, source)
+        return parse_translation(data, where, source)
 
     def describe(self, space: Any) -> str:
-        return describe_seq2seq(space)
+        return describe_translation(space)
 
     def workload_from_record(self, data: dict, where: str) -> Any:
-        return TranslateWorkload.from_record(data, where)
+        return TranslationWorkload.from_record(data, where)
 
     # ------------------------------------------------------------------ model
 
     def supernet(self, space: Any, generator: Any = None, **options: Any):
-        from .model import Seq2SeqSuperTransformer
+        from .model import TranslationSuperTransformer
 
         assert not options, f"an encoder-decoder supernet takes no {', '.join(options)}"
-        return Seq2SeqSuperTransformer(space, generator=generator)
+        return TranslationSuperTransformer(space, generator=generator)
 
     def scratch(self, space: Any, subnet: Any, generator: Any = None):
-        from .model import Seq2SeqTransformer
+        from .model import TranslationTransformer
 
-        return Seq2SeqTransformer(space, subnet, generator=generator)
+        return TranslationTransformer(space, subnet, generator=generator)
 
     # ------------------------------------------------------------------ training
 
@@ -178,29 +178,29 @@ class TranslationTask(Task):
         require_device(space, device, precision, for_transfer)
 
     def params(self, space: Any, subnet: Any) -> int:
-        from .timing import seq2seq_params
+        from .timing import translation_params
 
-        return seq2seq_params(space, subnet)
+        return translation_params(space, subnet)
 
     def timing_model(self, space: Any, subnet: Any, *, materialize: bool = True):
-        from .timing import seq2seq_timing_model
+        from .timing import translation_timing_model
 
-        return seq2seq_timing_model(space, subnet, materialize=materialize)
+        return translation_timing_model(space, subnet, materialize=materialize)
 
     def timing_reference(self, space: Any):
-        from .timing import seq2seq_reference
+        from .timing import translation_reference
 
-        return seq2seq_reference(space)
+        return translation_reference(space)
 
     def table_features(self, space: Any, subnet: Any, workload: Any) -> dict[str, float]:
-        from .timing import seq2seq_table_features
+        from .timing import translation_table_features
 
-        return seq2seq_table_features(space, subnet, workload)
+        return translation_table_features(space, subnet, workload)
 
     def predictor_features(self, kind: str, space: Any, workload: Any, subnets: Any) -> tuple:
-        from .timing import seq2seq_matrix
+        from .timing import translation_matrix
 
-        return seq2seq_matrix(kind, space, workload, subnets)
+        return translation_matrix(kind, space, workload, subnets)
 
     def bundle_models(self, space: Any, seed: int) -> tuple:
         """Meta-device models: the graphs are exported from seeded weights, then stripped."""

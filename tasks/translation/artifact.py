@@ -1,4 +1,4 @@
-"""An exported encoder-decoder: a static :class:`~tasks.translation.model.Seq2SeqTransformer` that loads without the supernet.
+"""An exported encoder-decoder: a static :class:`~tasks.translation.model.TranslationTransformer` that loads without the supernet.
 
 The layout and checks of :mod:`supernet.artifact` (``model.safetensors``, ``subnet.yaml``, ``model_card.json``
 with the format marker, the full space, the subnet, the parameter count and the checksums, written last);
@@ -33,12 +33,12 @@ from supernet.artifact import (
 from supernet.model_folder import FILES
 from supernet.files import atomic_save_tensors, atomic_write, remove_stale, sha256_file
 
-from .model import Seq2SeqTransformer
-from .space import Seq2SeqSubnet
+from .model import TranslationTransformer
+from .space import TASK, TranslationSubnet
 
 
-def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[str, Any] | None = None,
-                       tokenizer: str | None = None) -> Path:
+def save_translation_model(model: TranslationTransformer, out: str | Path, card: dict[str, Any] | None = None,
+                           tokenizer: str | None = None) -> Path:
     """Write weights, subnet, ``tokenizer.json`` and model card of ``model`` into directory ``out``; return the card
     path.  ``tokenizer``: the text of the joint vocabulary's file (None: the bytes with PAD, BOS and EOS)."""
     from supernet.tokenizer import Vocabulary, byte_tokenizer_json
@@ -56,7 +56,7 @@ def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[st
     full = {
         "format": FORMAT,
         "version": VERSION,
-        "task": "seq2seq",
+        "task": TASK,  # (the task's key, spelled as spaces and cards have always spelled it)
         "space": model.space.to_dict(),
         "subnet": model.subnet.to_dict(),
         "parameters": model.num_params(),
@@ -68,14 +68,14 @@ def save_seq2seq_model(model: Seq2SeqTransformer, out: str | Path, card: dict[st
     return write_card(out, full)
 
 
-def is_seq2seq_export(model_dir: str | Path) -> bool:
+def is_translation_export(model_dir: str | Path) -> bool:
     path = Path(model_dir) / CARD
-    return path.is_file() and read_card(model_dir).get("task") == "seq2seq"
+    return path.is_file() and read_card(model_dir).get("task") == TASK
 
 
-def load_seq2seq_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Seq2SeqTransformer, dict]:
+def load_translation_model(model_dir: str | Path, device: str | torch.device = "cpu") -> tuple[TranslationTransformer, dict]:
     """Load an exported encoder-decoder (eval mode) and its card; the checks of :func:`supernet.artifact.load_model`."""
-    card, weights, space, subnet = open_export(model_dir, Seq2SeqSubnet)
-    model = fitting_model(weights, lambda: Seq2SeqTransformer(space, subnet), Path(model_dir) / CARD)  # (a card's claim)
+    card, weights, space, subnet = open_export(model_dir, TranslationSubnet)
+    model = fitting_model(weights, lambda: TranslationTransformer(space, subnet), Path(model_dir) / CARD)  # (a card's claim)
     load_weights(model, weights)
     return model.to(device).eval(), card

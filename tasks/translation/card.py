@@ -28,12 +28,12 @@ int64 (the UTF-8 bytes; padding is the PAD id, no attention mask) and returns ea
 `present.{i}.encoder.key` / `.value` and `encoder_attention_mask.{i}`; `decoder_step.onnx` takes `input_ids` (batch, 1),
 `position` (1,), the self-attention caches `past_key_values.{i}.decoder.key` / `.value` (other states
 `past.{i}.{name}`), `past_key_values.{i}.encoder.key` / `.value` and the masks, and returns `logits` and
-`present.{i}.decoder.*`. `tasks.translation.onnx.OnnxSeq2Seq.load(".")` runs the greedy and beam loops on them.
+`present.{i}.decoder.*`. `tasks.translation.onnx.OnnxTranslation.load(".")` runs the greedy and beam loops on them.
 '''
 
 
-def seq2seq_config(space, subnet) -> dict[str, Any]:
-    """``config.json`` of a static encoder-decoder (:class:`tasks.translation.model.Seq2SeqTransformer`)."""
+def translation_config(space, subnet) -> dict[str, Any]:
+    """``config.json`` of a static encoder-decoder (:class:`tasks.translation.model.TranslationTransformer`)."""
     enc, dec = subnet.encoder, subnet.decoder
     return {
         "model_type": MODEL_TYPE,
@@ -67,7 +67,7 @@ def seq2seq_config(space, subnet) -> dict[str, Any]:
     }
 
 
-def seq2seq_facts(task, space, subnet, card: dict[str, Any]) -> Facts:
+def translation_facts(task, space, subnet, card: dict[str, Any]) -> Facts:
     """The Facts of an exported encoder-decoder's folder."""
     v = card.get("validation") or {}
     metrics = []
@@ -86,7 +86,7 @@ def seq2seq_facts(task, space, subnet, card: dict[str, Any]) -> Facts:
              "Weights inherited from the weight-shared encoder-decoder supernet (HAT's space), not retrained.")
     rows = [{**r, "index": f"encoder {r['index']}"} for r in stack_layers(space.encoder, subnet.encoder)]
     rows += [{**r, "index": f"decoder {r['index']}"} for r in stack_layers(space.decoder, subnet.decoder)]
-    return Facts("translation", seq2seq_config(space, subnet), "A byte-level encoder-decoder translation model",
+    return Facts("translation", translation_config(space, subnet), "A byte-level encoder-decoder translation model",
                  tuple(metrics), (str(name),), data, words, USAGE, tags=("translation", "seq2seq", "byte-level"),
                  notes=(f"Cross-attention per decoder layer: heads {list(subnet.cross_heads)}, the last "
                         f"{list(subnet.cross_layers)} encoder layers (HAT's arbitrary encoder-decoder attention).",),

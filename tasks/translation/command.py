@@ -164,20 +164,20 @@ def _load_onnx(path, device: str):
     from supernet.artifact import verify_file
     from supernet.onnx_export import read_metadata
 
-    from .artifact import is_seq2seq_export, read_card
-    from .onnx import DECODER, ENCODER, OnnxSeq2Seq, onnx_translate
-    from .space import Seq2SeqSubnet
+    from .artifact import is_translation_export, read_card
+    from .onnx import DECODER, ENCODER, OnnxTranslation, onnx_translate
+    from .space import TranslationSubnet
 
-    if not (path.is_dir() and is_seq2seq_export(path)):
+    if not (path.is_dir() and is_translation_export(path)):
         raise UserError(f"--engine onnxruntime: --model {path} is not a folder written by `nas export` of a seq2seq subnet")
     if device != "cpu":
         raise UserError("--device: not with --engine onnxruntime (its sessions run on the CPU)")
     card = read_card(path)
-    model = OnnxSeq2Seq.load(path)  # (a missing graph named first)
+    model = OnnxTranslation.load(path)  # (a missing graph named first)
     for name in (ENCODER, DECODER):
         verify_file(path, name, card)
     max_seq_len = int(read_metadata(model.encoder).get("nas.max_seq_len", card["space"]["max_seq_len"]))
-    subnet = Seq2SeqSubnet.from_dict(card["subnet"], where=f"{path / 'model_card.json'}: subnet")
+    subnet = TranslationSubnet.from_dict(card["subnet"], where=f"{path / 'model_card.json'}: subnet")
     return max_seq_len, card["corpus"], path, path, subnet, partial(onnx_translate, model, max_seq_len=max_seq_len)
 
 
@@ -186,15 +186,15 @@ def _load(path, subnet_arg: str, device: str):
     ``nas export``, a train-supernet run folder or a checkpoint (then ``--subnet`` picks the subnet)."""
     from search_spaces import UserError
 
-    from .artifact import is_seq2seq_export, load_seq2seq_model
+    from .artifact import is_translation_export, load_translation_model
     from .workflows import corpus_record
-    from .space import Seq2SeqSubnet
-    from .train import load_seq2seq_supernet
+    from .space import TranslationSubnet
+    from .train import load_translation_supernet
 
-    if path.is_dir() and is_seq2seq_export(path):
+    if path.is_dir() and is_translation_export(path):
         if subnet_arg != "largest":
             raise UserError(f"--subnet: {path} is an exported model of one subnet; --subnet is for a supernet")
-        model, card = load_seq2seq_model(path, device)
+        model, card = load_translation_model(path, device)
         return model, card["corpus"], path, path
     if path.is_dir():
         found = [p for p in (path / "final.pt", path / "latest.pt") if p.exists()]
@@ -202,11 +202,11 @@ def _load(path, subnet_arg: str, device: str):
             raise UserError(f"--model {path}: holds no checkpoint (final.pt or latest.pt of `nas train-supernet`) "
                             "and no exported model (model_card.json of `nas export`)")  # fmt: skip
         path = found[0]
-    supernet, payload = load_seq2seq_supernet(path, device=device)
+    supernet, payload = load_translation_supernet(path, device=device)
     space = supernet.space
     if subnet_arg in ("largest", "smallest"):
         subnet = getattr(space, subnet_arg)()
     else:
-        subnet = space.check(Seq2SeqSubnet.load(subnet_arg))
+        subnet = space.check(TranslationSubnet.load(subnet_arg))
     record = {**corpus_record(payload["meta"]), "vocabulary": payload["meta"].get("vocabulary")}
     return supernet.extract(subnet).eval(), record, path.parent, None

@@ -25,7 +25,7 @@ from search_spaces import UserError
 from supernet.model import Prefill, Step
 
 from .data import BOS, EOS, PAD, Pairs
-from .model import Memory, Seq2SeqWeights, decode, decoder_start, encode_memory
+from .model import Memory, TranslationWeights, decode, decoder_start, encode_memory
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def spell(tokens, vocabulary=None) -> bytes:
 class _Decoder:
     """Next-byte log-probabilities for a batch of prefixes of one source: cached (one byte per call) or not."""
 
-    def __init__(self, w: Seq2SeqWeights, mem: Memory, capacity: int, cache: bool):
+    def __init__(self, w: TranslationWeights, mem: Memory, capacity: int, cache: bool):
         self.w, self.mem, self.capacity, self.cache = w, mem, capacity, cache
         self.states: list | None = None
 
@@ -89,7 +89,7 @@ def decode_limit(source: bytes, max_seq_len: int, max_len: int | None) -> int:
     return max_seq_len if max_len is None else min(max_len, max_seq_len)
 
 
-def _setup(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | None, cache: bool, batch: int):
+def _setup(w: TranslationWeights, source: bytes, max_seq_len: int, max_len: int | None, cache: bool, batch: int):
     limit = decode_limit(source, max_seq_len, max_len)
     device = w.dec_tok.device
     src = torch.tensor([list(source)], dtype=torch.long, device=device)
@@ -99,7 +99,7 @@ def _setup(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | No
 
 
 @torch.no_grad()
-def greedy(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | None = None, cache: bool = True) -> Hypothesis:
+def greedy(w: TranslationWeights, source: bytes, max_seq_len: int, max_len: int | None = None, cache: bool = True) -> Hypothesis:
     """The most likely byte at each step until EOS or ``max_len`` bytes."""
     dec, limit, device = _setup(w, source, max_seq_len, max_len, cache, 1)
     prefix = decoder_start(1, device)  # (1, 1)
@@ -117,7 +117,7 @@ def greedy(w: Seq2SeqWeights, source: bytes, max_seq_len: int, max_len: int | No
 
 @torch.no_grad()
 def beam_search(
-    w: Seq2SeqWeights, source: bytes, max_seq_len: int, beam: int = 5, max_len: int | None = None, cache: bool = True
+    w: TranslationWeights, source: bytes, max_seq_len: int, beam: int = 5, max_len: int | None = None, cache: bool = True
 ) -> list[Hypothesis]:
     """The hypotheses found, best first (see the module doc)."""
     if beam < 1:
@@ -167,7 +167,7 @@ def search_beams(dec: NextBytes, beam: int, limit: int, device: torch.device | s
     return sorted(ended, key=lambda h: -h.normalized)
 
 
-def translate(w: Seq2SeqWeights, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None) -> Hypothesis:
+def translate(w: TranslationWeights, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None) -> Hypothesis:
     """The best translation of ``source``: greedy for ``beam`` 1, else beam search (cached decoding)."""
     if beam == 1:
         return greedy(w, source, max_seq_len, max_len)
@@ -205,7 +205,7 @@ def paired_bootstrap(baseline: list[str], system: list[str], references: list[st
 
 
 def evaluate_translation(
-    w: Seq2SeqWeights | Callable[[bytes], Hypothesis],
+    w: TranslationWeights | Callable[[bytes], Hypothesis],
     pairs: Pairs,
     max_seq_len: int,
     beam: int = 5,
@@ -218,7 +218,7 @@ def evaluate_translation(
     ``{"chrf", "bleu", "pairs", "skipped", "hypotheses"}``.  ``w``: the model's weights (torch, :func:`translate`
     at ``beam`` and ``max_len``), or any call source -> best hypothesis (ONNX Runtime's); ``vocabulary``: a joint
     subword vocabulary's (the pairs are its ids: it spells the hypotheses and the references)."""
-    if isinstance(w, Seq2SeqWeights):
+    if isinstance(w, TranslationWeights):
         translate_one = partial(translate, w, max_seq_len=max_seq_len, beam=beam, max_len=max_len)
     else:
         translate_one = w

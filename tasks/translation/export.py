@@ -1,6 +1,6 @@
 """``nas export`` of a subnet of an encoder-decoder supernet (task seq2seq): safetensors + model card.
 
-The command (:mod:`nas.commands.export`) hands a seq2seq checkpoint here.  The card records the corpus the
+The command (:mod:`nas.commands.export`) hands a translation checkpoint here.  The card records the corpus the
 supernet was trained on and the subnet's held-out cross-entropy per target byte (the extracted model's, on the
 validation batches training evaluated on); ``nas translate --model DIR --eval test`` adds chrF and BLEU.
 ONNX: the encoder and the decoder step (parity-checked; each carries :func:`supernet.export.onnx_metadata`).
@@ -25,20 +25,20 @@ def portable_corpus(record: dict) -> dict:
     return {**record, "data": Path(data).name if data else None}
 
 
-def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
+def write_translation_onnx(static, out: Path, target_ort: str | None, seed: int = 0) -> dict:
     """Write and parity-check the two graphs of ``static`` into ``out``; record them in the card; return the record."""
     from supernet.export import PARITY_TOL, choose_opset, onnx_metadata
     from search_spaces import UserError
     from supernet.artifact import read_card, update_card
     from supernet.onnx_export import add_metadata
 
-    from .onnx import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
+    from .onnx import DECODER, ENCODER, export_translation_onnx, translation_parity
 
     opset, notes = choose_opset(target_ort)
     said = (read_card(out).get("tokenizer") or {}).get("metadata", "bytes")  # the folder's tokenizer.json (issue 54)
-    for path in export_seq2seq_onnx(static, out, opset=opset):  # described (beside seq2seq_inputs) before the card's sha256
+    for path in export_translation_onnx(static, out, opset=opset):  # described (beside seq2seq_inputs) before the card's sha256
         add_metadata(path, onnx_metadata(static.space, static.subnet, said))
-    parity = seq2seq_parity(static, out, batch=2, seed=seed)
+    parity = translation_parity(static, out, batch=2, seed=seed)
     worst = max(parity.values())
     if not worst <= PARITY_TOL:  # also catches NaN
         for name in (ENCODER, DECODER):
@@ -56,7 +56,7 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
     return record
 
 
-def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | None):
+def export_translation(supernet, payload: dict, subnet, settings, predicted: dict | None):
     """The translation task's export (:meth:`tasks.base.Task.export`): safetensors + card (the corpus, the held-out
     cross-entropy per target byte on the batches training evaluated on), the two ONNX graphs (parity-checked)."""
     from latency.measure import measure_model, predicted_line
@@ -64,7 +64,7 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     from supernet.files import named_digest
     from search_spaces import UserError
 
-    from .artifact import save_seq2seq_model
+    from .artifact import save_translation_model
     from .data import check_pairs, prepare_pairs, tokenize_pairs
     from .onnx import DECODER, ENCODER
     from .train import eval_batches, heldout_ce
@@ -99,10 +99,10 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     out = Path(s.out)
     for name in (ENCODER, DECODER):  # an earlier export's graphs are not this model's
         (out / name).unlink(missing_ok=True)
-    save_seq2seq_model(static, out, card, trained["json"] if space.tokenizer.bpe else None)
+    save_translation_model(static, out, card, trained["json"] if space.tokenizer.bpe else None)
     lines = [f"wrote {s.out}: {static.num_params():,} parameters, subnet {subnet}"]
     if "onnx" in s.formats:
-        onnx = write_seq2seq_onnx(static, out, s.target_ort, s.seed)
+        onnx = write_translation_onnx(static, out, s.target_ort, s.seed)
         p = onnx["parity_max_abs"]
         lines.append(f"  onnx              {out / ENCODER}, {out / DECODER}  (opset {onnx['opset']})")
         lines.append(f"  parity            max |onnxruntime - torch| = {p['encoder']:.2e} (encoder), {p['decoder_step']:.2e} "

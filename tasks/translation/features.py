@@ -15,13 +15,12 @@ These are the feature columns of a ``translate`` timing table and of its predict
 from __future__ import annotations
 
 from latency.features import layer_cache_bytes, projection_flops
-from search_spaces.attention import parse_attention
 from supernet.attention import get
 
-from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
+from .space import TranslationSpace, TranslationSubnet, TranslationWorkload
 
 
-def translate_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:
+def translate_terms(space: TranslationSpace, subnet: TranslationSubnet, workload: TranslationWorkload) -> dict[str, float]:
     """FLOPs of the encoder, the cross keys / values, the decoder's self-attention and MLP, its cross-attention and the
     output projection over the whole workload; the memory positions the cross-attention reads (the arbitrary
     attention's size) and the bytes of the decoder's caches read by the last step."""
@@ -31,20 +30,21 @@ def translate_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: Transl
     ee, ed = enc.embed_dim, dec.embed_dim
     out = dict.fromkeys(("encoder", "cross_kv", "decoder_self", "decoder_mlp", "cross_attention", "head"), 0.0)
     for layer in enc.layers:
-        spec = parse_attention(layer.attention)
-        out["encoder"] += projection_flops(layer.attention, s, ee, layer.heads, hd) + 2.0 * s * 2 * ee * layer.ffn_dim
+        spec = layer.attention_spec
+        out["encoder"] += projection_flops(spec, s, ee, layer.heads, hd) + 2.0 * s * 2 * ee * layer.ffn_dim
         out["encoder"] += get(spec).prefill_flops(spec, 1, s, layer.heads, hd)
     memory, cache = 0.0, 0.0
     for layer, ch, k in zip(dec.layers, subnet.cross_heads, subnet.cross_layers):
-        spec, typ, a = parse_attention(layer.attention), get(parse_attention(layer.attention)), ch * hd
+        spec, a = layer.attention_spec, ch * hd
+        typ = get(spec)
         m = k * s  # memory positions of this layer
         memory += m
         out["cross_kv"] += 2.0 * m * ee * a * 2  # k and v of the memory, once per source
-        out["decoder_self"] += projection_flops(layer.attention, n * b, ed, layer.heads, hd)
+        out["decoder_self"] += projection_flops(spec, n * b, ed, layer.heads, hd)
         out["decoder_self"] += sum(typ.decode_flops(spec, b, t, layer.heads, hd) for t in range(n))
         out["decoder_mlp"] += 2.0 * n * b * 2 * ed * layer.ffn_dim
         out["cross_attention"] += 2.0 * n * b * ed * a * 2 + 2.0 * n * b * ch * m * hd * 2  # q, o; scores and values
-        cache += layer_cache_bytes(layer.attention, n - 1, layer.heads, hd, b) + 4.0 * b * m * a * 2
+        cache += layer_cache_bytes(spec, n - 1, layer.heads, hd, b) + 4.0 * b * m * a * 2
     out["head"] = 2.0 * n * b * ed * space.vocab_size
     return {**{f"{k}_flops": v for k, v in out.items()}, "flops": sum(out.values()), "memory_positions": memory,
             "cache_bytes": cache}  # fmt: skip

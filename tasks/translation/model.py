@@ -1,8 +1,8 @@
 """Encoder-decoder Transformers for translation: the elastic supernet, the static model, and one forward.
 
-Both models hand their weights to the same pure functions as a :class:`Seq2SeqWeights` (the supernet
+Both models hand their weights to the same pure functions as a :class:`TranslationWeights` (the supernet
 its leading slices for a subnet, the static model its own tensors), so the static model that
-:meth:`Seq2SeqSuperTransformer.extract` returns computes exactly what the supernet computes under
+:meth:`TranslationSuperTransformer.extract` returns computes exactly what the supernet computes under
 that subnet, and decoding (:mod:`tasks.translation.decode`) runs either.
 
 * encoder layer: :func:`~supernet.model.block` with ``causal=False`` (bidirectional self-attention, MLP);
@@ -62,7 +62,7 @@ from supernet.model import (
 )
 
 from .data import BOS, PAD
-from .space import Seq2SeqSpace, Seq2SeqSubnet
+from .space import TranslationSpace, TranslationSubnet
 
 # --------------------------------------------------------------------------- the functions
 
@@ -79,7 +79,7 @@ class CrossWeights:
 
 
 @dataclass(frozen=True)
-class Seq2SeqWeights:
+class TranslationWeights:
     """Everything a forward pass reads, for one architecture (tensors, possibly views of a supernet's)."""
 
     head_dim: int
@@ -111,11 +111,11 @@ class Memory:
         return Memory(tuple((k[index], v[index]) for k, v in self.kv), tuple(m[index] for m in self.mask))
 
 
-def _rope(w: Seq2SeqWeights, positions: Tensor) -> tuple[Tensor, Tensor] | None:
+def _rope(w: TranslationWeights, positions: Tensor) -> tuple[Tensor, Tensor] | None:
     return rope_at(positions, w.head_dim) if w.positions == "rope" else None
 
 
-def encode(w: Seq2SeqWeights, src: Tensor) -> tuple[Tensor, list[Tensor]]:
+def encode(w: TranslationWeights, src: Tensor) -> tuple[Tensor, list[Tensor]]:
     """src (B, S) -> the final normalised output (B, S, Ee) and every encoder layer's raw output."""
     positions = torch.arange(src.shape[1], device=src.device)
     x = embed(src, w.enc_tok, w.enc_pos, positions if w.enc_pos is not None else None)  # (B, S, Ee)
@@ -147,7 +147,7 @@ def cross_attention(x: Tensor, c: CrossWeights, kv: tuple[Tensor, Tensor], mask:
     return x + F.linear(y.transpose(1, 2).reshape(b, t, -1), *c.o)  # (B, T, Ed)
 
 
-def encode_memory(w: Seq2SeqWeights, src: Tensor) -> Memory:
+def encode_memory(w: TranslationWeights, src: Tensor) -> Memory:
     """Encode src (B, S) and compute every decoder layer's cross keys and values once."""
     final, outs = encode(w, src)
     real = (src != PAD)[:, None, None, :]  # (B, 1, 1, S)
@@ -159,7 +159,7 @@ def encode_memory(w: Seq2SeqWeights, src: Tensor) -> Memory:
 
 
 def decode(
-    w: Seq2SeqWeights, tgt: Tensor, mem: Memory, start: int = 0, caches: list[Prefill | Step] | None = None
+    w: TranslationWeights, tgt: Tensor, mem: Memory, start: int = 0, caches: list[Prefill | Step] | None = None
 ) -> tuple[Tensor, list[State | None]]:
     """Decoder inputs tgt (B, T) at positions start.. -> logits (B, T, V), and each layer's self-attention state
     (``caches``: per layer None for a plain pass, :class:`Prefill` or :class:`Step`, as :func:`~supernet.model.block`)."""
@@ -175,7 +175,7 @@ def decode(
     return lm_head(x, w.ln_dec, w.dec_tok), states  # (B, T, V), tied head
 
 
-def forward(w: Seq2SeqWeights, src: Tensor, tgt: Tensor) -> Tensor:
+def forward(w: TranslationWeights, src: Tensor, tgt: Tensor) -> Tensor:
     """Teacher forcing: source (B, S) and decoder inputs (B, T) (BOS + target) -> logits (B, T, V)."""
     return decode(w, tgt, encode_memory(w, src))[0]
 
@@ -204,10 +204,10 @@ class CrossAttention(nn.Module):
         return CrossWeights(_pair(self.ln), _pair(self.q), _pair(self.k), _pair(self.v), _pair(self.o))
 
 
-class Seq2SeqTransformer(nn.Module):
+class TranslationTransformer(nn.Module):
     """An encoder-decoder of one fixed shape (``subnet`` of ``space``): what ``extract`` returns and users ship."""
 
-    def __init__(self, space: Seq2SeqSpace, subnet: Seq2SeqSubnet, generator: torch.Generator | None = None):
+    def __init__(self, space: TranslationSpace, subnet: TranslationSubnet, generator: torch.Generator | None = None):
         super().__init__()
         space.check(subnet)
         self.space, self.subnet = space, subnet
@@ -224,9 +224,9 @@ class Seq2SeqTransformer(nn.Module):
         self.ln_dec = nn.LayerNorm(dec.embed_dim)
         init_weights(self, n_layers=enc.depth + dec.depth, generator=generator)
 
-    def weights(self) -> Seq2SeqWeights:
+    def weights(self) -> TranslationWeights:
         s = self.subnet
-        return Seq2SeqWeights(
+        return TranslationWeights(
             self.space.head_dim, self.space.positions,
             self.enc_tok.weight, self.enc_pos.weight if self.enc_pos is not None else None,
             tuple(b.weights() for b in self.enc_blocks), tuple(b.attn.spec for b in self.enc_blocks), _pair(self.ln_enc),
@@ -272,10 +272,10 @@ class ElasticCross(nn.Module):
             _copy_linear(getattr(static, name), getattr(self, name))
 
 
-class Seq2SeqSuperTransformer(nn.Module):
+class TranslationSuperTransformer(nn.Module):
     """All encoder-decoders of ``space`` in one set of weights; ``forward(src, tgt, subnet)`` runs one of them."""
 
-    def __init__(self, space: Seq2SeqSpace, generator: torch.Generator | None = None):
+    def __init__(self, space: TranslationSpace, generator: torch.Generator | None = None):
         super().__init__()
         self.space = space
         enc, dec = space.encoder, space.decoder
@@ -295,7 +295,7 @@ class Seq2SeqSuperTransformer(nn.Module):
         init_weights(self, n_layers=enc.max_depth + dec.max_depth, generator=generator)
         self._check = lru_cache(maxsize=4096)(space.check)
 
-    def weights(self, subnet: Seq2SeqSubnet) -> Seq2SeqWeights:
+    def weights(self, subnet: TranslationSubnet) -> TranslationWeights:
         """The leading slices of ``subnet`` (views: gradients reach the shared weights)."""
         self._check(subnet)
         enc, dec = subnet.encoder, subnet.decoder
@@ -304,23 +304,23 @@ class Seq2SeqSuperTransformer(nn.Module):
         def blocks(mods, layers: tuple[LayerChoice, ...], e: int) -> tuple[BlockWeights, ...]:
             return tuple(m.weights(e, layer) for m, layer in zip(mods, layers))
 
-        return Seq2SeqWeights(
+        return TranslationWeights(
             self.space.head_dim, self.space.positions,
             embedding_slice(self.enc_tok, ee), embedding_slice(self.enc_pos, ee) if self.enc_pos is not None else None,
-            blocks(self.enc_blocks, enc.layers, ee), tuple(x.attention_spec for x in enc.layers), norm_slice(self.ln_enc, ee),
+            blocks(self.enc_blocks, enc.layers, ee), enc.attention_specs, norm_slice(self.ln_enc, ee),
             embedding_slice(self.dec_tok, ed), embedding_slice(self.dec_pos, ed) if self.dec_pos is not None else None,
-            blocks(self.dec_blocks, dec.layers, ed), tuple(x.attention_spec for x in dec.layers),
+            blocks(self.dec_blocks, dec.layers, ed), dec.attention_specs,
             tuple(c.weights(ed, ee, h) for c, h in zip(self.cross, subnet.cross_heads)), subnet.cross_layers,
             norm_slice(self.ln_dec, ed),
         )  # fmt: skip
 
-    def forward(self, src: Tensor, tgt: Tensor, subnet: Seq2SeqSubnet) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, subnet: TranslationSubnet) -> Tensor:
         """src (B, S), decoder inputs tgt (B, T) -> logits (B, T, V) of ``subnet``."""
         check_ids(src, self.space.vocab_size, self.space.max_seq_len, "source")
         check_ids(tgt, self.space.vocab_size, self.space.max_seq_len, "target")
         return forward(self.weights(subnet), src, tgt)
 
-    def num_params(self, subnet: Seq2SeqSubnet) -> int:
+    def num_params(self, subnet: TranslationSubnet) -> int:
         """Parameters of ``subnet`` as a static model (what ``extract`` returns holds exactly this many)."""
         w = self.weights(subnet)
         tensors = [w.enc_tok, w.enc_pos, w.dec_tok, w.dec_pos, *w.ln_enc, *w.ln_dec]
@@ -329,9 +329,9 @@ class Seq2SeqSuperTransformer(nn.Module):
         return sum(t.numel() for t in tensors if t is not None)
 
     @torch.no_grad()
-    def extract(self, subnet: Seq2SeqSubnet) -> Seq2SeqTransformer:
-        """A static :class:`Seq2SeqTransformer` of ``subnet`` with copied (not shared) weights."""
-        static = Seq2SeqTransformer(self.space, subnet).to(self.enc_tok.weight.device)
+    def extract(self, subnet: TranslationSubnet) -> TranslationTransformer:
+        """A static :class:`TranslationTransformer` of ``subnet`` with copied (not shared) weights."""
+        static = TranslationTransformer(self.space, subnet).to(self.enc_tok.weight.device)
         ee, ed = subnet.encoder.embed_dim, subnet.decoder.embed_dim
         copy_into(static.enc_tok.weight, embedding_slice(self.enc_tok, ee))
         copy_into(static.dec_tok.weight, embedding_slice(self.dec_tok, ed))
@@ -352,5 +352,5 @@ def decoder_start(batch: int, device: torch.device | str = "cpu") -> Tensor:
     return torch.full((batch, 1), BOS, dtype=torch.long, device=device)
 
 
-__all__ = ["Memory", "Seq2SeqSuperTransformer", "Seq2SeqTransformer", "Seq2SeqWeights", "Step", "Prefill", "decode",
+__all__ = ["Memory", "TranslationSuperTransformer", "TranslationTransformer", "TranslationWeights", "Step", "Prefill", "decode",
            "encode_memory", "forward", "memory"]  # fmt: skip

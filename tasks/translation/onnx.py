@@ -1,4 +1,4 @@
-"""ONNX export of a static encoder-decoder (:class:`~tasks.translation.model.Seq2SeqTransformer`): two graphs, and a
+"""ONNX export of a static encoder-decoder (:class:`~tasks.translation.model.TranslationTransformer`): two graphs, and a
 decoding loop on ONNX Runtime.
 
 Named as optimum's encoder-decoders name theirs (the cross keys and values are the ``encoder`` half of the cache).
@@ -37,7 +37,7 @@ from supernet.onnx_decode import POSITION, is_state, past_of, present_of, state_
 from supernet.onnx_export import DEFAULT_OPSET, INPUT_IDS, LOGITS, _quiet, check_inputs, onnx_session
 
 from .data import BOS, EOS, PAD
-from .model import Memory, Seq2SeqTransformer, Seq2SeqWeights, cross_attention, encode_memory
+from .model import Memory, TranslationTransformer, TranslationWeights, cross_attention, encode_memory
 
 META_KEY = "seq2seq_inputs"
 ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
@@ -45,13 +45,13 @@ ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
 _BATCH, _PAST, _SOURCE = 2, 3, 7
 
 
-def decoder_states(model: Seq2SeqTransformer) -> list[dict]:
+def decoder_states(model: TranslationTransformer) -> list[dict]:
     """Per decoder layer, what its self-attention type keeps while decoding: name -> StateSpec (as the LM's)."""
     hd = model.space.head_dim
     return [b.attn.typ.state(b.attn.spec, b.attn.heads, hd) for b in model.dec_blocks]
 
 
-def cross_names(model: Seq2SeqTransformer) -> list[str]:
+def cross_names(model: TranslationTransformer) -> list[str]:
     """The encoder graph's outputs: per decoder layer its cross keys, values (``present.{i}.encoder.*``) and mask."""
     return [n for i in range(len(model.dec_blocks))
             for n in (f"present.{i}.encoder.key", f"present.{i}.encoder.value", f"encoder_attention_mask.{i}")]  # fmt: skip
@@ -62,7 +62,7 @@ def is_self_state(name: str) -> bool:
     return is_state(name) and ".encoder." not in name
 
 
-def step_layout(model: Seq2SeqTransformer) -> dict[str, dict]:
+def step_layout(model: TranslationTransformer) -> dict[str, dict]:
     """Every input of the decoder-step graph: name -> {"shape": [...] ("batch", "past", "memory.{i}" dynamic), "dtype"}."""
     space, hd = model.space, model.space.head_dim
     layout = {
@@ -89,7 +89,7 @@ class EncoderGraph(nn.Module):
     """input_ids (B, S) -> per decoder layer its cross key, value and mask (:func:`cross_names`): :func:`encode_memory`
     flattened."""
 
-    def __init__(self, model: Seq2SeqTransformer):
+    def __init__(self, model: TranslationTransformer):
         super().__init__()
         self.model = model
 
@@ -98,7 +98,7 @@ class EncoderGraph(nn.Module):
         return tuple(t for (k, v), m in zip(mem.kv, mem.mask) for t in (k, v, m))
 
 
-def decoder_step(w: Seq2SeqWeights, token: Tensor, position: Tensor, states: list[dict], mem: Memory) -> tuple[Tensor, list]:
+def decoder_step(w: TranslationWeights, token: Tensor, position: Tensor, states: list[dict], mem: Memory) -> tuple[Tensor, list]:
     """One decoder step, functional (growing caches hold exactly the past; the new entry is concatenated):
     token (B, 1) at ``position`` (1,) -> logits (B, 1, V) and each layer's next state (:func:`tasks.translation.model.decode`
     with :class:`~supernet.model.Step` caches, the position a tensor so that it traces)."""
@@ -116,7 +116,7 @@ def decoder_step(w: Seq2SeqWeights, token: Tensor, position: Tensor, states: lis
 class DecoderStepGraph(nn.Module):
     """(token, position, *past, *cross) -> (logits, *present), flat tensors in the order of :func:`step_layout`."""
 
-    def __init__(self, model: Seq2SeqTransformer):
+    def __init__(self, model: TranslationTransformer):
         super().__init__()
         self.model = model
         self.names = [list(s) for s in decoder_states(model)]
@@ -146,7 +146,8 @@ def _example(layout: dict[str, dict], sizes: dict[str, int]) -> list[Tensor]:
     return out
 
 
-def export_seq2seq_onnx(model: Seq2SeqTransformer, directory: str | Path, *, opset: int = DEFAULT_OPSET) -> tuple[Path, Path]:
+def export_translation_onnx(model: TranslationTransformer, directory: str | Path, *,
+                            opset: int = DEFAULT_OPSET) -> tuple[Path, Path]:
     """Write ``encoder.onnx`` and ``decoder_step.onnx`` of ``model`` into ``directory``; return their paths."""
     import onnx
 
@@ -188,11 +189,11 @@ def _export(module, example, dynamic, inputs, outputs, path: Path, opset: int) -
 
 
 def read_layout(session, where: str = "the ONNX session") -> dict[str, dict]:
-    """The input layout stored in a graph of :func:`export_seq2seq_onnx` (an ONNX Runtime session); a graph of an older
+    """The input layout stored in a graph of :func:`export_translation_onnx` (an ONNX Runtime session); a graph of an older
     export (``source``, ``token``, ``cross.*``) is refused in one line naming ``where``."""
     props = session.get_modelmeta().custom_metadata_map
     if META_KEY not in props:
-        raise UserError(f"{where}: not a seq2seq graph (no {META_KEY!r} metadata); write one with export_seq2seq_onnx")
+        raise UserError(f"{where}: not a seq2seq graph (no {META_KEY!r} metadata); write one with export_translation_onnx")
     layout = json.loads(props[META_KEY])
     check_inputs(layout, where)
     return layout
@@ -201,7 +202,7 @@ def read_layout(session, where: str = "the ONNX session") -> dict[str, dict]:
 # --------------------------------------------------------------------------- decoding on ONNX Runtime
 
 
-class OnnxSeq2Seq:
+class OnnxTranslation:
     """The two sessions of an exported encoder-decoder: ``encode`` a source once, then ``step`` one token per row."""
 
     def __init__(self, encoder, step, where: str = "the ONNX sessions"):
@@ -213,7 +214,7 @@ class OnnxSeq2Seq:
         self.cross_inputs = list(encoder_feed(self.cross, [np.zeros((1,))] * len(self.cross), 1))  # the step's names
 
     @classmethod
-    def load(cls, directory: str | Path, threads: int | None = None) -> "OnnxSeq2Seq":
+    def load(cls, directory: str | Path, threads: int | None = None) -> "OnnxTranslation":
         directory = Path(directory)
         for name in (ENCODER, DECODER):
             if not (directory / name).is_file():
@@ -250,7 +251,7 @@ class OnnxSeq2Seq:
             feed[name] = feed[name][index]
 
 
-def onnx_logits(model: OnnxSeq2Seq, source: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+def onnx_logits(model: OnnxTranslation, source: np.ndarray, tgt: np.ndarray) -> np.ndarray:
     """Teacher forcing through the step graph from empty caches: source (1, S), decoder inputs tgt (B, T) -> (B, T, V)."""
     feed = model.start(model.encode(source, tgt.shape[0]))
     outs = []
@@ -261,8 +262,8 @@ def onnx_logits(model: OnnxSeq2Seq, source: np.ndarray, tgt: np.ndarray) -> np.n
 
 
 @torch.no_grad()
-def seq2seq_parity(model: Seq2SeqTransformer, directory: str | Path, *, source: int = 11, steps: int = 8, batch: int = 2,
-                   seed: int = 0) -> dict[str, float]:  # fmt: skip
+def translation_parity(model: TranslationTransformer, directory: str | Path, *, source: int = 11, steps: int = 8, batch: int = 2,
+                       seed: int = 0) -> dict[str, float]:  # fmt: skip
     """Max abs differences between ONNX Runtime and torch: ``encoder`` (every cross key / value) over a random source
     of ``source`` bytes, and ``decoder_step`` (logits of ``steps`` steps at ``batch`` rows, cache fed back)."""
     from .model import decode
@@ -273,7 +274,7 @@ def seq2seq_parity(model: Seq2SeqTransformer, directory: str | Path, *, source: 
     tgt[:, 0] = BOS
     w = model.eval().weights()
     mem = encode_memory(w, src)
-    ort = OnnxSeq2Seq.load(directory)
+    ort = OnnxTranslation.load(directory)
     cross = ort.encode(src.numpy(), 1)
     enc = max(float(np.abs(cross[f"past_key_values.{i}.encoder.{n}"] - t.numpy()).max()) for i, kv in enumerate(mem.kv)
               for n, t in zip(("key", "value"), kv))  # fmt: skip
@@ -290,7 +291,7 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return lp
 
 
-def onnx_greedy(model: OnnxSeq2Seq, source: bytes, max_len: int) -> tuple[list[int], float]:
+def onnx_greedy(model: OnnxTranslation, source: bytes, max_len: int) -> tuple[list[int], float]:
     """Greedy decoding through the two graphs: the generated ids (EOS last if it ended) and their summed log-probability."""
     if not source:
         raise UserError("the source text is empty")
@@ -311,7 +312,7 @@ class OnnxBeams:
     """Next-byte log-probabilities of live hypotheses through the step graph (one source, its cross keys / values
     computed once): the decoder :func:`tasks.translation.decode.search_beams` drives, as it drives torch's."""
 
-    def __init__(self, model: OnnxSeq2Seq, source: bytes):
+    def __init__(self, model: OnnxTranslation, source: bytes):
         if not source:
             raise UserError("the source text is empty")
         self.model = model
@@ -328,7 +329,7 @@ class OnnxBeams:
             self.feed[name] = self.feed[name][np.zeros(len(rows), dtype=np.int64)]
 
 
-def onnx_translate(model: OnnxSeq2Seq, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None):
+def onnx_translate(model: OnnxTranslation, source: bytes, max_seq_len: int, beam: int = 1, max_len: int | None = None):
     """The best translation of ``source`` through the two graphs: greedy for ``beam`` 1, else beam search (the
     same search as torch's :func:`tasks.translation.decode.translate`); a :class:`~tasks.translation.decode.Hypothesis`."""
     from .decode import Hypothesis, decode_limit, search_beams
@@ -340,5 +341,5 @@ def onnx_translate(model: OnnxSeq2Seq, source: bytes, max_seq_len: int, beam: in
     return search_beams(OnnxBeams(model, source), beam, limit)[0]
 
 
-__all__ = ["DECODER", "ENCODER", "OnnxBeams", "OnnxSeq2Seq", "decoder_step", "export_seq2seq_onnx", "onnx_greedy",
-           "onnx_logits", "onnx_translate", "seq2seq_parity", "step_layout"]  # fmt: skip
+__all__ = ["DECODER", "ENCODER", "OnnxBeams", "OnnxTranslation", "decoder_step", "export_translation_onnx", "onnx_greedy",
+           "onnx_logits", "onnx_translate", "translation_parity", "step_layout"]  # fmt: skip

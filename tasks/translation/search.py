@@ -4,7 +4,7 @@ The search driver, strategies, budgets, storage and outputs are the LM's (:mod:`
 the fitness, held-out cross-entropy per target byte (nats, EOS counted) with inherited weights
 (:func:`tasks.translation.train.heldout_ce`) on a fixed subset of the validation split of the supernet's own corpus
 (``--val-windows`` batches of ``--eval-batch-size`` pairs, the first length-sorted batches of ``--val-seed``, the same for
-every subnet); the genetic operators are the space's (:class:`~.space.Seq2SeqSpace`).  Not yet for seq2seq:
+every subnet); the genetic operators are the space's (:class:`~.space.TranslationSpace`).  Not yet for translation:
 ``--precision`` other than fp32, ``--val-data``.  ``--fitness calibrated:DIR`` works as for the LM (a ranker of ``nas
 fit-accuracy`` on retrained encoder-decoders, its features over both stacks), and so do ``--hurdles`` (each round
 ``nas train-subnet`` of the task, its budget in target bytes, scored on the search's validation pairs).
@@ -19,19 +19,19 @@ import numpy as np
 
 from search_spaces import UserError
 
-from .space import Seq2SeqSubnet
+from .space import TASK, TranslationSubnet
 
 METRIC = "nats/target byte"
 
 
-class Seq2SeqFitness:
+class TranslationFitness:
     """``fitness(subnets)`` -> held-out cross-entropy per target byte of each subnet with the supernet's weights."""
 
     def __init__(self, supernet, val_pairs, batches: list[np.ndarray], *, seed: int, corpus_hash: str, where: str):
         self.model, self.pairs, self.batches = supernet.eval(), val_pairs, batches
         n = int(sum(len(b) for b in batches))
         self.summary = f"{n} pairs ({len(batches)} batches) of the {where}"
-        self.description = {"task": "seq2seq", "metric": METRIC, "pairs": n, "batches": len(batches), "seed": seed}
+        self.description = {"task": TASK, "metric": METRIC, "pairs": n, "batches": len(batches), "seed": seed}
         self.data_digest = corpus_hash[:16]
 
     def static(self, model) -> float:
@@ -40,7 +40,7 @@ class Seq2SeqFitness:
 
         return heldout_ce(model, None, self.pairs, self.batches)
 
-    def __call__(self, subnets: Sequence[Seq2SeqSubnet]) -> np.ndarray:
+    def __call__(self, subnets: Sequence[TranslationSubnet]) -> np.ndarray:
         from .train import heldout_ce
 
         return np.array([heldout_ce(self.model, s, self.pairs, self.batches) for s in subnets], dtype=np.float64)
@@ -54,7 +54,7 @@ def refuse(given: dict) -> None:
         raise UserError(f"--precision {given['precision']}: an encoder-decoder (task seq2seq) is searched in fp32 only so far")
 
 
-def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str]:
+def translation_fitness(model, payload: dict, settings) -> tuple[TranslationFitness, str]:
     """(fitness, digest of its data) of an encoder-decoder supernet (``model``, loaded as ``payload``): its corpus rebuilt
     from the run's cache and checked; ``settings``: :class:`supernet.scoring.FitnessSettings`."""
     from .data import check_pairs, prepare_pairs, tokenize_pairs
@@ -74,6 +74,6 @@ def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str
             raise UserError(f"{settings.path}: trained with tokenizer {(trained or {}).get('sha256', '?')[:16]}, but the "
                             f"data cache now gives {corpus.vocabulary.sha256[:16]}")
     batches = eval_batches(corpus.val, settings.batch_size, model.space.max_seq_len, settings.windows, settings.val_seed)
-    fitness = Seq2SeqFitness(model, corpus.val, batches, seed=settings.val_seed, corpus_hash=str(record["corpus_hash"]),
-                             where=f"validation split of {record['corpus']}")  # fmt: skip
+    fitness = TranslationFitness(model, corpus.val, batches, seed=settings.val_seed, corpus_hash=str(record["corpus_hash"]),
+                                 where=f"validation split of {record['corpus']}")  # fmt: skip
     return fitness, fitness.data_digest

@@ -43,6 +43,8 @@ from search_spaces.tasks import with_form
 from search_spaces.space import (POSITIONS, WORKLOAD_KINDS, Checker, Space, SpaceIdentity, Subnet, SubnetFile, TokenizerSpec,
                                  check_vocab_size, is_int, parse_tokenizer)
 
+# The task's key as files spell it (a space's ``task:``, a model card's ``task``, a ranker's fitness record); it is
+# part of every translation space's hash, so it keeps this spelling although the code names the task ``translation``.
 TASK = "seq2seq"
 VOCAB_SIZE = 259  # 256 bytes + PAD (256), BOS (257), EOS (258): tasks.translation.data
 SIDES = {"encoder": "bidirectional", "decoder": "causal"}  # the attention form of each side's self-attention
@@ -54,7 +56,7 @@ TRANSLATE = "translate"
 
 
 @dataclass(frozen=True)
-class Seq2SeqSubnet(SubnetFile):
+class TranslationSubnet(SubnetFile):
     """One encoder-decoder architecture: each side an LM :class:`Subnet`, plus per decoder layer the heads of its
     cross-attention and how many of the last encoder layers it attends to."""
 
@@ -88,7 +90,7 @@ class Seq2SeqSubnet(SubnetFile):
         return {"encoder": self.encoder.to_dict(), "decoder": dec}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "subnet") -> "Seq2SeqSubnet":
+    def from_dict(cls, data: Any, where: str = "subnet") -> "TranslationSubnet":
         if isinstance(data, dict) and {"embed_dim", "depth"} <= set(data):
             raise SubnetError(f"{where}: a decoder-only subnet (keys embed_dim, depth, heads, ffn_dim, attention), not one "
                               "of this encoder-decoder space (keys encoder and decoder): the subnet is of another space")
@@ -115,7 +117,7 @@ class Seq2SeqSubnet(SubnetFile):
 
 
 @dataclass(frozen=True)
-class TranslateWorkload:
+class TranslationWorkload:
     """HAT's latency protocol in bytes: one encoder pass over ``source`` bytes, then ``steps`` decoder steps with the
     self-attention cache at beam width ``beam`` (HAT: 30 tokens, beam 5); ``nas measure-latency --device cpu`` times it."""
 
@@ -144,7 +146,7 @@ class TranslateWorkload:
         return {"name": self.name, "kind": self.kind, "source": self.source, "steps": self.steps, "beam": self.beam}
 
     @classmethod
-    def from_record(cls, data: dict, where: str = "workload") -> "TranslateWorkload":
+    def from_record(cls, data: dict, where: str = "workload") -> "TranslationWorkload":
         """Inverse of :meth:`record`."""
         try:
             out = cls(str(data["name"]), int(data["source"]), int(data["steps"]), int(data["beam"]))
@@ -157,7 +159,7 @@ class TranslateWorkload:
 
 
 @dataclass(frozen=True)
-class Seq2SeqSpace(SpaceIdentity):
+class TranslationSpace(SpaceIdentity):
     """An encoder-decoder search space: each side as an LM space, plus the cross-attention choices."""
 
     name: str
@@ -169,7 +171,7 @@ class Seq2SeqSpace(SpaceIdentity):
     decoder: Space
     cross_heads: tuple[int, ...]
     cross_layers: tuple[int, ...]
-    workloads: tuple[TranslateWorkload, ...]
+    workloads: tuple[TranslationWorkload, ...]
     source: str = field(default="<memory>", compare=False)
     task: str = TASK
     # bytes (the default), or one joint byte-level BPE of source and target (HAT's; tokenizer: {bpe: N}: PAD, BOS and
@@ -177,7 +179,7 @@ class Seq2SeqSpace(SpaceIdentity):
     tokenizer: TokenizerSpec = field(default=TokenizerSpec(base=VOCAB_SIZE), kw_only=True)
 
     causal = False  # the LM commands' check: this is not a decoder-only LM
-    subnet_type = Seq2SeqSubnet  # (class attributes, not fields)
+    subnet_type = TranslationSubnet  # (class attributes, not fields)
 
     def require_one_stack(self, command: str) -> None:
         raise UserError(
@@ -198,27 +200,27 @@ class Seq2SeqSpace(SpaceIdentity):
         (``train-supernet --balance types``) rotates its largest and smallest subnets over."""
         return tuple(a for a in self.encoder.attention if a in self.decoder.attention)
 
-    def largest(self, attention: str | None = None) -> Seq2SeqSubnet:
+    def largest(self, attention: str | None = None) -> TranslationSubnet:
         """Both sides' largest, every self-attention layer of type ``attention`` (default: each side's first listed);
         every cross-attention with the most heads over the most encoder layers."""
         self._check_type(attention)
         d = self.decoder.max_depth
-        return Seq2SeqSubnet(self.encoder.largest(attention), self.decoder.largest(attention), (self.max_cross_heads,) * d,
-                             (max(self.cross_layers),) * d)  # fmt: skip
+        return TranslationSubnet(self.encoder.largest(attention), self.decoder.largest(attention), (self.max_cross_heads,) * d,
+                                 (max(self.cross_layers),) * d)  # fmt: skip
 
-    def smallest(self, attention: str | None = None) -> Seq2SeqSubnet:
+    def smallest(self, attention: str | None = None) -> TranslationSubnet:
         """Both sides' smallest, every self-attention layer of type ``attention`` (default: each side's first listed)."""
         self._check_type(attention)
         d = min(self.decoder.depth)
-        return Seq2SeqSubnet(self.encoder.smallest(attention), self.decoder.smallest(attention), (min(self.cross_heads),) * d,
-                             (min(self.cross_layers),) * d)  # fmt: skip
+        return TranslationSubnet(self.encoder.smallest(attention), self.decoder.smallest(attention), (min(self.cross_heads),) * d,
+                                 (min(self.cross_layers),) * d)  # fmt: skip
 
     def _check_type(self, attention: str | None) -> None:
         if attention is not None and attention not in self.attention:
             raise ValueError(f"attention type {attention!r} is not offered by both sides of space {self.name!r} "
                              f"({', '.join(self.attention)})")  # fmt: skip
 
-    def uniform(self) -> list[Seq2SeqSubnet]:
+    def uniform(self) -> list[TranslationSubnet]:
         """Every hand-scaled encoder-decoder of the space: one width for both sides, every layer of both sides the same
         heads, FFN width and attention type, every decoder layer's cross-attention the same heads over the same last
         encoder layers (where the space allows each choice).  The search opens with each type's largest under a budget;
@@ -230,33 +232,33 @@ class Seq2SeqSpace(SpaceIdentity):
         for e, de, dd, h, f, a, k in grid:
             if h not in dec.heads or f not in dec.ffn_dim or h not in self.cross_heads:
                 continue
-            s = Seq2SeqSubnet(Subnet(e, de, (h,) * de, (f,) * de, (a,) * de), Subnet(e, dd, (h,) * dd, (f,) * dd, (a,) * dd),
-                              (h,) * dd, (k,) * dd)  # fmt: skip
+            s = TranslationSubnet(Subnet(e, de, (h,) * de, (f,) * de, (a,) * de), Subnet(e, dd, (h,) * dd, (f,) * dd, (a,) * dd),
+                                  (h,) * dd, (k,) * dd)  # fmt: skip
             if not self.problems(s):
                 out.append(s)
         return out
 
-    def lightest(self) -> list[Seq2SeqSubnet]:
+    def lightest(self) -> list[TranslationSubnet]:
         """The search's first candidates for a tight budget: the smallest subnet."""
         return [self.smallest()]
 
-    def sample(self, rng: np.random.Generator) -> Seq2SeqSubnet:
+    def sample(self, rng: np.random.Generator) -> TranslationSubnet:
         """Each choice uniformly and independently: the encoder, the decoder, then the decoder's cross choices."""
         enc, dec = self.encoder.sample(rng), self.decoder.sample(rng)
         heads = tuple(int(x) for x in rng.choice(self.cross_heads, size=dec.depth))
         layers = tuple(int(x) for x in rng.choice(self.cross_layers, size=dec.depth))
-        return Seq2SeqSubnet(enc, dec, heads, layers)
+        return TranslationSubnet(enc, dec, heads, layers)
 
     # -- genes --------------------------------------------------------------------
 
-    def _cross_genes(self, depth: int, parents: Sequence[Seq2SeqSubnet], pick) -> tuple[tuple, tuple]:
+    def _cross_genes(self, depth: int, parents: Sequence[TranslationSubnet], pick) -> tuple[tuple, tuple]:
         heads, layers = [], []
         for i in range(depth):
             for out, name, choices in ((heads, "cross_heads", self.cross_heads), (layers, "cross_layers", self.cross_layers)):
                 out.append(int(pick(i, [getattr(p, name)[i] for p in parents if i < p.decoder.depth], choices)))
         return tuple(heads), tuple(layers)
 
-    def mutate(self, parent: Seq2SeqSubnet, rng: np.random.Generator, prob: float) -> Seq2SeqSubnet:
+    def mutate(self, parent: TranslationSubnet, rng: np.random.Generator, prob: float) -> TranslationSubnet:
         """The encoder and the decoder mutated as one-stack subnets of their sides; each decoder layer's cross heads and
         encoder layers redrawn with probability ``prob`` (drawn fresh on layers a deeper child gains)."""
         enc, dec = self.encoder.mutate(parent.encoder, rng, prob), self.decoder.mutate(parent.decoder, rng, prob)
@@ -264,9 +266,9 @@ class Seq2SeqSpace(SpaceIdentity):
         def pick(_i: int, have: list, choices: tuple):
             return have[0] if have and rng.random() >= prob else choices[int(rng.integers(len(choices)))]
 
-        return Seq2SeqSubnet(enc, dec, *self._cross_genes(dec.depth, (parent,), pick))
+        return TranslationSubnet(enc, dec, *self._cross_genes(dec.depth, (parent,), pick))
 
-    def crossover(self, a: Seq2SeqSubnet, b: Seq2SeqSubnet, rng: np.random.Generator) -> Seq2SeqSubnet:
+    def crossover(self, a: TranslationSubnet, b: TranslationSubnet, rng: np.random.Generator) -> TranslationSubnet:
         """Each side crossed as one-stack subnets; each cross gene from a parent that has the layer."""
         enc = self.encoder.crossover(a.encoder, b.encoder, rng)
         dec = self.decoder.crossover(a.decoder, b.decoder, rng)
@@ -274,9 +276,9 @@ class Seq2SeqSpace(SpaceIdentity):
         def pick(_i: int, have: list, _choices: tuple):
             return have[int(rng.integers(len(have)))]
 
-        return Seq2SeqSubnet(enc, dec, *self._cross_genes(dec.depth, (a, b), pick))
+        return TranslationSubnet(enc, dec, *self._cross_genes(dec.depth, (a, b), pick))
 
-    def genes(self, subnet: Seq2SeqSubnet) -> dict[str, tuple[Any, tuple]]:
+    def genes(self, subnet: TranslationSubnet) -> dict[str, tuple[Any, tuple]]:
         """Each side's genes as a one-stack subnet's (prefixed ``enc.`` / ``dec.``), then the cross genes per decoder
         layer: ``(value, choices)`` by name."""
         out: dict[str, tuple[Any, tuple]] = {}
@@ -287,7 +289,7 @@ class Seq2SeqSpace(SpaceIdentity):
                 out[f"dec.l{i}.{name}"] = (getattr(subnet, name)[i], choices)
         return out
 
-    def problems(self, subnet: Seq2SeqSubnet) -> list[str]:
+    def problems(self, subnet: TranslationSubnet) -> list[str]:
         out = [f"encoder.{p}" for p in self.encoder.problems(subnet.encoder)]
         out += [f"decoder.{p}" for p in self.decoder.problems(subnet.decoder)]
         for name, allowed in (("cross_heads", self.cross_heads), ("cross_layers", self.cross_layers)):
@@ -313,7 +315,7 @@ class Seq2SeqSpace(SpaceIdentity):
             dec += [f"dec.l{i}.cross_heads", f"dec.l{i}.cross_layers"]
         return enc + dec
 
-    def encode(self, subnet: Seq2SeqSubnet) -> np.ndarray:
+    def encode(self, subnet: TranslationSubnet) -> np.ndarray:
         """Fixed-length float vector: the encoder's LM features, then the decoder's with each layer's cross-attention
         heads and encoder layers after its own (active, heads, ffn_dim, one-hot type)."""
         self.check(subnet)
@@ -326,7 +328,7 @@ class Seq2SeqSpace(SpaceIdentity):
             out += [dec[2 + i * per : 2 + (i + 1) * per], np.asarray(cross, dtype=np.float64)]
         return np.concatenate(out)
 
-    def decode(self, vec: np.ndarray) -> Seq2SeqSubnet:
+    def decode(self, vec: np.ndarray) -> TranslationSubnet:
         """Inverse of :meth:`encode`."""
         vec = np.asarray(vec, dtype=np.float64)
         n_enc = len(self.encoder.feature_names())
@@ -342,7 +344,7 @@ class Seq2SeqSpace(SpaceIdentity):
         decoder = self.decoder.decode(np.concatenate(dec))
         heads = tuple(int(round(c[0])) for c in cross[: decoder.depth])
         layers = tuple(int(round(c[1])) for c in cross[: decoder.depth])
-        return self.check(Seq2SeqSubnet(self.encoder.decode(vec[:n_enc]), decoder, heads, layers))
+        return self.check(TranslationSubnet(self.encoder.decode(vec[:n_enc]), decoder, heads, layers))
 
     # -- identity -----------------------------------------------------------------
 
@@ -369,7 +371,7 @@ class Seq2SeqSpace(SpaceIdentity):
 # --------------------------------------------------------------------------- loading
 
 
-def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
+def parse_translation(data: dict, where: str, source: str) -> TranslationSpace:
     """Validate a ``task: seq2seq`` mapping (already YAML-loaded); raise :class:`SpaceError` with every problem."""
     c = Checker(where)
     top = c.keys("", data, required=("task", "max_seq_len", "encoder", "decoder", "latency"),
@@ -421,8 +423,9 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
     workloads = _translate_workloads(c, top["latency"], max_seq) if "latency" in top else []
     if c.errors:
         raise SpaceError(c.errors)
-    return Seq2SeqSpace(name, vocab, max_seq, head_dim, positions, sides["encoder"], sides["decoder"],
-                        cross["cross_heads"], cross["cross_layers"], tuple(workloads), source, tokenizer=tokenizer)  # fmt: skip
+    return TranslationSpace(name, vocab, max_seq, head_dim, positions, sides["encoder"], sides["decoder"],
+                            cross["cross_heads"], cross["cross_layers"], tuple(workloads), source,
+                            tokenizer=tokenizer)
 
 
 def _attention(c: Checker, path: str, raw: Any, max_seq: int | None, heads, form: str) -> tuple[str, ...] | None:
@@ -446,8 +449,8 @@ def _attention(c: Checker, path: str, raw: Any, max_seq: int | None, heads, form
     return c.unique(path, tuple(specs)) if len(specs) == len(raw) else None
 
 
-def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[TranslateWorkload]:
-    """The ``latency:`` section of a seq2seq space: named ``translate`` workloads (source, steps, beam)."""
+def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[TranslationWorkload]:
+    """The ``latency:`` section of a translation space: named ``translate`` workloads (source, steps, beam)."""
     if not isinstance(lat, dict) or not lat:
         c.error("latency", f"expected a mapping of named workloads, e.g. {{translate: {{source: 30, steps: 30, beam: 5}}}}, "
                            f"got {shown(lat)}")  # fmt: skip
@@ -469,14 +472,14 @@ def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[Tran
                 c.error(f"{path}.{k}", f"{vals[k]} does not fit max_seq_len {max_seq}"
                         + (" (the decoder's BOS takes one position)" if k == "steps" else ""))
         if len(vals) == 3 and None not in vals.values():
-            out.append(TranslateWorkload(str(wname), vals["source"], vals["steps"], vals["beam"]))
+            out.append(TranslationWorkload(str(wname), vals["source"], vals["steps"], vals["beam"]))
     return out
 
 
-def describe_seq2seq(space: Seq2SeqSpace) -> str:
+def describe_translation(space: TranslationSpace) -> str:
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
-        f"  task          seq2seq, vocab {space.vocab_size} ("
+        f"  task          {TASK}, vocab {space.vocab_size} ("
         + (f"a joint {space.tokenizer}: PAD, BOS, EOS, then merges" if space.tokenizer.bpe else "bytes + PAD, BOS, EOS")
         + f"), max_seq_len {space.max_seq_len}, "
         f"head_dim {space.head_dim}, positions {space.positions}",

@@ -1,10 +1,10 @@
-"""Timing HAT's ``translate`` workload of seq2seq subnets: the translation task's latency parts.
+"""Timing HAT's ``translate`` workload of translation subnets: the translation task's latency parts.
 
 :mod:`latency.campaign` and the devices ask the task (:class:`tasks.translation.TranslationTask`), which answers
 from here: the static model timed is a
-:class:`tasks.translation.model.Seq2SeqTransformer` (laid out on the meta device, parameters tiled from one seeded block:
+:class:`tasks.translation.model.TranslationTransformer` (laid out on the meta device, parameters tiled from one seeded block:
 timing needs shapes, not trained values), the reference timed beside every visit is the space's smallest subnet
-(a fixed model of the same vocabulary, head size and positions), and a table row's features are the seq2seq subnet
+(a fixed model of the same vocabulary, head size and positions), and a table row's features are the translation subnet
 encoding (``space.encode``), its parameters and the analytic terms of :func:`tasks.translation.features.translate_terms`.
 The workload itself is :func:`tasks.translation.decode.translate_runner`: one encoder pass over ``source`` random bytes,
 cross keys / values once, ``steps`` cached decoder steps at batch ``beam``; on ``onnxruntime`` the same loop runs the
@@ -28,10 +28,10 @@ from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .features import translate_terms
-from .space import Seq2SeqSpace, Seq2SeqSubnet, TranslateWorkload
+from .space import TranslationSpace, TranslationSubnet, TranslationWorkload
 
-def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
-    """Refuse, in one line, a precision or transfer sampling that cannot time a seq2seq space yet (any registered
+def require_device(space: TranslationSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
+    """Refuse, in one line, a precision or transfer sampling that cannot time a translation space yet (any registered
     device times it: its models run in torch, in ONNX Runtime and in a bundle)."""
     if precision not in (None, "fp32"):
         raise UserError(f"--precision {precision}: a seq2seq space ({space.name}) is timed in fp32 only so far")
@@ -39,36 +39,37 @@ def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp
         raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
 
 
-def seq2seq_params(space: Seq2SeqSpace, subnet: Seq2SeqSubnet) -> int:
-    """Parameters of the static encoder-decoder (``Seq2SeqSuperTransformer.num_params`` on the meta device)."""
+def translation_params(space: TranslationSpace, subnet: TranslationSubnet) -> int:
+    """Parameters of the static encoder-decoder (``TranslationSuperTransformer.num_params`` on the meta device)."""
     return shape_params(space, subnet)
 
 
-def seq2seq_timing_model(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, *, materialize: bool = True):
+def translation_timing_model(space: TranslationSpace, subnet: TranslationSubnet, *, materialize: bool = True):
     """The static encoder-decoder of ``subnet`` with arbitrary (seeded, tiled) weights; on the meta device without
     ``materialize``."""
-    from .model import Seq2SeqTransformer
+    from .model import TranslationTransformer
 
     with torch.device("meta"):
-        model = Seq2SeqTransformer(space, subnet)
+        model = TranslationTransformer(space, subnet)
     return fill_parameters(model).eval() if materialize else model.eval()
 
 
-def seq2seq_reference(space: Seq2SeqSpace):
+def translation_reference(space: TranslationSpace):
     """The model timed beside every visit: the space's smallest subnet (fixed for the space)."""
-    return seq2seq_timing_model(space, space.smallest())
+    return translation_timing_model(space, space.smallest())
 
 
-def seq2seq_table_features(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:
+def translation_table_features(space: TranslationSpace, subnet: TranslationSubnet,
+                               workload: TranslationWorkload) -> dict[str, float]:
     """A timing-table row's feature columns: ``space.encode``, parameters, then the translate cost terms
     (``flops`` their sum)."""
     enc = dict(zip(space.feature_names(), space.encode(subnet).tolist()))
-    enc["params"] = float(seq2seq_params(space, subnet))
+    enc["params"] = float(translation_params(space, subnet))
     enc.update(translate_terms(space, subnet, workload))
     return enc
 
 
-def translate_call(model, workload: TranslateWorkload, runtime: str = "eager"):
+def translate_call(model, workload: TranslationWorkload, runtime: str = "eager"):
     """``call()`` running the workload once on ``model`` (its source drawn once, seeded): the cpu device's loop, and
     the cuda device's (eager only)."""
     from .decode import translate_runner
@@ -80,8 +81,9 @@ def translate_call(model, workload: TranslateWorkload, runtime: str = "eager"):
     return translate_runner(model, workload, generator=torch.Generator().manual_seed(0))
 
 
-def seq2seq_additive_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload: TranslateWorkload) -> dict[str, float]:
-    """The additive predictor's columns for a seq2seq subnet (it adds the constant): each translate cost term of
+def translation_additive_terms(space: TranslationSpace, subnet: TranslationSubnet,
+                               workload: TranslationWorkload) -> dict[str, float]:
+    """The additive predictor's columns for a translation subnet (it adds the constant): each translate cost term of
     :func:`~tasks.translation.features.translate_terms` (GFLOPs; the memory positions and cache MB), plus the layer
     counts of each side (per-layer overheads: launches, norms, the decoder's per-step work)."""
     terms = translate_terms(space, subnet, workload)
@@ -94,20 +96,20 @@ def seq2seq_additive_terms(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, workload:
     return out
 
 
-def seq2seq_matrix(kind: str, space: Seq2SeqSpace, workload: TranslateWorkload, subnets) -> tuple:
-    """What predictor ``kind`` reads of seq2seq subnets: the additive terms for ``additive`` (and ``layered``, which
+def translation_matrix(kind: str, space: TranslationSpace, workload: TranslationWorkload, subnets) -> tuple:
+    """What predictor ``kind`` reads of translation subnets: the additive terms for ``additive`` (and ``layered``, which
     fits them as terms of one cost each), the table's features (encoding, parameters, cost terms) otherwise."""
     from latency.features import matrix
 
     if kind in ("additive", "layered"):
-        return matrix([seq2seq_additive_terms(space, s, workload) for s in subnets])
-    return matrix([seq2seq_table_features(space, s, workload) for s in subnets])
+        return matrix([translation_additive_terms(space, s, workload) for s in subnets])
+    return matrix([translation_table_features(space, s, workload) for s in subnets])
 
 
 # --------------------------------------------------------------------------- the two graphs, exported once
 
 
-def seq2seq_key(model) -> str:
+def translation_key(model) -> str:
     """A stable name for a static encoder-decoder's shape: what of its space the graphs depend on, and its subnet."""
     space = model.space
     fields = {"vocab": space.vocab_size, "max_seq_len": space.max_seq_len, "head_dim": space.head_dim,
@@ -115,19 +117,19 @@ def seq2seq_key(model) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
+def cached_translation_graphs(model, directory: Path | None = None) -> dict:
     """The weight-stripped ``encoder`` and ``decoder_step`` graphs of a static encoder-decoder (paths), their weight
     layouts (``encoder_tensors``, ``decoder_step_tensors``) and the step's input layout (``inputs``), exported once per
     architecture.  ``model`` may live on the meta device (seeded weights are drawn for the export, then stripped)."""
-    directory, key = directory or graph_dir(), seq2seq_key(model)
+    directory, key = directory or graph_dir(), translation_key(model)
     folder = directory / f"s2s-{key}"
     names = {"encoder": f"{key}-encoder.onnx", "decoder_step": f"{key}-decoder_step.onnx"}  # unique: a bundle holds many
 
     def build(tmp: Path) -> None:
-        from .onnx import DECODER, ENCODER, export_seq2seq_onnx, step_layout
+        from .onnx import DECODER, ENCODER, export_translation_onnx, step_layout
 
-        exported = seq2seq_timing_model(model.space, model.subnet) if any(p.is_meta for p in model.parameters()) else model
-        export_seq2seq_onnx(exported, tmp)
+        exported = translation_timing_model(model.space, model.subnet) if any(p.is_meta for p in model.parameters()) else model
+        export_translation_onnx(exported, tmp)
         os.replace(tmp / ENCODER, tmp / names["encoder"])
         os.replace(tmp / DECODER, tmp / names["decoder_step"])
         write_json(tmp / "layout.json", {"encoder_tensors": strip_weights(tmp / names["encoder"]),
@@ -138,7 +140,7 @@ def cached_seq2seq_graphs(model, directory: Path | None = None) -> dict:
     return {"encoder": folder / names["encoder"], "decoder_step": folder / names["decoder_step"], **data}
 
 
-def translate_ort_runner_of(model, workload: TranslateWorkload, threads: int | None, provider: str, clock: str,
+def translate_ort_runner_of(model, workload: TranslationWorkload, threads: int | None, provider: str, clock: str,
                             precision: str):
     """The onnxruntime device's runner of the workload: HAT's loop on the model's two graphs (exported once per
     architecture, weights drawn in the session): one encoder run over ``source`` random bytes, then ``steps``
@@ -148,7 +150,7 @@ def translate_ort_runner_of(model, workload: TranslateWorkload, threads: int | N
     if precision != "fp32":
         raise UserError(f"--precision {precision}: a translate workload (an encoder-decoder) is timed in fp32 only "
                         "so far")  # fmt: skip
-    g = cached_seq2seq_graphs(model)
+    g = cached_translation_graphs(model)
     encoder = ort_session(str(g["encoder"]), g["encoder_tensors"], threads=threads, provider=provider)
     step = ort_session(str(g["decoder_step"]), g["decoder_step_tensors"], threads=threads, provider=provider)
     return translate_ort_runner(encoder, step, g["inputs"], workload.source, workload.steps, workload.beam, clock)
@@ -157,7 +159,7 @@ def translate_ort_runner_of(model, workload: TranslateWorkload, threads: int | N
 def bundle_graphs(model) -> tuple[dict, dict]:
     """A latency bundle's entry of ``model`` (``graph`` the encoder, ``step_graph`` the decoder step, the step's
     inputs; the board's runner runs HAT's loop on them) and the graph files it names."""
-    g = cached_seq2seq_graphs(model)
+    g = cached_translation_graphs(model)
     entry = {"graph": f"models/{g['encoder'].name}", "tensors": g["encoder_tensors"],
              "step_graph": f"models/{g['decoder_step'].name}", "step_tensors": g["decoder_step_tensors"],
              "inputs": g["inputs"]}  # fmt: skip

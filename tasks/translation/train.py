@@ -30,8 +30,8 @@ from supernet.checkpoint import fill_supernet, load_checkpoint
 from supernet.task import Batch
 
 from .data import PAD, Pairs, collate, length_batches
-from .model import Seq2SeqSuperTransformer
-from .space import Seq2SeqSpace, Seq2SeqSubnet
+from .model import TranslationSuperTransformer
+from .space import TranslationSpace, TranslationSubnet
 
 
 def target_ce(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
@@ -130,7 +130,7 @@ def eval_batches(pairs: Pairs, batch_size: int, max_len: int, n_batches: int, se
 
 
 @torch.no_grad()
-def heldout_ce(model: torch.nn.Module, subnet: Seq2SeqSubnet | None, pairs: Pairs, batches: list[np.ndarray]) -> float:
+def heldout_ce(model: torch.nn.Module, subnet: TranslationSubnet | None, pairs: Pairs, batches: list[np.ndarray]) -> float:
     """Cross-entropy per target byte (nats; EOS counts as a byte) of ``subnet`` with the supernet's weights (the
     search's fitness), or of a static model (``subnet`` None)."""
     was = model.training
@@ -161,9 +161,9 @@ def split_ce(model: torch.nn.Module, pairs: Pairs, max_len: int, batch_size: int
     return heldout_ce(model, None, pairs, batches), n_pairs, n_bytes
 
 
-def load_seq2seq_supernet(path: str | Path, space: Seq2SeqSpace | None = None, device: str | torch.device = "cpu"):
+def load_translation_supernet(path: str | Path, space: TranslationSpace | None = None, device: str | torch.device = "cpu"):
     """The encoder-decoder supernet stored in ``path`` (eval mode) and the checkpoint dict."""
     payload = load_checkpoint(path, space)
-    if not isinstance(payload["space"], Seq2SeqSpace):
+    if not isinstance(payload["space"], TranslationSpace):
         raise UserError(f"{path}: holds a {payload['space'].task} supernet, not an encoder-decoder (task seq2seq)")
-    return fill_supernet(Seq2SeqSuperTransformer(payload["space"]), payload, path, device), payload
+    return fill_supernet(TranslationSuperTransformer(payload["space"]), payload, path, device), payload

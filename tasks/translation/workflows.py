@@ -3,10 +3,10 @@ encoder-decoder subnet.
 
 ``nas train-supernet`` on a ``task: seq2seq`` space is the generic workflow (:mod:`nas.train_supernet`) with the
 translation task's data: sentence pairs, the system's gettext catalogs of ``--lang`` (default de) or ``--data
-pairs.tsv``; ``--batch-size`` counts pairs.  Not for seq2seq: ``--compile``, ``--seq-len`` and ``--val-fraction``
+pairs.tsv``; ``--batch-size`` counts pairs.  Not for translation: ``--compile``, ``--seq-len`` and ``--val-fraction``
 (a pair is bounded by the space's ``max_seq_len``; the split is 80/10/10 by catalog or line).
 
-``nas train-subnet`` on a seq2seq space runs :func:`train_seq2seq_subnet` (one static model, the same loop
+``nas train-subnet`` on a translation space runs :func:`train_translation_subnet` (one static model, the same loop
 with :class:`supernet.train.PlainObjective` and the translation learner, or :class:`supernet.train.DistillObjective` with
 a supernet's largest encoder-decoder as the teacher; a token budget in target bytes, exact resume) through
 :func:`train_subnet`.
@@ -71,15 +71,15 @@ def corpus_record(meta: dict) -> dict:
     return {k: meta.get(k) for k in ("corpus", "data", "data_seed", "lang", "corpus_hash")}
 
 
-# --------------------------------------------------------------------------- nas train-subnet on a seq2seq space
+# --------------------------------------------------------------------------- nas train-subnet on a translation space
 
 
 @dataclass(frozen=True)
-class Seq2SeqSubnetTraining:
-    """One encoder-decoder subnet trained on its own (``nas train-subnet`` on a seq2seq space).
+class TranslationSubnetTraining:
+    """One encoder-decoder subnet trained on its own (``nas train-subnet`` on a translation space).
 
     ``init``: ``"scratch"`` (weights drawn from ``config.seed``), ``"supernet:PATH"`` (the subnet's weights extracted
-    from a seq2seq supernet of the same space) or ``"model:DIR"`` (a trained model of the same subnet, trained on).
+    from a translation supernet of the same space) or ``"model:DIR"`` (a trained model of the same subnet, trained on).
     ``distill_from="supernet:PATH"`` adds ``distill * KL(teacher || model)`` over the target bytes to the loss, the
     teacher the supernet's largest subnet.  ``tokens``: a budget in target bytes (EOS included, the loop's unit): the
     most whole steps of the seeded batches that fit it (:func:`tasks.translation.train.steps_for_tokens`), so models
@@ -106,7 +106,7 @@ class Seq2SeqSubnetTraining:
 
 
 @dataclass(frozen=True)
-class Seq2SeqSubnetResult:
+class TranslationSubnetResult:
     out: Path
     steps: int
     tokens: int  # target bytes trained on
@@ -126,19 +126,19 @@ class Seq2SeqSubnetResult:
                 f"--beam 5); checkpoints and log in {run_dir(self.out)}"]
 
 
-def train_subnet(settings, progress=None) -> Seq2SeqSubnetResult:
+def train_subnet(settings, progress=None) -> TranslationSubnetResult:
     """The translation task's ``nas train-subnet``: the generic settings (:class:`supernet.runs.SubnetTraining`, its
-    ``options`` the task's flags: ``lang``) as :class:`Seq2SeqSubnetTraining`, trained by :func:`train_seq2seq_subnet`."""
+    ``options`` the task's flags: ``lang``) as :class:`TranslationSubnetTraining`, trained by :func:`train_translation_subnet`."""
     s = settings
     device = "cpu" if s.device in (None, "auto") else s.device
-    return train_seq2seq_subnet(Seq2SeqSubnetTraining(
+    return train_translation_subnet(TranslationSubnetTraining(
         space=s.space, subnet=s.subnet, out=s.out, init=s.init, tokens=s.tokens, config=s.config, data=s.data,
         lang=(s.options or {}).get("lang"), distill_from=s.distill_from, distill=s.distill, data_seed=s.data_seed,
         resume=s.resume, device=device, corpus_dir=s.corpus_dir,
         stored=s.stored), progress=progress)  # fmt: skip
 
 
-def _seq2seq_record(s: Seq2SeqSubnetTraining, init: str, teacher: str | None = None) -> dict:
+def _translation_record(s: TranslationSubnetTraining, init: str, teacher: str | None = None) -> dict:
     from supernet.data import absolute_data
 
     from .data import DEFAULT_LANG
@@ -154,38 +154,38 @@ def _check_source_model(path: Path, space, subnet) -> None:
     from search_spaces import UserError
     from supernet.artifact import open_export
 
-    from .space import Seq2SeqSubnet
+    from .space import TranslationSubnet
 
-    _, _, their_space, theirs = open_export(path, Seq2SeqSubnet)
+    _, _, their_space, theirs = open_export(path, TranslationSubnet)
     if their_space.arch_hash != space.arch_hash or theirs != subnet:
         raise UserError(f"--init model:{path}: a model of {theirs} (space {their_space.name!r}), not of {subnet} "
                         f"(space {space.name!r})")  # fmt: skip
 
 
-def _seq2seq_initial(kind: str, path: Path | None, space, subnet, seed: int):
+def _translation_initial(kind: str, path: Path | None, space, subnet, seed: int):
     """(the initial static model, the source's step) of ``--init``."""
     import torch
 
     from search_spaces import UserError
 
-    from .model import Seq2SeqTransformer
-    from .train import load_seq2seq_supernet
+    from .model import TranslationTransformer
+    from .train import load_translation_supernet
 
     if kind == "scratch":
-        return Seq2SeqTransformer(space, subnet, generator=torch.Generator().manual_seed(seed)), None
+        return TranslationTransformer(space, subnet, generator=torch.Generator().manual_seed(seed)), None
     if kind == "model":  # a trained encoder-decoder of the same subnet, trained on (the hurdles' next round)
-        from .artifact import load_seq2seq_model
+        from .artifact import load_translation_model
 
-        model, card = load_seq2seq_model(path)  # (checked by train_seq2seq_subnet before anything is written)
+        model, card = load_translation_model(path)  # (checked by train_translation_subnet before anything is written)
         return model.train(), (card.get("training") or {}).get("steps")
-    supernet, payload = load_seq2seq_supernet(path)
+    supernet, payload = load_translation_supernet(path)
     if supernet.space.arch_hash != space.arch_hash:
         raise UserError(f"--init supernet:{path}: trained on space {supernet.space.name!r} (arch hash "
                         f"{supernet.space.arch_hash}), not on space {space.name!r} (arch hash {space.arch_hash})")  # fmt: skip
     return supernet.extract(subnet), payload["meta"].get("step")
 
 
-def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | None:
+def _translation_finished(out: Path, stored: dict, config) -> TranslationSubnetResult | None:
     """The result of a run that reached its bound and wrote its model (a rerun of a finished run), else None."""
     from supernet.runs import finished_card
 
@@ -193,14 +193,14 @@ def _seq2seq_finished(out: Path, stored: dict, config) -> Seq2SeqSubnetResult | 
     if card is None:
         return None
     done = card["training"]
-    return Seq2SeqSubnetResult(out, done["steps"], done["tokens"], done["ce_after"], done["ce_before"], done["seconds"],
-                               done["stopped"], card["parameters"])  # fmt: skip
+    return TranslationSubnetResult(out, done["steps"], done["tokens"], done["ce_after"], done["ce_before"], done["seconds"],
+                                   done["stopped"], card["parameters"])  # fmt: skip
 
 
-def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2SeqSubnetResult:
+def train_translation_subnet(settings: TranslationSubnetTraining, progress=None) -> TranslationSubnetResult:
     """Train ``settings.subnet`` as its own model with the training loop (:class:`PlainObjective`: one pass a
     step; with ``distill_from``, :class:`DistillObjective`: the teacher runs beside it on the same pairs) and write
-    ``settings.out`` as ``nas export`` does for seq2seq (safetensors + model card, which ``nas translate --model``
+    ``settings.out`` as ``nas export`` does for translation (safetensors + model card, which ``nas translate --model``
     reads); ``out/train/`` holds ``latest.pt``, ``final.pt``, ``log.jsonl`` and the corpus cache.  Every check runs
     before anything is written; SIGINT / SIGTERM save ``latest.pt`` and raise
     :class:`supernet.runs.TrainingInterrupted`; rerunning a finished run with ``resume`` returns its result."""
@@ -216,9 +216,9 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     from supernet.checkpoint import load_checkpoint
     from supernet.train import TrainConfig
 
-    from .artifact import save_seq2seq_model
+    from .artifact import save_translation_model
     from .data import DEFAULT_LANG, check_pairs, prepare_pairs, tokenize_pairs
-    from .model import Seq2SeqTransformer
+    from .model import TranslationTransformer
     from supernet.train import Distilled, DistillObjective, PlainObjective, SupernetCheckpointer, train
 
     from .train import TranslationLearner, eval_batches, heldout_ce, steps_for_tokens
@@ -239,7 +239,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
         _check_source_model(path, space, subnet)  # before anything is written
     if str(s.device).startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device {s.device}: CUDA is not available on this machine")
-    record = _seq2seq_record(s, source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None)
+    record = _translation_record(s, source_text(kind, path), source_text("supernet", teacher_path) if teacher_path else None)
     state_dir = run_dir(out)
     latest, stored = run_state(out, s.resume, s.stored, load_checkpoint)  # (loaded once by the command's resume)
     if stored is not None:
@@ -265,15 +265,15 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                             "pairs holds; give more")  # fmt: skip
         config = replace(config, max_steps=steps)
     if stored is not None:
-        finished = _seq2seq_finished(out, stored, config)
+        finished = _translation_finished(out, stored, config)
         if finished is not None:
             log.info("%s: the run already reached step %d and wrote its model", out, finished.steps)
             return finished
 
     if stored is None:
-        student, source_step = _seq2seq_initial(kind, path, space, subnet, config.seed)
+        student, source_step = _translation_initial(kind, path, space, subnet, config.seed)
     else:
-        student, source_step = Seq2SeqTransformer(space, subnet), stored["meta"]["source_step"]
+        student, source_step = TranslationTransformer(space, subnet), stored["meta"]["source_step"]
     val = eval_batches(corpus.val, config.batch_size, max_len, config.eval_batches, config.seed)
     before = stored["meta"]["ce_before"] if stored is not None else heldout_ce(student, None, corpus.val, val)
     corpus_rec = {"corpus": corpus.meta["corpus"], "data": record["data"], "data_seed": s.data_seed, "lang": record["lang"],
@@ -312,9 +312,9 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                      "ce_before": before, "ce_after": after, "run_started": meta["run_started"],
                      "versions": {"nas": __version__, "torch": str(torch.__version__)}},  # fmt: skip
     }
-    save_seq2seq_model(model, out, card, corpus.vocabulary.text if space.tokenizer.bpe else None)
-    return Seq2SeqSubnetResult(out, result.step, result.tokens, after, before, result.elapsed, result.stopped,
-                               model.num_params())  # fmt: skip
+    save_translation_model(model, out, card, corpus.vocabulary.text if space.tokenizer.bpe else None)
+    return TranslationSubnetResult(out, result.step, result.tokens, after, before, result.elapsed, result.stopped,
+                                   model.num_params())  # fmt: skip
 
 
 class _StudentCheckpointer:
@@ -339,12 +339,12 @@ class _StudentCheckpointer:
 
 
 def stored_subnet(meta: dict, where: Path):
-    """The subnet a seq2seq train-subnet checkpoint trains (its meta), or one line saying it is not such a run."""
+    """The subnet a translation train-subnet checkpoint trains (its meta), or one line saying it is not such a run."""
     from search_spaces import UserError
 
-    from .space import Seq2SeqSubnet
+    from .space import TranslationSubnet
 
     if meta.get("kind") != "subnet" or "settings" not in meta:
         raise UserError(f"{where}: not a train-subnet run of an encoder-decoder (a supernet's checkpoint?); start a new run "
                         "in another --out")  # fmt: skip
-    return Seq2SeqSubnet.from_dict(meta["subnet"], where=f"{where}[subnet]")
+    return TranslationSubnet.from_dict(meta["subnet"], where=f"{where}[subnet]")
