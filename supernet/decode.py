@@ -29,16 +29,25 @@ from search_spaces import UserError, tasks
 
 from .attention import StateSpec
 from .attention.cache import SPARE
+from .memory import attended, segment_slots, trim_states
 from .model import Prefill, Step, Transformer, check_tokens, embed, lm_head, rope_at
 
 
 @dataclass
 class DecodeCache:
-    """Per-layer states (name -> tensor, see the module doc) and ``length``, the tokens already seen."""
+    """Per-layer states (name -> tensor, see the module doc) and ``length``, the tokens already seen; ``slots``, the
+    valid entries of the growing caches when they differ from ``length`` (a model with a memory trims them at each
+    segment: :mod:`supernet.memory`; None: ``length``)."""
 
     layers: list[dict[str, Tensor]]
     length: int = 0
     batch_size: int = 0  # sequences per step (0: not checked)
+    slots: int | None = None
+
+    @property
+    def valid(self) -> int:
+        """Valid entries of the growing caches."""
+        return self.length if self.slots is None else self.slots
 
 
 def layer_states(model: Transformer) -> list[dict[str, StateSpec]]:
@@ -84,13 +93,14 @@ def synthetic_cache(
     """
     if context < 0:
         raise UserError(f"context: {context}; expected >= 0 tokens")
-    cache = new_cache(model, batch_size, capacity=context + spare)
+    slots = attended(context, model.config.memory, model.config.max_seq_len)  # a memory bounds what a step reads
+    cache = new_cache(model, batch_size, capacity=slots + spare)
     for layer, states in zip(cache.layers, layer_states(model)):
         for name, t in layer.items():
             if t.dtype.is_floating_point:
                 r = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
                 layer[name] = r.abs() + 1.0 if states[name].positive else r
-    cache.length = context
+    cache.length, cache.slots = context, (slots if slots != context else None)
     return cache
 
 
@@ -134,9 +144,19 @@ def decode_step(model: Transformer, token: Tensor, cache: DecodeCache) -> tuple[
             "which end there (rotary models decode at any position)"
         )
     pos = torch.tensor([p], device=token.device)
-    logits, layers = step(model, token, pos, cache.layers, length=p)
+    memory, slots = model.config.memory, cache.valid
+    if segment_slots(slots, memory, model.config.max_seq_len) != slots:  # the window is full: a new segment, its memory
+        cache.layers, slots = trim_states(cache.layers, growing_axes(model), slots, memory), memory
+    logits, layers = step(model, token, pos, cache.layers, length=slots)
     cache.layers, cache.length = layers, p + 1
+    if memory or cache.slots is not None:
+        cache.slots = slots + 1
     return logits, cache
+
+
+def growing_axes(model: Transformer) -> list[dict[str, int]]:
+    """Per layer, the growing states' ``past`` axis in the cache's tensors (batch first)."""
+    return [{n: 1 + s.shape.index("past") for n, s in states.items() if s.grows} for states in layer_states(model)]
 
 
 def cache_bytes(cache: DecodeCache) -> int:

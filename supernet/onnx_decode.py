@@ -29,6 +29,7 @@ from torch import Tensor
 from search_spaces import UserError, tasks
 
 from .decode import layer_states, step
+from .memory import attended, trim_feed
 from .model import Transformer
 from .onnx_export import DEFAULT_OPSET, _quiet, onnx_session
 
@@ -66,6 +67,8 @@ def input_layout(model: Transformer) -> dict[str, dict]:
             }
     layout["token"]["vocab_size"] = model.config.vocab_size
     layout["position"]["limit"] = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
+    if model.config.memory:  # a generation loop trims the growing caches to the memory when they are full
+        layout["position"].update(memory=model.config.memory, window=model.config.max_seq_len)
     return layout
 
 
@@ -163,7 +166,8 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
         raise UserError(
             f"decode_feed: context {context} is past max_seq_len {limit}: the model has learned positions, which end there"
         )
-    feed = _zeros_feed(layout, batch_size, past=context, position=context)
+    past = attended(context, layout["position"].get("memory", 0), layout["position"].get("window", 0))  # memory: bounded
+    feed = _zeros_feed(layout, batch_size, past=past, position=context)
     feed["token"] = rng.integers(0, layout["token"].get("vocab_size", 2), size=feed["token"].shape, dtype=np.int64)
     for name, a in feed.items():
         if name.startswith("past."):
@@ -176,10 +180,10 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
 
 def onnx_decode_logits(session, tokens: np.ndarray, progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Feed ``tokens`` (B, T) through the step graph one at a time (teacher forcing): logits (B, T, V)."""
-    feed = empty_feed(session, tokens.shape[0])
+    feed, layout = empty_feed(session, tokens.shape[0]), read_layout(session)
     outs = []
     for t in range(tokens.shape[1]):
-        logits, feed = _run_step(session, feed, tokens[:, t : t + 1], t)
+        logits, feed = _run_step(session, trim_feed(feed, layout), tokens[:, t : t + 1], t)
         outs.append(logits)
         if progress is not None:
             progress(1)
@@ -204,9 +208,9 @@ def onnx_generate(
         raise UserError(f"onnx_generate: prompt of shape {prompt.shape}; expected (batch, at least 1 token)")
     if temperature > 0 and rng is None:
         raise UserError("onnx_generate: sampling (temperature > 0) needs an rng")
-    feed = empty_feed(session, prompt.shape[0])
+    feed, layout = empty_feed(session, prompt.shape[0]), read_layout(session)
     for t in range(prompt.shape[1]):
-        logits, feed = _run_step(session, feed, prompt[:, t : t + 1], t)
+        logits, feed = _run_step(session, trim_feed(feed, layout), prompt[:, t : t + 1], t)
     new = []
     for n in range(max_new_tokens):
         last = logits[:, -1].astype(np.float64)  # (B, V)
@@ -220,7 +224,7 @@ def onnx_generate(
         if progress is not None:
             progress(1)
         if n + 1 < max_new_tokens:
-            logits, feed = _run_step(session, feed, nxt[:, None], prompt.shape[1] + n)
+            logits, feed = _run_step(session, trim_feed(feed, layout), nxt[:, None], prompt.shape[1] + n)
     return np.stack(new, axis=1).astype(np.int64)
 
 
