@@ -10,7 +10,8 @@ sequence whose one position is the label.  The steps, written once as pure funct
 3. cut the S x S patches of ``patch`` x ``patch`` pixels in **row-major order** (token ``t`` = row ``t // S``, column
    ``t % S``), map each patch's pixels linearly to the width E;
 4. add 2D positions: a learned row embedding plus a learned column embedding (S, E) each, one pair per grid size;
-5. the encoder blocks (:func:`supernet.model.block`, bidirectional, no rotary positions) over the T = S * S tokens;
+5. the encoder blocks (:func:`supernet.model.block`, bidirectional, no rotary positions) over the T = S * S tokens
+   (a layer keeping a share < 1 of them runs its block on its best-scored tokens only: :mod:`.tokens`);
 6. the final norm, the mean over the tokens (no class token), a linear head.
 
 The elastic model (:class:`SuperViT`) holds each weight at its largest shape and slices the leading block (a patch
@@ -31,6 +32,7 @@ from supernet.elastic import ElasticBlock, ElasticLayerNorm, _max_shapes, copy_i
 from supernet.model import Block, init_weights
 
 from .space import VisionSpace, VisionSubnet
+from .tokens import keep_tokens
 
 Pair = tuple[Tensor, Tensor]
 
@@ -94,6 +96,7 @@ class ViT(nn.Module):
         self.proj = nn.Linear(stem_in(space, subnet.stem) * p * p, e)
         self.row, self.col = nn.Parameter(torch.empty(s, e)), nn.Parameter(torch.empty(s, e))
         self.blocks = nn.ModuleList(Block(e, space.head_dim, layer, space.max_seq_len) for layer in subnet.layers)
+        self.scores = nn.ModuleDict({str(i): nn.Linear(e, 1) for i, v in enumerate(subnet.keeps) if v < 1})  # token scores
         self.ln_f = nn.LayerNorm(e)
         self.head = nn.Linear(e, space.classes)
         init_weights(self, n_layers=subnet.depth, generator=generator)
@@ -104,8 +107,9 @@ class ViT(nn.Module):
         conv = (self.stem.weight, self.stem.bias) if self.stem is not None else None
         s = self.subnet
         h = embed_image(x, s.resolution, s.patch, conv, (self.proj.weight, self.proj.bias), self.row, self.col)  # (B, T, E)
-        for blk in self.blocks:
-            h, _ = blk(h, None, causal=False)
+        for i, (blk, keep) in enumerate(zip(self.blocks, s.keeps)):
+            score = (self.scores[str(i)].weight, self.scores[str(i)].bias) if keep < 1 else None
+            h = keep_tokens(h, score, keep, lambda t, blk=blk: blk(t, None, causal=False)[0])  # (B, T, E)
         return classify(h, (self.ln_f.weight, self.ln_f.bias), (self.head.weight, self.head.bias))
 
     def num_params(self) -> int:
@@ -130,6 +134,8 @@ class SuperViT(nn.Module):
         self.col = nn.ParameterDict({f"g{s}": nn.Parameter(torch.empty(s, e)) for s in grids})
         mix = _max_shapes(space)
         self.blocks = nn.ModuleList(ElasticBlock(space, mix) for _ in range(space.max_depth))
+        if len(space.keeps) > 1:  # each layer's token score at the widest E (none: checkpoints as before)
+            self.scores = nn.ModuleList(nn.Linear(e, 1) for _ in range(space.max_depth))
         self.ln_f = ElasticLayerNorm(e)
         self.head = nn.Linear(e, space.classes)
         init_weights(self, n_layers=space.max_depth, generator=generator)
@@ -149,15 +155,21 @@ class SuperViT(nn.Module):
         check_images(x, self.space)
         conv, proj, row, col, ln, head = self._weights(subnet)
         h = embed_image(x, subnet.resolution, subnet.patch, conv, proj, row, col)  # (B, T, E)
-        for blk, layer in zip(self.blocks, subnet.layers):
-            h, _ = blk(h, layer, None, causal=False)
+        for i, (blk, layer, keep) in enumerate(zip(self.blocks, subnet.layers, subnet.keeps)):
+            h = keep_tokens(h, self._score(i, subnet.embed_dim, keep), keep,
+                            lambda t, blk=blk, layer=layer: blk(t, layer, None, causal=False)[0])  # (B, T, E)
         return classify(h, ln, head)
+
+    def _score(self, i: int, e: int, keep: float) -> Pair | None:
+        """Layer ``i``'s token score at width ``e`` (None when it keeps every token)."""
+        return linear_slice(self.scores[i], e, 1) if keep < 1 else None
 
     def num_params(self, subnet: VisionSubnet) -> int:
         """Parameters of ``subnet``'s static model (what :meth:`extract` returns holds exactly this many)."""
         self.space.check(subnet)
         conv, proj, row, col, ln, head = self._weights(subnet)
         n = sum(t.numel() for t in (*(conv or ()), *proj, row, col, *ln, *head))
+        n += sum(subnet.embed_dim + 1 for v in subnet.keeps if v < 1)  # the token scores
         return n + sum(blk.num_params(subnet.embed_dim, layer) for blk, layer in zip(self.blocks, subnet.layers))
 
     @torch.no_grad()
@@ -177,4 +189,8 @@ class SuperViT(nn.Module):
         copy_into(static.col, col)
         for dst_blk, src_blk in zip(static.blocks, self.blocks):
             src_blk.extract_into(dst_blk)
+        for i, score in static.scores.items():
+            w, b = self._score(int(i), subnet.embed_dim, 0.0)
+            copy_into(score.weight, w)
+            copy_into(score.bias, b)
         return static.eval()

@@ -18,9 +18,11 @@ annotated)::
     embed_dim: [...]
     depth: [...]
     layers: {heads: [...], ffn_dim: [...], attention: [...]}   # the types with a bidirectional form
+    keep: [1.0, 0.7, 0.5]    # optional: per layer, the share of tokens the block runs (token keeping, .tokens)
     latency: {image: {batch_size: 1}}                          # one image (and a batch the user names)
 
-The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch`` and ``stem``; the one-stack part is a
+The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch`` and ``stem`` (and, where the space
+lists ``keep``, each layer's token share: :mod:`.tokens`); the one-stack part is a
 :class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens, ``(max resolution / min patch)^2``), so the
 elastic blocks and the attention-type checks are the one-stack ones.
 """
@@ -35,6 +37,8 @@ import numpy as np
 from search_spaces.errors import SpaceError, SubnetError, UserError, shown
 from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
 
+from . import tokens as tk
+
 TASK = "image-classification"
 IMAGE = "image"  # the workload kind: one forward pass over batch_size images
 STEMS = ("linear", "conv")
@@ -45,11 +49,13 @@ STEMS = ("linear", "conv")
 
 @dataclass(frozen=True)
 class VisionSubnet(Subnet):
-    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``."""
+    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem`` and
+    each layer's token share ``keep`` (() when every layer keeps every token: :mod:`.tokens`)."""
 
     resolution: int
     patch: int
     stem: str
+    keep: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,6 +64,15 @@ class VisionSubnet(Subnet):
                 raise SubnetError(f"subnet.{name}: {shown(getattr(self, name))} is not a positive integer")
         if self.stem not in STEMS:
             raise SubnetError(f"subnet.stem: {shown(self.stem)} is not one of {', '.join(STEMS)}")
+        try:
+            object.__setattr__(self, "keep", tk.check_keep(self.keep, self.depth))
+        except ValueError as e:
+            raise SubnetError(str(e)) from None
+
+    @property
+    def keeps(self) -> tuple[float, ...]:
+        """Every layer's token share (1.0: the whole grid)."""
+        return tk.layer_keeps(self.keep, self.depth)
 
     @property
     def grid(self) -> int:
@@ -73,7 +88,8 @@ class VisionSubnet(Subnet):
         return Subnet(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **super().to_dict()}
+        keep = {"keep": list(self.keep)} if self.keep else {}  # (absent when every layer keeps all: keys as before)
+        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **super().to_dict(), **keep}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "VisionSubnet":
@@ -81,14 +97,19 @@ class VisionSubnet(Subnet):
         if not isinstance(data, dict) or any(k not in data for k in extra):
             raise SubnetError(f"{where}: expected a mapping with keys {', '.join(extra)}, embed_dim, depth, heads, ffn_dim, "
                               f"attention (an image-classification subnet), got {shown(data)}")
-        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in extra}, where)
+        keep = data.get("keep", [])
+        if not isinstance(keep, list):
+            raise SubnetError(f"{where}.keep: expected a list of token shares, one per layer, got {shown(keep)}")
+        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "keep")}, where)
         try:
-            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"])
+            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"],
+                       tuple(keep))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
     def __str__(self) -> str:
-        return f"{self.resolution}px p{self.patch} {self.stem} {super().__str__()}"
+        keep = f" keep {'/'.join(f'{v:g}' for v in self.keep)}" if self.keep else ""
+        return f"{self.resolution}px p{self.patch} {self.stem} {super().__str__()}{keep}"
 
 
 # --------------------------------------------------------------------------- workload
@@ -143,6 +164,7 @@ class VisionSpace(Space):
     stem_channels: int = 16
     flip: bool = True  # the training augmentation flips horizontally (clothes; not digits)
     pad: int = 2  # and crops at random from the image padded by this many pixels
+    keeps: tuple[float, ...] = (1.0,)  # token shares a layer may keep (.tokens; (1.0,): no token keeping)
 
     subnet_type = VisionSubnet
 
@@ -152,17 +174,22 @@ class VisionSpace(Space):
 
     # -- members ------------------------------------------------------------------
 
-    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str) -> VisionSubnet:
-        return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem)
+    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str, keep: tuple[float, ...] = ()) -> VisionSubnet:
+        return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem, keep)
+
+    def _fewest(self, attention: tuple[str, ...]) -> tuple[float, ...]:
+        """The smallest share on every layer that may keep fewer tokens (a 2D layer keeps all)."""
+        return tk.check_keep(tuple(tk.FULL if tk.reads_grid(a) else min(self.keeps) for a in attention), len(attention))
 
     def largest(self, attention: str | None = None) -> VisionSubnet:
-        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch) and the last stem listed
-        (``conv`` when there is one: the costlier)."""
+        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch, every token kept) and the
+        last stem listed (``conv`` when there is one: the costlier)."""
         return self._vision(super().largest(attention), max(self.resolutions), min(self.patches), self.stems[-1])
 
     def smallest(self, attention: str | None = None) -> VisionSubnet:
-        """The narrowest, shallowest subnet with the fewest tokens and the first stem listed."""
-        return self._vision(super().smallest(attention), min(self.resolutions), max(self.patches), self.stems[0])
+        """The narrowest, shallowest subnet with the fewest tokens (the smallest share kept) and the first stem listed."""
+        s = super().smallest(attention)
+        return self._vision(s, min(self.resolutions), max(self.patches), self.stems[0], self._fewest(s.attention))
 
     def uniform(self) -> list[VisionSubnet]:
         """Every hand-scaled ViT: the one-stack uniform grid at every resolution, patch and stem."""
@@ -172,25 +199,32 @@ class VisionSpace(Space):
     def sample(self, rng: np.random.Generator) -> VisionSubnet:
         r, p, st = (int(rng.choice(self.resolutions)), int(rng.choice(self.patches)),
                     self.stems[int(rng.integers(len(self.stems)))])
-        return self._vision(super().sample(rng), r, p, st)
+        s = super().sample(rng)
+        return self._vision(s, r, p, st, tk.check_keep(tk.draw_keep(self.keeps, s.attention, rng), s.depth))
 
     def lightest(self) -> list[VisionSubnet]:
-        return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0]) for s in super().lightest()]
+        return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0], self._fewest(s.attention))
+                for s in super().lightest()]
 
     def mutate(self, parent: VisionSubnet, rng: np.random.Generator, prob: float) -> VisionSubnet:
         genes = [parent.resolution, parent.patch, parent.stem]
         for i, choices in enumerate((self.resolutions, self.patches, self.stems)):
             if rng.random() < prob:
                 genes[i] = choices[int(rng.integers(len(choices)))]
-        return self._vision(super().mutate(parent.stack(), rng, prob), *genes)
+        s = super().mutate(parent.stack(), rng, prob)
+        keep = tk.mutate_keep(self.keeps, parent.keeps, s.attention, rng, prob)
+        return self._vision(s, *genes, tk.check_keep(keep, s.depth))
 
     def crossover(self, a: VisionSubnet, b: VisionSubnet, rng: np.random.Generator) -> VisionSubnet:
         genes = [(a, b)[int(rng.integers(2))].__getattribute__(n) for n in ("resolution", "patch", "stem")]
-        return self._vision(super().crossover(a.stack(), b.stack(), rng), *genes)
+        s = super().crossover(a.stack(), b.stack(), rng)
+        keep = tk.cross_keep(self.keeps, a.keep, b.keep, a.depth, b.depth, s.attention, rng)
+        return self._vision(s, *genes, tk.check_keep(keep, s.depth))
 
     def genes(self, subnet: VisionSubnet) -> dict[str, tuple[Any, tuple]]:
+        keep = {f"l{i}.keep": (v, self.keeps) for i, v in enumerate(subnet.keeps)} if len(self.keeps) > 1 else {}
         return {"resolution": (subnet.resolution, self.resolutions), "patch": (subnet.patch, self.patches),
-                "stem": (subnet.stem, self.stems), **super().genes(subnet)}
+                "stem": (subnet.stem, self.stems), **super().genes(subnet), **keep}
 
     def problems(self, subnet: VisionSubnet) -> list[str]:
         if not isinstance(subnet, VisionSubnet):
@@ -200,27 +234,33 @@ class VisionSpace(Space):
                                      ("stem", subnet.stem, self.stems)):
             if value not in choices:
                 out.append(f"{name}: {shown(value)} is not one of {', '.join(map(str, choices))}")
-        return out + super().problems(subnet)
+        return out + super().problems(subnet) + tk.keep_problems(self.keeps, subnet.attention, subnet.keep)
 
     def size(self) -> int:
-        return super().size() * len(self.resolutions) * len(self.patches) * len(self.stems)
+        grid = sum(tk.reads_grid(a) for a in self.attention)  # a 2D layer has one share, the others each of keeps
+        per_layer = len(self.heads) * len(self.ffn_dim) * (grid + (len(self.attention) - grid) * len(self.keeps))
+        stack = len(self.embed_dim) * sum(per_layer**d for d in self.depth)
+        return stack * len(self.resolutions) * len(self.patches) * len(self.stems)
 
     # -- features -----------------------------------------------------------------
 
     def feature_names(self) -> list[str]:
-        return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems), *super().feature_names()]
+        return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems), *super().feature_names(),
+                *tk.keep_feature_names(self.keeps, self.max_depth)]
 
     def encode(self, subnet: VisionSubnet) -> np.ndarray:
         self.check(subnet)
         head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems)]
-        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet)])
+        keep = tk.keep_features(self.keeps, subnet.keep, subnet.depth, self.max_depth)
+        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet), np.array(keep, dtype=np.float64)])
 
     def decode(self, vec: np.ndarray) -> VisionSubnet:
         vec = np.asarray(vec, dtype=np.float64)
         n = 3 + len(self.stems)
         if vec.ndim != 1 or len(vec) < n:
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
-        rest, n_att = vec[n:], len(self.attention)
+        n_keep = len(tk.keep_feature_names(self.keeps, self.max_depth))
+        rest, n_att = vec[n : len(vec) - n_keep], len(self.attention)
         if len(rest) != 2 + self.max_depth * (3 + n_att):
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
         depth, layers = int(round(rest[1])), []
@@ -232,7 +272,12 @@ class VisionSpace(Space):
         if stack is None:
             raise SubnetError(f"feature vector of depth {depth}: not a subnet of space {self.name!r}")
         stem = self.stems[int(np.argmax(vec[3:n]))]
-        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem))
+        keep = tuple(float(v) for v in vec[len(vec) - n_keep :][:depth]) if n_keep else ()
+        try:
+            keep = tk.check_keep(keep, depth)
+        except ValueError as e:
+            raise SubnetError(f"feature vector: {e}") from None
+        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem, keep))
 
     # -- identity -----------------------------------------------------------------
 
@@ -245,6 +290,7 @@ class VisionSpace(Space):
                 "augment": {"pad": self.pad, "flip": self.flip},
                 "resolution": list(self.resolutions), "patch": list(self.patches), "stem": list(self.stems),
                 "stem_channels": self.stem_channels, **out,
+                **({"keep": list(self.keeps)} if self.keeps != (tk.FULL,) else {}),  # (absent: hashes as before)
                 "latency": {w.name: w.to_dict() for w in self.workloads}}  # fmt: skip
 
 
@@ -252,7 +298,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     """An image-classification space (YAML-loaded ``data``); :class:`SpaceError` lists every problem."""
     c = Checker(where)
     top = c.keys("", data, required=("task", "image", "resolution", "patch", "embed_dim", "depth", "layers", "latency"),
-                 optional=("name", "head_dim", "stem", "stem_channels", "augment"))
+                 optional=("name", "head_dim", "stem", "stem_channels", "augment", "keep"))
     if not top:
         raise SpaceError(c.errors)
     image = c.keys("image", top.get("image", {}), required=("size", "channels", "classes"))
@@ -275,6 +321,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
         c.error("stem", f"{shown(stems)} is not a list of distinct choices among {', '.join(STEMS)}")
         stems = None
     stem_channels = c.pos_int("stem_channels", top.get("stem_channels", 16))
+    keeps = tk.parse_keep(c, top.get("keep"))
     max_seq = None
     if resolutions and patches:
         bad = [(r, p) for r in resolutions for p in patches if r % p]
@@ -300,7 +347,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
     base.update(name=top.get("name", base["name"]), workloads=tuple(workloads), source=source, form="bidirectional")
     return VisionSpace(**base, image_size=size, channels=channels, classes=classes, resolutions=resolutions, patches=patches,
-                       stems=tuple(stems), stem_channels=stem_channels, flip=flip, pad=int(pad))
+                       stems=tuple(stems), stem_channels=stem_channels, flip=flip, pad=int(pad), keeps=keeps)
 
 
 def _image_workloads(c: Checker, lat: Any) -> list[ImageWorkload]:
@@ -333,6 +380,8 @@ def describe_vision(space: VisionSpace) -> str:
         f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",
         f"  ffn_dim       {', '.join(map(str, space.ffn_dim))}   (per layer)",
         f"  attention     {', '.join(space.attention)}   (per layer, bidirectional)",
+        *([f"  keep          {', '.join(f'{v:g}' for v in space.keeps)}   (per layer, the share of tokens its block runs; "
+           "2D types keep all)"] if len(space.keeps) > 1 else []),
         f"  augment       random crop (pad {space.pad})" + (", horizontal flip" if space.flip else "") + " (training only)",
         *(f"  latency       {w}" for w in space.workloads),
         f"  subnets       {space.size():,}",

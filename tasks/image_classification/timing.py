@@ -4,7 +4,8 @@ The timed model is the static :class:`~.model.ViT` of the subnet (seeded weights
 timed beside every visit is the space's smallest subnet.  A table row's features are the subnet encoding
 (``space.encode``: resolution, patch, tokens, stem, then the one-stack genes), its parameters and the analytic terms of
 :func:`image_terms` at the token count ``T = (resolution / patch)^2`` of the subnet (the patch and the resolution set
-the sequence length the blocks see).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
+the sequence length the blocks see; a layer keeping a share of the tokens sees ``ceil(share * T)``, plus its token
+score, top-k, gather and scatter: :mod:`.tokens`).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
 the data's size; ``onnxruntime`` runs its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or
 ``int8-static``, quantized as an export is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without
 its weights (the board's runner draws seeded ones) and times it on seeded images of the data's size
@@ -26,6 +27,7 @@ import torch
 from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
+from .tokens import layer_tokens
 
 def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
     """Refuse, in one line, a precision or way of sampling that cannot time an image space yet (any registered device
@@ -61,23 +63,24 @@ def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize
 
 def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[str, float]:
     """Analytic forward FLOPs (a multiply-add counts 2) of ``batch`` images, by part: the resize, the stem, the patch
-    embedding, per layer the projections, the token mixing (the type's own count at T tokens, bidirectional) and the
-    MLP, and the head."""
+    embedding, per layer the projections, the token mixing (the type's own count at the layer's tokens: T, or the
+    share it keeps; bidirectional) and the MLP, the head, and (in a space with token keeping) the token scores."""
     from latency.features import mixing_flops, projection_flops
     from search_spaces import Workload
 
     b, t, e, hd = batch, subnet.tokens, subnet.embed_dim, space.head_dim
     r, p = subnet.resolution, subnet.patch
     c_in = space.stem_channels if subnet.stem == "conv" else space.channels
-    prefill = Workload("prefill", b, t)
     out = {"resize_flops": float(b * space.channels * r * r * 8 * (r != space.image_size)),
            "stem_flops": float(2 * b * r * r * 9 * space.channels * space.stem_channels) if subnet.stem == "conv" else 0.0,
            "patch_flops": float(2 * b * t * c_in * p * p * e), "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
            "head_flops": float(2 * b * e * space.classes)}  # fmt: skip
-    for layer in subnet.layers:
-        out["proj_flops"] += projection_flops(layer.attention, b * t, e, layer.heads, hd)
-        out["mix_flops"] += mixing_flops(layer.attention, prefill, layer.heads, hd, causal=False)
-        out["mlp_flops"] += 4.0 * b * t * e * layer.ffn_dim
+    for layer, n in zip(subnet.layers, layer_tokens(t, subnet.keep, subnet.depth)):
+        out["proj_flops"] += projection_flops(layer.attention, b * n, e, layer.heads, hd)
+        out["mix_flops"] += mixing_flops(layer.attention, Workload("prefill", b, n), layer.heads, hd, causal=False)
+        out["mlp_flops"] += 4.0 * b * n * e * layer.ffn_dim
+    if len(space.keeps) > 1:  # (a space without token keeping: the columns its predictors were fitted on)
+        out["score_flops"] = float(sum(2 * b * t * e for v in subnet.keeps if v < 1))
     out["flops"] = sum(v for k, v in out.items() if k.endswith("_flops"))
     return out
 
@@ -97,15 +100,21 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
     from latency.features import mixing_flops
     from search_spaces import Workload
 
-    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
+    b = workload.batch_size
     for kind in space.attention:
         out[f"layers[{kind}]"] = 0.0
         out[f"mix[{kind}]"] = 0.0
-    for layer in subnet.layers:
+    per_layer = layer_tokens(subnet.tokens, subnet.keep, subnet.depth)
+    for layer, n in zip(subnet.layers, per_layer):
         out[f"layers[{layer.attention}]"] += 1.0
-        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention, prefill, layer.heads, space.head_dim, False) / 1e9
-    out["token_layers"] = float(workload.batch_size * subnet.tokens * subnet.depth * subnet.embed_dim) / 1e6
+        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention, Workload("prefill", b, n), layer.heads,
+                                                       space.head_dim, False) / 1e9
+    out["token_layers"] = float(b * sum(per_layer) * subnet.embed_dim) / 1e6
     out["conv_stem"] = float(subnet.stem == "conv")
+    if len(space.keeps) > 1:  # each keeping layer's top-k, gather and scatter over the whole grid
+        kept = [v < 1 for v in subnet.keeps]
+        out["keep_layers"] = float(sum(kept))
+        out["keep_tokens"] = float(b * subnet.tokens * subnet.embed_dim * sum(kept)) / 1e6
     return out
 
 
