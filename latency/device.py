@@ -17,6 +17,7 @@ import inspect
 from typing import Any, Protocol
 
 from search_spaces import UserError, Workload
+from search_spaces.flags import Flag
 from search_spaces.registry import Registry
 
 from .timing_core import Runner, host_facts
@@ -28,6 +29,7 @@ INFORMATIONAL = ("hostname", "created", "command")
 class Device(Protocol):
     name: str  # what --device / --timing-target call it
     precisions: tuple[str, ...]  # the --precision values it runs (default fp32 only)
+    flags: tuple[Flag, ...]  # the option flags it takes (each sets the constructor keyword its ``option`` names)
 
     def fingerprint(self) -> dict[str, Any]:
         """What makes this device's timings comparable (compared on resume and by predictors)."""
@@ -41,6 +43,29 @@ class Device(Protocol):
 def host_fingerprint() -> dict[str, Any]:
     """The facts of the host every device shares: OS, machine, CPU model and core count."""
     return host_facts()
+
+
+# The commands that time on a device, and the option flags the built-in devices declare (each device class lists the
+# ones it takes in its ``flags``; the CLI adds the union to these commands and passes each as the constructor keyword
+# its ``option`` names).
+TIMING = ("measure-latency", "search", "export")
+THREADS = Flag("--timing-threads", "timing_threads", int, "N", "intra-op threads of the timing target (cpu, onnxruntime)",
+               TIMING, option="threads")
+CLOCK = Flag("--clock", "clock", str, "CLOCK", "the timing target's clock: wall or cpu (the thread's CPU time; needs "
+             "--timing-threads 1)", TIMING, option="clock")
+
+
+def device_flags(command: str | None = None) -> list[Flag]:
+    """The flags the registered devices declare (for ``command``, or all), each once; two devices that declare one
+    name must mean the same by it."""
+    out: dict[str, Flag] = {}
+    for cls in DEVICES.all().values():
+        for f in getattr(cls, "flags", ()):
+            if command is not None and command not in f.commands:
+                continue
+            seen = out.setdefault(f.name, f)
+            assert (seen.dest, seen.option) == (f.dest, f.option), f"{f.name}: declared twice with other meanings"
+    return list(out.values())
 
 
 DEVICES: Registry[type] = Registry("device", "nas_transformers.devices", "latency.devices", flag="--device")

@@ -2,7 +2,8 @@
 
 Everything is a pure function of (space, subnet, workload).  ``B`` batch, ``T`` sequence
 length, ``E`` embedding width, ``A = heads * head_dim`` attention width, ``F`` FFN width,
-``V`` vocabulary.  FLOPs count a multiply-add as 2.  The token mixing of a layer is its
+``V`` vocabulary (the subnet's, where the space searches it: the output projection costs ``E x V`` per token).
+FLOPs count a multiply-add as 2.  The token mixing of a layer is its
 attention type's own count (``AttentionType.prefill_flops`` / ``decode_flops``: the pairs its
 pattern keeps, a linear-attention state, a convolution, ...), and the bytes a decode step reads
 are the type's decoding state at that context (``supernet.attention.state_bytes``).
@@ -15,30 +16,24 @@ bytes it reads.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
 
 import numpy as np
 
+from supernet.shapes import params as shape_params
 from search_spaces import Space, Subnet, Workload
 from search_spaces.attention import parse_attention
 from supernet.attention import get, state_bytes
 from supernet.memory import attended
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: Space):
-    """A supernet on the meta device: shapes only, no memory; it counts parameters exactly."""
-    import torch
-
-    from supernet import SuperTransformer
-
-    with torch.device("meta"):
-        return SuperTransformer(space)
-
-
 def params(space: Space, subnet: Subnet) -> int:
-    """Parameters of the static model (``SuperTransformer.num_params``, the one count)."""
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static model (the supernet's ``num_params`` on the meta device, the one count)."""
+    return shape_params(space, subnet)
+
+
+def vocab_rows(space: Space, subnet: Subnet) -> int:
+    """The vocabulary ``subnet`` reads (its embedding and output rows): its gene in a space that searches it."""
+    return space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
 
 
 def layer_cache_bytes(attention: str, context: int, heads: int, hd: int, batch: int = 1) -> int:
@@ -84,7 +79,7 @@ def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     """Forward FLOPs at ``workload``: batch x seq tokens (prefill), or batch x 1 new token at its context (decode)."""
     workload = read_workload(space, workload)
     b, t, e, hd = workload.batch_size, workload.tokens, subnet.embed_dim, space.head_dim
-    total = 2.0 * b * t * e * space.vocab_size  # tied LM head
+    total = 2.0 * b * t * e * vocab_rows(space, subnet)  # tied LM head: the subnet's vocabulary
     for layer in subnet.layers:
         total += projection_flops(layer.attention, b * t, e, layer.heads, hd) + 2.0 * b * t * 2 * e * layer.ffn_dim  # MLP
         total += mixing_flops(layer.attention, workload, layer.heads, hd, space.causal)
@@ -98,7 +93,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
     constant + sum over layers of per-layer cost; a depth never seen is just more terms.
     """
     workload = read_workload(space, workload)
-    bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, space.vocab_size, space.head_dim
+    bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, vocab_rows(space, subnet), space.head_dim
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * v)}
     for kind in space.attention:
         out[f"layer[{kind}]:count"] = 0.0

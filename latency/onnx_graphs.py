@@ -582,18 +582,17 @@ def _cached_part(directory: Path, key: dict) -> Path:
 
 
 def _save(directory: Path, name: str, model, layout: dict) -> None:
-    import onnx
+    from supernet.files import atomic_stream
 
-    tmp = directory / f".{name}.onnx.tmp"
-    onnx.save(model, str(tmp))
-    os.replace(tmp, directory / f"{name}.onnx")
+    with atomic_stream(directory / f"{name}.onnx") as f:  # a new temporary file of a unique name, gone on failure
+        f.write(model.SerializeToString())  # (onnx.save's own file handling wants a path; the graph holds no weights)
     write_json(directory / f"{name}.json", layout)
 
 
 def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, default=str))
-    os.replace(tmp, path)
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(path, json.dumps(data, default=str))
 
 
 def folder_once(folder: Path, build) -> dict:

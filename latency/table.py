@@ -210,9 +210,12 @@ def read_plain(
 ) -> tuple[list[str], list[list[float]], list[float]]:
     """A plain CSV of numeric columns: (feature names, rows, target values); errors name the line; fewer than
     ``min_rows`` rows is refused with ``needs`` (what the caller fits)."""
+    from supernet.files import file_problem
+
     path = Path(path)
-    if not path.exists():
-        raise UserError(f"{path}: no such file")
+    problem = file_problem(path)
+    if problem:
+        raise UserError(f"{path}: {problem}; expected a CSV file")
     try:
         with open(path, newline="", encoding="utf-8") as f:
             header = next(csv.reader(f), None)
@@ -238,46 +241,47 @@ def read_plain(
 
 
 def lock_file(path: Path, busy: str):
-    """Hold an exclusive ``flock`` on ``path`` (created if missing; it records the holder's pid and host) and return
-    its open file; :class:`UserError` ``busy`` (with the holder) when another process holds it.  The system releases
-    the lock when the holder's process ends, however it ends; :func:`unlock_file` removes the file."""
-    import fcntl
+    """Hold an exclusive lock on ``path`` (created if missing; it records the holder's pid and host) and return it (a
+    ``filelock.FileLock``: ``flock`` on POSIX, ``msvcrt`` locking on Windows); :class:`UserError` ``busy`` (with the
+    holder) when another process holds it.  The system releases the lock when the holder's process ends, however it
+    ends; :func:`unlock_file` removes the file."""
+    from filelock import FileLock, Timeout
 
-    for _ in range(100):
-        f = open(path, "a+b", buffering=0)  # unbuffered: a failed write cannot fail again at close
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            holder = f.read().decode("utf-8", "replace").strip() or "unknown"
-            f.close()
-            raise UserError(f"{busy} ({holder}); wait for it to end or use another --out") from None
-        try:
-            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:  # not a file its holder removed while we waited to lock it
-            break
-        f.close()
-    f.seek(0)
-    f.truncate()
+    lock = FileLock(path, timeout=0)
     try:
-        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
-    except OSError:  # a full disk: the lock holds all the same, the holder is just not named
+        lock.acquire()
+    except Timeout:
+        raise UserError(f"{busy} ({_holder(path)}); wait for it to end or use another --out") from None
+    try:  # the holder, for the message a second writer gets (a contender does not truncate the file: filelock >= 4)
+        with open(path, "r+b", buffering=0) as f:
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}\n".encode())
+    except OSError:  # a full disk, or a platform that keeps a locked file closed to others: the lock holds all the same
         pass
-    return f
+    return lock
 
 
-def unlock_file(f) -> None:
-    """Remove the lock file, then release it (in this order: a waiter that locks the removed file sees it is gone)."""
-    Path(f.name).unlink(missing_ok=True)
-    f.close()
+def _holder(path: Path) -> str:
+    """What the lock file at ``path`` says of its holder ("unknown" when it says nothing or cannot be read)."""
+    try:
+        return path.read_bytes().decode("utf-8", "replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def unlock_file(lock) -> None:
+    """Remove the lock file, then release it (in this order: a waiter that locks the removed file sees it is gone and
+    tries again; on Windows, where an open file cannot be removed, the release removes it)."""
+    try:
+        Path(lock.lock_file).unlink(missing_ok=True)
+    except PermissionError:
+        pass
+    lock.release()
 
 
 class TimingTable:
     """A table being written: opened fresh, or resumed after checking its sidecar against ``meta``.
 
-    One writer at a time: the table is locked (``TABLE.csv.lock``, an ``flock`` the system releases when
+    One writer at a time: the table is locked (``TABLE.csv.lock``, a ``filelock`` lock the system releases when
     the holder dies, so a killed run never keeps it) from here until :meth:`close`, which removes the file;
     a second writer is refused with one line.  Resuming cuts a torn last line (a write a crash cut short) off the file,
     with a note, so the rerun appends after the last whole row."""

@@ -442,12 +442,34 @@ def sidecar_path(csv_path: str) -> str:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Write ``data`` to ``path`` whole or not at all (beside it, fsync, rename; the temporary file goes on failure)."""
-    tmp = path + ".tmp"
+    """Write ``data`` to ``path`` whole or not at all (:func:`write_atomic`)."""
+    write_atomic(path, lambda f: f.write((json.dumps(data, indent=2, sort_keys=True) + "\n").encode()))
+
+
+def _umask() -> int:
+    """The process's umask, read from /proc where there is one (setting it to read it races other threads)."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def write_atomic(path: str, write) -> None:
+    """``write(f)`` into a new temporary file beside ``path`` (a unique name, created with ``O_EXCL``: a file or link
+    planted there is never opened), fsync, rename over ``path``; the temporary file goes on any failure (Ctrl-C, a
+    full disk).  (This module runs on the board too, without the rest of the package: hence not supernet.files.)"""
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # what open() would give it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -458,7 +458,7 @@ def finetune_classifier(
             seen += sum(len(texts[i]) for i in batch)
             if progress is not None:  # tokens_per_s: bytes per second of this process's steps
                 progress(StepInfo(step, config.max_steps, elapsed, config.max_time, lr, {"classify": loss.item()}, (),
-                                  seen / max(elapsed - started, 1e-9)))
+                                  seen / max(elapsed - started, 1e-9), "nats/text"))
             if interrupt.requested:
                 save("interrupted")
                 raise ClassifyInterrupted(step, latest)
@@ -505,6 +505,7 @@ def load_classifier(folder: str | Path, device: str = "cpu") -> tuple[Classifier
     from safetensors.torch import load_file
 
     from search_spaces import parse_space
+    from supernet.artifact import fitting_model
     from supernet.files import check_part
 
     folder = Path(folder)
@@ -531,7 +532,8 @@ def load_classifier(folder: str | Path, device: str = "cpu") -> tuple[Classifier
     check_encoder(path, space)
     subnet = Subnet.from_dict(card["subnet"], where=f"{CARD}[subnet]")
     classes = tuple(json.loads((folder / LABELS).read_text()))
-    model = Classifier(Transformer(TransformerConfig.from_subnet(space, subnet)), len(classes))
+    config = TransformerConfig.from_subnet(space, subnet)
+    model = fitting_model(folder / WEIGHTS, lambda: Classifier(Transformer(config), len(classes)), path)  # (the card's claim)
     try:
         model.load_state_dict(load_file(str(folder / WEIGHTS)))
     except (SafetensorError, RuntimeError) as e:

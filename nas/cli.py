@@ -9,8 +9,10 @@ Output: results (tables, summaries, paths written) go to stdout, printed by the 
 Notes and warnings go through :mod:`logging` (``logging.getLogger(__name__)`` in every module),
 set up here once per command: one line each on stderr, ``nas COMMAND: message``, written through
 tqdm so progress bars stay whole.  ``-q`` keeps warnings and errors only (and hides the progress
-bars), ``-v`` adds debug detail.  With ``--json`` (the commands that print a result) the command's
-printed lines go to stderr too and stdout gets one JSON document (:func:`nas.commands.common.emit`).
+bars), ``-v`` adds debug detail.  Progress is a redrawn bar on a terminal and one line per interval in a
+file or a pipe (:func:`nas.commands.common.progress_bar`); ``--no-progress`` (the long commands) hides it.
+With ``--json`` (the commands that print a result) the command's printed lines go to stderr too and stdout gets one
+JSON document (:func:`nas.commands.common.emit`).
 
 Every command takes ``--config FILE`` (YAML; flags given override it) and ``--print-config``
 (:mod:`nas.commands.config`); the flags' names mean one thing each across the commands, and the old
@@ -27,8 +29,8 @@ import logging
 import sys
 from collections.abc import Iterator
 
-from search_spaces.errors import UserError
-from supernet.progress import show_progress  # noqa: F401  (nas.cli.show_progress: the name scripts know)
+from search_spaces.errors import UserError, hide_password
+from supernet.progress import progress_off, show_progress  # noqa: F401  (nas.cli.show_progress: the name scripts know)
 
 from . import __version__
 
@@ -37,7 +39,7 @@ def command_modules() -> dict:
     then each registered task's own (``Task.commands``, registered here in registration order), then plugins'."""
     from search_spaces.tasks import tasks
 
-    from .commands import COMMANDS, register_command
+    from .commands.registry import COMMANDS, register_command
 
     for task in tasks().values():
         for path in getattr(task, "commands", ()):
@@ -72,7 +74,7 @@ class _Formatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        return f"nas {self.command}: {level}{record.getMessage()}"
+        return hide_password(f"nas {self.command}: {level}{record.getMessage()}")  # a URL's password, wherever it came from
 
 
 def log_level(verbose: int, quiet: int) -> int:
@@ -109,7 +111,7 @@ def logging_to_stderr(command: str, level: int = logging.INFO) -> Iterator[None]
 
 
 def _output_flags() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     g = common.add_argument_group("output")
     g.add_argument("-v", "--verbose", action="count", default=0, help="more detail in the notes on stderr")
     g.add_argument(
@@ -123,6 +125,11 @@ def _output_flags() -> argparse.ArgumentParser:
     return common
 
 
+def _progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (a bar on a terminal, one line "
+                   "every 30 s in a log file; notes and warnings stay)")
+
+
 def _json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as one JSON document on stdout (what the "
                    "command prints otherwise goes to stderr)")
@@ -130,11 +137,13 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .commands.vocabulary import JSON as JSON_COMMANDS
+    from .commands.vocabulary import PROGRESS as PROGRESS_COMMANDS
     from .commands.vocabulary import add_aliases
 
-    parser = argparse.ArgumentParser(
+    parser = argparse.ArgumentParser(  # allow_abbrev=False (here and in every command's): --conf is no --config
         prog="nas",
         description="Hardware-aware neural architecture search for Transformers.",
+        allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"nas {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -147,8 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=f"example:\n  {module.EXAMPLE}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
             parents=[common],
+            allow_abbrev=False,
         )
         module.add_arguments(p)
+        if name in PROGRESS_COMMANDS:
+            _progress_flag(p)
         if name in JSON_COMMANDS:
             _json_flag(p)
         add_aliases(p, name)
@@ -196,6 +208,8 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argpa
     except ImportError:
         pass
     command = _command_of(parser, argv)
+    if command:
+        check_spelled_out(_command_parser(parser, command), argv, command)
     path = config.find_config(argv) if command else None
     lists = {}
     if path is not None:
@@ -209,12 +223,32 @@ def parse(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, argpa
     return parser, args
 
 
+def check_spelled_out(parser: argparse.ArgumentParser, argv: list[str], command: str) -> None:
+    """Refuse, in one line, a flag written as the start of a longer one (``--conf`` for ``--config``): argparse's
+    abbreviations are off (``allow_abbrev=False``), so without this line it would only say "unrecognized"; a flag
+    is always written in full, and a new flag never changes what an old command line means."""
+    actions = parser._option_string_actions  # noqa: SLF001 - argparse has no public list
+    flags = [o for o in actions if o.startswith("--")]
+    for arg in argv:
+        if arg == "--":
+            return
+        name = arg.split("=", 1)[0]
+        if not name.startswith("--") or name in flags or len(name) < 3:
+            continue
+        longer = sorted(f for f in flags if f.startswith(name))
+        current = [f for f in longer if actions[f].help != argparse.SUPPRESS]  # not the old spellings, where others fit
+        longer = current or longer
+        if longer:
+            raise UserError(f"{name}: nas {command} takes no such flag; flags are written in full: "
+                            f"{' or '.join(longer[:4])}{' or ...' if len(longer) > 4 else ''}")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         parser, args = parse(argv)
     except UserError as e:  # a bad --config file
         command = _command_of(build_parser(), list(sys.argv[1:] if argv is None else argv))
-        print(f"nas {command}: error: {e}", file=sys.stderr)
+        print(hide_password(f"nas {command}: error: {e}"), file=sys.stderr)
         return 2
     if not getattr(args, "run", None):
         parser.print_help()
@@ -225,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(config.dump(args.command, config.effective(_command_parser(parser, args.command), args)))
         return 0
     try:
-        with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)):
+        with logging_to_stderr(args.command, log_level(args.verbose, args.quiet)), progress_off(
+                bool(getattr(args, "no_progress", False))):
             from .commands.checks import check_flags
 
             check_flags(args, _command_parser(parser, args.command))
@@ -236,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             if getattr(args, "result", None) is not None:
                 print(json.dumps(args.result, indent=1, default=_jsonable))
             return status
-    except UserError as e:
-        print(f"nas {args.command}: error: {e}", file=sys.stderr)
+    except UserError as e:  # (every error line: a URL's password hidden, wherever the message came from)
+        print(hide_password(f"nas {args.command}: error: {e}"), file=sys.stderr)
         return 2
     except Exception as e:  # a file system failure (full disk, read-only, a file where a folder goes): one line, exit 2
         from .commands.checks import io_failure
@@ -245,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         line = io_failure(e, args)
         if line is None:
             raise
-        print(f"nas {args.command}: error: {line}", file=sys.stderr)
+        print(hide_password(f"nas {args.command}: error: {line}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"nas {args.command}: interrupted", file=sys.stderr)

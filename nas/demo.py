@@ -179,12 +179,22 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     stage.seconds["compare"] = time.perf_counter() - t0
     summary["stage_seconds"] = stage.all_seconds()
     summary["plan"] = asdict(plan)
+    if space == SPACE and data is None and plan in (FULL, QUICK):  # the command that makes this run again (the page's)
+        summary["command"] = demo_command(p.root, plan, seed, threads)
     p.summary.write_text(json.dumps(summary, indent=2) + "\n")
     # 6. one page that shows the run (nas report)
     from nas.report import write_report
 
     write_report(p.root)
     return summary
+
+
+def demo_command(out: Path, plan: Plan, seed: int, threads: int | None) -> str:
+    """``nas demo`` as typed for ``plan`` (FULL or QUICK), ``seed`` and ``threads`` into ``out`` (quoted for a shell)."""
+    import shlex
+
+    return (f"nas demo --out {shlex.quote(str(out))}" + (" --quick" if plan == QUICK else "")
+            + (f" --seed {seed}" if seed else "") + (f" --threads {threads}" if threads else ""))
 
 
 def budget_from_table(path: Path, percentile: float) -> float:

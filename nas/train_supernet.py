@@ -100,7 +100,7 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
     from supernet.checkpoint import load_checkpoint
     from supernet.distributed import init_from_env, shutdown
     from supernet.task import task_for
-    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, train, use_threads
+    from supernet.train import SandwichObjective, SupernetCheckpointer, TrainConfig, check_log, train, use_threads
 
     out, space = Path(run.out), run.space
     latest = out / "latest.pt"
@@ -127,7 +127,10 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
     meta_before = stored["meta"] if stored else None
     config_dict, objective_dict, options, data = _merge(run, space, task, meta_before)
     data = task.data_settings(data, run.task_flags, meta_before)
+    if getattr(space, "tokenizer", None) is not None and space.tokenizer.bpe:  # the space's subword vocabularies
+        data = {**data, "tokenizer": space.tokenizer.to_dict()}
     config = TrainConfig.from_dict(config_dict)
+    check_log(config.log)  # (a resumed run's stored --log too) before the corpus is read
     if config.seq_len > space.max_seq_len:
         raise UserError(f"--seq-len: {config.seq_len} exceeds the space's max_seq_len {space.max_seq_len}")
     learner = task_for(space, seed=config.seed, **options)
@@ -148,6 +151,8 @@ def train_supernet(run: SupernetRun, progress: Callable | None = None,
         meta = {**data, "device": torch.device(device).type,  # what --resume runs on unless --device is given
                 "corpus": corpus.meta["corpus"], "corpus_hash": corpus.hash, "corpus_sizes": corpus.meta["sizes"],
                 "corpus_dir": str(corpus.path.relative_to(out))}
+        if hasattr(corpus, "vocabulary"):  # the trained vocabulary travels with the checkpoint: export writes it out
+            meta["vocabulary"] = {**corpus.meta["tokenizer"], "json": corpus.vocabulary.text}
         if dist.is_main:
             log.info("%s", task.describe_data(corpus, data))
             log.info("space %s: %s parameters in the largest subnet; %s on %s%s", space.name,

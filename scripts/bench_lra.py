@@ -196,9 +196,9 @@ def space_text(name: str, p: Protocol, length: int, attention: list[str], choice
 
 
 def write_json(path: Path, data) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------- data

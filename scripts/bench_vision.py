@@ -99,9 +99,9 @@ def load_json(path: Path):
 
 
 def save_json(path: Path, data) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    from supernet.files import atomic_write  # (a new temporary file of a unique name: never a planted one)
+
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 # --------------------------------------------------------------------------- stages

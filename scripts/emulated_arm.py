@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -108,9 +109,12 @@ def ensure_root(root: Path, log=print) -> Path:
     if root.exists() and any(root.iterdir()) and not marker.exists():
         raise Refused(f"--root {root}: exists, is not empty and is no arm64 root of ours; give another folder")
     start = time.time()
-    build = root.with_name(f"{root.name}.partial-{os.getpid()}")
-    shutil.rmtree(build, ignore_errors=True)
-    (build / ".debs").mkdir(parents=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f"{root.name}.partial-", dir=root.parent))  # a new folder: never a planted link
+    mask = os.umask(0o022)
+    os.umask(mask)
+    os.chmod(build, 0o777 & ~mask)  # what mkdir gives, not mkdtemp's 0700 (the root is published by a rename)
+    (build / ".debs").mkdir()
     try:
         log(f"building the aarch64 root in {root} (Debian arm64 packages, then wheels) ...")
         _download_debs(build / ".debs")

@@ -22,8 +22,9 @@ say() { echo "smoke_min_versions [$((SECONDS - t0)) s]: $*"; }
 py="$venv/bin/python"
 if [ ! -x "$py" ]; then  # a WORKDIR of an earlier run keeps its environment
     python3 -m venv "$venv"
-    # PyTorch's CPU index is unreachable from this project's machines: one try, then pip goes on with the indexes
-    # and the local wheel it is configured with (an ordinary machine reaches the index at the first try).
+    # PyTorch's CPU index is unreachable from this project's machines: the installer says so and asks pip for PyPI's
+    # torch in the tested range, which pip takes from the local CPU wheel it is configured with (an ordinary machine
+    # reaches the index and takes the +cpu build from there).
     PIP_RETRIES=0 "$py" scripts/install.py translate -c constraints-min.txt
     say "installed"
 fi

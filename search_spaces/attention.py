@@ -114,6 +114,13 @@ def has_form(spec: AttentionSpec, form: str) -> bool:
     return form in types()[spec.kind].forms
 
 
+def grid_problems(spec: AttentionSpec, side: int) -> list[str]:
+    """Why a layer of ``spec`` cannot run on a square grid of ``side`` x ``side`` tokens (an image space's grid at one
+    of its resolutions and patches); empty for a type that runs on any grid, or that reads no grid (a 1D type)."""
+    check = getattr(types()[spec.kind], "grid_problems", None)
+    return list(check(spec, side)) if check is not None else []
+
+
 def spec_problems(spec: AttentionSpec, max_seq_len: int, heads: tuple[int, ...]) -> list[str]:
     """Why ``spec`` does not fit a space with this ``max_seq_len`` and these ``heads`` choices (empty if it does)."""
     return types()[spec.kind].problems(spec, max_seq_len, heads)

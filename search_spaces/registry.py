@@ -74,10 +74,14 @@ class Registry(Generic[T]):
         """Import the plugins once: the entry points of ``group``, else the ``builtin`` package."""
         if self._loaded:
             return
-        self._loaded = True
-        declared = load_entry_points(self.group) if self.group else False
-        if not declared and self.builtin:
-            importlib.import_module(self.builtin)
+        self._loaded = True  # (set first: a plugin that looks itself up while it loads must not load again)
+        try:
+            declared = load_entry_points(self.group) if self.group else False
+            if not declared and self.builtin:
+                importlib.import_module(self.builtin)
+        except BaseException:
+            self._loaded = False  # a failed import is tried again on the next use, not taken for an empty registry
+            raise
 
     def all(self) -> dict[str, T]:
         """Every entry by name, in registration order (the plugins loaded first)."""

@@ -93,6 +93,9 @@ class Subnet(SubnetFile):
     heads: tuple[int, ...]
     ffn_dim: tuple[int, ...]
     attention: tuple[str, ...]
+    # the vocabulary size of a space that searches it (tokenizer: {bpe: [...]}); None: the space's one (keyword-only: a
+    # subclass, the image task's subnet, adds fields of its own)
+    vocab: int | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         # Structural checks only (types and lengths); membership is Space.check's job.
@@ -100,6 +103,8 @@ class Subnet(SubnetFile):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise SubnetError(f"subnet.{name}: {shown(value)} is not a positive integer")
+        if self.vocab is not None and (not is_int(self.vocab) or self.vocab < 1):
+            raise SubnetError(f"subnet.vocab: {shown(self.vocab)} is not a positive integer")
         for name in ("heads", "ffn_dim", "attention"):
             value = getattr(self, name)
             if not isinstance(value, tuple):
@@ -130,13 +135,16 @@ class Subnet(SubnetFile):
     # -- serialisation ------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "embed_dim": self.embed_dim,
             "depth": self.depth,
             "heads": list(self.heads),
             "ffn_dim": list(self.ffn_dim),
             "attention": list(self.attention),
         }
+        if self.vocab is not None:  # only a space that searches the vocabulary has it: every other key stays as it was
+            out["vocab"] = self.vocab
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "Subnet":
@@ -146,9 +154,9 @@ class Subnet(SubnetFile):
             raise SubnetError(f"{where}: an encoder-decoder's subnet (keys encoder and decoder), not one of this decoder-only "
                               "space (keys embed_dim, depth, heads, ffn_dim, attention): the subnet is of another space")
         expected = {"embed_dim", "depth", "heads", "ffn_dim", "attention"}
-        unknown = sorted(set(map(str, data)) - expected)
+        unknown = sorted(set(map(str, data)) - expected - {"vocab"})
         missing = sorted(expected - set(data))
-        problems = [f"{where}: unknown key {shown(k)} (allowed: {', '.join(sorted(expected))})" for k in unknown]
+        problems = [f"{where}: unknown key {shown(k)} (allowed: {', '.join(sorted(expected | {'vocab'}))})" for k in unknown]
         problems += [f"{where}: missing key {shown(k)}" for k in missing]
         if problems:
             raise SubnetError("\n".join(problems))
@@ -158,7 +166,7 @@ class Subnet(SubnetFile):
                 raise SubnetError(f"{where}.{k}: expected a list, got {shown(data[k])}")
             lists[k] = tuple(data[k])
         try:
-            return cls(embed_dim=data["embed_dim"], depth=data["depth"], **lists)
+            return cls(embed_dim=data["embed_dim"], depth=data["depth"], **lists, vocab=data.get("vocab"))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
@@ -171,7 +179,105 @@ class Subnet(SubnetFile):
             else:
                 runs.append([1, layer])
         text = ", ".join(f"{n}x " * (n > 1) + f"{h}h/{f}/{a}" for n, (h, f, a) in runs)
-        return f"d{self.embed_dim} L{self.depth} [{text}]"
+        vocab = f" V{self.vocab}" if self.vocab is not None else ""
+        return f"d{self.embed_dim} L{self.depth}{vocab} [{text}]"
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+BYTES = 256  # the byte ids 0-255: every vocabulary starts with them
+MAX_VOCAB = 1 << 16  # token ids are stored as uint16
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a space's models read: ``bytes`` (the ids 0-255 are the bytes; the default) or byte-level BPE
+    vocabularies of ``sizes`` (``tokenizer: {bpe: 4096}``, or several, searched: ``{bpe: [bytes, 1024, 4096]}``).
+
+    A BPE of size ``k`` is the bytes (and the task's specials, ``base`` ids in all) plus the first ``k - base``
+    merges of one BPE trained at the largest size: the vocabularies are nested, so a smaller one's embedding
+    rows are the leading rows of a larger one's (``supernet.tokenizer``).  ``bytes`` among the sizes is the
+    vocabulary of no merge (size ``base``)."""
+
+    kind: str = "bytes"  # "bytes" or "bpe"
+    sizes: tuple[int, ...] = ()  # bpe: the vocabulary sizes, ascending (``base`` where ``bytes`` is listed)
+    base: int = BYTES  # ids before the first merge: the bytes and the task's special ids
+
+    @property
+    def bpe(self) -> bool:
+        return self.kind == "bpe"
+
+    @property
+    def searched(self) -> bool:
+        """Whether subnets choose among several vocabularies (a ``vocab`` gene)."""
+        return len(self.sizes) > 1
+
+    def to_dict(self) -> Any:
+        """The YAML form (``bytes``, ``{bpe: 4096}``, ``{bpe: [bytes, 1024]}``)."""
+        if not self.bpe:
+            return "bytes"
+        sizes = ["bytes" if k == self.base else k for k in self.sizes]
+        return {"bpe": sizes[0] if len(sizes) == 1 else sizes}
+
+    def __str__(self) -> str:
+        if not self.bpe:
+            return "bytes"
+        return "byte-level BPE " + ", ".join("bytes" if k == self.base else f"{k:,}" for k in self.sizes)
+
+
+def parse_tokenizer(c: "Checker", raw: Any, base: int, subword: bool, task: str | None) -> TokenizerSpec | None:
+    """The ``tokenizer:`` field: ``bytes`` or ``{bpe: SIZE or [SIZE or bytes, ...]}``, each size above ``base`` (the
+    bytes and the task's special ids) and at most :data:`MAX_VOCAB`; ``subword``: whether the task reads BPE."""
+    if raw == "bytes":
+        return TokenizerSpec(base=base)
+    example = "bytes, {bpe: 4096} or {bpe: [bytes, 1024, 4096]}"
+    if not isinstance(raw, dict) or set(raw) != {"bpe"}:
+        c.error("tokenizer", f"{shown(raw)} is not a tokenizer (expected {example})")
+        return None
+    if not subword:
+        c.error("tokenizer", f"task {task} reads bytes only (a subword vocabulary is for causal-lm and seq2seq spaces)")
+        return None
+    values = raw["bpe"] if isinstance(raw["bpe"], list) else [raw["bpe"]]
+    if not values:
+        c.error("tokenizer.bpe", f"expected a size or a non-empty list of sizes ({example})")
+        return None
+    sizes = []
+    for i, v in enumerate(values):
+        path = "tokenizer.bpe" if not isinstance(raw["bpe"], list) else f"tokenizer.bpe[{i}]"
+        if v == "bytes":
+            sizes.append(base)
+        elif not is_int(v) or not base < v <= MAX_VOCAB:
+            c.error(path, f"{shown(v)} is not a vocabulary size: expected bytes or an integer in {base + 1}..{MAX_VOCAB} "
+                          f"(the {base} ids of the bytes{' and specials' if base > BYTES else ''} come first)")
+        else:
+            sizes.append(int(v))
+    if len(sizes) != len(values) or c.unique("tokenizer.bpe", tuple(sizes)) is None:
+        return None
+    return TokenizerSpec("bpe", tuple(sorted(sizes)), base)
+
+
+def tokenizer_spec(raw: Any, base: int = BYTES, where: str = "tokenizer") -> TokenizerSpec:
+    """A ``tokenizer:`` value (the YAML form, as a run's meta records it) as a spec; :class:`SpaceError` when it is not one."""
+    c = Checker(where)
+    spec = parse_tokenizer(c, raw, base, True, None)
+    if c.errors or spec is None:
+        raise SpaceError(c.errors)
+    return spec
+
+
+def check_vocab_size(c: "Checker", vocab: int | None, spec: TokenizerSpec | None, given: bool) -> int | None:
+    """A BPE space's ``vocab_size`` (the embedding's rows): the largest vocabulary when not given; refused when smaller."""
+    if spec is None or not spec.bpe:
+        return vocab
+    largest = spec.sizes[-1]
+    if not given:
+        return largest
+    if vocab is not None and vocab < largest:
+        c.error("vocab_size", f"{vocab} is smaller than the largest vocabulary of tokenizer.bpe ({largest}): the embedding "
+                              "holds every vocabulary's rows (leave vocab_size out, or give at least that)")
+        return None
+    return vocab
 
 
 # --------------------------------------------------------------------------- space
@@ -329,8 +435,24 @@ class Space(SpaceIdentity):
     source: str = field(default="<memory>", compare=False)
     form: str = field(default="", compare=False)  # the attention form; "" = the task's (search_spaces.tasks)
     memory: int = 0  # a causal model's memory: tokens of the previous segment every layer attends to (0: none)
+    tokenizer: TokenizerSpec = field(default=TokenizerSpec(), kw_only=True)  # bytes (the default) or byte-level BPE
 
     subnet_type = Subnet  # (a class attribute, not a field: SpaceIdentity.check)
+
+    # -- vocabulary ---------------------------------------------------------------
+
+    @property
+    def vocabs(self) -> tuple[int, ...]:
+        """The vocabulary sizes a subnet may read, ascending: ``(vocab_size,)`` for bytes, the BPE sizes otherwise."""
+        return self.tokenizer.sizes if self.tokenizer.bpe else (self.vocab_size,)
+
+    def vocab_of(self, subnet: Subnet) -> int:
+        """The vocabulary ``subnet`` reads (its embedding and output rows): its gene, or the space's one."""
+        return subnet.vocab if subnet.vocab is not None else self.vocabs[-1]
+
+    def _vocab_gene(self, value: int) -> int | None:
+        """What a subnet stores of vocabulary ``value``: the size where the space searches it, else None."""
+        return value if self.tokenizer.searched else None
 
     # -- shape facts --------------------------------------------------------------
 
@@ -369,12 +491,14 @@ class Space(SpaceIdentity):
     def largest(self, attention: str | None = None) -> Subnet:
         """Widest and deepest subnet; every layer uses ``attention`` (default: the first listed type)."""
         d, a = self.max_depth, self._type_or_first(attention)
-        return Subnet(self.max_embed_dim, d, (self.max_heads,) * d, (self.max_ffn_dim,) * d, (a,) * d)
+        return Subnet(self.max_embed_dim, d, (self.max_heads,) * d, (self.max_ffn_dim,) * d, (a,) * d,
+                      vocab=self._vocab_gene(self.vocabs[-1]))
 
     def smallest(self, attention: str | None = None) -> Subnet:
         """Narrowest and shallowest subnet; every layer uses ``attention`` (default: the first listed type)."""
         d, a = min(self.depth), self._type_or_first(attention)
-        return Subnet(min(self.embed_dim), d, (min(self.heads),) * d, (min(self.ffn_dim),) * d, (a,) * d)
+        return Subnet(min(self.embed_dim), d, (min(self.heads),) * d, (min(self.ffn_dim),) * d, (a,) * d,
+                      vocab=self._vocab_gene(self.vocabs[0]))
 
     def _type_or_first(self, attention: str | None) -> str:
         assert attention is None or attention in self.attention, (attention, self.attention)
@@ -382,8 +506,8 @@ class Space(SpaceIdentity):
 
     def uniform(self) -> list[Subnet]:
         """Every hand-scaled Transformer of the space: all layers the same heads, FFN width and attention type."""
-        grid = itertools.product(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention)
-        return [Subnet(e, d, (h,) * d, (f,) * d, (a,) * d) for e, d, h, f, a in grid]
+        grid = itertools.product(self.embed_dim, self.depth, self.heads, self.ffn_dim, self.attention, self.vocabs)
+        return [Subnet(e, d, (h,) * d, (f,) * d, (a,) * d, vocab=self._vocab_gene(v)) for e, d, h, f, a, v in grid]
 
     def sample(self, rng: np.random.Generator) -> Subnet:
         """Draw each choice uniformly and independently (depth first, then every layer)."""
@@ -394,13 +518,15 @@ class Space(SpaceIdentity):
             heads=tuple(int(x) for x in rng.choice(self.heads, size=depth)),
             ffn_dim=tuple(int(x) for x in rng.choice(self.ffn_dim, size=depth)),
             attention=tuple(str(self.attention[i]) for i in rng.integers(len(self.attention), size=depth)),
+            # drawn last, and only where searched: a space of one vocabulary draws exactly what it drew before
+            vocab=int(rng.choice(self.vocabs)) if self.tokenizer.searched else None,
         )
 
     def lightest(self) -> list[Subnet]:
         """The smallest choice of every dimension, once with each attention type on every layer (the search's first
         candidates for a tight budget: which type is the lightest depends on the device)."""
         s = self.smallest()
-        return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth) for a in self.attention]
+        return [Subnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, (a,) * s.depth, vocab=s.vocab) for a in self.attention]
 
     # -- genes: what the search's operators and its storage ask of a space ---------
 
@@ -415,7 +541,10 @@ class Space(SpaceIdentity):
             for name, choices in genes.items():
                 inherited = i < parent.depth and rng.random() >= prob
                 layers[name].append(getattr(parent, name)[i] if inherited else _pick(rng, choices))
-        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+        vocab = parent.vocab
+        if self.tokenizer.searched and rng.random() < prob:
+            vocab = int(_pick(rng, self.vocabs))
+        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")), vocab=vocab)
 
     def crossover(self, a: Subnet, b: Subnet, rng: np.random.Generator) -> Subnet:
         """Each gene from ``a`` or ``b`` with equal chance; layers only one parent has come from it."""
@@ -427,7 +556,8 @@ class Space(SpaceIdentity):
             for name in layers:
                 have = [getattr(p, name)[i] for p in parents if i < p.depth]
                 layers[name].append(have[int(rng.integers(len(have)))])
-        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")))
+        vocab = parents[int(rng.integers(2))].vocab if self.tokenizer.searched else None
+        return Subnet(int(embed), int(depth), *(tuple(layers[n]) for n in ("heads", "ffn_dim", "attention")), vocab=vocab)
 
     def genes(self, subnet: Subnet) -> dict[str, tuple[Any, tuple]]:
         """The subnet's genes by name, each ``(value, choices)``: a search's storage keeps them as categorical
@@ -437,6 +567,8 @@ class Space(SpaceIdentity):
             for name, value, choices in (("heads", layer.heads, self.heads), ("ffn_dim", layer.ffn_dim, self.ffn_dim),
                                          ("attention", layer.attention, self.attention)):
                 out[f"l{i}.{name}"] = (value, choices)
+        if self.tokenizer.searched:
+            out["vocab"] = (subnet.vocab, self.vocabs)
         return out
 
     def problems(self, subnet: Subnet) -> list[str]:
@@ -453,12 +585,17 @@ class Space(SpaceIdentity):
             check(f"heads[{i}]", layer.heads, self.heads)
             check(f"ffn_dim[{i}]", layer.ffn_dim, self.ffn_dim)
             check(f"attention[{i}]", layer.attention, self.attention)
+        if self.tokenizer.searched:
+            check("vocab", subnet.vocab, self.vocabs)
+        elif subnet.vocab is not None:
+            out.append(f"vocab: {shown(subnet.vocab)} given, but space {self.name!r} does not search the vocabulary "
+                       f"(it reads {self.tokenizer})")
         return out
 
     def size(self) -> int:
         """Number of distinct subnets."""
         per_layer = len(self.heads) * len(self.ffn_dim) * len(self.attention)
-        return len(self.embed_dim) * sum(per_layer**d for d in self.depth)
+        return len(self.vocabs) * len(self.embed_dim) * sum(per_layer**d for d in self.depth)
 
     def enumerate_layers(self) -> Iterator[LayerChoice]:
         for h in self.heads:
@@ -473,13 +610,16 @@ class Space(SpaceIdentity):
         for i in range(self.max_depth):
             names += [f"l{i}.active", f"l{i}.heads", f"l{i}.ffn_dim"]
             names += [f"l{i}.attn={a}" for a in self.attention]
-        return names
+        return names + (["vocab"] if self.tokenizer.searched else [])
 
     def encode(self, subnet: Subnet) -> np.ndarray:
-        """Fixed-length float vector: embed_dim, depth, then per layer (active, heads, ffn_dim, one-hot type)."""
+        """Fixed-length float vector: embed_dim, depth, then per layer (active, heads, ffn_dim, one-hot type), then the
+        vocabulary size where the space searches it."""
         self.check(subnet)
         n_att = len(self.attention)
-        vec = np.zeros(2 + self.max_depth * (3 + n_att), dtype=np.float64)
+        vec = np.zeros(2 + self.max_depth * (3 + n_att) + self.tokenizer.searched, dtype=np.float64)
+        if self.tokenizer.searched:
+            vec[-1] = subnet.vocab
         vec[0], vec[1] = subnet.embed_dim, subnet.depth
         for i, layer in enumerate(subnet.layers):
             base = 2 + i * (3 + n_att)
@@ -491,10 +631,9 @@ class Space(SpaceIdentity):
         """Inverse of :meth:`encode`."""
         vec = np.asarray(vec, dtype=np.float64)
         n_att = len(self.attention)
-        if vec.shape != (2 + self.max_depth * (3 + n_att),):
-            raise SubnetError(
-                f"feature vector has shape {vec.shape}, space {self.name!r} expects ({2 + self.max_depth * (3 + n_att)},)"
-            )
+        n = 2 + self.max_depth * (3 + n_att) + self.tokenizer.searched
+        if vec.shape != (n,):
+            raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({n},)")
         depth = int(round(vec[1]))
         heads, ffn, att = [], [], []
         for i in range(depth):
@@ -502,7 +641,8 @@ class Space(SpaceIdentity):
             heads.append(int(round(vec[base + 1])))
             ffn.append(int(round(vec[base + 2])))
             att.append(self.attention[int(np.argmax(vec[base + 3 : base + 3 + n_att]))])
-        return self.check(Subnet(int(round(vec[0])), depth, tuple(heads), tuple(ffn), tuple(att)))
+        vocab = int(round(vec[-1])) if self.tokenizer.searched else None
+        return self.check(Subnet(int(round(vec[0])), depth, tuple(heads), tuple(ffn), tuple(att), vocab=vocab))
 
     # -- identity -----------------------------------------------------------------
 
@@ -519,6 +659,8 @@ class Space(SpaceIdentity):
             "layers": {"heads": list(self.heads), "ffn_dim": list(self.ffn_dim), "attention": list(self.attention)},
             **({"memory": self.memory} if self.memory else {}),  # (absent without memory: hashes as before)
             "latency": {w.name: w.to_dict() for w in self.workloads},
+            # only a subword space says it: the dict (and so the hash) of a byte space is what it was
+            **({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer.bpe else {}),
         }
 
     # hash, arch_hash, check, workload: SpaceIdentity
@@ -648,8 +790,8 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
     top = c.keys(
         "",
         data,
-        required=("task", "vocab_size", "max_seq_len", "embed_dim", "depth", "layers", "latency"),
-        optional=("name", "head_dim", "positions", "memory"),
+        required=("task", "max_seq_len", "embed_dim", "depth", "layers", "latency"),
+        optional=("name", "head_dim", "positions", "vocab_size", "tokenizer", "memory"),
     )
     if not top:
         raise SpaceError(c.errors)
@@ -658,6 +800,11 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
         c.error("name", f"{shown(name)} is not a non-empty string")
     task = c.choice("task", top.get("task"), tuple(registry.tasks())) if "task" in top else None
     vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
+    subword = task is not None and getattr(registry.get(task), "subword", False)
+    tokenizer = parse_tokenizer(c, top.get("tokenizer", "bytes"), BYTES, subword, task)
+    if "vocab_size" not in top and tokenizer is not None and not tokenizer.bpe:
+        c.error("vocab_size", "missing")
+    vocab = check_vocab_size(c, vocab, tokenizer, "vocab_size" in top)
     max_seq = c.pos_int("max_seq_len", top["max_seq_len"]) if "max_seq_len" in top else None
     head_dim = c.pos_int("head_dim", top.get("head_dim", 64))
     positions = c.choice("positions", top.get("positions", "rope"), POSITIONS)
@@ -712,6 +859,7 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
         source=source,
         form=form or "",
         memory=memory,
+        tokenizer=tokenizer,
     )
 
 
@@ -795,6 +943,8 @@ def describe_stack(space: Space) -> str:
         f"space {space.name}  ({space.source}, hash {space.hash})",
         f"  task          {space.task}, vocab {space.vocab_size}, max_seq_len {space.max_seq_len}, "
         f"head_dim {space.head_dim}, positions {space.positions}",
+        *([f"  tokenizer     {space.tokenizer}" + ("   (searched)" if space.tokenizer.searched else "")]
+          if space.tokenizer.bpe else []),
         f"  embed_dim     {', '.join(map(str, space.embed_dim))}",
         f"  depth         {', '.join(map(str, space.depth))}",
         f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",

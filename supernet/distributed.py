@@ -8,6 +8,7 @@ process needs none of it and gets :data:`SINGLE`.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import torch
@@ -49,16 +50,20 @@ SINGLE = Dist()
 def init_from_env(device: str) -> tuple[Dist, torch.device]:
     """Join the process group ``torchrun`` describes (if any) and pick this rank's device.
 
-    ``device`` is ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
+    ``device`` is ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N`` (one process: that GPU; under
+    ``torchrun`` each rank takes its local GPU).
     """
-    if device not in ("auto", "cpu", "cuda"):
-        raise UserError(f"--device: {device!r} is not one of auto, cpu, cuda")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: this torch build sees no CUDA device")
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", str(device)):
+        raise UserError(f"--device: {device!r} is not one of auto, cpu, cuda, cuda:N")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: this torch build sees no CUDA device")
+    if device.startswith("cuda:") and int(device.split(":")[1]) >= torch.cuda.device_count():
+        raise UserError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s) (cuda:0 to "
+                        f"cuda:{torch.cuda.device_count() - 1})")
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
-        return SINGLE, torch.device("cuda" if use_cuda else "cpu")
+        return SINGLE, torch.device(device if device.startswith("cuda:") else "cuda" if use_cuda else "cpu")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)

@@ -55,9 +55,10 @@ def norm_slice(norm: nn.LayerNorm, dim: int) -> tuple[Tensor, Tensor]:
     return norm.weight[:dim], norm.bias[:dim]
 
 
-def embedding_slice(emb: nn.Embedding, dim: int) -> Tensor:
-    assert dim <= emb.embedding_dim, (dim, emb)
-    return emb.weight[:, :dim]
+def embedding_slice(emb: nn.Embedding, dim: int, rows: int | None = None) -> Tensor:
+    """The leading ``dim`` columns (and ``rows`` rows: a nested vocabulary's ids, ``supernet.tokenizer``) of an embedding."""
+    assert dim <= emb.embedding_dim and (rows is None or rows <= emb.num_embeddings), (dim, rows, emb)
+    return emb.weight[:rows, :dim]
 
 
 def leading_slice(weight: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -307,7 +308,7 @@ class SuperTransformer(nn.Module):
         self._check(subnet)
         check_tokens(idx, self.space.vocab_size, self.space.max_seq_len)
         e, t = subnet.embed_dim, idx.shape[1]
-        tok = embedding_slice(self.tok_emb, e)
+        tok = embedding_slice(self.tok_emb, e, self.space.vocab_of(subnet))  # (V, E): the subnet's vocabulary's rows
         x = embed(idx, tok, embedding_slice(self.pos_emb, e) if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk, layer in zip(self.blocks, subnet.layers):
@@ -318,7 +319,7 @@ class SuperTransformer(nn.Module):
         """Parameters of ``subnet`` (as a static model: what ``extract`` returns holds exactly this many)."""
         self.space.check(subnet)
         e = subnet.embed_dim
-        n = self.space.vocab_size * e + self.ln_f.num_params(e)
+        n = self.space.vocab_of(subnet) * e + self.ln_f.num_params(e)
         if self.pos_emb is not None:
             n += self.space.max_seq_len * e
         return n + sum(block.num_params(e, layer) for block, layer in zip(self.blocks, subnet.layers))
@@ -329,7 +330,7 @@ class SuperTransformer(nn.Module):
         config = TransformerConfig.from_subnet(self.space, subnet)
         static = Transformer(config).to(self.tok_emb.weight.device)
         e = subnet.embed_dim
-        copy_into(static.tok_emb.weight, embedding_slice(self.tok_emb, e))
+        copy_into(static.tok_emb.weight, embedding_slice(self.tok_emb, e, config.vocab_size))
         if self.pos_emb is not None:
             copy_into(static.pos_emb.weight, embedding_slice(self.pos_emb, e))
         _copy_norm(static.ln_f, self.ln_f)

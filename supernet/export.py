@@ -20,7 +20,7 @@ import torch
 from search_spaces import Subnet, UserError, tasks
 from search_spaces.version import __version__
 
-from .artifact import card_space, update_card
+from .artifact import card_space, read_card, update_card
 from .model import Transformer
 from .onnx_decode import export_decode_onnx, onnx_decode_logits
 from .onnx_export import add_metadata, onnx_session
@@ -89,11 +89,13 @@ def choose_opset(target_ort: str | None) -> tuple[int, list[str]]:
     raise UserError(f"--target-ort: ONNX Runtime {target_ort} is too old; this tool exports opset >= 18 (ONNX Runtime >= 1.14)")
 
 
-def onnx_metadata(space, subnet) -> dict[str, str]:
+def onnx_metadata(space, subnet, tokenizer: str = "bytes") -> dict[str, str]:
     """The ``nas.*`` entries of the ONNX metadata (``metadata_props``; in ONNX Runtime
     ``session.get_modelmeta().custom_metadata_map``) of every graph an export writes, so that the file describes
     itself without its card: ``nas.task``, ``nas.vocab_size``, ``nas.max_seq_len`` (the longest input the model
-    reads), ``nas.tokenizer`` (``bytes``: UTF-8 bytes are the ids 0-255), ``nas.specials`` (JSON: the task's ids of
+    reads), ``nas.tokenizer`` (``bytes``: UTF-8 bytes are the ids 0-255; ``bpe:SIZE:sha256=HEX``: the byte-level BPE
+    of the folder's ``tokenizer.json`` of that digest, :meth:`supernet.tokenizer.Vocabulary.metadata`), ``nas.specials``
+    (JSON: the task's ids of
     special meaning, :attr:`tasks.base.Task.specials`; ``{}`` for a causal LM), ``nas.subnet`` (the subnet's canonical
     JSON, whose sha256 prefix is its key), ``nas.space_hash`` and ``nas.version`` (this package's).
 
@@ -101,9 +103,9 @@ def onnx_metadata(space, subnet) -> dict[str, str]:
     the card that hashes it; the graph and its card agree through that checksum (add the metadata before it)."""
     return {
         "nas.task": space.task,
-        "nas.vocab_size": str(space.vocab_size),
+        "nas.vocab_size": str(space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size),
         "nas.max_seq_len": str(space.max_seq_len),
-        "nas.tokenizer": "bytes",
+        "nas.tokenizer": tokenizer,
         "nas.specials": json.dumps(tasks.of(space).specials, sort_keys=True),
         "nas.subnet": subnet.to_json(),
         "nas.space_hash": space.hash,
@@ -122,7 +124,9 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
     out = Path(out)
     model = model.eval().cpu()
     path = export_decode_onnx(model, out / STEP_FILE, opset=opset)
-    add_metadata(path, onnx_metadata(card_space(out), model.subnet))  # beside decode_inputs; before the card's sha256
+    card = read_card(out)
+    said = (card.get("tokenizer") or {}).get("metadata", "bytes")
+    add_metadata(path, onnx_metadata(card_space(out, card), model.subnet, said))  # beside decode_inputs; before the card's sha256
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, model.config.vocab_size, (2, min(tokens, model.config.max_seq_len)), generator=g)  # (B, T)
     with torch.no_grad():
@@ -146,7 +150,7 @@ def memory_parity(model: Transformer, path: Path, seed: int = 0) -> dict:
     """The step graph of a model with a memory fed past its window (two segments and a token) by the ONNX generation
     loop, which trims the caches to the memory, against torch's decoding cache; over :data:`PARITY_TOL` the file is
     removed and a :class:`UserError` says so."""
-    from .memory import decode_logits
+    from .decode import decode_logits
 
     c = model.config
     g = torch.Generator().manual_seed(seed + 1)

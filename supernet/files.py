@@ -1,8 +1,11 @@
 """Writing files so that a crash, a kill or a full disk never leaves a half file, and checking that
 an artifact folder is one whole.
 
-* :func:`atomic_write` writes beside the target, fsyncs and renames over it: the target is the old
-  file or the new one, never a mix; a failed write (a full disk) removes its temporary file.  The new
+* :func:`atomic_write` (and :func:`atomic_stream`, for a file written piece by piece) writes beside the
+  target, fsyncs and renames over it: the target is the old file or the new one, never a mix; a failed
+  write (a full disk, Ctrl-C) removes its temporary file.  The temporary file has a new, unpredictable
+  name made with ``O_EXCL`` (:func:`temp_file`): a file or link planted beside the target under any
+  name is never opened, so a link never leads a write to its target.  The new
   file has the mode an ``open()`` would give it (0666 less the umask), or the mode of the file it
   replaces (:func:`file_mode`); folders made to be published get 0777 less the umask (:func:`temp_dir`).
 * An artifact folder (an exported model, a predictor) lists the sha256 of each of its parts in its
@@ -15,17 +18,21 @@ an artifact folder is one whole.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import gzip
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tempfile
+import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from search_spaces import UserError
+from search_spaces.errors import first_line
 
 
 def sha256_file(path: str | Path) -> str:
@@ -34,6 +41,57 @@ def sha256_file(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` is no regular file to read, in words for a one-line refusal (None: it is one): "no such file", "a
+    link to a missing file", "a folder", "not a regular file (a FIFO, a socket or a device)" (a FIFO would block, a
+    device never end), or the system's reason (permission denied).  Read the file after this, and a file another run
+    removed or renamed meanwhile is :func:`read_bounded`'s "no such file (... moved or renamed meanwhile?)"."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "a link to a missing file" if os.path.islink(path) else "no such file"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+    if stat.S_ISDIR(st.st_mode):
+        return "a folder"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a FIFO, a socket or a device)"
+    return None
+
+
+def read_bounded(path: str | Path, limit: int, what: str, gunzip: bool = False) -> bytes:
+    """The bytes of a user's file, at most ``limit`` of them; with ``gunzip``, gunzipped when it starts with gzip's
+    magic (else as they are).  A file that is not a regular file (a FIFO would block, ``/dev/zero`` never ends) or
+    that holds, or decompresses to, more than ``limit`` bytes (a gzip bomb: a few kilobytes that expand into
+    gigabytes) is refused before more is read, and a damaged or truncated gzip stream (``zlib.error``, ``EOFError``)
+    is a ``ValueError`` naming the file, like every other refusal here."""
+    path = Path(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO or a device)"
+            raise ValueError(f"{path}: {kind}; expected {what}")
+        with open(path, "rb") as f:
+            if gunzip and f.read(2) == b"\x1f\x8b":
+                f.seek(0)
+                with gzip.GzipFile(fileobj=f) as g:
+                    data = g.read(limit + 1)
+                how = "decompresses to"
+            else:
+                f.seek(0)
+                data = f.read(limit + 1)
+                how = "holds"
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (expected {what}; was it moved or renamed meanwhile?)") from None
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+        why = getattr(e, "strerror", None) or first_line(e)
+        raise ValueError(f"{path}: not a readable {what.removeprefix('a ').removeprefix('an ')}"
+                         f"{' (gzip or plain)' if gunzip else ''}: {why}") from None
+    if len(data) > limit:
+        raise ValueError(f"{path}: {how} more than {limit:,} bytes; {what} here is at most {limit:,}")
+    return data
 
 
 def umask() -> int:
@@ -81,18 +139,16 @@ def temp_dir(prefix: str, parent: str | Path) -> Path:
     return tmp
 
 
-def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
-    """Write ``data`` (bytes, text, or a function that writes into a binary file) to ``path`` whole or not
-    at all: a temporary file beside it, fsync, rename over the target; removed again if anything fails.
-    The file gets the mode of the one it replaces, else 0666 less the umask (:func:`file_mode`)."""
+@contextlib.contextmanager
+def atomic_stream(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, piece by piece, whole or not at all: a new temporary file beside it
+    (:func:`temp_file`: a unique name, ``O_EXCL``), fsynced and renamed over ``path`` when the block ends; removed when
+    the block or the rename raises (an error, Ctrl-C, a full disk), so nothing is left beside the target."""
     path = Path(path)
     fd, tmp = temp_file(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -101,7 +157,18 @@ def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None
         if isinstance(e, OSError) and not e.filename:
             e.filename = str(path)  # name the file in the one-line error
         raise
-    return path
+
+
+def atomic_write(path: str | Path, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
+    """Write ``data`` (bytes, text, or a function that writes into a binary file) to ``path`` whole or not
+    at all (:func:`atomic_stream`: a temporary file beside it, fsync, rename over the target; removed again if
+    anything fails).  The file gets the mode of the one it replaces, else 0666 less the umask (:func:`file_mode`)."""
+    with atomic_stream(path) as f:
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def publish_dir(tmp: Path, target: Path, valid: Callable[[Path], bool]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -27,8 +27,11 @@ def generate(
     on_token: Callable[[int], None] | None = None,
     overflow: str = "reprefill",
     keep: int | None = None,
+    vocabulary: Any = None,
 ) -> bytes:
-    """Continue ``prompt`` by ``max_new_tokens`` bytes. ``temperature == 0`` is greedy decoding.
+    """Continue ``prompt`` by ``max_new_tokens`` tokens (bytes for a byte model); the bytes they spell.
+    ``temperature == 0`` is greedy decoding; ``vocabulary``: the model's (:class:`supernet.tokenizer.Vocabulary`, its
+    folder's ``tokenizer.json``) that reads the prompt and spells the tokens; None: the ids are the bytes.
 
     The prompt (its last ``max_seq_len`` bytes) is prefilled once, then every new token costs one
     :func:`~supernet.decode.decode_step`.  Up to ``max_seq_len`` tokens of context the logits are
@@ -54,7 +57,8 @@ def generate(
         _check_can_continue(model)
     model.eval()
     device = model.tok_emb.weight.device
-    tokens = list(prompt) or [ord("\n")]
+    tokens = (vocabulary.encode(prompt).tolist() if vocabulary is not None else list(prompt)) or [ord("\n")]
+    given = len(tokens) if prompt else 1
     logits, cache = _prefill(model, tokens[-limit:], device)
     for n in range(max_new_tokens):
         nxt = _sample(logits, temperature, top_k, generator)
@@ -68,7 +72,8 @@ def generate(
             logits = step_logits[0, -1]
         else:
             logits, cache = _prefill(model, tokens[-(limit if overflow == "slide" else keep) :], device)
-    return bytes(tokens[len(prompt) or 1 :])
+    new = tokens[given:]
+    return vocabulary.decode(new) if vocabulary is not None else bytes(new)
 
 
 def _prefill(model: Transformer, context: list[int], device) -> tuple[Tensor, DecodeCache]:

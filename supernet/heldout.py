@@ -58,15 +58,24 @@ class HeldOut:
     become what the task scores, once, here: ``transform(inputs, targets)`` -> (inputs, targets), targets
     :data:`IGNORE` where a position is not scored (a masked LM's inputs are the windows with fixed masks, and the
     bits are per masked byte).
+
+    With ``token_lengths`` (each id's length in bytes: a subword vocabulary's, :mod:`supernet.tokenizer`) a window's
+    summed loss is divided by the bytes its scored targets spell, not by their count: bits per byte of text, the unit
+    in which vocabularies compare.
     """
 
     def __init__(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int,
-                 transform: Callable[[torch.Tensor, torch.Tensor], Windows] | None = None):
+                 transform: Callable[[torch.Tensor, torch.Tensor], Windows] | None = None,
+                 token_lengths: np.ndarray | None = None):
         x, y = windows(np.asarray(tokens).reshape(-1), np.asarray(starts, dtype=np.int64), seq_len)  # (W, T) each
         self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
         if transform is not None:
             self.x, self.y = transform(self.x, self.y)
         self.scored = (self.y != IGNORE).sum(1).double()  # (W,) scored positions per window
+        self.per_byte = token_lengths is not None
+        if token_lengths is not None:  # (W,) the bytes the scored targets spell
+            lengths = torch.as_tensor(np.asarray(token_lengths, dtype=np.float64))
+            self.scored = torch.where(self.y != IGNORE, lengths[self.y.clamp(min=0)], 0.0).sum(1)
         self.seq_len = seq_len
 
     @classmethod
@@ -77,6 +86,7 @@ class HeldOut:
         held.x, held.y = torch.as_tensor(np.asarray(inputs)), torch.as_tensor(np.asarray(targets))
         held.scored = (held.y != IGNORE).sum(1).double()  # (W,)
         held.seq_len = held.x.shape[1]
+        held.per_byte = False
         return held
 
     @property
@@ -88,16 +98,21 @@ class HeldOut:
     def bits(self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True) -> float:
         """Mean next-token cross-entropy in bits (bits per byte for byte-level models).
 
-        Runs in eval mode without gradients; bf16 autocast on CUDA unless ``mixed_precision`` is off.
+        Runs in eval mode without gradients; bf16 autocast on CUDA unless ``mixed_precision`` is off.  Per byte (with
+        ``token_lengths``): the summed loss of every window over the bytes of every window.
         """
-        return float(self.window_bits(model, subnet, batch_size, mixed_precision).mean())
+        per_window = self.window_bits(model, subnet, batch_size, mixed_precision)
+        if self.per_byte:
+            weights = self.scored.numpy()
+            return float((per_window * weights).sum() / weights.sum())
+        return float(per_window.mean())
 
     @torch.no_grad()
     def window_bits(
         self, model: nn.Module, subnet: Subnet | None = None, batch_size: int = 16, mixed_precision: bool = True
     ) -> np.ndarray:
-        """Mean bits per scored token of each window, (W,) float64: the windows are the units of a standard error, and two
-        models scored on the same windows are compared window by window (paired)."""
+        """Mean bits per scored token (per scored byte with ``token_lengths``) of each window, (W,) float64: the windows are
+        the units of a standard error, and two models scored on the same windows are compared window by window (paired)."""
         device = next(model.parameters()).device
         was_training = model.training
         model.eval()

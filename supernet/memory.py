@@ -20,9 +20,9 @@ segments.
   past it is given.
 - **Latency**: a decode step of a memory model reads at most ``max_seq_len - 1`` cached entries at any context
   (:func:`attended`): the timing inputs and the latency features use that (the worst case of a segment).
-- **Long documents**: :func:`stream_bits` scores documents longer than the window token by token through the
-  decoding cache, with its memory (or, without one, restarting the context at each window: what a model without
-  memory reads at the same cost per token).
+- **Long documents**: :func:`supernet.decode.stream_bits` scores documents longer than the window token by token
+  through the decoding cache, with its memory (or, without one, restarting the context at each window: what a model
+  without memory reads at the same cost per token).
 """
 
 from __future__ import annotations
@@ -80,45 +80,3 @@ def trim_feed(feed: dict[str, np.ndarray], layout: dict[str, dict]) -> dict[str,
                 feed[name] = np.ascontiguousarray(np.take(feed[name], np.arange(feed[name].shape[axis] - memory,
                                                                                    feed[name].shape[axis]), axis=axis))
     return feed
-
-
-@torch.no_grad()
-def decode_logits(model, x: Tensor) -> Tensor:
-    """Teacher-forced logits (B, T, V) of ``x`` (B, T) fed one token at a time through the decoding cache (past the
-    window: with the model's memory): what an ONNX generation loop over the step graph computes."""
-    from .decode import decode_step, new_cache
-
-    cache, outs = new_cache(model, x.shape[0]), []
-    for t in range(x.shape[1]):
-        logits, cache = decode_step(model, x[:, t : t + 1], cache)
-        outs.append(logits)
-    return torch.cat(outs, dim=1)
-
-
-@torch.no_grad()
-def stream_bits(model, docs: list[np.ndarray], memory: bool = True, batch_size: int = 8) -> float:
-    """Mean bits per predicted byte of the static causal ``model`` over ``docs`` (token arrays, each read from its
-    start), token by token through the decoding cache: with the model's memory carried across segments
-    (``memory``, a model of a space with one), or without (the context restarts every ``max_seq_len`` tokens: a
-    fresh cache, as a new window).  Documents of
-    equal length are read in batches of ``batch_size``."""
-    from .decode import decode_step, new_cache
-
-    window, memory = model.config.max_seq_len, memory and model.config.memory > 0
-    total, count = 0.0, 0
-    by_length: dict[int, list[np.ndarray]] = {}
-    for d in docs:
-        by_length.setdefault(len(d), []).append(np.asarray(d, dtype=np.int64))
-    device = model.tok_emb.weight.device
-    for length, group in sorted(by_length.items()):
-        for i in range(0, len(group), batch_size):
-            x = torch.from_numpy(np.stack(group[i : i + batch_size])).to(device)  # (B, L)
-            cache = new_cache(model, x.shape[0])
-            for t in range(length - 1):
-                if not memory and cache.length == window:
-                    cache = new_cache(model, x.shape[0])  # the window is full: read on from nothing, as a new window
-                logits, cache = decode_step(model, x[:, t : t + 1], cache)  # (B, 1, V)
-                lp = torch.log_softmax(logits[:, 0].float(), -1)
-                total -= float(lp.gather(1, x[:, t + 1 : t + 2]).sum())
-                count += x.shape[0]
-    return total / max(count, 1) / float(np.log(2.0))

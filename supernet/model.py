@@ -230,13 +230,15 @@ class TransformerConfig:
     embed_dim: int
     layers: tuple[LayerChoice, ...]
     causal: bool = True  # the task's attention form: a causal LM (True) or a masked-LM encoder (False)
+    vocab: int | None = None  # the subnet's vocabulary gene (a space that searches it); vocab_size is then that size
     memory: int = 0  # tokens of the previous segment a causal model keeps (supernet.memory; 0: none)
 
     @classmethod
     def from_subnet(cls, space: Space, subnet: Subnet) -> "TransformerConfig":
         space.check(subnet)
-        return cls(space.vocab_size, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
-                   space.causal, space.memory)  # fmt: skip
+        vocab = space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
+        return cls(vocab, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
+                   space.causal, subnet.vocab, space.memory)  # fmt: skip
 
     @property
     def subnet(self) -> Subnet:
@@ -246,6 +248,7 @@ class TransformerConfig:
             tuple(layer.heads for layer in self.layers),
             tuple(layer.ffn_dim for layer in self.layers),
             tuple(layer.attention for layer in self.layers),
+            vocab=self.vocab,
         )
 
 

@@ -23,10 +23,12 @@ import torch
 
 from search_spaces import Space, Subnet, UserError, tasks
 
+from .files import file_problem
 from .heldout import StaticAsSupernet
 from .model import Transformer
 from .quantized import CALIBRATION_WINDOWS, MAX_ERROR, Simulated, calibrate, calibration_feeds
-from .task import task_for, trained_options
+from .task import model_vocab, task_for, trained_options
+from .tokenizer import Tokens, Vocabulary
 
 FitnessFn = Callable[[Sequence[Subnet]], np.ndarray]
 
@@ -35,10 +37,10 @@ def pick_device(name: str = "auto") -> str:
     """``auto``: the GPU when there is one, else the CPU; otherwise the name, checked."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda") and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise UserError(f"--device: {name!r} asked for, but torch sees no CUDA device (use cpu or auto)")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise UserError(f"--device: {name!r} is not one of auto, cpu, cuda, cuda:N")
     return name
 
 
@@ -47,15 +49,30 @@ def validation_tokens(supernet_path: str | Path, payload: dict[str, Any], val_da
     """The held-out tokens and where they come from: ``val_data`` bytes (``--val-data``), else the validation
     split of the data the checkpoint at ``supernet_path`` (loaded as ``payload``) was trained on, encoded in
     ``data_cache`` (``--data-cache``; default: the checkpoint's directory)."""
+    trained = (payload.get("meta") or {}).get("vocabulary")  # a subword space's vocabulary, as the run trained it
     if val_data:
         path = Path(val_data)
-        if not path.is_file():
-            raise UserError(f"--val-data: {path}: no such file")
-        return np.fromfile(path, dtype=np.uint8), f"--val-data {path}"
+        problem = file_problem(path)
+        if problem:
+            raise UserError(f"--val-data: {path}: {problem}; expected a file of held-out text")
+        data = np.fromfile(path, dtype=np.uint8)
+        return (data if trained is None else tokens_of(data, trained)), f"--val-data {path}"
     task = tasks.of(payload["space"])  # the data is the checkpoint's task's
     record = task.data_record(payload.get("meta", {}), str(supernet_path), hint="; pass --val-data FILE")
     cache = Path(data_cache) if data_cache else Path(supernet_path).resolve().parent
-    return task.prepare_data(record, cache).val, task.describe_split(record)
+    data = task.prepare_data(record, cache)
+    if trained is not None and data.vocabulary.sha256 != trained["sha256"]:
+        raise UserError(f"{supernet_path}: trained with tokenizer {trained['sha256'][:16]}, but the data cache now gives "
+                        f"{data.vocabulary.sha256[:16]} (another tokenizers version?): scores would not compare")
+    return data.val, task.describe_split(record)
+
+
+def tokens_of(data: np.ndarray, trained: dict[str, Any]) -> Tokens:
+    """Bytes read at each vocabulary of a run's (its meta's ``vocabulary``: the tokenizer.json and the sizes)."""
+    vocab = Vocabulary(trained["json"])
+    raw = np.asarray(data, dtype=np.uint8).tobytes()
+    arrays = {int(k): vocab.at(int(k)).encode(raw).astype(np.uint16) for k in trained["sizes"]}
+    return Tokens(arrays, vocab.token_lengths())
 
 
 class InheritedLoss:
@@ -77,34 +94,48 @@ class InheritedLoss:
         precision: str = "fp32",
         options: dict[str, Any] | None = None,
     ):
-        tokens = np.asarray(tokens).reshape(-1)
         space = supernet.space
         if seq_len < 1 or seq_len > space.max_seq_len:
             raise UserError(f"--seq-len: {seq_len} is not in 1..{space.max_seq_len} (max_seq_len of space {space.name!r})")
         if windows < 1 or batch_size < 1:
             raise UserError(f"--val-windows / --eval-batch-size: {windows} / {batch_size} must be positive")
-        if len(tokens) < seq_len + 1:
-            raise UserError(f"{where}: {len(tokens)} tokens are fewer than one window of --seq-len {seq_len} + 1")
-        if len(tokens) and int(tokens.max()) >= space.vocab_size:
-            raise UserError(
-                f"{where}: token {int(tokens.max())} is outside the vocabulary of space {space.name!r} ({space.vocab_size})"
-            )
-        rng = np.random.default_rng(seed)
-        n_starts = len(tokens) - seq_len
-        starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
+        # a corpus read at subword vocabularies: windows of each vocabulary's tokens, scored per byte of text
+        arrays = {v: np.asarray(tokens.at(v)).reshape(-1) for v in tokens.sizes} if isinstance(tokens, Tokens) \
+            else {None: np.asarray(tokens).reshape(-1)}
+        lengths = tokens.lengths if isinstance(tokens, Tokens) else None
+        self.sizes = tuple(v for v in arrays if v is not None)
         self.model = supernet.to(device).eval()
         task = task_for(space, seed=seed, **(options or {}))  # (a masked LM's fixed masks: a function of the seed only)
-        self.heldout = task.heldout(tokens, starts, seq_len)
+        self.heldouts = {}
+        for vocab, array in arrays.items():
+            limit = space.vocab_size if vocab is None else vocab
+            if len(array) < seq_len + 1:
+                raise UserError(f"{where}: {len(array)} tokens are fewer than one window of --seq-len {seq_len} + 1")
+            if len(array) and int(array.max()) >= limit:
+                raise UserError(f"{where}: token {int(array.max())} is outside the vocabulary of space {space.name!r} ({limit})")
+            rng = np.random.default_rng(seed)
+            n_starts = len(array) - seq_len
+            starts = np.sort(rng.choice(n_starts, size=min(windows, n_starts), replace=False))
+            held = task.heldout(array, starts, seq_len) if lengths is None else task.heldout(array, starts, seq_len, lengths)
+            self.heldouts[vocab] = held
+        self.heldout = self.heldouts[max(self.sizes)] if self.sizes else self.heldouts[None]
         self.batch_size = batch_size
-        self.description = {"windows": int(len(starts)), "seq_len": seq_len, "seed": seed, "tokens": self.heldout.tokens,
-                            **task.to_dict()}  # (nothing more for a decoder: studies of earlier versions still resume)
+        self.description = {"windows": int(len(self.heldout.x)), "seq_len": seq_len, "seed": seed,
+                            "tokens": self.heldout.tokens, **task.to_dict()}  # (nothing more for a decoder: studies of
+        if self.sizes:  # earlier versions still resume)
+            self.description["vocabularies"] = {str(v): self.heldouts[v].tokens for v in self.sizes}
         self.precision, self.calibration = precision, None
         if precision != "fp32":  # absent at fp32: studies of earlier versions still resume
-            feeds = calibration_feeds(tokens, seq_len, CALIBRATION_WINDOWS, seed=seed + 1, where=where)
+            smallest = arrays[min(self.sizes)] if self.sizes else arrays[None]  # ids every vocabulary has
+            feeds = calibration_feeds(smallest, seq_len, CALIBRATION_WINDOWS, seed=seed + 1, where=where)
             self.calibration = [torch.from_numpy(f["tokens"]).to(device) for f in feeds]
             self.max_error = MAX_ERROR
             self.description.update(precision=precision, calibration={"windows": len(feeds), "seed": seed + 1,
                                                                       "max_error": MAX_ERROR})
+
+    def held(self, model, subnet: Subnet | None):
+        """The held-out windows ``subnet`` (or a static ``model``) reads: its vocabulary's."""
+        return self.heldouts[model_vocab(model, subnet, self.sizes)] if self.sizes else self.heldout
 
     def scorer(self, subnet: Subnet):
         """The model that scores ``subnet``: the supernet, or at an INT8 precision the supernet with ONNX Runtime's
@@ -116,13 +147,13 @@ class InheritedLoss:
 
     def static(self, model) -> float:
         """A trained static model's bits on the same windows, fp32 (what ``nas fit-accuracy`` fits a ranker to)."""
-        return self.heldout.bits(model, None, self.batch_size, mixed_precision=False)
+        return self.held(model, None).bits(model, None, self.batch_size, mixed_precision=False)
 
     def __call__(self, subnets: Sequence[Subnet]) -> np.ndarray:
         # fp32 even on a GPU: bf16 rounding would reorder subnets whose losses are close
         return np.array(
-            [self.heldout.bits(self.scorer(s), s, self.batch_size, mixed_precision=False) for s in subnets], dtype=np.float64
-        )
+            [self.held(self.model, s).bits(self.scorer(s), s, self.batch_size, mixed_precision=False) for s in subnets],
+            dtype=np.float64)
 
 
 class HeldOutFitness:
@@ -198,4 +229,12 @@ def inherited_fitness(supernet_path: str | Path, model, payload: dict[str, Any],
                             device=device, where=source, precision=precision,
                             options=trained_options(model.space, payload.get("meta", {})))
     fitness.summary = f"{fitness.description['windows']} x {fitness.description['seq_len']} tokens of the {source}"
-    return fitness, hashlib.sha256(np.ascontiguousarray(tokens).tobytes()).hexdigest()[:16]
+    return fitness, tokens_digest(tokens)
+
+
+def tokens_digest(tokens: np.ndarray | Tokens) -> str:
+    """16 hex digits of the held-out tokens (each vocabulary's in turn for a subword corpus)."""
+    h = hashlib.sha256()
+    for array in ([tokens.at(v) for v in tokens.sizes] if isinstance(tokens, Tokens) else [tokens]):
+        h.update(np.ascontiguousarray(array).tobytes())
+    return h.hexdigest()[:16]

@@ -34,6 +34,7 @@ from search_spaces import Space, Subnet, UserError, tasks
 
 from .data import check_length, windows
 from .heldout import IGNORE, HeldOut
+from .tokenizer import Tokens
 
 DATA_STREAM, EVAL_STREAM = 0, 2  # streams of the trainer's generators: default_rng([seed, stream, step])
 
@@ -133,9 +134,45 @@ class WindowBatches:
         return Batch((x,), y, self.batch_size * self.seq_len)
 
 
+@dataclass(frozen=True)
+class VocabBatches:
+    """The batches of a corpus read at several vocabularies (:class:`supernet.tokenizer.Tokens`): ``at(size)`` is that
+    vocabulary's :class:`WindowBatches`; a step's subnets share one vocabulary (the objective's choice,
+    :func:`step_vocab`), so the trainer asks for that one.  Called alone: the largest vocabulary's."""
+
+    by_vocab: dict[int, WindowBatches]
+    sampler: str = "windows drawn by default_rng([seed, 0, step]) from the step's vocabulary's tokens"
+
+    def at(self, vocab: int) -> WindowBatches:
+        return self.by_vocab[vocab]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self.by_vocab))
+
+    def __call__(self, step: int) -> Batch:
+        return self.by_vocab[max(self.by_vocab)](step)
+
+
+def step_vocab(vocabs: tuple[int, ...], step: int, period: int = 1) -> int:
+    """The vocabulary every subnet of step ``step`` reads: ``vocabs`` in turn, each held for ``period`` steps (the
+    sandwich's rotation over attention types), so every type meets every vocabulary as largest and smallest."""
+    return vocabs[(step // max(1, period)) % len(vocabs)]
+
+
+def model_vocab(model: nn.Module, subnet: Subnet | None, sizes: tuple[int, ...]) -> int:
+    """The vocabulary a pass reads: the subnet's gene, else the largest of ``sizes`` (a space of one vocabulary); a
+    static model's (``subnet`` None): its embedding's rows."""
+    if subnet is not None:
+        return subnet.vocab if getattr(subnet, "vocab", None) is not None else max(sizes)
+    config = getattr(model, "config", None) or getattr(getattr(model, "model", None), "config", None)
+    return config.vocab_size if config is not None and config.vocab_size in sizes else max(sizes)
+
+
 class WindowLearner:
     """Base of the learners over windows of a token array: a subclass gives ``batch`` and ``heldout`` (and ``loss``,
-    ``kl``, ``to_dict``)."""
+    ``kl``, ``to_dict``).  The array may be a corpus read at subword vocabularies (:class:`supernet.tokenizer.Tokens`):
+    then each vocabulary has its batches and its held-out windows, scored per byte of text."""
 
     metric = "bits/byte"
     eval_key = "bpb"
@@ -145,21 +182,32 @@ class WindowLearner:
         """Rows ``rows`` of the global batch of windows at ``starts`` (the whole step's): (inputs, targets) (b, T) on the CPU."""
         raise NotImplementedError
 
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
-        """Fixed held-out windows (and whatever else is fixed about them, a masked LM's masks) at ``starts``."""
-        return HeldOut(tokens, starts, seq_len)
+    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int, token_lengths: np.ndarray | None = None) -> HeldOut:
+        """Fixed held-out windows (and whatever else is fixed about them, a masked LM's masks) at ``starts``; scored per
+        byte with ``token_lengths`` (a subword vocabulary's)."""
+        return HeldOut(tokens, starts, seq_len, token_lengths=token_lengths)
 
-    def train_batches(self, tokens: np.ndarray, config: Any, dist: Any) -> WindowBatches:
+    def train_batches(self, tokens: np.ndarray | Tokens, config: Any, dist: Any) -> WindowBatches | VocabBatches:
+        if isinstance(tokens, Tokens):
+            return VocabBatches({v: self.train_batches(tokens.at(v), config, dist) for v in tokens.sizes})
         check_length(tokens, config.seq_len, "training")
         return WindowBatches(tokens, self, config.batch_size, config.seq_len, config.seed, dist.rank, dist.world)
 
-    def evaluator(self, tokens: np.ndarray, config: Any) -> Score:
+    def evaluator(self, tokens: np.ndarray | Tokens, config: Any) -> Score:
+        c = config
+        if isinstance(tokens, Tokens):
+            per = {v: self.evaluator_at(tokens.at(v), c, tokens.lengths) for v in tokens.sizes}
+            return lambda model, subnet: per[model_vocab(model, subnet, tokens.sizes)](model, subnet)
+        return self.evaluator_at(tokens, c)
+
+    def evaluator_at(self, tokens: np.ndarray, config: Any, token_lengths: np.ndarray | None = None) -> Score:
+        """The held-out score on one token array (bits per byte of text with ``token_lengths``)."""
         check_length(tokens, config.seq_len, "validation")
         c = config
 
         def score(model: nn.Module, subnet: Subnet | None) -> float:
             starts = eval_starts(len(tokens), c.batch_size, c.seq_len, c.eval_batches, c.seed)
-            return self.heldout(tokens, starts, c.seq_len).bits(model, subnet, c.batch_size)
+            return self.heldout(tokens, starts, c.seq_len, token_lengths).bits(model, subnet, c.batch_size)
 
         return score
 

@@ -25,7 +25,7 @@ import math
 import signal
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
 
@@ -41,7 +41,7 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .data import check_length
 from .distributed import SINGLE, Dist
 from .heldout import HeldOut, autocast, run_model
-from .task import EVAL_STREAM, Batch, Learner, eval_starts, task_for
+from .task import EVAL_STREAM, Batch, Learner, eval_starts, model_vocab, step_vocab, task_for
 
 # Streams of the per-step generators: default_rng([seed, STREAM, step]) (the data's and evaluation's: supernet.task).
 PLAN_STREAM = 1
@@ -277,11 +277,23 @@ class SandwichObjective:
         """The largest and smallest subnets of type ``t`` (None: the space's own)."""
         return (self.space.largest(), self.space.smallest()) if t is None else (self.space.largest(t), self.space.smallest(t))
 
+    def step_vocab(self, step: int) -> int | None:
+        """The vocabulary every subnet of step ``step`` reads, for a space that searches it (None otherwise): the sizes in
+        turn, each held for one round of the types, so that the teacher and its students always share token boundaries
+        and the distillation compares distributions over the same ids (docs/tokenizers.md)."""
+        tokenizer = getattr(self.space, "tokenizer", None)
+        if tokenizer is None or not tokenizer.searched:
+            return None
+        period = len(self.types) if self.balance == "types" and self.types else 1
+        return step_vocab(self.space.vocabs, step, period)
+
     def plan(self, step: int) -> Plan:
         rng = np.random.default_rng([self.seed, PLAN_STREAM, step])
         random = [(f"random{i}", self.space.sample(rng)) for i in range(self.n_random)]
         largest, smallest = self.extremes(self.sandwich_type(step))
-        return [("largest", largest), ("smallest", smallest), *random]
+        plan = [("largest", largest), ("smallest", smallest), *random]
+        vocab = self.step_vocab(step)
+        return plan if vocab is None else [(name, replace(s, vocab=vocab)) for name, s in plan]
 
     def before_step(self, model: nn.Module, step: int, progress: float) -> str | None:
         """Split the projections by family once the run's ``progress`` (0..1) reaches ``split_at``; what happened, or None."""
@@ -320,7 +332,10 @@ class SandwichObjective:
 
     def fixed_subnets(self) -> set[Subnet | None]:
         types = (self.types if self.balance == "types" else self.types[:1]) or (None,)
-        return {s for t in types for s in self.extremes(t)}
+        fixed = {s for t in types for s in self.extremes(t)}
+        if self.step_vocab(0) is None:
+            return fixed
+        return {replace(s, vocab=v) for s in fixed for v in self.space.vocabs}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -444,6 +459,14 @@ class StepInfo:
     losses: dict[str, float]  # cross-entropy (nats) of each pass of this step
     subnets: tuple[str, ...]  # keys of the subnets this step ran (for checking ranks agree)
     tokens_per_s: float
+    loss_unit: str = "nats"  # what ``losses`` are per: "nats/byte" beside a held-out "bits/byte" (:func:`loss_unit`)
+
+
+def loss_unit(metric: str) -> str:
+    """The unit of the training loss (cross-entropy in nats per scored position) of a learner whose held-out score is
+    ``metric``, so that a progress line says what its number is beside the validation's: ``bits/byte`` -> ``nats/byte``,
+    ``bits/masked byte`` -> ``nats/masked byte``, ``bits/label`` -> ``nats/label`` (a metric without a ``/``: ``nats``)."""
+    return f"nats/{metric.split('/', 1)[1].strip()}" if "/" in metric else "nats"
 
 
 @dataclass
@@ -502,6 +525,18 @@ class JsonlLog:
         if self.path is not None:
             with self.path.open("a") as f:
                 f.write(json.dumps({"event": event, "time": round(time.time(), 3), **values}) + "\n")
+
+
+def check_log(log: str) -> None:
+    """Refuse ``--log tensorboard`` where the tensorboard package is missing, in one line, before a run prepares its
+    data or makes its folder (not after the corpus is cached)."""
+    if log != "tensorboard":
+        return
+    try:
+        import tensorboard  # noqa: F401 - (light: the package loads its parts lazily)
+    except ImportError:
+        raise UserError("--log tensorboard: the tensorboard package is not installed "
+                        "(pip install 'nas-transformers[tensorboard]')") from None
 
 
 class TensorBoardLog(JsonlLog):
@@ -664,9 +699,15 @@ class Trainer:
             else ("max_steps" if reached_steps else "max_time")
         )
 
-    def batch(self) -> Batch:
-        """This rank's share of step ``step``'s batch, on the device."""
-        return self.batches(self.step).to(self.device)
+    def batch(self, plan: Plan | None = None) -> Batch:
+        """This rank's share of step ``step``'s batch, on the device: read at the vocabulary of the ``plan``'s subnets
+        where the data has several (a space that searches it: every subnet of a step reads the same one)."""
+        at = getattr(self.batches, "at", None)
+        if at is None or plan is None:
+            return self.batches(self.step).to(self.device)
+        vocabs = {model_vocab(self.model, s, self.batches.sizes) for _, s in plan}
+        assert len(vocabs) == 1, f"the passes of step {self.step} read vocabularies {sorted(vocabs)}"
+        return at(vocabs.pop())(self.step).to(self.device)
 
     def train_step(self) -> tuple[Plan, dict[str, float], float, int]:
         """One optimizer step over the objective's passes, gradients accumulated (synchronised on the last);
@@ -678,8 +719,8 @@ class Trainer:
         if before is not None and (note := before(self.model, self.step, self.schedule.progress(self.step, self.elapsed))):
             self.say(note)
             self.log.write("note", step=self.step, note=note)
-        b = self.batch()
         plan = self.objective.plan(self.step)
+        b = self.batch(plan)
         memo: dict = {}
         ces = []
         amp = autocast(self.device) if self.learner.mixed_precision else nullcontext()
@@ -797,7 +838,8 @@ def train(
                 window_t, window_tokens = now, 0
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
-                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate))
+                progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate,
+                                  loss_unit(t.learner.metric)))
             evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
             if evaluate:
                 t.evaluate()

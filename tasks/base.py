@@ -31,22 +31,11 @@ says how to add one; ``tests/test_task_in_one_file.py`` declares one in a test f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from search_spaces.flags import Flag
 
-@dataclass(frozen=True)
-class Flag:
-    """An extra flag a task adds to a command: ``--name`` -> ``dest`` (None: not given), checked by the task."""
-
-    name: str
-    dest: str
-    type: type = str
-    metavar: str = "X"
-    help: str = ""
-    commands: tuple[str, ...] = field(default=())  # the commands that take it
-    elsewhere: str = ""  # what to say when it is given for another task's space (default: the task it is for)
-    check: Any = None  # check(value, flag): refuses a bad value in one line, before any work (nas.commands.checks)
+__all__ = ["Flag", "Task"]
 
 
 class Task:
@@ -58,6 +47,7 @@ class Task:
     workload_kinds: tuple[str, ...] = ()
     commands: tuple[str, ...] = ()  # modules of whole subcommands of the task's own (run by `nas`)
     flags: tuple[Flag, ...] = ()
+    subword: bool = False  # whether its spaces may read a subword vocabulary (tokenizer: {bpe: ...}); else bytes only
 
     # ------------------------------------------------------------------ space
 

@@ -47,6 +47,9 @@ def test_bench_translate_quick_runs_end_to_end_and_resumes(tmp_path, bench):
     assert (run / "translate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert {"budgets", "speedup_vs_softmax", "ladder_gate", "seed_sd", "command", "machine", "loads", "ranker"} <= set(result)
     assert len(result["budgets"]) == len(result["speedup_vs_softmax"]) == 3
+    largest = max(b["budget_ms"] for b in result["budgets"])
+    held = [float(r["chrf_mean"]) for r in rows if float(r["measured_ms"]) <= largest]
+    assert result["best_chrf"] == (pytest.approx(max(held)) if held else None)  # issue 54: the best model's chrF
     # the search ranked by the ranker calibrated on the retrained baselines (nas fit-accuracy on seq2seq)
     ranker = json.loads((run / "ranker" / "ranker.json").read_text())
     assert result["ranker"]["kind"] == "calibrated" and result["ranker"]["models"] == ranker["report"]["n"] >= 4
@@ -157,6 +160,14 @@ def test_verdict_rule(bench):
     assert bench.chrf_word(0.01, 20.0, 18.0) == "better" and bench.chrf_word(0.01, 18.0, 20.0) == "worse"
     assert bench.chrf_word(0.05, 20.0, 18.0) == "tie" and bench.chrf_word(0.2, 18.0, 20.0) == "tie"
     assert bench.chrf_word(0.001, 18.0, 18.0) == "tie"  # identical scores (sacrebleu's p is then its smallest)
+
+
+def test_best_chrf_is_the_best_model_at_or_under_the_largest_budget(bench):
+    rows = [{"key": "a", "subnet": "A", "chrf_mean": 20.0, "measured_ms": 1.0, "test_pairs": 9},
+            {"key": "b", "subnet": "B", "chrf_mean": 31.5, "measured_ms": 3.0, "test_pairs": 9},
+            {"key": "c", "subnet": "C", "chrf_mean": 40.0, "measured_ms": 3.5, "test_pairs": 9}]
+    assert bench.best_chrf(rows, 3.0) == {"key": "b", "subnet": "B", "chrf": 31.5, "measured_ms": 3.0, "test_pairs": 9}
+    assert bench.best_chrf(rows, 4.0)["key"] == "c" and bench.best_chrf(rows, 0.5) is None
 
 
 def test_ladder_gate(bench):

@@ -167,7 +167,7 @@ def recipe_commands() -> list[list[str]]:
     return commands
 
 
-def test_every_nas_command_in_the_recipes_parses():
+def test_every_nas_command_in_the_recipes_parses(capsys):
     from nas.cli import build_parser
 
     commands = recipe_commands()
@@ -180,3 +180,40 @@ def test_every_nas_command_in_the_recipes_parses():
             parser.parse_args(command[1:])
         except SystemExit:
             pytest.fail(f"docs/cluster.md: {shlex.join(command)} does not parse")
+        assert capsys.readouterr().err == "", f"docs/cluster.md: {shlex.join(command)} uses an old spelling"
+
+
+def test_the_retraining_job_reads_the_subnets_verified_on_the_device():
+    """The recipe retrains what ``nas search --timing-target`` measured under each budget (``verified_<budget>.yaml``),
+    not the predictor's picks (``best_<budget>.yaml``), and a search command of the recipe writes them there."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    (retrain,) = [b for b in re.findall(r"^ *```bash\n(.*?)^ *```", text, re.S | re.M) if "nas train-subnet" in b]
+    globs = re.findall(r"^\s*files=\((\S+)\)", retrain, re.M)
+    assert globs == ["/shared/runs/search/verified_*.yaml"] and "best_" not in retrain
+    verifying = [c for c in recipe_commands() if c[1] == "search" and "--timing-target" in c]
+    assert verifying and all(c[c.index("--out") + 1] == "/shared/runs/search" for c in verifying)
+    assert "hurdles_*.yaml" in text  # what to retrain after --hurdles
+
+
+def test_the_recipes_image_is_built_by_the_dockerfile():
+    """docs/cluster.md's image is the repository's Dockerfile: CPU, python:3.11-slim, the toolkit installed by
+    scripts/install.py from files the build context holds, tagged with this version."""
+    import nas
+
+    docker = (ROOT / "Dockerfile").read_text()
+    steps = [line.split(None, 1) for line in re.sub(r"\\\n\s*", " ", docker).splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert steps[0] == ["FROM", "python:3.11-slim"]
+    runs = [rest for op, rest in steps if op == "RUN"]
+    assert any(r.startswith("python3 scripts/install.py postgres --torch cpu -c constraints.txt") for r in runs), runs
+    copied = [word for op, rest in steps if op == "COPY" for word in rest.split()[:-1]]
+    assert all((ROOT / word).exists() for word in copied), copied
+    packages = ("nas", "supernet", "latency", "search_spaces", "tasks", "scripts/install.py", "pyproject.toml",
+                "constraints.txt")
+    assert set(packages) <= set(copied)
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines() if not line.startswith("#")]
+    assert not set(copied) & set(ignored)
+    text = (ROOT / "docs" / "cluster.md").read_text()
+    image = f"registry.example.com/nas-transformers:{nas.__version__}"
+    assert f"docker build -t {image} ." in text and f"image: {image}" in text
+    assert "[Dockerfile](../Dockerfile)" in text

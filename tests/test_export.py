@@ -32,7 +32,7 @@ def test_export_writes_a_parity_checked_onnx_with_fused_attention(exported):
     assert exported.parity <= 1e-4
     card = read_card(exported.out)
     assert card["onnx"]["parity_max_abs"] == exported.parity
-    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2"}
+    assert set(card["files"]) == {"model.safetensors", "model.onnx", "model.pt2", "tokenizer.json"}  # issue 54: its vocabulary
     assert card["note"] == "test" and card["parameters"] == exported.parameters
 
 
@@ -306,17 +306,17 @@ def test_measure_times_the_exported_onnx_file(exported):
 def test_export_measure_times_the_decode_step_at_the_workloads_context(supernet, tiny, tmp_path, capsys, monkeypatch):
     """--workload decode on onnxruntime: the decode step graph is timed on one new token with 255 tokens seen
     (not model.onnx on a (1, 0) batch), and the printed line names the context."""
-    import latency.devices.onnxruntime  # noqa: F401 - binds its own ort_runner before the patch below (the reference's)
-    import latency.timing_core as tc
+    from latency.devices.onnxruntime import OnnxRuntime
+    from supernet.onnx_export import onnx_session
 
     fed = []
-    real = tc.ort_runner
+    real = OnnxRuntime.prepare_file
 
-    def recording(session, feed, clock):
-        fed.append(({i.name for i in session.get_inputs()}, {k: v.copy() for k, v in feed.items()}))
-        return real(session, feed, clock)
+    def recording(self, path, feed):  # the exported file's runner (the reference goes through the device's prepare)
+        fed.append(({i.name for i in onnx_session(path).get_inputs()}, {k: v.copy() for k, v in feed.items()}))
+        return real(self, path, feed)
 
-    monkeypatch.setattr(tc, "ort_runner", recording)
+    monkeypatch.setattr(OnnxRuntime, "prepare_file", recording)
     ckpt = save_checkpoint(tmp_path / "ck.pt", supernet, {}, step=3)
     (tmp_path / "s.yaml").write_text(SUBNET.to_yaml())
     out = tmp_path / "o"

@@ -9,8 +9,8 @@ import torch
 
 from search_spaces import SpaceError, UserError, parse_space
 from supernet import SuperTransformer
-from supernet.decode import decode_step, new_cache, prefill
-from supernet.memory import decode_logits, detach_memory, stream_bits
+from supernet.decode import decode_logits, decode_step, new_cache, prefill, stream_bits
+from supernet.memory import detach_memory
 
 MEM = """
 name: mem

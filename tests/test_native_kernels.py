@@ -328,14 +328,14 @@ def test_a_failed_build_leaves_the_engine_in_charge(tmp_path, monkeypatch):
 def test_a_killed_build_leaves_no_lock_that_hangs_the_next(tmp_path):
     """torch's cpp_extension waits forever on its baton file ``lock``, which a build killed half-way leaves behind;
     under the OS lock of :func:`native.build_lock` (released however its holder ends) it can only be stale: removed."""
-    import fcntl
+    from filelock import FileLock
 
     (tmp_path / "lock").write_text("")  # the baton of a build that was killed
     with native.build_lock(tmp_path):
         assert not (tmp_path / "lock").exists()
-        probe = ("import fcntl, sys; f = open(sys.argv[1], 'a+')\n"
-                 "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)")
+        probe = ("import sys; from filelock import FileLock, Timeout\n"
+                 "try:\n    FileLock(sys.argv[1], timeout=0).acquire()\nexcept Timeout:\n    sys.exit(3)")
         held = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "nas-build.lock")])
         assert held.returncode == 3  # another process's build waits for this one
-    with open(tmp_path / "nas-build.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released on leaving
+    with FileLock(tmp_path / "nas-build.lock", timeout=0):  # released on leaving
+        pass

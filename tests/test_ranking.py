@@ -359,3 +359,5 @@ def test_mixed_models_in_the_fit_set_teach_the_ranker_what_mixing_does():
     uniform_loo = both.report["candidates"][both.kind]["groups"]["uniform"]["loo_mae"]
     assert mae_b <= 1.5 * max(uniform_loo, 0.02)
     assert "mixed MAE" in report_text(both) and "30 uniform, 20 mixed" in report_text(both)
+    few = fit_ranker(space, uniform[:4] + fit_mixed[:6], {"windows": 4}, "abc")  # too few uniform models to price types
+    assert not few.quality and not few.kind.startswith("quality")

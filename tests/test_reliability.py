@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -299,6 +300,31 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_released(tiny, tm
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     TimingTable(path, dict(meta)).close()  # the dead process holds nothing
+
+
+
+def test_the_locks_are_filelock_s_and_no_module_imports_fcntl(tmp_path):
+    """The locks (timing tables, the kernels' build) are ``filelock``'s, which picks the platform's mechanism: ``fcntl``
+    exists on POSIX only, so no module of the toolkit imports it (lazily either)."""
+    import ast
+
+    from latency.table import lock_file, unlock_file
+
+    found = []
+    for package in ("search_spaces", "supernet", "latency", "tasks", "nas", "scripts"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}" for n in names if n.split(".")[0] == "fcntl"]
+    assert found == []
+    from filelock import BaseFileLock
+
+    lock = lock_file(tmp_path / "t.csv.lock", "busy")
+    assert isinstance(lock, BaseFileLock) and lock.is_locked
+    assert (tmp_path / "t.csv.lock").read_text() == f"pid {os.getpid()} on {socket.gethostname()}\n"
+    unlock_file(lock)
+    assert not lock.is_locked and not (tmp_path / "t.csv.lock").exists()
 
 
 KILLED_CAMPAIGN = """

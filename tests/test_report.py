@@ -167,6 +167,12 @@ def test_pareto_figure_says_what_it_draws(search_dir):
     # the figure before the verification has no measured points
     first = saved[0][1].axes[0]
     assert not [c for c in first.collections if c.get_label().startswith("measured on")]
+    # the found model's star: in the legend, and drawn over everything else (the diamonds, the front)
+    (star,) = [c for c in ax.collections if c.get_label() == "best per budget (the found model)"]
+    assert "best per budget (the found model)" in legend
+    assert star.get_offsets()[0].tolist() == pytest.approx([best["latency_ms"], best["loss_bpb"]])
+    others = [a for a in [*ax.collections, *ax.lines] if a is not star]
+    assert star.get_zorder() > max(a.get_zorder() for a in others)
 
 
 def test_report_of_a_search_folder(search_dir, tmp_path, capsys):
@@ -176,7 +182,9 @@ def test_report_of_a_search_folder(search_dir, tmp_path, capsys):
     assert main(["report", str(out), "--out", str(tmp_path / "r.html")]) == 0
     assert "search folder" in capsys.readouterr().out
     page = (tmp_path / "r.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 1  # pareto.png, inline
+    # pareto.png inline, and the search's best per generation (drawn from pareto.csv: the search ran 2 generations)
+    assert page.count('src="data:image/png;base64,') == 2
+    assert 'alt="pareto.png"' in page and "<h3>Best per generation</h3>" in page
     assert "<h2>Verification on the device</h2>" in page and "6ms: holds" in page
     assert "loss: bits/byte on 3 held-out windows x 32 tokens (inherited weights)" in page
     assert "http://" not in page and "https://" not in page and "<script" not in page
@@ -254,3 +262,172 @@ def test_the_page_of_a_demo_run_renders(tmp_path):
     assert_renders(page, tmp_path / "chromium", ["Result", "Search: the Pareto front", "Verification on the device",
                                                  "Latency predictor", "Comparison with the uniform baselines (comparison.csv)",
                                                  "Model card"])
+
+
+# --------------------------------------------------------------------------- a demo run's page (issue 53)
+
+
+def comparison_width(page: Path, work: Path) -> tuple[int, int]:
+    """(the comparison table's width, the width of the column it sits in) as Chromium lays the page out in a 1,280-px
+    window (a wider table scrolls sideways): a copy of the page with a script that writes them into the title (the
+    page itself runs no script)."""
+    import re
+
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text())
+    probe = ("<script>const t = document.querySelector('#comparison table'); document.title = "
+             "t.getBoundingClientRect().width + ' ' + t.parentElement.clientWidth;</script></body>")
+    copy = work / "probe.html"
+    work.mkdir(parents=True, exist_ok=True)
+    copy.write_text(text.replace("</body>", probe))
+    done = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                           f"--user-data-dir={work / 'profile'}", "--window-size=1280,1600", "--dump-dom",
+                           copy.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    table, body = re.search(r"<title>([0-9.]+) ([0-9.]+)</title>", done.stdout).groups()
+    return round(float(table)), round(float(body))
+
+
+@pytest.fixture(scope="module")
+def demo_page(search_dir, tmp_path_factory):
+    """A demo run around the real search folder, its page, and every figure the report drew for it (kept open)."""
+    import matplotlib.pyplot as plt
+
+    import nas.report_figures as F
+    import nas.search.pareto as P
+    from nas.report import write_report
+    from tests.report_fakes import demo_folder
+
+    out, _ = search_dir
+    run = demo_folder(tmp_path_factory.mktemp("demo") / "run", search=out, predictor=out.parent / "predictor")
+    drawn = {}
+    mp = pytest.MonkeyPatch()
+    for module, name in ((P, "pareto_figure"), (F, "learning_curve"), (F, "generations_figure")):
+        def keep(*a, _real=getattr(module, name), _name=name, **kw):
+            drawn[_name] = fig = _real(*a, **kw)
+            return fig
+        mp.setattr(module, name, keep)
+    mp.setattr(plt, "close", lambda fig=None: None)
+    try:
+        page = write_report(run)
+    finally:
+        mp.undo()
+    return run, page, drawn
+
+
+def test_the_demo_page_counts_identical_baselines_once_and_plots_them(demo_page):
+    run, page, drawn = demo_page
+    text = page.read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    # the verdict: "uniform softmax" and "uniform gqa:2" are one model (same parameters, same bits/byte): counted once
+    assert ("lower bits/byte than all 2 uniform baselines at equal or lower measured latency</span> (3 names: uniform "
+            "softmax and uniform gqa:2 are the same model, the same parameters and bits/byte, counted once)") in text
+    assert "<li>uniform softmax = uniform gqa:2: 7.9123 bits/byte at 2.610 ms / 2.640 ms: +0.2111 bits/byte" in text
+    # the Pareto figure of the page: the front, the uniform baselines (at their predicted latency, on the search's
+    # windows: the front's axes), the found model's star on top of everything and in the legend
+    ax = drawn["pareto_figure"].axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "uniform baselines (3)" in legend and "best per budget (the found model)" in legend
+    (squares,) = [c for c in ax.collections if c.get_label() == "uniform baselines (3)"]
+    distinct = [summary["baselines"][0], summary["baselines"][2], summary["baselines"][3]]
+    np.testing.assert_allclose(squares.get_offsets(), [[b["predicted_ms"], b["search_bpb"]] for b in distinct])
+    assert [t.get_text() for t in ax.texts if t.get_text() != ax.texts[-1].get_text()] == ["softmax = gqa:2", "linear",
+                                                                                           "local:32"]
+    (star,) = [c for c in ax.collections if c.get_label() == "best per budget (the found model)"]
+    assert star.get_zorder() > max(a.get_zorder() for a in [*ax.collections, *ax.lines] if a is not star)
+    assert text.count('alt="the search&#39;s Pareto front with the uniform baselines"') == 1
+    assert 'alt="pareto.png"' not in text  # the stored figure, without the baselines, is replaced by this one
+
+
+def test_the_demo_page_s_comparison_is_readable_and_fits_a_1280_px_screen(demo_page, tmp_path):
+    import re
+
+    run, page, _ = demo_page
+    text = page.read_text()
+    comparison = text[text.index('<section id="comparison">'):]
+    comparison = comparison[:comparison.index("</section>")]
+    heads = re.findall(r"<th>(.*?)</th>", comparison)
+    assert heads == ["model", "parameters", "bits/byte (16 fresh windows)", "bits/byte (the search&#39;s 3 windows)",
+                     "vs found: Δ bits/byte (paired SE)", "predicted ms", "measured ms (IQR)", "flags", "subnet"]
+    rows = re.findall(r"<tr><td>(.*?)</td>", comparison)
+    assert rows == ["found", "uniform softmax = uniform gqa:2", "uniform linear", "uniform local:32"]
+    assert "<td class=\"num\">2.610 / 2.640 (0.021)</td>" in comparison  # both timings of the one model
+    # the load flag, explained wherever timings show it
+    for title in ("Verification on the device", "Comparison with the uniform baselines (comparison.csv)", "Model card"):
+        part = text[text.index(f"<h2>{title}</h2>"):]
+        assert "flags: <b>load</b>: the machine&#39;s 1-minute load average was above its core count" in \
+            part[:part.index("</section>")]
+    if CHROMIUM:
+        assert_renders(page, tmp_path / "chromium", ["Result", "Search: the Pareto front", "Verification on the device",
+                                                     "Latency predictor", "Comparison with the uniform baselines "
+                                                     "(comparison.csv)", "Model card", "Reproduce"])
+        width, column = comparison_width(page, tmp_path / "probe")
+        assert width <= column < 1280, (width, column)  # before: 1,394 px in a column of 1,180
+
+
+def test_the_demo_page_draws_the_learning_curve_and_the_best_per_generation(demo_page, search_dir):
+    from tests.report_fakes import log_lines
+
+    run, page, drawn = demo_page
+    text = page.read_text()
+    assert "<h2>Training the supernet: the learning curve (supernet/log.jsonl)</h2>" in text
+    train, held_out = drawn["learning_curve"].axes
+    events = [json.loads(line) for line in log_lines()]
+    lines = {line.get_label(): line for line in train.lines}
+    assert sorted(lines) == ["largest", "smallest"]
+    steps = [e["step"] for e in events if e["event"] == "train"]
+    assert lines["largest"].get_xdata().tolist() == steps
+    assert lines["largest"].get_ydata().tolist() == pytest.approx([e["loss"]["largest"] for e in events
+                                                                   if e["event"] == "train"])
+    assert held_out.get_ylabel() == "held-out bits/byte (lower is better)"
+    assert {line.get_label(): line.get_ydata().tolist()[-1] for line in held_out.lines} == pytest.approx(
+        {"largest": 6.0, "smallest": 7.3 - 100 / 120})
+    # the search's best per generation: its last best so far is the search's best
+    out, _ = search_dir
+    best = json.loads((out / "search.json").read_text())["budgets"]["6ms"]["best"]["loss_bpb"]
+    ax = drawn["generations_figure"].axes[0]
+    (so_far,) = [line for line in ax.lines if line.get_label() == "6ms: best so far"]
+    assert so_far.get_xdata().tolist() == [0, 1] and so_far.get_ydata()[-1] == pytest.approx(best, abs=1e-6)
+    assert "<h3>Best per generation</h3>" in text
+
+
+def test_the_reproduce_section_gives_commands_that_parse_to_the_run_s_settings(demo_page, search_dir, tmp_path):
+    import html
+    import re
+    import shlex
+
+    from nas.cli import main, parse
+
+    run, page, _ = demo_page
+    text = page.read_text()
+    reproduce = text[text.index("<h2>Reproduce</h2>"):]
+    assert f"<pre>nas demo --out {run} --quick\nnas report {run}    # this page</pre>" in reproduce
+    _, args = parse(shlex.split(f"nas demo --out {run} --quick")[1:])  # the command run_demo records, as typed
+    assert (args.command, args.out, args.quick, args.seed) == ("demo", str(run), True, 0)
+    assert "<td>nas-transformers</td><td>0.2.0</td><td>search/search.json</td>" in reproduce
+    out, _ = search_dir
+    assert main(["report", str(out), "--out", str(tmp_path / "s.html")]) == 0
+    page = (tmp_path / "s.html").read_text()
+    (command,) = re.findall(r"<pre>(nas search .*?)\n", page)
+    argv = shlex.split(html.unescape(command).replace("SUPERNET", str(out.parent / "supernet.pt"))
+                       .replace("PREDICTOR", str(out.parent / "predictor")))
+    _, args = parse(argv[1:])
+    config = json.loads((out / "search.json").read_text())["config"]
+    assert (args.budget, args.margin, args.seed, args.strategy) == ("6ms", 20.0, 0, "evolution")
+    assert {k: getattr(args, k) for k in ("population", "parents", "mutations", "crossovers", "generations")} == {
+        k: config["search"][k] for k in ("population", "parents", "mutations", "crossovers", "generations")}
+    assert (args.val_windows, args.seq_len, args.verify_top, args.out) == (3, 32, 3, str(out))
+
+
+def test_the_templates_ship_with_the_package():
+    import fnmatch
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["nas"]
+    files = [p.relative_to(ROOT / "nas").as_posix() for p in (ROOT / "nas" / "templates").rglob("*") if p.is_file()]
+    assert files and all(any(fnmatch.fnmatch(f, pattern) for pattern in data) for f in files), (files, data)
+
+
+def test_the_demo_records_the_command_that_makes_it_again(tmp_path):
+    from nas.demo import FULL, QUICK, demo_command
+
+    assert demo_command(tmp_path / "a b", QUICK, 3, 2) == f"nas demo --out '{tmp_path / 'a b'}' --quick --seed 3 --threads 2"
+    assert demo_command(tmp_path, FULL, 0, None) == f"nas demo --out {tmp_path}"

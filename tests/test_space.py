@@ -60,7 +60,8 @@ def test_cli_reports_space_errors_without_traceback():
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(SpaceError, match="cannot read search space"):
         load_space(tmp_path / "nope.yaml")
-    shipped = "base, encoder-base, encoder-tiny, long, lra-tiny, tiny, translate-base, translate-tiny, vision-tiny"
+    shipped = ("base, encoder-base, encoder-tiny, long, long-bpe, lra-tiny, tiny, tiny-bpe, translate-base, translate-tiny, "
+               "translate-tiny-bpe, vision-tiny")
     with pytest.raises(SpaceError, match=rf"not a shipped space \(shipped: {shipped}\)"):
         load_space("huge")
 

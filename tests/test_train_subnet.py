@@ -196,8 +196,8 @@ def test_equal_token_budgets_train_two_subnets_on_the_same_batches(micro, files,
     seen = []
     real_batch = supernet_train.Trainer.batch
 
-    def recording_batch(self):
-        batch = real_batch(self)  # (a supernet.task.Batch: the model's inputs, the windows here)
+    def recording_batch(self, plan=None):
+        batch = real_batch(self, plan)  # (a supernet.task.Batch: the model's inputs, the windows here)
         seen[-1].append(batch.inputs[0].clone())
         return batch
 

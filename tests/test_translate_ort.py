@@ -100,7 +100,7 @@ def test_cuda_and_precisions_at_a_translate_workload(tmp_path, capsys):
     out = tmp_path / "x.csv"
     if not torch.cuda.is_available():
         assert main(["measure-latency", str(space), "--device", "cuda", "--out", str(out)]) == 2
-        assert "--timing-target cuda: no CUDA GPU is visible to torch" in capsys.readouterr().err
+        assert "--device cuda: no CUDA GPU is visible to torch" in capsys.readouterr().err
     assert main(["measure-latency", str(space), "--device", "onnxruntime", "--precision", "int8-dynamic", "--out",
                  str(out)]) == 2  # fmt: skip
     assert capsys.readouterr().err == ("nas measure-latency: error: --precision int8-dynamic: a seq2seq space (mini-s2s) "

@@ -41,6 +41,7 @@ from typing import Callable
 import torch
 
 from search_spaces import Space, Subnet, UserError, Workload, tasks
+from search_spaces.errors import hide_password
 from search_spaces.space import WORKLOAD_KINDS
 
 from ..onnx_graphs import cached_decode_graph, cached_graph
@@ -173,22 +174,18 @@ def write_bundle(
         min_fit=MIN_FIT_SUBNETS, min_retest=MIN_RETEST_SUBNETS,
         shortfall="\nThis bundle has fewer: it proves the path, its table will not make a predictor." if short else "",
     )
+    from supernet.files import atomic_stream
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with tarfile.open(tmp, "w:gz") as tar:
-            for name, text in (
-                ("runner.py", runner_source()),
-                ("manifest.json", json.dumps(manifest, indent=1)),
-                ("README.txt", readme),
-            ):
-                _add_text(tar, f"{ROOT}/{name}", text)
-            for name, graph in sorted(graphs.items()):
-                tar.add(graph, arcname=f"{ROOT}/models/{name}")
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, Ctrl-C: no half bundle left beside the target
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_stream(path) as f, tarfile.open(fileobj=f, mode="w:gz") as tar:  # Ctrl-C, a full disk: nothing left
+        for name, text in (
+            ("runner.py", runner_source()),
+            ("manifest.json", json.dumps(manifest, indent=1)),
+            ("README.txt", readme),
+        ):
+            _add_text(tar, f"{ROOT}/{name}", text)
+        for name, graph in sorted(graphs.items()):
+            tar.add(graph, arcname=f"{ROOT}/models/{name}")
     return path
 
 
@@ -239,8 +236,8 @@ def parse_target(target: str, flag: str = "--device") -> SshTarget:
     """The parts of an ``ssh://`` device, or one line naming ``flag`` and what is wrong (before anything is built)."""
     rest = target[len("ssh://"):] if target.startswith("ssh://") else None
 
-    def refuse(why: str) -> UserError:
-        return UserError(f"{flag}: {target[:80]!r} {why}; write {SSH_FORMS}")
+    def refuse(why: str) -> UserError:  # (ssh://user:password@host: the password is never said)
+        return UserError(hide_password(f"{flag}: {hide_password(target)[:80]!r} {why}; write {SSH_FORMS}", target))
 
     if not rest:
         raise refuse("names no host")

@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from latency.timing_core import *  # noqa: F401,F403  (BUNDLE: inlined here)
-from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, image_feed, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_json  # noqa: E501,F811
+from latency.timing_core import CLOCKS, Settings, append_rows, check_clock, decode_inputs, format_row, image_feed, host_facts, ort_runner, ort_session, prefill_tokens, run_protocol, sidecar_path, translate_ort_runner, write_atomic, write_json  # noqa: E501,F811
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 INFORMATIONAL = ("hostname", "created", "command")
@@ -67,14 +67,22 @@ def write_parity(path: str, entries: list, feed_of, threads, provider: str) -> N
         for i, value in enumerate(session.run(None, feed_of(entry))):
             arrays[f"{name}:{i}"] = value
         del session
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: np.savez(f, **arrays))
+
+
+def smallest_vocab(space: dict) -> int:
+    """The ids every model of the bundle reads: a space that searches its vocabulary (``tokenizer: {bpe: [...]}``) has
+    models of several embedding sizes, nested, so the tokens are drawn below the smallest."""
+    sizes = ((space.get("tokenizer") or {}) if isinstance(space.get("tokenizer"), dict) else {}).get("bpe")
+    if sizes is None:
+        return space["vocab_size"]
+    sizes = sizes if isinstance(sizes, list) else [sizes]
+    return min(256 if k == "bytes" else k for k in sizes)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.")
+    p = argparse.ArgumentParser(description="Time this bundle's ONNX graphs with ONNX Runtime; write a timing table.",
+                                allow_abbrev=False)
     p.add_argument(
         "--out", default="timings.csv", help="CSV to write (a .json sidecar is written beside it); resumes if it exists"
     )
@@ -110,7 +118,7 @@ def main(argv=None) -> int:
     settings = Settings.from_dict(manifest["meta"]["protocol"])
     workload = manifest["meta"]["workload"]
     tokens = None if workload.get("kind") in ("translate", "image") else prefill_tokens(
-        manifest["meta"]["space"]["vocab_size"], workload["batch_size"], workload.get("seq_len", 1))
+        smallest_vocab(manifest["meta"]["space"]), workload["batch_size"], workload.get("seq_len", 1))
 
     def feed_of(entry: dict) -> dict:
         """Prefill: the same tokens for every model; decode: inputs of `context` tokens seen, from the graph's input layout;

@@ -13,7 +13,7 @@ import torch
 
 from search_spaces import UserError, Workload, tasks
 
-from ..device import host_fingerprint, register_device
+from ..device import CLOCK, THREADS, host_fingerprint, register_device
 from ..timing_core import CLOCKS, Runner, check_clock
 
 
@@ -54,6 +54,7 @@ def torch_call(model, workload: Workload, device: str = "cpu", runtime: str = "e
 @register_device
 class CPU:
     name = "cpu"
+    flags = (THREADS, CLOCK)
     precisions = ("fp32",)
 
     def __init__(self, threads: int | None = None, clock: str = "wall"):

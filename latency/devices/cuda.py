@@ -16,6 +16,7 @@ import subprocess
 import torch
 
 from search_spaces import UserError, Workload
+from search_spaces.flags import Flag
 from supernet.attention.registry import fast_paths
 
 from ..device import host_fingerprint, register_device
@@ -43,9 +44,14 @@ def gpu_fingerprint(index: int = 0) -> dict:
     }
 
 
+RUNTIME = Flag("--runtime", "runtime", str, "RUNTIME", "how a cuda timing target runs the model: eager, cudagraph or "
+               "compile", ("measure-latency", "export"), option="runtime")
+
+
 @register_device
 class CUDA:
     name = "cuda"
+    flags = (RUNTIME,)
     precisions = ("fp32",)
 
     def __init__(self, runtime: str = "eager", gpu: int = 0):

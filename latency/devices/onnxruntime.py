@@ -18,18 +18,22 @@ opens it."""
 from __future__ import annotations
 
 from search_spaces import UserError, Workload, tasks
+from search_spaces.flags import Flag
 from search_spaces.space import WORKLOAD_KINDS
 
-from ..device import host_fingerprint, register_device
+from ..device import CLOCK, THREADS, host_fingerprint, register_device
 from ..onnx_graphs import cached_decode_graph, cached_graph
 from ..timing_core import Runner, check_clock, decode_inputs, ort_runner, ort_session, prefill_tokens
 
 PROVIDERS = ("cpu", "cuda")
+PROVIDER = Flag("--provider", "provider", str, "NAME", "the execution provider of an onnxruntime timing target: cpu or "
+                "cuda", ("measure-latency", "export"), option="provider")
 
 
 @register_device
 class OnnxRuntime:
     name = "onnxruntime"
+    flags = (THREADS, CLOCK, PROVIDER)
     # INT8 with the CPU provider (ONNX Runtime's quantizer; the outlier-aware two: latency.quantize)
     precisions = ("fp32", "int8-dynamic", "int8-static", "int8-smooth", "int8-outlier")
     needs_weights = False  # prepare() takes a meta-device model: the graph's weights are drawn in the session

@@ -21,6 +21,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from search_spaces import UserError
 
@@ -45,13 +46,9 @@ INPUTS = {
     "fit-accuracy": {"supernet": ("SUPERNET", "supernet checkpoint"), "models": ("MODEL", "model directory")},
 }
 
-# Flags that name a device to time on, with the flags of its options: checked by building the device.
-DEVICE_FLAGS = {
-    "measure-latency": ("device", {"threads": "timing_threads", "clock": "clock", "runtime": "runtime",
-                                   "provider": "provider"}),
-    "search": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
-    "export": ("timing_target", {"threads": "timing_threads", "clock": "clock"}),
-}
+# The field of the flag that names a device to time on, per command: checked by building the device with the options
+# given (the devices' own flags, latency.device.device_flags).
+DEVICE_FLAGS = {"measure-latency": "device", "search": "timing_target", "export": "timing_target"}
 
 _HINTS = {
     errno.ENOSPC: "the disk is full: free some space or write elsewhere (--out); what was written before is kept",
@@ -77,6 +74,10 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
                 raise UserError(f"{where}: {item} is not a finite number")
             if isinstance(item, str) and _not_utf8(item):
                 raise UserError(f"{where}: not UTF-8 text ({item.encode('utf-8', 'surrogateescape')[:40]!r})")
+    if getattr(args, "log", None) == "tensorboard":  # the training commands' --log: its package, before any work
+        from supernet.train import check_log
+
+        check_log(args.log)
     out = getattr(args, "out", None)
     if isinstance(out, str) and out:
         check_out(Path(out), file=OUT_IS_FILE.get(args.command, False))
@@ -95,10 +96,17 @@ def check_flags(args: argparse.Namespace, parser: argparse.ArgumentParser | None
 
             parse_target(value, "--" + field.replace("_", "-"))
     if args.command in DEVICE_FLAGS:
-        flag, options = DEVICE_FLAGS[args.command]
-        name = getattr(args, flag, None)
+        field = DEVICE_FLAGS[args.command]
+        name = getattr(args, field, None)
         if name:
-            check_device(f"--{flag.replace('_', '-')}", name, **{k: getattr(args, v, None) for k, v in options.items()})
+            check_device(f"--{field.replace('_', '-')}", name, **device_options(args, args.command))
+
+
+def device_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """The device options given to ``command`` (constructor keyword -> value; None where not given)."""
+    from latency.device import device_flags
+
+    return {f.option: getattr(args, f.dest, None) for f in device_flags(command)}
 
 
 def _names(parser: argparse.ArgumentParser | None) -> dict[str, str]:

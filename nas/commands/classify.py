@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from nas.classify import csv_rows, load_classifier, read_csv_text, text_bytes
     from search_spaces import UserError
+    from search_spaces.errors import tsv_field
 
     if bool(args.texts) == bool(args.data):
         raise UserError("give the texts to classify as arguments or --data FILE.csv (one of the two)")
@@ -46,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         texts = list(args.texts)
     predicted = model.predict(text_bytes(texts, card["seq_len"]), batch_size=args.batch_size)
-    for i in predicted:
-        print(classes[i])
+    for i in predicted:  # one label a line: a newline, tab or backslash in a label is escaped
+        print(tsv_field(classes[i]))
     if truth is not None:
         right = sum(classes[i] == t for i, t in zip(predicted, truth))
         log.info("accuracy %.4f (%d of %d rows of %s match column %r)", right / max(1, len(truth)), right, len(truth),

@@ -1,6 +1,7 @@
 """What the commands share, in one place: the training flags and their defaults, the measurement protocol's flags
 and defaults, the held-out scoring flags, the task flags (each registered task's extra flags of a command),
-durations and counts, and the progress bars (hidden with ``-q``).
+durations and counts, and progress (bars on a terminal, a line per interval in a log; hidden with ``-q`` or
+``--no-progress``).
 
 Only the command modules import this; the library workflows take the typed settings the commands build.
 """
@@ -154,11 +155,11 @@ def token_budget(args: argparse.Namespace) -> int | None:
 
 
 def train_device(name: str | None) -> str:
-    import torch
+    """``--device`` of a training command: auto (None) is the GPU when there is one; every value checked (auto, cpu,
+    cuda, cuda:N, the GPU there)."""
+    from supernet.scoring import pick_device
 
-    if name in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return pick_device(name or "auto")
 
 
 # --------------------------------------------------------------------------- task flags
@@ -174,6 +175,15 @@ def add_task_flags(p: argparse.ArgumentParser, command: str) -> None:
             if command in f.commands and f.dest not in seen:
                 seen.add(f.dest)
                 p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
+
+
+def add_device_flags(p, command: str) -> None:
+    """The option flags the registered devices declare for ``command`` (``--timing-threads``, ``--clock``,
+    ``--runtime``, ``--provider``, a plugin device's own), each once (:func:`latency.device.device_flags`)."""
+    from latency.device import device_flags
+
+    for f in device_flags(command):
+        p.add_argument(f.name, dest=f.dest, type=f.type, metavar=f.metavar, help=f.help)
 
 
 def task_flags(args: argparse.Namespace, command: str) -> dict[str, Any]:
@@ -327,21 +337,26 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()[:16]
 
 
-# --------------------------------------------------------------------------- progress bars
+# --------------------------------------------------------------------------- progress: bars on a terminal, lines in a log
+
+from supernet.progress import (  # noqa: E402, F401  (the commands' names; the helpers live below the tasks)
+    PROGRESS_INTERVAL_ENV,
+    ProgressLines,
+    format_time,
+    progress_bar,
+    progress_interval,
+    progress_line,
+)
 
 
 def bytes_bar(text: str):
-    """A progress callback that opens a byte-count tqdm bar on its first call (none with ``-q``)."""
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
-
+    """A progress callback that opens a byte-count bar on its first call (none with ``-q``)."""
     bar = None
 
     def update(done: int, total: int) -> None:
         nonlocal bar
         if bar is None:
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=text, leave=False, disable=not show_progress())
+            bar = progress_bar(total=total, unit="B", scale=True, desc=text, leave=False)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -349,39 +364,37 @@ def bytes_bar(text: str):
     return update
 
 
-def step_bar_for(config, start_step: int, start_elapsed: float, desc: str = "train-supernet"):
-    """A tqdm bar over steps (or over seconds for a time-bound run) with loss, tokens/s and ETA (hidden with ``-q``)."""
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
-
+def step_bar_for(config, start_step: int, start_elapsed: float, desc: str = "training"):
+    """A bar over steps (or over seconds for a time-bound run) with the loss and its unit, tokens/s and ETA (hidden
+    with ``-q``)."""
     by_time = config.max_steps is None
-    bar = tqdm(
+    bar = progress_bar(
         total=config.max_time if by_time else config.max_steps,
         initial=start_elapsed if by_time else start_step,
         unit="s" if by_time else "step",
         desc=desc,
-        dynamic_ncols=True,
-        disable=not show_progress(),
         bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f}{unit} [{elapsed}<{remaining}{postfix}]" if by_time else None,
     )
 
     def update(info) -> None:
+        # shown by the update (tqdm: at most 10 redraws a second); the step is the count, unless the bar counts seconds
+        bar.set_postfix_str(step_postfix(info, with_step=by_time), refresh=False)
         # never past the total: tqdm drops a total that n exceeds, and the bar format needs it
         bar.update(min(info.elapsed if by_time else info.step, bar.total) - bar.n)
-        if "largest" in info.losses:  # the sandwich rule: the largest and smallest subnet's losses
-            loss = "loss(L/S) " + " ".join(f"{info.losses[k]:.3f}" for k in ("largest", "smallest") if k in info.losses)
-        else:
-            loss = "loss " + " ".join(f"{v:.3f}" for v in info.losses.values())
-        bar.set_postfix_str(f"step {info.step} {loss} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s", refresh=False)
 
     return bar, update
 
 
-def format_time(seconds: float) -> str:
-    m, s = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+def step_postfix(info, with_step: bool = True) -> str:
+    """What a training bar shows beside the count: ``step 120 loss(L/S) 2.345 2.567 nats/byte lr 1.00e-03 3.2k tok/s``
+    (the training loss in its unit, beside the validation's bits/byte in the notes; the step left out where the bar
+    counts steps)."""
+    if "largest" in info.losses:  # the sandwich rule: the largest and smallest subnet's losses
+        loss = "loss(L/S) " + " ".join(f"{info.losses[k]:.3f}" for k in ("largest", "smallest") if k in info.losses)
+    else:
+        loss = "loss " + " ".join(f"{v:.3f}" for v in info.losses.values())
+    unit = getattr(info, "loss_unit", "") or "nats"
+    return f"{f'step {info.step} ' if with_step else ''}{loss} {unit} lr {info.lr:.2e} {info.tokens_per_s / 1000:.1f}k tok/s"
 
 
 def step_bar(desc: str):
@@ -422,12 +435,8 @@ def train_and_report(train, settings, bar, again: str) -> int:
 
 
 def measurement_bar(desc: str):
-    """A tqdm bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
-
-    bar = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, leave=False, disable=not show_progress())
+    """A bar over the protocol's visits: (bar, callback); hidden with ``-q``."""
+    bar = progress_bar(total=1, unit="visit", desc=desc, leave=False)
 
     def update(done: int, total: int, info: str) -> None:
         bar.total, bar.n = total, done
@@ -437,12 +446,8 @@ def measurement_bar(desc: str):
 
 
 def visit_bar(desc: str):
-    """A tqdm bar over a campaign's visits, the subnet being timed beside it: (bar, callback); hidden with ``-q``."""
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
-
-    b = tqdm(total=1, unit="visit", desc=desc, dynamic_ncols=True, disable=not show_progress())
+    """A bar over a campaign's visits, the subnet being timed beside it: (bar, callback); hidden with ``-q``."""
+    b = progress_bar(total=1, unit="visit", desc=desc)
 
     def update(done: int, total: int, info: str) -> None:
         b.total = total

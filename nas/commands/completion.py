@@ -9,7 +9,7 @@ bash)"`` in ``~/.bashrc``.  Where ``argcomplete`` is installed (``pip install na
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "completion"
 HELP = "print a shell-completion script for nas (bash or zsh): eval \"$(nas completion bash)\""
@@ -39,7 +39,8 @@ def flags_by_command() -> dict[str, dict[str, tuple[str, ...]]]:
 
 def script(shell: str = "bash") -> str:
     """The completion script: commands after ``nas``, a command's flags after ``-``, a flag's choices after it,
-    file names elsewhere."""
+    file names elsewhere (each name one completion, spaces and glob characters in it kept: read line by line, not
+    split by the shell)."""
     table = flags_by_command()
     cases, choices = [], []
     for name, flags in table.items():
@@ -71,8 +72,9 @@ def script(shell: str = "bash") -> str:
         "    esac",
         '    if [[ "$cur" == -* ]]; then',
         '        COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
-        "    else",
-        '        COMPREPLY=($(compgen -f -- "$cur"))',
+        "    else",  # one name a line, read whole: a name with spaces (or a * or ?) stays one completion
+        '        local name',
+        '        while IFS= read -r name; do COMPREPLY+=("$name"); done < <(compgen -f -- "$cur")',
         "    fi",
         "}",
         "complete -o filenames -F _nas nas",

@@ -1,11 +1,13 @@
 """``--config FILE`` and ``--print-config``: a command's flags in a YAML file, and back.
 
-A config file is a YAML mapping read with ``yaml.safe_load``.  Its keys are the command's flag names without the
-dashes, with ``-`` or ``_`` (``population``, ``eval_batch_size``, ``lr-warmup``) or the field a flag stores into
-(``warmup_steps``); positional arguments by their name (``supernet``, ``space``).  The file's values become the
-parser's defaults, so a flag given on the command line overrides the file (a repeatable flag such as ``--predictor``
-replaces the file's list).  A key the command does not take, or a value of the wrong type, is refused in one line
-naming the file, the key and what was expected (exit status 2).
+A config file is a YAML mapping read through the project's bounded YAML reader (:mod:`search_spaces.yamlio`: the
+safe loader, no aliases, no duplicate keys, at most 64 KB and 64 levels, a FIFO or a folder refused unopened); one
+``--config`` per command line.  Its keys are the command's flag names without the dashes, with ``-`` or ``_``
+(``population``, ``eval_batch_size``, ``lr-warmup``) or the field a flag stores into (``warmup_steps``); positional
+arguments by their name (``supernet``, ``space``).  The file's values become the parser's defaults, so a flag given
+on the command line overrides the file (a repeatable flag such as ``--predictor`` replaces the file's list).  A key
+the command does not take, or a value of the wrong type, is refused in one line naming the file, the key and what
+was expected (exit status 2); values are quoted cut to a few dozen characters.
 
 ``--print-config`` prints the effective flags (the file and the command line merged) as YAML, keyed by flag name,
 and exits 0 without running; that output given back with ``--config`` parses to the same flags.
@@ -19,41 +21,48 @@ import math
 from pathlib import Path
 from typing import Any
 
-from search_spaces.errors import UserError
+from search_spaces.errors import UserError, shown
 
 # Fields that are no part of a run's configuration: how the run talks, not what it does.
 NOT_CONFIG = {"help", "config", "print_config", "verbose", "quiet", "json"}
 
 
 def find_config(argv: list[str]) -> str | None:
-    """The ``--config`` value in ``argv`` (``--config F`` or ``--config=F``), before parsing; None if absent."""
+    """The ``--config`` value in ``argv`` (``--config F`` or ``--config=F``), before parsing; None if absent.  A second
+    ``--config`` is refused (one file per run: which one wins would be a guess)."""
+    found: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":
-            return None
-        if arg == "--config" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--config="):
-            return arg.split("=", 1)[1]
-    return None
+            break
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                break  # argparse says what is missing
+            found.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            found.append(arg.split("=", 1)[1])
+    if len(found) > 1:
+        raise UserError(f"--config given {len(found)} times ({', '.join(shown(f) for f in found[:3])}); give one file "
+                        "(merge them into one, or give a flag on the command line to override the file)")
+    return found[0] if found else None
+
+
+MAX_CONFIG_BYTES = 64 * 1024  # a command's flags: under 2 KB (nas search --print-config is about 1.5 KB)
 
 
 def load(path: str) -> dict:
-    """The file's mapping (``yaml.safe_load``: loading runs no code)."""
-    import yaml
+    """The file's mapping, read through the bounded YAML reader (:mod:`search_spaces.yamlio`: no tags that run code, no
+    aliases, no duplicate keys, nesting and size bounded, a FIFO or a folder refused before it is opened)."""
+    import os
 
-    p = Path(path)
+    from search_spaces.yamlio import load_yaml, read_text
+
+    if not os.path.lexists(path):
+        raise UserError(f"--config: {path}: no such file")
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"--config: {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--config: {path}: cannot read it ({e})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        at = f" (line {where.line + 1})" if where is not None else ""
-        raise UserError(f"{path}: not valid YAML{at}: {getattr(e, 'problem', None) or e}") from None
+        text = read_text(Path(path), "config file", limit=MAX_CONFIG_BYTES)
+    except UserError as e:
+        raise UserError(f"--config: {e}") from None
+    data = load_yaml(text, path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -113,7 +122,7 @@ def _expected(action: argparse.Action) -> str:
 
 def _scalar(action: argparse.Action, value: Any, where: str) -> Any:
     if isinstance(value, bool) or isinstance(value, (dict, list)):
-        raise UserError(f"{where}: expected {_expected(action)}, got {value!r}")
+        raise UserError(f"{where}: expected {_expected(action)}, got {shown(value)}")
     kind = action.type
     try:
         if kind is int:
@@ -129,11 +138,11 @@ def _scalar(action: argparse.Action, value: Any, where: str) -> Any:
         else:  # a parsing function (durations, a task's type): it reads the text a user would type
             out = kind(value if isinstance(value, str) else str(value))
     except (ValueError, TypeError) as e:
-        raise UserError(f"{where}: expected {_expected(action)}, got {value!r}") from e
+        raise UserError(f"{where}: expected {_expected(action)}, got {shown(value)}") from e
     except argparse.ArgumentTypeError as e:
         raise UserError(f"{where}: {e}") from None
     if action.choices is not None and out not in action.choices:
-        raise UserError(f"{where}: expected {_expected(action)}, got {value!r}")
+        raise UserError(f"{where}: expected {_expected(action)}, got {shown(value)}")
     return out
 
 
@@ -144,11 +153,11 @@ def convert(action: argparse.Action, value: Any, where: str) -> Any:
     kind = _kind(action)
     if kind == "bool":
         if not isinstance(value, bool):
-            raise UserError(f"{where}: expected true or false, got {value!r}")
+            raise UserError(f"{where}: expected true or false, got {shown(value)}")
         return value
     if kind == "count":
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise UserError(f"{where}: expected a count (0, 1, 2...), got {value!r}")
+            raise UserError(f"{where}: expected a count (0, 1, 2...), got {shown(value)}")
         return value
     if kind == "list":
         items = value if isinstance(value, list) else [value]
@@ -169,15 +178,15 @@ def apply(parser: argparse.ArgumentParser, path: str, data: dict, command: str) 
             names = [key_of(a) for a in config_actions(parser)]
             close = difflib.get_close_matches(str(key).replace("-", "_"), names, n=1)
             hint = f" (did you mean {close[0]}?)" if close else f" (its keys: {', '.join(names)})"
-            raise UserError(f"{path}: key {key!r}: nas {command} takes no such flag{hint}")
+            raise UserError(f"{path}: key {shown(key)}: nas {command} takes no such flag{hint}")
         if isinstance(action, _Alias):
             if action.warn:
                 say_deprecated(command, f"{key} (in {path})", action.new)
             action = action.target
         if action.dest in seen:
-            raise UserError(f"{path}: keys {seen[action.dest]!r} and {key!r} set the same flag; keep one")
+            raise UserError(f"{path}: keys {shown(seen[action.dest])} and {shown(key)} set the same flag; keep one")
         seen[action.dest] = key
-        converted = convert(action, value, f"{path}: key {key!r}")
+        converted = convert(action, value, f"{path}: key {shown(key)}")
         action.default = converted
         action.required = False
         if not action.option_strings:  # a positional given in the file: optional on the command line

@@ -9,7 +9,7 @@ kernels if they are not cached yet (once, about 25 s), as the first command that
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "doctor"
 HELP = "show which fast paths are active here (compiled kernels, ONNX Runtime, custom ops, threads) and why not"

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from .common import (
+    add_device_flags,
     add_protocol_arguments,
     add_scoring_arguments,
     measurement_bar,
@@ -16,8 +17,8 @@ from .common import (
     scoring_settings,
     timing_messages,
 )
-
-from . import register_command
+from .checks import device_options
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--budget", metavar="T", help="latency budget (50ms, 0.05s): warn when the measured latency is over it")
     m.add_argument("--workload", help="the space's workload to time (default: the predictor's, else the task's: prefill for "
                    "a one-stack model, the space's first for a task's own model)")
-    m.add_argument("--timing-threads", type=int, metavar="N", help="cpu / onnxruntime: intra-op threads")
-    m.add_argument("--clock", help="cpu / onnxruntime: wall (default) or cpu (needs --timing-threads 1)")
-    m.add_argument("--provider", help="onnxruntime: cpu (default) or cuda")
-    m.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
+    add_device_flags(m, NAME)
     m.add_argument("--strict", action="store_true", help="exit with status 1 when the measured latency is over --budget")
     add_protocol_arguments(p)
 
@@ -95,7 +93,7 @@ def _run(args: argparse.Namespace) -> int:
     budget = parse_budget(args.budget) if args.budget else None
     precision = check_precision(args.precision)
     if args.timing_target:
-        check_device(precision, args.timing_target, args.provider)
+        check_device(precision, args.timing_target, getattr(args, "provider", None))
     protocol = protocol_settings(args) if args.timing_target else None
     supernet, payload = load_supernet(args.supernet)  # the checkpoint's task's supernet, loaded once
     space = supernet.space
@@ -105,7 +103,7 @@ def _run(args: argparse.Namespace) -> int:
         out=Path(args.out), formats=formats, target_ort=args.target_ort, seed=args.seed,
         scoring=scoring_settings(args, precision=precision), evaluate=not args.no_eval, precision=precision,
         predictor=args.predictor, measure=args.timing_target, workload=args.workload, budget_ms=budget, protocol=protocol,
-        device_options={"threads": args.timing_threads, "runtime": args.runtime, "provider": args.provider, "clock": args.clock},
+        device_options=device_options(args, NAME),
     )
     bar, update = measurement_bar(f"measuring on {args.timing_target}") if args.timing_target else (None, None)
     try:

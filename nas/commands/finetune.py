@@ -21,7 +21,7 @@ import logging
 import shlex
 from pathlib import Path
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _progress_bar():
     from nas.commands.common import step_bar
 
-    return step_bar(NAME)
+    return step_bar("training")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from . import register_command
+from .registry import register_command
 
 NAME = "fit-accuracy"
 HELP = "fit a ranker of subnets on retrained models' validation loss (for nas search --fitness calibrated:DIR)"

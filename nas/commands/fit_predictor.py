@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "fit-predictor"
 HELP = "fit latency predictors (MLP, boosted trees, per-layer additive) on a timing table; keep the best by cross-validation"

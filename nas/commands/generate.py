@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "generate"
 HELP = "sample text from a model written by `nas export` (prefill once, then one cached decode step per token)"
@@ -12,10 +12,10 @@ EXAMPLE = 'nas generate --model runs/export --prompt "def main(" --max-new-token
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a directory written by `nas export`")
-    p.add_argument("--prompt", default="", help="text to continue (byte-level)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="bytes to generate (default 200)")
+    p.add_argument("--prompt", default="", help="text to continue (read by the model's tokenizer.json)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to generate (bytes for a byte model; default 200)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely bytes (default 40; 0 = all)")
+    p.add_argument("--top-k", type=int, default=40, help="sample among the k most likely tokens (default 40; 0 = all)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument(
         "--overflow",
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from search_spaces import UserError
-    from supernet.artifact import load_model
+    from supernet.artifact import load_model, load_vocabulary
     from supernet.generate import generate
 
     if args.max_new_tokens < 1:
@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top_k < 0:
         raise UserError(f"--top-k: {args.top_k}; expected >= 0 (0 = no limit)")
     model = load_model(args.model)
+    vocab = load_vocabulary(args.model)  # the folder's tokenizer.json: the model loads and runs from its folder alone
     text = generate(
         model,
         args.prompt.encode("utf-8"),
@@ -53,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         generator=torch.Generator().manual_seed(args.seed),
         overflow=args.overflow,
         keep=args.keep,
+        vocabulary=vocab,
     )
     sys.stdout.write(args.prompt + text.decode("utf-8", errors="replace") + "\n")
     return 0

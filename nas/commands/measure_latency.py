@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import CAMPAIGN_DEFAULTS, add_protocol_arguments, emit, protocol_settings, timing_messages, visit_bar
-
-from . import register_command
+from .common import (
+    CAMPAIGN_DEFAULTS,
+    add_device_flags,
+    add_protocol_arguments,
+    emit,
+    protocol_settings,
+    timing_messages,
+    visit_bar,
+)
+from .checks import device_options
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -37,18 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
                    "(one new token at a context), as the space's latency section names them (default: its first)")
-    p.add_argument("--timing-threads", type=int, metavar="N",
-                   help="cpu / onnxruntime: intra-op threads (cpu default: torch's; onnxruntime: its own)")
     p.add_argument("--custom-ops", action="store_true", help="onnxruntime: time the graphs with the attention types' ONNX "
                    "Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them); default: standard "
                    "operators only")
-    p.add_argument(
-        "--clock",
-        help="cpu / onnxruntime: wall (default) or cpu: the thread's CPU time, steady on a shared machine (needs "
-        "--timing-threads 1)",
-    )
-    p.add_argument("--runtime", help="cuda: eager (default), cudagraph or compile")
-    p.add_argument("--provider", help="onnxruntime: cpu (default) or cuda (needs onnxruntime-gpu)")
+    add_device_flags(p, NAME)
     p.add_argument("--precision", help="fp32 (default), int8-dynamic, int8-static, int8-smooth or int8-outlier: onnxruntime "
                    "(cpu) times the graphs "
                    "quantized as an export is (onnxruntime.quantization); recorded in the table, which holds one precision")
@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
     workload = space.workload(args.workload)
     settings = protocol_settings(args)
     precision = check_precision(args.precision)
-    check_device(precision, args.device, args.provider)
+    check_device(precision, args.device, getattr(args, "provider", None))
     if not 0 <= args.retest <= 1:
         raise UserError(f"--retest: {args.retest} is not a share between 0 and 1")
     samples = args.samples if args.samples is not None else 20 if args.for_transfer else 300
@@ -159,8 +159,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise UserError(f"--device {args.device}: give --out TABLE.csv")
-    device = get_device(args.device, threads=args.timing_threads, runtime=args.runtime, provider=args.provider,
-                        clock=args.clock, precision=None if precision == "fp32" else precision)
+    device = get_device(args.device, **device_options(args, NAME), precision=None if precision == "fp32" else precision)
     names = list(task.table_features(space, space.smallest(), workload))
     meta = make_meta(device.fingerprint(), space, workload, settings.to_dict(), args.seed, names)
     if args.for_transfer:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "predict"
 HELP = "print a latency predictor's estimate (ms) for subnet files"

@@ -19,9 +19,16 @@ import logging
 import re
 from pathlib import Path
 
-from .common import PROTOCOL_DEFAULTS, add_scoring_arguments, file_digest, measurement_bar, scoring_settings
-
-from . import register_command
+from .common import (
+    PROTOCOL_DEFAULTS,
+    add_device_flags,
+    add_scoring_arguments,
+    file_digest,
+    measurement_bar,
+    progress_bar,
+    scoring_settings,
+)
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +57,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--timing-target still holds the measured latency to the budget itself); default 0")
     p.add_argument("--max-params", metavar="N", help="also at most N parameters (1500000, 1.5M, 800k)")
     g = p.add_argument_group("strategy (defaults: HAT's)")
-    g.add_argument("--strategy", default="evolution", metavar="NAME",
-                   help="a registered search strategy: evolution (default), random, nsga2, or a plugin's")
+    from nas.search.strategy import STRATEGIES
+
+    g.add_argument("--strategy", default="evolution", choices=STRATEGIES.names(),
+                   help="a registered search strategy (default evolution)")
     g.add_argument("--population", type=int, default=125, help="size of the population and of generation 0 (default 125)")
     g.add_argument("--parents", type=int, default=25, help="parents chosen per generation (default 25)")
     g.add_argument("--mutations", type=int, default=50, help="children by mutation per generation (default 50)")
@@ -86,7 +95,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--study", metavar="NAME", help="study name (default: derived from the settings, so the same command resumes)")
     s.add_argument("--worker-batch", dest="worker_batch", type=int, default=8, metavar="N",
                    help="subnets a worker claims and evaluates at once (default 8)")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar")
     v = p.add_argument_group("verification on a timing target (nas/search/verify.py)")
     v.add_argument(
         "--timing-target",
@@ -100,9 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     v.add_argument("--verify-margin", type=float, default=0.0, metavar="PCT",
                    help="a candidate holds when its measured latency is at least PCT percent under the budget: headroom "
                    "for the next measurement's noise (the export, another day); default 0")
-    v.add_argument("--timing-threads", type=int, metavar="N", help="intra-op threads of the timing target")
-    v.add_argument("--clock", metavar="CLOCK", help="the timing target's clock: wall (default) or cpu (needs "
-                   "--timing-threads 1)")
+    add_device_flags(v, NAME)
     h = p.add_argument_group("progressive dynamic hurdles: train the top candidates (nas/search/hurdles.py)")
     h.add_argument("--hurdles", type=int, default=0, metavar="ROUNDS",
                    help="after the search, train the top --hurdle-candidates of each budget in ROUNDS short rounds (the first "
@@ -163,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.worker_batch < 1:
         raise UserError(f"--worker-batch: {args.worker_batch} is not a positive integer")
     S.STRATEGIES.get(args.strategy)  # a name no strategy registered: refused before any work
+    if args.storage:
+        S.check_storage(args.storage)  # its syntax and driver, before anything is loaded or made
     if not 0 <= args.verify_margin < 100:
         raise UserError(f"--verify-margin: {args.verify_margin} is not a percentage between 0 and 100")
     device = S.pick_device(args.device)
@@ -240,10 +248,10 @@ def _run(args: argparse.Namespace) -> int:
         **({"first": {label: [s.key for s in ss] for label, ss in first.items()}} if first else {}),
     }
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     url = args.storage or S.default_storage(out)
     study_name = args.study or f"{args.strategy}-seed{args.seed}-{S.config_hash(identity)}"
-    storage = S.open_storage(url)
+    storage = S.open_storage(url)  # (the default, OUT/search.db, makes OUT)
+    out.mkdir(parents=True, exist_ok=True)  # after the storage opened: a refused one leaves no folder
     # the objective's name in the study (dashboards label the value with it): what fitness returns, in the task's metric
     metric = f"{'loss' if args.fitness == 'inherited' else 'predicted retrained loss'} ({task.metric or task.unit})"
     study = S.open_study(storage, study_name, identity, metric=metric)
@@ -473,16 +481,13 @@ def describe_predictor(path: str, predictor) -> str:
 
 
 def _safe_url(url: str) -> str:
-    try:
-        from sqlalchemy.engine import make_url
+    from search_spaces.errors import hide_password
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - "memory" and other non-URLs are shown as they are
-        return url
+    return hide_password(url, url)
 
 
 class _ProgressBar:
-    """One tqdm bar per generation, with the best loss per budget so far."""
+    """One bar per generation (a line per interval in a log), with the best loss per budget so far."""
 
     def __init__(self, generations: int, disable: bool):
         self.generations, self.disable, self.bar, self.gen = generations, disable, None, None
@@ -495,8 +500,6 @@ class _ProgressBar:
             self.bar.close()
 
     def __call__(self, p) -> None:
-        from tqdm import tqdm
-
         if self.disable:
             return
         if p.generation != self.gen:
@@ -504,22 +507,17 @@ class _ProgressBar:
                 self.bar.update(self.bar.total - self.bar.n)
                 self.bar.close()
             self.gen = p.generation
-            self.bar = tqdm(
-                total=p.total,
-                initial=p.done,
-                desc=f"gen {p.generation + 1}/{self.generations}",
-                unit="subnet",
-                dynamic_ncols=True,
-            )
+            self.bar = progress_bar(total=p.total, initial=p.done, desc=f"gen {p.generation + 1}/{self.generations}",
+                                    unit="subnet")
         self.bar.total = p.total
-        self.bar.update(p.done - self.bar.n)
         best = "  ".join(f"{label}={loss:.4f}" for label, loss in p.best.items())
         self.bar.set_postfix_str(f"best {best or '-'}" + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.update(p.done - self.bar.n)
         self.bar.refresh()
 
 
 class _HurdleBar:
-    """One tqdm bar over the hurdle trainings (its total grows as rounds open)."""
+    """One bar over the hurdle trainings (its total grows as rounds open; a line per interval in a log)."""
 
     def __init__(self, rounds: int, disable: bool):
         self.rounds, self.disable, self.bar = rounds, disable, None
@@ -532,16 +530,14 @@ class _HurdleBar:
             self.bar.close()
 
     def __call__(self, p) -> None:
-        from tqdm import tqdm
-
         if self.disable:
             return
         if self.bar is None:
-            self.bar = tqdm(total=p.total, initial=p.done, desc="hurdles", unit="training", dynamic_ncols=True)
+            self.bar = progress_bar(total=p.total, initial=p.done, desc="hurdles", unit="training")
         self.bar.total = p.total
-        self.bar.update(p.done - self.bar.n)
         rounds = "  ".join(f"{label}: round {r + 1}/{self.rounds}" for label, r in p.rounds.items())
         self.bar.set_postfix_str(rounds + ("  (waiting for other workers)" if p.waiting else ""), refresh=False)
+        self.bar.update(p.done - self.bar.n)
         self.bar.refresh()
 
 

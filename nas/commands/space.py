@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from . import register_command
+from .registry import register_command
 
 NAME = "space"
 HELP = "show a search space: its choices, number of subnets, parameter counts (and sample subnets)"
@@ -18,14 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-    import torch
 
     from nas.commands.common import emit
     from search_spaces import describe, load_space, tasks
+    from supernet.shapes import shape_supernet
 
     space = load_space(args.space)
-    with torch.device("meta"):  # shapes only: no memory, no init cost
-        model = tasks.of(space).supernet(space)  # the task's model
+    model = shape_supernet(space)  # the task's model on the meta device: shapes only
     print(describe(space))
     doc = {"space": space.name, "hash": space.hash, "task": tasks.of(space).name, "subnets": space.size()}
     for label, subnet in (("largest", space.largest()), ("smallest", space.smallest())):

@@ -35,7 +35,7 @@ from .common import (
     train_device,
 )
 
-from . import register_command
+from .registry import register_command
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, formats: 
                    f"onnx (model.onnx, parity-checked) (default {formats})")
     g.add_argument("--target-ort", metavar="VERSION", help="ONNX Runtime version that will run model.onnx (default: the "
                    "installed one)")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default: cuda when available (bf16 autocast), else cpu")
+    g.add_argument("--device", metavar="DEVICE", help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 "
+                   "autocast; else cpu)")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
                    "keeps its own")
     g.add_argument("--resume", action="store_true", help="continue the run in --out exactly (from its train/latest.pt, with "
@@ -193,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         settings = new_settings(args, space, subnet, out, args.init or "scratch", args.distill_from, {}, "torch,onnx")
     again = f"nas train-subnet --out {shlex.quote(str(out))} --resume"  # (exact: the run's settings, --threads included)
-    return train_and_report(task.train_subnet, settings, step_bar(NAME), again)
+    return train_and_report(task.train_subnet, settings, step_bar("training"), again)
 
 
 register_command(__name__)

@@ -28,7 +28,7 @@ from .common import (
     step_bar,
     task_flags,
 )
-from . import register_command
+from .registry import register_command
 
 NAME = "train-supernet"
 HELP = "train a weight-shared supernet (sandwich rule + in-place distillation) on a byte-level corpus"
@@ -64,8 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--device",
-        choices=("auto", "cpu", "cuda"),
-        help="default: cuda when available (bf16 autocast), else cpu (fp32); a resumed run keeps its own",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (default auto: cuda when available, bf16 autocast; else cpu, fp32); a resumed "
+        "run keeps its own",
     )
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice); a resumed run "
                    "keeps its own")
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     settings = SupernetRun(out=out, space=load_space(args.space) if args.space else None, resume=args.resume, config=config,
                            objective=given(args, OBJECTIVE_FLAGS), data=data, task_flags=task_flags(args, NAME),
                            device=args.device, threads=args.threads)
-    close, update = step_bar(NAME)
+    close, update = step_bar("training")
     try:
         done = train_supernet(settings, progress=update, data_progress=bytes_bar("encoding corpus"))
     finally:

@@ -1,6 +1,9 @@
 """The flags' vocabulary, declared once: each long flag name, the one thing it means, and the commands that take it.
 
-:data:`VOCABULARY` is the table: ``--name -> Term(dest, meaning, commands)``.  A command module adds its flags with
+:data:`VOCABULARY` is the table of the generic flags: ``--name -> Term(dest, meaning, commands)``; a task's and a
+device's own flags are declared by their owners (:attr:`tasks.base.Task.flags`, a device class's ``flags``:
+:class:`search_spaces.flags.Flag`) and join the table in :func:`terms`, so that adding a task or a device edits no
+table here.  A command module adds its flags with
 argparse as before; ``tests/test_cli_vocabulary.py`` walks every command's parser and fails when a flag is not in the
 table, stores into another field than the table says, or appears in a command the table does not list (a flag
 that takes a new meaning somewhere needs a new name, or the table's line must say why the meaning is the same).
@@ -22,6 +25,7 @@ TIMING = ("measure-latency", "export", "search")  # the commands that time on a 
 SCORING = ("search", "fit-accuracy", "export")  # held-out scoring of subnets (nas.commands.common.add_scoring_arguments)
 PROTOCOL = ("measure-latency", "export")  # the measurement protocol's flags (nas.commands.common.add_protocol_arguments)
 ALL = ("*",)  # every command there is (the registry's: nas.commands.COMMANDS)
+PROGRESS = ("demo", *TRAIN, "measure-latency", "search", "export", "translate", "data")  # the long commands: progress shown
 JSON = ("space", "measure-latency", "fit-predictor", "predict", "search", "fit-accuracy", "export", "doctor")
 
 
@@ -52,11 +56,6 @@ VOCABULARY: dict[str, Term] = {
     "--timing-target": Term("timing_target", "timing target: where latency is measured (cpu, cuda, onnxruntime, arm, "
                             "ssh://user@host); search and export time their result on it (measure-latency: the same as "
                             "its --device)", ("export", "search")),
-    "--timing-threads": Term("timing_threads", "intra-op threads of the timing target (cpu, onnxruntime)", TIMING),
-    "--clock": Term("clock", "the timing target's clock: wall or cpu (the thread's CPU time; needs --timing-threads 1)",
-                    TIMING),
-    "--runtime": Term("runtime", "how a cuda timing target runs the model: eager, cudagraph or compile", PROTOCOL),
-    "--provider": Term("provider", "the execution provider of an onnxruntime timing target: cpu or cuda", PROTOCOL),
     "--custom-ops": Term("custom_ops", "the attention types' ONNX Runtime custom operators (nas.kernels)", PROTOCOL),
     "--timing-warmup": Term("timing_warmup", "untimed calls before timing (measurement protocol)", PROTOCOL),
     "--repeats": Term("repeats", "timed samples, spread over the rounds (measurement protocol)", PROTOCOL),
@@ -128,14 +127,9 @@ VOCABULARY: dict[str, Term] = {
     "--task": Term("task", "finetune's other task: classify", ("finetune",)),
     "--text-column": Term("text_column", "the CSV column of the texts", ("finetune", "classify")),
     "--label-column": Term("label_column", "the CSV column of the labels", ("finetune", "classify")),
-    "--lang": Term("lang", "seq2seq spaces: the target language of the gettext catalogs", ("train-supernet",
-                                                                                          "train-subnet")),
-    "--classes": Term("classes", "sequence-classification spaces: the classes of a TSV of your own", ("train-supernet",
-                                                                                                "train-subnet")),
     "--top": Term("top", "how many classes to print per image, most probable first", ("classify-image",)),
     "--n": Term("n", "examples a data generator writes to the training split", ("data",)),
     "--eval-n": Term("eval_n", "examples a data generator writes to each of the validation and test splits", ("data",)),
-    "--mask-rate": Term("mask_rate", "masked-lm spaces: share of positions masked", ("train-supernet", "train-subnet")),
     # ---- held-out scoring (search, fit-accuracy, export)
     "--val-data": Term("val_data", "held-out data to score on", SCORING),
     "--data-cache": Term("data_cache", "the training run's corpus cache", SCORING),
@@ -162,7 +156,8 @@ VOCABULARY: dict[str, Term] = {
     "--storage": Term("storage", "Optuna storage URL", ("search",)),
     "--study": Term("study", "Optuna study name", ("search",)),
     "--worker-batch": Term("worker_batch", "subnets a search worker claims and evaluates at once", ("search",)),
-    "--no-progress": Term("no_progress", "no progress bar", ("search",)),
+    "--no-progress": Term("no_progress", "no progress on stderr (a bar on a terminal, a line every 30 s in a log file); "
+                          "notes stay", PROGRESS),
     "--verify-top": Term("verify_top", "candidates per budget timed on the --timing-target", ("search",)),
     "--verify-margin": Term("verify_margin", "percent under the budget a verified candidate's measured latency must be",
                             ("search",)),
@@ -189,9 +184,9 @@ VOCABULARY: dict[str, Term] = {
     "--quick": Term("quick", "the shortened demo", ("demo",)),
     "--no-build": Term("no_build", "do not build the compiled kernels", ("doctor",)),
     "--prompt": Term("prompt", "text to continue", ("generate",)),
-    "--max-new-tokens": Term("max_new_tokens", "bytes to generate", ("generate",)),
+    "--max-new-tokens": Term("max_new_tokens", "tokens to generate (bytes for a byte model)", ("generate",)),
     "--temperature": Term("temperature", "sampling temperature", ("generate",)),
-    "--top-k": Term("top_k", "sample among the k most likely bytes", ("generate",)),
+    "--top-k": Term("top_k", "sample among the k most likely tokens", ("generate",)),
     "--overflow": Term("overflow", "what generation does once the context is full", ("generate",)),
     "--keep": Term("keep", "tokens a re-prefill keeps", ("generate",)),
     "--beam": Term("beam", "beam width", ("translate",)),
@@ -283,10 +278,27 @@ def add_aliases(p: argparse.ArgumentParser, command: str) -> None:
         p.add_argument(old, action=_Alias, dest=target.dest, target=target, command=command, new=new, warn=warn)
 
 
+def terms() -> dict[str, Term]:
+    """Every flag's one meaning: the generic table, then each registered task's flags, then each registered device's
+    option flags (``Flag.help`` is the meaning, ``Flag.commands`` the commands)."""
+    from latency.device import device_flags
+    from search_spaces.tasks import tasks
+
+    out = dict(VOCABULARY)
+    owned = [f for t in tasks().values() for f in getattr(t, "flags", ())] + device_flags()
+    for f in owned:
+        if f.name in out:
+            assert out[f.name].dest == f.dest, f"{f.name}: declared twice with other fields"
+            out[f.name] = Term(f.dest, out[f.name].meaning, tuple(dict.fromkeys((*out[f.name].commands, *f.commands))))
+        else:
+            out[f.name] = Term(f.dest, f.help, tuple(f.commands))
+    return out
+
+
 def markdown() -> str:
     """The vocabulary as the Markdown tables docs/cli.md shows (a test keeps the page equal to this)."""
     lines = ["| flag | meaning | commands |", "|---|---|---|"]
-    for flag, t in VOCABULARY.items():
+    for flag, t in terms().items():
         commands = "every command" if t.commands == ALL else ", ".join(t.commands)
         lines.append(f"| `{flag}` | {t.meaning} | {commands} |")
     lines += ["", "| other name | command | the same as |", "|---|---|---|"]
@@ -305,6 +317,7 @@ def problems(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
     one that stores into another field than the table says, one in a command the table does not list for it (or
     listed for a command that lacks it), an old spelling that is not hidden or names no flag of the command."""
     out, seen = [], {}
+    vocabulary = terms()
     for command, p in parsers.items():
         for action in p._actions:  # noqa: SLF001
             if isinstance(action, _Alias):
@@ -315,14 +328,14 @@ def problems(parsers: dict[str, argparse.ArgumentParser]) -> list[str]:
                     out.append(f"{command} {name}: a synonym not in SYNONYMS")
                 continue
             for flag in (o for o in action.option_strings if o.startswith("--")):
-                term = VOCABULARY.get(flag)
+                term = vocabulary.get(flag)
                 if term is None:
                     out.append(f"{command} {flag}: not in the vocabulary (nas/commands/vocabulary.py)")
                     continue
                 if action.dest != term.dest:
                     out.append(f"{command} {flag}: stores into {action.dest!r}; the vocabulary says {term.dest!r}")
                 seen.setdefault(flag, set()).add(command)
-    for flag, term in VOCABULARY.items():
+    for flag, term in vocabulary.items():
         have = seen.get(flag, set())
         want = set(parsers) if term.commands == ALL else {c for c in term.commands if c in parsers}
         for command in sorted(have - want):

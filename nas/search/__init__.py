@@ -30,7 +30,8 @@ from .nsga2 import NSGA2
 from .operators import crossover, draw, mutate
 from .pareto import hypervolume, non_dominated_sort, pareto_front
 from .random_search import RandomSearch
-from .storage import Record, TrialStore, config_hash, default_storage, heartbeat_interval, open_storage, open_study
+from .storage import (Record, TrialStore, check_storage, config_hash, default_storage, heartbeat_interval, open_storage,
+                      open_study)
 from .strategy import STRATEGIES, SearchConfig, Strategy, register_strategy
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "mutate",
     "non_dominated_sort",
     "open_storage",
+    "check_storage",
     "open_study",
     "param_counter",
     "parse_budget",

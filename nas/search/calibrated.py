@@ -249,7 +249,8 @@ def fit_ranker(space: Space, models: Sequence[Retrained], fitness: dict[str, Any
         raise UserError(f"{len(models)} retrained models: a calibrated ranker needs at least 4 (better 10 or more, "
                         "covering each attention type)")
     quality = type_quality(space, models)
-    if not quality:
+    if sum(not is_mixed(m.subnet) for m in models) < 5:  # leave-one-out needs the quality of 4 uniform models a fold
+        quality = {}
         kinds = [k for k in kinds if not set(feature_names(space, k)) & set(QUALITY)]
 
     def rows_from(keep: Sequence[int]) -> list[dict[str, float]]:
@@ -325,6 +326,8 @@ class CalibratedFitness:
         self.inherited, self.ranker, self.space, self.params = inherited, ranker, space, params
         if hasattr(inherited, "heldout"):  # per-window scores: the search's separability report reads them
             self.heldout, self.batch_size = inherited.heldout, inherited.batch_size
+        if hasattr(inherited, "held"):  # each subnet's vocabulary's windows (a space that searches it)
+            self.held, self.model = inherited.held, inherited.model
         self.description = {**inherited.description, "ranker": ranker.digest, "ranker_kind": ranker.kind}
         self.summary = ""
 

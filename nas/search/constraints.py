@@ -86,6 +86,15 @@ class Constraints:
                 ok &= c.values(subnets) <= c.limit
         return ok
 
+    def slack(self, subnets: Sequence[Subnet]) -> np.ndarray:
+        """Each constraint's value less its limit, per subnet, shape (N, C): <= 0 where it holds (what Optuna stores as a
+        trial's constraint values)."""
+        out = np.zeros((len(subnets), len(self.items)), dtype=np.float64)
+        for j, c in enumerate(self.items):
+            if len(subnets):
+                out[:, j] = np.asarray(c.values(subnets), dtype=np.float64) - c.limit
+        return out
+
     def violations(self, subnet: Subnet) -> list[str]:
         out = []
         for c in self.items:

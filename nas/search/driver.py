@@ -184,9 +184,11 @@ def _work(searches, pick, snap, store, fitness, latency, params, cache) -> int:
         subnet = search.proposal[i]
         slot: Slot = (search.label, g, i)
         known = snap.losses.get(subnet, cache.get(subnet))
-        wanted.append((slot, subnet, float(latency([subnet])[0]), params(subnet), known))
-    numbers = store.claim_all([(slot, subnet, ms, n, known is not None) for slot, subnet, ms, n, known in wanted])
-    claims = [(slot, subnet, number, known) for (slot, subnet, _, _, known), number in zip(wanted, numbers)]
+        slack = search.constraints.slack([subnet])[0].tolist()  # Optuna's constraint values: <= 0 holds
+        wanted.append((slot, subnet, float(latency([subnet])[0]), params(subnet), known, slack))
+    numbers = store.claim_all([(slot, subnet, ms, n, known is not None, slack)
+                               for slot, subnet, ms, n, known, slack in wanted])
+    claims = [(slot, subnet, number, known) for (slot, subnet, _, _, known, _), number in zip(wanted, numbers)]
     after = store.snapshot()
     mine = []
     for slot, subnet, number, known in claims:

@@ -29,8 +29,13 @@ def separability(fitness: InheritedLoss, subnets: Sequence[Subnet]) -> dict[str,
     returns the standard error of one candidate's estimate (windows as the unit), the spread of their
     means, and for each the paired difference from the first with its standard error (the same windows
     score every candidate, so differences are estimated window by window)."""
-    held, bs = fitness.heldout, fitness.batch_size
-    per = np.stack([held.window_bits(fitness.scorer(s), s, bs, mixed_precision=False) for s in subnets])
+    bs, held, model = fitness.batch_size, getattr(fitness, "held", None), getattr(fitness, "model", None)
+
+    def windows(s: Subnet):
+        """The held-out windows ``s`` reads: its vocabulary's where the space searches it (issue 54)."""
+        return held(model, s) if held is not None else fitness.heldout
+
+    per = np.stack([windows(s).window_bits(fitness.scorer(s), s, bs, mixed_precision=False) for s in subnets])
     w = per.shape[1]
     means = per.mean(1)
     se = per.std(1, ddof=1) / np.sqrt(w) if w > 1 else np.full(len(subnets), np.nan)

@@ -396,7 +396,7 @@ class TrainingTrials:
             self._unfinished.discard(t.number)
             if t.state.name == "COMPLETE" and (key not in self.complete or t.number < self.complete[key].trial):
                 u, kind = t.user_attrs, self.store.space.subnet_type  # the subnet type of the space's task
-                self.complete[key] = TrainingRecord(t.number, kind.from_json(u["subnet"]), key[1], float(t.value),
+                self.complete[key] = TrainingRecord(t.number, kind.from_json(u["subnet"]), key[1], float(t.values[0]),
                                                     str(u["folder"]), str(t.system_attrs.get(OWNER)))
         self.running = {}
         for n in sorted(self._unfinished):

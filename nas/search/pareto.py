@@ -1,7 +1,10 @@
 """Pareto fronts of (loss, latency) points, 2-D hypervolume, and the CSV and PNG of a search.
 
 Both objectives are minimised.  ``points`` are arrays of shape (N, 2): column 0 the
-validation loss, column 1 the latency in ms.
+validation loss, column 1 the latency in ms.  The study holds the same two objectives, so Optuna's
+``study.best_trials`` is this front of its trials (``tests/test_dashboard.py`` checks they agree); these functions
+stay because the strategies and reports work on arrays of points (a generation, a CSV), and Optuna's own sorting
+and hypervolume are private API (``optuna.study._multi_objective``, ``optuna._hypervolume``).
 """
 
 from __future__ import annotations
@@ -104,16 +107,19 @@ def loss_label(metric: str, fitness: dict) -> str:
 def plot_png(
     path: str | Path, points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str,
     *, limits_ms: Sequence[float] = (), measured: Sequence[dict] = (), ylabel: str = "validation loss (bits per byte)",
-    device: str = "the device",
+    device: str = "the device", baselines: Sequence[dict] = (),
 ) -> Path:
-    """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget.
+    """Every evaluated point, the front as a step line, a vertical line per budget, the best per budget (a star, on
+    top of everything and in the legend).
 
     ``limits_ms``: where the search itself stopped below a budget (``--margin``), a dotted line each;
     ``measured``: candidates timed on ``device`` (``verify.json`` checks: ``loss_bpb``, ``predicted_ms``,
-    ``measured_ms``, ``holds``), each drawn at its measured latency with a segment from its predicted one.
+    ``measured_ms``, ``holds``), each drawn at its measured latency with a segment from its predicted one;
+    ``baselines``: hand-scaled models to compare with (``name``, ``latency_ms``, ``loss``: on the figure's axes),
+    a labelled square each.
     """
     fig = pareto_figure(points, budgets_ms, best, title, limits_ms=limits_ms, measured=measured, ylabel=ylabel,
-                        device=device)
+                        device=device, baselines=baselines)
     import matplotlib.pyplot as plt
 
     atomic_savefig(fig, path)
@@ -124,7 +130,7 @@ def plot_png(
 def pareto_figure(
     points: np.ndarray, budgets_ms: Sequence[float], best: dict[str, tuple[float, float]], title: str,
     *, limits_ms: Sequence[float] = (), measured: Sequence[dict] = (), ylabel: str = "validation loss (bits per byte)",
-    device: str = "the device",
+    device: str = "the device", baselines: Sequence[dict] = (),
 ):
     """The matplotlib figure :func:`plot_png` saves (tests read its artists back)."""
     import matplotlib
@@ -160,10 +166,19 @@ def pareto_figure(
         if sel:
             ax.scatter([m["measured_ms"] for m in sel], [m["loss_bpb"] for m in sel], marker="D", s=22, color=color,
                        zorder=6, label=f"measured on {device}, {what} ({len(sel)})")
+    shown = [b for b in baselines if np.isfinite(b["latency_ms"]) and np.isfinite(b["loss"])]
+    if shown:
+        ax.scatter([b["latency_ms"] for b in shown], [b["loss"] for b in shown], marker="s", s=26, color="tab:purple",
+                   edgecolor="white", linewidth=0.6, zorder=7, label=f"uniform baselines ({len(shown)})")
+        for b in shown:
+            ax.annotate(b["name"], (b["latency_ms"], b["loss"]), textcoords="offset points", xytext=(4, -9), fontsize=7,
+                        color="tab:purple")
     xs = points[finite, 1]
     middle = float((xs.min() + xs.max()) / 2) if len(xs) else 0.0
-    for label, (loss, ms) in best.items():
-        ax.scatter([ms], [loss], marker="*", s=120, color="tab:orange", zorder=5)
+    for i, (label, (loss, ms)) in enumerate(best.items()):
+        # on top of the front, the measured diamonds and the baselines, and in the legend
+        ax.scatter([ms], [loss], marker="*", s=160, color="tab:orange", edgecolor="black", linewidth=0.5, zorder=9,
+                   label="best per budget (the found model)" if i == 0 else None)
         right = ms > middle  # the label on the side with room, inside the axes
         ax.annotate(f"best under {label}: {ms:.3f} ms predicted", (ms, loss), textcoords="offset points",
                     xytext=(-6 if right else 6, 8), ha="right" if right else "left", fontsize=8)

@@ -1,9 +1,14 @@
 """The search's Optuna storage: every evaluated subnet is one trial.
 
 A trial holds the subnet as parameters (``embed_dim``, ``depth``, ``l{i}.heads`` ...,
-categorical, so dashboards show them), its validation loss as the value, and user attrs
+categorical, so dashboards show them), two objectives, both minimised: its validation loss and its predicted
+latency (ms), so that optuna-dashboard's Pareto-front view and ``study.best_trials`` show the front the search
+found (a study of an earlier version keeps its one objective, the loss); user attrs
 ``subnet`` (JSON), ``latency_ms``, ``params``, ``budget``, ``generation`` and ``cached``
 (the loss was reused from an earlier trial of the same subnet); each one a database row, so few.
+A search trial also carries Optuna's constraint values (system attr ``constraints``, :data:`CONSTRAINTS`: each
+constraint of its budget, the value less the limit, <= 0 where it holds), which the dashboard and
+``study.best_trials`` read.
 System attrs: ``nas:slot`` = [budget, generation, index], the place of the subnet in the
 search, ``nas:owner`` = host:pid:start-time of the worker that claimed it and ``nas:claim``,
 that claim's own name (it finds the new trial's number).
@@ -47,9 +52,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from search_spaces import Space, Subnet, UserError
+from search_spaces.errors import first_line, hide_password
 
 SLOT, OWNER, CLAIM, CONFIG = "nas:slot", "nas:owner", "nas:claim", "nas:config"
 BEATING = "nas:beating"  # trial system attr: its worker has recorded its first heartbeat
+CONSTRAINTS = "constraints"  # trial system attr Optuna reads (optuna.study.Study.best_trials, the dashboard): <= 0 holds
+LATENCY_METRIC = "latency (ms, predicted)"  # the second objective's name in the study
 BEST = "best_trial_per_budget"  # study user attr: each budget's best trial (:meth:`TrialStore.mark_best`)
 ENDED = "nas:ended:"  # study user attr prefix: why a trial ended early
 HEARTBEAT_S, GRACE_S = 10, 60  # whole seconds, as Optuna's RDBStorage takes them
@@ -109,13 +117,33 @@ def open_storage(url: str, attempts: int = 20, *, heartbeat_s: int | None = None
             return optuna.storages.RDBStorage(url, **kwargs)
         except (SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
             if attempt == attempts - 1 or not _is_race(e):
-                raise UserError(f"--storage: cannot open {url!r}: {str(e).splitlines()[0][:300]}") from None
+                raise cannot_open(url, e) from None
             time.sleep(0.05 * (attempt + 1))
         except (ValueError, ImportError, ModuleNotFoundError) as e:
-            hint = " (PostgreSQL's driver is the postgres extra: pip install 'nas-transformers[postgres]')" if (
-                isinstance(e, ImportError) and url.startswith("postgres")) else ""
-            raise UserError(f"--storage: cannot open {url!r}: {e}{hint}") from None
+            raise cannot_open(url, e) from None
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def check_storage(url: str) -> None:
+    """Refuse a storage URL that SQLAlchemy cannot parse or whose database driver is not installed, without
+    connecting: a command checks it before it makes anything (an output folder, a study)."""
+    if url == "memory":
+        return
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except (ArgumentError, NoSuchModuleError, ValueError, ImportError) as e:
+        raise cannot_open(url, e) from None
+
+
+def cannot_open(url: str, e: BaseException) -> UserError:
+    """The one line for a storage that cannot be opened: the URL and the library's first line, its password hidden
+    (:func:`search_spaces.errors.hide_password`), and where the driver is missing, how to install it."""
+    hint = " (PostgreSQL's driver is the postgres extra: pip install 'nas-transformers[postgres]')" if (
+        isinstance(e, ImportError) and url.startswith("postgres")) else ""
+    return UserError(hide_password(f"--storage: cannot open {url!r}: {first_line(e, 300)}{hint}", url))
 
 
 def _sqlite_creator(url: str):
@@ -148,21 +176,23 @@ def config_hash(config: dict) -> str:
 def open_study(storage, name: str, config: dict, attempts: int = 20, *, metric: str = "loss"):
     """Create the study ``name`` once (several workers may race here) or load it; check its settings.
 
-    ``metric`` names the objective (``study.set_metric_names``: dashboards label the value with it), e.g.
-    ``loss (bits/byte)``; a study of an earlier version, or named otherwise, gets it."""
+    Two objectives, both minimised: ``metric`` (the loss, e.g. ``loss (bits/byte)``) and :data:`LATENCY_METRIC`
+    (``study.set_metric_names``: dashboards label the values with them, and draw the Pareto front).  A study of an
+    earlier version has one objective, the loss; it is resumed as it is (its trials get the loss only)."""
     optuna = _optuna()
     for attempt in range(attempts):
         try:
             study = optuna.create_study(
-                storage=storage, study_name=name, direction="minimize", load_if_exists=True,
+                storage=storage, study_name=name, directions=["minimize", "minimize"], load_if_exists=True,
                 sampler=optuna.samplers.RandomSampler(seed=0),  # never asked: trials are created with their parameters
             )
             stored = study.user_attrs.get(CONFIG)
             if stored is None:
                 study.set_user_attr(CONFIG, config)
                 stored = config
-            if study.metric_names != [metric]:
-                study.set_metric_names([metric])
+            names = [metric, LATENCY_METRIC][:len(study.directions)]
+            if study.metric_names != names:
+                study.set_metric_names(names)
             break
         except Exception as e:  # noqa: BLE001 - a lost creation race surfaces as several exception types
             if attempt == attempts - 1 or not _is_race(e):
@@ -353,6 +383,7 @@ class TrialStore:
         self._scanned = 0  # trials (by number) looked at so far
         self._unfinished: set[int] = set()  # of those, the ones not finished when last looked at
         self._unmarked: dict[int, float] = {}  # others' trials seen without nas:beating -> when this worker first saw it
+        self._latency: dict[int, float | None] = {}  # this worker's running trials -> their predicted latency (ms)
         self._heartbeat = _Heartbeat(storage, study, self.owner, self.heartbeat_s) if self.heartbeat_s else None
 
     def close(self) -> None:
@@ -372,7 +403,7 @@ class TrialStore:
             return None
         u = t.user_attrs
         subnet = self.space.subnet_type.from_json(u["subnet"])  # the subnet type of the space's task
-        return Record(t.number, slot, subnet, float(t.value), float(u["latency_ms"]), int(u["params"]),
+        return Record(t.number, slot, subnet, float(t.values[0]), float(u["latency_ms"]), int(u["params"]),
                       bool(u.get("cached")), str(t.system_attrs.get(OWNER)))
 
     def snapshot(self) -> Snapshot:
@@ -403,12 +434,14 @@ class TrialStore:
         """A RUNNING trial for ``slot`` (parameters and attrs in the same transaction); its number."""
         return self.claim_all([(slot, subnet, latency, params, cached)])[0]
 
-    def claim_all(self, claims: Sequence[tuple[Slot, Subnet, float, int, bool]]) -> list[int]:
-        """:meth:`claim` each ``(slot, subnet, latency, params, cached)``, one transaction each; their numbers, in order."""
+    def claim_all(self, claims: Sequence[tuple]) -> list[int]:
+        """:meth:`claim` each ``(slot, subnet, latency, params, cached)`` or ``(..., cached, constraints)`` (each
+        constraint's value less its limit: Optuna's constraint values), one transaction each; their numbers, in order."""
         return self.add_running([
             (subnet, {"stage": "search", "budget": slot[0], "generation": slot[1], "latency_ms": float(latency),
-                      "params": int(params), "subnet": subnet.to_json(), "cached": bool(cached)}, {SLOT: list(slot)})
-            for slot, subnet, latency, params, cached in claims
+                      "params": int(params), "subnet": subnet.to_json(), "cached": bool(cached)},
+             {SLOT: list(slot), **({CONSTRAINTS: [float(c) for c in rest[0]]} if rest and rest[0] else {})})
+            for slot, subnet, latency, params, cached, *rest in claims
         ])
 
     def add_running(self, claims: Sequence[tuple[Subnet, dict[str, Any], dict[str, Any]]]) -> list[int]:
@@ -417,7 +450,9 @@ class TrialStore:
         their system attrs: ``nas:slot`` (the search's) or ``nas:hurdle`` (:mod:`.hurdles`'s trainings)."""
         optuna = _optuna()
         names = []
+        latencies = []
         for subnet, user_attrs, system_attrs in claims:
+            latencies.append(user_attrs.get("latency_ms"))
             values, dists = trial_params(self.space, subnet)
             names.append(f"{self.owner}#{next(self._claims)}")
             self.study.add_trial(optuna.trial.create_trial(
@@ -438,6 +473,7 @@ class TrialStore:
         missing = [n for n in names if n not in found]
         assert not missing, f"storage: the trials of claims {missing} were added but are not found"
         numbers = [found[n] for n in names]
+        self._latency.update(zip(numbers, latencies))
         if self._heartbeat is not None:
             self._heartbeat.add(numbers)
         return numbers
@@ -451,8 +487,15 @@ class TrialStore:
             self.study.set_user_attr(BEST, want)
 
     def finish(self, number: int, loss: float) -> bool:
-        """Complete the trial with ``loss``; False when it had been failed meanwhile (the slot went to another)."""
-        return self._tell(number, values=float(loss))
+        """Complete the trial with ``loss`` (and its claim's predicted latency, the second objective, in a study that has
+        one); False when it had been failed meanwhile (the slot went to another)."""
+        values: float | list[float] = float(loss)
+        if len(self.study.directions) == 2:
+            latency = self._latency.pop(number, None)
+            if latency is None:  # claimed by another store of this worker: the trial says it
+                latency = self.study.get_trials(deepcopy=False)[number].user_attrs.get("latency_ms")
+            values = [float(loss), float(latency) if latency is not None else float("inf")]
+        return self._tell(number, values=values)
 
     def drop(self, number: int, reason: str) -> None:
         """PRUNE a claim that lost its slot to a lower-numbered trial (it was never evaluated)."""
@@ -462,7 +505,7 @@ class TrialStore:
         """FAIL a RUNNING trial (its worker died, or its evaluation stopped); False when it had ended meanwhile."""
         return self._end(number, "FAIL", reason)
 
-    def _tell(self, number: int, values: float | None = None, state: str | None = None) -> bool:
+    def _tell(self, number: int, values: float | list[float] | None = None, state: str | None = None) -> bool:
         optuna = _optuna()
         if self._heartbeat is not None:
             self._heartbeat.discard(number)

@@ -65,6 +65,11 @@ class GridType(EncoderType):
     def problems(self, spec, max_seq_len, heads):
         return square_problems(spec, max_seq_len)
 
+    def grid_problems(self, spec, side: int) -> list[str]:
+        """Why a layer of ``spec`` cannot run on an S x S grid of ``side`` S (empty: it can).  A space checks every grid
+        it can sample (each resolution at each patch), not only its largest (``problems``): a layer meets them all."""
+        return []
+
     def trace_length(self, max_seq_len):
         return max_seq_len  # the whole grid (one token less is not a square); no weight spans the sequence
 

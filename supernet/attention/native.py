@@ -138,18 +138,14 @@ def choose_isa() -> tuple[str | None, str]:
 
 @contextlib.contextmanager
 def build_lock(where: Path):
-    """Hold an OS lock on ``where`` (released by the kernel however the holder ends) for a build; under it, torch's
+    """Hold an OS lock on ``where`` (``filelock``: released by the kernel however the holder ends) for a build; under it, torch's
     own baton file (``where/lock``, which cpp_extension waits on forever and a killed build leaves behind) can only
     be stale, and is removed: a build killed half-way no longer hangs every later process."""
-    import fcntl
+    from filelock import FileLock
 
-    with open(where / "nas-build.lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # another process's build in progress: wait for it
-        try:
-            (where / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with FileLock(where / "nas-build.lock"):  # another process's build in progress: wait for it
+        (where / "lock").unlink(missing_ok=True)
+        yield
 
 
 @lru_cache(maxsize=None)

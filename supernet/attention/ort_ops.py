@@ -10,7 +10,7 @@ their standard graph inside an exported model that has custom ops.
 
 The library is built with the C++ compiler the first time it is needed (about 10 s; cached per instruction set and
 source under ``$NAS_KERNEL_CACHE``), for the instruction set the kernels use here (:func:`native.choose_isa`).  It
-compiles against ONNX Runtime's C API header, which the pip wheel does not ship: ``kernels/onnxruntime/`` holds
+compiles against ONNX Runtime's C API header, which the pip wheel does not ship: ``kernels/third_party/onnxruntime/`` holds
 that of ONNX Runtime 1.21 (MIT; ``ORT_API_VERSION`` 21, served by every later ONNX Runtime).  A session of a graph
 that uses the domain registers the library (:func:`register_if_used`): :func:`supernet.onnx_export.onnx_session` and
 the latency sessions do.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from contextvars import ContextVar
 import os
 import shutil
 import subprocess
@@ -39,10 +40,10 @@ from . import native
 
 DOMAIN = "nas.kernels"
 SOURCE = native.KERNELS / "ort_ops.cpp"
-HEADER = native.KERNELS / "onnxruntime" / "onnxruntime_c_api.h"
+HEADER = native.KERNELS / "third_party" / "onnxruntime" / "onnxruntime_c_api.h"  # vendored (MIT): the wheel has none
 UNBOUNDED = 1 << 30  # a global_after that reaches every query, whatever the traced length
 
-_emitting = False
+_EMITTING: ContextVar[bool] = ContextVar("nas_kernels_emitting", default=False)  # inside emitting()
 
 
 # --------------------------------------------------------------------------- the library
@@ -55,8 +56,11 @@ def sources() -> list[Path]:
 def compile_library(out: Path, compiler: str, flags: list[str]) -> Path:
     """Compile the custom-op library to ``out`` with ``compiler`` and ``flags`` (an instruction set's); raises
     RuntimeError with the compiler's last lines."""
+    from ..files import temp_dir
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    folder = temp_dir(f".{out.name}.", out.parent)  # a new folder of a unique name: never a planted file or link
+    tmp = folder / out.name
     cmd = [
         compiler,
         "-O3",
@@ -66,16 +70,19 @@ def compile_library(out: Path, compiler: str, flags: list[str]) -> Path:
         "-fvisibility=hidden",
         *flags,
         f"-I{native.KERNELS}",
+        f"-I{native.KERNELS / 'third_party'}",
         *map(str, sources()),
         "-o",
         str(tmp),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        raise RuntimeError(f"{compiler} failed: {said[-1] if said else 'no message'}")
-    os.replace(tmp, out)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            said = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+            raise RuntimeError(f"{compiler} failed: {said[-1] if said else 'no message'}")
+        os.replace(tmp, out)
+    finally:  # (Ctrl-C during a compile too: nothing left beside the library)
+        shutil.rmtree(folder, ignore_errors=True)
     return out
 
 
@@ -268,13 +275,15 @@ def _define() -> dict:
 @contextlib.contextmanager
 def emitting():
     """Inside this block an export writes the ``nas.kernels`` operators where a type has one (``--custom-ops``)."""
-    global _emitting
+    from .registry import export_form
+
     _define()
-    was, _emitting = _emitting, True
+    token = _EMITTING.set(True)
     try:
-        yield
+        with export_form(custom_form):
+            yield
     finally:
-        _emitting = was
+        _EMITTING.reset(token)
 
 
 @contextlib.contextmanager
@@ -291,17 +300,12 @@ def requested(flag: str = "--custom-ops"):
 
 
 def active() -> bool:
-    return _emitting
-
-
-def _export_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) -> Tensor | None:
-    """:func:`custom_form` inside :func:`emitting` (the registry's export hook); None outside it."""
-    return custom_form(q, k, v, spec, w, causal) if _emitting else None
+    return _EMITTING.get()
 
 
 def translation_table() -> dict | None:
     """What ``torch.onnx.export(custom_translation_table=...)`` takes inside :func:`emitting`; None outside it."""
-    return _define() if _emitting else None
+    return _define() if _EMITTING.get() else None
 
 
 def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) -> Tensor | None:
@@ -347,13 +351,3 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
         return ops.hydra(q, k, v, causal, NORM_EPS)
     return None
 
-
-def _install() -> None:
-    """The registry traces :func:`custom_form` where a type has one (inside :func:`emitting` only)."""
-    from .registry import EXPORT_FORMS
-
-    if _export_form not in EXPORT_FORMS:
-        EXPORT_FORMS.append(_export_form)
-
-
-_install()

@@ -8,7 +8,8 @@ type up with :func:`get`.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, TypeVar
+from contextvars import ContextVar
+from typing import Callable, Iterator, TypeVar
 
 import torch
 from torch import Tensor
@@ -18,9 +19,10 @@ from search_spaces.attention import TYPES, AttentionSpec, declare, parse_attenti
 from .base import FAMILIES, AttentionType, Weights
 
 REGISTRY = TYPES._items  # noqa: SLF001  (the type objects by name: the one registry, read without loading plugins)
-# What an export traces in place of a type's own form, where it gives one (not None): set by supernet.attention.ort_ops
-# when it is imported (an export with --custom-ops), so that the registry does not import it.
-EXPORT_FORMS: list = []
+# What an export traces in place of a type's own form, where it gives one (not None): set for the length of a block by
+# export_form() (supernet.attention.ort_ops.emitting, an export with --custom-ops), so that the registry does not
+# import it and no module-level switch outlives the block.
+_EXPORT_FORM: ContextVar[Callable | None] = ContextVar("attention_export_form", default=None)
 T = TypeVar("T", bound=AttentionType)
 
 
@@ -47,25 +49,35 @@ def get(spec: AttentionSpec | str) -> AttentionType:
 # Set while this project's own torch.compile'd code runs (latency's compile runtime, train-supernet --compile): torch
 # 2.11 says is_exporting() is True under torch.compile too (an H200, 2026-11-27), which sent compiled runs down the
 # traceable export forms instead of the fast paths.
-_COMPILING_FOR_SPEED = [False]
+_FAST_PATHS: ContextVar[bool] = ContextVar("attention_fast_paths", default=False)
 
 
 @contextmanager
 def fast_paths() -> Iterator[None]:
     """Run ``torch.compile``d model code inside this: the types take their fast paths, not the export forms."""
-    before = _COMPILING_FOR_SPEED[0]
-    _COMPILING_FOR_SPEED[0] = True
+    token = _FAST_PATHS.set(True)
     try:
         yield
     finally:
-        _COMPILING_FOR_SPEED[0] = before
+        _FAST_PATHS.reset(token)
+
+
+@contextmanager
+def export_form(form: Callable) -> Iterator[None]:
+    """Inside this block an export traces ``form(q, k, v, spec, w, causal)`` in place of a type's own export form where
+    it returns a tensor (None: the type's standard graph)."""
+    token = _EXPORT_FORM.set(form)
+    try:
+        yield
+    finally:
+        _EXPORT_FORM.reset(token)
 
 
 def exporting() -> bool:
     """Under ``torch.onnx.export`` or ``torch.export``: the traceable path (not under :func:`fast_paths`)."""
     if torch.onnx.is_in_onnx_export():
         return True
-    return torch.compiler.is_exporting() and not _COMPILING_FOR_SPEED[0]
+    return torch.compiler.is_exporting() and not _FAST_PATHS.get()
 
 
 def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weights | None = None, causal: bool = True) -> Tensor:
@@ -79,8 +91,9 @@ def attend(q: Tensor, k: Tensor | None, v: Tensor, spec: AttentionSpec, w: Weigh
     steps in bf16 and others in fp32 (the linear family's fp32 prefix sums took bf16 products in place)."""
     path = REGISTRY[spec.kind].path(q.device.type, exporting(), causal)
     w = w or {}
-    if exporting() and EXPORT_FORMS:  # an export with --custom-ops: the type's nas.kernels operator, where it has one
-        out = EXPORT_FORMS[0](q, k, v, spec, w, causal)
+    form = _EXPORT_FORM.get()
+    if form is not None and exporting():  # an export with --custom-ops: the type's nas.kernels operator, where it has one
+        out = form(q, k, v, spec, w, causal)
         if out is not None:
             return out
     if q.device.type == "meta" or not torch.is_autocast_enabled(q.device.type):  # (meta: shapes only; no autocast there)

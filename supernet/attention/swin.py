@@ -113,6 +113,10 @@ class ShiftedWindows(GridType):
             out.append(f"{spec}: the window W={w} does not divide the grid side {s} of max_seq_len {max_seq_len}")
         return out
 
+    def grid_problems(self, spec, side):
+        w = spec.param("W")
+        return [f"{spec}: the window W={w} does not divide the grid side {side}"] if w >= 2 and side % w else []
+
     def geometry(self, spec, t) -> tuple[int, int, int]:
         """(grid side S, window W, shift) of a layer over ``t`` tokens; ``ValueError`` where W does not divide S."""
         s, w = grid_side(t), spec.param("W")

@@ -17,6 +17,7 @@ class CausalLMTask(StackTask):
     doc = "next-byte prediction by a decoder (causal attention); every position scored"
     form = "causal"
     metric = "bits/byte"
+    subword = True  # tokenizer: {bpe: ...} (supernet.tokenizer); its score stays bits per byte of text
 
     def learner(self, space: Any, seed: int = 0, **options: Any):
         from .learner import causal_learner

@@ -40,9 +40,10 @@ class MemoryNextToken(NextToken):
         x, y = super().batch(tokens, starts, rows, seq_len, step)
         return x, unscored_memory(y, self.memory)
 
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
+    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int, token_lengths: np.ndarray | None = None) -> HeldOut:
         self._check(seq_len)
-        return HeldOut(tokens, starts, seq_len, transform=lambda x, y: (x, unscored_memory(y, self.memory)))
+        return HeldOut(tokens, starts, seq_len, transform=lambda x, y: (x, unscored_memory(y, self.memory)),
+                       token_lengths=token_lengths)
 
     def loss(self, logits: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
         assert per is None, "windows of equal length: every rank's mean"

@@ -17,12 +17,13 @@ Images are ``uint8`` arrays (N, C, H, W); labels ``int64`` (N,).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from search_spaces.errors import first_line
 
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian's dataset-fashion-mnist
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -30,6 +31,8 @@ IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}  # fmt: skip
 IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 MAX_IMAGES = 10_000_000  # a header's sizes above this are a corrupt file, not a data set
+MAX_IDX_BYTES = 1 << 30  # an IDX file, decompressed (Fashion-MNIST's largest: 47 MB); beyond it a gzip bomb is refused
+MAX_PIXELS = 1 << 24  # an image's width x height (4096 x 4096), checked from its header before it is decoded
 
 
 # --------------------------------------------------------------------------- IDX
@@ -37,13 +40,10 @@ MAX_IMAGES = 10_000_000  # a header's sizes above this are a corrupt file, not a
 
 def read_idx(path: str | Path) -> np.ndarray:
     """The array an IDX file holds (gzip-compressed or plain), checked against its header."""
+    from supernet.files import read_bounded
+
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
-        raise ValueError(f"{path}: not a readable IDX file (gzip or plain): {e}") from None
+    raw = read_bounded(path, MAX_IDX_BYTES, "an IDX file", gunzip=True)  # a gzip bomb or a damaged stream: one line
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in IDX_DTYPES or not 1 <= raw[3] <= 4:
         raise ValueError(f"{path}: not an IDX file (expected the magic number 0x0000 then a dtype code "
                          f"{', '.join(f'0x{c:02X}' for c in IDX_DTYPES)} and 1 to 4 dimensions, "
@@ -82,19 +82,46 @@ def read_idx_pair(images: Path, labels: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_png(path: str | Path) -> np.ndarray:
-    """One PNG as uint8 (C, H, W): C 1 (grayscale) or 3 (RGB; an alpha channel is dropped)."""
+    """One PNG as uint8 (C, H, W): C 1 (grayscale) or 3 (RGB; an alpha channel is dropped).
+
+    Its size is read from the header and checked (:data:`MAX_PIXELS`) before any pixel is decoded: a few hundred bytes
+    may declare 20,000 x 20,000 pixels.  A 16-bit grayscale PNG is converted to 8 bits by scaling (``v * 255 / 65535``,
+    rounded: 0 stays 0, 65535 becomes 255), never clipped (Pillow's own conversion clips every value above 255)."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
     try:
-        with Image.open(path) as im:
-            if im.format != "PNG":
-                raise ValueError(f"{path}: not a PNG file (it is {im.format})")
-            mode = "L" if im.mode in ("1", "L", "P", "I", "I;16", "LA") and _gray(im) else "RGB"
-            a = np.asarray(im.convert(mode))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)  # over Pillow's limit: refused below, not said
+            with Image.open(path) as im:
+                if im.format != "PNG":
+                    raise ValueError(f"{path}: not a PNG file (it is {im.format})")
+                width, height = im.size
+                if width * height > MAX_PIXELS:
+                    raise ValueError(f"{path}: {width:,} x {height:,} pixels; an image here is at most {MAX_PIXELS:,} pixels "
+                                     "(4096 x 4096)")
+                if im.mode in SIXTEEN_BIT:
+                    return _sixteen_bit(path, np.asarray(im))[None]
+                mode = "L" if im.mode in ("1", "L", "P", "LA") and _gray(im) else "RGB"
+                a = np.asarray(im.convert(mode))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise ValueError(f"{path}: {first_line(e)}; an image here is at most {MAX_PIXELS:,} pixels") from None
     except (OSError, UnidentifiedImageError, SyntaxError) as e:
         raise ValueError(f"{path}: not a readable PNG file: {e}") from None
     return a[None] if a.ndim == 2 else np.ascontiguousarray(a.transpose(2, 0, 1))
+
+
+SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I")  # Pillow's modes of a 16-bit grayscale PNG ("I" in older releases)
+
+
+def _sixteen_bit(path: Path, a: np.ndarray) -> np.ndarray:
+    """16-bit gray values (H, W) as uint8 by scaling 0..65535 onto 0..255, rounded to the nearest."""
+    a = a.astype(np.int64)
+    if a.size and (a.min() < 0 or a.max() > 65535):
+        raise ValueError(f"{path}: gray values from {a.min()} to {a.max()}, outside the 16 bits of a PNG")
+    return ((a * 255 + 32767) // 65535).astype(np.uint8)
 
 
 def _gray(im) -> bool:

@@ -41,10 +41,10 @@ def save_vision_model(model: ViT, out: Path, card: dict[str, Any]) -> Path:
 
 def load_vision_model(model_dir: str | Path) -> tuple[ViT, dict[str, Any]]:
     """(the static model, its card) of an exported image classifier; one line when the folder is not one."""
-    from supernet.artifact import load_weights, open_export
+    from supernet.artifact import CARD, fitting_model, load_weights, open_export
 
     card, weights, space, subnet = open_export(model_dir, VisionSubnet)
-    model = ViT(space, subnet)
+    model = fitting_model(weights, lambda: ViT(space, subnet), Path(model_dir) / CARD)  # (what the card claims: bounded)
     load_weights(model, weights)
     return model.eval(), card
 
@@ -153,6 +153,10 @@ def classify_files(model: ViT, card: dict[str, Any], files: list[Path], top: int
 
     space = model.space
     names = (card.get("data") or {}).get("classes") or [str(k) for k in range(space.classes)]
+    if not isinstance(names, list) or len(names) != space.classes:  # (a model trained before the classes were checked)
+        raise ValueError(f"the model card names {len(names) if isinstance(names, list) else 'no'} classes, the model has "
+                         f"{space.classes} outputs: it was trained into a wider head than its data's classes; train it "
+                         "again with the space's classes set to the data's")
     out = []
     for f in files:
         a = read_png(f)

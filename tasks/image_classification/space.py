@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from search_spaces.attention import grid_problems, parse_attention
 from search_spaces.errors import SpaceError, SubnetError, UserError, shown
 from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
 
@@ -102,8 +103,8 @@ class VisionSubnet(Subnet):
             raise SubnetError(f"{where}.keep: expected a list of token shares, one per layer, got {shown(keep)}")
         stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "keep")}, where)
         try:
-            return cls(*(getattr(stack, f.name) for f in fields(Subnet)), data["resolution"], data["patch"], data["stem"],
-                       tuple(keep))
+            return cls(**{f.name: getattr(stack, f.name) for f in fields(Subnet)},
+                       **{k: data[k] for k in extra}, keep=tuple(keep))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
@@ -342,12 +343,26 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
                                 where, source, form="bidirectional")
         except SpaceError as e:
             c.errors.extend(e.errors if hasattr(e, "errors") else [str(e)])
+    if stack is not None and resolutions and patches:
+        _check_every_grid(c, stack.attention, resolutions, patches)
     if c.errors or stack is None:
         raise SpaceError(c.errors or [f"{where}: not an image-classification space"])
     base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
     base.update(name=top.get("name", base["name"]), workloads=tuple(workloads), source=source, form="bidirectional")
     return VisionSpace(**base, image_size=size, channels=channels, classes=classes, resolutions=resolutions, patches=patches,
                        stems=tuple(stems), stem_channels=stem_channels, flip=flip, pad=int(pad), keeps=keeps)
+
+
+def _check_every_grid(c: Checker, attention: tuple[str, ...], resolutions: list[int], patches: list[int]) -> None:
+    """Each attention type against every grid the space can sample: resolution r at patch p is an (r/p) x (r/p) grid,
+    and a 2D type must run on each (a Swin window dividing the largest grid's side may not divide a smaller one's)."""
+    sides = sorted({(r // p, r, p) for r in resolutions for p in patches if r % p == 0})
+    for i, text in enumerate(attention):
+        spec = parse_attention(text)
+        for side, r, p in sides:
+            for problem in grid_problems(spec, side):
+                c.error(f"layers.attention[{i}]", f"{problem} (resolution {r} at patch {p}: every resolution and patch "
+                                                  "the space samples must fit)")
 
 
 def _image_workloads(c: Checker, lat: Any) -> list[ImageWorkload]:

@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import tempfile
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
@@ -40,16 +40,9 @@ def require_device(space: VisionSpace, device: str, precision: str | None = "fp3
         raise UserError(f"--for-transfer: not for an image-classification space ({space.name}) yet; time uniform samples")
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: VisionSpace):
-    from .model import SuperViT
-
-    with torch.device("meta"):
-        return SuperViT(space)
-
-
 def vision_params(space: VisionSpace, subnet: VisionSubnet) -> int:
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static ViT (``SuperViT.num_params`` on the meta device)."""
+    return shape_params(space, subnet)
 
 
 def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize: bool = True):

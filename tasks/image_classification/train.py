@@ -93,6 +93,11 @@ class ImageLearner(ExampleLearner):
                             f"{' x '.join(map(str, self.shape))} (its image: size, channels)")
         if self.classes is not None and len(split) and int(split.labels.max()) >= self.classes:
             raise UserError(f"the {what} labels go up to {int(split.labels.max())}; the space has {self.classes} classes")
+        if self.classes is not None and what == "training" and len(split) and int(split.labels.max()) + 1 < self.classes:
+            have = int(split.labels.max()) + 1  # (a class folder, or a label up to the highest, has training images)
+            raise UserError(f"the data has {have} classes; the space has {self.classes} (image: classes): a model of "
+                            f"{self.classes} outputs trained on {have} would predict classes the data does not have; "
+                            f"set classes: {have} in the space")
 
     def train_batches(self, split: Split, config: Any, dist: Any) -> ImageBatches:
         self.check(split, "training")

@@ -53,7 +53,8 @@ class MaskedLM(WindowLearner):
     def kl(self, student: Tensor, teacher: Tensor, targets: Tensor, per: float | None = None) -> Tensor:
         return scored_kl(student, teacher, targets)  # over the chosen positions
 
-    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> HeldOut:
+    def heldout(self, tokens: np.ndarray, starts: np.ndarray, seq_len: int, token_lengths: np.ndarray | None = None) -> HeldOut:
+        assert token_lengths is None, "a masked LM reads bytes (its space refuses a subword vocabulary)"
         g = torch.Generator().manual_seed(_torch_seed(self.seed, EVAL_MASK_STREAM))
         settings = self.masking
 

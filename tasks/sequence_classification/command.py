@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from supernet.progress import show_progress
+    from supernet.progress import progress_bar, show_progress
     from search_spaces import UserError
 
     from .data import generator, split_sizes, write_folder
@@ -41,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
 
     def progress(done: int, total: int) -> None:
         if not bars:
-            from tqdm import tqdm
-
-            bars.append(tqdm(total=total, desc=f"nas data {gen.name}", unit="ex", leave=False))
+            bars.append(progress_bar(total=total, desc=f"nas data {gen.name}", unit="ex", leave=False))
         bars[0].update(done - bars[0].n)
 
     try:

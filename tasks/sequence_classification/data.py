@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,17 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from search_spaces.errors import first_line, shown
+from supernet.files import atomic_stream, atomic_write, file_problem, read_bounded
 from supernet.heldout import IGNORE
 from supernet.task import Examples
 
 from . import fmnist, listops, pathfinder
 
 SPLITS = ("train", "val", "test")
+MAX_EXAMPLES = 1_000_000  # --n and --eval-n: about 6x LRA's largest split (Pathfinder's 160,000), 2-8 GB of TSV
+LOCK = ".nas-data.lock"  # held while a run writes a folder: a second run into it is refused, not mixed in
+OURS = {*(f"{s}.tsv" for s in SPLITS), "data.json", LOCK}  # what a `nas data` folder holds
 FIXED = {"listops": listops.SYMBOLS, "pixels": pathfinder.SYMBOLS}  # the named vocabularies
 
 
@@ -69,10 +73,12 @@ def split_sizes(gen: Generator, n: int | None, eval_n: int | None) -> dict[str, 
     (default: LRA's ratio to ``n``, at least 8)."""
     train, val, test = gen.sizes
     n = train if n is None else n
-    if n < 1:
-        raise ValueError(f"--n: {n} is not a positive number of examples")
-    if eval_n is not None and eval_n < 1:
-        raise ValueError(f"--eval-n: {eval_n} is not a positive number of examples")
+    for flag, value in (("--n", n), ("--eval-n", eval_n)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag}: {value} is not a positive number of examples")
+        if value is not None and value > MAX_EXAMPLES:
+            raise ValueError(f"{flag}: {shown(value)} examples is over the limit of {MAX_EXAMPLES:,} (LRA's largest split is "
+                             "160,000)")
     sizes = {"train": n, "val": eval_n or max(8, min(val, round(n * val / train))),
              "test": eval_n or max(8, min(test, round(n * test / train)))}
     if gen.name == "fmnist-pixels":
@@ -113,16 +119,16 @@ def generate(name: str, sizes: dict[str, int], seed: int, progress: Callable[[in
 
 
 def write_tsv(path: Path, rows: Iterable[tuple[int, list[str]]]) -> tuple[str, dict[str, int]]:
-    """Write ``rows`` as ``label<TAB>tokens`` lines, one by one; (their sha256, the count of each label)."""
+    """Write ``rows`` as ``label<TAB>tokens`` lines, one by one, whole or not at all (:func:`supernet.files.atomic_stream`:
+    a new temporary file of a unique name beside ``path``, never a planted one or a link's target; removed on any failure,
+    Ctrl-C and a full disk included); (their sha256, the count of each label)."""
     h, c = hashlib.sha256(), Counter()
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_stream(path) as f:
         for label, toks in rows:
             line = f"{label}\t{' '.join(toks)}\n".encode()
             h.update(line)
             f.write(line)
             c[str(label)] += 1
-    os.replace(tmp, path)
     return h.hexdigest(), dict(sorted(c.items(), key=lambda kv: int(kv[0])))
 
 
@@ -184,36 +190,89 @@ def write_folder(name: str, out: str | Path, n: int | None = None, eval_n: int |
     """Generate ``name``'s data into ``out`` (train.tsv, val.tsv, test.tsv, data.json); (its data.json, cached).
 
     A folder already holding the same (generator, version, seed, sizes), its files unchanged, is reused without
-    generating again (``cached`` True); one holding other data is refused (nothing is overwritten)."""
+    generating again (``cached`` True); one holding other data, or files ``nas data`` did not write (no data.json: a
+    user's own train.tsv), is refused (nothing is overwritten).  Everything is checked before the folder is made (the
+    sizes, the generator's input: a damaged Fashion-MNIST file leaves no empty ``out``).  While a run writes, it holds
+    ``out/.nas-data.lock``: a second run into the same folder is refused, never mixed in.  data.json is written first
+    as a claim without checksums (a folder a killed run left is ours to write again) and last whole."""
     gen = generator(name)
     sizes = split_sizes(gen, n, eval_n)
     out = Path(out)
     key = {"generator": gen.name, "version": gen.version, "seed": seed, "sizes": sizes}
     if lengths is not None:
         key["lengths"] = list(lengths)
-    sidecar = out / "data.json"
-    if sidecar.exists():
-        try:
-            held = json.loads(sidecar.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{sidecar}: not readable JSON ({e}); choose another --out") from None
-        if {k: held.get(k) for k in key} != key:
-            raise ValueError(f"--out {out}: holds other data ({', '.join(f'{k} {held.get(k)}' for k in key)}); choose "
-                             "another --out")
-        if all((out / f"{s}.tsv").is_file() and file_sha256(out / f"{s}.tsv") == held["sha256"][s] for s in SPLITS):
-            return held, True
+    held = _held(out, key)
+    if held is not None:
+        return held, True
+    streams = generate(name, sizes, seed, progress, lengths)  # reads its inputs (Fashion-MNIST) before out is made
     out.mkdir(parents=True, exist_ok=True)
-    streams = generate(name, sizes, seed, progress, lengths)
-    written = {s: write_tsv(out / f"{s}.tsv", streams[s]) for s in SPLITS}  # in this order: one stream of draws
-    digests = {s: w[0] for s, w in written.items()}
-    record = {**key, "classes": gen.classes, "vocabulary": gen.vocabulary,
-              "max_length": gen.max_length if lengths is None else lengths[1] - 1,
-              "counts": {s: written[s][1] for s in SPLITS}, "sha256": digests, "note": gen.note,
-              "format": "label<TAB>space-separated tokens, one example a line"}
-    tmp = sidecar.with_name("data.json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, sidecar)
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(out / LOCK, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ValueError(f"--out {out}: another `nas data` run is writing this folder now ({LOCK} is held); wait for it to "
+                         "end, or choose another --out") from None
+    try:
+        held = _held(out, key)  # (written meanwhile by the run that held the lock before)
+        if held is not None:
+            return held, True
+        sidecar = out / "data.json"
+        atomic_write(sidecar, json.dumps({**key, "note": "being written by nas data (no checksums yet)"}, indent=1) + "\n")
+        written = {s: write_tsv(out / f"{s}.tsv", streams[s]) for s in SPLITS}  # in this order: one stream of draws
+        digests = {s: w[0] for s, w in written.items()}
+        record = {**key, "classes": gen.classes, "vocabulary": gen.vocabulary,
+                  "max_length": gen.max_length if lengths is None else lengths[1] - 1,
+                  "counts": {s: written[s][1] for s in SPLITS}, "sha256": digests, "note": gen.note,
+                  "format": "label<TAB>space-separated tokens, one example a line"}
+        atomic_write(sidecar, json.dumps(record, indent=1) + "\n")
+    finally:
+        lock.release()
     return record, False
+
+
+def _held(out: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The data.json of ``out`` when it holds ``key``'s data whole (to be read back); None when there is nothing there
+    yet, or an unfinished or damaged write of the same data (to be written again); ValueError for anything else: a file
+    where the folder goes, a folder of other data, or of files ``nas data`` did not write."""
+    if not out.exists() and not out.is_symlink():
+        return None
+    if not out.is_dir():
+        raise ValueError(f"--out {out}: not a folder; choose a new or empty folder")
+    sidecar = out / "data.json"
+    if not sidecar.exists():
+        theirs = sorted(p.name for p in out.iterdir() if p.name not in OURS and not _our_leftover(p.name))
+        ours = sorted(p.name for p in out.iterdir() if p.name in OURS - {LOCK})
+        if ours or theirs:
+            listed = ", ".join((ours + theirs)[:4]) + (", ..." if len(ours + theirs) > 4 else "")
+            raise ValueError(f"--out {out}: holds files nas data did not write ({listed}) and no data.json; choose a new or "
+                             "empty folder")
+        return None
+    try:
+        held = json.loads(read_bounded(sidecar, 1 << 20, "a data.json"))
+    except ValueError as e:
+        raise ValueError(f"{sidecar}: not readable JSON ({first_line(e)}); choose another --out") from None
+    if not isinstance(held, dict) or {k: held.get(k) for k in key} != key:
+        held = held if isinstance(held, dict) else {}
+        raise ValueError(f"--out {out}: holds other data ({', '.join(f'{k} {str(held.get(k))[:80]}' for k in key)}); choose "
+                         "another --out")
+    digests = held.get("sha256")
+    if isinstance(digests, dict) and all(_matches(out / f"{s}.tsv", digests.get(s)) for s in SPLITS):
+        return held
+    return None
+
+
+def _matches(path: Path, digest: Any) -> bool:
+    try:
+        return path.is_file() and not path.is_symlink() and file_sha256(path) == digest
+    except OSError:
+        return False
+
+
+def _our_leftover(name: str) -> bool:
+    """A temporary file of ours a killed run left (``.train.tsv.k3j9a.tmp``: :func:`supernet.files.temp_file`)."""
+    return name.startswith(".") and name.endswith(".tmp") and any(name.startswith(f".{o}.") for o in OURS)
 
 
 def file_sha256(path: Path) -> str:
@@ -239,9 +298,13 @@ def vocabulary(path: Path, classes: int | None) -> tuple[int, list[str], str]:
         if not sidecar.is_file():
             raise ValueError(f"--data {path}: a folder without data.json (write one with `nas data`, or give a TSV file)")
         try:
-            record = json.loads(sidecar.read_text())
+            record = json.loads(read_bounded(sidecar, 1 << 20, "a data.json"))
         except ValueError as e:
-            raise ValueError(f"{sidecar}: not JSON ({e})") from None
+            raise ValueError(f"{sidecar}: not JSON ({first_line(e)})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{sidecar}: not a mapping of the data's fields")
+        if record.get("generator") is not None and "sha256" not in record:
+            raise ValueError(f"{sidecar}: written by a `nas data` run that did not finish; run it again")
         c = record.get("classes")
         if not isinstance(c, int) or c < 2:
             raise ValueError(f"{sidecar}: classes {c!r} is not an integer of at least 2")
@@ -258,8 +321,9 @@ def vocabulary(path: Path, classes: int | None) -> tuple[int, list[str], str]:
         if not isinstance(voc, list) or not all(isinstance(s, str) for s in voc):
             raise ValueError(f"{sidecar}: vocabulary is not a list of symbols")
         return c, list(voc), str(path)
-    if not path.is_file():
-        raise ValueError(f"--data {path}: no such file or folder")
+    problem = file_problem(path)
+    if problem:
+        raise ValueError(f"--data {path}: {problem} (expected a folder written by `nas data`, or a TSV file)")
     if classes is None:
         raise ValueError(f"--data {path}: a TSV file of your own needs --classes N (its labels are 0..N-1)")
     if classes < 2:

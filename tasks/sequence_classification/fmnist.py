@@ -9,7 +9,6 @@ it says "Fashion-MNIST pixels (in place of LRA's CIFAR-10)".  The files are read
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
@@ -22,15 +21,16 @@ FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
 SYMBOLS = tuple(str(v) for v in range(256))
 CLASSES = 10
 VERSION = 1
+MAX_IDX_BYTES = 1 << 30  # an IDX file, decompressed (Fashion-MNIST's largest: 47 MB); beyond it a gzip bomb is refused
 NOTE = "Fashion-MNIST pixels (in place of LRA's CIFAR-10, which does not ship offline)"
 
 
 def read_idx(path: str | Path) -> np.ndarray:
     """An IDX file (``.gz`` or raw) as a uint8 array of its shape; ValueError naming the file when it is not one."""
+    from supernet.files import read_bounded
+
     path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
+    data = read_bounded(path, MAX_IDX_BYTES, "an IDX file", gunzip=True)  # a gzip bomb or a damaged stream: one line
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise ValueError(f"{path}: not an IDX file (its first bytes are {data[:4].hex() or 'missing'})")
     if data[2] != 0x08:

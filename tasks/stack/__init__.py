@@ -15,10 +15,11 @@ import torch
 
 from latency.features import params, stack_matrix, table_features
 from latency.protocol import reference_model, timing_model
-from search_spaces.space import describe_stack, parse_stack
+from search_spaces.space import describe_stack, parse_stack, tokenizer_spec
 from supernet import SuperTransformer, Transformer, TransformerConfig, load_model
 from supernet.artifact import open_export
 from supernet.data import check_corpus, prepare_corpus
+from supernet.tokenizer import tokenize_corpus
 from supernet.scoring import inherited_fitness
 
 from ..base import Task
@@ -53,7 +54,17 @@ class StackTask(Task):
     data_defaults = {"data": None, "data_seed": 0, "val_fraction": 0.05}
 
     def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
-        return prepare_corpus(settings["data"], cache_dir, settings["data_seed"], settings["val_fraction"], progress=progress)
+        """The byte corpus; read through the space's subword vocabularies where ``settings`` names them (``tokenizer``,
+        the space's field as a run records it): the BPE trained on the training split, cached beside the corpus."""
+        corpus = prepare_corpus(settings["data"], cache_dir, settings["data_seed"], settings["val_fraction"], progress=progress)
+        raw = settings.get("tokenizer")
+        if raw is None or raw == "bytes":
+            return corpus
+        return tokenize_corpus(corpus, tokenizer_spec(raw, where="the run's tokenizer"), cache_dir)
+
+    def data_record(self, meta: dict, where: str, hint: str = "") -> dict:
+        record = super().data_record(meta, where, hint)
+        return {**record, "tokenizer": meta["tokenizer"]} if meta.get("tokenizer") is not None else record
 
     def check_data(self, data: Any, expected_hash: str, where: str) -> None:
         check_corpus(data, expected_hash, where)
@@ -61,8 +72,12 @@ class StackTask(Task):
     def describe_data(self, data: Any, settings: dict) -> str:
         sizes = data.meta["sizes"]
         what = "the Python standard library (PSF licence)" if settings["data"] is None else settings["data"]
+        vocab = data.meta.get("tokenizer")
+        read = "" if vocab is None else (f"; read as byte-level BPE {', '.join(map(str, vocab['sizes']))} (bytes per token on "
+                                         "validation: " + ", ".join(f"{k} {v:.2f}" for k, v in vocab["bytes_per_token"].items())
+                                         + f"; tokenizer {vocab['sha256'][:16]})")
         return (f"corpus: {what}: {sizes['train']:,} training bytes ({sizes['train_docs']} docs), {sizes['val']:,} validation "
-                f"bytes ({sizes['val_docs']} docs), hash {data.hash[:16]}")
+                f"bytes ({sizes['val_docs']} docs), hash {data.hash[:16]}{read}")
 
     def describe_batch(self, config: Any) -> str:
         return f"batch {config.batch_size} x {config.seq_len} bytes"

@@ -17,7 +17,7 @@ import torch
 from latency.measure import measure_model, on_files, predicted_line
 from latency.precision import export_quantized, quantize_step
 from search_spaces import Space, Subnet, UserError, tasks
-from supernet.artifact import PROGRAM, export_program, load_model, load_program, save_model, update_card
+from supernet.artifact import PROGRAM, export_program, load_model, load_program, read_card, save_model, update_card
 from supernet.elastic import SuperTransformer, extract
 from supernet.export import (
     FORMATS,
@@ -36,6 +36,7 @@ from supernet.model import Transformer
 from supernet.onnx_export import add_metadata, export_onnx, onnx_parity, op_counts
 from supernet.scoring import Scoring, validation_bpb, validation_tokens
 from supernet.task import trained_options
+from supernet.tokenizer import Vocabulary
 
 
 def parity_tokens(space: Space, seed: int) -> torch.Tensor:
@@ -65,8 +66,10 @@ def write_model(
     target_ort: str | None = None,
     card: dict[str, Any] | None = None,
     seed: int = 0,
+    tokenizer: str | None = None,
 ) -> ExportResult:
-    """Write a static model's artifacts into ``out``; every exported form is parity-checked or removed.
+    """Write a static model's artifacts into ``out``; every exported form is parity-checked or removed.  ``tokenizer``:
+    the text of the model's ``tokenizer.json`` (None: bytes), written beside and named in the ONNX metadata.
 
     ``torch``: ``model.safetensors`` + ``subnet.yaml`` + ``model_card.json`` (always) and
     ``model.pt2`` (a torch.export program, within 1e-4 of eager).  ``onnx``: ``model.onnx``
@@ -78,9 +81,10 @@ def write_model(
     out.mkdir(parents=True, exist_ok=True)
     # each form holds the weights once (fp32); checked before writing: ONNX's writer aborts the process on a full disk
     check_room(out, model.num_params() * 4 * (1 + len(formats)) + (16 << 20), "the exported model")
-    save_model(model, out, space, card)
+    save_model(model, out, space, card, tokenizer)
+    said = Vocabulary(tokenizer).metadata() if tokenizer is not None else "bytes"
     result = ExportResult(out=out, subnet=model.subnet, parameters=model.num_params())
-    tokens = parity_tokens(space, seed)
+    tokens = parity_tokens(space, seed).clamp(max=model.config.vocab_size - 1)  # (a nested vocabulary's ids)
     if "torch" in formats:
         path = export_program(model, out / PROGRAM)
         update_card(out, files=[PROGRAM])
@@ -100,7 +104,7 @@ def write_model(
     opset, notes = choose_opset(target_ort)
     result.opset, result.notes = opset, notes
     path = export_onnx(model, out / ONNX_FILE, opset=opset)
-    add_metadata(path, onnx_metadata(space, model.subnet))  # before update_card below takes the file's sha256
+    add_metadata(path, onnx_metadata(space, model.subnet, said))  # before update_card below takes the file's sha256
     parity = onnx_parity(path, model, tokens)
     if not parity <= PARITY_TOL:  # also catches NaN
         path.unlink(missing_ok=True)
@@ -125,11 +129,25 @@ def export_subnet(
     target_ort: str | None = None,
     card: dict[str, Any] | None = None,
     seed: int = 0,
+    tokenizer: str | None = None,
 ) -> ExportResult:
     """Extract ``subnet`` and write it to ``out`` (see :func:`write_model`)."""
     supernet.space.check(subnet)
     model = extract(supernet, subnet)
-    return write_model(model, supernet.space, out, formats=formats, target_ort=target_ort, card=card, seed=seed)
+    return write_model(model, supernet.space, out, formats=formats, target_ort=target_ort, card=card, seed=seed,
+                       tokenizer=tokenizer)
+
+
+def subnet_tokenizer(payload: dict[str, Any], space: Space, subnet: Subnet) -> str | None:
+    """The ``tokenizer.json`` text of ``subnet`` of a supernet checkpoint (``payload``): the run's vocabulary at the
+    subnet's size (nested: its first ids and merges); None for a byte space."""
+    trained = (payload.get("meta") or {}).get("vocabulary")
+    if not space.tokenizer.bpe:
+        return None
+    if trained is None:
+        raise UserError(f"{payload.get('path', 'the supernet checkpoint')}: a subword space's checkpoint without its "
+                        "vocabulary (meta lacks vocabulary)")
+    return Vocabulary(trained["json"]).at(space.vocab_of(subnet)).text
 
 
 def held_out_tokens(payload: dict[str, Any], scoring) -> tuple[np.ndarray, str, Scoring]:
@@ -168,7 +186,8 @@ def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: Ex
     if s.precision != "fp32":  # INT8: calibration windows from the same held-out tokens
         tokens, where, scoring = held_out_tokens(payload, s.scoring)
     card.update(validation=validation, latency=predicted)
-    result = export_subnet(supernet, subnet, s.out, formats=s.formats, target_ort=s.target_ort, card=card, seed=s.seed)
+    result = export_subnet(supernet, subnet, s.out, formats=s.formats, target_ort=s.target_ort, card=card, seed=s.seed,
+                           tokenizer=subnet_tokenizer(payload, space, subnet))
 
     quantized = None
     if s.precision != "fp32":
@@ -176,7 +195,10 @@ def export_stack(supernet, payload: dict[str, Any], subnet: Subnet, settings: Ex
                                      where)
         update_card(result.out, files=[quantized["file"]], quantized=quantized)
 
+    said = read_card(result.out).get("tokenizer")
     lines = [f"exported {subnet}", f"  parameters        {result.parameters:,}",
+             *([f"  tokenizer         {result.out / said['file']}  ("
+                + ("bytes" if said["kind"] == "bytes" else f"byte-level BPE of {said['vocab']:,} ids") + ")"] if said else []),
              f"  torch             {result.out / 'model.safetensors'}  (load: supernet.load_model({str(result.out)!r}))"]
     if result.program_path:
         lines.append(f"  torch.export      {result.program_path}  (torch.export.load(...).module(); max |program - eager| = "

@@ -58,6 +58,8 @@ from supernet.train import (
     use_threads,
 )
 
+from supernet.tokenizer import tokenize_corpus
+
 from .export import write_model
 
 log = logging.getLogger(__name__)
@@ -187,6 +189,8 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
 
     corpus_dir = state_dir if s.corpus_dir is None else Path(s.corpus_dir)
     corpus = prepare_corpus(record["data"], corpus_dir, s.data_seed, s.val_fraction)
+    if space.tokenizer.bpe:  # the space's vocabulary (trained on the training split, cached), read at the subnet's size
+        corpus = tokenize_corpus(corpus, space.tokenizer, corpus_dir).at(space.vocab_of(subnet))
     if stored is not None:
         check_corpus(corpus, stored["meta"]["corpus_hash"], str(latest))
     where = f"validation split of {record['data'] or 'the default corpus'} (seed {s.data_seed}, fraction {s.val_fraction})"
@@ -231,6 +235,7 @@ def train_subnet(settings: SubnetTraining, progress: Callable[[StepInfo], None] 
             "run_started": meta["run_started"], "versions": {"nas": __version__, "torch": str(torch.__version__)},
         },
     }
-    write_model(student, space, out, formats=s.formats, target_ort=s.target_ort, card=card, seed=config.seed)
+    write_model(student, space, out, formats=s.formats, target_ort=s.target_ort, card=card, seed=config.seed,
+                tokenizer=corpus.vocabulary.text if space.tokenizer.bpe else None)
     return SubnetTrainingResult(out, result.step, result.tokens, after["bits_per_byte"], result.elapsed,
                                 before["bits_per_byte"], result.stopped, student.num_params())

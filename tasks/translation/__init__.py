@@ -129,12 +129,22 @@ class TranslationTask(Task):
     def data_record(self, meta: dict, where: str, hint: str = "") -> dict:
         from .workflows import corpus_record
 
-        return corpus_record(meta)
+        record = corpus_record(meta)
+        return {**record, "tokenizer": meta["tokenizer"]} if meta.get("tokenizer") is not None else record
 
     def prepare_data(self, settings: dict, cache_dir: Any, progress: Any = None):
-        from .data import DEFAULT_LANG, prepare_pairs
+        """The sentence pairs; read at the space's joint BPE where ``settings`` names it (``tokenizer``, as a run records
+        the space's field): trained on the training pairs' sentences, cached beside them."""
+        from search_spaces.space import tokenizer_spec
 
-        return prepare_pairs(settings["data"], cache_dir, seed=settings["data_seed"] or 0, lang=settings["lang"] or DEFAULT_LANG)
+        from .data import DEFAULT_LANG, VOCAB_SIZE, prepare_pairs, tokenize_pairs
+
+        pairs = prepare_pairs(settings["data"], cache_dir, seed=settings["data_seed"] or 0,
+                              lang=settings["lang"] or DEFAULT_LANG)
+        raw = settings.get("tokenizer")
+        if raw is None or raw == "bytes":
+            return pairs
+        return tokenize_pairs(pairs, tokenizer_spec(raw, VOCAB_SIZE, "the run's tokenizer"), cache_dir)
 
     def check_data(self, data: Any, expected_hash: str, where: str) -> None:
         from .data import check_pairs
@@ -142,10 +152,13 @@ class TranslationTask(Task):
         check_pairs(data, expected_hash, where)
 
     def describe_data(self, data: Any, settings: dict) -> str:
-        sizes = data.meta["sizes"]
+        sizes, vocab = data.meta["sizes"], data.meta.get("tokenizer")
+        read = "" if vocab is None else (f"; read as a joint byte-level BPE of {data.vocabulary.size:,} ids ("
+                                         + ", ".join(f"{v:.2f}" for v in vocab["bytes_per_token"].values())
+                                         + " target bytes per token on validation)")
         return (f"corpus {data.meta['corpus']}: {sizes['train']['pairs']:,} training pairs ({sizes['train']['source_bytes']:,} + "
                 f"{sizes['train']['target_bytes']:,} bytes), {sizes['val']['pairs']:,} validation pairs, "
-                f"{sizes['test']['pairs']:,} test pairs, hash {data.hash[:16]}")
+                f"{sizes['test']['pairs']:,} test pairs, hash {data.hash[:16]}{read}")
 
     def describe_batch(self, config: Any) -> str:
         return f"batch {config.batch_size} pairs"

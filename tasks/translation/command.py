@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", choices=("val", "test"), help="translate the split's sources of the run's corpus and print "
                    "chrF and BLEU against its references (sacrebleu)")  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N", help="--eval: the first N pairs of the split only")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help="auto, cpu (default), cuda or cuda:N")
     p.add_argument("--engine", default="torch", choices=("torch", "onnxruntime"),
                    help="torch (default), or onnxruntime: an export's encoder.onnx and decoder_step.onnx (the same "
                         "greedy and beam search, --eval too)")  # fmt: skip
@@ -31,13 +31,11 @@ def run(args: argparse.Namespace) -> int:
     from functools import partial
     from pathlib import Path
 
-    from tqdm import tqdm
-
-    from supernet.progress import show_progress
+    from supernet.progress import progress_bar
     from search_spaces import UserError
 
     from .data import check_pairs, prepare_pairs
-    from .decode import evaluate_translation, translate
+    from .decode import evaluate_translation, spell, translate
 
     for flag, value in (("--beam", args.beam), ("--max-bytes", args.max_bytes), ("--limit", args.limit)):
         if value is not None and value < 1:
@@ -50,6 +48,9 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             raise UserError("--eval: chrF and BLEU need sacrebleu, which is not installed: "
                             "pip install 'nas-transformers[translate]' (python3 scripts/install.py translate)") from None
+    from supernet.scoring import pick_device
+
+    args.device = pick_device(args.device)  # auto, cpu, cuda, cuda:N: checked (and auto resolved) before loading
     if args.engine == "onnxruntime":
         max_seq_len, record, cache, export_dir, subnet, translator = _load_onnx(Path(args.model), args.device)
         from .artifact import read_card
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         max_seq_len, subnet, w = model.space.max_seq_len, model.subnet, model.weights()
         translator = partial(translate, w, max_seq_len=max_seq_len)
         vocab = model.space.vocab_size
+    words = _vocabulary(export_dir, record)  # the model's tokenizer.json: reads the text, spells the translation
     if args.beam is not None and args.beam > vocab:  # the first step has vocab candidates: wider beams stay empty
         raise UserError(f"--beam: {args.beam} is more than the model's {vocab} tokens; a beam holds at most one hypothesis "
                         f"per token at the first step (give at most {vocab}; 4-8 is the usual width)")
@@ -68,19 +70,30 @@ def run(args: argparse.Namespace) -> int:
                         "longest translation it decodes (give at most that)")
     check_lengths(args.text, max_seq_len)  # every text before the first translation is printed
     for text in args.text:
-        hyp = translator(text.encode("utf-8"), beam=args.beam or 1, max_len=args.max_bytes)
-        print(hyp.text.decode("utf-8", errors="replace").replace("\n", "\\n"))
+        source = words.encode(text.encode("utf-8")).tolist() if words.kind == "bpe" else text.encode("utf-8")
+        hyp = translator(source, beam=args.beam or 1, max_len=args.max_bytes)
+        print(spell(hyp.tokens, words).decode("utf-8", errors="replace").replace("\n", "\\n"))
     if args.eval is None:
         return 0
     corpus = prepare_pairs(record["data"], cache, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], args.model)
+    if words.kind == "bpe":  # the pairs read at the model's joint vocabulary (the run's cache; trained again if gone)
+        from search_spaces.space import TokenizerSpec
+
+        from .data import VOCAB_SIZE, tokenize_pairs
+
+        corpus = tokenize_pairs(corpus, TokenizerSpec("bpe", (words.size,), VOCAB_SIZE), cache)
+        if corpus.vocabulary.sha256 != words.sha256:
+            raise UserError(f"--eval: the corpus's vocabulary {corpus.vocabulary.sha256[:16]} is not the model's "
+                            f"({words.sha256[:16]}, its tokenizer.json): scores would not mean the model's")
     pairs = corpus.split(args.eval)
     beam = args.beam or 5
-    bar = tqdm(total=min(len(pairs), args.limit or len(pairs)), desc=f"translating {args.eval}", unit="pair",
-               disable=not show_progress(), leave=False)  # fmt: skip
+    bar = progress_bar(total=min(len(pairs), args.limit or len(pairs)), desc=f"translating {args.eval}", unit="pair",
+                       leave=False)  # fmt: skip
     try:
         result = evaluate_translation(partial(translator, beam=beam, max_len=args.max_bytes), pairs, max_seq_len,
-                                      limit=args.limit, progress=lambda n, total: bar.update(n - bar.n))  # fmt: skip
+                                      limit=args.limit, progress=lambda n, total: bar.update(n - bar.n),
+                                      vocabulary=words if words.kind == "bpe" else None)  # fmt: skip
     finally:
         bar.close()
     print(f"{args.eval}: {result['pairs']} pairs ({corpus.meta['corpus']}; {result['skipped']} skipped: source over "
@@ -97,6 +110,21 @@ def run(args: argparse.Namespace) -> int:
         update_card(export_dir, quality=quality)
         print(f"recorded in {export_dir / 'model_card.json'} (quality.{key})")
     return 0
+
+
+def _vocabulary(export_dir, record: dict):
+    """The model's vocabulary: its folder's ``tokenizer.json`` (checked against the card and the encoder graph's
+    ``nas.tokenizer``), a checkpoint's (its meta's ``vocabulary``), else the bytes with PAD, BOS and EOS."""
+    from supernet.artifact import load_vocabulary
+    from supernet.tokenizer import Vocabulary, byte_tokenizer_json
+
+    from .data import SPECIAL_NAMES, VOCAB_SIZE
+    from .onnx import ENCODER
+
+    if export_dir is not None:
+        return load_vocabulary(export_dir, onnx=ENCODER)
+    trained = record.get("vocabulary")
+    return Vocabulary(trained["json"]) if trained else Vocabulary(byte_tokenizer_json(VOCAB_SIZE, SPECIAL_NAMES))
 
 
 def check_lengths(texts: list[str], max_seq_len: int) -> None:
@@ -167,4 +195,5 @@ def _load(path, subnet_arg: str, device: str):
         subnet = getattr(space, subnet_arg)()
     else:
         subnet = space.check(Seq2SeqSubnet.load(subnet_arg))
-    return supernet.extract(subnet).eval(), corpus_record(payload["meta"]), path.parent, None
+    record = {**corpus_record(payload["meta"]), "vocabulary": payload["meta"].get("vocabulary")}
+    return supernet.extract(subnet).eval(), record, path.parent, None

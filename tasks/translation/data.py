@@ -31,7 +31,6 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -164,21 +163,16 @@ def split_lines(n: int, seed: int) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- the corpus
 
 
-@dataclass(frozen=True)
-class Pairs:
-    """One split: the bytes of every pair in one array and their offsets (N, 4): src start, end, tgt start, end."""
+class _Offsets:
+    """What a split of pairs shares however it holds them: ``index`` (N, 4), each pair's source start and end and its
+    target start and end in ``data``."""
 
-    data: np.ndarray  # (bytes,) uint8
-    index: np.ndarray  # (N, 4) int64
+    index: np.ndarray
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def __getitem__(self, i: int) -> Pair:
-        a, b, c, d = (int(x) for x in self.index[i])
-        return bytes(self.data[a:b]), bytes(self.data[c:d])
-
-    def __iter__(self) -> Iterator[Pair]:
+    def __iter__(self):
         return (self[i] for i in range(len(self)))
 
     @property
@@ -188,6 +182,41 @@ class Pairs:
     @property
     def tgt_lengths(self) -> np.ndarray:
         return self.index[:, 3] - self.index[:, 2]
+
+
+@dataclass(frozen=True)
+class Pairs(_Offsets):
+    """One split: the bytes of every pair in one array and their offsets (N, 4): src start, end, tgt start, end."""
+
+    data: np.ndarray  # (bytes,) uint8
+    index: np.ndarray  # (N, 4) int64
+
+    def __getitem__(self, i: int) -> Pair:
+        a, b, c, d = (int(x) for x in self.index[i])
+        return bytes(self.data[a:b]), bytes(self.data[c:d])
+
+    def target_units(self, indices: np.ndarray) -> int:
+        """What a loss over the pairs ``indices`` is divided by: their target bytes and one EOS each."""
+        return int(self.tgt_lengths[indices].sum()) + len(indices)
+
+
+@dataclass(frozen=True)
+class TokenPairs(_Offsets):
+    """One split read at a joint subword vocabulary (``tokenizer: {bpe: N}``): the ids of every pair in one array and
+    their offsets (N, 4), as :class:`Pairs` holds bytes; ``tgt_bytes`` (N,) each target's length in bytes, so that a
+    loss stays per target byte.  A pair reads as two id arrays."""
+
+    data: np.ndarray  # (tokens,) uint16
+    index: np.ndarray  # (N, 4) int64
+    tgt_bytes: np.ndarray  # (N,) int64
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        a, b, c, d = (int(x) for x in self.index[i])
+        return np.asarray(self.data[a:b], dtype=np.int64), np.asarray(self.data[c:d], dtype=np.int64)
+
+    def target_units(self, indices: np.ndarray) -> int:
+        """Target bytes (not tokens) of the pairs ``indices`` and one EOS each: a loss per target byte compares vocabularies."""
+        return int(self.tgt_bytes[indices].sum()) + len(indices)
 
 
 @dataclass(frozen=True)
@@ -211,9 +240,12 @@ class ParallelCorpus:
 def _inputs(data: str | None, lang: str, locale_dir: Path) -> list[Path]:
     if data is None:
         return catalogs(lang, locale_dir)
+    from supernet.files import file_problem
+
     path = Path(data)
-    if not path.is_file():
-        raise UserError(f"--data {data}: no such file (expected a source<TAB>target file)")
+    problem = file_problem(path)
+    if problem:
+        raise UserError(f"--data {data}: {problem} (expected a source<TAB>target file)")
     return [path]
 
 
@@ -345,6 +377,11 @@ def length_batches(pairs: Pairs, batch_size: int, max_len: int, seed: int, epoch
     return [runs[i] for i in rng.permutation(len(runs))]
 
 
+def _ids(text: bytes | np.ndarray) -> np.ndarray:
+    """A side of a pair as ids: its bytes (a byte corpus), or the ids it already is (:class:`TokenPairs`)."""
+    return np.frombuffer(text, dtype=np.uint8) if isinstance(text, bytes) else text
+
+
 def collate(pairs: Pairs, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Source ids (B, S), decoder inputs BOS + target (B, T) and targets target + EOS (B, T), padded with PAD."""
     items = [pairs[int(i)] for i in indices]
@@ -354,8 +391,92 @@ def collate(pairs: Pairs, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, 
     inp = np.full((len(items), t), PAD, dtype=np.int64)
     out = np.full((len(items), t), PAD, dtype=np.int64)
     for row, (a, b) in enumerate(items):
-        src[row, : len(a)] = np.frombuffer(a, dtype=np.uint8)
-        tb = np.frombuffer(b, dtype=np.uint8)
+        src[row, : len(a)] = _ids(a)
+        tb = _ids(b)
         inp[row, 0], inp[row, 1 : len(b) + 1] = BOS, tb
         out[row, : len(b)], out[row, len(b)] = tb, EOS
     return src, inp, out
+
+
+# --------------------------------------------------------------------------- a joint subword vocabulary
+
+
+SPECIAL_NAMES = ("pad", "bos", "eos")  # ids 256, 257, 258 of every vocabulary (PAD, BOS, EOS)
+
+
+def tokenize_pairs(corpus: ParallelCorpus, spec, cache_dir: Path, progress=None) -> ParallelCorpus:
+    """``corpus`` read at a joint byte-level BPE (HAT's: one vocabulary for source and target): trained on the sentences
+    of both sides of the *training* pairs (each sentence a document), PAD / BOS / EOS at 256-258 before the merges,
+    cached under ``cache_dir/tokenizer/<key>/`` (:mod:`supernet.tokenizer`); the splits become :class:`TokenPairs`,
+    ``.vocabulary`` the vocabulary and ``.meta["tokenizer"]`` its record (bytes per token on the validation targets)."""
+    from supernet.tokenizer import Vocabulary, cache_key, train_vocabulary
+
+    assert len(spec.sizes) == 1 and spec.base == VOCAB_SIZE, spec
+    key = cache_key(corpus.hash, spec, SPECIAL_NAMES)
+    root = Path(cache_dir) / "tokenizer"
+    target = root / key
+    loaded = _load_tokens(target)
+    if loaded is None:
+        if progress is not None:
+            progress(f"training a joint byte-level BPE of {spec.sizes[0]:,} ids on the training pairs")
+        sentences = [side for pair in corpus.train for side in pair]
+        vocab = train_vocabulary(sentences, spec, SPECIAL_NAMES)
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temp_dir(f".{key}.", root)
+        try:
+            counts = {}
+            for name in SPLITS:
+                pairs = corpus.split(name)
+                flat = [side for pair in pairs for side in pair]
+                ids = vocab.encode_documents(flat)
+                lengths = np.array([len(x) for x in ids], dtype=np.int64)
+                ends = np.cumsum(lengths)
+                starts = ends - lengths
+                index = np.stack([starts[0::2], ends[0::2], starts[1::2], ends[1::2]], axis=1) if len(ids) else \
+                    np.zeros((0, 4), dtype=np.int64)
+                data = np.concatenate(ids).astype(np.uint16) if ids else np.zeros(0, dtype=np.uint16)
+                (tmp / f"{name}.ids").write_bytes(data.tobytes())
+                np.save(tmp / f"{name}.index.npy", index)
+                np.save(tmp / f"{name}.tgt_bytes.npy", pairs.tgt_lengths.astype(np.int64))
+                counts[name] = {"tokens": int(len(data)), "target_tokens": int((index[:, 3] - index[:, 2]).sum())}
+            val = corpus.val
+            bpt = float(val.tgt_lengths.sum()) / max(1, counts["val"]["target_tokens"])
+            (tmp / "tokenizer.json").write_text(vocab.text, encoding="utf-8")
+            meta = {"format": 1, "corpus": corpus.hash, "sha256": vocab.sha256, "sizes": list(spec.sizes), "counts": counts,
+                    "bytes_per_token": {str(spec.sizes[0]): round(bpt, 6)}, "specials": list(SPECIAL_NAMES)}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+            publish_dir(tmp, target, lambda d: _load_tokens(d) is not None)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        loaded = _load_tokens(target)
+        assert loaded is not None, target
+    text, meta, splits = loaded
+    vocab = Vocabulary(text, str(target / "tokenizer.json"))
+    record = {"kind": "bpe", "sizes": meta["sizes"], "sha256": vocab.sha256, "key": key,
+              "bytes_per_token": {int(k): v for k, v in meta["bytes_per_token"].items()}}
+    return TokenizedCorpus(splits["train"], splits["val"], splits["test"], {**corpus.meta, "tokenizer": record}, target,
+                           vocab)
+
+
+def _load_tokens(directory: Path):
+    try:
+        meta = json.loads((directory / "meta.json").read_text())
+        text = (directory / "tokenizer.json").read_text(encoding="utf-8")
+        splits = {}
+        for name in SPLITS:
+            path = directory / f"{name}.ids"
+            data = np.memmap(path, dtype=np.uint16, mode="r") if path.stat().st_size else np.zeros(0, dtype=np.uint16)
+            splits[name] = TokenPairs(data, np.load(directory / f"{name}.index.npy"),
+                                      np.load(directory / f"{name}.tgt_bytes.npy"))
+    except (OSError, ValueError, KeyError):
+        return None
+    if any(meta["counts"][n]["tokens"] != len(splits[n].data) for n in SPLITS):
+        return None
+    return text, meta, splits
+
+
+@dataclass(frozen=True)
+class TokenizedCorpus(ParallelCorpus):
+    """A :class:`ParallelCorpus` whose splits are :class:`TokenPairs` of ``vocabulary`` (a joint BPE)."""
+
+    vocabulary: object = None

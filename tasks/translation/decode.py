@@ -43,6 +43,13 @@ class Hypothesis:
         return bytes(t for t in self.tokens if t < 256)
 
 
+def spell(tokens, vocabulary=None) -> bytes:
+    """The bytes generated ids spell: PAD, BOS and EOS none; a byte model's ids are the bytes, a joint subword
+    vocabulary's (:class:`supernet.tokenizer.Vocabulary`) spell their tokens."""
+    ids = [int(t) for t in tokens if t not in (PAD, BOS, EOS)]
+    return vocabulary.decode(ids) if vocabulary is not None else bytes(t for t in ids if t < 256)
+
+
 class _Decoder:
     """Next-byte log-probabilities for a batch of prefixes of one source: cached (one byte per call) or not."""
 
@@ -205,10 +212,12 @@ def evaluate_translation(
     limit: int | None = None,
     max_len: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    vocabulary=None,
 ) -> dict:
     """Translate the pairs of a split whose source fits (the first ``limit`` of them, in order) and score them:
     ``{"chrf", "bleu", "pairs", "skipped", "hypotheses"}``.  ``w``: the model's weights (torch, :func:`translate`
-    at ``beam`` and ``max_len``), or any call source -> best hypothesis (ONNX Runtime's)."""
+    at ``beam`` and ``max_len``), or any call source -> best hypothesis (ONNX Runtime's); ``vocabulary``: a joint
+    subword vocabulary's (the pairs are its ids: it spells the hypotheses and the references)."""
     if isinstance(w, Seq2SeqWeights):
         translate_one = partial(translate, w, max_seq_len=max_seq_len, beam=beam, max_len=max_len)
     else:
@@ -227,8 +236,8 @@ def evaluate_translation(
         raise UserError(f"no pair of the split has a source of at most {max_seq_len} bytes to translate")
     hyps, refs = [], []
     for n, (src, ref) in enumerate(picked, 1):
-        hyps.append(translate_one(src).text.decode("utf-8", errors="replace"))
-        refs.append(ref.decode("utf-8", errors="replace"))
+        hyps.append(spell(translate_one(src).tokens, vocabulary).decode("utf-8", errors="replace"))
+        refs.append((ref if isinstance(ref, bytes) else spell(ref, vocabulary)).decode("utf-8", errors="replace"))
         if progress is not None:
             progress(n, len(picked))
     return {**score_translations(hyps, refs), "pairs": len(picked), "skipped": skipped, "hypotheses": hyps}

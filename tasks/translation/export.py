@@ -21,14 +21,15 @@ def write_seq2seq_onnx(static, out: Path, target_ort: str | None, seed: int = 0)
     """Write and parity-check the two graphs of ``static`` into ``out``; record them in the card; return the record."""
     from supernet.export import PARITY_TOL, choose_opset, onnx_metadata
     from search_spaces import UserError
-    from supernet.artifact import update_card
+    from supernet.artifact import read_card, update_card
     from supernet.onnx_export import add_metadata
 
     from .onnx import DECODER, ENCODER, export_seq2seq_onnx, seq2seq_parity
 
     opset, notes = choose_opset(target_ort)
+    said = (read_card(out).get("tokenizer") or {}).get("metadata", "bytes")  # the folder's tokenizer.json (issue 54)
     for path in export_seq2seq_onnx(static, out, opset=opset):  # described (beside seq2seq_inputs) before the card's sha256
-        add_metadata(path, onnx_metadata(static.space, static.subnet))
+        add_metadata(path, onnx_metadata(static.space, static.subnet, said))
     parity = seq2seq_parity(static, out, batch=2, seed=seed)
     worst = max(parity.values())
     if not worst <= PARITY_TOL:  # also catches NaN
@@ -50,7 +51,7 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     from search_spaces import UserError
 
     from .artifact import save_seq2seq_model
-    from .data import check_pairs, prepare_pairs
+    from .data import check_pairs, prepare_pairs, tokenize_pairs
     from .onnx import DECODER, ENCODER
     from .train import eval_batches, heldout_ce
 
@@ -62,6 +63,14 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     record = corpus_record(meta)
     corpus = prepare_pairs(record["data"], path.parent, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], str(path))
+    trained = meta.get("vocabulary")  # a joint subword vocabulary: the pairs read at it, its file in the folder
+    if space.tokenizer.bpe:
+        if trained is None:
+            raise UserError(f"{path}: a subword space's checkpoint without its vocabulary (meta lacks vocabulary)")
+        corpus = tokenize_pairs(corpus, space.tokenizer, path.parent)
+        if corpus.vocabulary.sha256 != trained["sha256"]:
+            raise UserError(f"{path}: trained with tokenizer {trained['sha256'][:16]}, but the data cache now gives "
+                            f"{corpus.vocabulary.sha256[:16]}")
     config = meta["train_config"]
     batches = eval_batches(corpus.val, config["batch_size"], space.max_seq_len, config["eval_batches"], config["seed"])
     ce = heldout_ce(static, None, corpus.val, batches)
@@ -76,7 +85,7 @@ def export_seq2seq(supernet, payload: dict, subnet, settings, predicted: dict | 
     out = Path(s.out)
     for name in (ENCODER, DECODER):  # an earlier export's graphs are not this model's
         (out / name).unlink(missing_ok=True)
-    save_seq2seq_model(static, out, card)
+    save_seq2seq_model(static, out, card, trained["json"] if space.tokenizer.bpe else None)
     lines = [f"wrote {s.out}: {static.num_params():,} parameters, subnet {subnet}"]
     if "onnx" in s.formats:
         onnx = write_seq2seq_onnx(static, out, s.target_ort, s.seed)

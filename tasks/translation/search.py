@@ -57,7 +57,7 @@ def refuse(given: dict) -> None:
 def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str]:
     """(fitness, digest of its data) of an encoder-decoder supernet (``model``, loaded as ``payload``): its corpus rebuilt
     from the run's cache and checked; ``settings``: :class:`supernet.scoring.FitnessSettings`."""
-    from .data import check_pairs, prepare_pairs
+    from .data import check_pairs, prepare_pairs, tokenize_pairs
     from .train import eval_batches
     from .workflows import corpus_record
 
@@ -67,6 +67,12 @@ def seq2seq_fitness(model, payload: dict, settings) -> tuple[Seq2SeqFitness, str
     cache = Path(settings.data_cache) if settings.data_cache else Path(settings.path).parent
     corpus = prepare_pairs(record["data"], cache, seed=record["data_seed"] or 0, lang=record["lang"] or "de")
     check_pairs(corpus, record["corpus_hash"], str(settings.path))
+    trained = payload["meta"].get("vocabulary")
+    if model.space.tokenizer.bpe:  # the pairs read at the run's joint vocabulary
+        corpus = tokenize_pairs(corpus, model.space.tokenizer, cache)
+        if trained is None or corpus.vocabulary.sha256 != trained["sha256"]:
+            raise UserError(f"{settings.path}: trained with tokenizer {(trained or {}).get('sha256', '?')[:16]}, but the "
+                            f"data cache now gives {corpus.vocabulary.sha256[:16]}")
     batches = eval_batches(corpus.val, settings.batch_size, model.space.max_seq_len, settings.windows, settings.val_seed)
     fitness = Seq2SeqFitness(model, corpus.val, batches, seed=settings.val_seed, corpus_hash=str(record["corpus_hash"]),
                              where=f"validation split of {record['corpus']}")  # fmt: skip

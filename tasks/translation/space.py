@@ -40,7 +40,8 @@ import numpy as np
 from search_spaces.attention import has_form, parse_attention, spec_problems
 from search_spaces.errors import SpaceError, SubnetError, UserError, shown
 from search_spaces.tasks import with_form
-from search_spaces.space import POSITIONS, WORKLOAD_KINDS, Checker, Space, SpaceIdentity, Subnet, SubnetFile, is_int
+from search_spaces.space import (POSITIONS, WORKLOAD_KINDS, Checker, Space, SpaceIdentity, Subnet, SubnetFile, TokenizerSpec,
+                                 check_vocab_size, is_int, parse_tokenizer)
 
 TASK = "seq2seq"
 VOCAB_SIZE = 259  # 256 bytes + PAD (256), BOS (257), EOS (258): tasks.translation.data
@@ -171,6 +172,9 @@ class Seq2SeqSpace(SpaceIdentity):
     workloads: tuple[TranslateWorkload, ...]
     source: str = field(default="<memory>", compare=False)
     task: str = TASK
+    # bytes (the default), or one joint byte-level BPE of source and target (HAT's; tokenizer: {bpe: N}: PAD, BOS and
+    # EOS at 256-258, the merges after them; tasks.translation.data.tokenize_pairs)
+    tokenizer: TokenizerSpec = field(default=TokenizerSpec(base=VOCAB_SIZE), kw_only=True)
 
     causal = False  # the LM commands' check: this is not a decoder-only LM
     subnet_type = Seq2SeqSubnet  # (class attributes, not fields)
@@ -358,6 +362,7 @@ class Seq2SeqSpace(SpaceIdentity):
             "encoder": side(self.encoder, {}),
             "decoder": side(self.decoder, cross),
             "latency": {w.name: w.to_dict() for w in self.workloads},
+            **({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer.bpe else {}),  # a byte space's hash is unchanged
         }
 
 
@@ -367,13 +372,22 @@ class Seq2SeqSpace(SpaceIdentity):
 def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
     """Validate a ``task: seq2seq`` mapping (already YAML-loaded); raise :class:`SpaceError` with every problem."""
     c = Checker(where)
-    top = c.keys("", data, required=("task", "vocab_size", "max_seq_len", "encoder", "decoder", "latency"),
-                 optional=("name", "head_dim", "positions"))  # fmt: skip
+    top = c.keys("", data, required=("task", "max_seq_len", "encoder", "decoder", "latency"),
+                 optional=("name", "head_dim", "positions", "vocab_size", "tokenizer"))  # fmt: skip
     name = top.get("name", Path(where).stem)
     if not isinstance(name, str) or not name:
         c.error("name", f"{shown(name)} is not a non-empty string")
     vocab = c.pos_int("vocab_size", top["vocab_size"]) if "vocab_size" in top else None
-    if vocab is not None and vocab != VOCAB_SIZE:
+    tokenizer = parse_tokenizer(c, top.get("tokenizer", "bytes"), VOCAB_SIZE, True, TASK)
+    if tokenizer is not None and tokenizer.searched:
+        c.error("tokenizer.bpe", "a seq2seq space reads one joint vocabulary (give one size: {bpe: 8192}); searching "
+                                 "the vocabulary is for causal-lm spaces")
+        tokenizer = None
+    if tokenizer is not None and tokenizer.bpe:
+        vocab = check_vocab_size(c, vocab, tokenizer, "vocab_size" in top)
+    elif "vocab_size" not in top and tokenizer is not None:
+        c.error("vocab_size", "missing")
+    elif vocab is not None and vocab != VOCAB_SIZE:
         c.error("vocab_size", f"{vocab}: a seq2seq space is byte-level with PAD, BOS and EOS: give {VOCAB_SIZE}")
     max_seq = c.pos_int("max_seq_len", top["max_seq_len"]) if "max_seq_len" in top else None
     head_dim = c.pos_int("head_dim", top.get("head_dim", 64))
@@ -394,8 +408,8 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
         for k in extra:
             cross[k] = c.int_list(f"decoder.layers.{k}", layers[k]) if k in layers else None
         if None not in (embed, depth, heads, ffn, attention, max_seq, head_dim, positions):
-            sides[side] = Space(f"{name}.{side}", TASK, VOCAB_SIZE, max_seq, head_dim, positions, embed, depth, heads, ffn,
-                                attention, (), source, form)  # fmt: skip
+            sides[side] = Space(f"{name}.{side}", TASK, vocab or VOCAB_SIZE, max_seq, head_dim, positions, embed, depth,
+                                heads, ffn, attention, (), source, form)  # fmt: skip
     if cross.get("cross_layers"):
         bad = [k for k in cross["cross_layers"] if k not in CROSS_LAYERS]
         if bad:
@@ -408,7 +422,7 @@ def parse_seq2seq(data: dict, where: str, source: str) -> Seq2SeqSpace:
     if c.errors:
         raise SpaceError(c.errors)
     return Seq2SeqSpace(name, vocab, max_seq, head_dim, positions, sides["encoder"], sides["decoder"],
-                        cross["cross_heads"], cross["cross_layers"], tuple(workloads), source)  # fmt: skip
+                        cross["cross_heads"], cross["cross_layers"], tuple(workloads), source, tokenizer=tokenizer)  # fmt: skip
 
 
 def _attention(c: Checker, path: str, raw: Any, max_seq: int | None, heads, form: str) -> tuple[str, ...] | None:
@@ -462,7 +476,9 @@ def _translate_workloads(c: Checker, lat: Any, max_seq: int | None) -> list[Tran
 def describe_seq2seq(space: Seq2SeqSpace) -> str:
     lines = [
         f"space {space.name}  ({space.source}, hash {space.hash})",
-        f"  task          seq2seq, vocab {space.vocab_size} (bytes + PAD, BOS, EOS), max_seq_len {space.max_seq_len}, "
+        f"  task          seq2seq, vocab {space.vocab_size} ("
+        + (f"a joint {space.tokenizer}: PAD, BOS, EOS, then merges" if space.tokenizer.bpe else "bytes + PAD, BOS, EOS")
+        + f"), max_seq_len {space.max_seq_len}, "
         f"head_dim {space.head_dim}, positions {space.positions}",
     ]
     for side in ("encoder", "decoder"):

@@ -18,13 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
 from latency.onnx_graphs import folder_once, graph_dir, strip_weights, write_json
 from latency.protocol import fill_parameters
+from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .features import translate_terms
@@ -39,17 +39,9 @@ def require_device(space: Seq2SeqSpace, device: str, precision: str | None = "fp
         raise UserError(f"--for-transfer: not for a seq2seq space ({space.name}) yet; time uniform samples")
 
 
-@lru_cache(maxsize=16)
-def _shape_model(space: Seq2SeqSpace):
-    from .model import Seq2SeqSuperTransformer
-
-    with torch.device("meta"):
-        return Seq2SeqSuperTransformer(space)
-
-
 def seq2seq_params(space: Seq2SeqSpace, subnet: Seq2SeqSubnet) -> int:
-    """Parameters of the static encoder-decoder (``Seq2SeqSuperTransformer.num_params``, the one count)."""
-    return _shape_model(space).num_params(subnet)
+    """Parameters of the static encoder-decoder (``Seq2SeqSuperTransformer.num_params`` on the meta device)."""
+    return shape_params(space, subnet)
 
 
 def seq2seq_timing_model(space: Seq2SeqSpace, subnet: Seq2SeqSubnet, *, materialize: bool = True):

@@ -141,7 +141,7 @@ def heldout_ce(model: torch.nn.Module, subnet: Seq2SeqSubnet | None, pairs: Pair
         src, inp, out = (torch.from_numpy(a).to(device) for a in collate(pairs, idx))
         logits = model(src, inp) if subnet is None else model(src, inp, subnet)
         total += float(target_ce(logits, out, reduction="sum"))
-        count += int((out != PAD).sum())
+        count += pairs.target_units(idx)  # target bytes + EOS: a subword model's loss per byte too (issue 54)
     model.train(was)
     return total / count
 
@@ -157,7 +157,7 @@ def split_ce(model: torch.nn.Module, pairs: Pairs, max_len: int, batch_size: int
     if not batches:
         raise UserError(f"the split has no pair of at most {max_len} bytes (source, target + 1) to score")
     n_pairs = int(sum(len(b) for b in batches))
-    n_bytes = int(sum(int(pairs.tgt_lengths[b].sum()) + len(b) for b in batches))
+    n_bytes = int(sum(pairs.target_units(b) for b in batches))
     return heldout_ce(model, None, pairs, batches), n_pairs, n_bytes
 
 

@@ -209,7 +209,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     from supernet.train import TrainConfig
 
     from .artifact import save_seq2seq_model
-    from .data import DEFAULT_LANG, check_pairs, prepare_pairs
+    from .data import DEFAULT_LANG, check_pairs, prepare_pairs, tokenize_pairs
     from .model import Seq2SeqTransformer
     from supernet.train import PlainObjective, SupernetCheckpointer, train
 
@@ -239,6 +239,8 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
     corpus = prepare_pairs(record["data"], corpus_dir, seed=s.data_seed, lang=record["lang"] or DEFAULT_LANG)
     if stored is not None:
         check_pairs(corpus, stored["meta"]["corpus_hash"], str(latest))
+    if space.tokenizer.bpe:  # the space's joint vocabulary, trained on the training pairs (cached beside them)
+        corpus = tokenize_pairs(corpus, space.tokenizer, corpus_dir)
     max_len = space.max_seq_len
     if s.tokens is not None:
         steps, _ = steps_for_tokens(corpus.train, config.batch_size, max_len, config.seed, s.tokens)
@@ -286,7 +288,7 @@ def train_seq2seq_subnet(settings: Seq2SeqSubnetTraining, progress=None) -> Seq2
                      "ce_before": before, "ce_after": after, "run_started": meta["run_started"],
                      "versions": {"nas": __version__, "torch": str(torch.__version__)}},  # fmt: skip
     }
-    save_seq2seq_model(model, out, card)
+    save_seq2seq_model(model, out, card, corpus.vocabulary.text if space.tokenizer.bpe else None)
     return Seq2SeqSubnetResult(out, result.step, result.tokens, after, before, result.elapsed, result.stopped,
                                model.num_params())  # fmt: skip
 

@@ -1,0 +1,351 @@
+"""Bytes against a searched subword vocabulary, at the same latency per 1,024 bytes of text (issue 54).
+
+    python scripts/bench_vocabulary.py --out runs/vocab --json docs/benchmarks/vocabulary/vocabulary.json
+    python scripts/bench_vocabulary.py --out runs/vq --quick      # the whole path in minutes (tiny plan)
+    python scripts/bench_vocabulary.py --out runs/vq --quick --bytes-space tests/fixtures/vocab_quick.yaml \\
+        --vocab-space tests/fixtures/vocab_quick_bpe.yaml --data tests/fixtures/...   # the CI test's spaces
+
+Stages (each resumable: run the same command again; a stage whose result file exists is skipped):
+
+1. two supernets of the same steps on the same corpus: ``bytes`` (``long.yaml``, bytes only) and ``searched``
+   (``long-bpe.yaml``: the same choices, and the vocabulary searched among bytes and byte-level BPEs trained on the
+   training split, nested; ``nas train-supernet``);
+2. candidates: the sandwich's extremes and ``samples`` subnets drawn from each space, each scored with inherited
+   weights (validation bits per byte of text) and timed with ONNX Runtime (one thread) at a prefill of the space's
+   prefill length read as **bytes**: a subnet of vocabulary ``v`` runs ``ceil(bytes / bytes_per_token(v))`` tokens
+   (the tokenizer's bytes per token measured on the validation split), all in one campaign with one reference;
+3. budgets: ``--budgets`` (ms per 1,024 bytes; the claim benchmark's for ``long.yaml``), else the 25th, 50th and
+   75th percentile of the bytes-only candidates' latencies;
+4. per budget and space the candidate of the best validation bits per byte at or under the budget;
+5. each picked model retrained from scratch at ``seeds`` seeds on the same bytes of text (``nas train-subnet``:
+   the same steps, each window the same text: a subword model's windows and token budget are its vocabulary's share
+   of the bytes' ones), scored on the *test* split (bits per byte of text: summed loss over the bytes its tokens
+   spell); its ``measured_ms`` is the architecture's timing of stage 2 (weights do not change a dense model's time).
+
+Reports ``vocabulary.json`` (``--json``): ``seed_sd`` (the seed standard deviation pooled over the retrained models)
+and ``budgets: [{budget_ms, bytes_only: {subnet, test_bpb, measured_ms}, searched: {subnet, vocab, test_bpb,
+measured_ms}, verdict}]`` (the searched model better / tie within 2 seed SD / worse), with the command, machine,
+load and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from search_spaces import Subnet, UserError, load_space  # noqa: E402
+
+log = logging.getLogger("bench_vocabulary")
+ROOT = Path(__file__).resolve().parents[1]
+PERCENTILES = (25.0, 50.0, 75.0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big each stage is (``FULL``: about 3-4 hours on an idle 2-core CPU)."""
+
+    train_steps: int = 800  # each supernet's steps
+    train_batch: int = 8
+    train_seq: int = 256  # supernet windows, in tokens
+    samples: int = 40  # candidates drawn from each space (besides the extremes)
+    val_windows: int = 32
+    val_seq: int = 256
+    warmup: int = 2
+    repeats: int = 5
+    rounds: int = 3
+    min_sample_ms: float = 20.0
+    tokens: int = 4_000_000  # bytes of text each retrained model reads
+    retrain_batch: int = 4
+    retrain_seq: int = 1024  # bytes per window (a subword model's windows: its share of these bytes)
+    retrain_lr: float = 3e-3
+    retrain_warmup: int = 30
+    seeds: int = 3
+    test_windows: int = 64
+
+
+FULL = Plan()
+QUICK = replace(FULL, train_steps=6, train_batch=2, train_seq=32, samples=4, val_windows=2, val_seq=32, warmup=1, repeats=2,
+                rounds=1, min_sample_ms=1.0, tokens=2048, retrain_batch=2, retrain_seq=64, retrain_warmup=1, seeds=2,
+                test_windows=2)
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def tokens_for(n_bytes: int, bytes_per_token: float) -> int:
+    """Tokens that read ``n_bytes`` of text at ``bytes_per_token`` (at least one)."""
+    return max(1, math.ceil(n_bytes / bytes_per_token))
+
+
+def budgets_from(latencies: list[float], given: list[float] | None) -> list[float]:
+    """The budgets: the given ones, else the 25th / 50th / 75th percentile of ``latencies`` (the bytes-only candidates')."""
+    if given:
+        return sorted(given)
+    return [round(float(np.percentile(latencies, p)), 4) for p in PERCENTILES]
+
+
+def best_under(candidates: list[dict], budget: float) -> dict | None:
+    """The candidate of the lowest validation bits per byte whose measured ms per 1,024 bytes is within ``budget``."""
+    held = [c for c in candidates if c["ms"] <= budget]
+    return min(held, key=lambda c: (c["val_bpb"], c["ms"])) if held else None
+
+
+def pooled_sd(groups: list[list[float]]) -> float:
+    """The seed standard deviation pooled over models (each a list of its seeds' scores; those of one seed add nothing)."""
+    var = [float(np.var(g, ddof=1)) for g in groups if len(g) > 1]
+    return float(math.sqrt(np.mean(var))) if var else float("nan")
+
+
+def verdict(bytes_bpb: float, searched_bpb: float, sd: float) -> str:
+    """``better`` when the searched model's test bits/byte are lower beyond 2 seed SD, ``worse`` when higher, else ``tie``."""
+    if not math.isfinite(sd):
+        return "tie"
+    diff = bytes_bpb - searched_bpb
+    return "better" if diff > 2 * sd else "worse" if diff < -2 * sd else "tie"
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def train_supernet(space_path: str, out: Path, plan: Plan, args) -> Path:
+    """``nas train-supernet`` of ``space_path`` into ``out`` (skipped when it finished)."""
+    from nas.cli import main as nas
+
+    if (out / "final.pt").exists():
+        return out / "final.pt"
+    argv = ["train-supernet", space_path, "--out", str(out), "--max-steps", str(plan.train_steps), "--batch-size",
+            str(plan.train_batch), "--seq-len", str(plan.train_seq), "--eval-interval", str(plan.train_steps),
+            "--eval-batches", "1", "--threads", "1", "-q"] + data_flags(args)
+    if (out / "latest.pt").exists():
+        argv.append("--resume")
+    if nas(argv) != 0:
+        raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
+    return out / "final.pt"
+
+
+def data_flags(args) -> list[str]:
+    """The corpus flags every command of the run gets (the same data and split for all)."""
+    fraction = ["--val-fraction", str(args.val_fraction)] if args.val_fraction else []
+    return (["--data", args.data] if args.data else []) + fraction
+
+
+def bytes_per_token(payload: dict) -> dict[int, float]:
+    """A supernet checkpoint's measured bytes per token of each vocabulary (bytes: 1)."""
+    trained = (payload.get("meta") or {}).get("vocabulary")
+    space = payload["space"]
+    if trained is None:
+        return {space.vocab_size: 1.0}
+    return {int(k): float(v) for k, v in trained["bytes_per_token"].items()}
+
+
+class PerVocabDevice:
+    """Times each model at its own prefill (its vocabulary's tokens for the workload's bytes); the reference, at the
+    workload as given: one campaign, one drift anchor."""
+
+    def __init__(self, device, workloads: dict[int, object]):
+        self.device, self.workloads, self.name = device, workloads, device.name
+
+    def fingerprint(self) -> dict:
+        return self.device.fingerprint()
+
+    def prepare(self, model, workload):
+        return self.device.prepare(model, self.workloads.get(id(model), workload))
+
+
+def candidates(label: str, ckpt: Path, plan: Plan, seed: int) -> list[dict]:
+    """The extremes and ``plan.samples`` subnets of the checkpoint's space, each with validation bits per byte (inherited
+    weights) and its vocabulary's prefill length; timed later, together."""
+    from supernet.checkpoint import load_supernet
+    from supernet.scoring import inherited_fitness
+
+    supernet, payload = load_supernet(ckpt)
+    space = supernet.space
+    rng = np.random.default_rng([seed, 7])
+    subnets = list(dict.fromkeys([space.largest(), space.smallest(), *(space.sample(rng) for _ in range(plan.samples))]))
+    fitness, _ = inherited_fitness(ckpt, supernet, payload, seq_len=min(plan.val_seq, space.max_seq_len),
+                                   windows=plan.val_windows, batch_size=8, val_seed=0, device="cpu")
+    scores = fitness(subnets)
+    bpt = bytes_per_token(payload)
+    prefill = space.workload("prefill")
+    return [{"space": label, "subnet": s.to_dict(), "text": str(s), "vocab": space.vocab_of(s), "val_bpb": float(b),
+             "prefill_tokens": min(space.max_seq_len, tokens_for(prefill.seq_len, bpt[space.vocab_of(s)])),
+             "params": int(supernet.num_params(s))} for s, b in zip(subnets, scores)]
+
+
+def time_models(entries: list[dict], ckpts: dict[str, Path], plan: Plan, seed: int, device_name: str) -> list[float]:
+    """Median ms of each entry's static model at its own prefill length (one campaign, ONNX Runtime, one thread)."""
+    from latency.device import get_device
+    from latency.protocol import measure, reference_model
+    from latency.timing_core import Settings
+    from search_spaces import Workload
+    from supernet.checkpoint import load_supernet
+
+    supernets = {label: load_supernet(path)[0] for label, path in ckpts.items()}
+    device = get_device(device_name, threads=1) if device_name == "onnxruntime" else get_device(device_name)
+    models, workloads = {}, {}
+    for i, e in enumerate(entries):
+        supernet = supernets[e["space"]]
+        model = supernet.extract(Subnet.from_dict(e["subnet"])).eval()
+        models[str(i)] = model
+        w = supernet.space.workload("prefill")
+        workloads[id(model)] = Workload(w.name, w.batch_size, e["prefill_tokens"])
+    first = next(iter(supernets.values())).space
+    settings = Settings(warmup=plan.warmup, repeats=plan.repeats, rounds=plan.rounds, min_sample_ms=plan.min_sample_ms)
+    reference = reference_model(supernets["bytes"].extract(first.smallest()).config) if "bytes" in supernets else None
+    m = measure(PerVocabDevice(device, workloads), models, first.workload("prefill"), settings, seed=seed, reference=reference)
+    return [float(m.results[str(i)].median_ms) for i in range(len(entries))]
+
+
+def retrain(entry: dict, space_path: str, out: Path, seed: int, plan: Plan, bpt: float, args) -> Path:
+    """``nas train-subnet`` of the entry from scratch at ``seed`` on ``plan.tokens`` bytes of text (skipped when done)."""
+    from nas.cli import main as nas
+
+    if (out / "model_card.json").exists():  # written last: the retraining finished
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subnet_file = out.parent / f"{out.name}.yaml"
+    subnet_file.write_text(Subnet.from_dict(entry["subnet"]).to_yaml())
+    seq = max(8, round(plan.retrain_seq / bpt))  # the same text per window
+    steps = max(1, plan.tokens // (plan.retrain_batch * plan.retrain_seq))  # the same steps, so the same bytes in all
+    argv = ["train-subnet", str(subnet_file), "--space", space_path, "--out", str(out), "--init", "scratch",
+            "--tokens", str(steps * plan.retrain_batch * seq), "--batch-size", str(plan.retrain_batch), "--seq-len", str(seq),
+            "--lr", str(plan.retrain_lr), "--lr-warmup", str(plan.retrain_warmup), "--seed", str(seed), "--format", "onnx",
+            "--eval-interval", str(steps), "--eval-batches", "1", "--threads", "1", "-q"] + data_flags(args)
+    if (out / "train" / "latest.pt").exists():  # an interrupted retraining: continue it
+        argv.append("--resume")
+    if nas(argv) != 0:
+        raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
+    return out
+
+
+def test_bpb(folder: Path, plan: Plan, args, bpt: float) -> float:
+    """Bits per byte of text of a model folder on fixed windows of the corpus's *test* split (its own tokenizer.json)."""
+    from supernet.artifact import load_model, load_vocabulary
+    from supernet.data import prepare_corpus
+    from supernet.heldout import HeldOut
+
+    model, vocab = load_model(folder), load_vocabulary(folder)
+    corpus = prepare_corpus(args.data, Path(args.out) / "supernet-bytes", 0, args.val_fraction or 0.05)  # its run's cache
+    raw = np.asarray(corpus.test if len(corpus.test) else corpus.val, dtype=np.uint8).tobytes()
+    ids = vocab.encode(raw) if vocab.kind == "bpe" else np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+    seq = min(model.config.max_seq_len, max(8, round(plan.retrain_seq / bpt)))
+    starts = np.sort(np.random.default_rng([0, 11]).choice(len(ids) - seq, size=min(plan.test_windows, len(ids) - seq),
+                                                           replace=False))
+    held = HeldOut(ids, starts, seq, token_lengths=vocab.token_lengths())
+    return held.bits(model, None, 8, mixed_precision=False)
+
+
+def machine() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "load_1min": round(os.getloadavg()[0], 2)}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(args, plan: Plan) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    spaces = {"bytes": args.bytes_space, "searched": args.vocab_space}
+    started = time.time()
+    ckpts = {label: train_supernet(path, out / f"supernet-{label}", plan, args) for label, path in spaces.items()}
+
+    found = out / "candidates.json"
+    if found.exists():
+        entries = json.loads(found.read_text())
+    else:
+        entries = [e for label, path in ckpts.items() for e in candidates(label, path, plan, args.seed)]
+        for e, ms in zip(entries, time_models(entries, ckpts, plan, args.seed, args.device)):
+            e["ms"] = ms
+        found.write_text(json.dumps(entries, indent=1))
+
+    from supernet.checkpoint import load_checkpoint
+
+    bpts = {label: bytes_per_token(load_checkpoint(path)) for label, path in ckpts.items()}
+    by_space = {label: [e for e in entries if e["space"] == label] for label in spaces}
+    budgets = budgets_from([e["ms"] for e in by_space["bytes"]], args.budgets)
+    rows, groups, seen = [], [], set()
+    for budget in budgets:
+        row = {"budget_ms": budget}
+        for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
+            pick = best_under(by_space[label], budget)
+            if pick is None:
+                row[key] = None
+                continue
+            bpt = bpts[label][pick["vocab"]]
+            scores = []
+            name = Subnet.from_dict(pick["subnet"]).key  # a model picked at several budgets is retrained once
+            for seed in range(plan.seeds):
+                folder = retrain(pick, spaces[label], out / "retrained" / f"{label}-{name}-seed{seed}", seed, plan, bpt, args)
+                scores.append(test_bpb(folder, plan, args, bpt))
+            if (label, name) not in seen:  # each model's seeds count once in the pooled SD
+                seen.add((label, name))
+                groups.append(scores)
+            row[key] = {"subnet": pick["text"], "test_bpb": float(np.mean(scores)), "measured_ms": pick["ms"],
+                        "seeds": scores, "val_bpb_inherited": pick["val_bpb"], "params": pick["params"],
+                        "prefill_tokens": pick["prefill_tokens"]}
+            if label == "searched":
+                row[key]["vocab"] = pick["vocab"]
+        rows.append(row)
+    sd = pooled_sd(groups)
+    for row in rows:
+        both = row.get("bytes_only") and row.get("searched")
+        row["verdict"] = verdict(row["bytes_only"]["test_bpb"], row["searched"]["test_bpb"], sd) if both else "no model"
+    report = {
+        "command": "python scripts/bench_vocabulary.py " + " ".join(args.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "machine": machine(),
+        "seconds": round(time.time() - started, 1),
+        "plan": asdict(plan),
+        "spaces": spaces,
+        "bytes_per_token": {label: {str(k): v for k, v in b.items()} for label, b in bpts.items()},
+        "latency": f"ms per {load_space(spaces['bytes']).workload('prefill').seq_len:,} bytes of text (prefill), ONNX Runtime, "
+                   "one thread; each model at its vocabulary's tokens for those bytes",
+        "seed_sd": sd,
+        "budgets": rows,
+        "wins": sum(r["verdict"] == "better" for r in rows),
+    }
+    path = Path(args.json) if args.json else out / "vocabulary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    log.info("wrote %s: searched better at %d of %d budgets (seed SD %.4f)", path, report["wins"], len(rows), sd)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="the run folder (resumable)")
+    p.add_argument("--json", help="where to write vocabulary.json (default OUT/vocabulary.json)")
+    p.add_argument("--quick", action="store_true", help="the whole path in minutes")
+    p.add_argument("--bytes-space", default="long", help="the bytes-only space (default long)")
+    p.add_argument("--vocab-space", default="long-bpe", help="the space that searches the vocabulary (default long-bpe)")
+    p.add_argument("--data", help="the corpus (default: the Python standard library's sources)")
+    p.add_argument("--val-fraction", type=float, default=None, help="validation share of the corpus (default 0.05)")
+    p.add_argument("--budgets", type=lambda t: [float(x) for x in t.split(",")], help="ms per prefill of bytes, comma-separated")
+    p.add_argument("--device", default="onnxruntime", help="the timing device (default onnxruntime)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    try:
+        run(args, QUICK if args.quick else FULL)
+    except UserError as e:
+        print(f"bench_vocabulary: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
