@@ -134,6 +134,34 @@ def test_decoding_keeps_the_memory_at_a_bounded_cost_and_onnx_carries_it(model, 
     assert (lg[:, 0] - dec[:, 39]).abs().max() <= 1e-5
 
 
+def test_a_memory_model_takes_the_one_token_step_and_other_graphs_keep_their_form_and_names(model):
+    """The cached decoder (issue 53) reads positions off its caches' length and masks by their indices, which a cache
+    trimmed to the memory no longer gives: a memory model's step graph takes the position as an input; a model without
+    one keeps the cached decoder, its feeds untouched by the memory's trimming and its graph cache's names."""
+    from latency.onnx_graphs import config_key
+    from latency.timing_core import decode_inputs
+    from supernet.decode import keeps_kv_cache
+    from supernet.memory import trim_feed
+    from supernet.onnx_decode import input_layout, is_cached
+
+    plain = type(model)(model.config.__class__(**{**model.config.__dict__, "memory": 0})).eval()
+    assert keeps_kv_cache(plain) and not keeps_kv_cache(model)
+    layout = input_layout(model)
+    assert not is_cached(layout) and layout["input_ids"]["shape"] == ["batch", 1]
+    assert layout["position"] == {"shape": [1], "dtype": "int64", "limit": None, "memory": 6, "window": 16}
+    with pytest.raises(UserError) as e:
+        input_layout(model, cached=True)
+    assert str(e.value) == ("the cached decoder graph needs every layer to keep a key/value cache and no memory; "
+                            f"{model.subnet} has a memory")
+    cached = input_layout(plain)
+    assert is_cached(cached) and "position" not in cached
+    feed = decode_inputs(cached, 1, 20)  # no position, no memory: the caches hold the whole context
+    assert feed["past_key_values.0.key"].shape[2] == 20 and trim_feed(dict(feed), cached).keys() == feed.keys()
+    assert trim_feed(dict(feed), cached)["past_key_values.0.key"] is feed["past_key_values.0.key"]
+    assert config_key(plain.config) == "715245652e508d5f"  # the name main gave it before memory was a field
+    assert config_key(model.config) != config_key(plain.config)
+
+
 def test_a_decode_step_with_memory_is_timed_and_featured_at_its_bounded_cache(space, model):
     from latency.devices.cpu import decode_setup
     from latency.features import table_features

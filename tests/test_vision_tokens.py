@@ -2,13 +2,14 @@
 gene, the elastic model and its extraction, ONNX with a static top-k, the latency features, and the commands."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from nas.cli import main
-from search_spaces import SpaceError, SubnetError, load_space
+from search_spaces import SpaceError, SubnetError, load_space, parse_space
 from tasks.image_classification.space import VisionSubnet
 from tasks.image_classification.tokens import keep_tokens, kept
 
@@ -173,3 +174,105 @@ def test_train_measure_fit_search_export_and_bundle_with_token_keeping(tmp_path,
     assert done.returncode == 0, done.stderr
     timed = read_timings(tmp_path / "board.csv").passes("measure")
     assert space.smallest().key in timed and all(r.median_ms > 0 for r in timed.values())
+
+
+# --------------------------------------------------------------------------- beside CCT's stem and poolings (issue 51)
+
+CCT_KEEP = KEEP.replace("stem: [linear, conv]", "stem: [linear, conv, cct]").replace(
+    "stem_channels: 4", "stem_channels: 4\npool: [mean, seq, cls]").replace("[softmax, linear, axial]", "[softmax, linear]")
+
+
+def test_a_class_token_runs_every_layer_and_the_share_is_of_the_grid():
+    """With ``always`` leading tokens (the class token of ``pool: cls``) a layer runs them first, then its share of
+    the grid tokens after them, scored among the grid alone: a class token scoring highest takes no grid token's
+    place, and it gets no straight-through factor (its update is the block's)."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 1 + 10, 3, generator=g)
+    h[:, 0, 1] = 100.0  # the class token would win any top-k it entered
+    h[:, 1:, 1] = torch.tensor([[5.0, 9.0, 1.0, 7.0, 0.0, 8.0, 2.0, 6.0, 3.0, 4.0]] * 2)
+    score = (torch.tensor([[0.0, 1.0, 0.0]]), torch.zeros(1))
+    seen = []
+
+    def run(x):
+        seen.append(x.clone())
+        return x + 100.0
+
+    y = keep_tokens(h, score, 0.5, run, always=1)
+    assert seen[0].shape == (2, 1 + 5, 3)  # the class token and kept(10, 0.5) = 5 grid tokens
+    assert torch.equal(seen[0][:, 0], h[:, 0])  # the class token first
+    assert torch.equal(seen[0][:, 1:], h[:, [1, 2, 4, 6, 8]])  # grid tokens 0, 1, 3, 5, 7 (scores 5, 9, 7, 8, 6)
+    changed = (y != h).any(-1)
+    assert changed[:, 0].all() and changed[:, 1:].sum(1).tolist() == [5, 5]
+    wg = score[0].clone().requires_grad_(True)
+    hg = h.clone().requires_grad_(True)
+    out = keep_tokens(hg, (wg, torch.zeros(1)), 0.5, lambda x: x * 2.0, always=1)
+    assert torch.equal(out.detach(), keep_tokens(h, score, 0.5, lambda x: x * 2.0, always=1))
+    out[:, 0].sum().backward()  # the class token's output alone: its factor is exactly 1, nothing reaches the score
+    assert torch.equal(hg.grad[:, 0], torch.full((2, 3), 2.0)) and wg.grad.abs().sum() == 0
+
+
+def test_token_keeping_beside_the_cct_stem_and_every_pooling(tmp_path):
+    """A space of stems linear, conv, cct, poolings mean, seq, cls and shares 1.0, 0.7, 0.5: every draw, mutation and
+    crossover round-trips (features, JSON); the elastic model equals its extraction for every stem x pooling with
+    shares below 1; a cls model's layers run the class token plus their share of the grid, and the latency terms count
+    them so."""
+    from tasks.image_classification.model import SuperViT
+    from tasks.image_classification.timing import additive_terms, image_terms, layered_terms
+
+    space = space_of(tmp_path, CCT_KEEP)
+    assert space.stems == ("linear", "conv", "cct") and space.pools == ("mean", "seq", "cls") and space.keeps == (
+        1.0, 0.7, 0.5)  # fmt: skip
+    per_layer = 2 * 2 * 2 * 3  # heads x ffn x types x shares
+    assert space.size() == 2 * (per_layer + per_layer**2) * 2 * 3 * 3
+    names = space.feature_names()
+    assert names.index("pool=cls") < names.index("embed_dim") < names.index("l0.keep") and names[-2:] == ["l0.keep", "l1.keep"]
+    rng = np.random.default_rng(1)
+    drawn = []
+    for _ in range(40):
+        s = space.sample(rng)
+        m = space.mutate(s, rng, 0.5)
+        drawn += [s, m, space.crossover(s, m, rng)]
+    for x in drawn:
+        assert x in space and space.decode(space.encode(x)) == x and VisionSubnet.from_dict(json.loads(x.to_json())) == x
+    assert {(x.stem, x.pool) for x in drawn if x.keep} == {(st, p) for st in space.stems for p in space.pools}
+    supernet = SuperViT(space, generator=torch.Generator().manual_seed(0)).eval()
+    x = torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    base = VisionSubnet(24, 2, (2, 1), (32, 16), ("softmax", "linear"), 8, 2, "cct", keep=(0.7, 0.5))  # 16 tokens: 12, 8
+    for stem in space.stems:
+        for pool in space.pools:
+            sub = replace(base, stem=stem, pool=pool)
+            with torch.no_grad():
+                static = supernet.extract(sub)
+                assert (static(x) - supernet(x, sub)).abs().max().item() <= 1e-5, sub
+                assert (supernet(x, sub) - supernet(x, replace(sub, keep=()))).abs().max().item() > 1e-4, sub
+            assert static.num_params() == supernet.num_params(sub)
+    cls, mean = replace(base, pool="cls"), replace(base, pool="mean")
+    tokens, mlp = [], []
+    hooks = [blk.register_forward_hook(lambda m, i, o: tokens.append(i[0].shape[1])) for blk in supernet.blocks]
+    try:  # record the tokens each layer's block runs
+        for sub in (cls, mean):
+            with torch.no_grad():
+                supernet(x, sub)
+            mlp.append(image_terms(space, sub, 1)["mlp_flops"])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert tokens == [1 + 12, 1 + 8, 12, 8]
+    assert mlp == [4.0 * 24 * ((1 + 12) * 32 + (1 + 8) * 16), 4.0 * 24 * (12 * 32 + 8 * 16)]
+    assert additive_terms(space, cls, space.workload())["token_layers"] == pytest.approx((13 + 9) * 24 / 1e6)
+    lay = layered_terms(space, cls, space.workload())
+    assert lay["model:score"] == 2 * 2 * 16 * 24 and lay["model:keep"] == 16 * 24 * 2  # both layers keep a share
+    assert "model:keep" not in layered_terms(parse_space(SPACE, where="v.yaml"), replace(base, stem="conv", keep=()),
+                                             space.workload())  # a space without token keeping: its columns as before
+
+
+def test_a_cct_model_with_a_class_token_and_token_keeping_exports_to_onnx_with_parity(tmp_path, graph_cache):
+    from tasks.image_classification.export import onnx_parity
+    from tasks.image_classification.model import ViT
+    from tasks.image_classification.timing import export_vit_onnx
+
+    space = space_of(tmp_path, CCT_KEEP)
+    sub = VisionSubnet(24, 2, (2, 1), (32, 16), ("softmax", "linear"), 8, 2, "cct", "cls", keep=(0.7, 0.5))
+    model = ViT(space, sub, generator=torch.Generator().manual_seed(2)).eval()
+    export_vit_onnx(model, tmp_path / "m.onnx")
+    assert onnx_parity(model, tmp_path / "m.onnx") <= 1e-4
