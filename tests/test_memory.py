@@ -162,6 +162,19 @@ def test_a_memory_model_takes_the_one_token_step_and_other_graphs_keep_their_for
     assert config_key(model.config) != config_key(plain.config)
 
 
+def test_the_model_folder_config_names_the_memory_and_optimum_is_not_offered(space):
+    from supernet.model_folder import optimum_ready, stack_config
+
+    plain = parse_space(MEM.replace("memory: 6\n", ""), where="mem.yaml")
+    sub = space.largest()
+    config = stack_config(space, sub, "causal-lm")
+    assert config["mem_len"] == 6 and "mem_len" not in stack_config(plain, sub, "causal-lm")
+    assert optimum_ready(config) == ("it reads on with a memory of the previous segment's last 6 tokens, whose "
+                                     "positions its trimmed cache does not give, so its step.onnx takes the position "
+                                     "as an input (no cached decoder)")
+    assert "memory" not in (optimum_ready(stack_config(plain, sub, "causal-lm", use_cache=True)) or "")
+
+
 def test_a_decode_step_with_memory_is_timed_and_featured_at_its_bounded_cache(space, model):
     from latency.devices.cpu import decode_setup
     from latency.features import table_features

@@ -4,12 +4,13 @@ The timed model is the static :class:`~.model.ViT` of the subnet (seeded weights
 timed beside every visit is the space's smallest subnet.  A table row's features are the subnet encoding
 (``space.encode``: resolution, patch, tokens, stem, then the one-stack genes), its parameters and the analytic terms of
 :func:`image_terms` at the token count ``T = (resolution / patch)^2`` of the subnet (the patch and the resolution set
-the sequence length the blocks see; a layer keeping a share of the tokens sees ``ceil(share * T)``, plus its token
-score, top-k, gather and scatter: :mod:`.tokens`).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
-the data's size; ``onnxruntime`` runs its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or
-``int8-static``, quantized as an export is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without
-its weights (the board's runner draws seeded ones) and times it on seeded images of the data's size
-(:func:`latency.devices.arm.write_bundle`, :func:`bundle_graphs`).
+the sequence length the blocks see, one more with ``pool: cls``; a layer keeping a share of the tokens sees
+``ceil(share * T)`` of the grid (and the class token), plus its token score, top-k, gather and scatter: :mod:`.tokens`).
+``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of the data's size; ``onnxruntime`` runs
+its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or ``int8-static``, quantized as an export
+is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without its weights (the board's runner draws
+seeded ones) and times it on seeded images of the data's size (:func:`latency.devices.arm.write_bundle`,
+:func:`bundle_graphs`).
 """
 
 from __future__ import annotations
