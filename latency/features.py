@@ -15,6 +15,7 @@ bytes it reads.
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from supernet.shapes import params as shape_params
 from search_spaces import Space, Subnet, Workload
 from search_spaces.attention import AttentionSpec
 from supernet.attention import get, state_bytes
+from supernet.memory import attended
 
 
 def params(space: Space, subnet: Subnet) -> int:
@@ -39,11 +41,19 @@ def layer_cache_bytes(spec: AttentionSpec, context: int, heads: int, hd: int, ba
     return state_bytes(get(spec), spec, context, heads, hd, batch)
 
 
+def read_workload(space: Space, workload: Workload) -> Workload:
+    """The workload as a step computes it: a decode step of a model with a memory reads at most ``max_seq_len - 1``
+    cached entries at any context (:func:`supernet.memory.attended`), so its features are those of that context."""
+    if workload.kind != "decode" or not getattr(space, "memory", 0):
+        return workload
+    return replace(workload, context=attended(workload.context, space.memory, space.max_seq_len))
+
+
 def cache_bytes(space: Space, subnet: Subnet, workload: Workload) -> float:
     """fp32 bytes of every layer's decode cache read for one new token (0 for prefill)."""
     if workload.kind != "decode":
         return 0.0
-    w, hd = workload, space.head_dim
+    w, hd = read_workload(space, workload), space.head_dim
     return float(sum(layer_cache_bytes(layer.attention_spec, w.context, layer.heads, hd, w.batch_size)
                      for layer in subnet.layers))
 
@@ -65,6 +75,7 @@ def projection_flops(spec: AttentionSpec, tokens: int, embed_dim: int, heads: in
 
 def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     """Forward FLOPs at ``workload``: batch x seq tokens (prefill), or batch x 1 new token at its context (decode)."""
+    workload = read_workload(space, workload)
     b, t, e, hd = workload.batch_size, workload.tokens, subnet.embed_dim, space.head_dim
     total = 2.0 * b * t * e * vocab_rows(space, subnet)  # tied LM head: the subnet's vocabulary
     for layer in subnet.layers:
@@ -79,6 +90,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
     Each column multiplies a learned non-negative cost (ms per unit), so the prediction is
     constant + sum over layers of per-layer cost; a depth never seen is just more terms.
     """
+    workload = read_workload(space, workload)
     bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, vocab_rows(space, subnet), space.head_dim
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * v)}
     for kind in space.attention:

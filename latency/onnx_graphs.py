@@ -37,8 +37,10 @@ def cache_root() -> Path:
 
 
 def config_key(config) -> str:
-    """A stable name for a static model's shape (its TransformerConfig)."""
-    return hashlib.sha256(json.dumps(asdict(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """A stable name for a static model's shape (its TransformerConfig; a memory only where there is one, so the
+    graphs of models without one keep the names they had before memory was a field)."""
+    fields = {k: v for k, v in asdict(config).items() if k != "memory" or v}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 # Bump when what a cached graph holds changes (names, inputs, layout): older entries are then not reused.

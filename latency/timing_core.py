@@ -534,13 +534,17 @@ def decode_inputs(layout: dict, batch_size: int, context: int, seed: int = 0) ->
     layout (``supernet.onnx_decode.input_layout``: name -> shape with "batch" / "past" axes, dtype).
 
     The token (``input_ids``, one per sequence) is random, the ``position`` is ``context``, states are N(0, 1)
-    (normalisers positive); growing caches (``past_key_values.*``) hold ``context`` entries.  Here (not in
-    supernet) so that a board, which has no torch, builds the very inputs the host does.
+    (normalisers positive); growing caches (``past_key_values.*``) hold ``context`` entries (a model with a memory:
+    at most ``window - 1``, the most a step of a segment reads).  Here (not in supernet) so that a board, which has no
+    torch, builds the very inputs the host does.
     """
     rng = np.random.default_rng(seed)
     feed = {}
+    position = layout.get(POSITION, {})  # (the cached decoder has none, and no memory)
+    memory, window = position.get("memory", 0), position.get("window", 0)
+    past = min(context, window - 1) if memory else context  # a memory bounds the cache a step reads (supernet.memory)
     for name, spec in layout.items():
-        shape = [{"batch": batch_size, "past": context, "sequence": 1}.get(d, d) if isinstance(d, str) else d
+        shape = [{"batch": batch_size, "past": past, "sequence": 1}.get(d, d) if isinstance(d, str) else d
                  for d in spec["shape"]]  # fmt: skip
         if name == INPUT_IDS:
             feed[name] = rng.integers(0, spec.get("vocab_size", 2), size=shape, dtype=np.int64)

@@ -10,6 +10,7 @@ declares ``supernet.attention``; another package can add its own types the same 
 What the space layer reads of a type (:class:`TypeSignature`): its name, parameter names, one
 line of documentation, its ``forms`` (``causal`` for a decoder task, ``bidirectional`` for an
 encoder task: a space is refused when a type lacks the form its task needs) and
+``memory`` (whether a space's ``memory:`` may use it) and
 ``problems(spec, max_seq_len, heads)``: why a spelling does not fit a space (a window longer than
 ``max_seq_len``, a grouped-query count that does not divide a heads choice, ...).
 """
@@ -32,6 +33,7 @@ class TypeSignature(Protocol):
     params: tuple[str, ...]
     doc: str
     forms: tuple[str, ...]  # a subset of FORMS
+    memory: bool  # may carry a space's ``memory:`` (its decoding cache attends to every key it holds; default False)
 
     def problems(self, spec: "AttentionSpec", max_seq_len: int, heads: tuple[int, ...]) -> list[str]: ...
 

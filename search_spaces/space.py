@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 from . import tasks as registry
-from .attention import FORMS, AttentionSpec, has_form, parse_attention, spec_problems
+from .attention import FORMS, AttentionSpec, has_form, parse_attention, spec_problems, types
 from .errors import SpaceError, SubnetError, UserError, shown
 from .yamlio import load_yaml, read_text
 
@@ -455,6 +455,7 @@ class Space(SpaceIdentity):
     workloads: tuple[Workload, ...]
     source: str = field(default="<memory>", compare=False)
     form: str = field(default="", compare=False)  # the attention form; "" = the task's (search_spaces.tasks)
+    memory: int = 0  # a causal model's memory: tokens of the previous segment every layer attends to (0: none)
     tokenizer: TokenizerSpec = field(default=TokenizerSpec(), kw_only=True)  # bytes (the default) or byte-level BPE
 
     subnet_type = Subnet  # (a class attribute, not a field: SpaceIdentity.check)
@@ -682,6 +683,7 @@ class Space(SpaceIdentity):
             "embed_dim": list(self.embed_dim),
             "depth": list(self.depth),
             "layers": {"heads": list(self.heads), "ffn_dim": list(self.ffn_dim), "attention": list(self.attention)},
+            **({"memory": self.memory} if self.memory else {}),  # (absent without memory: hashes as before)
             "latency": {w.name: w.to_dict() for w in self.workloads},
             # only a subword space says it: the dict (and so the hash) of a byte space is what it was
             **({"tokenizer": self.tokenizer.to_dict()} if self.tokenizer.bpe else {}),
@@ -815,7 +817,7 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
         "",
         data,
         required=("task", "max_seq_len", "embed_dim", "depth", "layers", "latency"),
-        optional=("name", "head_dim", "positions", "vocab_size", "tokenizer"),
+        optional=("name", "head_dim", "positions", "vocab_size", "tokenizer", "memory"),
     )
     if not top:
         raise SpaceError(c.errors)
@@ -863,6 +865,7 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
                 attention = c.unique("layers.attention", tuple(specs))
 
     workloads = _workloads(c, top["latency"], max_seq, positions, task, form) if "latency" in top else []
+    memory = _memory(c, top.get("memory", 0), max_seq, positions, form, attention)
 
     if c.errors:
         raise SpaceError(c.errors)
@@ -881,8 +884,34 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
         workloads=tuple(workloads),
         source=source,
         form=form or "",
+        memory=memory,
         tokenizer=tokenizer,
     )
+
+
+def _memory(c: Checker, value: Any, max_seq: int | None, positions: str | None, form: str | None,
+            attention: tuple[str, ...] | None) -> int:
+    """The ``memory:`` option (Transformer-XL's cached previous segment, :mod:`supernet.memory`): tokens, 0 = none.
+
+    A causal model with rotary positions (keys from the previous segment keep their relative distance), fewer tokens
+    than ``max_seq_len``, and attention types whose decoding cache may drop its oldest entries (``memory`` on the type:
+    softmax and gqa attend to every key they hold)."""
+    if value == 0:
+        return 0
+    if not is_int(value) or value < 1:
+        c.error("memory", f"{shown(value)} is not a positive number of tokens")
+        return 0
+    if form != "causal":
+        c.error("memory", "only a causal model (a decoder) carries a memory of its previous segment")
+    if positions != "rope":
+        c.error("memory", f"needs positions: rope (relative positions across segments), not {positions}")
+    if max_seq is not None and value >= max_seq:
+        c.error("memory", f"{value} tokens leave no room for a segment: memory must be below max_seq_len {max_seq}")
+    for a in attention or ():
+        if not getattr(types()[parse_attention(a).kind], "memory", False):
+            c.error("memory", f"{a} cannot carry a memory (its decoding cache does not attend to every key it holds); "
+                    "the types that can: " + ", ".join(sorted(n for n, t in types().items() if getattr(t, "memory", False))))
+    return int(value)
 
 
 def _workloads(c: Checker, lat: Any, max_seq: int | None, positions: str | None, task: str | None,
@@ -947,6 +976,8 @@ def describe_stack(space: Space) -> str:
         f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",
         f"  ffn_dim       {', '.join(map(str, space.ffn_dim))}   (per layer)",
         f"  attention     {', '.join(space.attention)}   (per layer)",
+        *([f"  memory        {space.memory} tokens of the previous segment (segments of {space.max_seq_len - space.memory} "
+           "tokens; Transformer-XL)"] if space.memory else []),
     ]
     for w in space.workloads:
         what = (

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,16 +30,25 @@ from search_spaces import UserError, tasks
 
 from .attention import StateSpec
 from .attention.cache import SPARE
+from .memory import attended, segment_slots, trim_states
 from .model import Extend, Prefill, Step, Transformer, check_tokens, embed, lm_head, rope_at
 
 
 @dataclass
 class DecodeCache:
-    """Per-layer states (name -> tensor, see the module doc) and ``length``, the tokens already seen."""
+    """Per-layer states (name -> tensor, see the module doc) and ``length``, the tokens already seen; ``slots``, the
+    valid entries of the growing caches when they differ from ``length`` (a model with a memory trims them at each
+    segment: :mod:`supernet.memory`; None: ``length``)."""
 
     layers: list[dict[str, Tensor]]
     length: int = 0
     batch_size: int = 0  # sequences per step (0: not checked)
+    slots: int | None = None
+
+    @property
+    def valid(self) -> int:
+        """Valid entries of the growing caches."""
+        return self.length if self.slots is None else self.slots
 
 
 def layer_states(model: Transformer) -> list[dict[str, StateSpec]]:
@@ -84,13 +94,14 @@ def synthetic_cache(
     """
     if context < 0:
         raise UserError(f"context: {context}; expected >= 0 tokens")
-    cache = new_cache(model, batch_size, capacity=context + spare)
+    slots = attended(context, model.config.memory, model.config.max_seq_len)  # a memory bounds what a step reads
+    cache = new_cache(model, batch_size, capacity=slots + spare)
     for layer, states in zip(cache.layers, layer_states(model)):
         for name, t in layer.items():
             if t.dtype.is_floating_point:
                 r = torch.randn(t.shape, generator=generator, dtype=torch.float32).to(t.device, t.dtype)
                 layer[name] = r.abs() + 1.0 if states[name].positive else r
-    cache.length = context
+    cache.length, cache.slots = context, (slots if slots != context else None)
     return cache
 
 
@@ -134,9 +145,19 @@ def decode_step(model: Transformer, token: Tensor, cache: DecodeCache) -> tuple[
             "which end there (rotary models decode at any position)"
         )
     pos = torch.tensor([p], device=token.device)
-    logits, layers = step(model, token, pos, cache.layers, length=p)
+    memory, slots = model.config.memory, cache.valid
+    if segment_slots(slots, memory, model.config.max_seq_len) != slots:  # the window is full: a new segment, its memory
+        cache.layers, slots = trim_states(cache.layers, growing_axes(model), slots, memory), memory
+    logits, layers = step(model, token, pos, cache.layers, length=slots)
     cache.layers, cache.length = layers, p + 1
+    if memory or cache.slots is not None:
+        cache.slots = slots + 1
     return logits, cache
+
+
+def growing_axes(model: Transformer) -> list[dict[str, int]]:
+    """Per layer, the growing states' ``past`` axis in the cache's tensors (batch first)."""
+    return [{n: 1 + s.shape.index("past") for n, s in states.items() if s.grows} for states in layer_states(model)]
 
 
 def cache_bytes(cache: DecodeCache) -> int:
@@ -166,8 +187,11 @@ def step(
 
 def keeps_kv_cache(model: Transformer) -> bool:
     """Whether every layer of a causal ``model`` keeps exactly a growing key/value cache (softmax, gqa, the sparse
-    types that reach arbitrarily far back): then :func:`extend` runs it, the cached decoder graph's form."""
-    return model.config.causal and all(b.attn.typ.extends(b.attn.spec) for b in model.blocks)
+    types that reach arbitrarily far back) and the cache's length is the next position: then :func:`extend` runs it,
+    the cached decoder graph's form.  Not with a memory (:mod:`supernet.memory`): once a segment is full its cache
+    holds the last ``memory`` tokens, whose positions its length no longer gives (nor the causal mask its indices), so
+    its step graph takes the position as an input (the one-token step)."""
+    return model.config.causal and not model.config.memory and all(b.attn.typ.extends(b.attn.spec) for b in model.blocks)
 
 
 def extend(model: Transformer, idx: Tensor, layers: list[dict[str, Tensor]]) -> tuple[Tensor, list[dict[str, Tensor]]]:
@@ -190,3 +214,41 @@ def _embed(model: Transformer, idx: Tensor, positions: Tensor) -> tuple[Tensor, 
     pos = model.pos_emb.weight if model.pos_emb is not None else None
     rope = None if pos is not None else rope_at(positions, model.config.head_dim)
     return embed(idx, model.tok_emb.weight, pos, positions), rope
+
+
+@torch.no_grad()
+def decode_logits(model, x: Tensor) -> Tensor:
+    """Teacher-forced logits (B, T, V) of ``x`` (B, T) fed one token at a time through the decoding cache (past the
+    window: with the model's memory): what an ONNX generation loop over the step graph computes."""
+    cache, outs = new_cache(model, x.shape[0]), []
+    for t in range(x.shape[1]):
+        logits, cache = decode_step(model, x[:, t : t + 1], cache)
+        outs.append(logits)
+    return torch.cat(outs, dim=1)
+
+
+@torch.no_grad()
+def stream_bits(model, docs: list[np.ndarray], memory: bool = True, batch_size: int = 8) -> float:
+    """Mean bits per predicted byte of the static causal ``model`` over ``docs`` (token arrays, each read from its
+    start), token by token through the decoding cache: with the model's memory carried across segments
+    (``memory``, a model of a space with one), or without (the context restarts every ``max_seq_len`` tokens: a
+    fresh cache, as a new window).  Documents of
+    equal length are read in batches of ``batch_size``."""
+    window, memory = model.config.max_seq_len, memory and model.config.memory > 0
+    total, count = 0.0, 0
+    by_length: dict[int, list[np.ndarray]] = {}
+    for d in docs:
+        by_length.setdefault(len(d), []).append(np.asarray(d, dtype=np.int64))
+    device = model.tok_emb.weight.device
+    for length, group in sorted(by_length.items()):
+        for i in range(0, len(group), batch_size):
+            x = torch.from_numpy(np.stack(group[i : i + batch_size])).to(device)  # (B, L)
+            cache = new_cache(model, x.shape[0])
+            for t in range(length - 1):
+                if not memory and cache.length == window:
+                    cache = new_cache(model, x.shape[0])  # the window is full: read on from nothing, as a new window
+                logits, cache = decode_step(model, x[:, t : t + 1], cache)  # (B, 1, V)
+                lp = torch.log_softmax(logits[:, 0].float(), -1)
+                total -= float(lp.gather(1, x[:, t + 1 : t + 2]).sum())
+                count += x.shape[0]
+    return total / max(count, 1) / float(np.log(2.0))

@@ -22,6 +22,7 @@ from torch import Tensor
 from search_spaces import LayerChoice, Space, Subnet
 
 from .attention import REGISTRY, get
+from .memory import detach_memory
 from .model import (
     MLP,
     Attention,
@@ -310,7 +311,7 @@ class SuperTransformer(nn.Module):
         x = embed(idx, tok, embedding_slice(self.pos_emb, e) if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk, layer in zip(self.blocks, subnet.layers):
-            x, _ = blk(x, layer, rope, causal=self.space.causal, split=self._split)
+            x, _ = blk(detach_memory(x, self.space.memory), layer, rope, causal=self.space.causal, split=self._split)
         return lm_head(x, norm_slice(self.ln_f, e), tok)  # (B, T, vocab), tied head
 
     def num_params(self, subnet: Subnet) -> int:

@@ -124,7 +124,8 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
     call, then one at a time; the step: one at a time) and compares the logits with the model's forward pass; over
     :data:`PARITY_TOL` the file is removed and a :class:`UserError` says so.  The card lists the file (checksum), its
     form, inputs and outputs and the parity; the graph carries :func:`onnx_metadata` (of the space in ``out``'s card)
-    as ``model.onnx`` does.
+    as ``model.onnx`` does.  A model with a memory (the one-token step) is also checked past its window
+    (:func:`memory_parity`, in the card's ``decode_step.memory``).
     """
     out = Path(out)
     model = model.eval().cpu()
@@ -149,8 +150,30 @@ def export_step(model: Transformer, out: str | Path, *, opset: int, seed: int = 
     record = {"file": STEP_FILE, "opset": opset, "parity_max_abs": gap,
               "form": "cached decoder" if is_cached(layout) else "one-token step",
               "inputs": list(layout), "outputs": [o.name for o in session.get_outputs()]}  # fmt: skip
+    if model.config.memory:  # past the window too: the generation loop's memory against torch's decoding cache
+        record["memory"] = memory_parity(model, path, seed)
     update_card(out, files=[STEP_FILE], decode_step=record)
     return path, gap
+
+
+def memory_parity(model: Transformer, path: Path, seed: int = 0) -> dict:
+    """The step graph of a model with a memory fed past its window (two segments and a token) by the ONNX generation
+    loop, which trims the caches to the memory, against torch's decoding cache; over :data:`PARITY_TOL` the file is
+    removed and a :class:`UserError` says so."""
+    from .decode import decode_logits
+
+    c = model.config
+    g = torch.Generator().manual_seed(seed + 1)
+    x = torch.randint(0, c.vocab_size, (2, 2 * c.max_seq_len - c.memory + 1), generator=g)  # (B, T): three segments
+    want = decode_logits(model, x).numpy()
+    got = onnx_decode_logits(onnx_session(path, threads=1), x.numpy())
+    gap = float(np.abs(got - want).max())
+    if not gap <= PARITY_TOL:
+        path.unlink(missing_ok=True)
+        raise UserError(f"{path}: past the window (memory {c.memory} tokens) the decode step graph differs from torch by "
+                        f"{gap:.3g} (max abs, fp32) over {x.shape[1]} tokens, over the {PARITY_TOL:g} limit; the step graph "
+                        "was not kept")
+    return {"tokens": c.memory, "window": c.max_seq_len, "checked_tokens": int(x.shape[1]), "parity_max_abs": gap}
 
 
 def onnx_opset(path: Path) -> int:

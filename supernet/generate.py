@@ -43,6 +43,9 @@ def generate(
     * ``'slide'``: run the full model on the last ``max_seq_len`` tokens for every further token
       (exactly an uncached sliding window, and as slow);
     * ``'continue'``: decode on past ``max_seq_len`` (rotary models without cosformer layers).
+
+    A model with a memory (``memory:`` in its space, :mod:`supernet.memory`) needs none of these: its cache keeps the
+    last ``memory`` tokens of each full window and it decodes on at a bounded cost (``overflow`` is not read).
     """
     if overflow not in OVERFLOW:
         raise UserError(f"overflow: {overflow!r}; expected one of {', '.join(OVERFLOW)}")
@@ -64,7 +67,7 @@ def generate(
             on_token(nxt)
         if n + 1 == max_new_tokens:
             break
-        if cache.length < limit or overflow == "continue":
+        if cache.length < limit or overflow == "continue" or model.config.memory:
             step_logits, cache = decode_step(model, torch.tensor([[nxt]], device=device), cache)
             logits = step_logits[0, -1]
         else:

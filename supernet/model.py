@@ -26,6 +26,7 @@ from search_spaces import LayerChoice, Space, Subnet, UserError
 from search_spaces.attention import AttentionSpec
 
 from .attention import AttentionType, State, attend, get
+from .memory import detach_memory
 
 INIT_STD = 0.02
 Pair = tuple[Tensor, Tensor]  # (weight, bias)
@@ -242,13 +243,14 @@ class TransformerConfig:
     layers: tuple[LayerChoice, ...]
     causal: bool = True  # the task's attention form: a causal LM (True) or a masked-LM encoder (False)
     vocab: int | None = None  # the subnet's vocabulary gene (a space that searches it); vocab_size is then that size
+    memory: int = 0  # tokens of the previous segment a causal model keeps (supernet.memory; 0: none)
 
     @classmethod
     def from_subnet(cls, space: Space, subnet: Subnet) -> "TransformerConfig":
         space.check(subnet)
         vocab = space.vocab_of(subnet) if hasattr(space, "vocab_of") else space.vocab_size
         return cls(vocab, space.max_seq_len, space.head_dim, space.positions, subnet.embed_dim, subnet.layers,
-                   space.causal, subnet.vocab)  # fmt: skip
+                   space.causal, subnet.vocab, space.memory)  # fmt: skip
 
     @property
     def subnet(self) -> Subnet:
@@ -359,7 +361,7 @@ class Transformer(nn.Module):
         x = embed(idx, self.tok_emb.weight, self.pos_emb.weight if self.pos_emb is not None else None)  # (B, T, E)
         rope = (self.rope_cos[:t], self.rope_sin[:t]) if self.pos_emb is None else None
         for blk in self.blocks:
-            x, _ = blk(x, rope, causal=self.config.causal)
+            x, _ = blk(detach_memory(x, self.config.memory), rope, causal=self.config.causal)
         return x
 
     def num_params(self) -> int:

@@ -85,8 +85,9 @@ def stack_config(space, subnet, task: str, use_cache: bool = False) -> dict[str,
     """``config.json`` of a one-stack :class:`~supernet.model.Transformer`: Hugging Face's keys (``hidden_size``,
     ``num_hidden_layers``, ``num_attention_heads`` and ``intermediate_size`` where every layer agrees, ``head_dim``,
     ``max_position_embeddings``, ``vocab_size``) and the per-layer lists a searched model needs (heads, key/value
-    heads, ffn width and attention type of each layer).  ``use_cache``: the folder holds the cached decoder
-    (``step.onnx`` with ``past_key_values``)."""
+    heads, ffn width and attention type of each layer), and ``mem_len`` for a model with a memory
+    (:mod:`supernet.memory`).  ``use_cache``: the folder holds the cached decoder (``step.onnx`` with
+    ``past_key_values``)."""
     from .attention import get
 
     kv = [get(spec).heads(spec, h) for spec, h in zip(subnet.attention_specs, subnet.heads)]
@@ -109,6 +110,7 @@ def stack_config(space, subnet, task: str, use_cache: bool = False) -> dict[str,
         "attention_types": list(subnet.attention),
         "max_position_embeddings": space.max_seq_len,
         "position_embedding_type": "rotary" if space.positions == "rope" else "absolute",
+        "mem_len": getattr(space, "memory", 0) or None,  # Transformer-XL's name: the previous segment's tokens kept
         "hidden_act": "gelu",
         "layer_norm_eps": 1e-5,
         "tie_word_embeddings": True,
@@ -129,6 +131,9 @@ def optimum_ready(config: dict[str, Any]) -> str | None:
 
     optimum builds the first, empty cache of ``num_attention_heads`` heads of ``hidden_size / num_attention_heads``
     values (its generic model types): every layer must keep a key/value cache with that one head count and size."""
+    if config.get("mem_len"):
+        return (f"it reads on with a memory of the previous segment's last {config['mem_len']} tokens, whose positions its "
+                "trimmed cache does not give, so its step.onnx takes the position as an input (no cached decoder)")
     if not config.get("use_cache"):
         return "its layers do not all keep a key/value cache (the decode step keeps other states), so there is no cached decoder"
     heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")

@@ -15,7 +15,10 @@ Two forms of the step graph, named as ONNX Runtime's and optimum's users expect 
   (batch, Hkv, past, D), any other state as ``past.{i}.{name}``: a rolling window ``k``, ``v`` (batch, Hkv, span,
   D) (+ ``gk``, ``gv`` (batch, Hkv, G, D) for longformer), ``s`` (batch, H, F, D) and ``z`` (batch, H, F) fp32 for
   the linear family, ...  Outputs ``logits`` (batch, 1, vocab) and ``present.*``, the states after the token (a
-  growing cache one entry longer), to feed back (:func:`past_of`) at the next step.
+  growing cache one entry longer), to feed back (:func:`past_of`) at the next step.  A model with a memory
+  (:mod:`supernet.memory`) takes this form whatever its layers: its layout's ``position`` carries ``memory`` and
+  ``window``, and the generation loops here trim its growing caches to the last ``memory`` entries whenever they
+  hold a window (:func:`supernet.memory.trim_feed`), as torch's decoding cache does.
 
 Batch and ``past`` are dynamic.  The graph carries its input layout in its metadata (``decode_inputs``), so
 :func:`decode_feed` and :func:`empty_feed` can build inputs from the graph file alone.  A graph exported before
@@ -36,6 +39,7 @@ from torch import Tensor
 from search_spaces import UserError, tasks
 
 from .decode import extend, keeps_kv_cache, layer_states, step
+from .memory import attended, trim_feed
 from .model import Transformer
 from .onnx_export import DEFAULT_OPSET, INPUT_IDS, LOGITS, _quiet, check_inputs, onnx_session
 
@@ -105,7 +109,9 @@ def input_layout(model: Transformer, cached: bool | None = None) -> dict[str, di
     if cached is None:
         cached = keeps_kv_cache(model)
     elif cached and not keeps_kv_cache(model):
-        raise UserError(f"the cached decoder graph needs every layer to keep a key/value cache; {model.subnet} does not")
+        why = "has a memory" if model.config.memory else "does not"
+        raise UserError(f"the cached decoder graph needs every layer to keep a key/value cache and no memory; "
+                        f"{model.subnet} {why}")
     dtype = _NP[model.tok_emb.weight.dtype]
     limit = model.config.max_seq_len if model.pos_emb is not None else None  # learned positions end there
     ids = {"shape": ["batch", "sequence" if cached else 1], "dtype": "int64", "vocab_size": model.config.vocab_size}
@@ -119,6 +125,8 @@ def input_layout(model: Transformer, cached: bool | None = None) -> dict[str, di
                 "dtype": "float32" if s.fp32 else dtype,
                 "positive": s.positive,
             }
+    if model.config.memory:  # (the one-token step:) a generation loop trims the growing caches to the memory when full
+        layout[POSITION].update(memory=model.config.memory, window=model.config.max_seq_len)
     return layout
 
 
@@ -229,7 +237,9 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
         raise UserError(
             f"decode_feed: context {context} is past max_seq_len {limit}: the model has learned positions, which end there"
         )
-    feed = _zeros_feed(layout, batch_size, past=context, position=context)
+    position = layout.get(POSITION, {})
+    past = attended(context, position.get("memory", 0), position.get("window", 0))  # a memory bounds the cache a step reads
+    feed = _zeros_feed(layout, batch_size, past=past, position=context)
     ids = layout[INPUT_IDS]
     feed[INPUT_IDS] = rng.integers(0, ids.get("vocab_size", 2), size=feed[INPUT_IDS].shape, dtype=np.int64)
     for name, a in feed.items():
@@ -242,15 +252,17 @@ def decode_feed(model_or_graph, batch_size: int, context: int, rng: np.random.Ge
 def onnx_decode_logits(session, tokens: np.ndarray, progress: Callable[[int], None] | None = None,
                        prompt: int = 0) -> np.ndarray:  # fmt: skip
     """Feed ``tokens`` (B, T) through the step graph one at a time (teacher forcing): logits (B, T, V).  ``prompt``:
-    the cached decoder reads the first ``prompt`` tokens in one call (a prompt), the rest one at a time."""
-    feed = empty_feed(session, tokens.shape[0])
-    if prompt and not is_cached(read_layout(session)):
+    the cached decoder reads the first ``prompt`` tokens in one call (a prompt), the rest one at a time.  A graph with
+    a memory has its caches trimmed to it whenever they hold a window (:func:`supernet.memory.trim_feed`), as torch's
+    decoding cache does."""
+    feed, layout = empty_feed(session, tokens.shape[0]), read_layout(session)
+    if prompt and not is_cached(layout):
         raise UserError("onnx_decode_logits: a prompt in one call needs the cached decoder graph; this step graph reads "
                         "one token per call")
     outs, t = [], 0
     while t < tokens.shape[1]:
         n = prompt if t == 0 and prompt else 1
-        logits, feed = _run_step(session, feed, tokens[:, t : t + n], t)
+        logits, feed = _run_step(session, trim_feed(feed, layout), tokens[:, t : t + n], t)
         outs.append(logits)
         t += n
         if progress is not None:
@@ -282,7 +294,7 @@ def onnx_generate(
     chunks = [prompt] if is_cached(layout) else [prompt[:, t : t + 1] for t in range(prompt.shape[1])]
     seen = 0
     for chunk in chunks:
-        logits, feed = _run_step(session, feed, chunk, seen)
+        logits, feed = _run_step(session, trim_feed(feed, layout), chunk, seen)
         seen += chunk.shape[1]
     new = []
     for n in range(max_new_tokens):
@@ -297,7 +309,7 @@ def onnx_generate(
         if progress is not None:
             progress(1)
         if n + 1 < max_new_tokens:
-            logits, feed = _run_step(session, feed, nxt[:, None], prompt.shape[1] + n)
+            logits, feed = _run_step(session, trim_feed(feed, layout), nxt[:, None], prompt.shape[1] + n)
     return np.stack(new, axis=1).astype(np.int64)
 
 

@@ -35,7 +35,7 @@ def decode_setup(model, workload: Workload, device: str = "cpu"):
     pos = torch.tensor([workload.context], device=device)  # (1,): made once (no host copy inside a CUDA graph)
 
     def call():
-        return step(model, token, pos, cache.layers, length=workload.context)[0]  # the new states are dropped
+        return step(model, token, pos, cache.layers, length=cache.valid)[0]  # the new states are dropped (a memory: bounded)
 
     return call, cache
 

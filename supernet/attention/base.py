@@ -80,6 +80,7 @@ class AttentionType:
     fused_onnx: bool = False  # exports as one opset-23 Attention node (the block-local sparse types do not)
     forms: tuple[str, ...] = ("causal",)  # of search_spaces.attention.FORMS; "bidirectional" needs the two methods below
     family: str = "dot-product"  # of FAMILIES: how the type uses q, k, v (the projections a --split families supernet gives it)
+    memory: bool = False  # may carry a memory (a space's ``memory:``): its decoding cache attends to every key it holds
 
     # ------------------------------------------------------------------ spelling and shape
 

@@ -22,6 +22,7 @@ class Softmax(PatternType):
     name = "softmax"
     doc = "full causal softmax attention"
     forms = ("causal", "bidirectional")
+    memory = True  # every key held is seen: a cache trimmed to the previous segment's last keys is Transformer-XL's memory
 
     def pattern(self, i, j, spec):
         return causal(i, j)

@@ -1,4 +1,5 @@
-"""``causal-lm``: next-byte prediction by a decoder; every position is scored (bits per byte)."""
+"""``causal-lm``: next-byte prediction by a decoder; every position is scored (bits per byte), or with a memory
+(``memory:`` in the space, :mod:`supernet.memory`) every position after the window's memory."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ class CausalLMTask(StackTask):
     subword = True  # tokenizer: {bpe: ...} (supernet.tokenizer); its score stays bits per byte of text
 
     def learner(self, space: Any, seed: int = 0, **options: Any):
-        from .learner import CAUSAL_LM
+        from .learner import causal_learner
 
-        return CAUSAL_LM
+        return causal_learner(getattr(space, "memory", 0))
 
 
 TASK = declare(CausalLMTask())

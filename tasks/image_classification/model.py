@@ -13,7 +13,9 @@ sequence whose one position is the label.  The steps, written once as pure funct
    values linearly to the width E;
 4. add 2D positions: a learned row embedding plus a learned column embedding (S, E) each, one pair per grid size;
 5. with ``pool: cls``, put a learned class token (no position) before the grid: T + 1 tokens;
-6. the encoder blocks (:func:`supernet.model.block`, bidirectional, no rotary positions) over the tokens;
+6. the encoder blocks (:func:`supernet.model.block`, bidirectional, no rotary positions) over the tokens (a layer
+   keeping a share < 1 of the grid runs its block on its best-scored grid tokens, and the class token, only:
+   :mod:`.tokens`);
 7. the final norm, the pooling (:func:`pool_tokens`: the mean over the tokens; CCT's sequence pooling, a softmax over
    the tokens of a learned linear score weighting their sum; or the class token's output), a linear head.
 
@@ -36,6 +38,7 @@ from supernet.elastic import ElasticBlock, ElasticLayerNorm, _max_shapes, copy_i
 from supernet.model import Block, init_weights
 
 from .space import VisionSpace, VisionSubnet
+from .tokens import keep_tokens
 
 Pair = tuple[Tensor, Tensor]
 
@@ -101,6 +104,12 @@ def classify(x: Tensor, ln: Pair, head: Pair, pool: str = "mean", score: Pair | 
     return F.linear(h, *head)
 
 
+def leading(subnet: VisionSubnet) -> int:
+    """Tokens before the grid that every layer runs whatever its share (:func:`.tokens.keep_tokens`' ``always``): the
+    class token with ``pool: cls`` (its output is what the head reads), none otherwise."""
+    return int(subnet.pool == "cls")
+
+
 def check_images(x: Tensor, space: VisionSpace) -> None:
     want = (space.channels, space.image_size, space.image_size)
     if x.dim() != 4 or tuple(x.shape[1:]) != want or not x.is_floating_point():
@@ -136,6 +145,7 @@ class ViT(nn.Module):
         self.proj = nn.Linear(patch_inputs(space, subnet.stem, p), e)
         self.row, self.col = nn.Parameter(torch.empty(s, e)), nn.Parameter(torch.empty(s, e))
         self.blocks = nn.ModuleList(Block(e, space.head_dim, layer, space.max_seq_len) for layer in subnet.layers)
+        self.scores = nn.ModuleDict({str(i): nn.Linear(e, 1) for i, v in enumerate(subnet.keeps) if v < 1})  # token scores
         self.ln_f = nn.LayerNorm(e)
         self.head = nn.Linear(e, space.classes)
         # the pooling's own weights, only where the subnet pools so (a mean-pooled model's weights as before)
@@ -151,8 +161,9 @@ class ViT(nn.Module):
         h = embed_image(x, s.resolution, s.patch, conv, (self.proj.weight, self.proj.bias), self.row, self.col,
                         s.stem)  # (B, T, E)
         h = with_class_token(h, self.cls_token)  # (B, T + 1, E) with pool cls
-        for blk in self.blocks:
-            h, _ = blk(h, None, causal=False)
+        for i, (blk, keep) in enumerate(zip(self.blocks, s.keeps)):
+            rank = (self.scores[str(i)].weight, self.scores[str(i)].bias) if keep < 1 else None
+            h = keep_tokens(h, rank, keep, lambda t, blk=blk: blk(t, None, causal=False)[0], always=leading(s))
         score = (self.pool_score.weight, self.pool_score.bias) if self.pool_score is not None else None
         return classify(h, (self.ln_f.weight, self.ln_f.bias), (self.head.weight, self.head.bias), s.pool, score)
 
@@ -178,6 +189,8 @@ class SuperViT(nn.Module):
         self.col = nn.ParameterDict({f"g{s}": nn.Parameter(torch.empty(s, e)) for s in grids})
         mix = _max_shapes(space)
         self.blocks = nn.ModuleList(ElasticBlock(space, mix) for _ in range(space.max_depth))
+        if len(space.keeps) > 1:  # each layer's token score at the widest E (none: checkpoints as before)
+            self.scores = nn.ModuleList(nn.Linear(e, 1) for _ in range(space.max_depth))
         self.ln_f = ElasticLayerNorm(e)
         self.head = nn.Linear(e, space.classes)
         # weights of the choices beyond the first stems and the mean pooling, only where the space lists them (the
@@ -206,9 +219,14 @@ class SuperViT(nn.Module):
         conv, proj, row, col, ln, head, token, score = self._weights(subnet)
         h = embed_image(x, subnet.resolution, subnet.patch, conv, proj, row, col, subnet.stem)  # (B, T, E)
         h = with_class_token(h, token)  # (B, T + 1, E) with pool cls
-        for blk, layer in zip(self.blocks, subnet.layers):
-            h, _ = blk(h, layer, None, causal=False)
+        for i, (blk, layer, keep) in enumerate(zip(self.blocks, subnet.layers, subnet.keeps)):
+            h = keep_tokens(h, self._score(i, subnet.embed_dim, keep), keep,
+                            lambda t, blk=blk, layer=layer: blk(t, layer, None, causal=False)[0], always=leading(subnet))
         return classify(h, ln, head, subnet.pool, score)
+
+    def _score(self, i: int, e: int, keep: float) -> Pair | None:
+        """Layer ``i``'s token score at width ``e`` (None when it keeps every token)."""
+        return linear_slice(self.scores[i], e, 1) if keep < 1 else None
 
     def num_params(self, subnet: VisionSubnet) -> int:
         """Parameters of ``subnet``'s static model (what :meth:`extract` returns holds exactly this many)."""
@@ -216,6 +234,7 @@ class SuperViT(nn.Module):
         conv, proj, row, col, ln, head, token, score = self._weights(subnet)
         n = sum(t.numel() for t in (*(conv or ()), *proj, row, col, *ln, *head, *((token,) if token is not None else ()),
                                     *(score or ())))
+        n += sum(subnet.embed_dim + 1 for v in subnet.keeps if v < 1)  # the token scores
         return n + sum(blk.num_params(subnet.embed_dim, layer) for blk, layer in zip(self.blocks, subnet.layers))
 
     @torch.no_grad()
@@ -239,4 +258,8 @@ class SuperViT(nn.Module):
         copy_into(static.col, col)
         for dst_blk, src_blk in zip(static.blocks, self.blocks):
             src_blk.extract_into(dst_blk)
+        for i, score in static.scores.items():
+            w, b = self._score(int(i), subnet.embed_dim, 0.0)
+            copy_into(score.weight, w)
+            copy_into(score.bias, b)
         return static.eval()

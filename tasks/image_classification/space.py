@@ -23,13 +23,15 @@ is annotated)::
     embed_dim: [...]
     depth: [...]
     layers: {heads: [...], ffn_dim: [...], attention: [...]}   # the types with a bidirectional form
+    keep: [1.0, 0.7, 0.5]    # optional: per layer, the share of tokens the block runs (token keeping, .tokens)
     latency: {image: {batch_size: 1}}                          # one image (and a batch the user names)
 
-The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch``, ``stem`` and (when the space lists more
-than one) ``pool``; the one-stack part is a :class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens,
-``(max resolution / min patch)^2``, one more with ``cls``), so the elastic blocks and the attention-type checks are the
-one-stack ones.  A space of one pooling, ``mean``, writes no ``pool`` and encodes no pooling feature: spaces, subnets,
-hashes and feature vectors from before pooling was a choice read the same.
+The genes beyond the one-stack ones are the subnet's ``resolution``, ``patch``, ``stem``, (when the space lists more
+than one) ``pool`` and (where the space lists ``keep``) each layer's token share (:mod:`.tokens`); the one-stack part
+is a :class:`~search_spaces.space.Space` (``max_seq_len`` the most tokens, ``(max resolution / min patch)^2``, one more
+with ``cls``), so the elastic blocks and the attention-type checks are the one-stack ones.  A space of one pooling,
+``mean``, writes no ``pool`` and encodes no pooling feature, and one without ``keep`` no share: spaces, subnets, hashes
+and feature vectors from before pooling and token keeping were choices read the same.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ from search_spaces.attention import grid_problems, parse_attention
 from search_spaces.errors import SpaceError, SubnetError, UserError, shown
 from search_spaces.space import Checker, Space, Subnet, is_int, parse_stack
 
+from . import tokens as tk
+
 TASK = "image-classification"
 IMAGE = "image"  # the workload kind: one forward pass over batch_size images
 STEMS = ("linear", "conv", "cct")
@@ -54,12 +58,14 @@ POOLS = ("mean", "seq", "cls")
 
 @dataclass(frozen=True)
 class VisionSubnet(Subnet):
-    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``, ``pool``."""
+    """A one-stack subnet plus the image genes: input ``resolution``, ``patch`` size, patch-embedding ``stem``, ``pool``
+    and each layer's token share ``keep`` (() when every layer keeps every token: :mod:`.tokens`)."""
 
     resolution: int
     patch: int
     stem: str
     pool: str = "mean"
+    keep: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -70,6 +76,15 @@ class VisionSubnet(Subnet):
             raise SubnetError(f"subnet.stem: {shown(self.stem)} is not one of {', '.join(STEMS)}")
         if self.pool not in POOLS:
             raise SubnetError(f"subnet.pool: {shown(self.pool)} is not one of {', '.join(POOLS)}")
+        try:
+            object.__setattr__(self, "keep", tk.check_keep(self.keep, self.depth))
+        except ValueError as e:
+            raise SubnetError(str(e)) from None
+
+    @property
+    def keeps(self) -> tuple[float, ...]:
+        """Every layer's token share of the grid (1.0: the whole grid)."""
+        return tk.layer_keeps(self.keep, self.depth)
 
     @property
     def grid(self) -> int:
@@ -92,7 +107,8 @@ class VisionSubnet(Subnet):
 
     def to_dict(self) -> dict[str, Any]:
         pool = {"pool": self.pool} if self.pool != "mean" else {}  # (none for mean: keys and hashes as before)
-        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **pool, **super().to_dict()}
+        keep = {"keep": list(self.keep)} if self.keep else {}  # (absent when every layer keeps all: keys as before)
+        return {"resolution": self.resolution, "patch": self.patch, "stem": self.stem, **pool, **super().to_dict(), **keep}
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "subnet") -> "VisionSubnet":
@@ -100,16 +116,20 @@ class VisionSubnet(Subnet):
         if not isinstance(data, dict) or any(k not in data for k in extra):
             raise SubnetError(f"{where}: expected a mapping with keys {', '.join(extra)}, embed_dim, depth, heads, ffn_dim, "
                               f"attention (an image-classification subnet), got {shown(data)}")
-        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "pool")}, where)
+        keep = data.get("keep", [])
+        if not isinstance(keep, list):
+            raise SubnetError(f"{where}.keep: expected a list of token shares, one per layer, got {shown(keep)}")
+        stack = Subnet.from_dict({k: v for k, v in data.items() if k not in (*extra, "pool", "keep")}, where)
         try:
             return cls(**{f.name: getattr(stack, f.name) for f in fields(Subnet)},
-                       **{k: data[k] for k in extra}, pool=data.get("pool", "mean"))
+                       **{k: data[k] for k in extra}, pool=data.get("pool", "mean"), keep=tuple(keep))
         except SubnetError as e:
             raise SubnetError(str(e).replace("subnet", where, 1)) from None
 
     def __str__(self) -> str:
         pool = f" {self.pool}-pool" if self.pool != "mean" else ""
-        return f"{self.resolution}px p{self.patch} {self.stem}{pool} {super().__str__()}"
+        keep = f" keep {'/'.join(f'{v:g}' for v in self.keep)}" if self.keep else ""
+        return f"{self.resolution}px p{self.patch} {self.stem}{pool} {super().__str__()}{keep}"
 
 
 # --------------------------------------------------------------------------- workload
@@ -165,6 +185,7 @@ class VisionSpace(Space):
     pools: tuple[str, ...] = ("mean",)
     flip: bool = True  # the training augmentation flips horizontally (clothes; not digits)
     pad: int = 2  # and crops at random from the image padded by this many pixels
+    keeps: tuple[float, ...] = (1.0,)  # token shares a layer may keep (.tokens; (1.0,): no token keeping)
 
     subnet_type = VisionSubnet
 
@@ -174,26 +195,34 @@ class VisionSpace(Space):
 
     # -- members ------------------------------------------------------------------
 
-    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str, pool: str | None = None) -> VisionSubnet:
+    def _vision(self, s: Subnet, resolution: int, patch: int, stem: str, pool: str | None = None,
+                keep: tuple[float, ...] = ()) -> VisionSubnet:
         return VisionSubnet(s.embed_dim, s.depth, s.heads, s.ffn_dim, s.attention, resolution, patch, stem,
-                            self.pools[0] if pool is None else pool)
+                            self.pools[0] if pool is None else pool, keep)
 
     @property
     def image_genes(self) -> tuple[tuple[str, tuple], ...]:
         """(name, choices) of the image genes; ``pool`` only when the space lists more than one (a space of one pooling
-        draws, mutates and encodes as before pooling was a choice)."""
+        draws, mutates and encodes as before pooling was a choice).  Each layer's token share is drawn apart
+        (:mod:`.tokens`: a 2D layer keeps every token)."""
         genes = (("resolution", self.resolutions), ("patch", self.patches), ("stem", self.stems))
         return genes + ((("pool", self.pools),) if len(self.pools) > 1 else ())
 
+    def _fewest(self, attention: tuple[str, ...]) -> tuple[float, ...]:
+        """The smallest share on every layer that may keep fewer tokens (a 2D layer keeps all)."""
+        return tk.check_keep(tuple(tk.FULL if tk.reads_grid(a) else min(self.keeps) for a in attention), len(attention))
+
     def largest(self, attention: str | None = None) -> VisionSubnet:
-        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch) and the last stem and
-        pooling listed (``conv`` when there is one: the costlier)."""
+        """The widest, deepest subnet with the most tokens (highest resolution, smallest patch, every token kept) and the
+        last stem and pooling listed (``conv`` when there is one: the costlier)."""
         return self._vision(super().largest(attention), max(self.resolutions), min(self.patches), self.stems[-1],
                             self.pools[-1])
 
     def smallest(self, attention: str | None = None) -> VisionSubnet:
-        """The narrowest, shallowest subnet with the fewest tokens and the first stem and pooling listed."""
-        return self._vision(super().smallest(attention), min(self.resolutions), max(self.patches), self.stems[0])
+        """The narrowest, shallowest subnet with the fewest tokens (the smallest share kept) and the first stem and
+        pooling listed."""
+        s = super().smallest(attention)
+        return self._vision(s, min(self.resolutions), max(self.patches), self.stems[0], keep=self._fewest(s.attention))
 
     def uniform(self) -> list[VisionSubnet]:
         """Every hand-scaled ViT: the one-stack uniform grid at every resolution, patch, stem and pooling."""
@@ -204,24 +233,32 @@ class VisionSpace(Space):
         r, p, st = (int(rng.choice(self.resolutions)), int(rng.choice(self.patches)),
                     self.stems[int(rng.integers(len(self.stems)))])
         pool = self.pools[int(rng.integers(len(self.pools)))] if len(self.pools) > 1 else None
-        return self._vision(super().sample(rng), r, p, st, pool)
+        s = super().sample(rng)
+        return self._vision(s, r, p, st, pool, tk.check_keep(tk.draw_keep(self.keeps, s.attention, rng), s.depth))
 
     def lightest(self) -> list[VisionSubnet]:
-        return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0]) for s in super().lightest()]
+        return [self._vision(s, min(self.resolutions), max(self.patches), self.stems[0],
+                             keep=self._fewest(s.attention)) for s in super().lightest()]
 
     def mutate(self, parent: VisionSubnet, rng: np.random.Generator, prob: float) -> VisionSubnet:
         genes = {name: getattr(parent, name) for name, _ in self.image_genes}
         for name, choices in self.image_genes:
             if rng.random() < prob:
                 genes[name] = choices[int(rng.integers(len(choices)))]
-        return self._vision(super().mutate(parent.stack(), rng, prob), **genes)
+        s = super().mutate(parent.stack(), rng, prob)
+        keep = tk.mutate_keep(self.keeps, parent.keeps, s.attention, rng, prob)
+        return self._vision(s, **genes, keep=tk.check_keep(keep, s.depth))
 
     def crossover(self, a: VisionSubnet, b: VisionSubnet, rng: np.random.Generator) -> VisionSubnet:
         genes = {name: getattr((a, b)[int(rng.integers(2))], name) for name, _ in self.image_genes}
-        return self._vision(super().crossover(a.stack(), b.stack(), rng), **genes)
+        s = super().crossover(a.stack(), b.stack(), rng)
+        keep = tk.cross_keep(self.keeps, a.keep, b.keep, a.depth, b.depth, s.attention, rng)
+        return self._vision(s, **genes, keep=tk.check_keep(keep, s.depth))
 
     def genes(self, subnet: VisionSubnet) -> dict[str, tuple[Any, tuple]]:
-        return {**{name: (getattr(subnet, name), choices) for name, choices in self.image_genes}, **super().genes(subnet)}
+        keep = {f"l{i}.keep": (v, self.keeps) for i, v in enumerate(subnet.keeps)} if len(self.keeps) > 1 else {}
+        return {**{name: (getattr(subnet, name), choices) for name, choices in self.image_genes}, **super().genes(subnet),
+                **keep}
 
     def problems(self, subnet: VisionSubnet) -> list[str]:
         if not isinstance(subnet, VisionSubnet):
@@ -231,10 +268,13 @@ class VisionSpace(Space):
                                      ("stem", subnet.stem, self.stems), ("pool", subnet.pool, self.pools)):
             if value not in choices:
                 out.append(f"{name}: {shown(value)} is not one of {', '.join(map(str, choices))}")
-        return out + super().problems(subnet)
+        return out + super().problems(subnet) + tk.keep_problems(self.keeps, subnet.attention, subnet.keep)
 
     def size(self) -> int:
-        return super().size() * len(self.resolutions) * len(self.patches) * len(self.stems) * len(self.pools)
+        grid = sum(tk.reads_grid(a) for a in self.attention)  # a 2D layer has one share, the others each of keeps
+        per_layer = len(self.heads) * len(self.ffn_dim) * (grid + (len(self.attention) - grid) * len(self.keeps))
+        stack = len(self.embed_dim) * sum(per_layer**d for d in self.depth)
+        return stack * len(self.resolutions) * len(self.patches) * len(self.stems) * len(self.pools)
 
     # -- features -----------------------------------------------------------------
 
@@ -245,13 +285,15 @@ class VisionSpace(Space):
 
     def feature_names(self) -> list[str]:
         return ["resolution", "patch", "tokens", *(f"stem={s}" for s in self.stems),
-                *(f"pool={p}" for p in self._pool_features), *super().feature_names()]
+                *(f"pool={p}" for p in self._pool_features), *super().feature_names(),
+                *tk.keep_feature_names(self.keeps, self.max_depth)]
 
     def encode(self, subnet: VisionSubnet) -> np.ndarray:
         self.check(subnet)
         head = [subnet.resolution, subnet.patch, subnet.tokens, *(float(subnet.stem == s) for s in self.stems),
                 *(float(subnet.pool == p) for p in self._pool_features)]
-        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet)])
+        keep = tk.keep_features(self.keeps, subnet.keep, subnet.depth, self.max_depth)
+        return np.concatenate([np.array(head, dtype=np.float64), super().encode(subnet), np.array(keep, dtype=np.float64)])
 
     def decode(self, vec: np.ndarray) -> VisionSubnet:
         vec = np.asarray(vec, dtype=np.float64)
@@ -259,7 +301,8 @@ class VisionSpace(Space):
         n = n_stem + len(self._pool_features)
         if vec.ndim != 1 or len(vec) < n:
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
-        rest, n_att = vec[n:], len(self.attention)
+        n_keep = len(tk.keep_feature_names(self.keeps, self.max_depth))
+        rest, n_att = vec[n : len(vec) - n_keep], len(self.attention)
         if len(rest) != 2 + self.max_depth * (3 + n_att):
             raise SubnetError(f"feature vector has shape {vec.shape}, space {self.name!r} expects ({len(self.feature_names())},)")
         depth, layers = int(round(rest[1])), []
@@ -272,7 +315,12 @@ class VisionSpace(Space):
             raise SubnetError(f"feature vector of depth {depth}: not a subnet of space {self.name!r}")
         stem = self.stems[int(np.argmax(vec[3:n_stem]))]
         pool = self._pool_features[int(np.argmax(vec[n_stem:n]))] if self._pool_features else None
-        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem, pool))
+        keep = tuple(float(v) for v in vec[len(vec) - n_keep :][:depth]) if n_keep else ()
+        try:
+            keep = tk.check_keep(keep, depth)
+        except ValueError as e:
+            raise SubnetError(f"feature vector: {e}") from None
+        return self.check(self._vision(stack, int(round(vec[0])), int(round(vec[1])), stem, pool, keep))
 
     # -- identity -----------------------------------------------------------------
 
@@ -286,6 +334,7 @@ class VisionSpace(Space):
                 "resolution": list(self.resolutions), "patch": list(self.patches), "stem": list(self.stems),
                 "stem_channels": self.stem_channels, **({"pool": list(self.pools)} if self.pools != ("mean",) else {}),
                 **out,
+                **({"keep": list(self.keeps)} if self.keeps != (tk.FULL,) else {}),  # (absent: hashes as before)
                 "latency": {w.name: w.to_dict() for w in self.workloads}}  # fmt: skip
 
 
@@ -293,7 +342,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     """An image-classification space (YAML-loaded ``data``); :class:`SpaceError` lists every problem."""
     c = Checker(where)
     top = c.keys("", data, required=("task", "image", "resolution", "patch", "embed_dim", "depth", "layers", "latency"),
-                 optional=("name", "head_dim", "stem", "stem_channels", "augment", "pool"))
+                 optional=("name", "head_dim", "stem", "stem_channels", "augment", "pool", "keep"))
     if not top:
         raise SpaceError(c.errors)
     image = c.keys("image", top.get("image", {}), required=("size", "channels", "classes"))
@@ -320,6 +369,7 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     if not isinstance(pools, list) or not pools or any(p not in POOLS for p in pools) or len(set(pools)) != len(pools):
         c.error("pool", f"{shown(pools)} is not a list of distinct choices among {', '.join(POOLS)}")
         pools = None
+    keeps = tk.parse_keep(c, top.get("keep"))
     max_seq = None
     if resolutions and patches:
         bad = [(r, p) for r in resolutions for p in patches if r % p]
@@ -355,7 +405,8 @@ def parse_vision(data: Any, where: str, source: str) -> VisionSpace:
     base = {f.name: getattr(stack, f.name) for f in fields(Space) if f.init}
     base.update(name=top.get("name", base["name"]), workloads=tuple(workloads), source=source, form="bidirectional")
     return VisionSpace(**base, image_size=size, channels=channels, classes=classes, resolutions=resolutions, patches=patches,
-                       stems=tuple(stems), stem_channels=stem_channels, pools=tuple(pools), flip=flip, pad=int(pad))
+                       stems=tuple(stems), stem_channels=stem_channels, pools=tuple(pools), flip=flip, pad=int(pad),
+                       keeps=keeps)
 
 
 def _grid_types(layers: Any) -> list[str]:
@@ -419,6 +470,8 @@ def describe_vision(space: VisionSpace) -> str:
         f"  heads         {', '.join(map(str, space.heads))}   (per layer; attention width = heads x {space.head_dim})",
         f"  ffn_dim       {', '.join(map(str, space.ffn_dim))}   (per layer)",
         f"  attention     {', '.join(space.attention)}   (per layer, bidirectional)",
+        *([f"  keep          {', '.join(f'{v:g}' for v in space.keeps)}   (per layer, the share of tokens its block runs; "
+           "2D types keep all)"] if len(space.keeps) > 1 else []),
         f"  augment       random crop (pad {space.pad})" + (", horizontal flip" if space.flip else "") + " (training only)",
         *(f"  latency       {w}" for w in space.workloads),
         f"  subnets       {space.size():,}",

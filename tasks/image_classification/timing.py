@@ -4,11 +4,13 @@ The timed model is the static :class:`~.model.ViT` of the subnet (seeded weights
 timed beside every visit is the space's smallest subnet.  A table row's features are the subnet encoding
 (``space.encode``: resolution, patch, tokens, stem, then the one-stack genes), its parameters and the analytic terms of
 :func:`image_terms` at the token count ``T = (resolution / patch)^2`` of the subnet (the patch and the resolution set
-the sequence length the blocks see).  ``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of
-the data's size; ``onnxruntime`` runs its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or
-``int8-static``, quantized as an export is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without
-its weights (the board's runner draws seeded ones) and times it on seeded images of the data's size
-(:func:`latency.devices.arm.write_bundle`, :func:`bundle_graphs`).
+the sequence length the blocks see, one more with ``pool: cls``; a layer keeping a share of the tokens sees
+``ceil(share * T)`` of the grid (and the class token), plus its token score, top-k, gather and scatter: :mod:`.tokens`).
+``cpu`` and ``cuda`` run the model in torch on ``batch_size`` random images of the data's size; ``onnxruntime`` runs
+its ONNX graph (exported once per architecture; fp32, ``int8-dynamic`` or ``int8-static``, quantized as an export
+is); the ``arm`` bundle (and ``ssh://``) carries each subnet's graph without its weights (the board's runner draws
+seeded ones) and times it on seeded images of the data's size (:func:`latency.devices.arm.write_bundle`,
+:func:`bundle_graphs`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from supernet.shapes import params as shape_params
 from search_spaces import UserError
 
 from .space import VisionSpace, VisionSubnet
+from .tokens import layer_tokens
 
 def require_device(space: VisionSpace, device: str, precision: str | None = "fp32", for_transfer: bool = False) -> None:
     """Refuse, in one line, a precision or way of sampling that cannot time an image space yet (any registered device
@@ -56,15 +59,16 @@ def vision_timing_model(space: VisionSpace, subnet: VisionSubnet, *, materialize
 def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[str, float]:
     """Analytic forward FLOPs (a multiply-add counts 2) of ``batch`` images, by part: the resize, the stem (its
     convolution; cct's max-pool too), the patch embedding, per layer the projections, the token mixing (the type's own
-    count at the blocks' tokens, bidirectional) and the MLP, and the head (with the sequence pooling's score)."""
+    count at the layer's tokens: the grid or the share it keeps, plus the class token with ``pool: cls``;
+    bidirectional) and the MLP, the head (with the sequence pooling's score), and (in a space with token keeping) the
+    token scores."""
     from latency.features import mixing_flops, projection_flops
     from search_spaces import Workload
 
-    from .model import patch_inputs
+    from .model import leading, patch_inputs
 
     b, t, e, hd = batch, subnet.seq_len, subnet.embed_dim, space.head_dim
     r = subnet.resolution
-    prefill = Workload("prefill", b, t)
     conv = float(2 * b * r * r * 9 * space.channels * space.stem_channels) if subnet.stem != "linear" else 0.0
     pooled = float(b * space.stem_channels * (r // 2) ** 2 * 9) if subnet.stem == "cct" else 0.0
     out = {"resize_flops": float(b * space.channels * r * r * 8 * (r != space.image_size)),
@@ -72,10 +76,12 @@ def image_terms(space: VisionSpace, subnet: VisionSubnet, batch: int) -> dict[st
            "patch_flops": float(2 * b * subnet.tokens * patch_inputs(space, subnet.stem, subnet.patch) * e),
            "proj_flops": 0.0, "mix_flops": 0.0, "mlp_flops": 0.0,
            "head_flops": float(2 * b * e * space.classes) + (float(2 * b * t * e) if subnet.pool == "seq" else 0.0)}  # fmt: skip
-    for layer in subnet.layers:
-        out["proj_flops"] += projection_flops(layer.attention_spec, b * t, e, layer.heads, hd)
-        out["mix_flops"] += mixing_flops(layer.attention_spec, prefill, layer.heads, hd, causal=False)
-        out["mlp_flops"] += 4.0 * b * t * e * layer.ffn_dim
+    for layer, n in zip(subnet.layers, layer_tokens(subnet.tokens, subnet.keep, subnet.depth, leading(subnet))):
+        out["proj_flops"] += projection_flops(layer.attention_spec, b * n, e, layer.heads, hd)
+        out["mix_flops"] += mixing_flops(layer.attention_spec, Workload("prefill", b, n), layer.heads, hd, causal=False)
+        out["mlp_flops"] += 4.0 * b * n * e * layer.ffn_dim
+    if len(space.keeps) > 1:  # (a space without token keeping: the columns its predictors were fitted on)
+        out["score_flops"] = float(sum(2 * b * subnet.tokens * e for v in subnet.keeps if v < 1))
     out["flops"] = sum(v for k, v in out.items() if k.endswith("_flops"))
     return out
 
@@ -95,21 +101,35 @@ def additive_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[s
     from latency.features import mixing_flops
     from search_spaces import Workload
 
-    prefill = Workload("prefill", workload.batch_size, subnet.seq_len)
+    from .model import leading
+
+    b = workload.batch_size
     for kind in space.attention:
         out[f"layers[{kind}]"] = 0.0
         out[f"mix[{kind}]"] = 0.0
-    for layer in subnet.layers:
+    per_layer = layer_tokens(subnet.tokens, subnet.keep, subnet.depth, leading(subnet))  # (seq_len without keeping)
+    for layer, n in zip(subnet.layers, per_layer):
         out[f"layers[{layer.attention}]"] += 1.0
-        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention_spec, prefill, layer.heads, space.head_dim, False) / 1e9
-    out["token_layers"] = float(workload.batch_size * subnet.seq_len * subnet.depth * subnet.embed_dim) / 1e6
+        out[f"mix[{layer.attention}]"] += mixing_flops(layer.attention_spec, Workload("prefill", b, n), layer.heads,
+                                                       space.head_dim, False) / 1e9
+    out["token_layers"] = float(b * sum(per_layer) * subnet.embed_dim) / 1e6
     out["conv_stem"] = float(subnet.stem != "linear")  # (conv or cct: a convolution over the whole image)
+    if len(space.keeps) > 1:  # each keeping layer's top-k, gather and scatter over the whole grid
+        out.update(keep_terms(subnet, b, 1e6))
     return out
+
+
+def keep_terms(subnet: VisionSubnet, batch: int, scale: float = 1.0) -> dict[str, float]:
+    """Token keeping's own work (a space that searches it): the layers that keep a share, and the grid elements their
+    scores, top-k, gathers and scatters read (over every grid token, whatever the share), divided by ``scale``."""
+    keeping = sum(v < 1 for v in subnet.keeps)
+    return {"keep_layers": float(keeping), "keep_tokens": float(batch * subnet.tokens * subnet.embed_dim * keeping) / scale}
 
 
 def layered_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[str, float]:
     """The layer-composed predictor's columns: the model's own terms (``model:*``: resize, stem, patch embedding, the
-    tokens' position and norm work, the head) and, summed along the stack at the subnet's ``T`` tokens, each layer's
+    tokens' position and norm work, the head; with token keeping, the scores and the kept tokens' selection) and,
+    summed along the stack at each layer's tokens (the subnet's ``T``, or the share of them it keeps), each layer's
     :func:`latency.features.layer_terms` (bidirectional)."""
     from latency.features import add_terms, layer_terms, type_columns
     from search_spaces import Workload
@@ -117,11 +137,13 @@ def layered_terms(space: VisionSpace, subnet: VisionSubnet, workload) -> dict[st
     terms = image_terms(space, subnet, workload.batch_size)
     out = {f"model:{k[:-len('_flops')]}": terms[k] for k in ("resize_flops", "stem_flops", "patch_flops", "head_flops")}
     out["model:tokens"] = float(workload.batch_size * subnet.tokens * subnet.embed_dim)
+    if len(space.keeps) > 1:
+        out["model:score"] = terms["score_flops"]
+        out["model:keep"] = keep_terms(subnet, workload.batch_size)["keep_tokens"]
     out.update(type_columns(space.attention))
-    prefill = Workload("prefill", workload.batch_size, subnet.tokens)
-    for layer in subnet.layers:
-        add_terms(out, layer_terms(layer.attention_spec, prefill, subnet.embed_dim, layer.heads, space.head_dim, layer.ffn_dim,
-                                   causal=False))
+    for layer, n in zip(subnet.layers, layer_tokens(subnet.tokens, subnet.keep, subnet.depth)):
+        add_terms(out, layer_terms(layer.attention_spec, Workload("prefill", workload.batch_size, n), subnet.embed_dim,
+                                   layer.heads, space.head_dim, layer.ffn_dim, causal=False))
     return out
 
 

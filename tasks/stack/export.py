@@ -78,7 +78,8 @@ def write_model(
     ``model.onnx`` (``input_ids`` -> ``logits``; opset 23 where the target ONNX Runtime runs it), within 1e-4 of
     torch in ONNX Runtime, described by its metadata (:func:`onnx_metadata`); for a causal model whose layers all
     keep a key/value cache also ``step.onnx``, the cached decoder (optimum's ``past_key_values`` / ``present``,
-    :func:`supernet.export.export_step`), checked the same way.
+    :func:`supernet.export.export_step`), checked the same way; for a model with a memory ``step.onnx`` is the
+    one-token step (the position an input), checked past the window too (:func:`supernet.export.memory_parity`).
     """
     out = Path(out)
     model = model.eval().cpu()
@@ -120,7 +121,7 @@ def write_model(
     result.op_counts = dict(op_counts(path))
     update_card(out, files=[ONNX_FILE], onnx={"opset": opset, "parity_max_abs": parity, "op_counts": result.op_counts,
                                                "inputs": [INPUT_IDS], "outputs": [LOGITS], "notes": notes})  # fmt: skip
-    if keeps_kv_cache(model):  # the cached decoder: ONNX Runtime's generate loops and optimum run it
+    if keeps_kv_cache(model) or model.config.memory:  # the cached decoder (optimum runs it); a memory's one-token step
         result.step_path, result.step_parity = export_step(model, out, opset=opset, seed=seed)
     return result
 
