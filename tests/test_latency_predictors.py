@@ -41,10 +41,10 @@ def test_params_match_the_supernet_and_flops_grow_with_the_subnet(tiny):
     assert F.params(base, base.largest()) == big.num_params(base.largest())
     w = base.workload()
     assert F.flops(base, base.largest(), w) > 10 * F.flops(base, base.smallest(), w)
-    from search_spaces import Workload
+    from search_spaces import Workload, parse_attention
 
     def mix(attention, t, heads=2, hd=8):  # FLOPs of the token mixing: 4 x pairs x heads x hd for the softmax family
-        return F.mixing_flops(attention, Workload("prefill", 1, t), heads, hd)
+        return F.mixing_flops(parse_attention(attention), Workload("prefill", 1, t), heads, hd)
 
     assert mix("local:4", 6) == 4 * (1 + 2 + 3 + 4 + 4 + 4) * 2 * 8 and mix("softmax", 6) == 4 * 21 * 2 * 8
     assert mix("linear", 6) == 2 * 2 * (2 * 6 * 64 * 8 + 2 * 6 * 8 * 8)  # a chunked state, not pairs
