@@ -201,9 +201,9 @@ def test_report_of_the_claim_benchmark_folder(tmp_path, capsys):
     claim = ROOT / "docs" / "benchmarks" / "claim"
     assert main(["report", str(claim), "--out", str(tmp_path / "claim.html")]) == 0
     page = (tmp_path / "claim.html").read_text()
-    for name in ("README.md", "claim.png", "ranker.png", "claim.csv", "claim.json", "seeds.json"):
+    for name in ("README.md", "claim.png", "ranker.png", "stability.png", "claim.csv", "claim.json", "seeds.json"):
         assert f"<h2>{name}</h2>" in page
-    assert page.count('src="data:image/png;base64,') == 2
+    assert page.count('src="data:image/png;base64,') == len(list(claim.glob("*.png"))) == 3
     assert "<h3>Does the search pay off?" in page  # the Markdown's heading, under the file's own
     assert '<a href="#claim-json">' in page  # a link to a file of the folder goes to its section
     assert not (claim / "report.html").exists()
