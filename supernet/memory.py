@@ -17,7 +17,8 @@ segments.
 - **Decoding** (:func:`supernet.decode.decode_step`, the ONNX generation loop of :mod:`supernet.onnx_decode`): the
   growing key/value caches hold at most ``max_seq_len`` entries; when they are full only the last ``M`` stay
   (:func:`trim_states`) and the next segment begins.  The step graph itself is unchanged: it attends to whatever
-  past it is given.
+  past it is given, at the position it is given (the one-token step; not the cached decoder, which reads positions
+  off its caches' length: :func:`supernet.decode.keeps_kv_cache`).
 - **Latency**: a decode step of a memory model reads at most ``max_seq_len - 1`` cached entries at any context
   (:func:`attended`): the timing inputs and the latency features use that (the worst case of a segment).
 - **Long documents**: :func:`supernet.decode.stream_bits` scores documents longer than the window token by token
