@@ -307,8 +307,37 @@ def main(argv=None) -> None:
                          "python": platform.python_version()},
             "args": vars(args), **summary}
     atomic_write(out / "precision.json", json.dumps(meta, indent=2, default=str) + "\n")
+    plot(meta, out / "precision.png")
     print(f"wrote {out / 'precision.csv'} and {out / 'precision.json'} (load average {os.getloadavg()[0]:.2f})")
     return 0
+
+
+def plot(meta: dict, path: Path) -> Path:
+    """Each INT8 precision's bits/byte drop against fp32 and its speedup over fp32 (two panels), the outlier ratio in
+    the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(meta["precisions"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.8))
+    a.bar(names, [meta["precisions"][n]["bpb_drop"] for n in names], color="tab:red")
+    a.axhline(0, color="black", linewidth=0.8)
+    a.set_ylabel("bits/byte drop vs fp32 (ONNX Runtime, held-out)")
+    b.bar(names, [meta["precisions"][n]["speedup"] for n in names], color="tab:blue")
+    b.axhline(1.5, color="gray", linestyle="--", linewidth=1, label="target 1.5x")
+    b.set_ylabel("speedup over fp32 (median of rounds)")
+    b.legend(fontsize=8)
+    for ax in (a, b):
+        ax.tick_params(axis="x", labelsize=8, rotation=15)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{meta['model']}: outlier ratio {meta['outlier_ratio']:.1f} (largest / median channel magnitude)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
 
 
 def train(args, folder: Path) -> Path:

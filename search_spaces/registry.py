@@ -18,12 +18,16 @@ Tests that add an entry of their own remove it with :meth:`Registry.unregister`.
 from __future__ import annotations
 
 import importlib
+import threading
 from typing import Any, Callable, Generic, Iterator, TypeVar
 
 from .errors import UserError
 from .plugins import load_entry_points
 
 T = TypeVar("T")
+# one lock for every registry's first load: another thread waits for the plugins (rather than reading a registry half
+# filled); the loading thread itself may look entries up while they load (reentrant)
+_LOADING = threading.RLock()
 
 
 def _definition(obj: Any) -> tuple[str, str]:
@@ -41,6 +45,7 @@ class Registry(Generic[T]):
         self.flag = flag or f"--{kind.replace(' ', '-')}"  # what a refusal names by default
         self._items: dict[str, T] = {}
         self._loaded = group is None and builtin is None
+        self._loading = False
 
     # ------------------------------------------------------------------ registering
 
@@ -71,17 +76,21 @@ class Registry(Generic[T]):
     # ------------------------------------------------------------------ looking up
 
     def load(self) -> None:
-        """Import the plugins once: the entry points of ``group``, else the ``builtin`` package."""
+        """Import the plugins once: the entry points of ``group``, else the ``builtin`` package.  Thread-safe: a
+        thread that asks while another loads waits for it."""
         if self._loaded:
             return
-        self._loaded = True  # (set first: a plugin that looks itself up while it loads must not load again)
-        try:
-            declared = load_entry_points(self.group) if self.group else False
-            if not declared and self.builtin:
-                importlib.import_module(self.builtin)
-        except BaseException:
-            self._loaded = False  # a failed import is tried again on the next use, not taken for an empty registry
-            raise
+        with _LOADING:
+            if self._loaded or self._loading:  # loaded meanwhile, or a plugin of this thread's load looking itself up
+                return
+            self._loading = True
+            try:
+                declared = load_entry_points(self.group) if self.group else False
+                if not declared and self.builtin:
+                    importlib.import_module(self.builtin)
+            finally:  # a failed import is tried again on the next use, not taken for an empty registry
+                self._loading = False
+            self._loaded = True
 
     def all(self) -> dict[str, T]:
         """Every entry by name, in registration order (the plugins loaded first)."""

@@ -291,7 +291,8 @@ def export_program(model: Transformer, path: str | Path) -> Path:
     seq = torch.export.Dim("seq", max=model.config.max_seq_len)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
+        with torch.no_grad():  # inference only (a memory's gradient cut would guard the length on the memory)
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch, 1: seq},))
         for node in program.graph.nodes:  # the source lines it was traced from: this machine's paths
             node.meta.pop("stack_trace", None)
         fd, tmp = temp_file(path, ".pt2")  # the mode of a file open() makes, not mkstemp's 0600
