@@ -13,7 +13,7 @@ Padding: a text is its UTF-8 bytes, cut to ``seq_len`` (at most the model's ``ma
 pad byte ever enters the encoder: :meth:`Classifier.logits` runs one forward pass per distinct
 length in a batch.  That is exact for every attention type (a bidirectional token would otherwise
 attend to the pads; a key mask would have to be written into each type, the kernel types included),
-so a text's prediction does not depend on what it is batched with (``tests/test_classify.py``).
+so a text's prediction does not depend on what it is batched with (``tests/nas/test_classify.py``).
 
 Training: AdamW (decay on matrices and embeddings), warm-up + cosine (:class:`supernet.train.WarmupCosine`),
 step ``k`` draws its batch from ``default_rng([seed, 0, k])`` over the training rows; the split is

@@ -8,7 +8,7 @@ token is id ``base + i``.  A byte model's ids are the same ids, so a BPE of no m
 **Nested.**  BPE training is greedy: merges are chosen one at a time, the most frequent pair first (ties broken by
 the pair's ids), so training to a smaller size stops on a prefix of the same merges.  The vocabulary of size ``k`` is
 therefore the ids below ``k`` of the largest one and its first merges (:meth:`Vocabulary.at`); the supernet's
-embedding and output rows slice like every other width (``tests/test_tokenizer.py`` checks the prefix against
+embedding and output rows slice like every other width (``tests/supernet/test_tokenizer.py`` checks the prefix against
 ``tokenizers`` training at the smaller size).
 
 **Deterministic.**  The trainer has no random choice; what could change its merges is pinned here: the training

@@ -27,7 +27,7 @@ differs between tasks is a method here, grouped by the layer that asks:
 
 Most tasks train one stack of blocks over a sequence (:class:`~tasks.stack.StackTask` gives every method of
 that model); a task with a model of another shape (the encoder-decoder) gives its own.  docs/adding-a-task.md
-says how to add one; ``tests/test_task_in_one_file.py`` declares one in a test file alone.
+says how to add one; ``tests/tasks/test_task_in_one_file.py`` declares one in a test file alone.
 """
 
 from __future__ import annotations

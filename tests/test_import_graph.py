@@ -10,7 +10,7 @@ takes an ``argparse`` namespace, and the search library (``nas.search``) imports
 
 import ast
 
-from .conftest import ROOT
+from tests.conftest import ROOT
 
 PACKAGES = ("search_spaces", "supernet", "latency", "tasks", "nas")
 LAYER = {"search_spaces": 0, "supernet": 1, "latency": 2, "tasks": 3, "nas": 4}

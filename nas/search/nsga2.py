@@ -7,7 +7,7 @@ The next population is the best ``population`` of parents + children by non-domi
 sorting, the last front cut by crowding distance.  Constraints stay hard constraints.
 
 Why not Optuna's ``NSGAIISampler`` (its constraints handle a budget too): on the same seeded problem
-(``tests/test_search_strategies.py``: the synthetic landscape, 200 evaluations, 5 seeds x 2 budgets) it spends
+(``tests/nas/search/test_search_strategies.py``: the synthetic landscape, 200 evaluations, 5 seeds x 2 budgets) it spends
 8-30% of the evaluations on subnets over the budget (constrained domination is soft) and 21-63% on subnets it
 evaluated already (the genes of layers past ``depth`` are parameters it crosses and mutates), and its feasible
 front has the smaller hypervolume in 9 of 10 runs; here an infeasible or repeated child costs a predictor call,

@@ -2,7 +2,7 @@
 
 Both objectives are minimised.  ``points`` are arrays of shape (N, 2): column 0 the
 validation loss, column 1 the latency in ms.  The study holds the same two objectives, so Optuna's
-``study.best_trials`` is this front of its trials (``tests/test_dashboard.py`` checks they agree); these functions
+``study.best_trials`` is this front of its trials (``tests/nas/test_dashboard.py`` checks they agree); these functions
 stay because the strategies and reports work on arrays of points (a generation, a CSV), and Optuna's own sorting
 and hypervolume are private API (``optuna.study._multi_objective``, ``optuna._hypervolume``).
 """

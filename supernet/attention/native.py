@@ -19,7 +19,7 @@ residue stream, merged into the window's softmax; its backward the window's and 
   torch and the kernels alike), Neon on aarch64; ``NAS_KERNEL_ISA`` picks one the CPU runs,
 * the query/key and value head sizes are each one of 16, 32, 48, 64, 128, and k has q's heads.
 
-Otherwise the engine runs, with the same result to float rounding (tests/test_native_kernels.py).
+Otherwise the engine runs, with the same result to float rounding (tests/supernet/attention/test_native_kernels.py).
 
 The linear family (linear, relu-linear, cosformer, performer, sima, msla) runs its causal inference on the CPU
 through :func:`causal_linear`: blocks of 16 tokens in order with a running (F, Dv) state, the feature maps (relu,
@@ -29,7 +29,7 @@ msla's, lsra's and convmod's convolutions through :func:`depthwise_conv`, in the
 recorded the torch feature maps run (autograd records them) and the kernel takes their features: its forward keeps
 each row's denominator, its backward (``linear_backward``) gives dq, dk, dv by the same blocks, in order for dq and in
 reverse for dk and dv.  The torch code (chunked GEMMs, grouped conv1d) runs off float32 or where F is not a multiple
-of 16, and for the convolutions' gradients (tests/test_native_linear.py).
+of 16, and for the convolutions' gradients (tests/supernet/attention/test_native_linear.py).
 
 It is built by ``torch.utils.cpp_extension`` the first time it is needed in a process (about 25 s on
 a 2-core machine, once: the build is cached per torch version, instruction set and source under
@@ -37,7 +37,7 @@ a 2-core machine, once: the build is cached per torch version, instruction set a
 one build); :func:`prebuild` does it up front (``train-supernet`` before its clock starts).
 ``NAS_NATIVE_KERNELS=0`` turns it off; :func:`status` says whether it is in use and why not, ``nas doctor`` prints it.
 The same source builds without torch: ``kernels/c_api.cpp`` (a C library for ctypes: the Neon build's parity check
-under emulated aarch64, tests/test_neon_kernels.py).  Nothing is downloaded: the source ships with the package.
+under emulated aarch64, tests/supernet/attention/test_neon_kernels.py).  Nothing is downloaded: the source ships with the package.
 """
 
 from __future__ import annotations

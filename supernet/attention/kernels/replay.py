@@ -6,7 +6,8 @@ CALLS.npz holds ``manifest`` (JSON: per call its kernel's name, its positional a
 which arrays it writes) and each array argument as ``c{call}_a{arg}`` (its contents when the call was made).  Each
 call runs on fresh copies of its arrays; what it writes goes to OUT.npz under the same keys, with ``isa``, the
 instruction set of the library.  It runs where torch does not: the Neon build's parity check runs it under emulated
-aarch64 (tests/test_neon_kernels.py), where its Python has numpy alone.  A kernel's refusal: its message, exit 1.
+aarch64 (tests/supernet/attention/test_neon_kernels.py), where its Python has numpy alone.  A kernel's refusal: its
+message, exit 1.
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""scripts/bench_vocabulary.py (issue 54): its pure parts, and the whole path in --quick mode on a tiny fixture space
+pair writes vocabulary.json with the contract keys; a second run resumes without training again."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.supernet.test_tokenizer import corpus_docs
+from tests.script_loader import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+def load_bench():
+    return load_script("bench_vocabulary")
+
+
+bench = load_bench()
+
+
+def test_tokens_budgets_picks_and_verdicts():
+    assert bench.tokens_for(1024, 1.0) == 1024 and bench.tokens_for(1024, 3.3) == 311 and bench.tokens_for(1, 9.0) == 1
+    assert bench.budgets_from([1.0, 2.0, 3.0, 4.0, 5.0], None) == [2.0, 3.0, 4.0]
+    assert bench.budgets_from([1.0], [3.0, 1.5]) == [1.5, 3.0]
+    cands = [{"ms": 1.0, "val_bpb": 3.0}, {"ms": 2.0, "val_bpb": 2.0}, {"ms": 3.0, "val_bpb": 1.0}]
+    assert bench.best_under(cands, 2.5)["val_bpb"] == 2.0 and bench.best_under(cands, 0.5) is None
+    assert bench.pooled_sd([[1.0, 1.2], [2.0, 2.2], [5.0]]) == pytest.approx(math.sqrt(0.02))
+    assert math.isnan(bench.pooled_sd([[1.0]]))
+    assert bench.verdict(2.0, 1.5, 0.1) == "better" and bench.verdict(2.0, 1.9, 0.1) == "tie"
+    assert bench.verdict(2.0, 2.5, 0.1) == "worse"
+
+
+def test_quick_run_writes_the_contract(tmp_path):
+    data = tmp_path / "corpus"
+    data.mkdir()
+    for i, doc in enumerate(corpus_docs(40)):
+        (data / f"d{i}.py").write_bytes(doc)
+    argv = ["--out", str(tmp_path / "run"), "--quick", "--bytes-space", str(FIXTURES / "vocab_quick.yaml"),
+            "--vocab-space", str(FIXTURES / "vocab_quick_bpe.yaml"), "--data", str(data), "--val-fraction", "0.2"]
+    assert bench.main(argv) == 0
+    report = json.loads((tmp_path / "run" / "vocabulary.json").read_text())
+    assert {"seed_sd", "budgets", "command", "machine", "date"} <= set(report)
+    assert report["bytes_per_token"]["bytes"] == {"256": 1.0}
+    assert set(report["bytes_per_token"]["searched"]) == {"256", "320", "384"}
+    assert len(report["budgets"]) == 3 and math.isfinite(report["seed_sd"])
+    for row in report["budgets"]:
+        assert set(row) >= {"budget_ms", "bytes_only", "searched", "verdict"}
+        for key in ("bytes_only", "searched"):
+            if row[key] is None:
+                continue
+            assert {"subnet", "test_bpb", "measured_ms"} <= set(row[key])
+            assert row[key]["measured_ms"] <= row["budget_ms"] and 0 < row[key]["test_bpb"] < 12
+        if row["searched"] is not None:
+            assert row["searched"]["vocab"] in (256, 320, 384)
+    candidates = json.loads((tmp_path / "run" / "candidates.json").read_text())
+    searched = [c for c in candidates if c["space"] == "searched"]
+    assert {c["prefill_tokens"] for c in searched if c["vocab"] == 256} == {64}  # the prefill's 64 bytes, one a token
+    assert all(c["prefill_tokens"] < 64 for c in searched if c["vocab"] > 256)  # fewer tokens for the same bytes
+    before = (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns
+    assert bench.main(argv) == 0  # resumed: nothing trained again
+    assert (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns == before
