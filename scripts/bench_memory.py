@@ -14,6 +14,10 @@ steps, learning rate and seeds (``--seeds``), and scored on the same **long docu
 restarting every ``W`` bytes (a fresh cache: what a model without memory reads at the same cost per token, since its
 step never reads more than ``W - 1`` cached entries either).
 
+Each memory model is also read with its context restarting every window (``with_restart_bpb``): what its memory
+adds to the model trained with one, apart from how that training differs from the other's (it scores only the
+``W - M`` positions after the memory in each window, and never a position with less than ``M`` bytes before it).
+
 Decode latency per token is measured for both at the step each reads at most (``W - 1`` cached entries; the memory
 model's space declares a decode context of ``--doc-len - 1``, which its bounded cache turns into ``W - 1``): one
 thread, ``--rounds`` interleaved rounds, the median; the two must agree (``decode_ratio``, with over without).
@@ -130,15 +134,16 @@ def long_documents(root: Path, n: int, length: int, seed: int) -> list[np.ndarra
     return [test[i * length : (i + 1) * length].astype(np.int64) for i in picks]
 
 
-def score(model_dir: Path, docs: list[np.ndarray], cache: Path) -> float:
-    """Bits/byte of the model on the long documents (cached in ``cache``, keyed by the documents)."""
+def score(model_dir: Path, docs: list[np.ndarray], cache: Path, memory: bool = True) -> float:
+    """Bits/byte of the model on the long documents (cached in ``cache``, keyed by the documents): with its memory
+    carried across segments, or (``memory=False``) its context restarting every window."""
     key = f"{len(docs)}x{len(docs[0])}:{int(sum(int(d.sum()) for d in docs))}"
     if cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("docs") == key:
             return float(saved["bpb"])
     with torch.inference_mode():
-        bpb = stream_bits(load_model(model_dir).eval(), docs, memory=True)
+        bpb = stream_bits(load_model(model_dir).eval(), docs, memory=memory)
     atomic_write(cache, json.dumps({"docs": key, "bpb": bpb}) + "\n")
     return bpb
 
@@ -244,8 +249,13 @@ def main(argv=None) -> int:
     rows = []
     for (b, v, s), model in models.items():
         bpb = score(model, docs, runs / f"{b}-{v}-s{s}" / "score.json")
-        rows.append({"budget": b, "variant": v, "seed": s, "bpb": bpb, "model": str(model)})
-        print(f"{b:<7} {v:<8} seed {s}: {bpb:.4f} bits/byte", flush=True)
+        # the memory model read without its memory (the context restarting every window): what the memory adds to
+        # the model trained with one, apart from how that training differs
+        restart = score(model, docs, runs / f"{b}-{v}-s{s}" / "score-restart.json", memory=False) if v == "with" else bpb
+        rows.append({"budget": b, "variant": v, "seed": s, "bpb": bpb, "bpb_restart": restart, "model": str(model)})
+        print(f"{b:<7} {v:<8} seed {s}: {bpb:.4f} bits/byte (its context restarting every window: {restart:.4f})",
+              flush=True)
+    print(f"timing the decode steps ({args.rounds} interleaved rounds)", flush=True)
     load_before = os.getloadavg()[0]
     timed = decode_ms({f"{b}-{v}": models[(b, v, 0)] for b in budgets for v in ("with", "without")}, args.window,
                       args.rounds, args.min_sample_ms)
@@ -265,6 +275,7 @@ def main(argv=None) -> int:
             "with_bpb": statistics.mean(w), "without_bpb": statistics.mean(wo),
             "with_sd": statistics.stdev(w) if len(w) > 1 else float("nan"),
             "without_sd": statistics.stdev(wo) if len(wo) > 1 else float("nan"),
+            "with_restart_bpb": statistics.mean(r["bpb_restart"] for r in rows if (r["budget"], r["variant"]) == (b, "with")),
             "with_seeds": w, "without_seeds": wo, "gain_bpb": diff, "gain_in_seed_sd": diff / seed_sd if seed_sd else None,
             "beyond_2_seed_sd": bool(diff > 2 * seed_sd), "paired_p": paired_p(wo, w),
         })
@@ -278,8 +289,8 @@ def main(argv=None) -> int:
     print(f"seed SD (pooled) {seed_sd:.4f}; {verdict} (a gain beyond 2 seed SD at equal decode latency, every budget)")
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "memory.csv", "w") as f:
-        f.write("budget,variant,seed,bpb\n")
-        f.writelines(f"{r['budget']},{r['variant']},{r['seed']},{r['bpb']!r}\n" for r in rows)
+        f.write("budget,variant,seed,bpb,bpb_restart\n")
+        f.writelines(f"{r['budget']},{r['variant']},{r['seed']},{r['bpb']!r},{r['bpb_restart']!r}\n" for r in rows)
     curves = {f"{b}-{v}-s{s}": read_log(m / "train" / "log.jsonl") for (b, v, s), m in models.items()}
     write_curves(curves, out / "curves.csv")
     plot_curves(curves, out / "curves.png", "training loss of every model (with memory: the segment's positions only)")

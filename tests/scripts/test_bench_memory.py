@@ -27,6 +27,10 @@ def test_bench_memory_quick_writes_the_contract_and_resumes(tmp_path, capsys):
     assert b["with_bpb"] == pytest.approx(statistics.mean(cells["with"]))
     assert b["without_bpb"] == pytest.approx(statistics.mean(cells["without"]))
     assert b["gain_bpb"] == pytest.approx(b["without_bpb"] - b["with_bpb"])
+    # the memory models read again without their memory (restarting every window), the others' column their score
+    restarts = [float(r["bpb_restart"]) for r in rows if r["variant"] == "with"]
+    assert b["with_restart_bpb"] == pytest.approx(statistics.mean(restarts))
+    assert all(r["bpb_restart"] == r["bpb"] for r in rows if r["variant"] == "without")
     assert b["beyond_2_seed_sd"] == (b["gain_bpb"] > 2 * record["seed_sd"])
     assert b["decode_ms"] == b["with_decode_ms"] > 0 and b["without_decode_ms"] > 0
     assert record["command"].startswith("python scripts/bench_memory.py --quick")
