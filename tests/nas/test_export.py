@@ -230,7 +230,7 @@ def fake_predictor(space, path, device="fake"):
 
 
 class SlowFakeDevice:
-    """tests.latency_fakes.FakeDevice, 'slow' times slower for models of the given widths."""
+    """tests.latency.latency_fakes.FakeDevice, 'slow' times slower for models of the given widths."""
 
     def __new__(cls, slow_widths=(), factor=1.0):
         from tests.latency.latency_fakes import FakeDevice

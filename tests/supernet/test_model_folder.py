@@ -34,7 +34,7 @@ HOST = "nas-test-host-53.example"
 
 
 def host_device(root: Path):
-    """A fake device (tests.latency_fakes.FakeDevice's timings, nothing timed) whose fingerprint carries this host's real
+    """A fake device (tests.latency.latency_fakes.FakeDevice's timings, nothing timed) whose fingerprint carries this host's real
     facts, the host name among them, and a command line naming ``root``: what a card must not keep."""
     from latency.timing_core import host_facts
     from tests.latency.latency_fakes import FakeDevice

@@ -1,8 +1,8 @@
 """Progressive dynamic hurdles (``nas search --hurdles``) on a fake trainer: the decisions, resume, workers, the CLI.
 
 The search before the hurdles is the synthetic one of ``test_search_storage`` (no model); the trainings are
-:class:`tests.hurdle_fakes.FakeTrainer`'s (bits/byte a function of the subnet and the tokens trained).
-``python -m tests.test_search_hurdles URL STUDY ROOT SLEEP [HANG_AFTER MARKER]`` runs one worker (a subprocess).
+:class:`tests.nas.search.hurdle_fakes.FakeTrainer`'s (bits/byte a function of the subnet and the tokens trained).
+``python -m tests.nas.search.test_search_hurdles URL STUDY ROOT SLEEP [HANG_AFTER MARKER]`` runs one worker (a subprocess).
 """
 
 from __future__ import annotations
@@ -308,8 +308,8 @@ def test_uninterrupted_stage_matches_the_fake_curves(reference):
 
 def start_worker(url: str, study: str, root: Path, sleep: float, hang_after: int | None = None, marker: Path | None = None):
     extra = [str(hang_after), str(marker)] if hang_after is not None else []
-    return subprocess.Popen([sys.executable, "-m", "tests.test_search_hurdles", url, study, str(root), str(sleep), *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-m", "tests.nas.search.test_search_hurdles", url, study, str(root), str(sleep), *extra]
+    return subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def hurdle_trials(url: str, study: str):

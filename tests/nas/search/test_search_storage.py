@@ -2,7 +2,7 @@
 
 The searches here use a synthetic fitness (a deterministic function of the subnet, with a short
 sleep so workers overlap) and the analytic latency proxy, so they test the driver, not a model.
-``python -m tests.test_search_storage URL STUDY SEED SLEEP`` runs one worker (used as a subprocess).
+``python -m tests.nas.search.test_search_storage URL STUDY SEED SLEEP`` runs one worker (used as a subprocess).
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def synthetic_search(url: str, study: str, seed: int, sleep: float = 0.0, batch:
 def start_worker(url: str, study: str, seed: int, sleep: float, hang_after: int | None = None, marker: Path | None = None):
     extra = [str(hang_after), str(marker)] if hang_after is not None else []
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.test_search_storage", url, study, str(seed), str(sleep), *extra],
+        [sys.executable, "-m", "tests.nas.search.test_search_storage", url, study, str(seed), str(sleep), *extra],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
 
