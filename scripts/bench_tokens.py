@@ -8,9 +8,10 @@ Two arms of the same space, each run by :mod:`bench_vision`'s stages (resumable:
 1.0, 0.7, 0.5: each layer's share of tokens a searched width, :mod:`tasks.image_classification.tokens`).  Per arm:
 the supernet (``nas train-supernet``), an ONNX Runtime campaign and its predictor (``nas measure-latency``,
 ``nas fit-predictor``), and ``nas search`` under the **same budgets**: the 25th, 50th and 75th percentiles of the
-``without`` arm's measured latencies.  Each found model is retrained from scratch (``--epochs``, ``--seeds``) and
-scored on the test images; all of them are then timed side by side on ONNX Runtime (one image, one thread, the
-thread's CPU time, interleaved rounds).
+``without`` arm's measured latencies, each raised where needed to the largest of the two predictors' latency of
+their lightest subnets (both searches must be able to meet it).  Each found model is retrained from scratch
+(``--epochs``, ``--seeds``) and scored on the test images; all of them are then timed side by side on ONNX Runtime
+(one image, one thread, the thread's CPU time, interleaved rounds).
 
 ``<out>/tokens.json``: ``budgets: [{budget_ms, with: {test_accuracy, measured_ms, subnet}, without: {...}}]`` (the
 contract), ``speedup_at_equal_accuracy`` (per ``with`` model, the measured latency of the fastest ``without`` model at
@@ -55,14 +56,18 @@ def arm_space(space, keeps: tuple[float, ...] | None, path: Path) -> Path:
     return path
 
 
-def stage_budgets(root: Path, table: Path) -> list[float]:
-    """The shared budgets: the percentiles of the ``without`` arm's measured latencies (read back once written)."""
+def stage_budgets(root: Path, table: Path, spaces: dict, preds: dict) -> list[float]:
+    """The shared budgets: the percentiles of the ``without`` arm's measured latencies, each at least the largest of
+    the arms' predicted latency of their lightest subnets (so that both searches can meet every budget; read back
+    once written)."""
+    from latency.predictors.predictor import load_predictor
     from latency.table import read_timings
 
     done = bv.load_json(root / "budgets.json")
     if done is None:
         ms = np.array([r.median_ms for r in read_timings(table).rows])
-        done = [float(np.percentile(ms, q)) for q in bv.PERCENTILES]
+        floor = max(float(load_predictor(preds[arm]).predict(spaces[arm].lightest()).min()) for arm in ARMS)
+        done = [max(float(np.percentile(ms, q)), floor) for q in bv.PERCENTILES]
         bv.save_json(root / "budgets.json", done)
     return done
 
@@ -99,6 +104,42 @@ def speedups(pairs: list[dict]) -> list[dict]:
     return out
 
 
+def write_figures(root: Path, record: dict) -> None:
+    """``tokens.png`` (each arm's found models: test accuracy against measured latency, the budgets dashed) and
+    ``curves.csv`` / ``curves.png`` (the training loss of both supernets and every retrained model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from curves import plot_curves, read_log, write_curves
+
+    curves = {}
+    for arm in ARMS:
+        curves[f"{arm} supernet"] = read_log(root / arm / "supernet" / "log.jsonl")
+        for log_path in sorted((root / arm / "models").glob("**/log.jsonl")):
+            curves[f"{arm} {'/'.join(log_path.relative_to(root / arm / 'models').parts[:2])}"] = read_log(log_path)
+    write_curves(curves, root / "curves.csv")
+    plot_curves(curves, root / "curves.png", "tokens benchmark: training loss of both supernets and every retrained model")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for arm, color in (("without", "tab:blue"), ("with", "tab:orange")):
+        models = [b[arm] for b in record["budgets"]]
+        ax.errorbar([m["measured_ms"] for m in models], [100 * m["test_accuracy"] for m in models],
+                    yerr=[100 * m["test_accuracy_sd"] for m in models], fmt="o", color=color, capsize=3,
+                    label=f"{arm} token keeping (found, {record['seeds']} seed(s))")
+    for b in record["budgets"]:
+        ax.axvline(b["budget_ms"], color="gray", ls="--", lw=0.8)
+    ax.set_xlabel("measured ms per image (ONNX Runtime, 1 thread, CPU clock); dashed: the budgets")
+    ax.set_ylabel("test accuracy (%)")
+    kept = sum(any(k < 1.0 for k in b["with"]["subnet"].get("keep", [])) for b in record["budgets"])
+    ax.set_title(f"{record['space']}: search with and without token keeping at the same budgets\n"
+                 f"(the 'with' winners that drop tokens: {kept} of {len(record['budgets'])})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(root / "tokens.png", dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="run directory (resumable: run again to continue); tokens.json lands here")
@@ -132,15 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         base = load_space(args.space)
         if base.task != "image-classification":
             raise UserError(f"--space: {base.source} is task {base.task}; this benchmark needs an image-classification space")
-        spaces, found, preds = {}, {}, {}
-        for arm in ARMS:
+        spaces, found, preds, ckpts, tables = {}, {}, {}, {}, {}
+        for arm in ARMS:  # both supernets and predictors first: the budgets must suit both searches
             path = arm_space(base, keeps if arm == "with" else None, root / arm / "space.yaml")
             spaces[arm] = load_space(str(path))
-            ckpt = bv.stage_supernet(root / arm, str(path.resolve()), args.data, plan, args.threads, args.seed)
-            table, preds[arm] = bv.stage_latency(root / arm, str(path.resolve()), plan)
-            if arm == "without":
-                budgets = stage_budgets(root, table)
-            found[arm] = stage_search(root / arm, ckpt, preds[arm], budgets, plan)
+            ckpts[arm] = bv.stage_supernet(root / arm, str(path.resolve()), args.data, plan, args.threads, args.seed)
+            tables[arm], preds[arm] = bv.stage_latency(root / arm, str(path.resolve()), plan)
+        budgets = stage_budgets(root, tables["without"], spaces, preds)
+        for arm in ARMS:
+            found[arm] = stage_search(root / arm, ckpts[arm], preds[arm], budgets, plan)
             models = [{**f, "name": f"{arm}-{i}", "role": "found"} for i, f in enumerate(found[arm])]
             bv.stage_retrain(root / arm, spaces[arm], models, args.data, plan, args.seeds, args.threads)
             found[arm] = models
@@ -161,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
               "predictor": {arm: bv.predictor_report(preds[arm]) for arm in ARMS},
               "wall_s_this_run": round(time.perf_counter() - t0, 1)}
     bv.save_json(root / "tokens.json", record)
+    write_figures(root, record)
     for r in pairs:
         w, o = r["with"], r["without"]
         print(f"budget {r['budget_ms']:.3f} ms: with token keeping {100 * w['test_accuracy']:.2f}% at {w['measured_ms']:.3f} ms, "

@@ -37,6 +37,8 @@ def test_bench_tokens_quick_writes_the_contract_at_shared_budgets_and_resumes(tm
     assert "keep:" in with_space and "keep:" not in (tmp_path / "b" / "without" / "space.yaml").read_text()
     assert len(record["speedup_at_equal_accuracy"]) == 3 and set(record["predictor"]) == {"with", "without"}
     assert "budget" in capsys.readouterr().out
+    assert (tmp_path / "b" / "tokens.png").exists() and (tmp_path / "b" / "curves.png").exists()
+    assert (tmp_path / "b" / "curves.csv").read_text().startswith("model,step,elapsed_s,loss")
     caplog.clear()
     assert bench().main(args) == 0
     assert "$ nas" not in caplog.text and "retrain " not in caplog.text  # every stage read back
