@@ -56,10 +56,20 @@ def arm_space(space, keeps: tuple[float, ...] | None, path: Path) -> Path:
     return path
 
 
+def shared_budgets(measured_ms: np.ndarray, floor_ms: float) -> list[float]:
+    """The percentiles of ``measured_ms``, each at least ``floor_ms`` and 10% over the one before (floored budgets
+    could otherwise meet, and ``nas search`` refuses a repeated budget), to the 0.1 microsecond its labels print."""
+    out: list[float] = []
+    for q in bv.PERCENTILES:
+        out.append(round(max(float(np.percentile(measured_ms, q)), floor_ms, 1.1 * out[-1] if out else 0.0), 4))
+    return out
+
+
 def stage_budgets(root: Path, table: Path, spaces: dict, preds: dict) -> list[float]:
     """The shared budgets: the percentiles of the ``without`` arm's measured latencies, each at least the largest of
-    the arms' predicted latency of their lightest subnets (so that both searches can meet every budget; read back
-    once written)."""
+    the arms' predicted latency of their lightest subnets (so that both searches can meet every budget) and at least
+    10% over the budget before it (flooring could make two budgets one; ``nas search`` refuses a repeated budget);
+    read back once written."""
     from latency.predictors.predictor import load_predictor
     from latency.table import read_timings
 
@@ -67,7 +77,7 @@ def stage_budgets(root: Path, table: Path, spaces: dict, preds: dict) -> list[fl
     if done is None:
         ms = np.array([r.median_ms for r in read_timings(table).rows])
         floor = max(float(load_predictor(preds[arm]).predict(spaces[arm].lightest()).min()) for arm in ARMS)
-        done = [max(float(np.percentile(ms, q)), floor) for q in bv.PERCENTILES]
+        done = shared_budgets(ms, floor)
         bv.save_json(root / "budgets.json", done)
     return done
 

@@ -43,3 +43,17 @@ def test_bench_tokens_quick_writes_the_contract_at_shared_budgets_and_resumes(tm
     assert bench().main(args) == 0
     assert "$ nas" not in caplog.text and "retrain " not in caplog.text  # every stage read back
     assert json.loads((tmp_path / "b" / "tokens.json").read_text())["budgets"] == record["budgets"]
+
+
+def test_floored_budgets_never_repeat():
+    """The CI failure of stop 60: two percentiles under the lightest subnets' floor became one budget, which
+    ``nas search`` refuses; each budget is now at least 10% over the one before, and unfloored ones are the
+    percentiles themselves."""
+    import numpy as np
+
+    shared = bench().shared_budgets
+    floored = shared(np.array([0.010, 0.012, 0.015, 0.030, 0.040]), 0.0222)
+    assert floored[0] == 0.0222 and all(b > 1.09 * a for a, b in zip(floored, floored[1:]))
+    assert len({f"{b:.4f}ms" for b in floored}) == 3  # the labels nas search is given differ
+    ms = np.linspace(0.1, 0.5, 11)
+    assert shared(ms, 0.01) == [round(float(np.percentile(ms, q)), 4) for q in (25, 50, 75)]
