@@ -3,10 +3,11 @@
 
 ``kernels/ort_ops.cpp`` wraps the same kernels as the torch extension (``kernels/window_attention.cpp``) as three
 operators of the domain ``nas.kernels``: ``WindowAttention`` (local and dilated, causal and bidirectional; longformer,
-strided and fixed causal: the window pattern as attributes), ``LinearAttention`` (linear and relu-linear's causal
-form: the feature map applied in the kernel) and ``Hydra``.  The types without one (bigbird's picked blocks,
-longformer's encoder form, cosformer, performer, sima, the convolution types, the linear family's encoder forms) keep
-their standard graph inside an exported model that has custom ops.
+strided, fixed and bigbird causal: the window pattern as attributes, bigbird's random blocks drawn by the operator for
+the run's length with the generator of :func:`sparse.bigbird_random_block`), ``LinearAttention`` (linear and
+relu-linear's causal form: the feature map applied in the kernel) and ``Hydra``.  The types without one (the encoder
+forms of longformer and bigbird, cosformer, performer, sima, the convolution types, the linear family's encoder forms)
+keep their standard graph inside an exported model that has custom ops.
 
 The library is built with the C++ compiler the first time it is needed (about 10 s; cached per instruction set and
 source under ``$NAS_KERNEL_CACHE``), for the instruction set the kernels use here (:func:`native.choose_isa`).  It
@@ -197,7 +198,9 @@ def _define() -> dict:
         "WindowAttention",
         ["q", "k", "v"],
         3,
-        dict.fromkeys(("before", "after", "globals", "global_after", "blocks", "columns", "step"), ints),
+        dict.fromkeys(
+            ("before", "after", "globals", "global_after", "blocks", "columns", "step", "width", "random", "seed"), ints
+        ),
     )
     schema(
         "LinearAttention",
@@ -220,8 +223,16 @@ def _define() -> dict:
         blocks: int,
         columns: int,
         step: int,
+        width: int = 1,
+        random: int = 0,
+        seed: int = 0,
     ) -> Tensor:
-        w = native.Window(before, after, globals_, global_after, blocks=blocks, columns=columns, step=step)
+        picks = None
+        if random:  # bigbird: the length's picks, as the operator draws them
+            from .sparse import native_picks
+
+            picks = native_picks(width, random, q.shape[2], seed)
+        w = native.Window(before, after, globals_, global_after, picks, width, blocks=blocks, columns=columns, step=step)
         out = native.window_attention(q, k, v, w)
         if out is None:
             raise RuntimeError(f"nas_kernels::window: the compiled kernels do not apply here: {native.status()[1]}")
@@ -245,7 +256,21 @@ def _define() -> dict:
     for op in (window, linear, hydra):
         op.register_fake(lambda q, k, v, *rest: v.new_empty(v.shape))
 
-    def window_onnx(q, k, v, before: int, after: int, globals_: int, global_after: int, blocks: int, columns: int, step: int):
+    def window_onnx(
+        q,
+        k,
+        v,
+        before: int,
+        after: int,
+        globals_: int,
+        global_after: int,
+        blocks: int,
+        columns: int,
+        step: int,
+        width: int = 1,
+        random: int = 0,
+        seed: int = 0,
+    ):
         return ops.WindowAttention(
             q,
             k,
@@ -257,6 +282,9 @@ def _define() -> dict:
             blocks=blocks,
             columns=columns,
             step=step,
+            width=width,
+            random=random,
+            seed=seed,
         )
 
     def linear_onnx(q, k, v, feature: int, eps: float):
@@ -317,13 +345,17 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
         return None
     d, dv, typ, kind = q.shape[-1], v.shape[-1], get(spec), spec.kind
     ops = torch.ops.nas_kernels
-    if kind in ("local", "longformer", "strided", "fixed", "dilated"):
+    if kind in ("local", "longformer", "strided", "fixed", "dilated", "bigbird"):
         if d not in native.HEAD_SIZES or dv not in native.HEAD_SIZES or (kind == "longformer" and not causal):
             return None  # (longformer's encoder form: its G global rows see every key, one SDPA after the window)
-            return None
+        random = seed = 0
         if kind == "dilated":
             span = spec.param("W") - 1
             window = native.Window(span, 0 if causal else span, step=spec.param("D"))
+        elif kind == "bigbird":  # the pattern of a one-token run (its picks table of one row): the operator draws each length's
+            from .sparse import BIGBIRD_SEED
+
+            window, random, seed = typ.native_window(spec, 1, causal), spec.param("R"), BIGBIRD_SEED
         else:
             window = typ.native_window(spec, UNBOUNDED, causal)
         if window is None:
@@ -339,6 +371,9 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
             window.blocks,
             window.columns,
             window.step,
+            window.width,
+            random,
+            seed,
         )
     feature = getattr(typ, "native_feature", None)
     if kind in ("linear", "relu-linear") and causal and feature and d % 16 == 0 and d <= 512 and dv in native.HEAD_SIZES:
@@ -350,4 +385,3 @@ def custom_form(q: Tensor, k: Tensor, v: Tensor, spec, w: dict, causal: bool) ->
 
         return ops.hydra(q, k, v, causal, NORM_EPS)
     return None
-

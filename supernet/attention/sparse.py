@@ -531,10 +531,13 @@ def _random_picks(blk: Tensor, r: int, w: int, g: int) -> tuple[Tensor, Tensor, 
 
 
 @lru_cache(maxsize=64)
-def _native_picks(w: int, g: int, r: int, t: int) -> Tensor:
-    """The compiled kernel's picks for a length: (ceil(T / W), R) block indices, -1 where a pick does not count."""
-    picks, ok, _ = _random_picks(torch.arange(-(-t // w)), r, w, g)
-    return torch.where(ok, picks, -1).contiguous()
+def native_picks(w: int, r: int, t: int, seed: int = BIGBIRD_SEED) -> Tensor:
+    """The compiled kernel's picks for a length: (ceil(T / W), R) block indices, -1 where a pick does not count (the
+    ONNX Runtime operator draws the same table in C++: kernels/ort_ops.cpp's bigbird_picks)."""
+    blk = torch.arange(-(-t // w))
+    picks = torch.stack([bigbird_random_block(blk, k, seed) for k in range(r)], dim=1)
+    repeat = (picks[:, :, None] == picks[:, None, :]).tril(diagonal=-1).any(-1)
+    return torch.where((blk[:, None] >= 2) & ~repeat, picks, -1).contiguous()
 
 
 class BigBird(BlockSparse):
@@ -575,7 +578,7 @@ class BigBird(BlockSparse):
         width, g, r = spec.param("W"), spec.param("G"), spec.param("R")
         if not causal or width % 16 or r > 8:
             return None
-        return native.Window(width - 1, 0, g, 0, _native_picks(width, g, r, t), width)
+        return native.Window(width - 1, 0, g, 0, native_picks(width, r, t), width)
 
     def block_forward(self, q, k, v, spec):
         lay, win, g, glob, picks, rand = self._plan(spec, q)

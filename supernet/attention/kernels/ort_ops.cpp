@@ -1,7 +1,9 @@
 // ONNX Runtime custom operators around the kernels (window_attention.cpp), domain "nas.kernels", version 1, CPU:
 //
 //   WindowAttention(q, k, v) -> y   ints before, after, globals, global_after, blocks, columns, step (window_forward's
-//                                    pattern: local, dilated, longformer, fixed, strided; no bigbird picks)
+//                                    pattern: local, dilated, longformer, fixed, strided), and bigbird's causal form:
+//                                    ints width, random, seed (R random earlier blocks of `width` keys per block of
+//                                    `width` queries, drawn for the run's length as sparse.bigbird_random_block does)
 //   LinearAttention(q, k, v[, proj]) -> y   ints feature (native.FEATURES), normalize; floats eps, l1_eps
 //   Hydra(q, k, v) -> y             int causal; float eps
 //
@@ -9,6 +11,7 @@
 // run on the session's intra-op threads (KernelContext_ParallelFor).  Built by supernet/attention/ort_ops.py against
 // the C API header of ONNX Runtime 1.21 (onnxruntime/onnxruntime_c_api.h, MIT; the pip wheel ships no headers), which
 // any later ONNX Runtime serves (ORT_API_VERSION 21); loaded with SessionOptions.register_custom_ops_library.
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -125,18 +128,61 @@ struct Kernel {
   virtual void compute(OrtKernelContext* ctx) = 0;
 };
 
+// BigBird's random block r of query block `block` (blocks of `width` tokens), in [0, block - 2]: the MINSTD generator
+// of sparse.bigbird_random_block, term for term (every product below 2^48: int64 never overflows)
+int64_t bigbird_random_block(int64_t block, int64_t r, int64_t seed) {
+  constexpr int64_t M = 2147483647;
+  int64_t x = (block * 92821 + (r + 1) * 68917 + seed) % M;
+  x = (x * 48271) % M;
+  x = (x * 48271) % M;
+  return x % std::max<int64_t>(block - 1, 1);
+}
+
+// The kernel's picks for T queries (sparse._native_picks): (ceil(T / width), R) block indices, -1 where a pick does
+// not count (blocks 0 and 1 have none outside their window; a repeat of an earlier pick of the row counts once)
+std::vector<int64_t> bigbird_picks(int64_t T, int64_t width, int64_t R, int64_t seed) {
+  const int64_t n = (T + width - 1) / width;
+  std::vector<int64_t> picks(n * R, -1);
+  for (int64_t b = 2; b < n; ++b) {
+    int64_t* row = picks.data() + b * R;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t p = bigbird_random_block(b, r, seed);
+      bool repeat = false;
+      for (int64_t e = 0; e < r; ++e) repeat = repeat || bigbird_random_block(b, e, seed) == p;
+      row[r] = repeat ? -1 : p;
+    }
+  }
+  return picks;
+}
+
 struct Window : Kernel {
-  int64_t before, after, globals, global_after, blocks, columns, step;
+  int64_t before, after, globals, global_after, blocks, columns, step, width, random, seed;
   explicit Window(const OrtKernelInfo* info)
       : before(attr_int(info, "before", 0)), after(attr_int(info, "after", 0)), globals(attr_int(info, "globals", 0)),
         global_after(attr_int(info, "global_after", 0)), blocks(attr_int(info, "blocks", 0)),
-        columns(attr_int(info, "columns", 0)), step(attr_int(info, "step", 1)) {}
+        columns(attr_int(info, "columns", 0)), step(attr_int(info, "step", 1)), width(attr_int(info, "width", 1)),
+        random(attr_int(info, "random", 0)), seed(attr_int(info, "seed", 0)) {
+    nas::check(random >= 0 && random <= 8 && (random == 0 || (width >= 16 && width % 16 == 0)),
+               "WindowAttention: random (bigbird's R) 0..8, and with it width a positive multiple of 16");
+  }
   void compute(OrtKernelContext* ctx) override {
     std::vector<int64_t> sq, sk, sv;
     const nas::Arr q = input(ctx, 0, sq), k = input(ctx, 1, sk), v = input(ctx, 2, sv);
     nas::check(q.ndim == 4 && v.ndim == 4, "WindowAttention: q, k, v (B, H, T, D)");
     const nas::Arr y = output(ctx, {sv[0], sv[1], sv[2], sv[3]});
-    nas::window_forward(q, k, v, y, NONE, before, after, globals, global_after, NONE, 1, blocks, columns, step);
+    std::vector<int64_t> table;  // bigbird: the length's picks, drawn here (a few microseconds; no stored table)
+    nas::Arr picks = NONE;
+    if (random > 0) {
+      table = bigbird_picks(sq[2], width, random, seed);
+      picks.data = table.data();
+      picks.ndim = 2;
+      picks.sizes[0] = (int64_t)table.size() / random;
+      picks.sizes[1] = random;
+      picks.strides[0] = random;
+      picks.strides[1] = 1;
+      picks.dtype = nas::DType::Int64;
+    }
+    nas::window_forward(q, k, v, y, NONE, before, after, globals, global_after, picks, width, blocks, columns, step);
   }
 };
 
