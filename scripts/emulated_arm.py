@@ -15,7 +15,8 @@
    the README's venv). Running again resumes the table.
 3. Parity: the runner's ``--parity`` writes every graph's outputs (the timing inputs, its seeded
    weights) on aarch64 and, with this Python's ONNX Runtime, on x86; the largest absolute
-   difference per graph is printed and written to ``WORK/parity.json``.
+   difference per graph is printed and written to ``WORK/parity.json``.  A bundle of ``--custom-ops`` runs its
+   aarch64 build of the custom operators there and this host's build of the same source here.
 
 It proves the bundle loads, runs and ingests on aarch64 (its numbers match x86's); emulated timings mean
 nothing (seconds per call). Needs ``qemu-aarch64-static`` (``apt-get install qemu-user-static``), root
@@ -179,6 +180,21 @@ def compare(arm: Path, x86: Path) -> dict:
     return {"graphs": graphs, "max_abs_diff": max(g["max_abs_diff"] for g in graphs.values())}
 
 
+def host_library(work: Path) -> list[str]:
+    """The x86 side's ``--custom-ops-library`` where the bundle carries the custom operators (built for aarch64): this
+    host's build of the same source; none otherwise."""
+    manifest = json.loads((work / "nas-latency-bundle" / "manifest.json").read_text())
+    if not manifest.get("custom_ops"):
+        return []
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from supernet.attention import ort_ops
+
+    path, why = ort_ops.library()
+    if path is None:
+        raise Refused(f"the bundle uses the custom operators and this host cannot build them for the x86 side: {why}")
+    return ["--custom-ops-library", str(path)]
+
+
 def run(bundle: Path, work: Path, root: Path, threads: int = 1, log=print) -> dict:
     """Steps 1-3 of the module's docstring; returns the parity report (also in WORK/parity.json)."""
     ensure_root(root, log)
@@ -194,7 +210,7 @@ def run(bundle: Path, work: Path, root: Path, threads: int = 1, log=print) -> di
     start = time.time()
     _run(emulated + runner + ["--parity", "arm.npz", "--threads", str(threads)], "the aarch64 parity run", cwd=work, env=env)
     parity_s = time.time() - start
-    x86 = [sys.executable, "-I", *runner, "--parity", "x86.npz", "--threads", str(threads)]
+    x86 = [sys.executable, "-I", *runner, "--parity", "x86.npz", "--threads", str(threads), *host_library(work)]
     _run(x86, "the x86 parity run", cwd=work, env=env)
     report = compare(work / "arm.npz", work / "x86.npz")
     report.update(

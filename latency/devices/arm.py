@@ -13,6 +13,8 @@
   with the board's fingerprint;
 * ``models/*.onnx``: weight-stripped graphs (the runner draws random weights: timing does not
   depend on their values), a few hundred KB each;
+* with ``--custom-ops``, ``lib/libnas_ort_ops_neon.so``: the attention types' ONNX Runtime custom operators built for
+  aarch64 (:func:`supernet.attention.ort_ops.board_library`), which the graphs use and the runner registers;
 * ``README.txt``: how to run it.
 
 ``run_remote`` drives the same bundle over ssh (``--device ssh://user@host``): copy, run,
@@ -119,8 +121,11 @@ def write_bundle(
     *,
     seed: int,
     progress: Callable[[int, int, str], None] | None = None,
+    custom_ops: Path | None = None,
 ) -> Path:
-    """Write the bundle for ``passes`` (``{"measure": [...], "retest": [...]}``) to ``path`` (.tar.gz)."""
+    """Write the bundle for ``passes`` (``{"measure": [...], "retest": [...]}``) to ``path`` (.tar.gz).
+    ``custom_ops``: the board's custom-op library, carried as ``lib/<name>`` and registered by the runner (the graphs
+    then come from exports inside :func:`supernet.attention.ort_ops.emitting`: the caller's ``requested(board=True)``)."""
     from supernet.onnx_export import DEFAULT_OPSET
 
     path = Path(path)
@@ -165,6 +170,7 @@ def write_bundle(
         "min_onnxruntime": MIN_ONNXRUNTIME,
         "reference": reference,
         "models": models,
+        **({"custom_ops": f"lib/{Path(custom_ops).name}"} if custom_ops else {}),
     }
     measured, retested = len(passes.get("measure", [])), len(passes.get("retest", []))
     short = measured < MIN_FIT_SUBNETS or retested < MIN_RETEST_SUBNETS
@@ -186,6 +192,8 @@ def write_bundle(
             _add_text(tar, f"{ROOT}/{name}", text)
         for name, graph in sorted(graphs.items()):
             tar.add(graph, arcname=f"{ROOT}/models/{name}")
+        if custom_ops:
+            tar.add(custom_ops, arcname=f"{ROOT}/{manifest['custom_ops']}")
     return path
 
 

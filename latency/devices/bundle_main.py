@@ -8,6 +8,10 @@ so it needs only those.
     python runner.py --threads 4 --out board.csv
     python runner.py --parity out.npz # no timing: every graph's outputs, to compare two machines or runtimes
 
+A bundle written with ``--custom-ops`` carries the board's custom-op library (``lib/``, named by the manifest's
+``custom_ops``); every session registers it.  ``--custom-ops-library FILE`` registers another build of it instead (the
+x86 side of a parity check).
+
 Running it again with the same --out resumes. Give the CSV (and its .json) to
 ``nas fit-predictor``.
 """
@@ -34,7 +38,9 @@ def version_tuple(text: str) -> tuple:
 
 
 def fingerprint(ort, manifest: dict, threads, provider: str, clock: str) -> dict:
+    custom = {"custom_ops": os.path.basename(manifest["custom_ops"])} if manifest.get("custom_ops") else {}
     return {
+        **custom,
         **host_facts(),
         "device": "onnxruntime",
         "runtime": f"onnxruntime-{provider}",
@@ -56,14 +62,22 @@ def done_keys(path: str) -> set:
         return {(r["key"], r["pass"]) for r in csv.DictReader(f)}
 
 
-def write_parity(path: str, entries: list, feed_of, threads, provider: str) -> None:
+def library_register(library):
+    """``ort_session``'s register hook for a custom-op library (None: none to register)."""
+    if library is None:
+        return None
+    return lambda options, _path: options.register_custom_ops_library(library)
+
+
+def write_parity(path: str, entries: list, feed_of, threads, provider: str, register=None) -> None:
     """``path`` (.npz): each distinct graph's outputs, as ``<graph file>:<output index>``, on its timing inputs."""
     arrays = {}
     for entry in entries:
         name = os.path.basename(entry["graph"])
         if any(k.startswith(name + ":") for k in arrays):
             continue
-        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=threads, provider=provider)
+        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=threads, provider=provider,
+                              register=register)  # fmt: skip
         for i, value in enumerate(session.run(None, feed_of(entry))):
             arrays[f"{name}:{i}"] = value
         del session
@@ -97,6 +111,8 @@ def main(argv=None) -> int:
     p.add_argument("--memory-mb", type=float, default=1024, help="weights held in memory at once (models are timed in groups)")
     p.add_argument("--parity", metavar="FILE.npz", help="instead of timing: write every graph's outputs (on the timing inputs, "
                    "with the seeded weights) to FILE.npz, to compare with another machine or runtime")
+    p.add_argument("--custom-ops-library", metavar="FILE", help="register this build of the custom operators instead of "
+                   "the bundle's (lib/; for another machine's side of a parity check)")
     args = p.parse_args(argv)
     try:
         check_clock(args.clock, args.threads)
@@ -105,6 +121,12 @@ def main(argv=None) -> int:
 
     with open(os.path.join(HERE, "manifest.json")) as f:
         manifest = json.load(f)
+    library = args.custom_ops_library or (os.path.join(HERE, manifest["custom_ops"]) if manifest.get("custom_ops") else None)
+    if library is not None and not os.path.isfile(library):
+        print(f"error: --custom-ops-library: {library} is not a file" if args.custom_ops_library else
+              f"error: the bundle's custom-op library {manifest['custom_ops']} is missing", file=sys.stderr)
+        return 2
+    register = library_register(library)
     try:
         import onnxruntime as ort
     except ImportError:
@@ -133,11 +155,12 @@ def main(argv=None) -> int:
 
     def runner_of(entry: dict):
         """The timed call of one entry: its graph on its inputs, or for a translate workload HAT's loop on its two graphs."""
-        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=args.threads, provider=args.provider)
+        session = ort_session(os.path.join(HERE, entry["graph"]), entry["tensors"], threads=args.threads, provider=args.provider,
+                              register=register)  # fmt: skip
         if workload.get("kind") != "translate":
             return ort_runner(session, feed_of(entry), args.clock)
         step = ort_session(os.path.join(HERE, entry["step_graph"]), entry["step_tensors"], threads=args.threads,
-                           provider=args.provider)  # fmt: skip
+                           provider=args.provider, register=register)  # fmt: skip
         return translate_ort_runner(session, step, entry["inputs"], workload["source"], workload["steps"], workload["beam"],
                                     args.clock)  # fmt: skip
 
@@ -145,7 +168,7 @@ def main(argv=None) -> int:
         print("error: --parity: not for a translate bundle yet (an encoder-decoder's two graphs)", file=sys.stderr)
         return 2
     if args.parity:  # outputs only, no timing, no table
-        write_parity(args.parity, [manifest["reference"]] + manifest["models"], feed_of, args.threads, args.provider)
+        write_parity(args.parity, [manifest["reference"]] + manifest["models"], feed_of, args.threads, args.provider, register)
         print(f"wrote {args.parity}")
         return 0
 

@@ -45,9 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed for the subnets sampled and the visiting order (default 0)")
     p.add_argument("--workload", help="the space's latency workload to time, by name: prefill (one forward pass) or decode "
                    "(one new token at a context), as the space's latency section names them (default: its first)")
-    p.add_argument("--custom-ops", action="store_true", help="onnxruntime: time the graphs with the attention types' ONNX "
-                   "Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them); default: standard "
-                   "operators only")
+    p.add_argument("--custom-ops", action="store_true", help="onnxruntime and arm: time the graphs with the attention "
+                   "types' ONNX Runtime custom operators (nas.kernels, as `nas export --custom-ops` writes them; an arm "
+                   "bundle carries their library built for aarch64); default: standard operators only")
     add_device_flags(p, NAME)
     p.add_argument("--precision", help="fp32 (default), int8-dynamic, int8-static, int8-smooth or int8-outlier: onnxruntime "
                    "(cpu) times the graphs "
@@ -77,11 +77,11 @@ def _run_with_ops(args: argparse.Namespace) -> int:
         from search_spaces import UserError
         from supernet.attention import ort_ops
 
-        if args.device != "onnxruntime":
-            raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime), not "
-                            f"{args.device}: the "
-                            "ARM bundle and remote devices carry no custom-op library yet")
-        with ort_ops.requested():
+        if args.device not in ("onnxruntime", "arm"):
+            raise UserError(f"--custom-ops: for --device onnxruntime (this machine's ONNX Runtime) or arm (the bundle "
+                            f"carries the library built for aarch64), not {args.device}: a remote host's architecture "
+                            "is not known before it is reached")
+        with ort_ops.requested(board=args.device == "arm"):
             return _run(args)
     return _run(args)
 
@@ -135,7 +135,12 @@ def _run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="nas-bundle-") as scratch:  # an ssh run's bundle: removed however it ends
             target = Path(args.bundle) if args.bundle else Path(scratch) / "bundle.tar.gz"
             b, update = visit_bar("exporting")
-            write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update)
+            library = None
+            if getattr(args, "custom_ops", False):
+                from supernet.attention.ort_ops import board_library
+
+                library = board_library()[0]  # (requested(board=True) has built it, or refused)
+            write_bundle(target, space, workload, passes, settings, seed=args.seed, progress=update, custom_ops=library)
             b.close()
             if args.bundle:
                 print(f"wrote {target}")

@@ -122,6 +122,32 @@ def library() -> tuple[Path | None, str]:
     return (None, why) if isa is None else _library(isa)
 
 
+BOARD_ISA = "neon"  # what an ARM board's library is built for (aarch64 always has Neon)
+CROSS_CXX = "NAS_CROSS_CXX"  # the aarch64 C++ cross compiler (default aarch64-linux-gnu-g++)
+
+
+@lru_cache(maxsize=None)
+def board_library() -> tuple[Path | None, str]:
+    """(the custom-op library for an aarch64 board, "") or (None, why not): on an aarch64 host this host's own, else
+    cross-compiled with ``$NAS_CROSS_CXX`` (default ``aarch64-linux-gnu-g++``: Debian's g++-aarch64-linux-gnu) once,
+    cached beside the host's libraries.  What the ARM bundle of ``--custom-ops`` carries."""
+    if native.machine() in ("aarch64", "arm64"):
+        return library()
+    compiler = os.environ.get(CROSS_CXX, "aarch64-linux-gnu-g++")
+    if shutil.which(compiler) is None:
+        return None, f"no aarch64 cross compiler ({compiler!r} not on PATH: apt-get install g++-aarch64-linux-gnu)"
+    flags = native.ISA_FLAGS[BOARD_ISA]
+    out = library_dir(f"{BOARD_ISA}-aarch64", flags) / f"libnas_ort_ops_{BOARD_ISA}.so"
+    if out.exists():
+        return out, ""
+    print(f"nas: building the ONNX Runtime custom-op library for aarch64 boards in {out.parent} (once)", file=sys.stderr)
+    try:
+        compile_library(out, compiler, flags)
+    except (OSError, RuntimeError) as e:
+        return None, f"the aarch64 build failed ({str(e)[:200]})"
+    return out, ""
+
+
 def status_line() -> str:
     """One line for ``nas doctor``: where the library is, or why it is not available (without building it)."""
     if os.environ.get(native.ENV_OFF, "1") == "0":
@@ -315,14 +341,15 @@ def emitting():
 
 
 @contextlib.contextmanager
-def requested(flag: str = "--custom-ops"):
+def requested(flag: str = "--custom-ops", board: bool = False):
     """What a command's ``--custom-ops`` does: the exports inside emit the custom operators; refused in one line naming
-    ``flag`` where the library cannot be built or loaded here."""
+    ``flag`` where the library cannot be built or loaded here (``board``: the aarch64 board's, :func:`board_library`)."""
     from search_spaces import UserError
 
-    found, why = library()
+    found, why = board_library() if board else library()
     if found is None:
-        raise UserError(f"{flag}: the ONNX Runtime custom-op library is not available here: {why}")
+        where = "for an aarch64 board" if board else "here"
+        raise UserError(f"{flag}: the ONNX Runtime custom-op library is not available {where}: {why}")
     with emitting():
         yield
 

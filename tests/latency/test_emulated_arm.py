@@ -101,3 +101,62 @@ def test_tiny_bundle_runs_on_emulated_aarch64_and_matches_x86(tmp_path, arm_root
         env=env, capture_output=True, text=True,
     )  # what the bundle's README says: 3 subnets prove the path, a fit needs 10
     assert fit.returncode == 2 and "3 measured subnets; fitting needs at least 10" in fit.stderr, fit.stderr
+
+
+@pytest.mark.timeout(1200)
+def test_a_custom_ops_bundle_carries_its_aarch64_library_and_matches_x86(tmp_path, arm_root):
+    """``--custom-ops`` on the ARM bundle: the graphs hold the nas.kernels operators, the bundle carries their library
+    cross-compiled for aarch64 (lib/), the emulated board registers it and computes what this host's build computes."""
+    from supernet.attention import ort_ops
+
+    if ort_ops.board_library()[0] is None or ort_ops.library()[0] is None:
+        pytest.skip(f"no custom-op library for both sides: {ort_ops.board_library()[1] or ort_ops.library()[1]}")
+    tiny_space(tmp_path, "prefill")  # (writes tiny8.yaml: tiny at 8 tokens)
+    text = (tmp_path / "tiny8.yaml").read_text()
+    types = "attention: [softmax, gqa:2, local:32, strided:16, linear, cosformer:256, hydra, sima, lsra:7, msla:5, convmod:7]"
+    assert types in text
+    (tmp_path / "ops.yaml").write_text(text.replace("name: tiny8", "name: tiny8-ops").replace(types, "attention: [local:32, "
+                                                                                              "strided:16, linear, hydra]"))
+    space = load_space(str(tmp_path / "ops.yaml"))
+    subnets = campaign_subnets(space, 3, seed=0)
+    with ort_ops.requested(board=True):
+        bundle = write_bundle(tmp_path / "b.tar.gz", space, space.workload("prefill"), {"measure": subnets}, SMALLEST,
+                              seed=0, custom_ops=ort_ops.board_library()[0])  # fmt: skip
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+        manifest = json.loads(tar.extractfile("nas-latency-bundle/manifest.json").read())
+        tar.extractall(tmp_path / "x", filter="data")
+    assert manifest["custom_ops"] == "lib/libnas_ort_ops_neon.so" and "nas-latency-bundle/lib/libnas_ort_ops_neon.so" in names
+    lib = (tmp_path / "x" / "nas-latency-bundle" / "lib" / "libnas_ort_ops_neon.so").read_bytes()
+    assert lib[:4] == b"\x7fELF" and int.from_bytes(lib[18:20], "little") == 183  # an ELF for EM_AARCH64
+    graphs = sorted((tmp_path / "x" / "nas-latency-bundle" / "models").glob("*.onnx"))
+    models = {tmp_path / "x" / "nas-latency-bundle" / m["graph"] for m in manifest["models"]}
+    assert models and all(ort_ops.uses_custom_ops(g) for g in models)  # each subnet's types have an operator (the
+    # protocol's reference model is the task's own, softmax)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NAS_ARM_ROOT": str(arm_root)}
+    work = tmp_path / "board"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(bundle), "--work", str(work)], env=env, capture_output=True, text=True, timeout=1100
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    parity = json.loads((work / "parity.json").read_text())
+    print(json.dumps(parity, indent=1))
+    assert set(parity["graphs"]) == {g.name for g in graphs}
+    for name, g in parity["graphs"].items():
+        assert g["max_abs"] > 0 and g["max_abs_diff"] < 1e-5, (name, g)  # Neon against AVX: other summation orders
+    fp = read_timings(work / "timings.csv").fingerprint
+    assert fp["machine"] == "aarch64" and fp["custom_ops"] == "libnas_ort_ops_neon.so", fp
+
+
+def test_a_bundle_refuses_a_missing_custom_op_library(tmp_path):
+    """The runner's --custom-ops-library names a file that is not there: one line, exit 2, before anything runs."""
+    space = tiny_space(tmp_path, "prefill")
+    bundle = write_bundle(tmp_path / "b.tar.gz", space, space.workload("prefill"), {"measure": campaign_subnets(space, 3, 0)},
+                          SMALLEST, seed=0)  # fmt: skip
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    runner = tmp_path / "nas-latency-bundle" / "runner.py"
+    done = subprocess.run([sys.executable, str(runner), "--parity", "p.npz", "--custom-ops-library", "nope.so"],
+                          cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip() == "error: --custom-ops-library: nope.so is not a file"
+    assert not (tmp_path / "p.npz").exists()
