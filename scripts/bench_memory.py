@@ -20,7 +20,8 @@ adds to the model trained with one, apart from how that training differs from th
 
 Decode latency per token is measured for both at the step each reads at most (``W - 1`` cached entries; the memory
 model's space declares a decode context of ``--doc-len - 1``, which its bounded cache turns into ``W - 1``): one
-thread, ``--rounds`` interleaved rounds, the median; the two must agree (``decode_ratio``, with over without).
+thread, by the latency campaigns' own protocol (``latency.timing_core.run_protocol``: ``--rounds`` interleaved
+rounds, drift-corrected by a reference model, the median); the two must agree (``decode_ratio``, with over without).
 
 The verdict per budget: the mean bits/byte over seeds of each, their difference, the seed SD pooled over every
 (budget, variant) cell (``seed_sd``) and whether the difference passes 2 seed SD (the issue's target), beside a paired
@@ -149,25 +150,29 @@ def score(model_dir: Path, docs: list[np.ndarray], cache: Path, memory: bool = T
 
 
 def decode_ms(models: dict[str, Path], window: int, rounds: int, min_ms: float) -> dict[str, float]:
-    """Median ms of one decode step per model, at the step reading ``window - 1`` cached entries, interleaved rounds."""
-    calls = {}
+    """Median ms of one decode step per model, at the step reading ``window - 1`` cached entries: timed by the latency
+    protocol of every campaign (:func:`latency.timing_core.run_protocol`: warm-up, interleaved rounds in shuffled
+    orders, samples of at least ``min_ms``, a reference model's samples around each visit for the drift correction;
+    the reference is the first model's step)."""
+    from latency.timing_core import Settings, run_protocol
+
+    def runner(call):
+        @torch.inference_mode()
+        def run(n: int) -> float:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                call()
+            return time.perf_counter() - t0
+
+        return run
+
+    runners = {}
     for name, d in models.items():
-        model = load_model(d).eval()
         w = Workload("decode", 1, 0, "decode", window - 1)
-        calls[name] = decode_setup(model, w)[0]
-    samples: dict[str, list[float]] = {k: [] for k in calls}
-    rng = np.random.default_rng(0)
-    with torch.inference_mode():
-        for c in calls.values():
-            c()  # warm
-        for _ in range(rounds):
-            for name in rng.permutation(list(calls)):
-                call, n, t0 = calls[name], 0, time.perf_counter()
-                while (time.perf_counter() - t0) * 1e3 < min_ms or n < 3:
-                    call()
-                    n += 1
-                samples[name].append((time.perf_counter() - t0) * 1e3 / n)
-    return {k: statistics.median(v) for k, v in samples.items()}
+        runners[name] = runner(decode_setup(load_model(d).eval(), w)[0])
+    settings = Settings(warmup=3, repeats=3 * rounds, rounds=rounds, min_sample_ms=min_ms)
+    results, _ = run_protocol(runners, runners[next(iter(runners))], settings, np.random.default_rng(0))
+    return {k: r.median_ms for k, r in results.items()}
 
 
 def paired_p(a: list[float], b: list[float]) -> float | None:
