@@ -12,10 +12,13 @@ After the search, the chosen subnet is exported and timed with ONNX Runtime side
 type) extracted from the same supernet, the best one per attention type that the predictor puts
 under the budget.  All of them are scored on held-out windows the search never saw.
 
-``recipe`` (``nas demo --recipe``, one of :data:`supernet.runs.RECIPES`) turns the found subnet into the deployed
-model by a final training of ``Plan.final_time`` instead (``nas train-subnet``: from scratch, or the supernet's slice
-fine-tuned, or fine-tuned with the supernet's largest subnet as a teacher); without it the deployed model is the
-subnet's inherited weights as they are (the demo as before).  The baselines stay the supernet's inherited models.
+``recipe`` (``nas demo --recipe``, one of :data:`supernet.runs.RECIPES`; the CLI's default
+:data:`supernet.runs.DEFAULT_RECIPE`, the one ``scripts/bench_final_training.py`` chose) turns the found subnet into the
+deployed model by a final training of ``Plan.final_time`` instead (``nas train-subnet``: from scratch, or the
+supernet's slice fine-tuned, or fine-tuned with the supernet's largest subnet as a teacher); without one the deployed
+model is the subnet's inherited weights as they are.  The comparison with the baselines is between inherited models
+alone (the found subnet's slice against theirs, all from the one supernet: the search's verdict, on equal terms); the
+deployed model's own bits/byte on the same fresh windows is reported beside it, and it is what is timed and ships.
 """
 
 from __future__ import annotations
@@ -202,7 +205,7 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     summary["stage_seconds"] = stage.all_seconds()
     summary["plan"] = asdict(plan)
     if space == SPACE and data is None and plan in (FULL, QUICK):  # the command that makes this run again (the page's)
-        summary["command"] = demo_command(p.root, plan, seed, threads)
+        summary["command"] = demo_command(p.root, plan, seed, threads, recipe)
     p.summary.write_text(json.dumps(summary, indent=2) + "\n")
     # 6. one page that shows the run (nas report)
     from nas.report import write_report
@@ -211,12 +214,14 @@ def run_demo(out: str | Path, run_command: RunCommand, plan: Plan = FULL, *, thr
     return summary
 
 
-def demo_command(out: Path, plan: Plan, seed: int, threads: int | None) -> str:
-    """``nas demo`` as typed for ``plan`` (FULL or QUICK), ``seed`` and ``threads`` into ``out`` (quoted for a shell)."""
+def demo_command(out: Path, plan: Plan, seed: int, threads: int | None, recipe: str | None = None) -> str:
+    """``nas demo`` as typed for ``plan`` (FULL or QUICK), ``seed``, ``threads`` and ``recipe`` (None: the inherited
+    weights, ``--recipe none``; always written, for the default recipe may change) into ``out`` (quoted for a shell)."""
     import shlex
 
     return (f"nas demo --out {shlex.quote(str(out))}" + (" --quick" if plan == QUICK else "")
-            + (f" --seed {seed}" if seed else "") + (f" --threads {threads}" if threads else ""))
+            + (f" --seed {seed}" if seed else "") + (f" --threads {threads}" if threads else "")
+            + f" --recipe {recipe or 'none'}")
 
 
 def budget_from_table(path: Path, percentile: float) -> float:
@@ -296,15 +301,16 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, trained: bool 
     )
     models = {name: supernet.extract(s).eval() for name, s in candidates.items()}
     if trained:
-        models["found"] = load_model(p.model)
+        models["found"] = load_model(p.model)  # the deployed model: what ships is what is timed (the same architecture)
     m = measure(device, models, space.workload(), settings, seed=seed, baseline_ms=table.meta.get("baseline_ms"))
+    # the verdict on equal terms: every model's inherited weights (the found subnet's slice too), the same windows
     losses = fresh_fit(list(candidates.values()))
     searched = search_fit(list(candidates.values()))  # as the search scored them (the model card's number)
-    if trained:  # the found model's own weights, on the same windows
-        losses[0], searched[0] = fresh_fit.static(models["found"]), search_fit.static(models["found"])
-        paired = paired_with_model(fresh_fit, models["found"], list(baselines.values()))
-    else:
-        paired = separability(fresh_fit, list(candidates.values()))["vs_first"]  # each baseline - found, window by window
+    paired = separability(fresh_fit, list(candidates.values()))["vs_first"]  # each baseline - found, window by window
+    deployed = None
+    if trained:  # the final training's model on the same windows, beside its inherited slice
+        deployed = {"bpb": float(fresh_fit.static(models["found"])), "bpb_windows": plan.compare_windows,
+                    "search_bpb": float(search_fit.static(models["found"])), "inherited_bpb": float(losses[0])}
     pred = predictor.predict(list(candidates.values()))
     rows = []
     for (name, s), loss, seen, pr in zip(candidates.items(), losses, searched, pred):
@@ -335,6 +341,7 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, trained: bool 
     return {
         "budget_ms": budget_ms,
         "found": {**me, "subnet": found.to_dict()},
+        **({"deployed": deployed} if deployed else {}),
         "error_pct": latency_error_pct(me["measured_ms"], me["predicted_ms"]),
         "within_budget": me["measured_ms"] <= budget_ms,
         "baselines": rows[1:],
@@ -349,18 +356,6 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, trained: bool 
             "report_html": str(p.report),
         },
     }
-
-
-def paired_with_model(fitness, model, subnets: list[Subnet]) -> list[dict]:
-    """Each subnet's (inherited) bits minus a static ``model``'s, window by window on ``fitness``'s windows: the mean
-    difference and its standard error (as :func:`nas.search.fitness.separability`'s ``vs_first``)."""
-    held, bs = fitness.heldout, fitness.batch_size
-    mine = held.window_bits(model, None, bs, mixed_precision=False)
-    out = []
-    for s in subnets:
-        d = held.window_bits(fitness.scorer(s), s, bs, mixed_precision=False) - mine
-        out.append({"diff": float(d.mean()), "se": float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("nan")})
-    return out
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -383,14 +378,15 @@ def render_summary(s: dict, p: Paths) -> str:
         "=" * 78,
         f"budget {s['budget_ms']:.3f} ms (ONNX Runtime, 1 thread, this CPU; prefill 1x256 bytes)",
         f"found  {Subnet.from_dict(f['subnet'])}",
-        f"       deployed model: {s.get('recipe', 'inherited weights, no final training')}",
-        f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte on {f['bpb_windows']} fresh held-out windows "
-        f"({f['search_bpb']:.4f} on the search's {f['search_windows']}, as its search and model card scored it)",
+        f"       {f['params']:,} parameters, {f['bpb']:.4f} bits/byte with its inherited weights on {f['bpb_windows']} fresh "
+        f"held-out windows ({f['search_bpb']:.4f} on the search's {f['search_windows']}, as its search scored it)",
+        f"       deployed model: {s.get('recipe', 'inherited weights, no final training')}"
+        + (f": {d['bpb']:.4f} bits/byte on the same fresh windows" if (d := s.get("deployed")) else ""),
         f"       predicted {f['predicted_ms']:.3f} ms, measured {f['measured_ms']:.3f} ms ({s['error_pct']:+.1f}%), "
         + ("within the budget" if s["within_budget"] else "OVER THE BUDGET"),
         "",
         f"{'':2}{'model':22} {'params':>9} {'bits/byte':>9} {'predicted':>10} {'measured':>9}   "
-        f"(bits/byte: {f['bpb_windows']} fresh windows)",
+        f"(bits/byte: {f['bpb_windows']} fresh windows, every model's inherited weights)",
     ]
     for r in [f] + s["baselines"]:
         lines.append(

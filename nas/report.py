@@ -94,7 +94,8 @@ ROW = {"name": TEXT, "subnet": TEXT, "key": TEXT, "params": NUM, "bpb": NUM, "bp
        "vs_found_bpb": NUM, "vs_found_se": NUM}
 SUMMARY = {"budget_ms": NUM, "within_budget": BOOL, "error_pct": NUM, "beats_baselines": BOOL, "sample": TEXT,
            "found": {**ROW, "subnet": ANY}, "baselines": [ROW], "stage_seconds": Map(NUM), "plan": Map(ANY),
-           "command": TEXT}
+           "command": TEXT, "recipe": TEXT,
+           "deployed": {"bpb": NUM, "bpb_windows": NUM, "search_bpb": NUM, "inherited_bpb": NUM}}
 SEARCH = {
     "nas_version": TEXT, "evaluations": NUM,
     "config": {"strategy": TEXT, "seed": NUM, "margin_pct": NUM, "max_params": NUM, "budgets": [TEXT],

@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every stage (default 0)")
     p.add_argument("--recipe", metavar="RECIPE", help="train the found subnet into the deployed model by this final-"
                    "training recipe: scratch, inherit (the supernet's slice, fine-tuned) or distill (fine-tuned with the "
-                   "supernet's largest subnet as a teacher), for 3 minutes (--quick 20 s); default: export its inherited "
-                   "weights as they are")
+                   "supernet's largest subnet as a teacher), for 3 minutes (--quick 20 s), or none: export its inherited "
+                   "weights as they are (default: the recipe docs/benchmarks/final-training chose, "
+                   "supernet.runs.DEFAULT_RECIPE)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,12 +34,16 @@ def run(args: argparse.Namespace) -> int:
 
     from nas.cli import main
     from nas.demo import FULL, QUICK, Paths, render_summary, run_demo
+    from search_spaces import UserError
+    from supernet.runs import DEFAULT_RECIPE, RECIPES
     from supernet.train import resolve_threads
 
+    if args.recipe not in (None, "none", *RECIPES):  # before anything is written
+        raise UserError(f"--recipe: {args.recipe!r} is not one of {', '.join(RECIPES)}, none")
+    recipe = {None: DEFAULT_RECIPE, "none": None}.get(args.recipe, args.recipe)
     threads = resolve_threads(args.threads)  # auto (the default): the CPUs free now, the same number for every stage
     torch.set_num_threads(threads)
-    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=threads, seed=args.seed,
-                       recipe=args.recipe)
+    summary = run_demo(args.out, main, QUICK if args.quick else FULL, threads=threads, seed=args.seed, recipe=recipe)
     print(render_summary(summary, Paths(Path(args.out))))
     return 0 if summary["within_budget"] else 1
 

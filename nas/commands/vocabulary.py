@@ -132,7 +132,7 @@ VOCABULARY: dict[str, Term] = {
     "--n": Term("n", "examples a data generator writes to the training split", ("data",)),
     "--eval-n": Term("eval_n", "examples a data generator writes to each of the validation and test splits", ("data",)),
     "--recipe": Term("recipe", "the final-training recipe that turns the found subnet into the deployed model: scratch, "
-                     "inherit or distill", ("demo",)),
+                     "inherit, distill or none (its inherited weights)", ("demo",)),
     # ---- held-out scoring (search, fit-accuracy, export)
     "--val-data": Term("val_data", "held-out data to score on", SCORING),
     "--data-cache": Term("data_cache", "the training run's corpus cache", SCORING),

@@ -402,9 +402,9 @@ def test_the_reproduce_section_gives_commands_that_parse_to_the_run_s_settings(d
     run, page, _ = demo_page
     text = page.read_text()
     reproduce = text[text.index("<h2>Reproduce</h2>"):]
-    assert f"<pre>nas demo --out {run} --quick\nnas report {run}    # this page</pre>" in reproduce
-    _, args = parse(shlex.split(f"nas demo --out {run} --quick")[1:])  # the command run_demo records, as typed
-    assert (args.command, args.out, args.quick, args.seed) == ("demo", str(run), True, 0)
+    assert f"<pre>nas demo --out {run} --quick --recipe none\nnas report {run}    # this page</pre>" in reproduce
+    _, args = parse(shlex.split(f"nas demo --out {run} --quick --recipe none")[1:])  # what run_demo records, as typed
+    assert (args.command, args.out, args.quick, args.seed, args.recipe) == ("demo", str(run), True, 0, "none")
     assert "<td>nas-transformers</td><td>0.2.0</td><td>search/search.json</td>" in reproduce
     out, _ = search_dir
     assert main(["report", str(out), "--out", str(tmp_path / "s.html")]) == 0
@@ -432,5 +432,21 @@ def test_the_templates_ship_with_the_package():
 def test_the_demo_records_the_command_that_makes_it_again(tmp_path):
     from nas.demo import FULL, QUICK, demo_command
 
-    assert demo_command(tmp_path / "a b", QUICK, 3, 2) == f"nas demo --out '{tmp_path / 'a b'}' --quick --seed 3 --threads 2"
-    assert demo_command(tmp_path, FULL, 0, None) == f"nas demo --out {tmp_path}"
+    assert demo_command(tmp_path / "a b", QUICK, 3, 2, "inherit") == (f"nas demo --out '{tmp_path / 'a b'}' --quick --seed 3 "
+                                                                     "--threads 2 --recipe inherit")
+    assert demo_command(tmp_path, FULL, 0, None) == f"nas demo --out {tmp_path} --recipe none"  # (the default may change)
+
+
+def test_the_demo_page_shows_the_deployed_model_beside_the_inherited_verdict(tmp_path):
+    """With a final-training recipe the verdict stays between inherited models (the found subnet's slice against the
+    baselines') and the deployed model's own bits/byte is shown beside it."""
+    from nas.report import write_report
+    from tests.nas.report_fakes import demo_folder
+
+    run = demo_folder(tmp_path / "run")
+    summary = json.loads((run / "summary.json").read_text())
+    summary.update(recipe="inherit", deployed={"bpb": 1.8123, "bpb_windows": 16, "search_bpb": 1.79, "inherited_bpb": 2.9})
+    (run / "summary.json").write_text(json.dumps(summary))
+    text = write_report(run).read_text()
+    assert "with its inherited weights, as the baselines are scored" in text
+    assert "the deployed model (inherit): bits/byte <b>1.8123</b> on the same fresh windows" in text

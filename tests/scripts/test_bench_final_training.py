@@ -109,7 +109,8 @@ def test_the_recipe_is_one_setting_that_the_demo_and_the_benchmarks_select(tmp_p
     with pytest.raises(UserError, match=r"^--recipe inherit: needs the supernet checkpoint"):
         recipe_sources("inherit", None)
     assert main(["demo", "--out", str(tmp_path / "demo"), "--recipe", "finetune"]) == 2
-    assert capsys.readouterr().err.strip() == "nas demo: error: --recipe: 'finetune' is not one of scratch, inherit, distill"
+    said = capsys.readouterr().err.strip()
+    assert said == "nas demo: error: --recipe: 'finetune' is not one of scratch, inherit, distill, none"
     assert not (tmp_path / "demo").exists()
     for script in ("bench_vision.py", "bench_translate.py", "bench_final_training.py"):
         assert "DEFAULT_RECIPE" in (ROOT / "scripts" / script).read_text()  # they read the one place
