@@ -64,6 +64,16 @@ def tiny_space(tmp_path: Path, workload: str):
     return load_space(str(path))
 
 
+def run_emulated(bundle: Path, work: Path, arm_root: Path) -> dict:
+    """scripts/emulated_arm.py on ``bundle`` in ``work`` (as a user runs it); its parity report."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NAS_ARM_ROOT": str(arm_root)}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), str(bundle), "--work", str(work)], env=env, capture_output=True, text=True, timeout=1100
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((work / "parity.json").read_text())
+
+
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("workload", ["prefill", "decode"])
 def test_tiny_bundle_runs_on_emulated_aarch64_and_matches_x86(tmp_path, arm_root, workload):
@@ -74,13 +84,8 @@ def test_tiny_bundle_runs_on_emulated_aarch64_and_matches_x86(tmp_path, arm_root
     bundle = write_bundle(tmp_path / "b.tar.gz", space, space.workload(workload), {"measure": subnets}, SMALLEST, seed=0)
     with tarfile.open(bundle) as tar:
         graphs = {Path(n).name for n in tar.getnames() if n.endswith(".onnx")}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NAS_ARM_ROOT": str(arm_root)}
     work = tmp_path / "board"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(bundle), "--work", str(work)], env=env, capture_output=True, text=True, timeout=1100
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    parity = json.loads((work / "parity.json").read_text())
+    parity = run_emulated(bundle, work, arm_root)
     print(workload, json.dumps(parity, indent=1))  # the figures, for the record (pytest -s)
     assert set(parity["graphs"]) == graphs  # every graph of the bundle ran on both sides
     for name, g in parity["graphs"].items():
@@ -98,7 +103,7 @@ def test_tiny_bundle_runs_on_emulated_aarch64_and_matches_x86(tmp_path, arm_root
 
     fit = subprocess.run(
         [sys.executable, "-m", "nas", "fit-predictor", str(work / "timings.csv"), "--out", str(tmp_path / "pred")],
-        env=env, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
     )  # what the bundle's README says: 3 subnets prove the path, a fit needs 10
     assert fit.returncode == 2 and "3 measured subnets; fitting needs at least 10" in fit.stderr, fit.stderr
 
@@ -133,13 +138,8 @@ def test_a_custom_ops_bundle_carries_its_aarch64_library_and_matches_x86(tmp_pat
     models = {tmp_path / "x" / "nas-latency-bundle" / m["graph"] for m in manifest["models"]}
     assert models and all(ort_ops.uses_custom_ops(g) for g in models)  # each subnet's types have an operator (the
     # protocol's reference model is the task's own, softmax)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NAS_ARM_ROOT": str(arm_root)}
     work = tmp_path / "board"
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(bundle), "--work", str(work)], env=env, capture_output=True, text=True, timeout=1100
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    parity = json.loads((work / "parity.json").read_text())
+    parity = run_emulated(bundle, work, arm_root)
     print(json.dumps(parity, indent=1))
     assert set(parity["graphs"]) == {g.name for g in graphs}
     for name, g in parity["graphs"].items():
