@@ -37,14 +37,14 @@ RESUMABLE = ("tokens", "formats", "device", "scoring", "corpus_dir", "target_ort
 # Settings fields -> the flag that sets them, for messages.
 # The final-training recipes: how a found subnet becomes the deployed model (scripts/bench_final_training.py measures
 # them at equal CPU time: docs/benchmarks/final-training/).  The one place that says which one the benchmarks and
-# `nas demo --recipe` use unless told: scratch until that table says another wins beyond its seed noise.
+# `nas demo` use unless told: the one that table chose (inherit, on the LM, images and translation, 2026-11-29).
 RECIPES = {
     "scratch": "weights drawn from the seed, trained on the task's data",
     "inherit": "the subnet's slice of the supernet (--init supernet:CKPT), fine-tuned on the task's data",
     "distill": "the subnet's slice, fine-tuned with the supernet's largest subnet as a teacher (--init supernet:CKPT "
                "--distill-from supernet:CKPT --distill 0.5)",
 }
-DEFAULT_RECIPE = "scratch"
+DEFAULT_RECIPE = "inherit"
 RECIPE_DISTILL = 0.5  # the teacher's weight of the distill recipe (train-subnet's --distill default)
 FLAGS = {"init": "--init", "data": "--data", "lang": "--lang", "data_seed": "--data-seed", "val_fraction": "--val-fraction",
          "distill_from": "--distill-from", "distill": "--distill", "warmup_steps": "--lr-warmup"}

@@ -94,13 +94,15 @@ def test_bad_flags_are_one_line_exit_2(tmp_path, capsys):
 
 
 def test_the_recipe_is_one_setting_that_the_demo_and_the_benchmarks_select(tmp_path, capsys):
-    """supernet.runs holds the recipes and the default (scratch until measured); a recipe is train-subnet's sources
+    """supernet.runs holds the recipes and the default (the committed benchmark's choice); a recipe is train-subnet's sources
     and flags; nas demo --recipe refuses an unknown one in one line before writing anything."""
     from nas.cli import main
     from search_spaces import UserError
     from supernet.runs import DEFAULT_RECIPE, RECIPES, recipe_flags, recipe_sources
 
-    assert DEFAULT_RECIPE == "scratch" and set(RECIPES) == {"scratch", "inherit", "distill"}
+    assert set(RECIPES) == {"scratch", "inherit", "distill"}
+    measured = json.loads((ROOT / "docs" / "benchmarks" / "final-training" / "final.json").read_text())["tasks"]
+    assert DEFAULT_RECIPE == measured["lm"]["chosen"]  # the default is what the committed run chose (the demo's task)
     ckpt = tmp_path / "s.pt"
     assert recipe_sources("scratch", None) == {"init": "scratch", "distill_from": None, "distill": 0.0}
     assert recipe_flags("inherit", ckpt) == ["--init", f"supernet:{ckpt}"]
