@@ -275,10 +275,10 @@ def compare(p: Paths, plan: Plan, budget_ms: float, *, seed: int, trained: bool 
     tokens, _ = validation_tokens(p.checkpoint, payload)
     from supernet.task import trained_options
 
-    trained = trained_options(space, payload["meta"])  # scored as trained (a masked LM: at its training mask rate)
-    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0, options=trained)  # the search's windows
+    options = trained_options(space, payload["meta"])  # scored as trained (a masked LM: at its training mask rate)
+    search_fit = InheritedLoss(supernet, tokens, windows=plan.val_windows, seed=0, options=options)  # the search's windows
     # never seen by the search
-    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000, options=trained)
+    fresh_fit = InheritedLoss(supernet, tokens, windows=plan.compare_windows, seed=seed + 1000, options=options)
 
     # the best uniform subnet of each attention type that the predictor puts under the budget
     uniform = uniform_subnets(space)
