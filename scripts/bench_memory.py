@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
-from latency.devices.cpu import decode_setup  # noqa: E402
+from latency.devices.cpu import call_runner, decode_setup  # noqa: E402
 from search_spaces import load_space  # noqa: E402
 from search_spaces.space import Workload  # noqa: E402
 from supernet.artifact import load_model  # noqa: E402
@@ -156,20 +156,8 @@ def decode_ms(models: dict[str, Path], window: int, rounds: int, min_ms: float) 
     the reference is the first model's step)."""
     from latency.timing_core import Settings, run_protocol
 
-    def runner(call):
-        @torch.inference_mode()
-        def run(n: int) -> float:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                call()
-            return time.perf_counter() - t0
-
-        return run
-
-    runners = {}
-    for name, d in models.items():
-        w = Workload("decode", 1, 0, "decode", window - 1)
-        runners[name] = runner(decode_setup(load_model(d).eval(), w)[0])
+    w = Workload("decode", 1, 0, "decode", window - 1)
+    runners = {name: call_runner(decode_setup(load_model(d).eval(), w)[0]) for name, d in models.items()}
     settings = Settings(warmup=3, repeats=3 * rounds, rounds=rounds, min_sample_ms=min_ms)
     results, _ = run_protocol(runners, runners[next(iter(runners))], settings, np.random.default_rng(0))
     return {k: r.median_ms for k, r in results.items()}

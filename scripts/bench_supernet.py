@@ -71,13 +71,18 @@ def bench(space, device: torch.device, batch: int, seq: int, steps: int, rounds:
     x = torch.randint(0, space.vocab_size, (batch, seq), generator=gen).to(device)
     y = torch.randint(0, space.vocab_size, (batch, seq), generator=gen).to(device)
     runs = {"supernet": trainer(supernet, largest, x, y, device), "static": trainer(static, None, x, y, device)}
-    for step in runs.values():  # burn-in
-        seconds_per_step(step, 3, device)
+    return alternate(runs, batch * seq, steps, rounds, device, burn_in=3)
+
+
+def alternate(runs: dict, tokens: int, steps: int, rounds: int, device: torch.device, burn_in: int) -> dict:
+    """``{name: (tokens/s of the median round, of the best round)}`` of ``runs`` (callables of ``tokens`` tokens each),
+    after ``burn_in`` calls of each, timed ``steps`` calls a round in ``rounds`` alternating rounds."""
+    for run in runs.values():
+        seconds_per_step(run, burn_in, device)
     times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
-        for name, step in runs.items():
-            times[name].append(seconds_per_step(step, steps, device))
-    tokens = batch * seq
+        for name, run in runs.items():
+            times[name].append(seconds_per_step(run, steps, device))
     return {name: (tokens / statistics.median(t), tokens / min(t)) for name, t in times.items()}
 
 
@@ -113,16 +118,8 @@ def bench_sandwich(space, device: torch.device, batch: int, seq: int, rounds: in
             for step in steps:
                 step()
 
-    runs = {"supernet": run_supernet, "static": run_static}
-    for run in runs.values():  # burn-in: every kernel and allocation of the rotation once
-        seconds_per_step(run, 1, device)
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name].append(seconds_per_step(run, 1, device))
-    passes = sum(len(plan) for plan in plans)
-    tokens = batch * seq * passes
-    return {name: (tokens / statistics.median(t), tokens / min(t)) for name, t in times.items()}
+    passes = sum(len(plan) for plan in plans)  # (burn-in: every kernel and allocation of the rotation once)
+    return alternate({"supernet": run_supernet, "static": run_static}, batch * seq * passes, 1, rounds, device, burn_in=1)
 
 
 def main() -> int:

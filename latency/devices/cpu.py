@@ -24,6 +24,20 @@ def workload_tokens(model, workload: Workload, device: str = "cpu") -> torch.Ten
     return tokens.to(device)
 
 
+def call_runner(call, clock: str = "wall") -> Runner:
+    """The protocol's runner of a torch call: ``n`` calls under inference mode, timed by ``clock`` (seconds)."""
+    now = CLOCKS[clock]
+
+    @torch.inference_mode()
+    def run(n: int) -> float:
+        start = now()
+        for _ in range(n):
+            call()
+        return now() - start
+
+    return run
+
+
 def decode_setup(model, workload: Workload, device: str = "cpu"):
     """``(call, cache)`` for timing one decode step at ``workload.context``: ``call()`` runs it, logits (B, 1, V)."""
     from supernet.decode import step, synthetic_cache
@@ -79,16 +93,5 @@ class CPU:
         }
 
     def prepare(self, model, workload: Workload) -> Runner:
-        model = model.eval()
-        now = CLOCKS[self.clock]
-        call = torch_call(model, workload)
-
-        @torch.inference_mode()
-        def run(n: int) -> float:
-            start = now()
-            for _ in range(n):
-                call()
-            return now() - start
-
-        return run
+        return call_runner(torch_call(model.eval(), workload), self.clock)
 
