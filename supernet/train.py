@@ -42,6 +42,7 @@ from .data import check_length
 from .distributed import SINGLE, Dist
 from .heldout import HeldOut, autocast, run_model
 from .task import EVAL_STREAM, Batch, Learner, eval_starts, model_vocab, step_vocab, task_for
+from .tokenizer import Tokens
 
 # Streams of the per-step generators: default_rng([seed, STREAM, step]) (the data's and evaluation's: supernet.task).
 PLAN_STREAM = 1
@@ -499,11 +500,16 @@ class StepInfo:
     loss_unit: str = "nats"  # what ``losses`` are per: "nats/byte" beside a held-out "bits/byte" (:func:`loss_unit`)
 
 
-def loss_unit(metric: str) -> str:
+def loss_unit(metric: str, subword: bool = False) -> str:
     """The unit of the training loss (cross-entropy in nats per scored position) of a learner whose held-out score is
     ``metric``, so that a progress line says what its number is beside the validation's: ``bits/byte`` -> ``nats/byte``,
-    ``bits/masked byte`` -> ``nats/masked byte``, ``bits/label`` -> ``nats/label`` (a metric without a ``/``: ``nats``)."""
-    return f"nats/{metric.split('/', 1)[1].strip()}" if "/" in metric else "nats"
+    ``bits/masked byte`` -> ``nats/masked byte``, ``bits/label`` -> ``nats/label`` (a metric without a ``/``: ``nats``).
+    ``subword``: the model reads a BPE, so a scored position is a token, not a byte (``nats/target byte`` ->
+    ``nats/target token``), while the held-out score stays per byte."""
+    if "/" not in metric:
+        return "nats"
+    per = metric.split("/", 1)[1].strip()
+    return f"nats/{per.replace('byte', 'token') if subword else per}"
 
 
 @dataclass
@@ -526,6 +532,17 @@ class _Interrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+
+
+def reads_subwords(objective: Any, model: nn.Module | None, data: Any = None) -> bool:
+    """Whether what trains reads a byte-level BPE (the sandwich objective's space, the static model's, or a corpus read
+    at subword vocabularies): its training positions are tokens (bytes are the tokens of its smallest vocabulary when
+    it searches the size)."""
+    if isinstance(data, Tokens):
+        return True
+    space = getattr(objective, "space", None) or getattr(model, "space", None)
+    tokenizer = getattr(space, "tokenizer", None)
+    return bool(tokenizer is not None and tokenizer.bpe)
 
 
 @contextmanager
@@ -886,7 +903,7 @@ def train(
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
                 progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate,
-                                  loss_unit(t.learner.metric)))
+                                  loss_unit(t.learner.metric, reads_subwords(objective, model, train_data))))
             evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
             if evaluate:
                 t.evaluate()

@@ -152,6 +152,16 @@ def test_the_training_loss_is_labelled_with_its_unit():
 
     assert [loss_unit(m) for m in ("bits/byte", "bits/masked byte", "nats/target byte", "bits/label", "top-1 error")] == [
         "nats/byte", "nats/masked byte", "nats/target byte", "nats/label", "nats"]
+    # a BPE model's training positions are tokens (its held-out score stays per byte)
+    assert [loss_unit(m, subword=True) for m in ("bits/byte", "nats/target byte", "bits/label")] == [
+        "nats/token", "nats/target token", "nats/label"]
+    from types import SimpleNamespace
+
+    from supernet.train import reads_subwords
+
+    assert [reads_subwords(SimpleNamespace(space=load_space(n)), None) for n in ("tiny", "tiny-bpe", "long-bpe")] == [
+        False, True, True]
+    assert reads_subwords(SimpleNamespace(), SimpleNamespace(space=load_space("translate-tiny-bpe")))
     from nas.commands.common import step_postfix
 
     info = StepInfo(7, 10, 1.0, None, 1e-3, {"largest": 2.5, "smallest": 3.25}, (), 3200.0, "nats/byte")
