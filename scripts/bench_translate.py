@@ -15,7 +15,8 @@ each resumable (run the same command again):
 4. baselines, hand-scaled Transformers (both sides one width, every layer the same heads, FFN and attention type, every
    cross-attention the same heads over the same last encoder layers): per budget and type the largest under it,
    checked on the device; a ladder of vanilla softmax Transformers across widths and decoder depths;
-5. retrain the baselines from scratch (``nas train-subnet``: one budget in target bytes, seed, schedule and data);
+5. retrain the baselines by the final-training recipe (``nas train-subnet``: one budget in target bytes, seed, schedule
+   and data);
 6. search under the three budgets with ``--verify`` on the device (the candidates' measured latency must hold);
 7. retrain the found models; 8. score every model on the *whole* test split, which no search or training saw:
    held-out cross-entropy per target byte (nats, EOS counted; the primary metric:
@@ -42,7 +43,7 @@ speedup over the softmax ladder at equal chrF and at equal cross-entropy (interp
 whether every found model holds its budget (+2%).
 
 Every retrained model's training loss per logged step is in ``curves.csv`` and ``curves.png``.  ``--recipe`` (default
-:data:`supernet.runs.DEFAULT_RECIPE`, scratch) is the final-training recipe of every retraining (``inherit`` /
+:data:`supernet.runs.DEFAULT_RECIPE`, inherit) is the final-training recipe of every retraining (``inherit`` /
 ``distill`` start from the supernet's slice; a run keeps its recipe: use another ``--out`` for another).
 
 Cost of ``FULL`` on 2 idle cores (estimated, not timed: the machine it was written on was loaded 3x over): the
@@ -445,7 +446,8 @@ def run(args, plan: Plan) -> dict:
     init = recipe_flags(args.recipe, ckpt)
 
     # 5. retrain the baselines
-    log.info("retraining from scratch on %s target bytes each, %d at a time (one thread each)", f"{tokens:,}", plan.jobs)
+    log.info("retraining (recipe %s) on %s target bytes each, %d at a time (one thread each)", args.recipe, f"{tokens:,}",
+             plan.jobs)
     stage("retrain baselines", lambda: retrain_all(dict(models), retrain_dir, tokens, plan, args, space_arg, init=init))
 
     # 5b. the ranker, calibrated on the retrained baselines (their cross-entropy on the search's validation pairs)
@@ -662,10 +664,11 @@ def report(space, labels, budgets, models, roles, measured, scores, found, root:
     first = rows[0]
     gate = {**ladder_gate(rows), "retrain_bytes": tokens}
     w = space.workload()
-    lines = [f"HAT's claim on space {space.name!r}, {w} on {args.device} (1 thread, CPU clock); every model retrained from "
-             f"scratch on {tokens:,} target bytes ({first['steps']} steps of {plan.retrain_batch} pairs; same schedule "
-             f"and data); test split: cross-entropy over {first['ce_pairs']} pairs, chrF / BLEU at beam {BEAM} over "
-             f"{first['test_pairs']} pairs (sacrebleu); found model and best baseline of each budget at {plan.seeds} seeds",
+    lines = [f"HAT's claim on space {space.name!r}, {w} on {args.device} (1 thread, CPU clock); every model retrained by "
+             f"recipe {args.recipe} on {tokens:,} target bytes ({first['steps']} steps of {plan.retrain_batch} pairs; "
+             f"same schedule and data); test split: cross-entropy over {first['ce_pairs']} pairs, chrF / BLEU at beam "
+             f"{BEAM} over {first['test_pairs']} pairs (sacrebleu); found model and best baseline of each budget at "
+             f"{plan.seeds} seeds",
              (f"ranker: calibrated ({ranker['features']} features) on {ranker['models']} retrained baselines' validation "
               f"cross-entropy: leave-one-out Kendall tau {ranker['loo_tau']:.3f} (inherited loss alone "
               f"{ranker['inherited_tau']:.3f}); candidates verified on {args.device}, hurdles from scratch among them"

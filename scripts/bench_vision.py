@@ -18,7 +18,7 @@ exists is kept):
    trained longer); plus for softmax (the plain ViT) a ladder of the uniform softmax ViTs at every quarter of their
    predicted latencies up to the slowest (each rung the one predicted closest under its target);
 5. ``retrain``: every model (found and baselines) trained by the final-training recipe (``--recipe``, default
-   :data:`supernet.runs.DEFAULT_RECIPE`: from scratch; ``inherit`` / ``distill`` start from the supernet's slice) for
+   :data:`supernet.runs.DEFAULT_RECIPE`: ``inherit``, the supernet's slice fine-tuned; ``scratch`` / ``distill``) for
    the same ``--epochs`` of the training images (warm-up then cosine, label smoothing ``label_smoothing``, the space's
    seeded augmentation), ``--seeds`` seeds each, then scored on the 10,000 test images;
 6. ``measure``: every model timed side by side on ONNX Runtime (one image, batch 1, one thread, the thread's CPU time

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -79,13 +79,15 @@ class _Decoder:
             self.states = [{n: t[index] for n, t in s.items()} for s in self.states]
 
 
-def decode_limit(source: bytes, max_seq_len: int, max_len: int | None) -> int:
-    """The most bytes a translation of ``source`` may have; an empty source, or one longer than the model reads,
-    is refused in one line (torch's and ONNX Runtime's decoding alike)."""
-    if not source:
+def decode_limit(source: Sequence[int], max_seq_len: int, max_len: int | None) -> int:
+    """The most ids a translation of ``source`` (bytes, or a subword vocabulary's ids: a split's pairs read at it are
+    arrays) may have; an empty source, or one longer than the model reads, is refused in one line (torch's and ONNX
+    Runtime's decoding alike)."""
+    if len(source) == 0:
         raise UserError("the source text is empty")
     if len(source) > max_seq_len:
-        raise UserError(f"the source is {len(source)} bytes; this model reads at most {max_seq_len} (its max_seq_len)")
+        unit = "bytes" if isinstance(source, (bytes, bytearray)) else "tokens"
+        raise UserError(f"the source is {len(source)} {unit}; this model reads at most {max_seq_len} (its max_seq_len)")
     return max_seq_len if max_len is None else min(max_len, max_seq_len)
 
 

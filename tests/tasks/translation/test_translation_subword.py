@@ -79,3 +79,27 @@ def test_train_export_and_translate_from_the_folder_alone(tmp_path, capsys):
         assert main(["translate", "--model", str(alone), "file not found", "--max-bytes", "6", "--engine", engine,
                      "-q"]) == 0
         assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_a_split_read_at_the_vocabulary_is_translated_and_scored(tmp_path):
+    """The benchmark's scoring path: the test split's pairs read at the joint vocabulary (id arrays, not bytes) are
+    beam-searched, spelled by the vocabulary and scored; an over-long source of ids is refused in ids."""
+    import torch
+
+    from search_spaces import UserError
+    from tasks.translation.decode import decode_limit, evaluate_translation
+    from tasks.translation.model import TranslationTransformer
+
+    corpus = prepare_pairs(str(write_toy_tsv(tmp_path / "toy.tsv")), tmp_path)
+    space = parse_space(BPE.format(positions="rope"), "b.yaml")
+    tok = tokenize_pairs(corpus, space.tokenizer, tmp_path)
+    test = tok.split("test")
+    assert not isinstance(test[0][0], bytes)  # ids of the vocabulary
+    model = TranslationTransformer(space, space.largest(), generator=torch.Generator().manual_seed(0)).eval()
+    result = evaluate_translation(model.weights(), test, space.max_seq_len, beam=2, limit=3, max_len=4,
+                                  vocabulary=tok.vocabulary)
+    assert result["pairs"] == 3 and len(result["hypotheses"]) == 3 and 0 <= result["chrf"] <= 100
+    with pytest.raises(UserError, match=r"the source is 41 tokens; this model reads at most 40"):
+        decode_limit(np.ones(41, dtype=np.uint16), 40, None)
+    with pytest.raises(UserError, match="the source text is empty"):
+        decode_limit(np.zeros(0, dtype=np.uint16), 40, None)
