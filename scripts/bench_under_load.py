@@ -14,10 +14,16 @@ is read when torch starts), on a small seeded text file, its tokens/s the median
 * ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` alone (set by the entry point), one thread per core;
 * ``after``: the defaults now (``python -m nas``: passive waiting and ``--threads auto``).
 
+``spin30k``, ``spin3k`` (one thread per core, libgomp spinning ``GOMP_SPINCOUNT`` times before it sleeps, against its
+default 300,000) and ``auto-spin3k`` (``--threads auto`` with the short spin) are measured when ``--settings`` names
+them: a middle between spinning and sleeping at once.
+
 Neighbours: ``none``, ``busy`` (a Python busy loop, one core) and ``niced`` (the same at nice 10), started before
-the run and stopped after it.  The target (issue 56): with one of two cores held, ``after`` keeps at least 40% of its
-quiet tokens/s beside either neighbour.  Writes ``under_load.json`` (every run's tokens/s, threads chosen and load
-average) in ``--out``; a machine with one core cannot hold a core for the neighbour, and says so.
+the run and stopped after it; ``late``, the busy loop started once the run has logged its first step (its threads
+already chosen: the case ``--threads auto`` alone cannot see; named by ``--neighbours``).  The target (issue 56):
+with one of two cores held, ``after`` keeps at least 40% of its quiet tokens/s beside each neighbour.  Writes
+``under_load.json`` (every run's tokens/s, threads chosen and load average) in ``--out``; a machine with one core
+cannot hold a core for the neighbour, and says so.
 """
 
 from __future__ import annotations
@@ -36,13 +42,18 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = {  # name -> (through the nas entry point: passive waiting, --threads: None = the command's default)
-    "before": (False, "cores"),
-    "auto": (False, "auto"),
-    "passive": (True, "cores"),
-    "after": (True, None),
+SETTINGS = {  # name -> (through the nas entry point: passive waiting, --threads: None = the command's default, environment)
+    "before": (False, "cores", {}),
+    "auto": (False, "auto", {}),
+    "passive": (True, "cores", {}),
+    "after": (True, None, {}),
+    # libgomp's spin before a waiting thread sleeps (GOMP_SPINCOUNT; its default 300,000 when no policy is set), shorter:
+    "spin30k": (False, "cores", {"GOMP_SPINCOUNT": "30000"}),
+    "spin3k": (False, "cores", {"GOMP_SPINCOUNT": "3000"}),
+    "auto-spin3k": (False, "auto", {"GOMP_SPINCOUNT": "3000"}),
 }
-NEIGHBOURS = ("none", "busy", "niced")
+DEFAULT_SETTINGS = ("before", "auto", "passive", "after")
+NEIGHBOURS = ("none", "busy", "niced", "late")
 TARGET = 0.40  # after, beside a neighbour: at least this share of its quiet tokens/s
 BUSY_LOOP = "while True: pass"
 PLAIN_CLI = "import sys; from nas.cli import main; sys.exit(main(sys.argv[1:]))"  # nas without its entry point
@@ -65,6 +76,8 @@ def neighbour(kind: str) -> subprocess.Popen | None:
     """Start the neighbour process (None for ``none``); the caller stops it."""
     if kind == "none":
         return None
+    if kind == "late":
+        kind = "busy"
     nice = (lambda: os.nice(10)) if kind == "niced" else None
     return subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=nice, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -82,7 +95,7 @@ def stop(proc: subprocess.Popen | None) -> None:
 
 def command(setting: str, space: str, data: Path, out: Path, plan: dict) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) of one measured run."""
-    entry, threads = SETTINGS[setting]
+    entry, threads, extra = SETTINGS[setting]
     cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     steps = plan["warmup"] + plan["steps"]
     args = ["train-supernet", space, "--data", str(data), "--out", str(out), "--max-steps", str(steps),
@@ -90,7 +103,8 @@ def command(setting: str, space: str, data: Path, out: Path, plan: dict) -> tupl
             "--eval-interval", str(10 * steps), "--ckpt-interval", str(10 * steps), "--eval-batches", "1", "-q"]
     if threads is not None:
         args += ["--threads", cores if threads == "cores" else threads]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     argv = [sys.executable, "-m", "nas", *args] if entry else [sys.executable, "-c", PLAIN_CLI, *args]
     return argv, env
@@ -110,12 +124,19 @@ def measure(setting: str, kind: str, space: str, data: Path, folder: Path, plan:
     out = folder / f"{setting}-{kind}"
     shutil.rmtree(out, ignore_errors=True)  # a run of an earlier round or invocation: this one starts afresh
     argv, env = command(setting, space, data, out, plan)
-    proc = neighbour(kind)
+    proc = None if kind == "late" else neighbour(kind)
     try:
         time.sleep(plan["settle_s"])  # the neighbour running before the run chooses its threads
         load = os.getloadavg()[0]
         t0 = time.time()
-        done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
+        run = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if kind == "late":  # once the run has logged a step (its threads chosen), the busy loop starts
+            log = out / "log.jsonl"
+            while run.poll() is None and not (log.exists() and '"event": "train"' in log.read_text()):
+                time.sleep(0.05)
+            proc = neighbour(kind)
+        stdout, stderr = run.communicate()
+        done = subprocess.CompletedProcess(argv, run.returncode, stdout, stderr)
         wall = time.time() - t0
     finally:
         stop(proc)
@@ -135,14 +156,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="folder for under_load.json and the runs")
     ap.add_argument("--space", default="tiny", help="the search space trained (default tiny)")
-    ap.add_argument("--settings", help=f"comma-separated, of {', '.join(SETTINGS)} (default all; --quick: before,after)")
-    ap.add_argument("--neighbours", help=f"comma-separated, of {', '.join(NEIGHBOURS)} (default all)")
+    ap.add_argument("--settings", help=f"comma-separated, of {', '.join(SETTINGS)} (default {', '.join(DEFAULT_SETTINGS)}; "
+                    "--quick: before,after)")
+    ap.add_argument("--neighbours", help=f"comma-separated, of {', '.join(NEIGHBOURS)} (default none, busy, niced)")
     ap.add_argument("--rounds", type=int, help="rounds over every (setting, neighbour); the median counts (default 3)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: a tiny batch, 3 steps, one round")
     args = ap.parse_args(argv)
     plan = dict(PLANS["quick" if args.quick else "full"])
-    settings = [s.strip() for s in (args.settings or ("before,after" if args.quick else ",".join(SETTINGS))).split(",")]
-    neighbours = [n.strip() for n in (args.neighbours or ",".join(NEIGHBOURS)).split(",")]
+    settings = [s.strip() for s in (args.settings or ("before,after" if args.quick else ",".join(DEFAULT_SETTINGS))).split(",")]
+    neighbours = [n.strip() for n in (args.neighbours or "none,busy,niced").split(",")]
     problems = [f"--settings: {s!r} is not one of {', '.join(SETTINGS)}" for s in settings if s not in SETTINGS]
     problems += [f"--neighbours: {n!r} is not one of {', '.join(NEIGHBOURS)}" for n in neighbours if n not in NEIGHBOURS]
     if args.rounds is not None and args.rounds < 1:
@@ -177,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             results[setting][kind]["vs_quiet"] = mine / quiet if quiet and mine is not None else None
     targets = {}
     if "after" in results and "none" in neighbours:
-        for kind in ("busy", "niced"):
+        for kind in ("busy", "niced", "late"):
             share = results["after"].get(kind, {}).get("vs_quiet")
             if share is not None:
                 targets[kind] = {"vs_quiet": share, "target": TARGET, "met": share >= TARGET}
@@ -185,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"command": " ".join(["python", "scripts/bench_under_load.py", *(argv if argv is not None else sys.argv[1:])]),
            "machine": {"cpus": cores, "processor": platform.processor() or platform.machine(),
                        "python": platform.python_version()},
-           "plan": plan, "space": args.space, "settings": {s: {"passive": SETTINGS[s][0], "threads": SETTINGS[s][1]}
-                                                            for s in settings},
+           "plan": plan, "space": args.space, "settings": {s: {"passive": SETTINGS[s][0], "threads": SETTINGS[s][1],
+                                                                "environment": SETTINGS[s][2]} for s in settings},
            "load_start": load_start, "load_end": os.getloadavg()[0], "wall_s": round(time.time() - started, 1),
            "results": results, "targets": targets, "note": note}
     (out / "under_load.json").write_text(json.dumps(doc, indent=1) + "\n")
