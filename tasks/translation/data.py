@@ -183,6 +183,16 @@ class _Offsets:
     def tgt_lengths(self) -> np.ndarray:
         return self.index[:, 3] - self.index[:, 2]
 
+    @property
+    def unit_lengths(self) -> np.ndarray:
+        """Each pair's target bytes and its EOS: what the training loop counts (a ``--tokens`` budget, tokens/s) and a
+        loss per target byte is divided by, whatever the vocabulary reads them as."""
+        return self.tgt_lengths.astype(np.int64) + 1
+
+    def target_units(self, indices: np.ndarray) -> int:
+        """What a loss over the pairs ``indices`` is divided by: their target bytes and one EOS each."""
+        return int(self.unit_lengths[indices].sum())
+
 
 @dataclass(frozen=True)
 class Pairs(_Offsets):
@@ -194,10 +204,6 @@ class Pairs(_Offsets):
     def __getitem__(self, i: int) -> Pair:
         a, b, c, d = (int(x) for x in self.index[i])
         return bytes(self.data[a:b]), bytes(self.data[c:d])
-
-    def target_units(self, indices: np.ndarray) -> int:
-        """What a loss over the pairs ``indices`` is divided by: their target bytes and one EOS each."""
-        return int(self.tgt_lengths[indices].sum()) + len(indices)
 
 
 @dataclass(frozen=True)
@@ -214,9 +220,11 @@ class TokenPairs(_Offsets):
         a, b, c, d = (int(x) for x in self.index[i])
         return np.asarray(self.data[a:b], dtype=np.int64), np.asarray(self.data[c:d], dtype=np.int64)
 
-    def target_units(self, indices: np.ndarray) -> int:
-        """Target bytes (not tokens) of the pairs ``indices`` and one EOS each: a loss per target byte compares vocabularies."""
-        return int(self.tgt_bytes[indices].sum()) + len(indices)
+    @property
+    def unit_lengths(self) -> np.ndarray:
+        """Target bytes (not tokens) and one EOS per pair: a loss per target byte compares vocabularies, and a budget in
+        target bytes buys the same text whatever the vocabulary."""
+        return self.tgt_bytes.astype(np.int64) + 1
 
 
 @dataclass(frozen=True)

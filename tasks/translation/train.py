@@ -95,11 +95,13 @@ class PairBatches:
         if epoch not in self.epochs:
             self.epochs.clear()
             self.epochs[epoch] = self.epoch(epoch)
-        src, inp, tgt = collate(self.pairs, self.epochs[epoch][i])  # (B, S), (B, T), (B, T): the whole batch
+        idx = self.epochs[epoch][i]
+        src, inp, tgt = collate(self.pairs, idx)  # (B, S), (B, T), (B, T): the whole batch
         rows = np.array_split(np.arange(len(src)), self.world)[self.rank]
-        n_tokens = int((tgt != PAD).sum())
+        n_tokens = int((tgt != PAD).sum())  # the loss is over the target tokens (and EOS) of the whole batch
         src, inp, tgt = (torch.from_numpy(a[rows]) for a in (src, inp, tgt))
-        return Batch((src, inp), tgt, n_tokens, per=n_tokens / self.world)
+        # counted in target bytes + EOS (the bytes' own tokens for a byte model): a budget and a rate mean the same text
+        return Batch((src, inp), tgt, self.pairs.target_units(idx), per=n_tokens / self.world)
 
 
 def steps_for_tokens(pairs: Pairs, batch_size: int, max_len: int, seed: int, tokens: int, world: int = 1) -> tuple[int, int]:
@@ -107,7 +109,7 @@ def steps_for_tokens(pairs: Pairs, batch_size: int, max_len: int, seed: int, tok
     (seed, epoch), epoch after epoch) whose target bytes (EOS included, as the loop counts them) total at most
     ``tokens``.  A token budget in the loop's own unit: models trained with one budget, seed and batch size see the
     same pairs in the same order."""
-    lengths = pairs.tgt_lengths.astype(np.int64) + 1
+    lengths = pairs.unit_lengths  # target bytes + EOS (a subword vocabulary's pairs too: the same text per budget)
     steps, total, epoch = 0, 0, 0
     while True:
         batches = [b for b in length_batches(pairs, batch_size, max_len, seed, epoch) if len(b) >= world]

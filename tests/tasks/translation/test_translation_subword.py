@@ -103,3 +103,27 @@ def test_a_split_read_at_the_vocabulary_is_translated_and_scored(tmp_path):
         decode_limit(np.ones(41, dtype=np.uint16), 40, None)
     with pytest.raises(UserError, match="the source text is empty"):
         decode_limit(np.zeros(0, dtype=np.uint16), 40, None)
+
+
+def test_a_budget_in_target_bytes_buys_the_same_text_at_any_vocabulary(tmp_path):
+    """``--tokens`` (target bytes) and the loop's count are bytes + EOS at a subword vocabulary too, so a budget buys
+    about the same text as a byte model's (the batches differ: they are sorted by length in ids); the loss stays per
+    token, only the count is in bytes."""
+    from tasks.translation.data import length_batches
+    from tasks.translation.train import PairBatches, steps_for_tokens
+
+    corpus = prepare_pairs(str(write_toy_tsv(tmp_path / "toy.tsv")), tmp_path)
+    space = parse_space(BPE.format(positions="rope"), "b.yaml")
+    tok = tokenize_pairs(corpus, space.tokenizer, tmp_path)
+    assert np.array_equal(tok.train.unit_lengths, corpus.train.unit_lengths)  # bytes + EOS, not tokens
+    budget = 1_000  # (within the first epoch of the toy split: 12 batches)
+    steps, total = steps_for_tokens(tok.train, 8, 40, 0, budget)
+    batches = length_batches(tok.train, 8, 40, 0, 0)
+    assert total == sum(int(corpus.train.tgt_lengths[b].sum()) + len(b) for b in batches[:steps])  # bytes + EOS
+    assert budget - total < int(tok.train.unit_lengths[batches[steps]].sum())  # the next batch would pass the budget
+    by_bpe = PairBatches(tok.train, 8, 40, 0)
+    assert [by_bpe(k).tokens for k in range(steps)] == [tok.train.target_units(b) for b in batches[:steps]]
+    first = by_bpe(0)
+    assert first.per == int((first.targets != PAD).sum()) < first.tokens  # the loss over tokens; fewer than the bytes
+    bytes_steps, bytes_total = steps_for_tokens(corpus.train, 8, 40, 0, budget)
+    assert abs(bytes_total - total) < 200 and abs(bytes_steps - steps) <= 1  # about the same text either way
