@@ -537,8 +537,8 @@ def _trained_bpb(trainer: CandidateTrainer, subnet: Subnet, round: int, init: Pa
     resume = (folder / "train" / "latest.pt").is_file()
     if not resume and folder.exists():  # a start killed before its first checkpoint
         shutil.rmtree(folder)
-    log.info("hurdles: %s %s round %d (%s tokens) of %s", "continuing" if resume else "training",
-             subnet.key, round, f"{trainer.tokens:,}", subnet)
+    log.info("hurdles: %s %s round %d (%s %s) of %s", "continuing" if resume else "training",
+             subnet.key, round, f"{trainer.tokens:,}", token_unit(trainer), subnet)
     trained = Path(trainer.train(subnet, round, init, folder, resume))
     assert trained.resolve() == folder.resolve(), (trained, folder)
     bpb = float(trainer.score(folder))
@@ -589,8 +589,21 @@ def report(outcome: HurdleOutcome, unit: str = "bits/byte", tokens: str = "token
     return "\n".join(lines)
 
 
-def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int) -> dict[str, Any]:
-    """``hurdles.csv`` and ``hurdles_<budget>.yaml`` (the best after hurdles) per budget; the ``search.json`` entry."""
+def token_unit(trainer: CandidateTrainer) -> str:
+    """What the trainer's token budget counts (its space's task's ``token_unit``: an encoder-decoder's target bytes);
+    ``tokens`` for a trainer without a space."""
+    space = getattr(trainer, "space", None)
+    if space is None:
+        return "tokens"
+    from search_spaces import tasks
+
+    return tasks.of(space).token_unit
+
+
+def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int, unit: str = "bits/byte",
+                tokens: str = "tokens") -> dict[str, Any]:
+    """``hurdles.csv`` and ``hurdles_<budget>.yaml`` (the best after hurdles) per budget; the ``search.json`` entry.
+    ``unit``: the search's fitness metric; ``tokens``: what the task's token counts count (as :func:`report`)."""
     c = outcome.config
     rows, doc = [], {"rounds": c.rounds, "candidates": c.candidates, "tokens_per_round": c.tokens, "tag": outcome.tag,
                      "models": str(outcome.root / outcome.tag), "budgets": {}}
@@ -613,7 +626,7 @@ def write_files(out: Path, outcome: HurdleOutcome, space: Space, seed: int) -> d
                 out / name,
                 f"# nas search --hurdles: best of the top {len(b.candidates)} candidates under {label} after progressive "
                 "dynamic hurdles\n"
-                f"# trained {best.bpb:.6f} bits/byte at round {best.round} ({best.round + 1} x {c.tokens:,} tokens) "
+                f"# trained {best.bpb:.6f} {unit} at round {best.round} ({best.round + 1} x {c.tokens:,} {tokens}) "
                 f"(inherited {best.candidate.inherited:.6f}), candidate {best.candidate.rank} of the search\n"
                 f"# trained model: {outcome.folder(best)}\n"
                 f"# space {space.name} (hash {space.hash}), seed {seed}, settings tag {outcome.tag}\n"

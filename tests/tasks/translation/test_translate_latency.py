@@ -229,6 +229,8 @@ def test_hurdles_from_scratch_train_the_verified_encoder_decoders(searched, caps
     assert Path(best["model"]).name == "round1" and np.isfinite(best["trained_bpb"]) and best["trained_bpb"] > 0
     model, _ = load_translation_model(best["model"])
     assert model.subnet == TranslationSubnet.load(out / "hurdles_10s.yaml")
+    header = (out / "hurdles_10s.yaml").read_text().splitlines()[1]  # the task's own units, not an LM's
+    assert header.startswith(f"# trained {best['trained_bpb']:.6f} nats/target byte at round 1 (2 x 2,000 target bytes)")
     card = json.loads((Path(best["model"]) / "model_card.json").read_text())
     # the second round: 2K more target bytes from the first round's weights
     assert card["training"]["token_budget"] == 2000 and card["training"]["init"].endswith("round0")
