@@ -44,6 +44,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from typing import Callable, Iterable
 
 import numpy as np
@@ -580,12 +581,18 @@ def ort_runner(session, feed: dict, clock: str) -> Runner:
     ``cpu``: with one intra-op thread ONNX Runtime computes on this thread; the outputs are host
     arrays, so each call is synchronised.
     """
+    return call_runner(partial(session.run, None, feed), clock)
+
+
+def call_runner(call: Callable[[], object], clock: str) -> Runner:
+    """``runner(n) -> seconds`` of ``n`` back-to-back ``call()``s, read on ``clock`` (every host runner's loop: ONNX
+    Runtime's here, torch's in :func:`latency.devices.cpu.torch_runner`)."""
     now = CLOCKS[clock]
 
     def run(n: int) -> float:
         start = now()
         for _ in range(n):
-            session.run(None, feed)
+            call()
         return now() - start
 
     return run
@@ -683,7 +690,6 @@ def translate_ort_runner(encoder, step, layout: dict, source: int, steps: int, b
     the encoder over one seeded source of ``source`` bytes (its cross keys / values repeated to ``beam`` rows), then
     ``steps`` decoder steps at batch ``beam`` from empty caches, each feeding every row's most likely next id and the
     states it returned, gathered by hypothesis as beam search does (the caches grow step by step)."""
-    now = CLOCKS[clock]
     src = np.random.default_rng(seed).integers(0, 256, (1, source), dtype=np.int64)  # (1, S)
     cross_names = [o.name for o in encoder.get_outputs()]
     outputs = [o.name for o in step.get_outputs()]
@@ -700,10 +706,4 @@ def translate_ort_runner(encoder, step, layout: dict, source: int, steps: int, b
             for j, name in states:
                 feed[name] = outs[j][order]
 
-    def run(n: int) -> float:
-        begin = now()
-        for _ in range(n):
-            once()
-        return now() - begin
-
-    return run
+    return call_runner(once, clock)

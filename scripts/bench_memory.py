@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
-from latency.devices.cpu import call_runner, decode_setup  # noqa: E402
+from latency.devices.cpu import decode_setup, torch_runner  # noqa: E402
 from search_spaces import load_space  # noqa: E402
 from search_spaces.space import Workload  # noqa: E402
 from supernet.artifact import load_model  # noqa: E402
@@ -157,7 +157,7 @@ def decode_ms(models: dict[str, Path], window: int, rounds: int, min_ms: float) 
     from latency.timing_core import Settings, run_protocol
 
     w = Workload("decode", 1, 0, "decode", window - 1)
-    runners = {name: call_runner(decode_setup(load_model(d).eval(), w)[0]) for name, d in models.items()}
+    runners = {name: torch_runner(decode_setup(load_model(d).eval(), w)[0]) for name, d in models.items()}
     settings = Settings(warmup=3, repeats=3 * rounds, rounds=rounds, min_sample_ms=min_ms)
     results, _ = run_protocol(runners, runners[next(iter(runners))], settings, np.random.default_rng(0))
     return {k: r.median_ms for k, r in results.items()}

@@ -14,7 +14,7 @@ import torch
 from search_spaces import UserError, Workload, tasks
 
 from ..device import CLOCK, THREADS, host_fingerprint, register_device
-from ..timing_core import CLOCKS, Runner, check_clock
+from ..timing_core import Runner, call_runner, check_clock
 
 
 def workload_tokens(model, workload: Workload, device: str = "cpu") -> torch.Tensor:
@@ -24,18 +24,10 @@ def workload_tokens(model, workload: Workload, device: str = "cpu") -> torch.Ten
     return tokens.to(device)
 
 
-def call_runner(call, clock: str = "wall") -> Runner:
-    """The protocol's runner of a torch call: ``n`` calls under inference mode, timed by ``clock`` (seconds)."""
-    now = CLOCKS[clock]
-
-    @torch.inference_mode()
-    def run(n: int) -> float:
-        start = now()
-        for _ in range(n):
-            call()
-        return now() - start
-
-    return run
+def torch_runner(call, clock: str = "wall") -> Runner:
+    """The protocol's runner of a torch call: ``n`` calls (:func:`latency.timing_core.call_runner`) under inference
+    mode, timed by ``clock`` (seconds)."""
+    return torch.inference_mode()(call_runner(call, clock))
 
 
 def decode_setup(model, workload: Workload, device: str = "cpu"):
@@ -93,5 +85,5 @@ class CPU:
         }
 
     def prepare(self, model, workload: Workload) -> Runner:
-        return call_runner(torch_call(model.eval(), workload), self.clock)
+        return torch_runner(torch_call(model.eval(), workload), self.clock)
 
