@@ -880,6 +880,7 @@ def train(
 
     model.train()
     clock = run_clock(config)
+    unit = loss_unit(t.learner.metric, reads_subwords(objective, model, train_data))  # the progress lines' loss unit
     window_t, window_tokens = time.perf_counter(), 0
     with _catch_interrupts() as interrupt:
         while not (stopped := t.stop_reason(interrupt.requested)):
@@ -903,7 +904,7 @@ def train(
             if progress is not None:
                 keys = tuple(s.key if s is not None else "" for _, s in plan)
                 progress(StepInfo(t.step, config.max_steps, t.elapsed, config.max_time, lr, losses, keys, rate,
-                                  loss_unit(t.learner.metric, reads_subwords(objective, model, train_data))))
+                                  unit))
             evaluate, save = t.step % config.eval_interval == 0, t.latest is not None and t.step % config.ckpt_interval == 0
             if evaluate:
                 t.evaluate()

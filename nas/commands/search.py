@@ -341,24 +341,24 @@ def hurdle_stage(args: argparse.Namespace, hurdles, trainer, cohorts, store, out
     """``--hurdles``: train each budget's cohort (``nas.search.hurdles.hurdle_candidates``, device-verified with
     ``--timing-target``) in rounds, write and print the outcome; True when every budget has a best after hurdles, None when a
     training was interrupted."""
+    from search_spaces import tasks
     from supernet.progress import show_progress
     from nas.search import hurdles as H
 
+    task = tasks.of(space)
     models = out / "hurdles" / H.settings_tag(trainer, store.study.study_name)
     per_type = f" and the best {hurdles.per_type} of each attention type" if hurdles.per_type else ""
     verified = f", those whose latency held on {args.timing_target}" if args.timing_target else ""
     log.info("hurdles: %d rounds of %s %s (from %s) for the top %d of each budget%s%s; trained models in %s", hurdles.rounds,
-             f"{hurdles.tokens:,}", H.token_unit(trainer), hurdles.init, hurdles.candidates, per_type, verified, models)
+             f"{hurdles.tokens:,}", task.token_unit, hurdles.init, hurdles.candidates, per_type, verified, models)
     try:
         with _HurdleBar(hurdles.rounds, disable=args.no_progress or not show_progress()) as bar:
             outcome = H.run_hurdles(cohorts, hurdles, trainer, store, out / "hurdles", progress=bar)
     except (H.TrainingStopped, KeyboardInterrupt) as e:  # nas.train_subnet's TrainingInterrupted is a KeyboardInterrupt
         print(f"hurdles interrupted: {e or 'Ctrl-C'}; its checkpoint is kept: run the same command again to continue")
         return None
-    from search_spaces import tasks
     from supernet.files import atomic_write
 
-    task = tasks.of(space)
     doc = H.write_files(out, outcome, space, args.seed, task.metric or task.unit, task.token_unit)
     summary = json.loads((out / "search.json").read_text())
     summary["hurdles"] = doc
