@@ -54,6 +54,7 @@ SETTINGS = {  # name -> (through the nas entry point: passive waiting, --threads
 }
 DEFAULT_SETTINGS = ("before", "auto", "passive", "after")
 NEIGHBOURS = ("none", "busy", "niced", "late")
+DEFAULT_NEIGHBOURS = ("none", "busy", "niced")
 TARGET = 0.40  # after, beside a neighbour: at least this share of its quiet tokens/s
 BUSY_LOOP = "while True: pass"
 PLAIN_CLI = "import sys; from nas.cli import main; sys.exit(main(sys.argv[1:]))"  # nas without its entry point
@@ -158,13 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", default="tiny", help="the search space trained (default tiny)")
     ap.add_argument("--settings", help=f"comma-separated, of {', '.join(SETTINGS)} (default {', '.join(DEFAULT_SETTINGS)}; "
                     "--quick: before,after)")
-    ap.add_argument("--neighbours", help=f"comma-separated, of {', '.join(NEIGHBOURS)} (default none, busy, niced)")
+    ap.add_argument("--neighbours", help=f"comma-separated, of {', '.join(NEIGHBOURS)} (default {', '.join(DEFAULT_NEIGHBOURS)})")
     ap.add_argument("--rounds", type=int, help="rounds over every (setting, neighbour); the median counts (default 3)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: a tiny batch, 3 steps, one round")
     args = ap.parse_args(argv)
     plan = dict(PLANS["quick" if args.quick else "full"])
     settings = [s.strip() for s in (args.settings or ("before,after" if args.quick else ",".join(DEFAULT_SETTINGS))).split(",")]
-    neighbours = [n.strip() for n in (args.neighbours or "none,busy,niced").split(",")]
+    neighbours = [n.strip() for n in (args.neighbours or ",".join(DEFAULT_NEIGHBOURS)).split(",")]
     problems = [f"--settings: {s!r} is not one of {', '.join(SETTINGS)}" for s in settings if s not in SETTINGS]
     problems += [f"--neighbours: {n!r} is not one of {', '.join(NEIGHBOURS)}" for n in neighbours if n not in NEIGHBOURS]
     if args.rounds is not None and args.rounds < 1:
