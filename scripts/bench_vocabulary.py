@@ -36,8 +36,10 @@ import logging
 import math
 import os
 import platform
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -119,20 +121,32 @@ def verdict(bytes_bpb: float, searched_bpb: float, sd: float) -> str:
 # --------------------------------------------------------------------------- stages
 
 
-def train_supernet(space_path: str, out: Path, plan: Plan, args) -> Path:
-    """``nas train-supernet`` of ``space_path`` into ``out`` (skipped when it finished)."""
-    from nas.cli import main as nas
-
+def supernet_argv(space_path: str, out: Path, plan: Plan, args) -> list[str] | None:
+    """``nas train-supernet`` of ``space_path`` into ``out`` (None when it finished; ``--resume`` when interrupted)."""
     if (out / "final.pt").exists():
-        return out / "final.pt"
+        return None
     argv = ["train-supernet", space_path, "--out", str(out), "--max-steps", str(plan.train_steps), "--batch-size",
             str(plan.train_batch), "--seq-len", str(plan.train_seq), "--eval-interval", str(plan.train_steps),
             "--eval-batches", "1", "--threads", "1", "-q"] + data_flags(args)
     if (out / "latest.pt").exists():
         argv.append("--resume")
-    if nas(argv) != 0:
-        raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
-    return out / "final.pt"
+    return argv
+
+
+def run_nas(argvs: list[list[str]], jobs: int) -> None:
+    """Each ``nas`` command line, ``jobs`` at a time (each trains on one thread, so ``jobs`` cores): in this process
+    when one at a time, else each in its own ``python -m nas``; a failure names its command."""
+    from nas.cli import main as nas
+
+    def one(argv: list[str]) -> int:
+        if jobs == 1:
+            return nas(argv)
+        return subprocess.run([sys.executable, "-m", "nas", *argv], cwd=ROOT).returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for argv, rc in zip(argvs, pool.map(one, argvs)):
+            if rc != 0:
+                raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
 
 
 def data_flags(args) -> list[str]:
@@ -208,12 +222,10 @@ def time_models(entries: list[dict], ckpts: dict[str, Path], plan: Plan, seed: i
     return [float(m.results[str(i)].median_ms) for i in range(len(entries))]
 
 
-def retrain(entry: dict, space_path: str, out: Path, seed: int, plan: Plan, bpt: float, args) -> Path:
-    """``nas train-subnet`` of the entry from scratch at ``seed`` on ``plan.tokens`` bytes of text (skipped when done)."""
-    from nas.cli import main as nas
-
+def retrain_argv(entry: dict, space_path: str, out: Path, seed: int, plan: Plan, bpt: float, args) -> list[str] | None:
+    """``nas train-subnet`` of the entry from scratch at ``seed`` on ``plan.tokens`` bytes of text (None when done)."""
     if (out / "model_card.json").exists():  # written last: the retraining finished
-        return out
+        return None
     out.parent.mkdir(parents=True, exist_ok=True)
     subnet_file = out.parent / f"{out.name}.yaml"
     subnet_file.write_text(Subnet.from_dict(entry["subnet"]).to_yaml())
@@ -225,9 +237,7 @@ def retrain(entry: dict, space_path: str, out: Path, seed: int, plan: Plan, bpt:
             "--eval-interval", str(steps), "--eval-batches", "1", "--threads", "1", "-q"] + data_flags(args)
     if (out / "train" / "latest.pt").exists():  # an interrupted retraining: continue it
         argv.append("--resume")
-    if nas(argv) != 0:
-        raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
-    return out
+    return argv
 
 
 def test_bpb(folder: Path, plan: Plan, args, bpt: float) -> float:
@@ -260,7 +270,8 @@ def run(args, plan: Plan) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     spaces = {"bytes": args.bytes_space, "searched": args.vocab_space}
     started = time.time()
-    ckpts = {label: train_supernet(path, out / f"supernet-{label}", plan, args) for label, path in spaces.items()}
+    ckpts = {label: out / f"supernet-{label}" / "final.pt" for label in spaces}
+    run_nas([a for label, path in spaces.items() if (a := supernet_argv(path, ckpts[label].parent, plan, args))], args.jobs)
 
     found = out / "candidates.json"
     if found.exists():
@@ -276,20 +287,29 @@ def run(args, plan: Plan) -> dict:
     bpts = {label: bytes_per_token(load_checkpoint(path)) for label, path in ckpts.items()}
     by_space = {label: [e for e in entries if e["space"] == label] for label in spaces}
     budgets = budgets_from([e["ms"] for e in by_space["bytes"]], args.budgets)
+    picks = {(budget, label): best_under(by_space[label], budget) for budget in budgets for label in spaces}
+
+    def folder(label: str, pick: dict, seed: int) -> Path:  # a model picked at several budgets is retrained once
+        return out / "retrained" / f"{label}-{Subnet.from_dict(pick['subnet']).key}-seed{seed}"
+
+    todo = {}
+    for (_, label), pick in picks.items():
+        for seed in range(plan.seeds if pick else 0):
+            path = folder(label, pick, seed)
+            if path not in todo and (a := retrain_argv(pick, spaces[label], path, seed, plan, bpts[label][pick["vocab"]], args)):
+                todo[path] = a
+    run_nas(list(todo.values()), args.jobs)
     rows, groups, seen = [], [], set()
     for budget in budgets:
         row = {"budget_ms": budget}
         for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
-            pick = best_under(by_space[label], budget)
+            pick = picks[budget, label]
             if pick is None:
                 row[key] = None
                 continue
             bpt = bpts[label][pick["vocab"]]
-            scores = []
-            name = Subnet.from_dict(pick["subnet"]).key  # a model picked at several budgets is retrained once
-            for seed in range(plan.seeds):
-                folder = retrain(pick, spaces[label], out / "retrained" / f"{label}-{name}-seed{seed}", seed, plan, bpt, args)
-                scores.append(test_bpb(folder, plan, args, bpt))
+            scores = [test_bpb(folder(label, pick, seed), plan, args, bpt) for seed in range(plan.seeds)]
+            name = Subnet.from_dict(pick["subnet"]).key
             if (label, name) not in seen:  # each model's seeds count once in the pooled SD
                 seen.add((label, name))
                 groups.append(scores)
@@ -336,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budgets", type=lambda t: [float(x) for x in t.split(",")], help="ms per prefill of bytes, comma-separated")
     p.add_argument("--device", default="onnxruntime", help="the timing device (default onnxruntime)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="trainings at a time, one thread each (the supernets, then the "
+                   "retrained models; the timing stage runs alone)")
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs: {args.jobs} is not a positive number of trainings at a time")
     args.argv = list(argv if argv is not None else sys.argv[1:])
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     try:

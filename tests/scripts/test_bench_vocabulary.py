@@ -3,6 +3,7 @@ pair writes vocabulary.json with the contract keys; a second run resumes without
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,26 @@ def test_quick_run_writes_the_contract(tmp_path):
     before = (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns
     assert bench.main(argv) == 0  # resumed: nothing trained again
     assert (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns == before
+
+    # --jobs 2: the same retrainings in two `python -m nas` processes at a time give the same models (the supernets
+    # and the timed candidates copied: only the retraining stage runs again)
+    again = tmp_path / "jobs2"
+    again.mkdir()
+    for name in ("supernet-bytes", "supernet-searched", "candidates.json"):
+        (shutil.copytree if (tmp_path / "run" / name).is_dir() else shutil.copy)(tmp_path / "run" / name, again / name)
+    argv2 = [a if a != str(tmp_path / "run") else str(again) for a in argv] + ["--jobs", "2"]
+    assert bench.main(argv2) == 0
+    parallel = json.loads((again / "vocabulary.json").read_text())
+    assert parallel["seed_sd"] == pytest.approx(report["seed_sd"], rel=1e-6)
+    for one, two in zip(report["budgets"], parallel["budgets"]):
+        for key in ("bytes_only", "searched"):
+            if one[key] is not None:
+                assert two[key]["seeds"] == pytest.approx(one[key]["seeds"], rel=1e-6)
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--out", str(tmp_path / "run"), "--jobs", "0"])
+    assert e.value.code == 2
+    assert "--jobs: 0 is not a positive number of trainings at a time" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
