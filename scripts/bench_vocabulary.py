@@ -46,7 +46,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from curves import plot_curves, read_log, write_curves  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_vocabulary")
@@ -257,6 +259,93 @@ def test_bpb(folder: Path, plan: Plan, args, bpt: float) -> float:
     return held.bits(model, None, 8, mixed_precision=False)
 
 
+class Wall:
+    """Each stage's wall seconds and 1-minute load before / after, summed over the runs of one folder (``wall.json``):
+    a resumed run adds what it did, so the total is the benchmark's, not the last run's (a stage with nothing left to
+    do is not called)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.stages = json.loads(path.read_text()) if path.exists() else {}
+
+    def stage(self, name: str, work):
+        load, t0 = os.getloadavg()[0], time.time()
+        result = work()
+        seconds = time.time() - t0
+        entry = self.stages.setdefault(name, {"seconds": 0.0, "runs": []})
+        entry["seconds"] = round(entry["seconds"] + seconds, 1)
+        entry["runs"].append({"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0)), "seconds": round(seconds, 1),
+                              "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2)})
+        self.path.write_text(json.dumps(self.stages, indent=1) + "\n")
+        return result
+
+    def total(self) -> float:
+        return round(sum(e["seconds"] for e in self.stages.values()), 1)
+
+
+def write_tables(report: dict, entries: list[dict], curves: dict[str, list[dict]], folder: Path) -> None:
+    """Beside the JSON: ``candidates.csv`` (every timed subnet: inherited validation bits per byte, ms),
+    ``models.csv`` (every retrained model and seed: test bits per byte), ``vocabulary.png`` and ``curves.csv/png``."""
+    import csv
+
+    with open(folder / "candidates.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["space", "vocab", "subnet", "params", "prefill_tokens", "val_bpb_inherited", "measured_ms"])
+        for e in entries:
+            w.writerow([e["space"], e["vocab"], e["text"], e["params"], e["prefill_tokens"], f"{e['val_bpb']:.4f}",
+                        f"{e['ms']:.4f}"])
+    with open(folder / "models.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["budget_ms", "space", "vocab", "subnet", "seed", "test_bpb", "measured_ms", "verdict"])
+        for row in report["budgets"]:
+            for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
+                m = row[key]
+                for seed, bpb in enumerate(m["seeds"] if m else []):
+                    w.writerow([f"{row['budget_ms']:.4f}", label, m.get("vocab", 256), m["subnet"], seed, f"{bpb:.4f}",
+                                f"{m['measured_ms']:.4f}", row["verdict"]])
+    write_curves(curves, folder / "curves.csv")
+    plot_curves(curves, folder / "curves.png", "every retrained model's training loss per logged step, nats per byte "
+                "of text (a subword model's per-token loss / its bytes per token)")
+    plot(report, entries, folder / "vocabulary.png")
+
+
+def plot(report: dict, entries: list[dict], path: Path) -> None:
+    """Left: every candidate's inherited validation bits per byte against its ms per 1,024 bytes, by vocabulary;
+    right: the retrained picks' test bits per byte (mean of seeds, +-1 SD) per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+    cmap = plt.get_cmap("tab10")
+    groups = sorted({(e["space"], e["vocab"]) for e in entries})
+    for i, (label, vocab) in enumerate(groups):
+        pts = [e for e in entries if (e["space"], e["vocab"]) == (label, vocab)]
+        left.scatter([e["ms"] for e in pts], [e["val_bpb"] for e in pts], s=14, color=cmap(i % 10),
+                     marker="o" if label == "bytes" else "^",
+                     label=f"{label} space, " + ("bytes" if vocab == 256 else f"BPE {vocab}"))
+    left.set(xlabel="measured ms per 1,024 bytes of text (prefill, ONNX Runtime, 1 thread)",
+             ylabel="validation bits per byte, inherited weights (untrained slices)",
+             title="candidates (the supernets' slices, not retrained)")
+    for ax in (left, right):
+        for row in report["budgets"]:
+            ax.axvline(row["budget_ms"], color="grey", linestyle=":", linewidth=1)
+        ax.grid(alpha=0.3)
+    for j, (key, name) in enumerate((("bytes_only", "best bytes-only model"), ("searched", "best vocabulary-searched"))):
+        pts = [r[key] for r in report["budgets"] if r[key]]
+        right.errorbar([m["measured_ms"] for m in pts], [m["test_bpb"] for m in pts],
+                       yerr=[float(np.std(m["seeds"], ddof=1)) if len(m["seeds"]) > 1 else 0.0 for m in pts],
+                       fmt="o" if j == 0 else "^", ms=8, capsize=3, color=cmap(j), label=name)
+    right.set(xlabel="measured ms per 1,024 bytes of text", ylabel="test bits per byte, retrained (mean of seeds, +-1 SD)",
+              title=f"retrained at {len(report['budgets'])} budgets (dotted); seed SD {report['seed_sd']:.4f}")
+    left.legend(fontsize=7)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": platform.python_version(),
             "load_1min": round(os.getloadavg()[0], 2)}
@@ -269,16 +358,18 @@ def run(args, plan: Plan) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     spaces = {"bytes": args.bytes_space, "searched": args.vocab_space}
-    started = time.time()
+    wall = Wall(out / "wall.json")
     ckpts = {label: out / f"supernet-{label}" / "final.pt" for label in spaces}
-    run_nas([a for label, path in spaces.items() if (a := supernet_argv(path, ckpts[label].parent, plan, args))], args.jobs)
+    if todo := [a for label, path in spaces.items() if (a := supernet_argv(path, ckpts[label].parent, plan, args))]:
+        wall.stage("supernets", lambda: run_nas(todo, args.jobs))
 
     found = out / "candidates.json"
     if found.exists():
         entries = json.loads(found.read_text())
     else:
-        entries = [e for label, path in ckpts.items() for e in candidates(label, path, plan, args.seed)]
-        for e, ms in zip(entries, time_models(entries, ckpts, plan, args.seed, args.device)):
+        entries = wall.stage("candidates", lambda: [e for label, path in ckpts.items()
+                                                    for e in candidates(label, path, plan, args.seed)])
+        for e, ms in zip(entries, wall.stage("timing", lambda: time_models(entries, ckpts, plan, args.seed, args.device))):
             e["ms"] = ms
         found.write_text(json.dumps(entries, indent=1))
 
@@ -292,14 +383,16 @@ def run(args, plan: Plan) -> dict:
     def folder(label: str, pick: dict, seed: int) -> Path:  # a model picked at several budgets is retrained once
         return out / "retrained" / f"{label}-{Subnet.from_dict(pick['subnet']).key}-seed{seed}"
 
-    todo = {}
+    retrains = {}
     for (_, label), pick in picks.items():
         for seed in range(plan.seeds if pick else 0):
             path = folder(label, pick, seed)
-            if path not in todo and (a := retrain_argv(pick, spaces[label], path, seed, plan, bpts[label][pick["vocab"]], args)):
-                todo[path] = a
-    run_nas(list(todo.values()), args.jobs)
-    rows, groups, seen = [], [], set()
+            if path not in retrains and (a := retrain_argv(pick, spaces[label], path, seed, plan,
+                                                           bpts[label][pick["vocab"]], args)):
+                retrains[path] = a
+    if retrains:
+        wall.stage("retrain", lambda: run_nas(list(retrains.values()), args.jobs))
+    rows, groups, seen, curves = [], [], set(), {}
     for budget in budgets:
         row = {"budget_ms": budget}
         for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
@@ -310,6 +403,9 @@ def run(args, plan: Plan) -> dict:
             bpt = bpts[label][pick["vocab"]]
             scores = [test_bpb(folder(label, pick, seed), plan, args, bpt) for seed in range(plan.seeds)]
             name = Subnet.from_dict(pick["subnet"]).key
+            for seed in range(plan.seeds):  # in nats per byte of text, so vocabularies share the plot's axis
+                curves[f"{label} {pick['vocab']} {name} seed{seed}"] = [
+                    {**pt, "loss": pt["loss"] / bpt} for pt in read_log(folder(label, pick, seed) / "train" / "log.jsonl")]
             if (label, name) not in seen:  # each model's seeds count once in the pooled SD
                 seen.add((label, name))
                 groups.append(scores)
@@ -327,7 +423,8 @@ def run(args, plan: Plan) -> dict:
         "command": "python scripts/bench_vocabulary.py " + " ".join(args.argv),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "machine": machine(),
-        "seconds": round(time.time() - started, 1),
+        "seconds": wall.total(),
+        "wall": wall.stages,
         "plan": asdict(plan),
         "spaces": spaces,
         "bytes_per_token": {label: {str(k): v for k, v in b.items()} for label, b in bpts.items()},
@@ -340,6 +437,7 @@ def run(args, plan: Plan) -> dict:
     path = Path(args.json) if args.json else out / "vocabulary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    write_tables(report, entries, curves, path.parent)
     log.info("wrote %s: searched better at %d of %d budgets (seed SD %.4f)", path, report["wins"], len(rows), sd)
     return report
 

@@ -1,6 +1,7 @@
 """scripts/bench_vocabulary.py (issue 54): its pure parts, and the whole path in --quick mode on a tiny fixture space
 pair writes vocabulary.json with the contract keys; a second run resumes without training again."""
 
+import csv
 import json
 import math
 import shutil
@@ -56,12 +57,23 @@ def test_quick_run_writes_the_contract(tmp_path):
             assert row[key]["measured_ms"] <= row["budget_ms"] and 0 < row[key]["test_bpb"] < 12
         if row["searched"] is not None:
             assert row["searched"]["vocab"] in (256, 320, 384)
+    run = tmp_path / "run"
+    assert {"supernets", "candidates", "timing", "retrain"} <= set(report["wall"])
+    assert report["seconds"] == pytest.approx(sum(e["seconds"] for e in report["wall"].values()), abs=0.2)
+    models = list(csv.DictReader(open(run / "models.csv")))
+    assert len(models) == sum(len(r[k]["seeds"]) for r in report["budgets"] for k in ("bytes_only", "searched") if r[k])
+    curves = load_script("curves").read_curves(run / "curves.csv")
+    assert curves and all(points for points in curves.values())  # every retrained model's training loss
+    assert (run / "vocabulary.png").stat().st_size > 0 and (run / "curves.png").stat().st_size > 0
     candidates = json.loads((tmp_path / "run" / "candidates.json").read_text())
+    assert len(list(csv.DictReader(open(run / "candidates.csv")))) == len(candidates)
     searched = [c for c in candidates if c["space"] == "searched"]
     assert {c["prefill_tokens"] for c in searched if c["vocab"] == 256} == {64}  # the prefill's 64 bytes, one a token
     assert all(c["prefill_tokens"] < 64 for c in searched if c["vocab"] > 256)  # fewer tokens for the same bytes
     before = (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns
+    wall = json.loads((run / "wall.json").read_text())
     assert bench.main(argv) == 0  # resumed: nothing trained again
+    assert json.loads((run / "wall.json").read_text()) == wall  # and no stage's time counted twice
     assert (tmp_path / "run" / "supernet-bytes" / "final.pt").stat().st_mtime_ns == before
 
     # --jobs 2: the same retrainings in two `python -m nas` processes at a time give the same models (the supernets
