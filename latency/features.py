@@ -41,9 +41,12 @@ def layer_cache_bytes(spec: AttentionSpec, context: int, heads: int, hd: int, ba
     return state_bytes(get(spec), spec, context, heads, hd, batch)
 
 
-def read_workload(space: Space, workload: Workload) -> Workload:
-    """The workload as a step computes it: a decode step of a model with a memory reads at most ``max_seq_len - 1``
-    cached entries at any context (:func:`supernet.memory.attended`), so its features are those of that context."""
+def read_workload(space: Space, workload: Workload, subnet: Subnet | None = None) -> Workload:
+    """The workload as ``subnet``'s step computes it: a prefill stated in bytes of text as its vocabulary's tokens
+    (:meth:`Workload.at_vocab`); a decode step of a model with a memory reads at most ``max_seq_len - 1`` cached entries
+    at any context (:func:`supernet.memory.attended`), so its features are those of that context."""
+    if subnet is not None and workload.text_bytes:
+        workload = workload.at_vocab(vocab_rows(space, subnet))
     if workload.kind != "decode" or not getattr(space, "memory", 0):
         return workload
     return replace(workload, context=attended(workload.context, space.memory, space.max_seq_len))
@@ -53,7 +56,7 @@ def cache_bytes(space: Space, subnet: Subnet, workload: Workload) -> float:
     """fp32 bytes of every layer's decode cache read for one new token (0 for prefill)."""
     if workload.kind != "decode":
         return 0.0
-    w, hd = read_workload(space, workload), space.head_dim
+    w, hd = read_workload(space, workload, subnet), space.head_dim
     return float(sum(layer_cache_bytes(layer.attention_spec, w.context, layer.heads, hd, w.batch_size)
                      for layer in subnet.layers))
 
@@ -75,7 +78,7 @@ def projection_flops(spec: AttentionSpec, tokens: int, embed_dim: int, heads: in
 
 def flops(space: Space, subnet: Subnet, workload: Workload) -> float:
     """Forward FLOPs at ``workload``: batch x seq tokens (prefill), or batch x 1 new token at its context (decode)."""
-    workload = read_workload(space, workload)
+    workload = read_workload(space, workload, subnet)
     b, t, e, hd = workload.batch_size, workload.tokens, subnet.embed_dim, space.head_dim
     total = 2.0 * b * t * e * vocab_rows(space, subnet)  # tied LM head: the subnet's vocabulary
     for layer in subnet.layers:
@@ -90,7 +93,7 @@ def additive_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str
     Each column multiplies a learned non-negative cost (ms per unit), so the prediction is
     constant + sum over layers of per-layer cost; a depth never seen is just more terms.
     """
-    workload = read_workload(space, workload)
+    workload = read_workload(space, workload, subnet)
     bt, e, v, hd = workload.batch_size * workload.tokens, subnet.embed_dim, vocab_rows(space, subnet), space.head_dim
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * v)}
     for kind in space.attention:
@@ -158,9 +161,11 @@ def add_terms(total: dict[str, float], terms: dict[str, float]) -> dict[str, flo
 
 def layered_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str, float]:
     """The layer-composed predictor's columns of a one-stack subnet: the model's own terms (``model:*``: the embedding's
-    and the head's) and, summed along the stack, each layer's :func:`layer_terms`."""
+    and the head's: the subnet's vocabulary) and, summed along the stack, each layer's :func:`layer_terms` (a prefill
+    in bytes of text at the subnet's vocabulary's tokens)."""
+    workload = workload.at_vocab(vocab_rows(space, subnet)) if workload.text_bytes else workload
     bt, e = workload.batch_size * workload.tokens, subnet.embed_dim
-    out = {"model:embed": float(bt * e), "model:head": float(bt * e * space.vocab_size),
+    out = {"model:embed": float(bt * e), "model:head": float(bt * e * vocab_rows(space, subnet)),
            **type_columns(space.attention, workload.kind == "decode")}
     for layer in subnet.layers:
         add_terms(out, layer_terms(layer.attention_spec, workload, e, layer.heads, space.head_dim, layer.ffn_dim, space.causal))

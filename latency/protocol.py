@@ -89,6 +89,15 @@ def default_reference(model):
     return tasks.of(space).timing_reference(space) if space is not None else reference_model(model.config)
 
 
+def model_workload(workload: Workload, model) -> Workload:
+    """The workload ``model`` runs: a prefill stated in bytes of text at the tokens of the model's vocabulary (a
+    one-stack model's ``config.vocab_size``: :meth:`Workload.at_vocab`), so every model of a campaign reads the same
+    text; any other workload as it is."""
+    if not getattr(workload, "text_bytes", 0):
+        return workload
+    return workload.at_vocab(model.config.vocab_size)
+
+
 def measure(
     device: Device,
     models: Mapping[str, "torch.nn.Module"],
@@ -102,7 +111,7 @@ def measure(
     journal: Journal | None = None,
 ) -> Measurement:
     """Time each static model in ``models`` (key -> :class:`supernet.Transformer`, or a task's own static model at
-    a workload kind of that task's) at ``workload``.
+    a workload kind of that task's) at ``workload`` (a prefill in bytes of text: each at its vocabulary's tokens).
 
     ``reference`` (default :func:`reference_model` of the first model's config) is timed beside
     every visit to correct drift and detect interference; ``baseline_ms`` chains calls of one
@@ -110,8 +119,9 @@ def measure(
     repeats, flags).  ``journal`` keeps every visit as it finishes (see :func:`~latency.timing_core.run_protocol`).
     """
     assert models, "measure() needs at least one model"
-    runners = {k: device.prepare(m, workload) for k, m in models.items()}
-    ref = device.prepare(reference if reference is not None else default_reference(next(iter(models.values()))), workload)
+    runners = {k: device.prepare(m, model_workload(workload, m)) for k, m in models.items()}
+    ref = reference if reference is not None else default_reference(next(iter(models.values())))
+    ref = device.prepare(ref, model_workload(workload, ref))
     results, baseline = run_protocol(
         runners, ref, settings, np.random.default_rng(seed), baseline_ms=baseline_ms, progress=progress, journal=journal
     )

@@ -16,10 +16,10 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import yaml
@@ -315,6 +315,13 @@ class Workload:
     ``prefill``: one forward pass over ``batch_size`` x ``seq_len`` tokens.  ``decode``: one new
     token per sequence (``batch_size`` x 1) with ``context`` tokens already in the cache (the time
     per generated token at that context).
+
+    A prefill may be stated in **bytes of text** (``bytes: 1024`` in the YAML, ``text_bytes``) rather than tokens, so
+    that a budget means the same text whatever vocabulary a model reads: a model of vocabulary ``V`` then runs
+    ``ceil(bytes / bytes_per_token(V))`` tokens (:meth:`at_vocab`), the tokenizer's bytes per token measured on the
+    validation split (:meth:`with_bytes_per_token`, from the supernet's run: ``supernet.checkpoint``).  ``seq_len`` is
+    then the bytes' count, which is what a byte-level model runs; ``vocab_tokens`` holds the tokens per vocabulary
+    known so far (the byte vocabulary's from the start).
     """
 
     name: str
@@ -322,6 +329,34 @@ class Workload:
     seq_len: int = 0  # prefill: tokens per forward pass (0 for decode)
     kind: str = "prefill"
     context: int = 0  # decode: tokens already in the cache (0 for prefill)
+    text_bytes: int = 0  # a prefill stated in bytes of text (0: in tokens)
+    vocab_tokens: tuple[tuple[int, int], ...] = ()  # a text prefill's tokens per vocabulary, ascending by vocabulary
+
+    def at_vocab(self, vocab: int) -> "Workload":
+        """The workload a model of vocabulary ``vocab`` runs: a prefill stated in bytes of text as that vocabulary's
+        tokens for those bytes (the same text at every vocabulary); any other workload is itself."""
+        if not self.text_bytes:
+            return self
+        tokens = dict(self.vocab_tokens)
+        if vocab not in tokens:
+            raise UserError(f"workload {self.name!r} is stated in bytes of text ({self.text_bytes:,}): its tokens at "
+                            f"vocabulary {vocab:,} need that tokenizer's bytes per token, which a supernet trained on the "
+                            "corpus measured (time and predict with its checkpoint's space, not the YAML's)")
+        return replace(self, seq_len=tokens[vocab])
+
+    def with_bytes_per_token(self, rates: Mapping[int, float], max_seq_len: int) -> "Workload":
+        """A text prefill with each vocabulary's tokens for its bytes (``rates``: vocabulary -> measured bytes per
+        token); a workload in tokens is returned as it is.  Refused when a vocabulary needs more than ``max_seq_len``."""
+        if not self.text_bytes:
+            return self
+        tokens = dict(self.vocab_tokens)
+        for vocab, rate in rates.items():
+            n = max(1, math.ceil(self.text_bytes / float(rate)))
+            if n > max_seq_len:
+                raise UserError(f"workload {self.name!r}: {self.text_bytes:,} bytes of text are {n:,} tokens at vocabulary "
+                                f"{int(vocab):,} ({float(rate):.2f} bytes per token), beyond max_seq_len {max_seq_len:,}")
+            tokens[int(vocab)] = n
+        return replace(self, vocab_tokens=tuple(sorted(tokens.items())))
 
     def __post_init__(self) -> None:
         if self.kind not in WORKLOAD_KINDS:
@@ -343,14 +378,19 @@ class Workload:
 
     @property
     def shape(self) -> str:
-        """``1x256`` (prefill) or ``1x1 at context 255`` (decode)."""
+        """``1x256`` (prefill), ``1x1024 bytes`` (a prefill in bytes of text) or ``1x1 at context 255`` (decode)."""
+        if self.text_bytes:
+            return f"{self.batch_size}x{self.text_bytes} bytes"
         if self.kind == "prefill":
             return f"{self.batch_size}x{self.seq_len}"
         return f"{self.batch_size}x1 at context {self.context}"
 
     @property
     def label(self) -> str:
-        """Compact and unique per shape: ``prefill:1x256``, ``decode:1x1@255`` (a timing table's rows carry it)."""
+        """Compact and unique per shape: ``prefill:1x256``, ``prefill:1x1024B`` (bytes of text), ``decode:1x1@255`` (a
+        timing table's rows carry it; the same at every vocabulary)."""
+        if self.text_bytes:
+            return f"{self.name}:{self.batch_size}x{self.text_bytes}B"
         return (
             f"{self.name}:{self.batch_size}x{self.seq_len}"
             if self.kind == "prefill"
@@ -363,18 +403,22 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         """The YAML form (prefill keeps its historical keys, so a space's hash does not change)."""
         if self.kind == "prefill":
-            out = {"batch_size": self.batch_size, "seq_len": self.seq_len}
+            size = {"bytes": self.text_bytes} if self.text_bytes else {"seq_len": self.seq_len}
+            out = {"batch_size": self.batch_size, **size}
             return out if self.name == "prefill" else {"kind": "prefill", **out}
         return {"kind": "decode", "batch_size": self.batch_size, "context": self.context}
 
     def record(self) -> dict[str, Any]:
-        """What files store: name, kind and shape (read back by :meth:`from_record`)."""
+        """What files store: name, kind and shape (read back by :meth:`from_record`); a text prefill adds its bytes and
+        its tokens per vocabulary."""
+        text = {"bytes": self.text_bytes, "tokens": {str(v): n for v, n in self.vocab_tokens}} if self.text_bytes else {}
         return {
             "name": self.name,
             "kind": self.kind,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "context": self.context,
+            **text,
         }
 
     @classmethod
@@ -388,8 +432,14 @@ class Workload:
             raise UserError(f"{where}: not a workload record (expected name, kind, batch_size, seq_len / context), "
                             f"got {shown(data)}")
         known = {"name", "kind", "batch_size", "seq_len", "context"}
+        text = {}
+        if "bytes" in data:
+            tokens = data.get("tokens") or {}
+            if not isinstance(tokens, dict) or not all(str(k).isdigit() and isinstance(n, int) for k, n in tokens.items()):
+                raise UserError(f"{where}: tokens: expected vocabulary -> tokens, got {shown(tokens)}")
+            text = {"text_bytes": data["bytes"], "vocab_tokens": tuple(sorted((int(k), n) for k, n in tokens.items()))}
         try:
-            return cls(**{k: v for k, v in data.items() if k in known})
+            return cls(**{k: v for k, v in data.items() if k in known}, **text)
         except TypeError as e:
             raise UserError(f"{where}: not a workload record: {e}") from None
 
@@ -470,6 +520,17 @@ class Space(SpaceIdentity):
     def vocab_of(self, subnet: Subnet) -> int:
         """The vocabulary ``subnet`` reads (its embedding and output rows): its gene, or the space's one."""
         return subnet.vocab if subnet.vocab is not None else self.vocabs[-1]
+
+    def with_bytes_per_token(self, rates: Mapping[int, float]) -> "Space":
+        """This space with its prefills stated in bytes of text knowing each vocabulary's tokens (``rates``: the
+        tokenizer's measured bytes per token, vocabulary -> bytes; a supernet's ``meta.vocabulary``).  Nothing else
+        changes (the hashes neither: they do not read a workload's tokens)."""
+        return replace(self, workloads=tuple(w.with_bytes_per_token(rates, self.max_seq_len) for w in self.workloads))
+
+    def workload_for(self, subnet: Subnet, name: str | None = None, workload: Workload | None = None) -> Workload:
+        """The workload ``subnet`` runs (``workload``, else the space's of ``name``): a prefill in bytes of text as its
+        vocabulary's tokens (:meth:`Workload.at_vocab`)."""
+        return (workload or self.workload(name)).at_vocab(self.vocab_of(subnet))
 
     def _vocab_gene(self, value: int) -> int | None:
         """What a subnet stores of vocabulary ``value``: the size where the space searches it, else None."""
@@ -864,7 +925,9 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    workloads = _workloads(c, top["latency"], max_seq, positions, task, form) if "latency" in top else []
+    byte_vocab = (vocab if not tokenizer.bpe else tokenizer.base if tokenizer.base in tokenizer.sizes else None) \
+        if tokenizer is not None else None
+    workloads = _workloads(c, top["latency"], max_seq, positions, task, form, byte_vocab) if "latency" in top else []
     memory = _memory(c, top.get("memory", 0), max_seq, positions, form, attention)
 
     if c.errors:
@@ -915,9 +978,11 @@ def _memory(c: Checker, value: Any, max_seq: int | None, positions: str | None, 
 
 
 def _workloads(c: Checker, lat: Any, max_seq: int | None, positions: str | None, task: str | None,
-               form: str | None) -> list[Workload]:
-    """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len) or
-    ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
+               form: str | None, byte_vocab: int | None = None) -> list[Workload]:
+    """The ``latency:`` section: one or more named workloads, each ``prefill`` (batch_size, seq_len; or bytes: text in
+    bytes, :class:`Workload`) or ``decode`` (batch_size, context); ``kind`` may be left out when the name is the kind.
+    A prefill in bytes knows its tokens at the byte vocabulary (``byte_vocab``, where the space reads bytes: one a
+    byte) from the start; a subword vocabulary's come from its tokenizer (:meth:`Workload.with_bytes_per_token`).
 
     A decode context may pass ``max_seq_len`` with rotary positions (``supernet.decode`` computes the
     angles of any position: timing at long contexts), not with learned ones (they end there)."""
@@ -940,13 +1005,18 @@ def _workloads(c: Checker, lat: Any, max_seq: int | None, positions: str | None,
             c.error(path, f"a decode workload needs a causal task, not {task} (an encoder reads the whole sequence at once: "
                           "give a prefill workload)")
             continue
-        size = "context" if kind == "decode" else "seq_len"
+        text = kind == "prefill" and isinstance(wdata, dict) and "bytes" in wdata and "seq_len" not in wdata
+        if text and task is not None and task != "causal-lm":
+            c.error(f"{path}.bytes", f"a prefill in bytes of text is for a causal-lm space, not {task} (give seq_len)")
+            continue
+        size = "context" if kind == "decode" else "bytes" if text else "seq_len"
         w = c.keys(path, wdata, required=("batch_size", size), optional=("kind",))
         bs = c.pos_int(f"{path}.batch_size", w["batch_size"]) if "batch_size" in w else None
         n = c.pos_int(f"{path}.{size}", w[size]) if size in w else None
         if n is not None and max_seq is not None:
-            if kind == "prefill" and n > max_seq:
-                c.error(f"{path}.seq_len", f"{n} exceeds max_seq_len {max_seq}")
+            if kind == "prefill" and n > max_seq and (not text or byte_vocab is not None):
+                c.error(f"{path}.{size}", f"{n} exceeds max_seq_len {max_seq}" + (" (a byte-level model reads a token a byte)"
+                                                                                 if text else ""))
             if kind == "decode" and n >= max_seq and positions == "learned":
                 c.error(
                     f"{path}.context",
@@ -954,7 +1024,12 @@ def _workloads(c: Checker, lat: Any, max_seq: int | None, positions: str | None,
                     f"(give at most {max_seq - 1}, or use positions: rope)",
                 )
         if bs is not None and n is not None:
-            out.append(Workload(wname, bs, n, "prefill") if kind == "prefill" else Workload(wname, bs, kind="decode", context=n))
+            if text:
+                out.append(Workload(wname, bs, n, "prefill", text_bytes=n,
+                                    vocab_tokens=((byte_vocab, n),) if byte_vocab is not None else ()))
+            else:
+                out.append(Workload(wname, bs, n, "prefill") if kind == "prefill" else
+                           Workload(wname, bs, kind="decode", context=n))
     return out
 
 
@@ -981,7 +1056,8 @@ def describe_stack(space: Space) -> str:
     ]
     for w in space.workloads:
         what = (
-            f"batch {w.batch_size} x {w.seq_len} tokens"
+            f"batch {w.batch_size} x {w.text_bytes:,} bytes of text (each vocabulary's tokens for them)" if w.text_bytes
+            else f"batch {w.batch_size} x {w.seq_len} tokens"
             if w.kind == "prefill"
             else f"batch {w.batch_size} x 1 new token at context {w.context}"
         )

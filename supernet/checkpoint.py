@@ -79,6 +79,9 @@ def load_checkpoint(path: str | Path, space: Space | None = None, payload: dict 
         raise UserError(
             f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})"
         )
+    rates = ((payload.get("meta") or {}).get("vocabulary") or {}).get("bytes_per_token")
+    if rates and hasattr(payload["space"], "with_bytes_per_token"):  # prefills in bytes of text: each vocabulary's tokens
+        payload["space"] = payload["space"].with_bytes_per_token({int(k): float(v) for k, v in rates.items()})
     # the models must agree (arch_hash); the latency workloads a space lists may differ
     if space is not None and space.arch_hash != payload["space"].arch_hash:
         raise UserError(

@@ -47,6 +47,7 @@ from search_spaces.errors import hide_password
 from search_spaces.space import WORKLOAD_KINDS
 
 from ..onnx_graphs import cached_decode_graph, cached_graph
+from ..protocol import model_workload
 from ..sampling import MIN_FIT_SUBNETS, MIN_RETEST_SUBNETS
 from ..table import make_meta
 from ..timing_core import Settings, sidecar_path
@@ -149,7 +150,8 @@ def write_bundle(
         else:
             (graph, tensors), inputs = cached_graph(model), None
         graphs[graph.name] = graph
-        return {"graph": f"models/{graph.name}", "tensors": tensors, **({"inputs": inputs} if inputs else {})}
+        text = {"seq_len": model_workload(workload, model).seq_len} if getattr(workload, "text_bytes", 0) else {}
+        return {"graph": f"models/{graph.name}", "tensors": tensors, **({"inputs": inputs} if inputs else {}), **text}
 
     reference = add_graph(reference_model)
     models, total = [], sum(len(v) for v in passes.values())

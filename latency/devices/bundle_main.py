@@ -147,6 +147,8 @@ def main(argv=None) -> int:
         image: the same seeded images for every model, of the entry's shape."""
         if workload.get("kind") == "image":
             return image_feed(workload["batch_size"], entry["images"])
+        if "seq_len" in entry:  # a prefill in bytes of text: this model's vocabulary's tokens for them (a prefix)
+            return {name: values[:, : entry["seq_len"]] for name, values in tokens.items()}
         return (
             decode_inputs(entry["inputs"], workload["batch_size"], workload["context"])
             if workload.get("kind") == "decode"

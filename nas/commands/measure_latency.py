@@ -25,7 +25,9 @@ EXAMPLE = "nas measure-latency base --device cpu --timing-threads 2 --samples 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("space", help="a search-space YAML file, or a shipped space name (tiny, base)")
+    p.add_argument("space", help="a search-space YAML file, a shipped space name (tiny, base), or a supernet checkpoint "
+                   "(.pt: its space, whose prefills stated in bytes of text become each vocabulary's tokens by its "
+                   "tokenizer's measured bytes per token)")
     p.add_argument("--device", required=True, metavar="DEVICE",
                    help="the device to time on: cpu, cuda, onnxruntime, arm (with --bundle), or ssh://user@host "
                    "(--timing-target, the name search and export give it, is taken too)")
@@ -93,10 +95,17 @@ def _run(args: argparse.Namespace) -> int:
     from latency.sampling import campaign_subnets, retest_subset, transfer_subnets
     from search_spaces import UserError, load_space, tasks
 
-    space = load_space(args.space)
+    if args.space.endswith(".pt"):
+        from supernet.checkpoint import load_checkpoint
+
+        space = load_checkpoint(args.space)["space"]
+    else:
+        space = load_space(args.space)
     task = tasks.of(space)
     task.check_timing(space, args.device, args.precision, args.for_transfer)  # what the task's models are timed on
     workload = space.workload(args.workload)
+    for vocab in space.vocabs if getattr(workload, "text_bytes", 0) else ():
+        workload.at_vocab(vocab)  # a prefill in bytes of text: every vocabulary's tokens known before anything runs
     settings = protocol_settings(args)
     precision = check_precision(args.precision)
     check_device(precision, args.device, getattr(args, "provider", None))
