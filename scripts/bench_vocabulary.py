@@ -1,6 +1,6 @@
 """Bytes against a searched subword vocabulary, at the same latency per 1,024 bytes of text (issue 54).
 
-    python scripts/bench_vocabulary.py --out runs/vocab --json docs/benchmarks/vocabulary/vocabulary.json
+    python scripts/bench_vocabulary.py --out runs/vocab --json docs/benchmarks/vocabulary/vocabulary.json --jobs 2
     python scripts/bench_vocabulary.py --out runs/vq --quick      # the whole path in minutes (tiny plan)
     python scripts/bench_vocabulary.py --out runs/vq --quick --bytes-space tests/fixtures/vocab_quick.yaml \\
         --vocab-space tests/fixtures/vocab_quick_bpe.yaml --data tests/fixtures/...   # the CI test's spaces
@@ -11,9 +11,10 @@ Stages (each resumable: run the same command again; a stage whose result file ex
    (``long-bpe.yaml``: the same choices, and the vocabulary searched among bytes and byte-level BPEs trained on the
    training split, nested; ``nas train-supernet``);
 2. candidates: the sandwich's extremes and ``samples`` subnets drawn from each space, each scored with inherited
-   weights (validation bits per byte of text) and timed with ONNX Runtime (one thread) at a prefill of the space's
-   prefill length read as **bytes**: a subnet of vocabulary ``v`` runs ``ceil(bytes / bytes_per_token(v))`` tokens
-   (the tokenizer's bytes per token measured on the validation split), all in one campaign with one reference;
+   weights (validation bits per byte of text) and timed with ONNX Runtime (one thread) at the searched space's
+   prefill, stated in **bytes of text** (``bytes: 1024``): a subnet of vocabulary ``v`` runs
+   ``ceil(bytes / bytes_per_token(v))`` tokens (the tokenizer's bytes per token measured on the validation split,
+   from the checkpoint: ``Workload.at_vocab``), all in one campaign with one reference;
 3. budgets: ``--budgets`` (ms per 1,024 bytes; the claim benchmark's for ``long.yaml``), else the 25th, 50th and
    75th percentile of the bytes-only candidates' latencies;
 4. per budget and space the candidate of the best validation bits per byte at or under the budget;
@@ -24,8 +25,10 @@ Stages (each resumable: run the same command again; a stage whose result file ex
 
 Reports ``vocabulary.json`` (``--json``): ``seed_sd`` (the seed standard deviation pooled over the retrained models)
 and ``budgets: [{budget_ms, bytes_only: {subnet, test_bpb, measured_ms}, searched: {subnet, vocab, test_bpb,
-measured_ms}, verdict}]`` (the searched model better / tie within 2 seed SD / worse), with the command, machine,
-load and date.
+measured_ms}, verdict}]`` (the searched model better / tie within 2 seed SD / worse), ``simple_baselines`` (unigram
+bits per byte of the bytes and of each retrained vocabulary on the whole test split), each stage's wall time and
+load (``wall``), with the command, machine and date; beside it ``candidates.csv``, ``models.csv``,
+``vocabulary.png`` and ``curves.csv/png``.  ``--jobs 2`` trains two models at a time (one thread each).
 """
 
 from __future__ import annotations
@@ -58,19 +61,20 @@ PERCENTILES = (25.0, 50.0, 75.0)
 
 @dataclass(frozen=True)
 class Plan:
-    """How big each stage is (``FULL``: about 3-4 hours on an idle 2-core CPU)."""
+    """How big each stage is (``FULL``: about an hour on an idle 2-core CPU with ``--jobs 2``; a plan of 800 supernet
+    steps, 40 candidates a space and 4M bytes a model took 27 minutes)."""
 
-    train_steps: int = 800  # each supernet's steps
+    train_steps: int = 2000  # each supernet's steps
     train_batch: int = 8
     train_seq: int = 256  # supernet windows, in tokens
-    samples: int = 40  # candidates drawn from each space (besides the extremes)
+    samples: int = 100  # candidates drawn from each space (besides the extremes)
     val_windows: int = 32
     val_seq: int = 256
     warmup: int = 2
     repeats: int = 5
     rounds: int = 3
     min_sample_ms: float = 20.0
-    tokens: int = 4_000_000  # bytes of text each retrained model reads
+    tokens: int = 8_000_000  # bytes of text each retrained model reads
     retrain_batch: int = 4
     retrain_seq: int = 1024  # bytes per window (a subword model's windows: its share of these bytes)
     retrain_lr: float = 3e-3
@@ -86,11 +90,6 @@ QUICK = replace(FULL, train_steps=6, train_batch=2, train_seq=32, samples=4, val
 
 
 # --------------------------------------------------------------------------- pure helpers
-
-
-def tokens_for(n_bytes: int, bytes_per_token: float) -> int:
-    """Tokens that read ``n_bytes`` of text at ``bytes_per_token`` (at least one)."""
-    return max(1, math.ceil(n_bytes / bytes_per_token))
 
 
 def budgets_from(latencies: list[float], given: list[float] | None) -> list[float]:
@@ -166,23 +165,27 @@ def bytes_per_token(payload: dict) -> dict[int, float]:
     return {int(k): float(v) for k, v in trained["bytes_per_token"].items()}
 
 
-class PerVocabDevice:
-    """Times each model at its own prefill (its vocabulary's tokens for the workload's bytes); the reference, at the
-    workload as given: one campaign, one drift anchor."""
+def text_prefill(ckpts: dict[str, Path]):
+    """The campaign's workload: the searched space's prefill, stated in bytes of text, with each vocabulary's tokens
+    (its checkpoint's space: ``Workload.with_bytes_per_token``); the bytes-only space's prefill must be as many bytes."""
+    from supernet.checkpoint import load_checkpoint
 
-    def __init__(self, device, workloads: dict[int, object]):
-        self.device, self.workloads, self.name = device, workloads, device.name
+    spaces = {label: load_checkpoint(path)["space"] for label, path in ckpts.items()}
+    workload = spaces["searched"].workload("prefill")
+    if not workload.text_bytes:
+        raise UserError(f"the vocabulary-searched space {spaces['searched'].name!r} states its prefill in tokens "
+                        f"({workload}); state it in bytes of text (latency: {{prefill: {{batch_size: 1, bytes: N}}}}) so "
+                        "that every vocabulary reads the same text")
+    theirs = spaces["bytes"].workload("prefill")
+    if (theirs.text_bytes or theirs.seq_len) != workload.text_bytes or theirs.batch_size != workload.batch_size:
+        raise UserError(f"the bytes-only space's prefill ({theirs}) is not the searched space's ({workload})")
+    return workload
 
-    def fingerprint(self) -> dict:
-        return self.device.fingerprint()
 
-    def prepare(self, model, workload):
-        return self.device.prepare(model, self.workloads.get(id(model), workload))
-
-
-def candidates(label: str, ckpt: Path, plan: Plan, seed: int) -> list[dict]:
+def candidates(label: str, ckpt: Path, plan: Plan, seed: int, workload) -> list[dict]:
     """The extremes and ``plan.samples`` subnets of the checkpoint's space, each with validation bits per byte (inherited
-    weights) and its vocabulary's prefill length; timed later, together."""
+    weights) and its vocabulary's tokens for the prefill's bytes (``workload``: :func:`text_prefill`); timed later,
+    together."""
     from supernet.checkpoint import load_supernet
     from supernet.scoring import inherited_fitness
 
@@ -193,34 +196,25 @@ def candidates(label: str, ckpt: Path, plan: Plan, seed: int) -> list[dict]:
     fitness, _ = inherited_fitness(ckpt, supernet, payload, seq_len=min(plan.val_seq, space.max_seq_len),
                                    windows=plan.val_windows, batch_size=8, val_seed=0, device="cpu")
     scores = fitness(subnets)
-    bpt = bytes_per_token(payload)
-    prefill = space.workload("prefill")
     return [{"space": label, "subnet": s.to_dict(), "text": str(s), "vocab": space.vocab_of(s), "val_bpb": float(b),
-             "prefill_tokens": min(space.max_seq_len, tokens_for(prefill.seq_len, bpt[space.vocab_of(s)])),
-             "params": int(supernet.num_params(s))} for s, b in zip(subnets, scores)]
+             "prefill_tokens": workload.at_vocab(space.vocab_of(s)).seq_len, "params": int(supernet.num_params(s))}
+            for s, b in zip(subnets, scores)]
 
 
-def time_models(entries: list[dict], ckpts: dict[str, Path], plan: Plan, seed: int, device_name: str) -> list[float]:
-    """Median ms of each entry's static model at its own prefill length (one campaign, ONNX Runtime, one thread)."""
+def time_models(entries: list[dict], ckpts: dict[str, Path], workload, plan: Plan, seed: int, device_name: str) -> list[float]:
+    """Median ms of each entry's static model at the prefill's bytes of text (``workload``: each model at its
+    vocabulary's tokens, :func:`latency.protocol.measure`); one campaign, one reference (ONNX Runtime, one thread)."""
     from latency.device import get_device
     from latency.protocol import measure, reference_model
     from latency.timing_core import Settings
-    from search_spaces import Workload
     from supernet.checkpoint import load_supernet
 
     supernets = {label: load_supernet(path)[0] for label, path in ckpts.items()}
     device = get_device(device_name, threads=1) if device_name == "onnxruntime" else get_device(device_name)
-    models, workloads = {}, {}
-    for i, e in enumerate(entries):
-        supernet = supernets[e["space"]]
-        model = supernet.extract(Subnet.from_dict(e["subnet"])).eval()
-        models[str(i)] = model
-        w = supernet.space.workload("prefill")
-        workloads[id(model)] = Workload(w.name, w.batch_size, e["prefill_tokens"])
-    first = next(iter(supernets.values())).space
+    models = {str(i): supernets[e["space"]].extract(Subnet.from_dict(e["subnet"])).eval() for i, e in enumerate(entries)}
     settings = Settings(warmup=plan.warmup, repeats=plan.repeats, rounds=plan.rounds, min_sample_ms=plan.min_sample_ms)
-    reference = reference_model(supernets["bytes"].extract(first.smallest()).config) if "bytes" in supernets else None
-    m = measure(PerVocabDevice(device, workloads), models, first.workload("prefill"), settings, seed=seed, reference=reference)
+    reference = reference_model(supernets["bytes"].extract(supernets["bytes"].space.smallest()).config)  # of bytes
+    m = measure(device, models, workload, settings, seed=seed, reference=reference)
     return [float(m.results[str(i)].median_ms) for i in range(len(entries))]
 
 
@@ -257,6 +251,30 @@ def test_bpb(folder: Path, plan: Plan, args, bpt: float) -> float:
                                                            replace=False))
     held = HeldOut(ids, starts, seq, token_lengths=vocab.token_lengths())
     return held.bits(model, None, 8, mixed_precision=False)
+
+
+def unigram_bpb(train_ids: np.ndarray, test_ids: np.ndarray, size: int, test_bytes: int) -> float:
+    """Bits per byte of text of a unigram model of ``size`` ids (the training split's counts, add-one) on ``test_ids``,
+    which spell ``test_bytes`` bytes: the floor any model that learned something must pass."""
+    counts = np.bincount(train_ids, minlength=size).astype(np.float64) + 1.0
+    return float(-np.log2(counts / counts.sum())[test_ids].sum() / test_bytes)
+
+
+def simple_baselines(args, folders: dict[int, Path]) -> dict[str, float]:
+    """Unigram bits per byte on the whole test split: of the bytes, and of each retrained vocabulary's tokens
+    (``folders``: vocabulary -> a model folder holding its tokenizer.json)."""
+    from supernet.artifact import load_vocabulary
+    from supernet.data import prepare_corpus
+
+    corpus = prepare_corpus(args.data, Path(args.out) / "supernet-bytes", 0, args.val_fraction or 0.05)
+    train = np.asarray(corpus.train, dtype=np.uint8).tobytes()
+    test = np.asarray(corpus.test if len(corpus.test) else corpus.val, dtype=np.uint8).tobytes()
+    out = {"byte_unigram_bpb": unigram_bpb(np.frombuffer(train, np.uint8), np.frombuffer(test, np.uint8), 256, len(test))}
+    for vocab, folder in sorted(folders.items()):
+        v = load_vocabulary(folder)
+        if v.kind == "bpe":
+            out[f"bpe{vocab}_unigram_bpb"] = unigram_bpb(v.encode(train), v.encode(test), vocab, len(test))
+    return out
 
 
 class Wall:
@@ -337,6 +355,9 @@ def plot(report: dict, entries: list[dict], path: Path) -> None:
         right.errorbar([m["measured_ms"] for m in pts], [m["test_bpb"] for m in pts],
                        yerr=[float(np.std(m["seeds"], ddof=1)) if len(m["seeds"]) > 1 else 0.0 for m in pts],
                        fmt="o" if j == 0 else "^", ms=8, capsize=3, color=cmap(j), label=name)
+    for k, (name, bpb) in enumerate(sorted(report.get("simple_baselines", {}).items())):
+        right.axhline(bpb, color="grey", linestyle=("--", "-.", ":")[k % 3], linewidth=1,
+                      label=name.replace("_bpb", "").replace("_", " ") + f" (whole test split) {bpb:.2f}")
     right.set(xlabel="measured ms per 1,024 bytes of text", ylabel="test bits per byte, retrained (mean of seeds, +-1 SD)",
               title=f"retrained at {len(report['budgets'])} budgets (dotted); seed SD {report['seed_sd']:.4f}")
     left.legend(fontsize=7)
@@ -367,9 +388,11 @@ def run(args, plan: Plan) -> dict:
     if found.exists():
         entries = json.loads(found.read_text())
     else:
+        workload = text_prefill(ckpts)
         entries = wall.stage("candidates", lambda: [e for label, path in ckpts.items()
-                                                    for e in candidates(label, path, plan, args.seed)])
-        for e, ms in zip(entries, wall.stage("timing", lambda: time_models(entries, ckpts, plan, args.seed, args.device))):
+                                                    for e in candidates(label, path, plan, args.seed, workload)])
+        timed = wall.stage("timing", lambda: time_models(entries, ckpts, workload, plan, args.seed, args.device))
+        for e, ms in zip(entries, timed):
             e["ms"] = ms
         found.write_text(json.dumps(entries, indent=1))
 
@@ -416,6 +439,7 @@ def run(args, plan: Plan) -> dict:
                 row[key]["vocab"] = pick["vocab"]
         rows.append(row)
     sd = pooled_sd(groups)
+    simple = simple_baselines(args, {pick["vocab"]: folder(label, pick, 0) for (_, label), pick in picks.items() if pick})
     for row in rows:
         both = row.get("bytes_only") and row.get("searched")
         row["verdict"] = verdict(row["bytes_only"]["test_bpb"], row["searched"]["test_bpb"], sd) if both else "no model"
@@ -431,6 +455,7 @@ def run(args, plan: Plan) -> dict:
         "latency": f"ms per {load_space(spaces['bytes']).workload('prefill').seq_len:,} bytes of text (prefill), ONNX Runtime, "
                    "one thread; each model at its vocabulary's tokens for those bytes",
         "seed_sd": sd,
+        "simple_baselines": simple,
         "budgets": rows,
         "wins": sum(r["verdict"] == "better" for r in rows),
     }

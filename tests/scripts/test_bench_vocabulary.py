@@ -24,7 +24,6 @@ bench = load_bench()
 
 
 def test_tokens_budgets_picks_and_verdicts():
-    assert bench.tokens_for(1024, 1.0) == 1024 and bench.tokens_for(1024, 3.3) == 311 and bench.tokens_for(1, 9.0) == 1
     assert bench.budgets_from([1.0, 2.0, 3.0, 4.0, 5.0], None) == [2.0, 3.0, 4.0]
     assert bench.budgets_from([1.0], [3.0, 1.5]) == [1.5, 3.0]
     cands = [{"ms": 1.0, "val_bpb": 3.0}, {"ms": 2.0, "val_bpb": 2.0}, {"ms": 3.0, "val_bpb": 1.0}]
@@ -58,6 +57,7 @@ def test_quick_run_writes_the_contract(tmp_path):
         if row["searched"] is not None:
             assert row["searched"]["vocab"] in (256, 320, 384)
     run = tmp_path / "run"
+    assert 0 < report["simple_baselines"]["byte_unigram_bpb"] <= 8.01  # a unigram of 256 ids: at most 8 bits a byte
     assert {"supernets", "candidates", "timing", "retrain"} <= set(report["wall"])
     assert report["seconds"] == pytest.approx(sum(e["seconds"] for e in report["wall"].values()), abs=0.2)
     models = list(csv.DictReader(open(run / "models.csv")))
