@@ -172,3 +172,25 @@ def test_an_arm_bundle_feeds_each_graph_its_tokens(checkpoint, tmp_path):
     lengths = {space.vocab_of(space.subnet_type.from_json(m["subnet"])): m["seq_len"] for m in manifest["models"]}
     assert len(lengths) >= 2 and all(TOKENS[v] == n for v, n in lengths.items())
     assert manifest["reference"]["seq_len"] == TOKENS[256]  # the reference: the smallest subnet, of bytes
+
+
+def test_a_saved_predictor_counts_each_subnets_tokens(space, tmp_path):
+    """A predictor fitted at the text prefill keeps each vocabulary's tokens (its workload's record) and predicts a
+    subnet from the features at its own vocabulary's tokens, as the search asks it."""
+    import numpy as np
+
+    from latency.predictors.predictor import MODELS, Predictor, load_predictor, subnet_matrix
+    from nas.search import AnalyticLatency
+
+    resolved = space.with_bytes_per_token(RATES)
+    w = resolved.workload("prefill")
+    subnets = [resolved.sample(np.random.default_rng(i)) for i in range(60)]
+    x, names = subnet_matrix("additive", resolved, w, subnets)
+    regressor = MODELS["additive"](names).fit(x, AnalyticLatency(resolved).predict(subnets), seed=0)
+    Predictor("additive", regressor, resolved, w, {"device": "cpu", "runtime": "torch-eager", "threads": 1}).save(tmp_path)
+    loaded = load_predictor(tmp_path)
+    assert loaded.workload_spec == w
+    for vocab, n in TOKENS.items():
+        s = replace(resolved.largest(), vocab=vocab)
+        at_tokens = regressor.predict(subnet_matrix("additive", resolved, Workload("prefill", 1, n), [s])[0])
+        assert loaded.predict([s]) == pytest.approx(at_tokens)
