@@ -105,6 +105,18 @@ def best_under(candidates: list[dict], budget: float) -> dict | None:
     return min(held, key=lambda c: (c["val_bpb"], c["ms"])) if held else None
 
 
+def largest_under(candidates: list[dict], budget: float) -> dict | None:
+    """The candidate of the most parameters whose measured ms is within ``budget`` (a check on the selection: the
+    inherited score of a short supernet may prefer a small model that retraining would not)."""
+    held = [c for c in candidates if c["ms"] <= budget]
+    return max(held, key=lambda c: (c["params"], -c["ms"])) if held else None
+
+
+# what each budget retrains: (space, report key, rule); the verdict is bytes_only against searched (the contract), the
+# largest bytes-only model under the budget a check beside it
+ROLES = (("bytes", "bytes_only", best_under), ("bytes", "bytes_largest", largest_under), ("searched", "searched", best_under))
+
+
 def pooled_sd(groups: list[list[float]]) -> float:
     """The seed standard deviation pooled over models (each a list of its seeds' scores; those of one seed add nothing)."""
     var = [float(np.var(g, ddof=1)) for g in groups if len(g) > 1]
@@ -314,13 +326,13 @@ def write_tables(report: dict, entries: list[dict], curves: dict[str, list[dict]
                         f"{e['ms']:.4f}"])
     with open(folder / "models.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["budget_ms", "space", "vocab", "subnet", "seed", "test_bpb", "measured_ms", "verdict"])
+        w.writerow(["budget_ms", "role", "space", "vocab", "subnet", "seed", "test_bpb", "measured_ms", "verdict"])
         for row in report["budgets"]:
-            for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
-                m = row[key]
+            for label, key, _ in ROLES:
+                m = row.get(key)
                 for seed, bpb in enumerate(m["seeds"] if m else []):
-                    w.writerow([f"{row['budget_ms']:.4f}", label, m.get("vocab", 256), m["subnet"], seed, f"{bpb:.4f}",
-                                f"{m['measured_ms']:.4f}", row["verdict"]])
+                    w.writerow([f"{row['budget_ms']:.4f}", key, label, m.get("vocab", 256), m["subnet"], seed,
+                                f"{bpb:.4f}", f"{m['measured_ms']:.4f}", row["verdict"]])
     write_curves(curves, folder / "curves.csv")
     plot_curves(curves, folder / "curves.png", "every retrained model's training loss per logged step, nats per byte "
                 "of text (a subword model's per-token loss / its bytes per token)")
@@ -350,11 +362,13 @@ def plot(report: dict, entries: list[dict], path: Path) -> None:
         for row in report["budgets"]:
             ax.axvline(row["budget_ms"], color="grey", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
-    for j, (key, name) in enumerate((("bytes_only", "best bytes-only model"), ("searched", "best vocabulary-searched"))):
-        pts = [r[key] for r in report["budgets"] if r[key]]
+    names = {"bytes_only": "bytes-only, best by inherited score", "bytes_largest": "bytes-only, most parameters (check)",
+             "searched": "vocabulary-searched, best by inherited score"}
+    for j, (key, name) in enumerate(names.items()):
+        pts = [r[key] for r in report["budgets"] if r.get(key)]
         right.errorbar([m["measured_ms"] for m in pts], [m["test_bpb"] for m in pts],
                        yerr=[float(np.std(m["seeds"], ddof=1)) if len(m["seeds"]) > 1 else 0.0 for m in pts],
-                       fmt="o" if j == 0 else "^", ms=8, capsize=3, color=cmap(j), label=name)
+                       fmt="os^"[j], ms=8, capsize=3, color=cmap(j), label=name)
     for k, (name, bpb) in enumerate(sorted(report.get("simple_baselines", {}).items())):
         right.axhline(bpb, color="grey", linestyle=("--", "-.", ":")[k % 3], linewidth=1,
                       label=name.replace("_bpb", "").replace("_", " ") + f" (whole test split) {bpb:.2f}")
@@ -401,13 +415,13 @@ def run(args, plan: Plan) -> dict:
     bpts = {label: bytes_per_token(load_checkpoint(path)) for label, path in ckpts.items()}
     by_space = {label: [e for e in entries if e["space"] == label] for label in spaces}
     budgets = budgets_from([e["ms"] for e in by_space["bytes"]], args.budgets)
-    picks = {(budget, label): best_under(by_space[label], budget) for budget in budgets for label in spaces}
+    picks = {(budget, key): (label, rule(by_space[label], budget)) for budget in budgets for label, key, rule in ROLES}
 
     def folder(label: str, pick: dict, seed: int) -> Path:  # a model picked at several budgets is retrained once
         return out / "retrained" / f"{label}-{Subnet.from_dict(pick['subnet']).key}-seed{seed}"
 
     retrains = {}
-    for (_, label), pick in picks.items():
+    for label, pick in picks.values():
         for seed in range(plan.seeds if pick else 0):
             path = folder(label, pick, seed)
             if path not in retrains and (a := retrain_argv(pick, spaces[label], path, seed, plan,
@@ -418,8 +432,8 @@ def run(args, plan: Plan) -> dict:
     rows, groups, seen, curves = [], [], set(), {}
     for budget in budgets:
         row = {"budget_ms": budget}
-        for label, key in (("bytes", "bytes_only"), ("searched", "searched")):
-            pick = picks[budget, label]
+        for _, key, _ in ROLES:
+            label, pick = picks[budget, key]
             if pick is None:
                 row[key] = None
                 continue
@@ -439,10 +453,11 @@ def run(args, plan: Plan) -> dict:
                 row[key]["vocab"] = pick["vocab"]
         rows.append(row)
     sd = pooled_sd(groups)
-    simple = simple_baselines(args, {pick["vocab"]: folder(label, pick, 0) for (_, label), pick in picks.items() if pick})
+    simple = simple_baselines(args, {pick["vocab"]: folder(label, pick, 0) for label, pick in picks.values() if pick})
     for row in rows:
-        both = row.get("bytes_only") and row.get("searched")
-        row["verdict"] = verdict(row["bytes_only"]["test_bpb"], row["searched"]["test_bpb"], sd) if both else "no model"
+        for key, against in (("verdict", "bytes_only"), ("verdict_vs_bytes_largest", "bytes_largest")):
+            both = row.get(against) and row.get("searched")
+            row[key] = verdict(row[against]["test_bpb"], row["searched"]["test_bpb"], sd) if both else "no model"
     report = {
         "command": "python scripts/bench_vocabulary.py " + " ".join(args.argv),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
@@ -458,6 +473,7 @@ def run(args, plan: Plan) -> dict:
         "simple_baselines": simple,
         "budgets": rows,
         "wins": sum(r["verdict"] == "better" for r in rows),
+        "wins_vs_bytes_largest": sum(r["verdict_vs_bytes_largest"] == "better" for r in rows),
     }
     path = Path(args.json) if args.json else out / "vocabulary.json"
     path.parent.mkdir(parents=True, exist_ok=True)

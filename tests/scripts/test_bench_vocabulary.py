@@ -56,12 +56,16 @@ def test_quick_run_writes_the_contract(tmp_path):
             assert row[key]["measured_ms"] <= row["budget_ms"] and 0 < row[key]["test_bpb"] < 12
         if row["searched"] is not None:
             assert row["searched"]["vocab"] in (256, 320, 384)
+        if row["bytes_only"] is not None:  # the check beside the verdict: the bytes-only model of the most parameters
+            assert row["bytes_largest"]["params"] >= row["bytes_only"]["params"]
+            assert row["verdict_vs_bytes_largest"] in ("better", "tie", "worse")
     run = tmp_path / "run"
     assert 0 < report["simple_baselines"]["byte_unigram_bpb"] <= 8.01  # a unigram of 256 ids: at most 8 bits a byte
     assert {"supernets", "candidates", "timing", "retrain"} <= set(report["wall"])
     assert report["seconds"] == pytest.approx(sum(e["seconds"] for e in report["wall"].values()), abs=0.2)
     models = list(csv.DictReader(open(run / "models.csv")))
-    assert len(models) == sum(len(r[k]["seeds"]) for r in report["budgets"] for k in ("bytes_only", "searched") if r[k])
+    assert len(models) == sum(len(r[k]["seeds"]) for r in report["budgets"] for k in ("bytes_only", "bytes_largest", "searched")
+                              if r[k])
     curves = load_script("curves").read_curves(run / "curves.csv")
     assert curves and all(points for points in curves.values())  # every retrained model's training loss
     assert (run / "vocabulary.png").stat().st_size > 0 and (run / "curves.png").stat().st_size > 0
@@ -87,7 +91,7 @@ def test_quick_run_writes_the_contract(tmp_path):
     parallel = json.loads((again / "vocabulary.json").read_text())
     assert parallel["seed_sd"] == pytest.approx(report["seed_sd"], rel=1e-6)
     for one, two in zip(report["budgets"], parallel["budgets"]):
-        for key in ("bytes_only", "searched"):
+        for key in ("bytes_only", "bytes_largest", "searched"):
             if one[key] is not None:
                 assert two[key]["seeds"] == pytest.approx(one[key]["seeds"], rel=1e-6)
 
