@@ -61,8 +61,9 @@ PERCENTILES = (25.0, 50.0, 75.0)
 
 @dataclass(frozen=True)
 class Plan:
-    """How big each stage is (``FULL``: about an hour on an idle 2-core CPU with ``--jobs 2``; a plan of 800 supernet
-    steps, 40 candidates a space and 4M bytes a model took 27 minutes)."""
+    """How big each stage is (``FULL``: 75 minutes on the 2-core CPU of docs/benchmarks/vocabulary with ``--jobs 2``:
+    the supernets 20, the candidates and their timing 2, the retraining 53 with the check's models; a plan of 800
+    supernet steps, 40 candidates a space and 4M bytes a model took 27 minutes without the check)."""
 
     train_steps: int = 2000  # each supernet's steps
     train_batch: int = 8
