@@ -170,12 +170,10 @@ def data_flags(args) -> list[str]:
 
 
 def bytes_per_token(payload: dict) -> dict[int, float]:
-    """A supernet checkpoint's measured bytes per token of each vocabulary (bytes: 1)."""
-    trained = (payload.get("meta") or {}).get("vocabulary")
-    space = payload["space"]
-    if trained is None:
-        return {space.vocab_size: 1.0}
-    return {int(k): float(v) for k, v in trained["bytes_per_token"].items()}
+    """A supernet checkpoint's measured bytes per token of each vocabulary (a bytes-only run's: 1)."""
+    from supernet.checkpoint import measured_bytes_per_token
+
+    return measured_bytes_per_token(payload) or {payload["space"].vocab_size: 1.0}
 
 
 def text_prefill(ckpts: dict[str, Path]):
@@ -249,15 +247,22 @@ def retrain_argv(entry: dict, space_path: str, out: Path, seed: int, plan: Plan,
     return argv
 
 
-def test_bpb(folder: Path, plan: Plan, args, bpt: float) -> float:
-    """Bits per byte of text of a model folder on fixed windows of the corpus's *test* split (its own tokenizer.json)."""
-    from supernet.artifact import load_model, load_vocabulary
+def split_bytes(args) -> tuple[bytes, bytes]:
+    """The corpus's training and test text (the test split, or validation where the corpus had too few documents to
+    hold one out), from the bytes supernet's run cache: what every score and baseline of the run reads."""
     from supernet.data import prepare_corpus
+
+    corpus = prepare_corpus(args.data, Path(args.out) / "supernet-bytes", 0, args.val_fraction or 0.05)
+    test = corpus.test if len(corpus.test) else corpus.val
+    return np.asarray(corpus.train, dtype=np.uint8).tobytes(), np.asarray(test, dtype=np.uint8).tobytes()
+
+
+def test_bpb(folder: Path, plan: Plan, raw: bytes, bpt: float) -> float:
+    """Bits per byte of text of a model folder on fixed windows of the test text ``raw`` (its own tokenizer.json)."""
+    from supernet.artifact import load_model, load_vocabulary
     from supernet.heldout import HeldOut
 
     model, vocab = load_model(folder), load_vocabulary(folder)
-    corpus = prepare_corpus(args.data, Path(args.out) / "supernet-bytes", 0, args.val_fraction or 0.05)  # its run's cache
-    raw = np.asarray(corpus.test if len(corpus.test) else corpus.val, dtype=np.uint8).tobytes()
     ids = vocab.encode(raw) if vocab.kind == "bpe" else np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
     seq = min(model.config.max_seq_len, max(8, round(plan.retrain_seq / bpt)))
     starts = np.sort(np.random.default_rng([0, 11]).choice(len(ids) - seq, size=min(plan.test_windows, len(ids) - seq),
@@ -273,15 +278,11 @@ def unigram_bpb(train_ids: np.ndarray, test_ids: np.ndarray, size: int, test_byt
     return float(-np.log2(counts / counts.sum())[test_ids].sum() / test_bytes)
 
 
-def simple_baselines(args, folders: dict[int, Path]) -> dict[str, float]:
-    """Unigram bits per byte on the whole test split: of the bytes, and of each retrained vocabulary's tokens
+def simple_baselines(train: bytes, test: bytes, folders: dict[int, Path]) -> dict[str, float]:
+    """Unigram bits per byte on the whole test text: of the bytes, and of each retrained vocabulary's tokens
     (``folders``: vocabulary -> a model folder holding its tokenizer.json)."""
     from supernet.artifact import load_vocabulary
-    from supernet.data import prepare_corpus
 
-    corpus = prepare_corpus(args.data, Path(args.out) / "supernet-bytes", 0, args.val_fraction or 0.05)
-    train = np.asarray(corpus.train, dtype=np.uint8).tobytes()
-    test = np.asarray(corpus.test if len(corpus.test) else corpus.val, dtype=np.uint8).tobytes()
     out = {"byte_unigram_bpb": unigram_bpb(np.frombuffer(train, np.uint8), np.frombuffer(test, np.uint8), 256, len(test))}
     for vocab, folder in sorted(folders.items()):
         v = load_vocabulary(folder)
@@ -430,6 +431,14 @@ def run(args, plan: Plan) -> dict:
                 retrains[path] = a
     if retrains:
         wall.stage("retrain", lambda: run_nas(list(retrains.values()), args.jobs))
+    train_text, test_text = split_bytes(args)
+    scored: dict[Path, float] = {}  # a model picked at several budgets (or roles) is scored once
+
+    def score(path: Path, bpt: float) -> float:
+        if path not in scored:
+            scored[path] = test_bpb(path, plan, test_text, bpt)
+        return scored[path]
+
     rows, groups, seen, curves = [], [], set(), {}
     for budget in budgets:
         row = {"budget_ms": budget}
@@ -439,7 +448,7 @@ def run(args, plan: Plan) -> dict:
                 row[key] = None
                 continue
             bpt = bpts[label][pick["vocab"]]
-            scores = [test_bpb(folder(label, pick, seed), plan, args, bpt) for seed in range(plan.seeds)]
+            scores = [score(folder(label, pick, seed), bpt) for seed in range(plan.seeds)]
             name = Subnet.from_dict(pick["subnet"]).key
             for seed in range(plan.seeds):  # in nats per byte of text, so vocabularies share the plot's axis
                 curves[f"{label} {pick['vocab']} {name} seed{seed}"] = [
@@ -454,7 +463,8 @@ def run(args, plan: Plan) -> dict:
                 row[key]["vocab"] = pick["vocab"]
         rows.append(row)
     sd = pooled_sd(groups)
-    simple = simple_baselines(args, {pick["vocab"]: folder(label, pick, 0) for label, pick in picks.values() if pick})
+    simple = simple_baselines(train_text, test_text,
+                              {pick["vocab"]: folder(label, pick, 0) for label, pick in picks.values() if pick})
     for row in rows:
         for key, against in (("verdict", "bytes_only"), ("verdict_vs_bytes_largest", "bytes_largest")):
             both = row.get(against) and row.get("searched")

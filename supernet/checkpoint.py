@@ -79,9 +79,9 @@ def load_checkpoint(path: str | Path, space: Space | None = None, payload: dict 
         raise UserError(
             f"{path}: stored space hash {payload.get('space_hash')} does not match its space ({payload['space'].hash})"
         )
-    rates = ((payload.get("meta") or {}).get("vocabulary") or {}).get("bytes_per_token")
+    rates = measured_bytes_per_token(payload)
     if rates and hasattr(payload["space"], "with_bytes_per_token"):  # prefills in bytes of text: each vocabulary's tokens
-        payload["space"] = payload["space"].with_bytes_per_token({int(k): float(v) for k, v in rates.items()})
+        payload["space"] = payload["space"].with_bytes_per_token(rates)
     # the models must agree (arch_hash); the latency workloads a space lists may differ
     if space is not None and space.arch_hash != payload["space"].arch_hash:
         raise UserError(
@@ -89,6 +89,13 @@ def load_checkpoint(path: str | Path, space: Space | None = None, payload: dict 
             f"not on {space.name!r} (hash {space.hash}) from {space.source}"
         )
     return payload
+
+
+def measured_bytes_per_token(payload: dict[str, Any]) -> dict[int, float] | None:
+    """A checkpoint's bytes per token of each vocabulary, as its run's tokenizer measured them on the validation split
+    (``meta.vocabulary.bytes_per_token``); None for a run that read bytes."""
+    rates = ((payload.get("meta") or {}).get("vocabulary") or {}).get("bytes_per_token")
+    return {int(k): float(v) for k, v in rates.items()} if rates else None
 
 
 def load_problem(path: Path, e: BaseException) -> str:
