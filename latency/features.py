@@ -45,7 +45,7 @@ def read_workload(space: Space, workload: Workload, subnet: Subnet | None = None
     """The workload as ``subnet``'s step computes it: a prefill stated in bytes of text as its vocabulary's tokens
     (:meth:`Workload.at_vocab`); a decode step of a model with a memory reads at most ``max_seq_len - 1`` cached entries
     at any context (:func:`supernet.memory.attended`), so its features are those of that context."""
-    if subnet is not None and workload.text_bytes:
+    if subnet is not None:
         workload = workload.at_vocab(vocab_rows(space, subnet))
     if workload.kind != "decode" or not getattr(space, "memory", 0):
         return workload
@@ -163,7 +163,7 @@ def layered_terms(space: Space, subnet: Subnet, workload: Workload) -> dict[str,
     """The layer-composed predictor's columns of a one-stack subnet: the model's own terms (``model:*``: the embedding's
     and the head's: the subnet's vocabulary) and, summed along the stack, each layer's :func:`layer_terms` (a prefill
     in bytes of text at the subnet's vocabulary's tokens)."""
-    workload = workload.at_vocab(vocab_rows(space, subnet)) if workload.text_bytes else workload
+    workload = workload.at_vocab(vocab_rows(space, subnet))
     bt, e = workload.batch_size * workload.tokens, subnet.embed_dim
     out = {"model:embed": float(bt * e), "model:head": float(bt * e * vocab_rows(space, subnet)),
            **type_columns(space.attention, workload.kind == "decode")}

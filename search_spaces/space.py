@@ -234,6 +234,13 @@ class TokenizerSpec:
         """Whether subnets choose among several vocabularies (a ``vocab`` gene)."""
         return len(self.sizes) > 1
 
+    def byte_vocab(self, vocab_size: int | None) -> int | None:
+        """The size of the byte vocabulary among those a space reads (one token a byte): its ``vocab_size`` when it
+        reads bytes, ``base`` when ``bytes`` is among its BPE sizes, else None."""
+        if not self.bpe:
+            return vocab_size
+        return self.base if self.base in self.sizes else None
+
     def to_dict(self) -> Any:
         """The YAML form (``bytes``, ``{bpe: 4096}``, ``{bpe: [bytes, 1024]}``)."""
         if not self.bpe:
@@ -526,11 +533,6 @@ class Space(SpaceIdentity):
         tokenizer's measured bytes per token, vocabulary -> bytes; a supernet's ``meta.vocabulary``).  Nothing else
         changes (the hashes neither: they do not read a workload's tokens)."""
         return replace(self, workloads=tuple(w.with_bytes_per_token(rates, self.max_seq_len) for w in self.workloads))
-
-    def workload_for(self, subnet: Subnet, name: str | None = None, workload: Workload | None = None) -> Workload:
-        """The workload ``subnet`` runs (``workload``, else the space's of ``name``): a prefill in bytes of text as its
-        vocabulary's tokens (:meth:`Workload.at_vocab`)."""
-        return (workload or self.workload(name)).at_vocab(self.vocab_of(subnet))
 
     def _vocab_gene(self, value: int) -> int | None:
         """What a subnet stores of vocabulary ``value``: the size where the space searches it, else None."""
@@ -925,8 +927,7 @@ def parse_stack(data: Any, where: str, source: str, form: str | None = None) -> 
             if len(specs) == len(raw):
                 attention = c.unique("layers.attention", tuple(specs))
 
-    byte_vocab = (vocab if not tokenizer.bpe else tokenizer.base if tokenizer.base in tokenizer.sizes else None) \
-        if tokenizer is not None else None
+    byte_vocab = tokenizer.byte_vocab(vocab) if tokenizer is not None else None
     workloads = _workloads(c, top["latency"], max_seq, positions, task, form, byte_vocab) if "latency" in top else []
     memory = _memory(c, top.get("memory", 0), max_seq, positions, form, attention)
 

@@ -60,8 +60,8 @@ def test_each_vocabulary_runs_its_tokens_for_the_bytes(space):
     resolved = space.with_bytes_per_token(RATES)
     for vocab, n in TOKENS.items():
         subnet = replace(space.largest(), vocab=vocab)
-        assert resolved.workload_for(subnet).seq_len == n
-        assert resolved.workload_for(subnet).label == "prefill:1x48B"  # one workload, one table
+        assert resolved.workload("prefill").at_vocab(resolved.vocab_of(subnet)).seq_len == n
+        assert resolved.workload("prefill").at_vocab(resolved.vocab_of(subnet)).label == "prefill:1x48B"  # one table
     assert resolved.workload("prefill").at_vocab(320).at_vocab(384).seq_len == 24  # resolving twice is resolving once
     assert Workload("prefill", 1, 16).at_vocab(384).seq_len == 16  # a workload in tokens is the same at any vocabulary
 
@@ -69,7 +69,7 @@ def test_each_vocabulary_runs_its_tokens_for_the_bytes(space):
 def test_an_unknown_rate_and_too_many_tokens_are_one_line(space):
     with pytest.raises(UserError, match=r"workload 'prefill' is stated in bytes of text \(48\): its tokens at vocabulary "
                                         r"320 need that tokenizer's bytes per token"):
-        space.workload_for(replace(space.largest(), vocab=320))  # the YAML's space: no tokenizer has measured them
+        space.workload("prefill").at_vocab(320)  # the YAML's space: no tokenizer has measured them
     long = parse_space(SPACE.format(size="bytes: 200").replace("[bytes, 320, 384]", "[320, 384]"), "t.yaml")
     with pytest.raises(UserError, match=r"200 bytes of text are 134 tokens at vocabulary 320 \(1.50 bytes per token\), "
                                         r"beyond max_seq_len 64"):
