@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
+from nas_jobs import run_nas  # noqa: E402
 
 log = logging.getLogger("bench_vision")
 
@@ -86,7 +87,7 @@ class Plan:
     lr: float = 2e-3
     warmup: float = 0.05  # share of the retraining's steps warming up (then cosine to lr / 10)
     label_smoothing: float = 0.1
-    baseline_types: int = 2  # per budget: softmax's baseline and this many other types' (the best by inherited error)
+    baseline_types: int = 1  # per budget: softmax's baseline and this many other types' (the best by inherited error)
     seeds: int = 2  # retraining seeds per model (--seeds)
     ladder: int = 4  # softmax rungs
     measure_rounds: int = 5
@@ -255,45 +256,56 @@ def simple_baselines(data) -> dict[str, float]:
 
 
 def stage_retrain(root: Path, space, models: list[dict], data: str | None, plan: Plan, seeds: int, threads: int | None,
-                  recipe: str = "scratch") -> None:
-    """Each model by ``recipe`` for ``plan.epochs`` of the training images, each seed; test accuracy from its card."""
-    import torch
-
+                  recipe: str = "scratch", jobs: int = 1) -> None:
+    """Each model by ``recipe`` for ``plan.epochs`` of the training images, each seed (``nas train-subnet``, ``jobs`` at a
+    time on one thread each; an interrupted one continues from its last checkpoint); test accuracy from its card."""
     from search_spaces import tasks
-    from supernet.runs import recipe_sources
-    from supernet.train import TrainConfig
-    from tasks.image_classification.workflows import train_vision_subnet
+    from supernet.runs import recipe_flags
 
-    if threads:
-        torch.set_num_threads(threads)
     task = tasks.of(space)
     settings = {"data": data, "data_seed": 0, "val_fraction": task.data_defaults["val_fraction"]}
-    n_train = len(task.prepare_data(settings, root).train)
-    steps = max(1, int(round(plan.epochs * n_train / plan.batch_size)))
+    per_epoch = len(task.prepare_data(settings, root).train) / plan.batch_size
+    steps = max(1, int(round(plan.epochs * per_epoch)))
+    todo, queued = [], set()
     for m in models:
         subnet = space.subnet_type.from_dict(m["subnet"])
-        m["test_accuracy"], m["val_accuracy"] = [], []
         for seed in range(seeds):
             out = root / "models" / f"{subnet.key}-s{seed}"
-            card = out / "model_card.json"
-            if not card.exists():
-                import shutil
-
-                shutil.rmtree(out, ignore_errors=True)  # an interrupted retraining starts again
+            if out not in queued and not (out / "model_card.json").exists():  # (the card is written last)
+                queued.add(out)  # a model picked at several budgets or roles is trained once
                 log.info("retrain %s %s (seed %d, %d steps)", m["name"], subnet, seed, steps)
-                config = TrainConfig.from_dict({"batch_size": plan.batch_size, "lr": plan.lr, "min_lr": plan.lr / 10,
-                                                "max_steps": steps, "seed": seed,
-                                                "warmup_steps": max(1, int(steps * plan.warmup)), "eval_interval": max(steps, 1),
-                                                "eval_batches": 4, "ckpt_interval": max(1, steps // 4),
-                                                "log_interval": max(1, min(50, steps // 20))})  # fmt: skip
-                sources = recipe_sources(recipe, root / "supernet" / "final.pt")
-                train_vision_subnet(space, subnet, out, config, settings, formats=(), init=sources["init"],
-                                    distill_from=sources["distill_from"], distill=sources["distill"],
-                                    options={"label_smoothing": plan.label_smoothing} if plan.label_smoothing else None)
-            c = json.loads(card.read_text())
-            m["test_accuracy"].append((c.get("test") or {}).get("accuracy"))
-            m["val_accuracy"].append(c["validation"]["accuracy"])
+                todo.append(retrain_argv(space, subnet, out, seed, steps, max(1, int(per_epoch)), settings, plan,
+                                         recipe_flags(recipe, root / "supernet" / "final.pt"), 1 if jobs > 1 else threads))
+    run_nas(todo, jobs)
+    for m in models:
+        key = space.subnet_type.from_dict(m["subnet"]).key
+        cards = [json.loads((root / "models" / f"{key}-s{seed}" / "model_card.json").read_text()) for seed in range(seeds)]
+        m["test_accuracy"] = [(c.get("test") or {}).get("accuracy") for c in cards]
+        m["val_accuracy"] = [c["validation"]["accuracy"] for c in cards]
         m["steps"], m["epochs"], m["recipe"] = steps, plan.epochs, recipe
+
+
+def retrain_argv(space, subnet, out: Path, seed: int, steps: int, per_epoch: int, settings: dict, plan: Plan,
+                 recipe: list[str], threads: int | None) -> list[str]:
+    """``nas train-subnet`` of one model: ``steps`` of the plan's schedule (warm-up, cosine to lr / 10), label smoothing,
+    the ``recipe``'s flags (``supernet.runs.recipe_flags``), a checkpoint every epoch (or quarter of the run, if sooner);
+    ``--resume`` when an interrupted run left one."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subnet_file = out.parent / f"{out.name}.yaml"
+    subnet_file.write_text(subnet.to_yaml())
+    argv = ["train-subnet", str(subnet_file), "--space", str(Path(space.source).resolve()), "--out", str(out),
+            *recipe, "--batch-size", str(plan.batch_size),
+            "--lr", str(plan.lr), "--min-lr", str(plan.lr / 10), "--max-steps", str(steps),
+            "--lr-warmup", str(max(1, int(steps * plan.warmup))), "--seed", str(seed), "--eval-interval", str(steps),
+            "--eval-batches", "4", "--ckpt-interval", str(max(1, min(per_epoch, steps // 4))),
+            "--log-interval", str(max(1, min(50, steps // 20))), "--data-seed", str(settings["data_seed"]),
+            "--val-fraction", str(settings["val_fraction"]), "--format", "torch", "--no-progress", "-q",
+            *(["--label-smoothing", str(plan.label_smoothing)] if plan.label_smoothing else []),
+            *(["--data", settings["data"]] if settings["data"] else []),
+            *(["--threads", str(threads)] if threads else [])]  # fmt: skip
+    if (out / "train" / "latest.pt").exists():  # an interrupted retraining: continue it
+        argv.append("--resume")
+    return argv
 
 
 def stage_simple_baselines(root: Path, space, data: str | None) -> dict[str, float]:
@@ -457,14 +469,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="train-supernet --data (default: Fashion-MNIST as Debian installs it)")
     p.add_argument("--quick", action="store_true", help="the whole path in about a minute (tiny budgets; for the test)")
     p.add_argument("--train-time", help="supernet training time (default 40m; quick 8s)")
-    p.add_argument("--epochs", type=float, help="retraining epochs per model (default 2; quick 1)")
+    p.add_argument("--epochs", type=float, help=f"retraining epochs per model (default {FULL.epochs:g}; quick {QUICK.epochs:g})")
     p.add_argument("--seeds", type=int, help="retraining seeds per model (default 2, quick 1: the verdicts' noise is "
                    "their SD pooled over the models)")
     p.add_argument("--recipe", help="the final-training recipe of every retrained model: scratch, inherit or distill "
                    "(default: supernet.runs.DEFAULT_RECIPE)")
     p.add_argument("--threads", type=int, help="torch threads for training (default: torch's choice)")
+    p.add_argument("--jobs", type=int, default=1, help="retrainings at a time, one thread each (default 1: one at a time "
+                   "on --threads)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs: {args.jobs} is not a positive number of retrainings at a time")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from dataclasses import replace
 
@@ -497,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         baselines = stage_baselines(root, space, pred, budgets, plan)
         found = [{**b, "name": f"found-p{b['percentile']}", "role": "found", "type": "mixed"} for b in budgets]
         models = found + baselines
-        stage_retrain(root, space, models, args.data, plan, args.seeds, args.threads, recipe)
+        stage_retrain(root, space, models, args.data, plan, args.seeds, args.threads, recipe, args.jobs)
         stage_measure(root, space, models, plan)
         simple = stage_simple_baselines(root, space, args.data)
     except UserError as e:

@@ -39,10 +39,8 @@ import logging
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -52,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
+from nas_jobs import run_nas  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_vocabulary")
@@ -145,22 +144,6 @@ def supernet_argv(space_path: str, out: Path, plan: Plan, args) -> list[str] | N
     if (out / "latest.pt").exists():
         argv.append("--resume")
     return argv
-
-
-def run_nas(argvs: list[list[str]], jobs: int) -> None:
-    """Each ``nas`` command line, ``jobs`` at a time (each trains on one thread, so ``jobs`` cores): in this process
-    when one at a time, else each in its own ``python -m nas``; a failure names its command."""
-    from nas.cli import main as nas
-
-    def one(argv: list[str]) -> int:
-        if jobs == 1:
-            return nas(argv)
-        return subprocess.run([sys.executable, "-m", "nas", *argv], cwd=ROOT).returncode
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for argv, rc in zip(argvs, pool.map(one, argvs)):
-            if rc != 0:
-                raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
 
 
 def data_flags(args) -> list[str]:

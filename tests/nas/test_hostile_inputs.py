@@ -860,6 +860,7 @@ def test_swin_7_in_vision_tiny_is_refused_where_a_grid_it_samples_does_not_fit_i
     text = (ROOT / "search_spaces" / "vision-tiny.yaml").read_text()
     old = 'attention: [softmax, linear, "local:8", xca, additive, axial, "convmod2d:3", "msla2d:3"]'
     assert old in text
+    text = re.sub(r"\npatch: \[4\]", "\npatch: [4, 7]", re.sub(r"\nstem: \[[^]]*\]", "\nstem: [linear, conv]", text))
     (tmp_path / "swin.yaml").write_text(text.replace(old, 'attention: [softmax, linear, axial, "swin:7"]'))
     line = one_error(capsys, ["space", str(tmp_path / "swin.yaml")])
     assert line == ("nas space: error: swin.yaml: layers.attention[3]: swin:7: the window W=7 does not divide the grid side 4 "

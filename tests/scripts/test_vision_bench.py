@@ -80,3 +80,54 @@ def test_simple_baselines_fit_a_linear_classifier_on_the_pixels(tmp_path):
     assert simple["linear_classifier"] > 0.9  # a bright bar per class: linear in the pixels
     counts = np.bincount(data.test.labels)
     assert simple["majority"] == counts[np.bincount(data.train.labels).argmax()] / len(data.test.labels)
+
+
+def test_retraining_two_at_a_time_gives_the_same_models_and_an_interrupted_one_resumes(tmp_path):
+    """``--jobs 2`` (each retraining its own ``python -m nas`` on one thread) trains the same models as one at a time, a
+    model picked twice is trained once, and a model folder holding a checkpoint but no card (an interrupted retraining)
+    is continued with ``--resume`` (whose exactness train-subnet's own tests check)."""
+    from dataclasses import replace
+
+    from safetensors.numpy import load_file
+
+    from search_spaces import parse_space
+
+    b = bench()
+    space_file = tmp_path / "space.yaml"
+    space_file.write_text(SPACE.replace("\nimage: {", "\naugment: {pad: 0, flip: false}\nimage: {"))
+    space = parse_space(space_file.read_text(), source=str(space_file))
+    data = str(idx_folder(tmp_path / "data"))
+    a, z = space.smallest().to_dict(), space.largest().to_dict()
+    plan = replace(b.QUICK, epochs=2.0)
+
+    def models():
+        return [{"name": "small", "subnet": a}, {"name": "large", "subnet": z}, {"name": "small-again", "subnet": a}]
+
+    weights = {}
+    for jobs in (1, 2):
+        done = models()
+        b.stage_retrain(tmp_path / f"j{jobs}", space, done, data, plan, 1, 1, "scratch", jobs)
+        assert done[0]["test_accuracy"] == done[2]["test_accuracy"]
+        assert done[0]["steps"] == 28  # round(2 epochs x 220 images / 16)
+        weights[jobs] = {m["name"]: load_file(next((tmp_path / f"j{jobs}" / "models").glob(
+            f"{space.subnet_type.from_dict(m['subnet']).key}-s0/*.safetensors"))) for m in done}
+        assert len(list((tmp_path / f"j{jobs}" / "models").glob("*/model_card.json"))) == 2
+    for name in weights[1]:
+        assert weights[1][name].keys() == weights[2][name].keys()
+        assert all(np.array_equal(weights[1][name][k], weights[2][name][k]) for k in weights[1][name])
+
+    run = tmp_path / "j1" / "models" / f"{space.subnet_type.from_dict(z).key}-s0"
+    (run / "model_card.json").unlink()
+    argv = b.retrain_argv(space, space.subnet_type.from_dict(z), run, 0, 28, 13, {"data": data, "data_seed": 0,
+                          "val_fraction": 1 / 12}, plan, ["--init", "scratch"], 1)  # fmt: skip
+    assert "--resume" in argv and argv[argv.index("--max-steps") + 1] == "28"
+    assert argv[argv.index("--ckpt-interval") + 1] == "7"  # a quarter of the run (sooner than an epoch's 13 steps)
+
+
+def test_jobs_must_be_positive(tmp_path, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        bench().main(["--out", str(tmp_path / "run"), "--jobs", "0"])
+    assert e.value.code == 2 and not (tmp_path / "run").exists()
+    assert "--jobs: 0 is not a positive number of retrainings at a time" in capsys.readouterr().err
