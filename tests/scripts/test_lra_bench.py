@@ -141,14 +141,22 @@ def test_baselines_score_the_majority_class_and_the_first_token_alone():
 
 def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length():
     sys.path.insert(0, str(ROOT / "scripts"))
+    from dataclasses import replace
+
     import bench_lra
 
-    listops, notes = bench_lra.type_specs(bench_lra.SMALL, 2000, None)
+    every = replace(bench_lra.SMALL, lineup="all")
+    listops, notes = bench_lra.type_specs(every, 2000, None)
     assert {"softmax", "local:64", "linformer:128", "performer:64", "nystrom:64", "reformer:64", "sinkhorn:64",
             "synthesizer-dense", "synthesizer-random"} <= set(listops)
     assert "axial" not in listops and any(n.startswith("axial: skipped (") and "square" in n for n in notes)
-    assert "axial" in bench_lra.type_specs(bench_lra.SMALL, 1024, None)[0]  # Pathfinder's 32 x 32
-    speed, _ = bench_lra.type_specs(bench_lra.SMALL, 4096, None, bench_lra.SMALL.speed_lengths)
+    assert "axial" in bench_lra.type_specs(every, 1024, None)[0]  # Pathfinder's 32 x 32
+    # the small protocol's default: LRA's own lineup, one type per row of its Table 1 (both Synthesizers for its one row)
+    lra = bench_lra.type_specs(bench_lra.SMALL, 2000, None)[0]
+    assert lra == [s for s in listops if bench_lra.LRA_NAME.get(bench_lra.kind(s), bench_lra.kind(s)) in bench_lra.LRA]
+    assert {bench_lra.LRA_NAME.get(bench_lra.kind(s), bench_lra.kind(s)) for s in lra} == set(bench_lra.LRA)
+    assert len(lra) == 11 and bench_lra.FULL.lineup == bench_lra.QUICK.lineup == "all"
+    speed, _ = bench_lra.type_specs(every, 4096, None, bench_lra.SMALL.speed_lengths)
     assert "axial" not in speed  # 4,096 is a square, 2,048 is not
     linear = {s for s in speed if bench_lra.linear_time(s.replace("cosformer:4096", "cosformer:{t}"), bench_lra.SMALL)}
     assert {"local:64", "linear", "performer:64", "nystrom:64", "reformer:64", "sinkhorn:64"} <= linear
