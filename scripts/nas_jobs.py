@@ -4,8 +4,10 @@ use ``jobs`` cores (two one-thread trainings side by side do about twice the wor
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,16 +16,46 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run_nas(argvs: list[list[str]], jobs: int) -> None:
     """Each ``nas`` command line, ``jobs`` at a time: in this process when one at a time, else each in its own
-    ``python -m nas``; a failure names its command in one line (``search_spaces.UserError``)."""
+    ``python -m nas``.  A command that fails stops the rest from starting and is named in one line
+    (``search_spaces.UserError``); a run stopped by Ctrl-C or SIGTERM stops the running commands (a training saves
+    its checkpoint and resumes with ``--resume``) and starts no other."""
     from nas.cli import main as nas
     from search_spaces import UserError
 
-    def one(argv: list[str]) -> int:
-        if jobs == 1:
-            return nas(argv)
-        return subprocess.run([sys.executable, "-m", "nas", *argv], cwd=ROOT).returncode
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        for argv, rc in zip(argvs, pool.map(one, argvs)):
-            if rc != 0:
+    if jobs == 1:
+        for argv in argvs:
+            if nas(argv) != 0:
                 raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
+        return
+    stop, lock, procs = threading.Event(), threading.Lock(), []
+
+    def one(argv: list[str]) -> int | None:
+        with lock:
+            if stop.is_set():
+                return None
+            proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], cwd=ROOT)
+            procs.append(proc)
+        rc = proc.wait()
+        if rc != 0:
+            stop.set()
+        return rc
+
+    def stopped(signum, frame):  # SIGTERM unwinds like Ctrl-C, so the children are stopped below
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped) if threading.current_thread() is threading.main_thread() else None
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        codes = list(pool.map(one, argvs))
+    finally:
+        with lock:
+            stop.set()
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.terminate()
+        pool.shutdown(wait=True)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    failed = [" ".join(argv) for argv, rc in zip(argvs, codes) if rc not in (0, None)]
+    if failed:
+        raise UserError(f"`nas {failed[0]}` failed; fix the cause above and run again to resume")
