@@ -175,7 +175,7 @@ def type_specs(p: Protocol, length: int, given: list[str] | None, lengths: tuple
         return given, []
     specs, notes = [], []
     for name in bidirectional_types():
-        if p.lineup == "lra" and LRA_NAME.get(name, name) not in LRA:
+        if p.lineup == "lra" and lra_row(name) not in LRA:
             continue
         spec = SPECS.get(name, name).format(w=min(p.window, length), t=length, m=p.features, k=min(p.projected, length))
         try:
@@ -191,6 +191,11 @@ def type_specs(p: Protocol, length: int, given: list[str] | None, lengths: tuple
             continue
         specs.append(spec)
     return specs, notes
+
+
+def lra_row(spec: str) -> str:
+    """The name of the row of LRA's Table 1 (a key of :data:`LRA`) that the type of ``spec`` stands for, if it has one."""
+    return LRA_NAME.get(kind(spec), kind(spec))
 
 
 def train_device() -> str:
@@ -358,7 +363,7 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
             print(f"{task} {spec}: step {info.step}/{total}, loss {loss}, {info.elapsed:.0f} s", flush=True)
 
     model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule, progress=progress)
-    lra = LRA.get(LRA_NAME.get(kind(spec), kind(spec)))
+    lra = LRA.get(lra_row(spec))
     ours, kept = answers(score_correct(model, data.test, space, p.batch))
     path = out / "accuracy" / task / f"{safe(spec)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

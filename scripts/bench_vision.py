@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
-from nas_jobs import run_nas  # noqa: E402
+from nas_jobs import run_nas, train_subnet_argv  # noqa: E402
 
 log = logging.getLogger("bench_vision")
 
@@ -266,6 +266,7 @@ def stage_retrain(root: Path, space, models: list[dict], data: str | None, plan:
     settings = {"data": data, "data_seed": 0, "val_fraction": task.data_defaults["val_fraction"]}
     per_epoch = len(task.prepare_data(settings, root).train) / plan.batch_size
     steps = max(1, int(round(plan.epochs * per_epoch)))
+    recipe_args = recipe_flags(recipe, root / "supernet" / "final.pt")
     todo, queued = [], set()
     for m in models:
         subnet = space.subnet_type.from_dict(m["subnet"])
@@ -275,7 +276,7 @@ def stage_retrain(root: Path, space, models: list[dict], data: str | None, plan:
                 queued.add(out)  # a model picked at several budgets or roles is trained once
                 log.info("retrain %s %s (seed %d, %d steps)", m["name"], subnet, seed, steps)
                 todo.append(retrain_argv(space, subnet, out, seed, steps, max(1, int(per_epoch)), settings, plan,
-                                         recipe_flags(recipe, root / "supernet" / "final.pt"), 1 if jobs > 1 else threads))
+                                         recipe_args, 1 if jobs > 1 else threads))
     run_nas(todo, jobs)
     for m in models:
         key = space.subnet_type.from_dict(m["subnet"]).key
@@ -289,12 +290,9 @@ def retrain_argv(space, subnet, out: Path, seed: int, steps: int, per_epoch: int
                  recipe: list[str], threads: int | None) -> list[str]:
     """``nas train-subnet`` of one model: ``steps`` of the plan's schedule (warm-up, cosine to lr / 10), label smoothing,
     the ``recipe``'s flags (``supernet.runs.recipe_flags``), a checkpoint every epoch (or quarter of the run, if sooner);
-    ``--resume`` when an interrupted run left one."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    subnet_file = out.parent / f"{out.name}.yaml"
-    subnet_file.write_text(subnet.to_yaml())
-    argv = ["train-subnet", str(subnet_file), "--space", str(Path(space.source).resolve()), "--out", str(out),
-            *recipe, "--batch-size", str(plan.batch_size),
+    ``--resume`` when an interrupted run left one (:func:`nas_jobs.train_subnet_argv`)."""
+    return train_subnet_argv(subnet, out, [
+            "--space", str(Path(space.source).resolve()), *recipe, "--batch-size", str(plan.batch_size),
             "--lr", str(plan.lr), "--min-lr", str(plan.lr / 10), "--max-steps", str(steps),
             "--lr-warmup", str(max(1, int(steps * plan.warmup))), "--seed", str(seed), "--eval-interval", str(steps),
             "--eval-batches", "4", "--ckpt-interval", str(max(1, min(per_epoch, steps // 4))),
@@ -302,10 +300,7 @@ def retrain_argv(space, subnet, out: Path, seed: int, steps: int, per_epoch: int
             "--val-fraction", str(settings["val_fraction"]), "--format", "torch", "--no-progress", "-q",
             *(["--label-smoothing", str(plan.label_smoothing)] if plan.label_smoothing else []),
             *(["--data", settings["data"]] if settings["data"] else []),
-            *(["--threads", str(threads)] if threads else [])]  # fmt: skip
-    if (out / "train" / "latest.pt").exists():  # an interrupted retraining: continue it
-        argv.append("--resume")
-    return argv
+            *(["--threads", str(threads)] if threads else [])])  # fmt: skip
 
 
 def stage_simple_baselines(root: Path, space, data: str | None) -> dict[str, float]:

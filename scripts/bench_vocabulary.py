@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
-from nas_jobs import run_nas  # noqa: E402
+from nas_jobs import run_nas, train_subnet_argv  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_vocabulary")
@@ -216,18 +216,13 @@ def retrain_argv(entry: dict, space_path: str, out: Path, seed: int, plan: Plan,
     """``nas train-subnet`` of the entry from scratch at ``seed`` on ``plan.tokens`` bytes of text (None when done)."""
     if (out / "model_card.json").exists():  # written last: the retraining finished
         return None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    subnet_file = out.parent / f"{out.name}.yaml"
-    subnet_file.write_text(Subnet.from_dict(entry["subnet"]).to_yaml())
     seq = max(8, round(plan.retrain_seq / bpt))  # the same text per window
     steps = max(1, plan.tokens // (plan.retrain_batch * plan.retrain_seq))  # the same steps, so the same bytes in all
-    argv = ["train-subnet", str(subnet_file), "--space", space_path, "--out", str(out), "--init", "scratch",
-            "--tokens", str(steps * plan.retrain_batch * seq), "--batch-size", str(plan.retrain_batch), "--seq-len", str(seq),
+    return train_subnet_argv(Subnet.from_dict(entry["subnet"]), out, [  # (--resume: an interrupted one continues)
+            "--space", space_path, "--init", "scratch", "--tokens", str(steps * plan.retrain_batch * seq),
+            "--batch-size", str(plan.retrain_batch), "--seq-len", str(seq),
             "--lr", str(plan.retrain_lr), "--lr-warmup", str(plan.retrain_warmup), "--seed", str(seed), "--format", "onnx",
-            "--eval-interval", str(steps), "--eval-batches", "1", "--threads", "1", "-q"] + data_flags(args)
-    if (out / "train" / "latest.pt").exists():  # an interrupted retraining: continue it
-        argv.append("--resume")
-    return argv
+            "--eval-interval", str(steps), "--eval-batches", "1", "--threads", "1", "-q", *data_flags(args)])
 
 
 def split_bytes(args) -> tuple[bytes, bytes]:

@@ -14,6 +14,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def train_subnet_argv(subnet, out: Path, flags: list[str]) -> list[str]:
+    """``nas train-subnet`` of ``subnet`` into the model folder ``out`` with ``flags`` (the subnet written to
+    ``OUT.yaml`` beside the folder), continued with ``--resume`` when an interrupted run left its checkpoint
+    (``supernet.runs.resumable``)."""
+    from supernet.runs import resumable
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subnet_file = out.parent / f"{out.name}.yaml"
+    subnet_file.write_text(subnet.to_yaml())
+    return ["train-subnet", str(subnet_file), "--out", str(out), *flags] + (["--resume"] if resumable(out) else [])
+
+
 def run_nas(argvs: list[list[str]], jobs: int) -> None:
     """Each ``nas`` command line, ``jobs`` at a time: in this process when one at a time, else each in its own
     ``python -m nas``.  A command that fails stops the rest from starting and is named in one line

@@ -153,8 +153,8 @@ def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length()
     assert "axial" in bench_lra.type_specs(every, 1024, None)[0]  # Pathfinder's 32 x 32
     # the small protocol's default: LRA's own lineup, one type per row of its Table 1 (both Synthesizers for its one row)
     lra = bench_lra.type_specs(bench_lra.SMALL, 2000, None)[0]
-    assert lra == [s for s in listops if bench_lra.LRA_NAME.get(bench_lra.kind(s), bench_lra.kind(s)) in bench_lra.LRA]
-    assert {bench_lra.LRA_NAME.get(bench_lra.kind(s), bench_lra.kind(s)) for s in lra} == set(bench_lra.LRA)
+    assert lra == [s for s in listops if bench_lra.lra_row(s) in bench_lra.LRA]
+    assert {bench_lra.lra_row(s) for s in lra} == set(bench_lra.LRA)
     assert len(lra) == 11 and bench_lra.FULL.lineup == bench_lra.QUICK.lineup == "all"
     speed, _ = bench_lra.type_specs(every, 4096, None, bench_lra.SMALL.speed_lengths)
     assert "axial" not in speed  # 4,096 is a square, 2,048 is not
