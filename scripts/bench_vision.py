@@ -1,6 +1,6 @@
 """The image-classification targets of issue 40, measured: found ViTs against uniform baselines on Fashion-MNIST.
 
-    python scripts/bench_vision.py --out runs/bench-vision --threads 2   # vision-tiny, Fashion-MNIST, ~3 h on 2 cores
+    python scripts/bench_vision.py --out runs/bench-vision --threads 2 --jobs 2   # vision-tiny, Fashion-MNIST, ~5 h on 2 cores
     python scripts/bench_vision.py --out runs/v-quick --quick --space S.yaml --data FOLDER   # the test's (a minute)
 
 Stages, each resumable (run the same command again: a finished stage is read back, a retrained model whose card
@@ -29,11 +29,12 @@ exists is kept):
    on the same test images, printed beside the results), ``models.csv``, ``vision.png`` (accuracy vs latency),
    ``curves.csv`` and ``curves.png`` (every retrained model's training loss per logged step).
 
-The full plan's time, estimated roughly from a timed step on a loaded 2-core machine (load 6; divided by 3): 40 min of
-supernet training, ~10 min of campaign (200 subnets on ONNX Runtime), ~10 min of search, then ~15-20 models retrained
-for 2 epochs each at 1-8 min per epoch (a 7 x 7-patch ViT of width 96 about 2 min, a 4 x 4-patch one 5 min, the
-largest with the conv stem 15 min): about 3 hours in all.  ``--epochs`` and ``--seeds`` trade time for the accuracy
-and its spread.
+The plan's time, measured on a quiet 2-core machine (2026-11-29, docs/benchmarks/vision/README.md): the supernet for
+``--train-time`` (30 min on 2 threads: about 3,100 steps of 128), the campaign 19 min (200 subnets + 40 re-timed on
+ONNX Runtime), the search 17 min, then about 11 models x 2 seeds retrained two at a time on one thread each, at
+0.2-0.4 s a step (430 steps an epoch: a 3-layer d128 ViT with the CCT stem about 1.6 min an epoch, a 6-layer one
+about 3): about 65 min at ``--epochs 3``, about 3.5 hours at the default 10.  A session of 3 hours holds
+``--train-time 30m --epochs 3``; ``--epochs`` and ``--seeds`` trade time for the accuracy and its spread.
 
 A budget's verdict: PASS when the found model (retrained) is at least as accurate as every uniform baseline measured
 at or below its latency; TIE when it is behind one of them only within the noise; FAIL when behind one beyond it.  The
@@ -89,7 +90,7 @@ class Plan:
     label_smoothing: float = 0.1
     baseline_types: int = 1  # per budget: softmax's baseline and this many other types' (the best by inherited error)
     seeds: int = 2  # retraining seeds per model (--seeds)
-    ladder: int = 4  # softmax rungs
+    ladder: int = 2  # softmax rungs (the median and the slowest; the budgets' softmax baselines are rungs too)
     measure_rounds: int = 5
     measure_calls: int = 50
 
@@ -449,7 +450,9 @@ def plot(models: list[dict], path: Path) -> None:
                 ax.annotate(m["name"].replace("uniform-", ""), (m["measured_ms"], 100 * mean(m["test_accuracy"])), fontsize=7)
     ax.set_xlabel("measured latency (ms, ONNX Runtime, batch 1, 1 thread)")
     ax.set_ylabel(f"test accuracy (%), 10,000 test images; mean of {seeds} seed{'s' * (seeds > 1)} +- SD")
-    ax.set_title("Fashion-MNIST: every model retrained from scratch on the same epochs", fontsize=10)
+    recipe = {"scratch": "trained from scratch", "inherit": "fine-tuned from the supernet's weights",
+              "distill": "fine-tuned from the supernet's weights with distillation"}.get(models[0].get("recipe"), "retrained")
+    ax.set_title(f"Fashion-MNIST: every model {recipe} for the same epochs", fontsize=10)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
