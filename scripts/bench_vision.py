@@ -431,7 +431,9 @@ def machine() -> dict:
             "python": platform.python_version(), "load_avg": load}
 
 
-def plot(models: list[dict], path: Path) -> None:
+def plot(models: list[dict], path: Path, recipe: str, epochs: float) -> None:
+    from supernet.runs import RECIPES
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -450,9 +452,7 @@ def plot(models: list[dict], path: Path) -> None:
                 ax.annotate(m["name"].replace("uniform-", ""), (m["measured_ms"], 100 * mean(m["test_accuracy"])), fontsize=7)
     ax.set_xlabel("measured latency (ms, ONNX Runtime, batch 1, 1 thread)")
     ax.set_ylabel(f"test accuracy (%), 10,000 test images; mean of {seeds} seed{'s' * (seeds > 1)} +- SD")
-    recipe = {"scratch": "trained from scratch", "inherit": "fine-tuned from the supernet's weights",
-              "distill": "fine-tuned from the supernet's weights with distillation"}.get(models[0].get("recipe"), "retrained")
-    ax.set_title(f"Fashion-MNIST: every model {recipe} for the same epochs", fontsize=10)
+    ax.set_title(f"Fashion-MNIST: every model by the recipe {recipe!r} for {epochs:g} epochs\n({RECIPES[recipe]})", fontsize=9)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
             subnet = space.subnet_type.from_dict(m["subnet"])
             w.writerow([m["name"], m["role"], f"{mean(m['test_accuracy']):.4f}", f"{sd(m['test_accuracy']):.4f}",
                         f"{m['measured_ms']:.4f}", f"{m['predicted_ms']:.4f}", str(subnet)])
-    plot(models, root / "vision.png")
+    plot(models, root / "vision.png", recipe, plan.epochs)
     curves = model_curves(root, space, models, args.seeds)
     write_curves(curves, root / "curves.csv")
     plot_curves(curves, root / "curves.png", f"every retrained model's training loss ({recipe}, {plan.epochs:g} epochs)")
