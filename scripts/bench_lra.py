@@ -23,9 +23,10 @@ Stages, each resumable (its outputs on disk are kept and skipped when present; r
    test-retest ceiling; ``nas fit-predictor``, whose held-out split is the re-timed subnets, so the predictor is
    fitted on ``samples``), ``nas search`` at three budgets (the 25th, 50th and 75th
    percentiles of the measured latencies); each budget's found subnet and the best uniform subnet under it (by
-   inherited fitness among those the predictor puts under the budget) retrained on equal steps, their test
-   accuracy compared at their measured latency, paired on the same test examples (a bootstrap interval of the
-   difference: a win only outside it; a tie inside).
+   inherited fitness among those the predictor puts under the budget) retrained on equal steps (the accuracy stage's
+   protocol, in worker processes ``--jobs`` at a time; a subnet under two budgets is one model), then timed side by
+   side once every worker has ended, their test accuracy compared at their measured latency, paired on the same test
+   examples (a bootstrap interval of the difference: a win only outside it; a tie inside).
 
 Every accuracy has its 95% interval over the test examples (Wilson), each task's ordering of the types its Kendall
 tau against LRA's, each linear-time type's speed at 4K tokens its 5x target; the wall time is summed over the runs
@@ -339,6 +340,21 @@ def answers(right: list[bool]) -> tuple[float, dict]:
 # ---------------------------------------------------------------------------------------------- 1. accuracy
 
 
+def worker_progress(label: str, p: Protocol, curve: list[dict]):
+    """A worker's training progress: the curve's points into ``curve`` (100 a run), a line a tenth into the worker's
+    log (its stdout): long work shows progress."""
+    total = p.pretrain_steps + p.steps
+    record_curve = curve_from_progress(curve, max(1, total // 100))
+
+    def progress(info) -> None:
+        record_curve(info)
+        if info.step % max(1, total // 10) == 0 or info.step == total:
+            loss = ", ".join(f"{k} {v:.3f}" for k, v in info.losses.items())
+            print(f"{label}: step {info.step}/{total}, loss {loss}, {info.elapsed:.0f} s", flush=True)
+
+    return progress
+
+
 def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> None:
     """In a fresh process: ``spec`` uniform on ``task``, trained from scratch under the protocol, scored on the test
     split; writes ``OUT/accuracy/TASK/SPEC.json`` (atomically: a killed worker leaves nothing, and is run again)."""
@@ -352,17 +368,9 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
     schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
                         pretrain_steps=p.pretrain_steps)
     start = time.perf_counter()
-    total = p.pretrain_steps + p.steps
     curve: list[dict] = []
-    record_curve = curve_from_progress(curve, max(1, total // 100))
-
-    def progress(info) -> None:  # into the worker's log (OUT/accuracy/TASK/SPEC.log): long work shows progress
-        record_curve(info)
-        if info.step % max(1, total // 10) == 0 or info.step == total:
-            loss = ", ".join(f"{k} {v:.3f}" for k, v in info.losses.items())
-            print(f"{task} {spec}: step {info.step}/{total}, loss {loss}, {info.elapsed:.0f} s", flush=True)
-
-    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule, progress=progress)
+    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule,
+                            progress=worker_progress(f"{task} {spec}", p, curve))
     lra = LRA.get(lra_row(spec))
     ours, kept = answers(score_correct(model, data.test, space, p.batch))
     path = out / "accuracy" / task / f"{safe(spec)}.json"
@@ -400,19 +408,12 @@ def stage_accuracy(out: Path, base: Protocol, types: list[str] | None, seed: int
         for note in notes:
             log.info("accuracy %s: %s", task, note)
         wanted[task] = specs
-        pending += [(task, spec) for spec in specs if not done_under(out / "accuracy" / task / f"{safe(spec)}.json", p)]
-    running: list[tuple[subprocess.Popen, str, str, float]] = []
-    try:
-        drive_workers(out, base, seed, jobs, argv_protocol, pending, running)
-    finally:  # a stopped run (SIGTERM, Ctrl-C) stops its workers: their models are trained again by the next run
-        for proc, *_ in running:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # one that does not end on SIGTERM in time is killed
-                    proc.kill()
-                    proc.wait()
+        for spec in specs:
+            record = out / "accuracy" / task / f"{safe(spec)}.json"
+            if not done_under(record, p):
+                pending.append(Job(f"accuracy {task} {spec}", f"{p.steps} steps of {p.batch} examples",
+                                   ["--accuracy-worker", task, spec], record.with_suffix(".log"), record))
+    run_workers(out, seed, jobs, argv_protocol, pending)
     return {task: {spec: json.loads(path.read_text()) for spec in specs
                    if (path := out / "accuracy" / task / f"{safe(spec)}.json").exists()}
             for task, specs in wanted.items()}, floors
@@ -427,37 +428,61 @@ def done_under(path: Path, p: Protocol) -> bool:
     return record.get("steps") == p.steps and record.get("pretrain_steps", 0) == p.pretrain_steps
 
 
-def drive_workers(out: Path, base: Protocol, seed: int, jobs: int, argv_protocol: list[str], pending: list,
-                  running: list) -> None:
-    """Starts :func:`accuracy_worker` processes for ``pending`` (task, spec) pairs, ``jobs`` at a time, until all ended."""
+@dataclass(frozen=True)
+class Job:
+    """A model a worker process trains: what the log calls it (and what it trains), the worker's flags, its log file,
+    the record it writes."""
+
+    name: str
+    what: str
+    flags: list[str]
+    log: Path
+    record: Path
+
+
+def run_workers(out: Path, seed: int, jobs: int, argv_protocol: list[str], pending: list[Job]) -> None:
+    """Runs every job of ``pending`` in a worker process of this script (one thread each), ``jobs`` at a time, until
+    all ended; a stopped run (SIGTERM, Ctrl-C) stops its workers, whose models the next run trains again."""
+    running: list[tuple[subprocess.Popen, Job, float]] = []
+    try:
+        drive_workers(out, seed, jobs, argv_protocol, list(pending), running)
+    finally:
+        for proc, *_ in running:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # one that does not end on SIGTERM in time is killed
+                    proc.kill()
+                    proc.wait()
+
+
+def drive_workers(out: Path, seed: int, jobs: int, argv_protocol: list[str], pending: list[Job], running: list) -> None:
+    """Starts the workers of ``pending``, ``jobs`` at a time, keeping the live ones in ``running``, until all ended."""
     done, total = 0, len(pending)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     while pending or running:
         while pending and len(running) < jobs:
-            task, spec = pending.pop(0)
-            p = for_task(base, task)
-            log.info("accuracy %s %s: %d steps of %d examples (%d of %d)", task, spec, p.steps, p.batch, done + len(running) + 1,
-                     total)
-            cmd = [sys.executable, __file__, "--accuracy-worker", task, spec, "--out", str(out), "--seed", str(seed),
-                   "--threads", "1", *argv_protocol]
-            logfile = out / "accuracy" / task / f"{safe(spec)}.log"  # the worker's output (a pipe could fill and block it)
-            logfile.parent.mkdir(parents=True, exist_ok=True)
-            with open(logfile, "w") as f:
+            job = pending.pop(0)
+            log.info("%s: %s (%d of %d)", job.name, job.what, done + len(running) + 1, total)
+            cmd = [sys.executable, __file__, *job.flags, "--out", str(out), "--seed", str(seed), "--threads", "1",
+                   *argv_protocol]
+            job.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(job.log, "w") as f:  # the worker's output (a pipe could fill and block it)
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-            running.append((proc, task, spec, time.time()))
+            running.append((proc, job, time.time()))
         time.sleep(0.2)
         for item in list(running):
-            proc, task, spec, t0 = item
+            proc, job, t0 = item
             if proc.poll() is None:
                 continue
             running.remove(item)
             done += 1
-            if proc.returncode != 0 or not (out / "accuracy" / task / f"{safe(spec)}.json").exists():
-                err = (out / "accuracy" / task / f"{safe(spec)}.log").read_text(errors="replace").strip().splitlines()
-                log.warning("accuracy %s %s: the worker failed (exit %s): %s", task, spec, proc.returncode,
-                            (err or ["no output"])[-1])
+            if proc.returncode != 0 or not job.record.exists():
+                err = job.log.read_text(errors="replace").strip().splitlines()
+                log.warning("%s: the worker failed (exit %s): %s", job.name, proc.returncode, (err or ["no output"])[-1])
             else:
-                log.info("accuracy %s %s: done in %.0f s (%d of %d)", task, spec, time.time() - t0, done, total)
+                log.info("%s: done in %.0f s (%d of %d)", job.name, time.time() - t0, done, total)
 
 
 # ---------------------------------------------------------------------------------------------- 2. speed
@@ -610,7 +635,54 @@ def campaign_flags(p: Protocol) -> list[str]:
     return ["--samples", str(total), "--retest", f"{p.held_out / total:.6f}"]
 
 
-def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, threads: int | None) -> dict:
+def search_worker(task: str, subnet_file: Path, p: Protocol, out: Path, seed: int) -> None:
+    """In a fresh process: the subnet of ``subnet_file`` (``OUT/search/TASK/models/KEY.subnet.json``: a found subnet or
+    a best uniform one) trained under the protocol, as the accuracy stage's models are, and scored on the test split;
+    writes its weights (``KEY.pt``) and then its record (``KEY.json``, atomically: a killed worker is run again)."""
+    import torch
+
+    from search_spaces import Subnet, load_space
+    from supernet.files import atomic_write
+    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
+
+    p = for_task(p, task)
+    _, data = task_data(out, task, p, seed)
+    space = load_space(out / "search" / task / "space.yaml")
+    subnet = Subnet.from_dict(json.loads(subnet_file.read_text()), where=str(subnet_file))
+    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
+                        pretrain_steps=p.pretrain_steps)
+    start = time.perf_counter()
+    curve: list[dict] = []
+    model, _ = train_subnet(space, subnet, data.train, data.val, schedule,
+                            progress=worker_progress(f"search {task} {subnet.key}", p, curve))
+    acc, kept = answers(score_correct(model, data.test, space, p.batch))
+    weights = subnet_file.with_name(f"{subnet.key}.pt")
+    temporary = weights.with_name(f".{weights.name}.{os.getpid()}")
+    torch.save(model.state_dict(), temporary)
+    os.replace(temporary, weights)
+    atomic_write(subnet_file.with_name(f"{subnet.key}.json"), json.dumps({
+        "subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc, "params": model.num_params(),
+        "train_s": round(time.perf_counter() - start, 1), "pretrain_steps": p.pretrain_steps, "steps": p.steps,
+        "curve": curve, **kept}, indent=1) + "\n")
+
+
+def trained_model(space, subnet, weights: Path):
+    """The static model of ``subnet`` with the weights a :func:`search_worker` saved (read as tensors only)."""
+    import torch
+
+    from supernet import Transformer, TransformerConfig
+
+    model = Transformer(TransformerConfig.from_subnet(space, space.check(subnet)))
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    return model.eval()
+
+
+def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, threads: int | None, jobs: int,
+                 argv_protocol: list[str]) -> dict:
+    """Per task: the supernet, the latency campaign and predictor, the search at three budgets, each budget's found
+    subnet and best uniform one; then every distinct subnet of both tasks trained in worker processes ``jobs`` at a
+    time (as the accuracy stage's models: the same subnet under two budgets is one model); then, with every worker
+    ended (a quiet machine), each budget's two models timed side by side and compared."""
     import numpy as np
 
     from latency.device import get_device
@@ -622,9 +694,8 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     from search_spaces import Subnet, load_space
     from supernet.checkpoint import load_supernet
     from tasks.sequence_classification.learner import SequenceLearner
-    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
 
-    results = {}
+    plans: dict[str, list[tuple[float, Subnet, Subnet]]] = {}  # per task: (budget, found, best uniform)
     for task in ("listops", "pathfinder"):
         p = for_task(base, task)
         folder, data = task_data(out, task, p, seed)
@@ -643,13 +714,10 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                      str(p.batch), "--lr", str(p.lr), "--lr-warmup", str(p.warmup), "--eval-batches", "2",
                      "--eval-interval", str(max(1, p.supernet_steps // 4)), "--ckpt-interval", str(max(1, p.supernet_steps // 4)),
                      *(["--threads", str(threads)] if threads else [])])
-        warm, repeats, rounds, min_ms = p.timing
-        timing = ["--timing-threads", str(threads or 1), "--timing-warmup", str(warm), "--repeats", str(repeats),
-                  "--rounds", str(rounds), "--min-sample-ms", str(min_ms)]
         table_path = root / "cpu.csv"
         if not (root / "pred" / "predictor.json").exists():
             run_cli(["measure-latency", str(root / "space.yaml"), "--device", "cpu", "--out", str(table_path),
-                     *campaign_flags(p), *timing])
+                     *campaign_flags(p), *timing_flags(p, threads)])
             models = ["--models", p.models] if p.models else []
             run_cli(["fit-predictor", str(table_path), "--out", str(root / "pred"), *models])
         measured = sorted(r.median_ms for r in read_timings(table_path).rows)
@@ -662,41 +730,61 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                      str(generations), "--val-windows", str(max(1, p.eval_n // p.batch)), "--eval-batch-size", str(p.batch),
                      "--no-progress"])
         summary = json.loads((root / "found" / "search.json").read_text())
-        supernet, payload = load_supernet(run / "final.pt")
+        assert len(summary["budgets"]) == len(budgets), (list(summary["budgets"]), budgets)
+        if all(done_under(root / f"budget-{i}.json", p) for i in range(len(budgets))):
+            plans[task] = []
+            continue
+        supernet, _ = load_supernet(run / "final.pt")
         space = load_space(root / "space.yaml")
         predictor = load_predictor(root / "pred")
         held = SequenceLearner(space.max_seq_len, space.vocab_size).heldout(data.val, len(data.val))
         fit = HeldOutFitness(supernet, held, batch_size=p.batch)
         uniform = space.uniform()
         predicted = dict(zip(uniform, predictor.predict(uniform)))
-        schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
-                            pretrain_steps=p.pretrain_steps)
-        device = get_device("cpu", threads=threads or 1)
-        settings = Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms)
-        rows: list[dict] = []
-        assert len(summary["budgets"]) == len(budgets), (list(summary["budgets"]), budgets)
+        plans[task] = []
         for b, budget in zip(summary["budgets"].values(), budgets):  # in the order given
-            path = root / f"budget-{len(rows)}.json"
+            feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
+            plans[task].append((budget, Subnet.from_dict(b["best"]["subnet"]), feasible[int(np.argmin(fit(feasible)))]))
+
+    pending = []
+    for task, plan in plans.items():
+        p, models = for_task(base, task), out / "search" / task / "models"
+        models.mkdir(parents=True, exist_ok=True)
+        for subnet in dict.fromkeys(s for _, *pair in plan for s in pair):  # each distinct subnet once, in order
+            record = models / f"{subnet.key}.json"
+            if done_under(record, p):
+                continue
+            subnet_file = models / f"{subnet.key}.subnet.json"
+            subnet_file.write_text(subnet.to_json())
+            pending.append(Job(f"search {task} {subnet.key}", f"{p.steps} steps of {p.batch} examples ({subnet})",
+                               ["--search-worker", task, str(subnet_file)], record.with_suffix(".log"), record))
+    run_workers(out, seed, jobs, argv_protocol, pending)
+
+    results = {}
+    for task in ("listops", "pathfinder"):
+        p, root = for_task(base, task), out / "search" / task
+        rows: list[dict] = []
+        for i, plan in enumerate(plans[task] or [None] * 3):
+            path = root / f"budget-{i}.json"
             if done_under(path, p):
                 rows.append(json.loads(path.read_text()))
                 continue
-            found = Subnet.from_dict(b["best"]["subnet"])
-            feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
-            best_uniform = feasible[int(np.argmin(fit(feasible)))]
+            budget, found, best_uniform = plan
+            space, predictor = load_space(root / "space.yaml"), load_predictor(root / "pred")
             entry = {"budget_ms": budget, "pretrain_steps": p.pretrain_steps, "steps": p.steps}
-            models: dict = {}
+            models = {}
             for name, subnet in (("found", found), ("best_uniform", best_uniform)):
-                same = name == "best_uniform" and subnet == found  # the same subnet, the same seed: the same model
-                curve: list[dict] = []
-                every = max(1, (p.pretrain_steps + p.steps) // 100)
-                model = models["found"] if same else train_subnet(space, subnet, data.train, data.val, schedule,
-                                                                  progress=curve_from_progress(curve, every))[0]
-                models[name] = model
-                acc, kept = answers(score_correct(model, data.test, space, p.batch))
-                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc,
-                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": model.num_params(),
-                               "curve": curve if not same else entry["found"]["curve"], **kept}
-            m = measure(device, models, space.workload(), settings, seed=seed)
+                record = root / "models" / f"{subnet.key}.json"
+                if not record.exists():
+                    raise RuntimeError(f"bench_lra: {record} is missing: its worker failed (see {record.with_suffix('.log')})")
+                r = json.loads(record.read_text())
+                models[name] = trained_model(space, subnet, record.with_suffix(".pt"))
+                entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": r["test_accuracy"],
+                               "predicted_ms": float(predictor.predict([subnet])[0]), "params": r["params"],
+                               "curve": r["curve"], **{k: r[k] for k in ("ci_low", "ci_high", "correct")}}
+            warm, repeats, rounds, min_ms = p.timing
+            m = measure(get_device("cpu", threads=threads or 1), models, space.workload(),
+                        Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms), seed=seed)
             for name in models:
                 entry[name]["measured_ms"] = float(m.results[name].median_ms)
             f, u = entry["found"], entry["best_uniform"]
@@ -706,6 +794,13 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
             rows.append(entry)
         results[task] = rows
     return results
+
+
+def timing_flags(p: Protocol, threads: int | None) -> list[str]:
+    """``nas measure-latency``'s timing flags for the protocol's (warmup, repeats, rounds, min sample ms)."""
+    warm, repeats, rounds, min_ms = p.timing
+    return ["--timing-threads", str(threads or 1), "--timing-warmup", str(warm), "--repeats", str(repeats),
+            "--rounds", str(rounds), "--min-sample-ms", str(min_ms)]
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -803,11 +898,13 @@ def main(argv: list[str] | None = None) -> int:
                     "protocols' default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice; the latency campaign: 1)")
-    ap.add_argument("--jobs", type=int, default=2, help="models trained at a time in the accuracy stage (one thread each)")
+    ap.add_argument("--jobs", type=int, default=2, help="models trained at a time in the accuracy and search stages "
+                    "(one thread each)")
     ap.add_argument("--pretrain-steps", type=int, help="self-pretraining steps before the classification's, the same for "
                     "every type (default: the protocol's, 500 on the small one; 0: from scratch, as LRA)")
     ap.add_argument("--speed-worker", metavar="SPEC", help=argparse.SUPPRESS)
     ap.add_argument("--accuracy-worker", nargs=2, metavar=("TASK", "SPEC"), help=argparse.SUPPRESS)
+    ap.add_argument("--search-worker", nargs=2, metavar=("TASK", "SUBNET"), help=argparse.SUPPRESS)
     ap.add_argument("--speed-part", choices=("train", "ort"), default="train", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="bench_lra: %(message)s")
@@ -830,6 +927,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.accuracy_worker:
         accuracy_worker(*args.accuracy_worker, protocol, args.out, args.seed)
+        return 0
+    if args.search_worker:
+        search_worker(args.search_worker[0], Path(args.search_worker[1]), protocol, args.out, args.seed)
         return 0
     out = args.out
     types = [t.strip() for t in args.types.split(",")] if args.types else None
@@ -892,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
         record["speed_detail"] = detail
         record["speed_targets"] = speed_targets(detail, protocol)
     if "search" in stages:
-        record["search"] = timed_stage("search", lambda: stage_search(out, protocol, types, args.seed, args.threads))
+        record["search"] = timed_stage("search", lambda: stage_search(out, protocol, types, args.seed, args.threads,
+                                                                        args.jobs, flag))
         record["search_summary"] = search_summary(record["search"])
     previous = out / "lra.json"
     if previous.exists():  # a stage not run this time keeps what an earlier run wrote
