@@ -167,11 +167,12 @@ def test_the_default_lineup_has_lra_types_and_skips_what_cannot_mix_the_length()
             "synthesizer-dense", "synthesizer-random"} <= set(listops)
     assert "axial" not in listops and any(n.startswith("axial: skipped (") and "square" in n for n in notes)
     assert "axial" in bench_lra.type_specs(every, 1024, None)[0]  # Pathfinder's 32 x 32
-    # the small protocol's default: LRA's own lineup, one type per row of its Table 1 (both Synthesizers for its one row)
+    # the small protocol's default: LRA's own lineup, one type per row of its Table 1 (its Synthesizer: random)
     lra = bench_lra.type_specs(bench_lra.SMALL, 2000, None)[0]
     assert lra == [s for s in listops if bench_lra.lra_row(s) in bench_lra.LRA]
     assert {bench_lra.lra_row(s) for s in lra} == set(bench_lra.LRA)
-    assert len(lra) == 11 and bench_lra.FULL.lineup == bench_lra.QUICK.lineup == "all"
+    assert len(lra) == 10 and bench_lra.FULL.lineup == bench_lra.QUICK.lineup == "all"
+    assert "synthesizer-random" in lra and "synthesizer-dense" not in lra  # LRA's Synthesizer: its code's random mode
     speed, _ = bench_lra.type_specs(every, 4096, None, bench_lra.SMALL.speed_lengths)
     assert "axial" not in speed  # 4,096 is a square, 2,048 is not
     linear = {s for s in speed if bench_lra.linear_time(s.replace("cosformer:4096", "cosformer:{t}"), bench_lra.SMALL)}
