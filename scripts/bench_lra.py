@@ -342,6 +342,14 @@ def answers(right: list[bool]) -> tuple[float, dict]:
 # ---------------------------------------------------------------------------------------------- 1. accuracy
 
 
+def schedule_of(p: Protocol, seed: int):
+    """The training schedule of every model the protocol trains (the accuracy stage's and the search's)."""
+    from tasks.sequence_classification.train import Schedule
+
+    return Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
+                    pretrain_steps=p.pretrain_steps)
+
+
 def worker_progress(label: str, p: Protocol, curve: list[dict]):
     """A worker's training progress: the curve's points into ``curve`` (100 a run), a line a tenth into the worker's
     log (its stdout): long work shows progress."""
@@ -361,17 +369,15 @@ def accuracy_worker(task: str, spec: str, p: Protocol, out: Path, seed: int) -> 
     """In a fresh process: ``spec`` uniform on ``task``, trained from scratch under the protocol, scored on the test
     split; writes ``OUT/accuracy/TASK/SPEC.json`` (atomically: a killed worker leaves nothing, and is run again)."""
     from search_spaces import parse_space
-    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
+    from tasks.sequence_classification.train import score_correct, train_subnet
 
     p = for_task(p, task)
     _, data = task_data(out, task, p, seed)
     length = data.train.inputs.shape[1]
     space = parse_space(space_text(f"{task}-{safe(spec)}", p, length, [spec]), where=f"{task}-{spec}")
-    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
-                        pretrain_steps=p.pretrain_steps)
     start = time.perf_counter()
     curve: list[dict] = []
-    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule,
+    model, _ = train_subnet(space, space.largest(), data.train, data.val, schedule_of(p, seed),
                             progress=worker_progress(f"{task} {spec}", p, curve))
     lra = LRA.get(lra_row(spec))
     ours, kept = answers(score_correct(model, data.test, space, p.batch))
@@ -640,43 +646,26 @@ def campaign_flags(p: Protocol) -> list[str]:
 def search_worker(task: str, subnet_file: Path, p: Protocol, out: Path, seed: int) -> None:
     """In a fresh process: the subnet of ``subnet_file`` (``OUT/search/TASK/models/KEY.subnet.json``: a found subnet or
     a best uniform one) trained under the protocol, as the accuracy stage's models are, and scored on the test split;
-    writes its weights (``KEY.pt``) and then its record (``KEY.json``, atomically: a killed worker is run again)."""
-    import torch
-
+    writes the model (``KEY/``, the project's model folder: :func:`supernet.artifact.save_model`) and then its record
+    (``KEY.json``, atomically: a killed worker is run again)."""
     from search_spaces import Subnet, load_space
-    from supernet.files import atomic_write
-    from tasks.sequence_classification.train import Schedule, score_correct, train_subnet
+    from supernet.artifact import save_model
+    from tasks.sequence_classification.train import score_correct, train_subnet
 
     p = for_task(p, task)
     _, data = task_data(out, task, p, seed)
     space = load_space(out / "search" / task / "space.yaml")
     subnet = Subnet.from_dict(json.loads(subnet_file.read_text()), where=str(subnet_file))
-    schedule = Schedule(steps=p.steps, batch_size=p.batch, lr=p.lr, warmup=p.warmup, seed=seed, device=train_device(),
-                        pretrain_steps=p.pretrain_steps)
     start = time.perf_counter()
     curve: list[dict] = []
-    model, _ = train_subnet(space, subnet, data.train, data.val, schedule,
+    model, _ = train_subnet(space, subnet, data.train, data.val, schedule_of(p, seed),
                             progress=worker_progress(f"search {task} {subnet.key}", p, curve))
     acc, kept = answers(score_correct(model, data.test, space, p.batch))
-    weights = subnet_file.with_name(f"{subnet.key}.pt")
-    temporary = weights.with_name(f".{weights.name}.{os.getpid()}")
-    torch.save(model.state_dict(), temporary)
-    os.replace(temporary, weights)
-    atomic_write(subnet_file.with_name(f"{subnet.key}.json"), json.dumps({
+    save_model(model, subnet_file.with_name(subnet.key), space)
+    write_json(subnet_file.with_name(f"{subnet.key}.json"), {
         "subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": acc, "params": model.num_params(),
         "train_s": round(time.perf_counter() - start, 1), "pretrain_steps": p.pretrain_steps, "steps": p.steps,
-        "curve": curve, **kept}, indent=1) + "\n")
-
-
-def trained_model(space, subnet, weights: Path):
-    """The static model of ``subnet`` with the weights a :func:`search_worker` saved (read as tensors only)."""
-    import torch
-
-    from supernet import Transformer, TransformerConfig
-
-    model = Transformer(TransformerConfig.from_subnet(space, space.check(subnet)))
-    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
-    return model.eval()
+        "curve": curve, **kept})
 
 
 def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, threads: int | None, jobs: int,
@@ -694,10 +683,12 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     from latency.timing_core import Settings
     from supernet.scoring import HeldOutFitness
     from search_spaces import Subnet, load_space
+    from supernet.artifact import load_model
     from supernet.checkpoint import load_supernet
     from tasks.sequence_classification.learner import SequenceLearner
 
-    plans: dict[str, list[tuple[float, Subnet, Subnet]]] = {}  # per task: (budget, found, best uniform)
+    # per task and budget: (budget, found, best uniform), None where the budget's comparison is on disk
+    plans: dict[str, list[tuple[float, Subnet, Subnet] | None]] = {}
     for task in ("listops", "pathfinder"):
         p = for_task(base, task)
         folder, data = task_data(out, task, p, seed)
@@ -733,8 +724,9 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                      "--no-progress"])
         summary = json.loads((root / "found" / "search.json").read_text())
         assert len(summary["budgets"]) == len(budgets), (list(summary["budgets"]), budgets)
-        if all(done_under(root / f"budget-{i}.json", p) for i in range(len(budgets))):
-            plans[task] = []
+        plans[task] = [None] * len(budgets)
+        open_budgets = [i for i in range(len(budgets)) if not done_under(root / f"budget-{i}.json", p)]
+        if not open_budgets:
             continue
         supernet, _ = load_supernet(run / "final.pt")
         space = load_space(root / "space.yaml")
@@ -743,16 +735,16 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         fit = HeldOutFitness(supernet, held, batch_size=p.batch)
         uniform = space.uniform()
         predicted = dict(zip(uniform, predictor.predict(uniform)))
-        plans[task] = []
-        for b, budget in zip(summary["budgets"].values(), budgets):  # in the order given
-            feasible = [s for s in uniform if predicted[s] <= budget] or [min(uniform, key=lambda s: predicted[s])]
-            plans[task].append((budget, Subnet.from_dict(b["best"]["subnet"]), feasible[int(np.argmin(fit(feasible)))]))
+        found = [Subnet.from_dict(b["best"]["subnet"]) for b in summary["budgets"].values()]  # in the order given
+        for i in open_budgets:
+            feasible = [s for s in uniform if predicted[s] <= budgets[i]] or [min(uniform, key=lambda s: predicted[s])]
+            plans[task][i] = (budgets[i], found[i], feasible[int(np.argmin(fit(feasible)))])
 
     pending = []
     for task, plan in plans.items():
         p, models = for_task(base, task), out / "search" / task / "models"
         models.mkdir(parents=True, exist_ok=True)
-        for subnet in dict.fromkeys(s for _, *pair in plan for s in pair):  # each distinct subnet once, in order
+        for subnet in dict.fromkeys(s for entry in plan if entry for s in entry[1:]):  # each distinct subnet once
             record = models / f"{subnet.key}.json"
             if done_under(record, p):
                 continue
@@ -763,16 +755,19 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
     run_workers(out, seed, jobs, argv_protocol, pending)
 
     results = {}
+    device = get_device("cpu", threads=threads or 1)
     for task in ("listops", "pathfinder"):
         p, root = for_task(base, task), out / "search" / task
+        space, predictor = load_space(root / "space.yaml"), load_predictor(root / "pred")
+        warm, repeats, rounds, min_ms = p.timing
+        settings = Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms)
         rows: list[dict] = []
-        for i, plan in enumerate(plans[task] or [None] * 3):
+        for i, plan in enumerate(plans[task]):
             path = root / f"budget-{i}.json"
-            if done_under(path, p):
+            if plan is None:
                 rows.append(json.loads(path.read_text()))
                 continue
             budget, found, best_uniform = plan
-            space, predictor = load_space(root / "space.yaml"), load_predictor(root / "pred")
             entry = {"budget_ms": budget, "pretrain_steps": p.pretrain_steps, "steps": p.steps}
             models = {}
             for name, subnet in (("found", found), ("best_uniform", best_uniform)):
@@ -780,13 +775,11 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
                 if not record.exists():
                     raise RuntimeError(f"bench_lra: {record} is missing: its worker failed (see {record.with_suffix('.log')})")
                 r = json.loads(record.read_text())
-                models[name] = trained_model(space, subnet, record.with_suffix(".pt"))
+                models[name] = load_model(record.with_suffix(""))
                 entry[name] = {"subnet": subnet.to_dict(), "key": subnet.key, "test_accuracy": r["test_accuracy"],
                                "predicted_ms": float(predictor.predict([subnet])[0]), "params": r["params"],
                                "curve": r["curve"], **{k: r[k] for k in ("ci_low", "ci_high", "correct")}}
-            warm, repeats, rounds, min_ms = p.timing
-            m = measure(get_device("cpu", threads=threads or 1), models, space.workload(),
-                        Settings(warmup=warm, repeats=repeats, rounds=rounds, min_sample_ms=min_ms), seed=seed)
+            m = measure(device, models, space.workload(), settings, seed=seed)
             for name in models:
                 entry[name]["measured_ms"] = float(m.results[name].median_ms)
             f, u = entry["found"], entry["best_uniform"]

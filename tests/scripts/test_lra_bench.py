@@ -73,20 +73,22 @@ def test_bench_lra_quick_writes_the_contract_and_resumes(tmp_path):
             for side in ("found", "best_uniform"):
                 assert 0.0 <= r[side]["test_accuracy"] <= 100.0 and r[side]["measured_ms"] > 0 and r[side]["subnet"]["depth"] >= 1
     # the search's models, trained in workers: one a distinct subnet (the same subnet under two budgets is one model),
-    # its weights beside its record; the model timed is the model trained (reloaded, it gives the record's answers)
+    # its model folder beside its record; the model timed is the model trained (reloaded, it gives the record's answers)
     sys.path.insert(0, str(ROOT / "scripts"))
     import bench_lra
-    from search_spaces import Subnet, load_space
+    from search_spaces import load_space
+    from supernet.artifact import load_model
     from tasks.sequence_classification.train import score_correct
 
     for task, rows in record["search"].items():
         models = out / "search" / task / "models"
         keys = {r[w]["key"] for r in rows for w in ("found", "best_uniform")}
-        assert {p.stem for p in models.glob("*.pt")} == keys == {p.stem for p in models.glob("*.log")}
+        assert {p.name for p in models.iterdir() if p.is_dir()} == keys == {p.stem for p in models.glob("*.log")}
         space, p = load_space(out / "search" / task / "space.yaml"), bench_lra.for_task(bench_lra.QUICK, task)
         _, data = bench_lra.task_data(out, task, p, 0)
         for r in rows:
-            model = bench_lra.trained_model(space, Subnet.from_dict(r["found"]["subnet"]), models / f"{r['found']['key']}.pt")
+            model = load_model(models / r["found"]["key"])
+            assert model.subnet.to_dict() == r["found"]["subnet"]
             assert "".join("1" if c else "0" for c in score_correct(model, data.test, space, p.batch)) == r["found"]["correct"]
     for task, t in record["search_summary"].items():
         assert t["wins"] == sum(r["verdict"].startswith("found wins") for r in record["search"][task]) and t["budgets"] == 3
