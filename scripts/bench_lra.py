@@ -866,7 +866,7 @@ def write_tables(out: Path, record: dict, curves: dict[str, list[dict]] | None =
         write_curves(curves, out / "curves.csv")
         pre = record.get("protocol", {}).get("pretrain_steps", 0)
         plot_curves(curves, out / "curves.png", "every model's training loss per logged step" + (
-            f" (the first {pre} steps denoise the inputs)" if pre else ""))
+            f" (the first {pre} steps denoise the inputs)" if pre else ""), panel=lambda name: name.split("/")[0])
     if record.get("speed"):
         fig, ax = plt.subplots(figsize=(6, 4))
         for spec, rows in record["speed"].items():

@@ -73,8 +73,12 @@ def read_curves(path: str | Path) -> dict[str, list[dict[str, float]]]:
     return out
 
 
-def plot_curves(curves: dict[str, list[dict[str, float]]], path: str | Path, title: str, x: str = "step") -> Path | None:
-    """One line per model of its training loss against ``x`` (``step`` or ``elapsed_s``); None when no model has points."""
+def plot_curves(curves: dict[str, list[dict[str, float]]], path: str | Path, title: str, x: str = "step",
+                panel: Callable[[str], str] | None = None) -> Path | None:
+    """One line per model of its training loss against ``x`` (``step`` or ``elapsed_s``); None when no model has points.
+
+    ``panel`` maps a model's name to its panel's title (a task, say): one panel per distinct title, each with its own
+    legend and loss scale, in place of one axis that overlays every model."""
     curves = {k: v for k, v in curves.items() if v}
     if not curves:
         return None
@@ -83,15 +87,29 @@ def plot_curves(curves: dict[str, list[dict[str, float]]], path: str | Path, tit
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    groups: dict[str, dict[str, list[dict[str, float]]]] = {}
     for name, points in curves.items():
-        ax.plot([p[x] for p in points], [p["loss"] for p in points], linewidth=1, label=name)
-    ax.set_xlabel("training step" if x == "step" else "training seconds")
-    ax.set_ylabel("training loss (nats, mean over the step's passes)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    if len(curves) <= 24:
-        ax.legend(fontsize=6, ncol=2)
+        groups.setdefault(panel(name) if panel else "", {})[name] = points
+    cols = min(3, len(groups))
+    rows = math.ceil(len(groups) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(9 if cols == 1 else 5.2 * cols, 5.5 if rows == 1 else 4.2 * rows),
+                             squeeze=False)
+    for ax, (label, members) in zip(axes.flat, groups.items()):
+        for name, points in members.items():
+            ax.plot([p[x] for p in points], [p["loss"] for p in points], linewidth=1, label=name)
+        ax.set_xlabel("training step" if x == "step" else "training seconds")
+        ax.set_ylabel("training loss (nats, mean over the step's passes)", fontsize=8 if panel else None)
+        if label:
+            ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        if len(members) <= 24:
+            ax.legend(fontsize=6, ncol=2 if len(members) > 6 else 1)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    if panel:
+        fig.suptitle(title, fontsize=10)
+    else:
+        axes[0][0].set_title(title, fontsize=10)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
