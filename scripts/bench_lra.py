@@ -735,10 +735,14 @@ def stage_search(out: Path, base: Protocol, types: list[str] | None, seed: int, 
         fit = HeldOutFitness(supernet, held, batch_size=p.batch)
         uniform = space.uniform()
         predicted = dict(zip(uniform, predictor.predict(uniform)))
+        # the held-out loss of each uniform subnet that some open budget admits (the fastest one stands in where none fits)
+        scored = [s for s in uniform if predicted[s] <= max(budgets[i] for i in open_budgets)]
+        scored = scored or [min(uniform, key=lambda s: predicted[s])]
+        loss = dict(zip(scored, fit(scored)))
         found = [Subnet.from_dict(b["best"]["subnet"]) for b in summary["budgets"].values()]  # in the order given
         for i in open_budgets:
-            feasible = [s for s in uniform if predicted[s] <= budgets[i]] or [min(uniform, key=lambda s: predicted[s])]
-            plans[task][i] = (budgets[i], found[i], feasible[int(np.argmin(fit(feasible)))])
+            feasible = [s for s in scored if predicted[s] <= budgets[i]] or [min(scored, key=lambda s: predicted[s])]
+            plans[task][i] = (budgets[i], found[i], min(feasible, key=lambda s: loss[s]))
 
     pending = []
     for task, plan in plans.items():
