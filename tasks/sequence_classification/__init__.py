@@ -44,7 +44,7 @@ class SequenceClassificationTask(StackTask):
              Flag("--pretrain-steps", "pretrain_steps", int, "N", "sequence-classification spaces: self-pretraining, the "
                   "run's first N steps (of --max-steps) denoise the training inputs (15% of the tokens masked) before "
                   "the classification's; the schedule and the optimizer start again at step N (default 0: none)",
-                  ("train-subnet",)))
+                  ("train-supernet", "train-subnet")))
 
     # ------------------------------------------------------------------ data
 

@@ -272,6 +272,27 @@ def test_self_pretraining_runs_first_restarts_the_schedule_and_resumes_exactly(t
                                                     "14 or more")
 
 
+def test_a_supernet_self_pretrains_too_and_its_resume_keeps_the_steps(tmp_path, capsys):
+    """``nas train-supernet --pretrain-steps 3`` of 6: the sandwich's first 3 steps denoise the inputs (the schedule
+    warms up again at step 3, the checkpoint's objective records it), so a search's supernet learns as its retrained
+    models do; resumed with other pretraining steps, it is refused in one line that names the flag."""
+    (tmp_path / "space.yaml").write_text(SPACE)
+    write(tmp_path / "own.tsv", rows(240, 0))
+    base = ["--out", str(tmp_path / "run"), "--batch-size", "8", "--lr", "1e-2", "--lr-warmup", "2", "--eval-interval",
+            "100", "--eval-batches", "1", "--ckpt-interval", "100", "--log-interval", "1", "-q"]
+    assert main(["train-supernet", str(tmp_path / "space.yaml"), "--data", str(tmp_path / "own.tsv"), "--classes", "3",
+                 "--max-steps", "6", "--pretrain-steps", "3", *base]) == 0
+    events = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    lr = {e["step"]: e["lr"] for e in events if e["event"] == "train"}
+    assert lr[1] == pytest.approx(5e-3) and lr[4] == pytest.approx(5e-3) and lr[3] < lr[2]  # warm-up again at step 3
+    assert any(e["event"] == "note" and e["step"] == 3 for e in events)
+    final = torch.load(tmp_path / "run" / "final.pt", weights_only=True)
+    assert final["meta"]["objective"]["pretrain_steps"] == 3
+    capsys.readouterr()
+    assert main(["train-supernet", "--resume", "--max-steps", "8", "--pretrain-steps", "2", *base]) == 2
+    assert "--pretrain-steps 2 differs from the run's 3" in capsys.readouterr().err
+
+
 def test_the_benchmarks_training_pretrains_first_on_the_same_steps():
     from search_spaces import parse_space
     from tasks.sequence_classification.data import encode
