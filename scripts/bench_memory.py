@@ -41,10 +41,8 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from curves import plot_curves, read_log, write_curves  # noqa: E402
 from latency.devices.cpu import decode_setup, torch_runner  # noqa: E402
-from search_spaces import load_space  # noqa: E402
+from nas_jobs import run_nas, train_subnet_argv  # noqa: E402
+from search_spaces import UserError, load_space  # noqa: E402
 from search_spaces.space import Workload  # noqa: E402
 from supernet.artifact import load_model  # noqa: E402
 from supernet.data import prepare_corpus  # noqa: E402
@@ -100,27 +99,14 @@ def write_space(folder: Path, budget: str, variant: str, dims: tuple[int, int, i
     return path
 
 
-def train(space_path: Path, folder: Path, seed: int, args) -> Path:
-    """``nas train-subnet`` of the space's one model into ``folder/model`` (resumed when started, kept when done)."""
-    model = folder / "model"
-    if (model / "model_card.json").exists():
-        return model
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = folder / "subnet.yaml"
-    spec.write_text(load_space(str(space_path)).largest().to_yaml())
-    cmd = [sys.executable, "-m", "nas.cli", "train-subnet", str(spec), "--space", str(space_path), "--out", str(model),
-           "--init", "scratch", "--max-steps", str(args.steps), "--seq-len", str(args.window), "--batch-size",
-           str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed), "--threads", "1", "--eval-interval",
-           "1000000", "--eval-batches", "2", "--ckpt-interval", "100", "--log-interval", "10", "--format", "torch", "-q"]
-    if (model / "train" / "latest.pt").exists():
-        cmd = [sys.executable, "-m", "nas.cli", "train-subnet", "--out", str(model), "--resume", "--threads", "1", "-q"]
-    with open(folder / "log.txt", "a") as f:
-        f.write("$ " + shlex.join(cmd) + "\n")
-        f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(f"{PROG}: training {folder.name} exited {proc.returncode} (its log: {folder / 'log.txt'})")
-    return model
+def train_argv(space_path: Path, model: Path, seed: int, args) -> list[str]:
+    """``nas train-subnet`` of the space's one model into the folder ``model`` (resumed when started:
+    :func:`nas_jobs.train_subnet_argv`)."""
+    return train_subnet_argv(load_space(str(space_path)).largest(), model, [
+        "--space", str(space_path), "--init", "scratch", "--max-steps", str(args.steps), "--seq-len", str(args.window),
+        "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(seed), "--threads", "1",
+        "--eval-interval", "1000000", "--eval-batches", "2", "--ckpt-interval", "100", "--log-interval", "10",
+        "--format", "torch", "-q"])  # fmt: skip
 
 
 def long_documents(root: Path, n: int, length: int, seed: int) -> list[np.ndarray]:
@@ -227,17 +213,14 @@ def main(argv=None) -> int:
     runs = Path(args.runs) if args.runs else out / "runs"
     spaces = {(b, v): write_space(runs / "spaces", b, v, dims, args.window, args.memory, args.doc_len)
               for b, dims in budgets.items() for v in ("with", "without")}
-    jobs = [(b, v, s) for b in budgets for v in ("with", "without") for s in range(args.seeds)]
-
-    def one(job):
-        b, v, s = job
-        t0 = time.time()
-        model = train(spaces[(b, v)], runs / f"{b}-{v}-s{s}", s, args)
-        print(f"[{time.strftime('%H:%M:%S')}] trained {b}-{v}-s{s} ({time.time() - t0:.0f} s)", flush=True)
-        return model
-
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        models = dict(zip(jobs, pool.map(one, jobs)))
+    models = {(b, v, s): runs / f"{b}-{v}-s{s}" / "model" for b in budgets for v in ("with", "without")
+              for s in range(args.seeds)}
+    todo = [job for job, model in models.items() if not (model / "model_card.json").exists()]  # the card comes last
+    try:
+        run_nas([train_argv(spaces[job[:2]], models[job], job[2], args) for job in todo], max(1, args.jobs),
+                logs=[models[job].parent / "log.txt" for job in todo])
+    except UserError as e:
+        raise SystemExit(f"{PROG}: {e}") from None
     docs = long_documents(runs, args.docs, args.doc_len, seed=7)
     rows = []
     for (b, v, s), model in models.items():

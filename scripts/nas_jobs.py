@@ -4,10 +4,12 @@ use ``jobs`` cores (two one-thread trainings side by side do about twice the wor
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,30 +28,48 @@ def train_subnet_argv(subnet, out: Path, flags: list[str]) -> list[str]:
     return ["train-subnet", str(subnet_file), "--out", str(out), *flags] + (["--resume"] if resumable(out) else [])
 
 
-def run_nas(argvs: list[list[str]], jobs: int) -> None:
+def run_nas(argvs: list[list[str]], jobs: int, logs: list[Path] | None = None) -> None:
     """Each ``nas`` command line, ``jobs`` at a time: in this process when one at a time, else each in its own
     ``python -m nas``.  A command that fails stops the rest from starting and is named in one line
     (``search_spaces.UserError``); a run stopped by Ctrl-C or SIGTERM stops the running commands (a training saves
-    its checkpoint and resumes with ``--resume``) and starts no other."""
+    its checkpoint and resumes with ``--resume``) and starts no other.
+
+    ``logs`` (a file per command): every command runs in its own process from the caller's folder, its output appended
+    to its log after a ``$ nas ...`` line, and one line is printed as each ends (the log named where it failed)."""
     from nas.cli import main as nas
     from search_spaces import UserError
 
-    if jobs == 1:
+    if jobs == 1 and logs is None:
         for argv in argvs:
             if nas(argv) != 0:
                 raise UserError(f"`nas {' '.join(argv)}` failed; fix the cause above and run again to resume")
         return
+    if logs is not None and len(logs) != len(argvs):
+        raise ValueError(f"run_nas: {len(logs)} logs for {len(argvs)} commands")
     stop, lock, procs = threading.Event(), threading.Lock(), []
 
-    def one(argv: list[str]) -> int | None:
+    def one(i: int) -> int | None:
+        argv, log = argvs[i], logs[i] if logs is not None else None
         with lock:
             if stop.is_set():
                 return None
-            proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], cwd=ROOT)
+            if log is None:
+                proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], cwd=ROOT)
+            else:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a") as f:
+                    f.write("$ nas " + shlex.join(argv) + "\n")
+                    f.flush()
+                    proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], stdout=f, stderr=subprocess.STDOUT)
             procs.append(proc)
+        started = time.monotonic()
         rc = proc.wait()
         if rc != 0:
             stop.set()
+        if log is not None:
+            ended = "done" if rc == 0 else f"failed (exit {rc}; its log: {log})"
+            print(f"[{time.strftime('%H:%M:%S')}] nas {argv[0]} {ended} in {time.monotonic() - started:.0f} s: {log.parent}",
+                  flush=True)
         return rc
 
     def stopped(signum, frame):  # SIGTERM unwinds like Ctrl-C, so the children are stopped below
@@ -58,7 +78,7 @@ def run_nas(argvs: list[list[str]], jobs: int) -> None:
     previous = signal.signal(signal.SIGTERM, stopped) if threading.current_thread() is threading.main_thread() else None
     pool = ThreadPoolExecutor(max_workers=jobs)
     try:
-        codes = list(pool.map(one, argvs))
+        codes = list(pool.map(one, range(len(argvs))))
     finally:
         with lock:
             stop.set()
@@ -68,6 +88,7 @@ def run_nas(argvs: list[list[str]], jobs: int) -> None:
         pool.shutdown(wait=True)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    failed = [" ".join(argv) for argv, rc in zip(argvs, codes) if rc not in (0, None)]
+    failed = [i for i, rc in enumerate(codes) if rc not in (0, None)]
     if failed:
-        raise UserError(f"`nas {failed[0]}` failed; fix the cause above and run again to resume")
+        where = f"its log: {logs[failed[0]]}; fix the cause" if logs is not None else "fix the cause above"
+        raise UserError(f"`nas {' '.join(argvs[failed[0]])}` failed; {where} and run again to resume")

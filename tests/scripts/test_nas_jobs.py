@@ -93,3 +93,24 @@ def test_sigterm_stops_the_running_commands_and_starts_no_other(monkeypatch):
     assert e.value.code == 128 + signal.SIGTERM and time.perf_counter() - t0 < 10
     assert len(procs) == 2 and all(p.terminated for p in procs)  # the two running stopped, the other two never began
     assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
+
+
+def test_with_logs_each_command_writes_its_own_log_and_a_failure_names_it(monkeypatch, tmp_path, capsys):
+    """``logs``: each command's output goes to its file after a ``$ nas ...`` line (even one at a time), a line is
+    printed as each ends, and a failed one is named with its log."""
+    plan = {"ok": 0, "bad": 3}
+
+    def popen(cmd, stdout=None, stderr=None):
+        stdout.write(f"output of {cmd[-1]}\n")
+        return FakeProc(plan[cmd[-1]], 0.0)
+
+    monkeypatch.setattr(nas_jobs.subprocess, "Popen", popen)
+    logs = [tmp_path / name / "log.txt" for name in plan]
+    with pytest.raises(UserError) as e:
+        nas_jobs.run_nas([["train-subnet", name] for name in plan], 1, logs=logs)
+    assert str(e.value) == f"`nas train-subnet bad` failed; its log: {logs[1]}; fix the cause and run again to resume"
+    assert logs[0].read_text() == "$ nas train-subnet ok\noutput of ok\n"
+    assert logs[1].read_text() == "$ nas train-subnet bad\noutput of bad\n"
+    printed = capsys.readouterr().out
+    assert f"nas train-subnet done in 0 s: {tmp_path / 'ok'}\n" in printed
+    assert f"nas train-subnet failed (exit 3; its log: {logs[1]}) in 0 s: {tmp_path / 'bad'}\n" in printed
