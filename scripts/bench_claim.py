@@ -51,8 +51,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from nas.demo import Stages, budget_from_table, run_stage_command  # noqa: E402
+from nas_jobs import run_nas, train_subnet_argv  # noqa: E402
 from search_spaces import Subnet, UserError, load_space  # noqa: E402
 
 log = logging.getLogger("bench_claim")
@@ -618,30 +620,17 @@ def retrain_all(space, models: dict[str, Subnet], root: Path, tokens: int, plan:
     """``nas train-subnet`` for every model not yet done (resuming a started one), ``plan.jobs`` at a time; ``models``:
     folder name -> subnet, ``seeds``: folder name -> seed (default the run's)."""
     root.mkdir(parents=True, exist_ok=True)
-
-    def one(name: str, subnet: Subnet) -> None:
-        d = root / name
-        if (d / "model" / "model_card.json").exists() and (d / "model" / "model.onnx").exists():
-            return
-        d.mkdir(parents=True, exist_ok=True)
-        spec = d / "subnet.yaml"
-        spec.write_text(subnet.to_yaml())
+    todo = [name for name in models if not all((root / name / "model" / f).exists() for f in ("model_card.json", "model.onnx"))]
+    argvs = []
+    for name in todo:
         seed = (seeds or {}).get(name, args.seed)
-        cmd = [sys.executable, "-m", "nas.cli", "train-subnet", str(spec), "--space", str(args.space), "--out", str(d / "model"),
-               "--init", "scratch", "--tokens", str(tokens), "--seq-len", str(space.workload().seq_len),
-               "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--lr-warmup", str(plan.retrain_warmup),
-               "--seed", str(seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4",
-               "--ckpt-interval", "50", "-q"]  # fmt: skip
-        if (d / "model" / "train" / "latest.pt").exists():
-            cmd.append("--resume")
-        log.info("retrain %s (seed %d) %s", name, seed, subnet)
-        with open(d / "log.txt", "a") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if proc.returncode != 0:
-            raise UserError(f"retraining {subnet} failed (exit {proc.returncode}); see {d / 'log.txt'}")
-
-    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
-        list(pool.map(lambda kv: one(*kv), models.items()))
+        log.info("retrain %s (seed %d) %s", name, seed, models[name])
+        argvs.append(train_subnet_argv(models[name], root / name / "model", [
+            "--space", str(args.space), "--init", "scratch", "--tokens", str(tokens), "--seq-len",
+            str(space.workload().seq_len), "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr),
+            "--lr-warmup", str(plan.retrain_warmup), "--seed", str(seed), "--threads", "1", "--eval-interval", "1000000",
+            "--eval-batches", "4", "--ckpt-interval", "50", "-q"]))  # fmt: skip
+    run_nas(argvs, plan.jobs, logs=[root / name / "log.txt" for name in todo])
 
 
 def test_windows(ckpt: Path, plan: Plan, seed: int):

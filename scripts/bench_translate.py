@@ -69,10 +69,9 @@ import logging
 import math
 import os
 import platform
-import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -85,6 +84,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_claim: the LM'
 from bench_claim import QuietStages, budgets_of, check_token_budget, judge, parse_tokens, speedup  # noqa: E402
 from curves import plot_curves, read_log, write_curves  # noqa: E402
 from nas.demo import Stages, run_stage_command  # noqa: E402
+from nas_jobs import run_nas, train_subnet_argv  # noqa: E402
 from search_spaces import UserError, load_space  # noqa: E402
 from supernet.runs import recipe_flags  # noqa: E402
 from tasks.translation.space import TASK as TRANSLATION, TranslationSpace, TranslationSubnet  # noqa: E402
@@ -232,44 +232,22 @@ def pick_baselines(space, predictor_dir: Path, timings: Path, budgets, labels, p
 def retrain_all(models: dict, root: Path, tokens: int, plan: Plan, args, space_arg: str, seeds: dict | None = None,
                 init: list[str] | None = None) -> None:
     """``nas train-subnet`` for every model not yet trained (resuming a started one), ``plan.jobs`` at a time
-    (subprocesses of one thread each; in this process when 1).  ``models``: folder name -> subnet; ``seeds``: folder
-    name -> seed (default the run's); ``init``: the recipe's flags (default ``--init scratch``)."""
-    from nas.cli import main as nas_main
-
+    (subprocesses of one thread each, each with its ``log.txt``; in this process when 1: :func:`nas_jobs.run_nas`).
+    ``models``: folder name -> subnet; ``seeds``: folder name -> seed (default the run's); ``init``: the recipe's flags
+    (default ``--init scratch``)."""
     root.mkdir(parents=True, exist_ok=True)
     data = ["--data", str(Path(args.data).resolve())] if args.data else (["--lang", args.lang] if args.lang else [])
-
-    def one(name: str, subnet) -> None:
-        d = root / name
-        model = d / "model"
-        if (model / "model_card.json").exists():
-            return
-        d.mkdir(parents=True, exist_ok=True)
-        spec = d / "subnet.yaml"
-        spec.write_text(subnet.to_yaml())
+    todo = [name for name in models if not (root / name / "model" / "model_card.json").exists()]
+    argvs = []
+    for name in todo:
         seed = (seeds or {}).get(name, args.seed)
-        argv = ["train-subnet", str(spec), "--space", space_arg, "--out", str(model), *(init or ["--init", "scratch"]),
-                "--tokens", str(tokens), "--batch-size", str(plan.retrain_batch), "--lr", str(plan.retrain_lr),
-                "--lr-warmup", str(plan.retrain_warmup), "--seed", str(seed), "--threads", "1",
-                "--eval-interval", "1000000", "--eval-batches", "4", "--ckpt-interval", "100", *data, "-q"]  # fmt: skip
-        if (model / "train" / "latest.pt").exists():
-            argv = ["train-subnet", "--out", str(model), "--resume", "--threads", "1", "-q"]
-        log.info("retrain %s (seed %d) %s", name, seed, subnet)
-        if plan.jobs == 1:
-            run_stage_command(nas_main, argv, rerun="the benchmark")
-            return
-        with open(d / "log.txt", "a") as f:
-            proc = subprocess.run([sys.executable, "-m", "nas.cli", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-        if proc.returncode != 0:
-            raise UserError(f"retraining {subnet} failed (exit {proc.returncode}); see {d / 'log.txt'}")
-
-    if plan.jobs == 1:
-        for kv in models.items():
-            one(*kv)
-        return
-    with ThreadPoolExecutor(max_workers=plan.jobs) as pool:
-        list(pool.map(lambda kv: one(*kv), models.items()))
+        log.info("retrain %s (seed %d) %s", name, seed, models[name])
+        argvs.append(train_subnet_argv(models[name], root / name / "model", [
+            "--space", space_arg, *(init or ["--init", "scratch"]), "--tokens", str(tokens), "--batch-size",
+            str(plan.retrain_batch), "--lr", str(plan.retrain_lr), "--lr-warmup", str(plan.retrain_warmup), "--seed",
+            str(seed), "--threads", "1", "--eval-interval", "1000000", "--eval-batches", "4", "--ckpt-interval", "100",
+            *data, "-q"]))  # fmt: skip
+    run_nas(argvs, plan.jobs, logs=[root / name / "log.txt" for name in todo] if plan.jobs > 1 else None)
 
 
 def score_model(model_dir: str, corpus_dir: str, limit: int, ce_batch: int, threads: int) -> dict:
