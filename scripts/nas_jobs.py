@@ -4,6 +4,7 @@ use ``jobs`` cores (two one-thread trainings side by side do about twice the wor
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import subprocess
@@ -26,6 +27,15 @@ def train_subnet_argv(subnet, out: Path, flags: list[str]) -> list[str]:
     subnet_file = out.parent / f"{out.name}.yaml"
     subnet_file.write_text(subnet.to_yaml())
     return ["train-subnet", str(subnet_file), "--out", str(out), *flags] + (["--resume"] if resumable(out) else [])
+
+
+def child_env(argv: list[str]) -> dict[str, str]:
+    """A ``nas`` child's environment: ``OMP_NUM_THREADS`` set to its ``--threads`` where it names them, so the OpenMP
+    pools outside torch's keep to them too (two one-thread trainings side by side must not spin extra threads)."""
+    env = dict(os.environ)
+    if "--threads" in argv[:-1]:
+        env["OMP_NUM_THREADS"] = argv[argv.index("--threads") + 1]
+    return env
 
 
 def run_nas(argvs: list[list[str]], jobs: int, logs: list[Path] | None = None) -> None:
@@ -54,13 +64,14 @@ def run_nas(argvs: list[list[str]], jobs: int, logs: list[Path] | None = None) -
             if stop.is_set():
                 return None
             if log is None:
-                proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], cwd=ROOT)
+                proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], cwd=ROOT, env=child_env(argv))
             else:
                 log.parent.mkdir(parents=True, exist_ok=True)
                 with open(log, "a") as f:
                     f.write("$ nas " + shlex.join(argv) + "\n")
                     f.flush()
-                    proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], stdout=f, stderr=subprocess.STDOUT)
+                    proc = subprocess.Popen([sys.executable, "-m", "nas", *argv], stdout=f, stderr=subprocess.STDOUT,
+                                            env=child_env(argv))
             procs.append(proc)
         started = time.monotonic()
         rc = proc.wait()

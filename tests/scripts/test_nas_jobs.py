@@ -39,7 +39,7 @@ def test_a_failed_command_stops_the_rest_from_starting_and_is_named(monkeypatch)
     started = []
     plan = {"bad": (2, 0.05), "slow": (0, 0.3), "next": (0, 0.0), "last": (0, 0.0)}
 
-    def popen(cmd, cwd=None):
+    def popen(cmd, cwd=None, env=None):
         started.append(cmd[-1])
         return FakeProc(*plan[cmd[-1]])
 
@@ -61,7 +61,7 @@ def test_all_commands_run_jobs_at_a_time(monkeypatch):
                 running[0] -= 1
             return rc
 
-    def popen(cmd, cwd=None):
+    def popen(cmd, cwd=None, env=None):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
@@ -80,7 +80,7 @@ def test_sigterm_stops_the_running_commands_and_starts_no_other(monkeypatch):
 
     procs = []
 
-    def popen(cmd, cwd=None):
+    def popen(cmd, cwd=None, env=None):
         procs.append(FakeProc(0, 30.0))  # would run 30 s
         return procs[-1]
 
@@ -100,17 +100,18 @@ def test_with_logs_each_command_writes_its_own_log_and_a_failure_names_it(monkey
     printed as each ends, and a failed one is named with its log."""
     plan = {"ok": 0, "bad": 3}
 
-    def popen(cmd, stdout=None, stderr=None):
+    def popen(cmd, stdout=None, stderr=None, env=None):
         stdout.write(f"output of {cmd[-1]}\n")
+        assert env["OMP_NUM_THREADS"] == "1"  # the command's --threads, for OpenMP's pools too
         return FakeProc(plan[cmd[-1]], 0.0)
 
     monkeypatch.setattr(nas_jobs.subprocess, "Popen", popen)
     logs = [tmp_path / name / "log.txt" for name in plan]
     with pytest.raises(UserError) as e:
-        nas_jobs.run_nas([["train-subnet", name] for name in plan], 1, logs=logs)
-    assert str(e.value) == f"`nas train-subnet bad` failed; its log: {logs[1]}; fix the cause and run again to resume"
-    assert logs[0].read_text() == "$ nas train-subnet ok\noutput of ok\n"
-    assert logs[1].read_text() == "$ nas train-subnet bad\noutput of bad\n"
+        nas_jobs.run_nas([["train-subnet", "--threads", "1", name] for name in plan], 1, logs=logs)
+    assert str(e.value) == f"`nas train-subnet --threads 1 bad` failed; its log: {logs[1]}; fix the cause and run again to resume"
+    assert logs[0].read_text() == "$ nas train-subnet --threads 1 ok\noutput of ok\n"
+    assert logs[1].read_text() == "$ nas train-subnet --threads 1 bad\noutput of bad\n"
     printed = capsys.readouterr().out
     assert f"nas train-subnet done in 0 s: {tmp_path / 'ok'}\n" in printed
     assert f"nas train-subnet failed (exit 3; its log: {logs[1]}) in 0 s: {tmp_path / 'bad'}\n" in printed
